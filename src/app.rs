@@ -1,0 +1,96 @@
+//! `emisar serve`: build everything from settings, bind, serve until told to stop.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::Router;
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::audit::{AuditLog, NewEvent, kind};
+use crate::config::ServerConfig;
+use crate::db::Db;
+use crate::gateway::Gateway;
+use crate::pack::PackSet;
+use crate::runner::client::RunnerClient;
+use crate::signing::CallSigner;
+
+pub struct Application {
+    listener: TcpListener,
+    router: Router,
+    db: Db,
+    shutdown: CancellationToken,
+}
+
+impl Application {
+    pub async fn build(config: ServerConfig, database_url: &str) -> anyhow::Result<Self> {
+        config.check()?;
+        let packs = Arc::new(PackSet::load(config.packs_dir.as_deref())?);
+        let signer = Arc::new(CallSigner::from_file(&config.signing_key_file)?);
+        let db = Db::connect(database_url).await?;
+        let audit = AuditLog::start(db.clone());
+        let gateway = Gateway::new(
+            packs.clone(),
+            config.runners.clone(),
+            audit.clone(),
+            RunnerClient::new(signer)?,
+            Duration::from_millis(config.call_timeout_ms),
+        )?;
+        let listener = TcpListener::bind(&config.listen)
+            .await
+            .with_context(|| format!("failed to listen on {}", config.listen))?;
+        let addr = listener.local_addr()?;
+        audit
+            .append(NewEvent {
+                actor: "system".into(),
+                kind: kind::SERVER_STARTED.into(),
+                outcome: Some("ok".into()),
+                detail: Some(json!({
+                    "version": env!("CARGO_PKG_VERSION"),
+                    "listen": addr.to_string(),
+                    "packs": packs.packs().map(|p| json!({"name": p.name, "sha256": p.digest, "origin": p.origin})).collect::<Vec<_>>(),
+                    "runners": config.runners.iter().map(|r| r.name.clone()).collect::<Vec<_>>(),
+                })),
+                ..Default::default()
+            })
+            .await
+            .context("failed to write the first audit event")?;
+        let shutdown = CancellationToken::new();
+        let mut hosts = config.allowed_hosts.clone();
+        // The bound address itself is always acceptable (tests and `dev` use port 0).
+        hosts.push(addr.to_string());
+        let router = crate::http::router(Arc::new(gateway), db.clone(), hosts, shutdown.clone());
+        Ok(Application {
+            listener,
+            router,
+            db,
+            shutdown,
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .expect("a bound listener has an address")
+    }
+
+    pub fn db(&self) -> &Db {
+        &self.db
+    }
+
+    /// Cancelling this token stops the server gracefully.
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+
+    pub async fn run_until_stopped(self) -> std::io::Result<()> {
+        tracing::info!(addr = %self.local_addr(), "emisar serving MCP at /mcp");
+        let shutdown = self.shutdown.clone();
+        axum::serve(self.listener, self.router)
+            .with_graceful_shutdown(shutdown.cancelled_owned())
+            .await
+    }
+}

@@ -1,0 +1,85 @@
+//! The single audit writer: one task appends every event of this process, batching whatever
+//! arrived together into one transaction (group commit).
+//!
+//! Invariant: `append` returns `Ok` only after the event's transaction committed. A caller
+//! that gets an error must treat the event as not written (the gateway then runs nothing).
+
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::chain::{Event, NewEvent};
+use super::store;
+use crate::db::Db;
+
+/// How many events one transaction may carry.
+const MAX_BATCH: usize = 256;
+/// How many appends may wait for the writer before callers are refused.
+const QUEUE_DEPTH: usize = 4096;
+/// The longest a caller waits for its event to become durable.
+const APPEND_DEADLINE: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum AuditError {
+    #[error("the audit store refused the write: {0}")]
+    Store(String),
+    #[error("the audit writer is not running")]
+    WriterGone,
+    #[error("the audit queue is full")]
+    QueueFull,
+    #[error("the audit write did not complete within {0:?}")]
+    Timeout(Duration),
+}
+
+type Reply = oneshot::Sender<Result<Event, AuditError>>;
+
+/// A handle to the writer task. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct AuditLog {
+    tx: mpsc::Sender<(NewEvent, Reply)>,
+}
+
+impl AuditLog {
+    /// Starts the writer task on the current runtime. It ends when every handle is dropped.
+    pub fn start(db: Db) -> AuditLog {
+        let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
+        tokio::spawn(run(db, rx));
+        AuditLog { tx }
+    }
+
+    /// Appends one event and waits until it is durable.
+    pub async fn append(&self, event: NewEvent) -> Result<Event, AuditError> {
+        let (reply, wait) = oneshot::channel();
+        self.tx.try_send((event, reply)).map_err(|e| match e {
+            mpsc::error::TrySendError::Full(_) => AuditError::QueueFull,
+            mpsc::error::TrySendError::Closed(_) => AuditError::WriterGone,
+        })?;
+        match tokio::time::timeout(APPEND_DEADLINE, wait).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(AuditError::WriterGone),
+            Err(_) => Err(AuditError::Timeout(APPEND_DEADLINE)),
+        }
+    }
+}
+
+async fn run(db: Db, mut rx: mpsc::Receiver<(NewEvent, Reply)>) {
+    let mut batch = Vec::with_capacity(MAX_BATCH);
+    while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
+        let (events, replies): (Vec<NewEvent>, Vec<Reply>) = batch.drain(..).unzip();
+        match store::append_batch(&db, events).await {
+            Ok(sealed) => {
+                for (reply, event) in replies.into_iter().zip(sealed) {
+                    // The caller may have given up waiting; its event is durable all the same.
+                    let _ = reply.send(Ok(event));
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "audit batch not written");
+                let err = AuditError::Store(e.to_string());
+                for reply in replies {
+                    let _ = reply.send(Err(err.clone()));
+                }
+            }
+        }
+    }
+}

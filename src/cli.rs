@@ -1,0 +1,408 @@
+//! The `emisar` command line: one binary, one subcommand per job.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
+
+use crate::audit::{self, AuditFilter, AuditLog};
+use crate::config::{RunnerConfig, ServerConfig};
+use crate::db::Db;
+use crate::pack::{Action, PackSet};
+
+#[derive(Parser)]
+#[command(
+    name = "emisar",
+    version,
+    about = "A governed operations server for AI agents"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Serve MCP at /mcp, dispatching calls to runners (emisar.toml).
+    Serve {
+        #[arg(long)]
+        config: PathBuf,
+        #[command(flatten)]
+        db: DbArg,
+    },
+    /// Run a node's runner: execute signed calls against local services (runner.toml).
+    Runner {
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Quickstart: server + local runner + SQLite in one process; prints URL and token.
+    Dev {
+        #[arg(long, default_value = ".emisar-dev")]
+        state_dir: PathBuf,
+        #[arg(long, default_value = "127.0.0.1:7700")]
+        listen: String,
+        /// A runner.toml for the local runner (services, listen address, packs).
+        #[arg(long)]
+        runner_config: Option<PathBuf>,
+        #[arg(long)]
+        packs_dir: Option<PathBuf>,
+    },
+    /// Inspect and check tool packs.
+    Packs {
+        #[command(subcommand)]
+        command: PacksCommand,
+    },
+    /// Read and verify the audit log.
+    Audit {
+        #[command(subcommand)]
+        command: AuditCommand,
+    },
+    /// Agent bearer tokens.
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
+    /// Generate the server's Ed25519 signing key pair.
+    Keygen {
+        #[arg(long)]
+        private: PathBuf,
+        #[arg(long)]
+        public: PathBuf,
+    },
+    /// Create or update the database schema.
+    Migrate {
+        #[command(flatten)]
+        db: DbArg,
+    },
+}
+
+#[derive(Args, Clone)]
+pub struct DbArg {
+    /// `postgres://…` or `sqlite://…`.
+    #[arg(long = "database", env = "DATABASE_URL")]
+    pub database: Option<String>,
+}
+
+impl DbArg {
+    fn url(&self) -> anyhow::Result<&str> {
+        self.database
+            .as_deref()
+            .context("no database given: pass --database URL or set DATABASE_URL")
+    }
+
+    async fn connect(&self) -> anyhow::Result<Db> {
+        Db::connect(self.url()?).await
+    }
+}
+
+#[derive(Subcommand)]
+pub enum PacksCommand {
+    /// Validate every pack; fails on any error, such as a free-form string param.
+    Check {
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// One line per tool: name, risk, scope, description.
+    List {
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// A tool's input schema, action and example.
+    Show {
+        tool: String,
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum AuditCommand {
+    /// Walk the hash chain; names the first broken link and exits 1 if there is one.
+    Verify {
+        #[arg(long)]
+        since: Option<i64>,
+        #[command(flatten)]
+        db: DbArg,
+    },
+    /// Print events, oldest first.
+    Query {
+        #[arg(long)]
+        tool: Option<String>,
+        #[arg(long)]
+        runner: Option<String>,
+        #[arg(long)]
+        actor: Option<String>,
+        #[arg(long)]
+        kind: Option<String>,
+        #[arg(long)]
+        call_id: Option<String>,
+        /// RFC 3339 time, e.g. 2026-11-30T00:00:00Z.
+        #[arg(long)]
+        since: Option<chrono::DateTime<chrono::Utc>>,
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+        /// One JSON object per line instead of a table.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        db: DbArg,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum TokenCommand {
+    /// Issue a bearer token for an agent. The token is printed once.
+    Issue {
+        #[arg(long)]
+        agent: String,
+        /// Lifetime: 90s, 30m, 12h, 30d.
+        #[arg(long, default_value = "30d")]
+        ttl: String,
+        #[command(flatten)]
+        db: DbArg,
+    },
+    /// Revoke a token by its id.
+    Revoke {
+        id: String,
+        #[command(flatten)]
+        db: DbArg,
+    },
+}
+
+/// Who the CLI acts as in the audit log.
+fn cli_actor() -> String {
+    format!(
+        "cli:{}",
+        std::env::var("USER").unwrap_or_else(|_| "unknown".into())
+    )
+}
+
+/// Runs a command; the exit code is 0 unless it returns an error or says otherwise.
+pub async fn run(cli: Cli) -> anyhow::Result<i32> {
+    match cli.command {
+        Command::Serve { config, db } => {
+            let config = ServerConfig::load(&config)?;
+            let url = db
+                .database
+                .clone()
+                .or_else(|| config.database_url.clone())
+                .context("no database given: set database_url in the config, pass --database or set DATABASE_URL")?;
+            let app = crate::app::Application::build(config, &url).await?;
+            let stop = app.shutdown_token();
+            tokio::spawn(async move {
+                shutdown_signal().await;
+                stop.cancel();
+            });
+            app.run_until_stopped().await?;
+        }
+        Command::Runner { config } => {
+            let config = RunnerConfig::load(&config)?;
+            let listener = tokio::net::TcpListener::bind(&config.listen)
+                .await
+                .with_context(|| format!("failed to listen on {}", config.listen))?;
+            let state = crate::runner::agent::RunnerState::new(config)?;
+            let stop = CancellationToken::new();
+            let s = stop.clone();
+            tokio::spawn(async move {
+                shutdown_signal().await;
+                s.cancel();
+            });
+            crate::runner::agent::run(listener, state, stop).await?;
+        }
+        Command::Dev {
+            state_dir,
+            listen,
+            runner_config,
+            packs_dir,
+        } => {
+            let stop = CancellationToken::new();
+            let s = stop.clone();
+            tokio::spawn(async move {
+                shutdown_signal().await;
+                s.cancel();
+            });
+            let opts = crate::dev::DevOptions {
+                state_dir,
+                listen,
+                runner_config,
+                packs_dir,
+            };
+            crate::dev::run(opts, stop).await?;
+        }
+        Command::Packs { command } => return packs(command),
+        Command::Audit { command } => return audit_command(command).await,
+        Command::Token { command } => match command {
+            TokenCommand::Issue { agent, ttl, db } => {
+                let ttl = crate::tokens::parse_ttl(&ttl).map_err(anyhow::Error::msg)?;
+                let db = db.connect().await?;
+                let audit = AuditLog::start(db.clone());
+                let t = crate::tokens::issue(&db, &audit, &agent, ttl, &cli_actor()).await?;
+                println!("token id:   {}", t.id);
+                println!("agent:      {}", t.agent);
+                println!("expires at: {}", t.expires_at);
+                println!("token:      {}", t.token);
+                eprintln!("The token is shown once; store it now.");
+            }
+            TokenCommand::Revoke { id, db } => {
+                let db = db.connect().await?;
+                let audit = AuditLog::start(db.clone());
+                if !crate::tokens::revoke(&db, &audit, &id, &cli_actor()).await? {
+                    eprintln!("no live token has id {id}");
+                    return Ok(1);
+                }
+                println!("revoked {id}");
+            }
+        },
+        Command::Keygen { private, public } => {
+            crate::signing::write_keypair(&private, &public)?;
+            println!(
+                "wrote {} (keep it secret) and {}",
+                private.display(),
+                public.display()
+            );
+        }
+        Command::Migrate { db } => {
+            let db = db.connect().await?;
+            println!("{} schema is up to date", db.backend());
+        }
+    }
+    Ok(0)
+}
+
+fn packs(command: PacksCommand) -> anyhow::Result<i32> {
+    match command {
+        PacksCommand::Check { dir } => {
+            let set = PackSet::load(dir.as_deref())?;
+            for p in set.packs() {
+                let n = set.tools().filter(|t| t.pack == p.name).count();
+                println!(
+                    "ok  {:<10} {n:>2} tools  {}  {}",
+                    p.name,
+                    &p.digest[..12],
+                    p.origin
+                );
+            }
+        }
+        PacksCommand::List { dir } => {
+            let set = PackSet::load(dir.as_deref())?;
+            println!("{:<28} {:<5} {:<8} DESCRIPTION", "TOOL", "RISK", "SCOPE");
+            for t in set.tools() {
+                let first_sentence = t.description.split(". ").next().unwrap_or_default();
+                let scope = serde_json::to_value(t.scope)?;
+                println!(
+                    "{:<28} {:<5} {:<8} {}",
+                    t.name,
+                    t.risk.as_str(),
+                    scope.as_str().unwrap_or_default(),
+                    first_sentence
+                );
+            }
+        }
+        PacksCommand::Show { tool, dir } => {
+            let set = PackSet::load(dir.as_deref())?;
+            let Some(t) = set.tool(&tool) else {
+                anyhow::bail!("no tool named `{tool}` (see `emisar packs list`)");
+            };
+            let action = match &t.action {
+                Action::Http(h) => serde_json::json!({
+                    "http": {"method": h.method, "path": h.path.source(),
+                              "query": h.query.iter().map(|(k, v)| (k.clone(), v.source().to_owned())).collect::<std::collections::BTreeMap<_, _>>()}
+                }),
+                Action::Exec(e) => serde_json::json!({
+                    "exec": {"argv": e.argv.iter().map(|a| a.source()).collect::<Vec<_>>()}
+                }),
+            };
+            let shown = serde_json::json!({
+                "tool": t.name,
+                "description": t.description,
+                "risk": t.risk,
+                "scope": t.scope,
+                "input_schema": crate::pack::input_schema(t, &[]),
+                "action": action,
+                "output": t.output.as_ref().map(|o| o.source()),
+                "example": t.example,
+            });
+            println!("{}", serde_json::to_string_pretty(&shown)?);
+        }
+    }
+    Ok(0)
+}
+
+async fn audit_command(command: AuditCommand) -> anyhow::Result<i32> {
+    match command {
+        AuditCommand::Verify { since, db } => {
+            let db = db.connect().await?;
+            let report = audit::verify(&db, since).await?;
+            match &report.broken {
+                None => {
+                    println!(
+                        "ok: {} events verified (seq {}..{})",
+                        report.checked,
+                        report.first_seq.map_or("-".into(), |s| s.to_string()),
+                        report.last_seq.map_or("-".into(), |s| s.to_string())
+                    );
+                    Ok(0)
+                }
+                Some(b) => {
+                    println!(
+                        "BROKEN at seq {}: {} ({} events verified before it)",
+                        b.seq, b.problem, report.checked
+                    );
+                    Ok(1)
+                }
+            }
+        }
+        AuditCommand::Query {
+            tool,
+            runner,
+            actor,
+            kind,
+            call_id,
+            since,
+            limit,
+            json,
+            db,
+        } => {
+            let db = db.connect().await?;
+            let filter = AuditFilter {
+                tool,
+                runner,
+                actor,
+                kind,
+                call_id,
+                since,
+                after_seq: None,
+                limit,
+            };
+            let events = audit::query(&db, &filter).await?;
+            for e in &events {
+                if json {
+                    println!("{}", serde_json::to_string(e)?);
+                } else {
+                    println!(
+                        "{:>6} {} {:<15} {:<20} {:<22} {:<12} {:<8} {}",
+                        e.seq,
+                        e.at,
+                        e.kind,
+                        e.actor,
+                        e.tool.as_deref().unwrap_or("-"),
+                        e.runner.as_deref().unwrap_or("-"),
+                        e.outcome.as_deref().unwrap_or("-"),
+                        e.reason.as_deref().unwrap_or("")
+                    );
+                }
+            }
+            Ok(0)
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

@@ -1,0 +1,213 @@
+//! Typed settings for `emisar serve` (emisar.toml) and `emisar runner` (runner.toml).
+//!
+//! Unknown keys are errors, so a typo never silently leaves a default in place.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use serde::Deserialize;
+
+use crate::pack::PackSet;
+
+fn read_toml<T: for<'de> Deserialize<'de>>(path: &Path) -> anyhow::Result<T> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("failed to read config {}", path.display()))?;
+    toml::from_str(&text).with_context(|| format!("invalid config {}", path.display()))
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Address of the MCP endpoint and API, e.g. `127.0.0.1:7700` (`:0` picks a free port).
+    #[serde(default = "default_server_listen")]
+    pub listen: String,
+    /// `postgres://…` or `sqlite://…`; `--database` / `DATABASE_URL` take precedence.
+    #[serde(default)]
+    pub database_url: Option<String>,
+    /// The Ed25519 private key (PKCS#8 PEM) that signs runner calls.
+    pub signing_key_file: PathBuf,
+    /// A directory of pack files that add to or replace the stock packs.
+    #[serde(default)]
+    pub packs_dir: Option<PathBuf>,
+    /// The longest a call waits for any one runner, in milliseconds.
+    #[serde(default = "default_call_timeout_ms")]
+    pub call_timeout_ms: u64,
+    /// Host headers the MCP endpoint accepts (DNS-rebinding protection).
+    #[serde(default = "default_allowed_hosts")]
+    pub allowed_hosts: Vec<String>,
+    #[serde(default)]
+    pub runners: Vec<RunnerEntry>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunnerEntry {
+    pub name: String,
+    /// Base URL of the runner, e.g. `http://10.0.0.5:7701`.
+    pub url: String,
+    /// The packs this runner serves; all packs when left out.
+    #[serde(default)]
+    pub packs: Option<Vec<String>>,
+}
+
+impl RunnerEntry {
+    pub fn serves(&self, pack: &str) -> bool {
+        self.packs
+            .as_ref()
+            .is_none_or(|p| p.iter().any(|x| x == pack))
+    }
+}
+
+fn default_server_listen() -> String {
+    "127.0.0.1:7700".into()
+}
+fn default_call_timeout_ms() -> u64 {
+    15_000
+}
+fn default_allowed_hosts() -> Vec<String> {
+    vec!["localhost".into(), "127.0.0.1".into(), "::1".into()]
+}
+
+impl ServerConfig {
+    pub fn load(path: &Path) -> anyhow::Result<Self> {
+        let c: Self = read_toml(path)?;
+        c.check()?;
+        Ok(c)
+    }
+
+    /// Checks what serde cannot: unique, well-formed runner names and URLs.
+    pub fn check(&self) -> anyhow::Result<()> {
+        let mut seen = std::collections::BTreeSet::new();
+        for (i, r) in self.runners.iter().enumerate() {
+            if !crate::pack::is_identifier(&r.name) {
+                anyhow::bail!("runners[{i}].name `{}` must be an identifier", r.name);
+            }
+            if !seen.insert(&r.name) {
+                anyhow::bail!("runners[{i}].name `{}` appears twice", r.name);
+            }
+            if !(r.url.starts_with("http://") || r.url.starts_with("https://")) {
+                anyhow::bail!(
+                    "runners[{i}].url `{}` must start with http:// or https://",
+                    r.url
+                );
+            }
+        }
+        if self.call_timeout_ms == 0 || self.call_timeout_ms > 600_000 {
+            anyhow::bail!("call_timeout_ms must be between 1 and 600000");
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunnerConfig {
+    /// This runner's name: signed calls must carry it as their audience.
+    pub name: String,
+    #[serde(default = "default_runner_listen")]
+    pub listen: String,
+    /// The server's Ed25519 public key (SPKI PEM).
+    pub server_public_key_file: PathBuf,
+    #[serde(default)]
+    pub packs_dir: Option<PathBuf>,
+    /// PATH for exec actions (the rest of the environment is cleared).
+    #[serde(default = "default_exec_path")]
+    pub exec_path: String,
+    /// The most bytes of output any action may return; the rest is cut with a marker.
+    #[serde(default = "default_max_output_bytes")]
+    pub max_output_bytes: usize,
+    /// Local services, by the name packs use. Missing ones get their standard local address.
+    #[serde(default)]
+    pub services: BTreeMap<String, ServiceConfig>,
+}
+
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceConfig {
+    pub base_url: String,
+    /// Headers sent with every request, e.g. an ACL token. They stay on this node.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+}
+
+impl std::fmt::Debug for ServiceConfig {
+    // Header values are credentials: never print them.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServiceConfig")
+            .field("base_url", &self.base_url)
+            .field("headers", &self.headers.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+fn default_runner_listen() -> String {
+    "127.0.0.1:7701".into()
+}
+fn default_exec_path() -> String {
+    "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into()
+}
+fn default_max_output_bytes() -> usize {
+    1024 * 1024
+}
+
+/// The standard local address of each service a stock pack talks to.
+pub const STANDARD_SERVICES: &[(&str, &str)] = &[
+    ("traefik", "http://127.0.0.1:8080"),
+    ("consul", "http://127.0.0.1:8500"),
+    ("nomad", "http://127.0.0.1:4646"),
+    ("victoriametrics", "http://127.0.0.1:8428"),
+];
+
+impl RunnerConfig {
+    pub fn load(path: &Path) -> anyhow::Result<Self> {
+        let mut c: Self = read_toml(path)?;
+        c.fill_standard_services();
+        c.check()?;
+        Ok(c)
+    }
+
+    pub fn fill_standard_services(&mut self) {
+        for (name, url) in STANDARD_SERVICES {
+            self.services
+                .entry((*name).to_owned())
+                .or_insert_with(|| ServiceConfig {
+                    base_url: (*url).to_owned(),
+                    headers: BTreeMap::new(),
+                });
+        }
+    }
+
+    pub fn check(&self) -> anyhow::Result<()> {
+        if !crate::pack::is_identifier(&self.name) {
+            anyhow::bail!("name `{}` must be an identifier", self.name);
+        }
+        for (name, s) in &self.services {
+            let url = reqwest::Url::parse(&s.base_url).with_context(|| {
+                format!("services.{name}.base_url `{}` is not a URL", s.base_url)
+            })?;
+            if !matches!(url.scheme(), "http" | "https") {
+                anyhow::bail!("services.{name}.base_url must be http or https");
+            }
+        }
+        if self.max_output_bytes < 1024 || self.max_output_bytes > 64 * 1024 * 1024 {
+            anyhow::bail!("max_output_bytes must be between 1024 and 67108864");
+        }
+        Ok(())
+    }
+
+    /// Every pack with http actions needs its service configured.
+    pub fn check_services(&self, packs: &PackSet) -> anyhow::Result<()> {
+        for p in packs.packs() {
+            if let Some(s) = &p.service
+                && !self.services.contains_key(s)
+            {
+                anyhow::bail!(
+                    "pack `{}` needs [services.{s}] in the runner config",
+                    p.name
+                );
+            }
+        }
+        Ok(())
+    }
+}

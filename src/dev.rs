@@ -1,0 +1,131 @@
+//! `emisar dev`: the quickstart. One process with an embedded SQLite store, a local runner
+//! and a fresh agent token; prints the MCP URL and token and writes them to `dev.json`.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::app::Application;
+use crate::audit::AuditLog;
+use crate::config::{RunnerConfig, RunnerEntry, ServerConfig};
+use crate::runner::agent::{self, RunnerState};
+
+pub struct DevOptions {
+    pub state_dir: PathBuf,
+    pub listen: String,
+    /// A runner.toml to use instead of the defaults (its `listen` is honoured).
+    pub runner_config: Option<PathBuf>,
+    pub packs_dir: Option<PathBuf>,
+}
+
+pub const DEV_RUNNER: &str = "local";
+pub const DEV_AGENT: &str = "dev-agent";
+
+pub async fn run(opts: DevOptions, shutdown: CancellationToken) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&opts.state_dir)
+        .with_context(|| format!("failed to create {}", opts.state_dir.display()))?;
+    let state_dir = opts.state_dir.canonicalize()?;
+    let private = state_dir.join("server.key");
+    let public = state_dir.join("server.pub");
+    if !private.exists() {
+        crate::signing::write_keypair(&private, &public)?;
+    }
+    let database_url = format!("sqlite://{}", state_dir.join("emisar.db").display());
+
+    let mut runner_config = match &opts.runner_config {
+        Some(path) => RunnerConfig::load(path)?,
+        None => {
+            let mut c = RunnerConfig {
+                name: DEV_RUNNER.into(),
+                listen: "127.0.0.1:0".into(),
+                server_public_key_file: public.clone(),
+                packs_dir: opts.packs_dir.clone(),
+                exec_path: "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+                max_output_bytes: 1024 * 1024,
+                services: Default::default(),
+            };
+            c.fill_standard_services();
+            c
+        }
+    };
+    runner_config.server_public_key_file = public.clone();
+    let runner_name = runner_config.name.clone();
+    let runner_listener = TcpListener::bind(&runner_config.listen)
+        .await
+        .with_context(|| format!("failed to listen on {}", runner_config.listen))?;
+    let runner_url = format!("http://{}", runner_listener.local_addr()?);
+    let runner_state = RunnerState::new(runner_config)?;
+    let runner_task = tokio::spawn(agent::run(runner_listener, runner_state, shutdown.clone()));
+
+    let config = ServerConfig {
+        listen: opts.listen.clone(),
+        database_url: Some(database_url.clone()),
+        signing_key_file: private,
+        packs_dir: opts.packs_dir.clone(),
+        call_timeout_ms: 15_000,
+        allowed_hosts: vec!["localhost".into(), "127.0.0.1".into(), "::1".into()],
+        runners: vec![RunnerEntry {
+            name: runner_name.clone(),
+            url: runner_url.clone(),
+            packs: None,
+        }],
+    };
+    let app = Application::build(config, &database_url).await?;
+    let addr = app.local_addr();
+    let mcp_url = format!("http://{addr}/mcp");
+    let audit = AuditLog::start(app.db().clone());
+    let token = crate::tokens::issue(
+        app.db(),
+        &audit,
+        DEV_AGENT,
+        std::time::Duration::from_secs(30 * 86_400),
+        "system:dev",
+    )
+    .await?;
+    let info = json!({
+        "mcp_url": mcp_url,
+        "agent_token": token.token,
+        "agent": DEV_AGENT,
+        "database_url": database_url,
+        "runners": [runner_name],
+        "runner_urls": {runner_name.clone(): runner_url},
+    });
+    let dev_json = state_dir.join("dev.json");
+    write_private(&dev_json, &serde_json::to_string_pretty(&info)?)?;
+    println!("emisar dev is running.");
+    println!("  MCP URL:      {mcp_url}");
+    println!("  Agent token:  {}", token.token);
+    println!("  Runner:       {runner_name} at {runner_url}");
+    println!("  Database:     {database_url}");
+    println!("  Written to:   {}", dev_json.display());
+    println!("Stop with Ctrl-C.");
+
+    let app_shutdown = app.shutdown_token();
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        stop.cancelled().await;
+        app_shutdown.cancel();
+    });
+    app.run_until_stopped().await?;
+    shutdown.cancel();
+    runner_task.await??;
+    Ok(())
+}
+
+/// dev.json holds a bearer token: readable by its owner only.
+fn write_private(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("failed to write {}", path.display()))?;
+    f.write_all(text.as_bytes())?;
+    Ok(())
+}

@@ -1,0 +1,168 @@
+//! jq programs (the jaq crate) that shape an action's raw result into what an agent reads.
+//!
+//! Programs are compiled once when a pack loads and run synchronously: jaq values are
+//! reference-counted and not `Send`, so a run never spans an `.await`.
+
+use jaq_core::load::{Arena, File, Loader};
+use jaq_core::{Compiler, Ctx, Vars, data};
+use jaq_json::Val;
+use serde_json::Value;
+
+type Data = data::JustLut<Val>;
+
+/// The most outputs one program may produce; more is a pack bug, not a result.
+const MAX_OUTPUTS: usize = 1000;
+
+pub struct JqProgram {
+    source: String,
+    filter: jaq_core::Filter<Data>,
+}
+
+impl std::fmt::Debug for JqProgram {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("JqProgram").field(&self.source).finish()
+    }
+}
+
+impl JqProgram {
+    pub fn compile(code: &str) -> Result<Self, String> {
+        let defs = jaq_core::defs()
+            .chain(jaq_std::defs())
+            .chain(jaq_json::defs());
+        let funs = jaq_core::funs()
+            .chain(jaq_std::funs())
+            .chain(jaq_json::funs());
+        let arena = Arena::default();
+        let modules = Loader::new(defs)
+            .load(&arena, File { code, path: () })
+            .map_err(|errs| {
+                let msgs: Vec<String> = errs
+                    .into_iter()
+                    .flat_map(|(_, e)| match e {
+                        jaq_core::load::Error::Lex(v) => v
+                            .into_iter()
+                            .map(|(x, at)| {
+                                format!("expected {} at offset {}", x.as_str(), offset(code, at))
+                            })
+                            .collect::<Vec<_>>(),
+                        jaq_core::load::Error::Parse(v) => v
+                            .into_iter()
+                            .map(|(x, at)| {
+                                format!("expected {} at offset {}", x.as_str(), offset(code, at))
+                            })
+                            .collect(),
+                        jaq_core::load::Error::Io(v) => {
+                            v.into_iter().map(|(p, e)| format!("{p}: {e}")).collect()
+                        }
+                    })
+                    .collect();
+                format!("jq program `{code}`: {}", msgs.join("; "))
+            })?;
+        let filter = Compiler::default()
+            .with_funs(funs)
+            .compile(modules)
+            .map_err(|errs| {
+                let msgs: Vec<String> = errs
+                    .into_iter()
+                    .flat_map(|(_, es)| es)
+                    .map(|(name, _)| format!("undefined `{name}` at offset {}", offset(code, name)))
+                    .collect();
+                format!("jq program `{code}`: {}", msgs.join("; "))
+            })?;
+        Ok(JqProgram {
+            source: code.to_owned(),
+            filter,
+        })
+    }
+
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Runs the program on `input`. One output is returned as is, several as an array.
+    pub fn run(&self, input: &Value) -> Result<Value, String> {
+        let input: Val = serde_json::from_value(input.clone()).map_err(|e| e.to_string())?;
+        let ctx = Ctx::<Data>::new(&self.filter.lut, Vars::new([]));
+        let mut outputs = Vec::new();
+        for result in self.filter.id.run((ctx, input)).take(MAX_OUTPUTS + 1) {
+            match result {
+                // jaq values print as JSON text; parsing it back is the supported conversion.
+                Ok(v) => {
+                    outputs.push(serde_json::from_str(&v.to_string()).map_err(|e| e.to_string())?)
+                }
+                // Never `unwrap_valr`: on `halt` it would exit the whole process.
+                Err(exn) => {
+                    return Err(match exn.get_err() {
+                        Ok(e) => format!("jq error: {e}"),
+                        Err(_) => "jq program halted".to_owned(),
+                    });
+                }
+            }
+        }
+        if outputs.len() > MAX_OUTPUTS {
+            return Err(format!(
+                "jq program produced more than {MAX_OUTPUTS} outputs"
+            ));
+        }
+        Ok(if outputs.len() == 1 {
+            outputs.pop().unwrap_or(Value::Null)
+        } else {
+            Value::Array(outputs)
+        })
+    }
+}
+
+/// Byte offset of `part` inside `code` (jaq reports positions as sub-slices of the source).
+fn offset(code: &str, part: &str) -> usize {
+    (part.as_ptr() as usize).saturating_sub(code.as_ptr() as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn shapes_json() {
+        let p = JqProgram::compile(
+            r#"[.[] | select(.serverStatus) | {name, servers: (.serverStatus | to_entries | map({url: .key, status: .value}))}]"#,
+        )
+        .unwrap();
+        let out = p
+            .run(&json!([{"name": "app@file", "serverStatus": {"http://a": "UP", "http://b": "DOWN"}}, {"name": "api@internal"}]))
+            .unwrap();
+        assert_eq!(
+            out,
+            json!([{"name": "app@file", "servers": [{"url": "http://a", "status": "UP"}, {"url": "http://b", "status": "DOWN"}]}])
+        );
+    }
+
+    #[test]
+    fn reports_errors() {
+        assert!(
+            JqProgram::compile(".a | map(")
+                .unwrap_err()
+                .contains("offset")
+        );
+        assert!(
+            JqProgram::compile("nosuchfn(1)")
+                .unwrap_err()
+                .contains("nosuchfn")
+        );
+        assert!(
+            JqProgram::compile(r#""s" + 1"#)
+                .unwrap()
+                .run(&json!(null))
+                .unwrap_err()
+                .contains("jq error")
+        );
+        assert_eq!(
+            JqProgram::compile(".[]")
+                .unwrap()
+                .run(&json!([1, 2]))
+                .unwrap(),
+            json!([1, 2])
+        );
+        assert!(JqProgram::compile("halt").unwrap().run(&json!(1)).is_err());
+    }
+}

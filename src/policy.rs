@@ -1,0 +1,46 @@
+//! Policy: may this caller run this tool now? Pure and synchronous.
+//!
+//! Invariant: no IO, no clock, no randomness; the same inputs always give the same decision.
+//! Today the rule is the skeleton's: reads run, every write is refused because the approval
+//! queue that writes need does not exist yet.
+
+use crate::pack::{Risk, Tool};
+use crate::tokens::Principal;
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    Allow,
+    Deny(String),
+}
+
+pub fn decide(tool: &Tool, _caller: &Principal) -> Decision {
+    match tool.risk {
+        Risk::Read => Decision::Allow,
+        risk => Decision::Deny(format!(
+            "`{}` is a risk:{} write and needs a human's approval; this server has no approval queue yet, so it refuses every write",
+            tool.name,
+            risk.as_str()
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pack::PackSet;
+
+    fn caller() -> Principal {
+        Principal {
+            agent: "a".into(),
+            token_id: "t".into(),
+        }
+    }
+
+    #[test]
+    fn reads_are_allowed() {
+        let packs = PackSet::load(None).unwrap();
+        for tool in packs.tools().filter(|t| t.risk == Risk::Read) {
+            assert_eq!(decide(tool, &caller()), Decision::Allow, "{}", tool.name);
+        }
+    }
+}

@@ -1,0 +1,277 @@
+//! `emisar runner`: the per-node HTTP server that executes signed calls.
+//!
+//! Order of checks for `POST /v1/call`, each refusing with a clear error before anything runs:
+//! signature, audience, expiry and lifetime → single-use id → the token matches this request
+//! (tool, argument digest) → the tool is in this runner's own packs with the same pack digest
+//! → the arguments validate against this runner's own schema. Only then does the action run.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use super::protocol::{CallRequest, CallResponse};
+use super::{exec, http_action};
+use crate::config::RunnerConfig;
+use crate::digest::json_digest;
+use crate::pack::{Action, PackSet};
+use crate::signing::{CallVerifier, now};
+
+/// The most single-use ids remembered at once. Ids are forgotten when their token expires,
+/// so this bounds memory under a flood of valid calls; past it, calls are refused.
+const MAX_SEEN_IDS: usize = 100_000;
+
+pub struct RunnerState {
+    config: RunnerConfig,
+    packs: PackSet,
+    verifier: CallVerifier,
+    /// Single-use ids seen, with the expiry of their token.
+    seen: Mutex<HashMap<String, u64>>,
+    http: reqwest::Client,
+}
+
+impl RunnerState {
+    pub fn new(config: RunnerConfig) -> anyhow::Result<Arc<Self>> {
+        use anyhow::Context;
+        let packs = PackSet::load(config.packs_dir.as_deref())?;
+        config.check_services(&packs)?;
+        let pem = std::fs::read_to_string(&config.server_public_key_file).with_context(|| {
+            format!(
+                "failed to read server public key {}",
+                config.server_public_key_file.display()
+            )
+        })?;
+        let verifier = CallVerifier::from_pem(&pem, &config.name)?;
+        let http = reqwest::Client::builder()
+            .connect_timeout(std::time::Duration::from_secs(3))
+            // Local services only: never follow a redirect somewhere else.
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .build()?;
+        Ok(Arc::new(RunnerState {
+            config,
+            packs,
+            verifier,
+            seen: Mutex::new(HashMap::new()),
+            http,
+        }))
+    }
+
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    /// Records `jti` as used; false if it was seen before (or the table is full).
+    fn first_use(&self, jti: &str, exp: u64) -> Result<(), &'static str> {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        if seen.contains_key(jti) {
+            return Err("this call token was already used");
+        }
+        if seen.len() >= MAX_SEEN_IDS {
+            let t = now();
+            seen.retain(|_, e| *e + 10 >= t);
+            if seen.len() >= MAX_SEEN_IDS {
+                return Err("too many calls in flight: try again shortly");
+            }
+        }
+        seen.insert(jti.to_owned(), exp);
+        Ok(())
+    }
+}
+
+pub fn router(state: Arc<RunnerState>) -> Router {
+    Router::new()
+        .route("/v1/call", post(call))
+        .route("/healthz", get(health))
+        .with_state(state)
+}
+
+/// Serves until `shutdown` is cancelled. The caller binds the listener (tests use port 0).
+pub async fn run(
+    listener: TcpListener,
+    state: Arc<RunnerState>,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    tracing::info!(runner = state.name(), addr = %listener.local_addr()?, "runner listening");
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await
+}
+
+async fn health(State(state): State<Arc<RunnerState>>) -> Json<Value> {
+    let packs: serde_json::Map<String, Value> = state
+        .packs
+        .packs()
+        .map(|p| (p.name.clone(), json!(p.digest)))
+        .collect();
+    Json(json!({"name": state.config.name, "packs": packs}))
+}
+
+fn refuse(status: StatusCode, message: impl Into<String>) -> Response {
+    let message = message.into();
+    tracing::warn!(%status, %message, "call refused");
+    (status, Json(json!({"error": message}))).into_response()
+}
+
+async fn call(
+    State(state): State<Arc<RunnerState>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let Some(token) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+    else {
+        return refuse(StatusCode::UNAUTHORIZED, "a signed call token is required");
+    };
+    let claims = match state.verifier.verify(token) {
+        Ok(c) => c,
+        Err(e) => return refuse(StatusCode::UNAUTHORIZED, e.to_string()),
+    };
+    if let Err(why) = state.first_use(&claims.jti, claims.exp) {
+        return refuse(StatusCode::CONFLICT, why);
+    }
+    let request: CallRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return refuse(StatusCode::BAD_REQUEST, format!("invalid call body: {e}")),
+    };
+    let args = Value::Object(request.args.clone());
+    if claims.tool != request.tool || claims.args_sha256 != json_digest(&args) {
+        return refuse(
+            StatusCode::UNAUTHORIZED,
+            "the call token was signed for another tool or other arguments",
+        );
+    }
+    let Some(tool) = state.packs.tool(&request.tool) else {
+        return refuse(
+            StatusCode::NOT_FOUND,
+            format!("unknown tool `{}` on this runner", request.tool),
+        );
+    };
+    let pack = state
+        .packs
+        .pack(&tool.pack)
+        .expect("every tool has its pack");
+    if pack.digest != claims.pack_sha256 {
+        return refuse(
+            StatusCode::CONFLICT,
+            format!(
+                "pack `{}` differs between server ({}) and runner ({}): deploy the same packs to both",
+                pack.name, claims.pack_sha256, pack.digest
+            ),
+        );
+    }
+    if let Err(errors) = tool.validate(&args) {
+        return refuse(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "invalid arguments for `{}`: {}",
+                tool.name,
+                errors.join("; ")
+            ),
+        );
+    }
+
+    tracing::info!(tool = %tool.name, call_id = %claims.call_id, "executing");
+    let started = Instant::now();
+    let max = state.config.max_output_bytes;
+    let raw = match &tool.action {
+        Action::Http(action) => {
+            let service_name = pack.service.as_deref().unwrap_or_default();
+            let Some(service) = state.config.services.get(service_name) else {
+                return refuse(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("service `{service_name}` is not configured on this runner"),
+                );
+            };
+            http_action::run(
+                &state.http,
+                service_name,
+                service,
+                action,
+                &request.args,
+                max,
+            )
+            .await
+            .map(|r| (r.to_json(), r.truncated))
+        }
+        Action::Exec(action) => {
+            let mut argv = Vec::with_capacity(action.argv.len());
+            for t in &action.argv {
+                match t.fill_raw(&request.args) {
+                    Ok(Some(a)) => argv.push(a),
+                    Ok(None) => {
+                        return refuse(
+                            StatusCode::BAD_REQUEST,
+                            format!("argv `{}` needs an absent argument", t.source()),
+                        );
+                    }
+                    Err(e) => return refuse(StatusCode::BAD_REQUEST, e),
+                }
+            }
+            match exec::run(&argv, &state.config.exec_path, action.timeout, max).await {
+                Ok(r) => match r.exit_code {
+                    Some(code) if action.ok_exit_codes.contains(&code) => {
+                        Ok((r.to_json(), r.truncated))
+                    }
+                    _ => Err(format!(
+                        "`{}` exited with {}: {}",
+                        argv[0],
+                        r.exit_code.map_or_else(
+                            || format!("signal {}", r.signal.unwrap_or(0)),
+                            |c| format!("code {c}")
+                        ),
+                        excerpt(if r.stderr.trim().is_empty() {
+                            &r.stdout
+                        } else {
+                            &r.stderr
+                        })
+                    )),
+                },
+                Err(e) => Err(e),
+            }
+        }
+    };
+    let duration_ms = started.elapsed().as_millis() as u64;
+    let response = match raw {
+        Ok((value, truncated)) => match &tool.output {
+            Some(program) => match program.run(&value) {
+                Ok(output) => CallResponse::Ok {
+                    output,
+                    truncated,
+                    duration_ms,
+                },
+                Err(e) => CallResponse::Failed {
+                    error: format!("the output program of `{}` failed: {e}", tool.name),
+                    duration_ms,
+                },
+            },
+            None => CallResponse::Ok {
+                output: value,
+                truncated,
+                duration_ms,
+            },
+        },
+        Err(error) => CallResponse::Failed { error, duration_ms },
+    };
+    Json(response).into_response()
+}
+
+fn excerpt(s: &str) -> String {
+    let s = s.trim();
+    let cut: String = s.chars().take(500).collect();
+    if cut.len() < s.len() {
+        format!("{cut}…")
+    } else {
+        cut
+    }
+}

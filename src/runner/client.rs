@@ -1,0 +1,140 @@
+//! The server's side of a runner call: sign, send, wait at most the deadline, read the answer.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+
+use super::http_action::error_chain;
+use super::protocol::{CallRequest, CallResponse};
+use crate::digest::json_digest;
+use crate::signing::{CallClaims, CallSigner, ISSUER, TOKEN_LIFETIME, now};
+
+/// The most bytes the server reads from one runner answer.
+const MAX_ANSWER_BYTES: usize = 8 * 1024 * 1024;
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum RunnerError {
+    #[error("runner unreachable: {0}")]
+    Unreachable(String),
+    #[error("runner did not answer within {} ms", .0.as_millis())]
+    Timeout(Duration),
+    #[error("runner refused the call (HTTP {status}): {message}")]
+    Refused { status: u16, message: String },
+    #[error("{0}")]
+    ActionFailed(String),
+    #[error("runner sent an answer emisar cannot read: {0}")]
+    BadAnswer(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct RunnerAnswer {
+    pub output: Value,
+    pub truncated: bool,
+    pub duration_ms: u64,
+}
+
+/// What one call to one runner needs besides the runner itself.
+pub struct Dispatch<'a> {
+    pub call_id: &'a str,
+    pub tool: &'a str,
+    pub pack_sha256: &'a str,
+    pub args: &'a Map<String, Value>,
+}
+
+#[derive(Clone)]
+pub struct RunnerClient {
+    http: reqwest::Client,
+    signer: Arc<CallSigner>,
+}
+
+impl RunnerClient {
+    pub fn new(signer: Arc<CallSigner>) -> anyhow::Result<Self> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(3))
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .build()?;
+        Ok(RunnerClient { http, signer })
+    }
+
+    pub async fn call(
+        &self,
+        runner: &str,
+        base_url: &str,
+        d: &Dispatch<'_>,
+        deadline: Duration,
+    ) -> Result<RunnerAnswer, RunnerError> {
+        let iat = now();
+        let claims = CallClaims {
+            iss: ISSUER.to_owned(),
+            aud: runner.to_owned(),
+            iat,
+            exp: iat + TOKEN_LIFETIME,
+            jti: uuid::Uuid::new_v4().to_string(),
+            call_id: d.call_id.to_owned(),
+            tool: d.tool.to_owned(),
+            args_sha256: json_digest(&Value::Object(d.args.clone())),
+            pack_sha256: d.pack_sha256.to_owned(),
+        };
+        let token = self
+            .signer
+            .sign(&claims)
+            .map_err(|e| RunnerError::Unreachable(format!("{e:#}")))?;
+        let body = CallRequest {
+            tool: d.tool.to_owned(),
+            args: d.args.clone(),
+        };
+        let url = format!("{}/v1/call", base_url.trim_end_matches('/'));
+        let send = async {
+            let mut response = self
+                .http
+                .post(&url)
+                .bearer_auth(token)
+                .json(&body)
+                .send()
+                .await
+                .map_err(|e| RunnerError::Unreachable(error_chain(&e)))?;
+            let status = response.status();
+            let mut bytes = Vec::new();
+            while let Some(chunk) = response
+                .chunk()
+                .await
+                .map_err(|e| RunnerError::Unreachable(error_chain(&e)))?
+            {
+                if bytes.len() + chunk.len() > MAX_ANSWER_BYTES {
+                    return Err(RunnerError::BadAnswer(format!(
+                        "answer larger than {MAX_ANSWER_BYTES} bytes"
+                    )));
+                }
+                bytes.extend_from_slice(&chunk);
+            }
+            if !status.is_success() {
+                let message = serde_json::from_slice::<Value>(&bytes)
+                    .ok()
+                    .and_then(|v| v.get("error").and_then(Value::as_str).map(str::to_owned))
+                    .unwrap_or_else(|| String::from_utf8_lossy(&bytes).chars().take(300).collect());
+                return Err(RunnerError::Refused {
+                    status: status.as_u16(),
+                    message,
+                });
+            }
+            match serde_json::from_slice::<CallResponse>(&bytes) {
+                Ok(CallResponse::Ok {
+                    output,
+                    truncated,
+                    duration_ms,
+                }) => Ok(RunnerAnswer {
+                    output,
+                    truncated,
+                    duration_ms,
+                }),
+                Ok(CallResponse::Failed { error, .. }) => Err(RunnerError::ActionFailed(error)),
+                Err(e) => Err(RunnerError::BadAnswer(e.to_string())),
+            }
+        };
+        tokio::time::timeout(deadline, send)
+            .await
+            .unwrap_or(Err(RunnerError::Timeout(deadline)))
+    }
+}

@@ -1,0 +1,13 @@
+//! Runners: the per-node agents that execute pack actions, and the server's client for them.
+//!
+//! `client` runs in the server (signs and sends calls); `agent` is `emisar runner` (verifies,
+//! re-validates and executes); `exec` and `http_action` are the two kinds of action. Only
+//! `exec` spawns processes.
+
+pub mod agent;
+pub mod client;
+mod exec;
+mod http_action;
+mod protocol;
+
+pub use protocol::{CallRequest, CallResponse};

@@ -1,0 +1,212 @@
+//! The server's Ed25519 key and the claims of a signed runner call.
+//!
+//! Invariant: a runner executes only a call whose token verifies with the server's public key,
+//! names this runner as audience, lives at most [`MAX_TOKEN_LIFETIME`] seconds, carries a `jti`
+//! never seen before, and whose tool, argument digest and pack digest match the request and
+//! the runner's own packs.
+
+use std::path::Path;
+
+use anyhow::Context;
+use ed25519_dalek::SigningKey;
+use ed25519_dalek::pkcs8::spki::der::pem::LineEnding;
+use ed25519_dalek::pkcs8::{EncodePrivateKey, EncodePublicKey};
+use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use serde::{Deserialize, Serialize};
+
+/// The longest a signed call may live, in seconds.
+pub const MAX_TOKEN_LIFETIME: u64 = 60;
+/// What the server actually uses: short, so a stolen token is useless almost at once.
+pub const TOKEN_LIFETIME: u64 = 30;
+pub const ISSUER: &str = "emisar";
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct CallClaims {
+    pub iss: String,
+    /// The runner's name.
+    pub aud: String,
+    pub iat: u64,
+    pub exp: u64,
+    /// Single-use id: a runner refuses a second call with the same one.
+    pub jti: String,
+    /// The audit call id this execution belongs to.
+    pub call_id: String,
+    pub tool: String,
+    /// SHA-256 of the canonical JSON of the pack params sent.
+    pub args_sha256: String,
+    /// SHA-256 of the pack file the server resolved the tool from.
+    pub pack_sha256: String,
+}
+
+/// Fails fast if jsonwebtoken has no crypto backend (it would panic on first use otherwise).
+pub fn ensure_crypto_provider() -> anyhow::Result<()> {
+    if jsonwebtoken::crypto::CryptoProvider::try_get_default().is_none() {
+        anyhow::bail!("jsonwebtoken has no crypto provider: enable exactly one of its backends");
+    }
+    Ok(())
+}
+
+pub struct CallSigner {
+    key: EncodingKey,
+}
+
+impl CallSigner {
+    pub fn from_pem(pem: &str) -> anyhow::Result<Self> {
+        ensure_crypto_provider()?;
+        Ok(CallSigner {
+            key: EncodingKey::from_ed_pem(pem.as_bytes())
+                .context("failed to read the signing key")?,
+        })
+    }
+
+    pub fn from_file(path: &Path) -> anyhow::Result<Self> {
+        let pem = std::fs::read_to_string(path)
+            .with_context(|| format!("failed to read signing key {}", path.display()))?;
+        Self::from_pem(&pem)
+    }
+
+    pub fn sign(&self, claims: &CallClaims) -> anyhow::Result<String> {
+        jsonwebtoken::encode(&Header::new(Algorithm::EdDSA), claims, &self.key)
+            .context("failed to sign the runner call")
+    }
+}
+
+pub struct CallVerifier {
+    key: DecodingKey,
+    validation: Validation,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum VerifyError {
+    #[error("the call token is invalid: {0}")]
+    Invalid(String),
+    #[error("the call token lives {0} s, more than the {MAX_TOKEN_LIFETIME} s allowed")]
+    TooLong(u64),
+}
+
+impl CallVerifier {
+    pub fn from_pem(pem: &str, runner_name: &str) -> anyhow::Result<Self> {
+        ensure_crypto_provider()?;
+        let mut validation = Validation::new(Algorithm::EdDSA);
+        validation.set_audience(&[runner_name]);
+        validation.set_issuer(&[ISSUER]);
+        validation.set_required_spec_claims(&["exp", "aud", "iss"]);
+        validation.leeway = 5;
+        Ok(CallVerifier {
+            key: DecodingKey::from_ed_pem(pem.as_bytes())
+                .context("failed to read the server public key")?,
+            validation,
+        })
+    }
+
+    pub fn verify(&self, token: &str) -> Result<CallClaims, VerifyError> {
+        let data = jsonwebtoken::decode::<CallClaims>(token, &self.key, &self.validation)
+            .map_err(|e| VerifyError::Invalid(e.to_string()))?;
+        let claims = data.claims;
+        let lifetime = claims.exp.saturating_sub(claims.iat);
+        if lifetime > MAX_TOKEN_LIFETIME {
+            return Err(VerifyError::TooLong(lifetime));
+        }
+        Ok(claims)
+    }
+}
+
+/// A fresh Ed25519 key pair as (private PKCS#8 PEM, public SPKI PEM).
+pub fn generate_keypair() -> anyhow::Result<(String, String)> {
+    use getrandom::{SysRng, rand_core::UnwrapErr};
+    let key = SigningKey::generate(&mut UnwrapErr(SysRng));
+    let private = key
+        .to_pkcs8_pem(LineEnding::LF)
+        .context("failed to encode the private key")?
+        .to_string();
+    let public = key
+        .verifying_key()
+        .to_public_key_pem(LineEnding::LF)
+        .context("failed to encode the public key")?;
+    Ok((private, public))
+}
+
+/// Writes a key pair to `private` (mode 0600) and `public`.
+pub fn write_keypair(private: &Path, public: &Path) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let (private_pem, public_pem) = generate_keypair()?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(private)
+        .with_context(|| format!("failed to create {}", private.display()))?;
+    f.write_all(private_pem.as_bytes())?;
+    std::fs::write(public, public_pem)
+        .with_context(|| format!("failed to write {}", public.display()))?;
+    Ok(())
+}
+
+pub fn now() -> u64 {
+    jsonwebtoken::get_current_timestamp()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claims(aud: &str, iat: u64, exp: u64) -> CallClaims {
+        CallClaims {
+            iss: ISSUER.into(),
+            aud: aud.into(),
+            iat,
+            exp,
+            jti: "j".into(),
+            call_id: "c".into(),
+            tool: "traefik.ping".into(),
+            args_sha256: "a".into(),
+            pack_sha256: "p".into(),
+        }
+    }
+
+    #[test]
+    fn round_trip_and_refusals() {
+        let (private, public) = generate_keypair().unwrap();
+        let signer = CallSigner::from_pem(&private).unwrap();
+        let verifier = CallVerifier::from_pem(&public, "node-1").unwrap();
+        let t = now();
+        let ok = claims("node-1", t, t + 30);
+        assert_eq!(verifier.verify(&signer.sign(&ok).unwrap()).unwrap(), ok);
+
+        let wrong_aud = signer.sign(&claims("node-2", t, t + 30)).unwrap();
+        assert!(
+            verifier
+                .verify(&wrong_aud)
+                .unwrap_err()
+                .to_string()
+                .contains("InvalidAudience")
+        );
+        let expired = signer.sign(&claims("node-1", t - 100, t - 60)).unwrap();
+        assert!(
+            verifier
+                .verify(&expired)
+                .unwrap_err()
+                .to_string()
+                .contains("Expired")
+        );
+        let too_long = signer.sign(&claims("node-1", t, t + 3600)).unwrap();
+        assert!(matches!(
+            verifier.verify(&too_long),
+            Err(VerifyError::TooLong(3600))
+        ));
+
+        let (other_private, _) = generate_keypair().unwrap();
+        let forged = CallSigner::from_pem(&other_private)
+            .unwrap()
+            .sign(&ok)
+            .unwrap();
+        assert!(
+            verifier
+                .verify(&forged)
+                .unwrap_err()
+                .to_string()
+                .contains("InvalidSignature")
+        );
+    }
+}

@@ -1,0 +1,181 @@
+//! Agent bearer tokens: issue, authenticate, revoke.
+//!
+//! Invariant: a token is shown once, at issue, and only its SHA-256 is stored. Tokens are 256
+//! random bits, so a fast hash is safe here (argon2 is for guessable secrets like passwords).
+
+use std::time::Duration;
+
+use base64::Engine;
+use serde_json::json;
+
+use crate::audit::{AuditLog, NewEvent, format_at, kind};
+use crate::db::Db;
+use crate::digest::sha256_hex;
+use crate::with_pool;
+
+const PREFIX: &str = "emt_";
+
+/// The authenticated caller of an MCP request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Principal {
+    pub agent: String,
+    pub token_id: String,
+}
+
+impl Principal {
+    /// How the audit log names this caller.
+    pub fn actor(&self) -> String {
+        format!("agent:{}", self.agent)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct IssuedToken {
+    pub id: String,
+    /// The bearer token itself. Shown once; not recoverable.
+    pub token: String,
+    pub agent: String,
+    pub expires_at: String,
+}
+
+/// Issues a token for `agent` valid for `ttl`, and audits it (the token itself never is).
+pub async fn issue(
+    db: &Db,
+    audit: &AuditLog,
+    agent: &str,
+    ttl: Duration,
+    issued_by: &str,
+) -> anyhow::Result<IssuedToken> {
+    if !crate::pack::is_identifier(agent) {
+        anyhow::bail!("agent name `{agent}` must be an identifier (letters, digits, `_ . @ -`)");
+    }
+    let mut secret = [0u8; 32];
+    getrandom::fill(&mut secret).map_err(|e| anyhow::anyhow!("failed to get random bytes: {e}"))?;
+    let token = format!(
+        "{PREFIX}{}",
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(secret)
+    );
+    let id = uuid::Uuid::new_v4().to_string();
+    let now = chrono::Utc::now();
+    let ttl = chrono::Duration::from_std(ttl).map_err(|_| anyhow::anyhow!("ttl is too long"))?;
+    let created_at = format_at(now);
+    let expires_at = format_at(now + ttl);
+    let sql = match db {
+        Db::Pg(_) => {
+            "INSERT INTO agent_tokens (id, agent, token_hash, created_at, expires_at) VALUES ($1, $2, $3, $4::timestamptz, $5::timestamptz)"
+        }
+        Db::Sqlite(_) => {
+            "INSERT INTO agent_tokens (id, agent, token_hash, created_at, expires_at) VALUES ($1, $2, $3, $4, $5)"
+        }
+    };
+    // Audit first: a token that exists must have its issue on record.
+    audit
+        .append(NewEvent {
+            actor: issued_by.to_owned(),
+            kind: kind::TOKEN_ISSUED.into(),
+            detail: Some(json!({"token_id": id, "agent": agent, "expires_at": expires_at})),
+            outcome: Some("ok".into()),
+            ..Default::default()
+        })
+        .await?;
+    with_pool!(db, pool => {
+        sqlx::query(sql)
+            .bind(&id)
+            .bind(agent)
+            .bind(sha256_hex(token.as_bytes()))
+            .bind(&created_at)
+            .bind(&expires_at)
+            .execute(pool)
+            .await?;
+    });
+    Ok(IssuedToken {
+        id,
+        token,
+        agent: agent.to_owned(),
+        expires_at,
+    })
+}
+
+/// The principal a bearer token stands for, if it is known, unexpired and not revoked.
+pub async fn authenticate(db: &Db, token: &str) -> Result<Option<Principal>, sqlx::Error> {
+    if !token.starts_with(PREFIX) || token.len() > 100 {
+        return Ok(None);
+    }
+    let sql = match db {
+        Db::Pg(_) => {
+            "SELECT id, agent FROM agent_tokens WHERE token_hash = $1 AND revoked_at IS NULL AND expires_at > $2::timestamptz"
+        }
+        Db::Sqlite(_) => {
+            "SELECT id, agent FROM agent_tokens WHERE token_hash = $1 AND revoked_at IS NULL AND expires_at > $2"
+        }
+    };
+    let hash = sha256_hex(token.as_bytes());
+    let now = format_at(chrono::Utc::now());
+    let row: Option<(String, String)> = with_pool!(db, pool => {
+        sqlx::query_as(sql).bind(&hash).bind(&now).fetch_optional(pool).await?
+    });
+    Ok(row.map(|(token_id, agent)| Principal { agent, token_id }))
+}
+
+/// Revokes a token by id. Returns false if no such live token exists.
+pub async fn revoke(db: &Db, audit: &AuditLog, id: &str, revoked_by: &str) -> anyhow::Result<bool> {
+    let sql = match db {
+        Db::Pg(_) => {
+            "UPDATE agent_tokens SET revoked_at = $2::timestamptz WHERE id = $1 AND revoked_at IS NULL"
+        }
+        Db::Sqlite(_) => {
+            "UPDATE agent_tokens SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NULL"
+        }
+    };
+    let now = format_at(chrono::Utc::now());
+    let changed = with_pool!(db, pool => sqlx::query(sql).bind(id).bind(&now).execute(pool).await?.rows_affected());
+    if changed > 0 {
+        audit
+            .append(NewEvent {
+                actor: revoked_by.to_owned(),
+                kind: kind::TOKEN_REVOKED.into(),
+                detail: Some(json!({"token_id": id})),
+                outcome: Some("ok".into()),
+                ..Default::default()
+            })
+            .await?;
+    }
+    Ok(changed > 0)
+}
+
+/// Parses a lifetime such as `90s`, `30m`, `12h` or `30d`.
+pub fn parse_ttl(text: &str) -> Result<Duration, String> {
+    let (number, unit) = text.split_at(
+        text.find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(text.len()),
+    );
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("ttl `{text}` must be a number followed by s, m, h or d"))?;
+    let secs = match unit {
+        "s" => n,
+        "m" => n * 60,
+        "h" => n * 3600,
+        "d" => n * 86_400,
+        _ => return Err(format!("ttl `{text}` must end in s, m, h or d")),
+    };
+    if secs == 0 || secs > 3650 * 86_400 {
+        return Err(format!("ttl `{text}` must be between 1s and 3650d"));
+    }
+    Ok(Duration::from_secs(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttl_parsing() {
+        assert_eq!(parse_ttl("30d").unwrap(), Duration::from_secs(30 * 86_400));
+        assert_eq!(parse_ttl("90s").unwrap(), Duration::from_secs(90));
+        assert!(parse_ttl("0s").is_err());
+        assert!(parse_ttl("10").is_err());
+        assert!(parse_ttl("d").is_err());
+        assert!(parse_ttl("5y").is_err());
+    }
+}

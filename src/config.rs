@@ -211,3 +211,35 @@ impl RunnerConfig {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shipped_examples_load() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+        let server = ServerConfig::load(&root.join("emisar.toml")).unwrap();
+        assert_eq!(server.runners.len(), 2);
+        assert!(server.runners[1].serves("traefik") && !server.runners[1].serves("consul"));
+        let runner = RunnerConfig::load(&root.join("runner.toml")).unwrap();
+        assert_eq!(runner.services["nomad"].base_url, "http://127.0.0.1:4646");
+        assert!(!format!("{:?}", runner.services["consul"]).contains("replace-with"));
+    }
+
+    #[test]
+    fn bad_configs_name_the_field() {
+        let err = toml::from_str::<ServerConfig>("signing_key_file = 'k'\nlisten_addr = 'x'")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("listen_addr"), "{err}");
+        let mut c: ServerConfig = toml::from_str(
+            "signing_key_file = 'k'\n[[runners]]\nname = 'a b'\nurl = 'http://x'",
+        )
+        .unwrap();
+        assert!(c.check().unwrap_err().to_string().contains("runners[0].name"));
+        c.runners[0].name = "a".into();
+        c.runners[0].url = "ftp://x".into();
+        assert!(c.check().unwrap_err().to_string().contains("runners[0].url"));
+    }
+}

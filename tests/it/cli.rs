@@ -1,0 +1,234 @@
+//! The `emisar` binary as people run it: packs commands, token issue, and `emisar dev`.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::harness::app::Options;
+use crate::harness::{Backend, RunnerSpec, spawn_app};
+use crate::mcp_calls::call;
+
+fn emisar(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_emisar"))
+        .args(args)
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn packs_check_list_and_show() {
+    let (code, out, err) = emisar(&["packs", "check"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("ok  traefik"), "{out}");
+
+    let (code, out, _) = emisar(&["packs", "list"]);
+    assert_eq!(code, 0);
+    for tool in ["traefik.ping", "traefik.overview", "traefik.services"] {
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(tool))
+            .unwrap_or_else(|| panic!("{tool} in {out}"));
+        assert!(line.contains(" read "), "{line}");
+    }
+
+    let (code, out, _) = emisar(&["packs", "show", "traefik.ping"]);
+    assert_eq!(code, 0);
+    let shown: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        shown["input_schema"]["required"],
+        serde_json::json!(["runners", "reason"])
+    );
+    assert_eq!(shown["action"]["http"]["path"], "/ping");
+
+    let (code, _, err) = emisar(&["packs", "show", "traefik.nope"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("no tool named `traefik.nope`"), "{err}");
+}
+
+#[test]
+fn packs_check_fails_a_free_form_string() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("loose.yaml"),
+        "pack: loose\ndescription: d\nservice: s\ntools:\n  get:\n    description: d\n    risk: read\n    scope: node\n    params:\n      anything: {type: string}\n    action:\n      http: {method: GET, path: '/x/{anything}'}\n",
+    )
+    .unwrap();
+    let (code, out, err) = emisar(&["packs", "check", "--dir", dir.path().to_str().unwrap()]);
+    assert_ne!(code, 0, "{out}");
+    assert!(
+        err.contains("tool `loose.get`") && err.contains("free-form string"),
+        "{err}"
+    );
+}
+
+#[test]
+fn commands_that_read_the_store_need_a_database() {
+    let (code, _, err) = emisar(&["audit", "verify"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--database URL or set DATABASE_URL"), "{err}");
+    let (code, _, err) = emisar(&["audit", "verify", "--database", "mysql://x"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("must start with postgres://"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_issued_by_the_cli_works_and_is_audited() {
+    let app = spawn_app(
+        Backend::Postgres,
+        vec![RunnerSpec::new("node-1")],
+        Options::default(),
+    )
+    .await;
+    let (code, out, err) = emisar(&[
+        "token",
+        "issue",
+        "--agent",
+        "cli-agent",
+        "--ttl",
+        "1h",
+        "--database",
+        &app.database_url,
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    let token = out
+        .lines()
+        .find_map(|l| l.strip_prefix("token:"))
+        .unwrap()
+        .trim()
+        .to_owned();
+    let principal = emisar::tokens::authenticate(&app.db, &token)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(principal.agent, "cli-agent");
+
+    let (code, out, _) = emisar(&[
+        "audit",
+        "query",
+        "--kind",
+        "token.issued",
+        "--json",
+        "--database",
+        &app.database_url,
+    ]);
+    assert_eq!(code, 0);
+    assert!(out.contains("\"agent\":\"cli-agent\""), "{out}");
+    assert!(!out.contains(&token), "the token itself is never audited");
+
+    let (code, _, err) = emisar(&[
+        "token",
+        "issue",
+        "--agent",
+        "bad name",
+        "--database",
+        &app.database_url,
+    ]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("agent name `bad name` must be an identifier"),
+        "{err}"
+    );
+}
+
+/// `emisar dev` starts with no set-up, binds the port it says, and serves MCP with its token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn emisar_dev_prints_a_working_url_and_token() {
+    let state = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_emisar"))
+        .args([
+            "dev",
+            "--state-dir",
+            state.path().to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let dev_json = state.path().join("dev.json");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !dev_json.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "dev.json not written within 30 s"
+        );
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "emisar dev exited early"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let info: Value = serde_json::from_str(&std::fs::read_to_string(&dev_json).unwrap()).unwrap();
+    let url = info["mcp_url"].as_str().unwrap();
+    assert!(
+        !url.ends_with(":0/mcp"),
+        "dev.json carries the bound port: {url}"
+    );
+    assert_eq!(info["runners"], serde_json::json!(["local"]));
+    assert!(
+        info["database_url"]
+            .as_str()
+            .unwrap()
+            .starts_with("sqlite://")
+    );
+
+    use rmcp::ServiceExt;
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+    let config = StreamableHttpClientTransportConfig::with_uri(url.to_owned())
+        .auth_header(info["agent_token"].as_str().unwrap().to_owned());
+    let client = ().serve(StreamableHttpClientTransport::from_config(config)).await.unwrap();
+    let tools = client.list_all_tools().await.unwrap();
+    assert!(tools.iter().any(|t| t.name == "traefik.ping"));
+    // The dev runner asks Traefik at its standard address; whether one runs there or not, the
+    // answer names the runner and is either Traefik's or a clear error.
+    let res = call(
+        &client,
+        "traefik.ping",
+        serde_json::json!({"runners": ["local"], "reason": "dev smoke test"}),
+    )
+    .await;
+    let r = &res.structured_content.unwrap()["results"][0];
+    assert_eq!(r["runner"], "local");
+    assert!(
+        r["ok"] == true || r["error"].as_str().unwrap().contains("127.0.0.1:8080"),
+        "{r}"
+    );
+    client.cancel().await.unwrap();
+
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = child.wait().unwrap();
+    assert!(
+        status.success(),
+        "emisar dev stops cleanly on SIGTERM: {status}"
+    );
+    let mut stdout = String::new();
+    std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut stdout).unwrap();
+    assert!(
+        stdout.contains(url) && stdout.contains(info["agent_token"].as_str().unwrap()),
+        "{stdout}"
+    );
+
+    // The audit log of the dev database verifies.
+    let (code, out, err) = emisar(&[
+        "audit",
+        "verify",
+        "--database",
+        info["database_url"].as_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+}

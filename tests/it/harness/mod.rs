@@ -1,0 +1,32 @@
+//! Test harness: databases, a real Traefik, and the server with runners on free ports.
+
+pub mod app;
+pub mod pg;
+pub mod tools;
+pub mod traefik;
+
+pub use app::{RunnerSpec, spawn_app};
+
+/// Which store a test runs against.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Backend {
+    Postgres,
+    Sqlite,
+}
+
+/// Expands one `async fn name(backend: Backend)` into a test per backend.
+#[macro_export]
+macro_rules! both_backends {
+    ($name:ident) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                super::$name($crate::harness::Backend::Postgres).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                super::$name($crate::harness::Backend::Sqlite).await
+            }
+        }
+    };
+}

@@ -1,0 +1,9 @@
+//! Integration tests: one binary, each test with its own ports, its own database and, where
+//! it needs one, its own real Traefik. Tests that touch the store run on both backends.
+
+mod audit_log;
+mod cli;
+mod harness;
+mod mcp_calls;
+mod python_client;
+mod runner_security;

@@ -1,0 +1,490 @@
+//! Tool calls through a real MCP client (rmcp over streamable HTTP), to real runners, with
+//! the audit log checked afterwards. Every test runs on PostgreSQL and SQLite.
+
+use std::time::{Duration, Instant};
+
+use emisar::audit::AuditFilter;
+use emisar::config::RunnerEntry;
+use rmcp::model::{CallToolRequestParams, CallToolResult};
+use serde_json::{Value, json};
+
+use crate::both_backends;
+use crate::harness::app::{Options, TEST_AGENT};
+use crate::harness::traefik::Traefik;
+use crate::harness::{Backend, RunnerSpec, spawn_app, tools::free_port};
+
+pub fn fixtures_dir() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/it/fixtures")
+}
+
+/// A Traefik dynamic config with one load balancer: one live backend, one dead.
+pub fn two_backend_config(live: u16, dead: u16) -> String {
+    format!(
+        r#"http:
+  routers:
+    whoami:
+      rule: "PathPrefix(`/app`)"
+      entryPoints: ["web"]
+      service: app
+  services:
+    app:
+      loadBalancer:
+        healthCheck:
+          path: /
+          interval: 500ms
+          timeout: 300ms
+        servers:
+          - url: "http://127.0.0.1:{live}"
+          - url: "http://127.0.0.1:{dead}"
+"#
+    )
+}
+
+pub async fn call(
+    client: &rmcp::service::RunningService<rmcp::RoleClient, ()>,
+    tool: &str,
+    args: Value,
+) -> CallToolResult {
+    client
+        .call_tool(
+            CallToolRequestParams::new(tool.to_owned())
+                .with_arguments(args.as_object().unwrap().clone()),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{tool} call failed at the protocol level: {e}"))
+}
+
+fn text_of(res: &CallToolResult) -> String {
+    res.content
+        .iter()
+        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A tiny HTTP backend that answers 200 on every path.
+async fn live_backend() -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let app = axum::Router::new().fallback(|| async { "backend ok" });
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    port
+}
+
+async fn traefik_ping_over_mcp_is_audited(backend: Backend) {
+    let traefik = Traefik::start(&two_backend_config(free_port(), free_port())).await;
+    let app = spawn_app(
+        backend,
+        vec![RunnerSpec::new("node-1").service("traefik", &traefik.api_url)],
+        Options::default(),
+    )
+    .await;
+    let client = app.mcp_client().await;
+
+    let tools = client.list_all_tools().await.unwrap();
+    let ping = tools
+        .iter()
+        .find(|t| t.name == "traefik.ping")
+        .expect("traefik.ping is listed");
+    let schema = Value::Object((*ping.input_schema).clone());
+    assert_eq!(schema["required"], json!(["runners", "reason"]));
+    assert_eq!(
+        schema["properties"]["runners"]["items"]["enum"],
+        json!(["node-1"])
+    );
+    assert_eq!(schema["properties"]["runners"]["minItems"], json!(1));
+    for name in ["traefik.overview", "traefik.services"] {
+        assert!(tools.iter().any(|t| t.name == name), "{name} is listed");
+    }
+
+    let reason = "is the edge proxy on node-1 answering?";
+    let res = call(
+        &client,
+        "traefik.ping",
+        json!({"runners": ["node-1"], "reason": reason}),
+    )
+    .await;
+    assert_eq!(res.is_error, Some(false), "{}", text_of(&res));
+    let s = res.structured_content.clone().unwrap();
+    assert_eq!(s["tool"], "traefik.ping");
+    let r = &s["results"][0];
+    assert_eq!(r["runner"], "node-1");
+    assert_eq!(r["ok"], true, "{r}");
+    // Traefik's real answer to /ping.
+    assert_eq!(r["output"], json!({"http_status": 200, "body": "OK"}));
+
+    let call_id = s["call_id"].as_str().unwrap();
+    let events = app.events_of_call(call_id).await;
+    assert_eq!(events.len(), 2, "{events:#?}");
+    let (intent, outcome) = (&events[0], &events[1]);
+    assert_eq!(intent.kind, "tool.called");
+    assert_eq!(intent.actor, format!("agent:{TEST_AGENT}"));
+    assert_eq!(intent.tool.as_deref(), Some("traefik.ping"));
+    assert_eq!(intent.reason.as_deref(), Some(reason));
+    assert_eq!(intent.args, Some(json!({})));
+    assert_eq!(
+        intent.detail.as_ref().unwrap()["runners"],
+        json!(["node-1"])
+    );
+    assert!(
+        intent.seq < outcome.seq,
+        "intent is written before the outcome"
+    );
+    assert_eq!(outcome.kind, "call.executed");
+    assert_eq!(outcome.runner.as_deref(), Some("node-1"));
+    assert_eq!(outcome.actor, intent.actor);
+    assert_eq!(outcome.reason.as_deref(), Some(reason));
+    assert_eq!(outcome.outcome.as_deref(), Some("ok"));
+    assert_eq!(
+        outcome.result_digest.as_deref(),
+        Some(emisar::digest::json_digest(&r["output"]).as_str())
+    );
+    app.assert_chain_intact().await;
+
+    // The same check through the CLI an auditor would run.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_emisar"))
+        .args(["audit", "verify", "--database", &app.database_url])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.starts_with("ok: "), "{stdout}");
+    client.cancel().await.unwrap();
+}
+both_backends!(traefik_ping_over_mcp_is_audited);
+
+async fn traefik_services_show_up_and_down(backend: Backend) {
+    let live = live_backend().await;
+    let traefik = Traefik::start(&two_backend_config(live, free_port())).await;
+    let app = spawn_app(
+        backend,
+        vec![RunnerSpec::new("edge-1").service("traefik", &traefik.api_url)],
+        Options::default(),
+    )
+    .await;
+    let client = app.mcp_client().await;
+    let args = json!({"runners": ["edge-1"], "reason": "which backends are down?"});
+
+    let overview = call(&client, "traefik.overview", args.clone()).await;
+    assert_eq!(overview.is_error, Some(false), "{}", text_of(&overview));
+    let o = &overview.structured_content.unwrap()["results"][0]["output"];
+    assert!(o["http"]["services"]["total"].as_u64().unwrap() >= 1, "{o}");
+    assert_eq!(o["providers"], json!(["File"]));
+
+    // Traefik starts every server UP; its health check flips the dead one within a second.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let app_service = loop {
+        let res = call(&client, "traefik.services", args.clone()).await;
+        assert_eq!(res.is_error, Some(false), "{}", text_of(&res));
+        let out = res.structured_content.unwrap()["results"][0]["output"].clone();
+        let svc = out
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == "app@file")
+            .cloned()
+            .expect("app@file is listed");
+        if svc["down"] == 1 || Instant::now() > deadline {
+            break svc;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    assert_eq!(app_service["up"], 1, "{app_service}");
+    assert_eq!(app_service["down"], 1, "{app_service}");
+    let servers = app_service["servers"].as_array().unwrap();
+    assert!(servers.contains(&json!({"url": format!("http://127.0.0.1:{live}"), "status": "UP"})));
+    assert!(servers.iter().any(|s| s["status"] == "DOWN"));
+
+    // A search that matches nothing is still an answer: an empty list.
+    let res = call(
+        &client,
+        "traefik.services",
+        json!({"runners": ["edge-1"], "reason": "search", "search": "nothing-here"}),
+    )
+    .await;
+    assert_eq!(
+        res.structured_content.unwrap()["results"][0]["output"],
+        json!([])
+    );
+    app.assert_chain_intact().await;
+    client.cancel().await.unwrap();
+}
+both_backends!(traefik_services_show_up_and_down);
+
+async fn a_dead_runner_fails_alone(backend: Backend) {
+    let traefik = Traefik::start(&two_backend_config(free_port(), free_port())).await;
+    let dead_url = format!("http://127.0.0.1:{}", free_port());
+    let app = spawn_app(
+        backend,
+        vec![RunnerSpec::new("node-1").service("traefik", &traefik.api_url)],
+        Options {
+            extra_runners: vec![RunnerEntry {
+                name: "node-2".into(),
+                url: dead_url,
+                packs: None,
+            }],
+            ..Default::default()
+        },
+    )
+    .await;
+    let client = app.mcp_client().await;
+    let res = call(
+        &client,
+        "traefik.ping",
+        json!({"runners": ["node-1", "node-2"], "reason": "ping both"}),
+    )
+    .await;
+    assert_eq!(
+        res.is_error,
+        Some(false),
+        "one runner answered, so the call is not an error"
+    );
+    let s = res.structured_content.unwrap();
+    let results = s["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2);
+    assert_eq!(results[0]["runner"], "node-1");
+    assert_eq!(results[0]["ok"], true);
+    assert_eq!(results[1]["runner"], "node-2");
+    assert_eq!(results[1]["ok"], false);
+    let err = results[1]["error"].as_str().unwrap();
+    assert!(err.contains("runner unreachable"), "{err}");
+
+    let events = app.events_of_call(s["call_id"].as_str().unwrap()).await;
+    let kinds: Vec<(&str, Option<&str>)> = events
+        .iter()
+        .map(|e| (e.kind.as_str(), e.runner.as_deref()))
+        .collect();
+    assert!(
+        kinds.contains(&("call.executed", Some("node-1"))),
+        "{kinds:?}"
+    );
+    assert!(
+        kinds.contains(&("call.failed", Some("node-2"))),
+        "{kinds:?}"
+    );
+    let failed = events.iter().find(|e| e.kind == "call.failed").unwrap();
+    assert!(
+        failed.detail.as_ref().unwrap()["error"]
+            .as_str()
+            .unwrap()
+            .contains("unreachable")
+    );
+
+    // Only the dead runner: every runner failed, so the result is an error.
+    let res = call(
+        &client,
+        "traefik.ping",
+        json!({"runners": ["node-2"], "reason": "ping the dead one"}),
+    )
+    .await;
+    assert_eq!(res.is_error, Some(true));
+    app.assert_chain_intact().await;
+    client.cancel().await.unwrap();
+}
+both_backends!(a_dead_runner_fails_alone);
+
+async fn a_service_that_is_down_is_a_clear_error(backend: Backend) {
+    let closed = free_port();
+    let app = spawn_app(
+        backend,
+        vec![RunnerSpec::new("node-1").service("traefik", &format!("http://127.0.0.1:{closed}"))],
+        Options::default(),
+    )
+    .await;
+    let client = app.mcp_client().await;
+    let res = call(
+        &client,
+        "traefik.ping",
+        json!({"runners": ["node-1"], "reason": "is it up?"}),
+    )
+    .await;
+    assert_eq!(res.is_error, Some(true));
+    let r = &res.structured_content.unwrap()["results"][0];
+    let err = r["error"].as_str().unwrap();
+    assert!(
+        err.contains("traefik at http://127.0.0.1:")
+            && err.to_lowercase().contains("connection refused"),
+        "{err}"
+    );
+    client.cancel().await.unwrap();
+}
+both_backends!(a_service_that_is_down_is_a_clear_error);
+
+async fn bad_input_is_refused_named_and_audited(backend: Backend) {
+    let app = spawn_app(backend, vec![RunnerSpec::new("node-1")], Options::default()).await;
+    let client = app.mcp_client().await;
+    let cases = [
+        (
+            json!({"runners": ["node-1"]}),
+            "\"reason\" is a required property",
+        ),
+        (json!({"runners": ["node-1"], "reason": ""}), "`reason`"),
+        (json!({"runners": ["node-1"], "reason": "   "}), "`reason`"),
+        (json!({"runners": [], "reason": "x"}), "`runners`"),
+        (json!({"reason": "x"}), "\"runners\" is a required property"),
+        (
+            json!({"runners": ["ghost"], "reason": "x"}),
+            "no runner is named `ghost`",
+        ),
+        (
+            json!({"runners": ["node-1"], "reason": "x", "bogus": 1}),
+            "bogus",
+        ),
+    ];
+    for (args, expected) in &cases {
+        let res = call(&client, "traefik.ping", args.clone()).await;
+        assert_eq!(res.is_error, Some(true), "{args}");
+        let text = text_of(&res);
+        assert!(
+            text.contains("invalid arguments for `traefik.ping`"),
+            "{text}"
+        );
+        assert!(
+            text.contains(expected),
+            "{args}: expected {expected:?} in {text}"
+        );
+    }
+    let res = call(
+        &client,
+        "traefik.services",
+        json!({"runners": ["node-1"], "reason": "x", "search": "a/../b"}),
+    )
+    .await;
+    assert!(text_of(&res).contains("`search`"), "{}", text_of(&res));
+
+    let rejected = app
+        .events(AuditFilter {
+            kind: Some("tool.rejected".into()),
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(rejected.len(), cases.len() + 1);
+    assert!(
+        rejected
+            .iter()
+            .all(|e| e.actor == format!("agent:{TEST_AGENT}"))
+    );
+    let called = app
+        .events(AuditFilter {
+            kind: Some("tool.called".into()),
+            ..Default::default()
+        })
+        .await;
+    assert!(called.is_empty(), "nothing was called: {called:#?}");
+
+    let err = client
+        .call_tool(CallToolRequestParams::new("nope.nothing").with_arguments(Default::default()))
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("unknown tool: nope.nothing"),
+        "{err}"
+    );
+    app.assert_chain_intact().await;
+    client.cancel().await.unwrap();
+}
+both_backends!(bad_input_is_refused_named_and_audited);
+
+async fn exec_reads_run_and_writes_are_refused(backend: Backend) {
+    let app = spawn_app(
+        backend,
+        vec![RunnerSpec::new("node-1")],
+        Options {
+            packs_dir: Some(fixtures_dir()),
+            ..Default::default()
+        },
+    )
+    .await;
+    let client = app.mcp_client().await;
+    let res = call(
+        &client,
+        "testkit.echo",
+        json!({"runners": ["node-1"], "reason": "exec path", "word": "hello"}),
+    )
+    .await;
+    assert_eq!(res.is_error, Some(false), "{}", text_of(&res));
+    assert_eq!(
+        res.structured_content.unwrap()["results"][0]["output"],
+        json!({"said": "hello"})
+    );
+
+    let marker = app.dir.path().join("written");
+    let marker = marker.to_str().unwrap();
+    let res = call(
+        &client,
+        "testkit.touch",
+        json!({"runners": ["node-1"], "reason": "try a write", "path": marker}),
+    )
+    .await;
+    assert_eq!(res.is_error, Some(true));
+    let text = text_of(&res);
+    assert!(
+        text.contains("risk:high write and needs a human's approval"),
+        "{text}"
+    );
+    assert!(
+        !std::path::Path::new(marker).exists(),
+        "the write must not run"
+    );
+    let rejected = app
+        .events(AuditFilter {
+            tool: Some("testkit.touch".into()),
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(rejected.len(), 1);
+    assert_eq!(rejected[0].kind, "tool.rejected");
+    assert_eq!(rejected[0].reason.as_deref(), Some("try a write"));
+    app.assert_chain_intact().await;
+    client.cancel().await.unwrap();
+}
+both_backends!(exec_reads_run_and_writes_are_refused);
+
+async fn requests_without_a_valid_token_get_401(backend: Backend) {
+    let app = spawn_app(backend, vec![RunnerSpec::new("node-1")], Options::default()).await;
+    let http = reqwest::Client::new();
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"});
+    for auth in [None, Some("Bearer emt_not-a-real-token"), Some("Basic abc")] {
+        let mut req = http
+            .post(&app.mcp_url)
+            .header("accept", "application/json, text/event-stream")
+            .json(&body);
+        if let Some(a) = auth {
+            req = req.header("authorization", a);
+        }
+        let res = req.send().await.unwrap();
+        assert_eq!(res.status(), 401, "{auth:?}");
+    }
+    // A revoked token stops working at once.
+    let issued = emisar::tokens::issue(
+        &app.db,
+        &app.audit,
+        "short-lived",
+        Duration::from_secs(60),
+        "test",
+    )
+    .await
+    .unwrap();
+    assert!(
+        emisar::tokens::authenticate(&app.db, &issued.token)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        emisar::tokens::revoke(&app.db, &app.audit, &issued.id, "test")
+            .await
+            .unwrap()
+    );
+    assert!(
+        emisar::tokens::authenticate(&app.db, &issued.token)
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+both_backends!(requests_without_a_valid_token_get_401);

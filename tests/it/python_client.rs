@@ -1,0 +1,74 @@
+//! A second MCP client, not written here: the official Python SDK (`mcp` on PyPI), driven by
+//! tests/mcp_python_client.py against a real server, runner and Traefik.
+
+use emisar::audit::AuditFilter;
+use serde_json::{Value, json};
+
+use crate::harness::app::{Options, TEST_AGENT};
+use crate::harness::tools::{free_port, require};
+use crate::harness::traefik::Traefik;
+use crate::harness::{Backend, RunnerSpec, spawn_app};
+use crate::mcp_calls::two_backend_config;
+
+async fn python_sdk_calls_traefik_ping(backend: Backend) {
+    let python = require("venv/bin/python");
+    let traefik = Traefik::start(&two_backend_config(free_port(), free_port())).await;
+    let app = spawn_app(
+        backend,
+        vec![RunnerSpec::new("node-1").service("traefik", &traefik.api_url)],
+        Options::default(),
+    )
+    .await;
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp_python_client.py");
+    let reason = "python sdk: is node-1's edge up?";
+    let args = json!({"runners": ["node-1"], "reason": reason}).to_string();
+    let out = tokio::process::Command::new(python)
+        .arg(script)
+        .args([
+            "--url",
+            &app.mcp_url,
+            "--token",
+            &app.token,
+            "--tool",
+            "traefik.ping",
+            "--args",
+            &args,
+        ])
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "python client failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert!(
+        v["tools"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("traefik.ping"))
+    );
+    assert_eq!(v["is_error"], false, "{v}");
+    let r = &v["structured_content"]["results"][0];
+    assert_eq!(r["runner"], "node-1");
+    assert_eq!(r["output"], json!({"http_status": 200, "body": "OK"}));
+
+    let events = app
+        .events(AuditFilter {
+            tool: Some("traefik.ping".into()),
+            ..Default::default()
+        })
+        .await;
+    let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
+    assert_eq!(kinds, vec!["tool.called", "call.executed"]);
+    assert!(
+        events.iter().all(
+            |e| e.actor == format!("agent:{TEST_AGENT}") && e.reason.as_deref() == Some(reason)
+        )
+    );
+    app.assert_chain_intact().await;
+}
+crate::both_backends!(python_sdk_calls_traefik_ping);

@@ -1,0 +1,178 @@
+//! The runner accepts only calls the server signed, for itself, once, unexpired, matching the
+//! request and its own packs, with arguments its own schema accepts. Each refusal is checked
+//! by talking to a real runner over HTTP with hand-made tokens.
+
+use emisar::digest::json_digest;
+use emisar::pack::PackSet;
+use emisar::signing::{CallClaims, CallSigner, ISSUER, now};
+use serde_json::{Value, json};
+
+use crate::harness::app::Options;
+use crate::harness::{Backend, RunnerSpec, spawn_app};
+use crate::mcp_calls::fixtures_dir;
+
+struct Fixture {
+    signer: CallSigner,
+    url: String,
+    pack_sha256: String,
+    http: reqwest::Client,
+}
+
+impl Fixture {
+    fn claims(&self, args: &Value) -> CallClaims {
+        let t = now();
+        CallClaims {
+            iss: ISSUER.into(),
+            aud: "node-1".into(),
+            iat: t,
+            exp: t + 30,
+            jti: uuid::Uuid::new_v4().to_string(),
+            call_id: "test".into(),
+            tool: "testkit.echo".into(),
+            args_sha256: json_digest(args),
+            pack_sha256: self.pack_sha256.clone(),
+        }
+    }
+
+    async fn post(&self, token: Option<&str>, tool: &str, args: &Value) -> (u16, Value) {
+        let mut req = self
+            .http
+            .post(format!("{}/v1/call", self.url))
+            .json(&json!({"tool": tool, "args": args}));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        let res = req.send().await.unwrap();
+        (res.status().as_u16(), res.json().await.unwrap())
+    }
+}
+
+#[tokio::test]
+async fn runner_refuses_every_call_it_should() {
+    let app = spawn_app(
+        Backend::Sqlite,
+        vec![RunnerSpec::new("node-1")],
+        Options {
+            packs_dir: Some(fixtures_dir()),
+            ..Default::default()
+        },
+    )
+    .await;
+    let packs = PackSet::load(Some(&fixtures_dir())).unwrap();
+    let f = Fixture {
+        signer: CallSigner::from_file(&app.private_key).unwrap(),
+        url: app.runner_urls["node-1"].clone(),
+        pack_sha256: packs.pack("testkit").unwrap().digest.clone(),
+        http: reqwest::Client::new(),
+    };
+    let args = json!({"word": "hello"});
+    let sign = |c: &CallClaims| f.signer.sign(c).unwrap();
+
+    // A good call runs, once.
+    let good = sign(&f.claims(&args));
+    let (status, body) = f.post(Some(&good), "testkit.echo", &args).await;
+    assert_eq!((status, &body["status"]), (200, &json!("ok")), "{body}");
+    assert_eq!(body["output"], json!({"said": "hello"}));
+    let (status, body) = f.post(Some(&good), "testkit.echo", &args).await;
+    assert_eq!(status, 409, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("already used"));
+
+    let refusals: Vec<(&str, Option<String>, Value, u16, &str)> = vec![
+        (
+            "no token",
+            None,
+            args.clone(),
+            401,
+            "signed call token is required",
+        ),
+        (
+            "another runner",
+            Some(sign(&CallClaims {
+                aud: "node-2".into(),
+                ..f.claims(&args)
+            })),
+            args.clone(),
+            401,
+            "InvalidAudience",
+        ),
+        (
+            "expired",
+            Some(sign(&CallClaims {
+                iat: now() - 200,
+                exp: now() - 100,
+                ..f.claims(&args)
+            })),
+            args.clone(),
+            401,
+            "Expired",
+        ),
+        (
+            "too long-lived",
+            Some(sign(&CallClaims {
+                exp: now() + 3600,
+                ..f.claims(&args)
+            })),
+            args.clone(),
+            401,
+            "more than the 60 s",
+        ),
+        (
+            "other issuer",
+            Some(sign(&CallClaims {
+                iss: "mallory".into(),
+                ..f.claims(&args)
+            })),
+            args.clone(),
+            401,
+            "InvalidIssuer",
+        ),
+        (
+            "changed arguments",
+            Some(sign(&f.claims(&args))),
+            json!({"word": "other"}),
+            401,
+            "other arguments",
+        ),
+        (
+            "other pack version",
+            Some(sign(&CallClaims {
+                pack_sha256: "0".repeat(64),
+                ..f.claims(&args)
+            })),
+            args.clone(),
+            409,
+            "differs between server",
+        ),
+        (
+            "invalid argument",
+            Some(sign(&f.claims(&json!({"word": "-rf /"})))),
+            json!({"word": "-rf /"}),
+            400,
+            "`word`",
+        ),
+    ];
+    for (what, token, body_args, want_status, want_text) in refusals {
+        let (status, body) = f.post(token.as_deref(), "testkit.echo", &body_args).await;
+        assert_eq!(status, want_status, "{what}: {body}");
+        let error = body["error"].as_str().unwrap_or_default();
+        assert!(
+            error.contains(want_text),
+            "{what}: expected {want_text:?} in {error:?}"
+        );
+    }
+
+    // A token signed by some other key.
+    let (other_private, _) = emisar::signing::generate_keypair().unwrap();
+    let forged = CallSigner::from_pem(&other_private)
+        .unwrap()
+        .sign(&f.claims(&args))
+        .unwrap();
+    let (status, body) = f.post(Some(&forged), "testkit.echo", &args).await;
+    assert_eq!(status, 401, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("InvalidSignature"));
+
+    // A token for one tool cannot run another.
+    let token = sign(&f.claims(&json!({})));
+    let (status, body) = f.post(Some(&token), "testkit.touch", &json!({})).await;
+    assert_eq!(status, 401, "{body}");
+}

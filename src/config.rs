@@ -233,13 +233,22 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("listen_addr"), "{err}");
-        let mut c: ServerConfig = toml::from_str(
-            "signing_key_file = 'k'\n[[runners]]\nname = 'a b'\nurl = 'http://x'",
-        )
-        .unwrap();
-        assert!(c.check().unwrap_err().to_string().contains("runners[0].name"));
+        let mut c: ServerConfig =
+            toml::from_str("signing_key_file = 'k'\n[[runners]]\nname = 'a b'\nurl = 'http://x'")
+                .unwrap();
+        assert!(
+            c.check()
+                .unwrap_err()
+                .to_string()
+                .contains("runners[0].name")
+        );
         c.runners[0].name = "a".into();
         c.runners[0].url = "ftp://x".into();
-        assert!(c.check().unwrap_err().to_string().contains("runners[0].url"));
+        assert!(
+            c.check()
+                .unwrap_err()
+                .to_string()
+                .contains("runners[0].url")
+        );
     }
 }

@@ -304,22 +304,19 @@ fn packs(command: PacksCommand) -> anyhow::Result<i32> {
             let Some(t) = set.tool(&tool) else {
                 anyhow::bail!("no tool named `{tool}` (see `emisar packs list`)");
             };
-            let action = match &t.action {
-                Action::Http(h) => serde_json::json!({
-                    "http": {"method": h.method, "path": h.path.source(),
-                              "query": h.query.iter().map(|(k, v)| (k.clone(), v.source().to_owned())).collect::<std::collections::BTreeMap<_, _>>()}
-                }),
-                Action::Exec(e) => serde_json::json!({
-                    "exec": {"argv": e.argv.iter().map(|a| a.source()).collect::<Vec<_>>()}
-                }),
-            };
+            let steps: Vec<serde_json::Value> = t.steps.iter().map(describe_step).collect();
+            let preview: Option<Vec<serde_json::Value>> = t
+                .preview
+                .as_ref()
+                .map(|p| p.steps.iter().map(describe_step).collect());
             let shown = serde_json::json!({
                 "tool": t.name,
                 "description": t.description,
                 "risk": t.risk,
                 "scope": t.scope,
                 "input_schema": crate::pack::input_schema(t, &[]),
-                "action": action,
+                "steps": steps,
+                "preview": preview,
                 "output": t.output.as_ref().map(|o| o.source()),
                 "example": t.example,
             });
@@ -327,6 +324,29 @@ fn packs(command: PacksCommand) -> anyhow::Result<i32> {
         }
     }
     Ok(0)
+}
+
+fn describe_step(step: &crate::pack::Step) -> serde_json::Value {
+    use crate::pack::StepKind;
+    let what = match &step.kind {
+        StepKind::Run(Action::Http(h)) => serde_json::json!({
+            "http": {"method": h.method, "path": h.path.source(),
+                      "query": h.query.iter().map(|(k, v)| (k.clone(), v.source().to_owned())).collect::<std::collections::BTreeMap<_, _>>(),
+                      "body": h.body.as_ref().map(|b| b.source())}
+        }),
+        StepKind::Run(Action::Exec(e)) => serde_json::json!({
+            "exec": {"argv": e.argv.iter().map(|a| a.source()).collect::<Vec<_>>()}
+        }),
+        StepKind::Check { check, message } => serde_json::json!({
+            "check": check.source(), "message": message.source()
+        }),
+    };
+    serde_json::json!({
+        "name": step.name,
+        "do": what,
+        "capture": step.capture.iter().map(|(k, v)| (k.clone(), v.source().to_owned())).collect::<std::collections::BTreeMap<_, _>>(),
+        "optional": step.optional,
+    })
 }
 
 async fn audit_command(command: AuditCommand) -> anyhow::Result<i32> {

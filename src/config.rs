@@ -120,6 +120,14 @@ pub struct RunnerConfig {
     /// Local services, by the name packs use. Missing ones get their standard local address.
     #[serde(default)]
     pub services: BTreeMap<String, ServiceConfig>,
+    /// Program name → the argv that replaces it, e.g.
+    /// `vtysh = ["/usr/bin/vtysh", "--vty_socket", "/run/frr"]`.
+    #[serde(default)]
+    pub programs: BTreeMap<String, Vec<String>>,
+    /// Allowlists that params refer to (`allowlist: systemd_units` in a pack). A list that is
+    /// not here is empty: every value is refused.
+    #[serde(default)]
+    pub allowlists: BTreeMap<String, Vec<String>>,
 }
 
 #[derive(Clone, Deserialize)]
@@ -188,6 +196,13 @@ impl RunnerConfig {
             })?;
             if !matches!(url.scheme(), "http" | "https") {
                 anyhow::bail!("services.{name}.base_url must be http or https");
+            }
+        }
+        for (name, argv) in &self.programs {
+            if argv.is_empty() || !argv[0].starts_with('/') {
+                anyhow::bail!(
+                    "programs.{name} must be a non-empty argv starting with an absolute path"
+                );
             }
         }
         if self.max_output_bytes < 1024 || self.max_output_bytes > 64 * 1024 * 1024 {

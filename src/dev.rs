@@ -46,6 +46,8 @@ pub async fn run(opts: DevOptions, shutdown: CancellationToken) -> anyhow::Resul
                 exec_path: "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
                 max_output_bytes: 1024 * 1024,
                 services: Default::default(),
+                programs: Default::default(),
+                allowlists: Default::default(),
             };
             c.fill_standard_services();
             c

@@ -23,6 +23,7 @@ use crate::config::RunnerEntry;
 use crate::digest::json_digest;
 use crate::pack::{PackSet, Scope, ToolRef};
 use crate::policy::{self, Decision};
+use crate::runner::Mode;
 use crate::runner::client::{Dispatch, RunnerClient, RunnerError};
 use crate::tokens::Principal;
 
@@ -171,6 +172,10 @@ impl Gateway {
         let reason = params
             .remove("reason")
             .and_then(|v| v.as_str().map(str::to_owned));
+        let raw = params
+            .remove("raw")
+            .and_then(|v| v.as_bool())
+            .unwrap_or(false);
         let named: Vec<String> = params
             .remove("runners")
             .and_then(|v| serde_json::from_value(v).ok())
@@ -253,6 +258,9 @@ impl Gateway {
             tool: &tool.name,
             pack_sha256,
             args: &params,
+            mode: Mode::Execute,
+            preview: None,
+            raw,
         };
         let results = futures::future::join_all(targets.iter().map(|name| {
             let dispatch = &dispatch;

@@ -32,8 +32,8 @@ pub struct CallClaims {
     /// The audit call id this execution belongs to.
     pub call_id: String,
     pub tool: String,
-    /// SHA-256 of the canonical JSON of the pack params sent.
-    pub args_sha256: String,
+    /// SHA-256 of the canonical JSON of the whole request body (tool, args, mode, preview).
+    pub request_sha256: String,
     /// SHA-256 of the pack file the server resolved the tool from.
     pub pack_sha256: String,
 }
@@ -160,7 +160,7 @@ mod tests {
             jti: "j".into(),
             call_id: "c".into(),
             tool: "traefik.ping".into(),
-            args_sha256: "a".into(),
+            request_sha256: "a".into(),
             pack_sha256: "p".into(),
         }
     }

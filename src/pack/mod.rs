@@ -4,18 +4,19 @@
 //! owns the typed parameters and their JSON Schema, `template` fills path, query and argv
 //! templates, `jq` compiles and runs the output-shaping programs.
 
+mod action;
 mod jq;
 mod params;
 mod raw;
 mod resolve;
 mod template;
 
+pub use action::{AcceptStatus, Action, ExecAction, HttpAction, Step, StepKind};
 pub use jq::JqProgram;
+pub use params::allowlist_key;
 pub use params::is_identifier;
 pub use params::{Param, ParamType};
-pub use resolve::{
-    Action, ExecAction, HttpAction, PackError, PackInfo, PackSet, Risk, Scope, Tool, ToolRef,
-};
+pub use resolve::{PackError, PackInfo, PackSet, Preview, Risk, Scope, Tool, ToolRef};
 pub use template::Template;
 
 pub use params::validate as validate_args;

@@ -48,6 +48,8 @@ pub struct Param {
     pub description: String,
     pub required: bool,
     pub secret: bool,
+    /// The runner-side allowlist the value must be in, if any.
+    pub allowlist: Option<String>,
 }
 
 impl Param {
@@ -132,6 +134,14 @@ impl Param {
             description: raw.description.clone().unwrap_or_default(),
             required: raw.required,
             secret: raw.secret,
+            allowlist: match &raw.allowlist {
+                Some(a) if !is_identifier(a) => {
+                    return Err(format!(
+                        "param `{name}`: allowlist `{a}` must be an identifier"
+                    ));
+                }
+                other => other.clone(),
+            },
         })
     }
 
@@ -311,6 +321,15 @@ pub fn is_systemd_unit(s: &str) -> bool {
     }
 }
 
+/// The form in which a value is compared with a runner's allowlist: systemd units without a
+/// type suffix are services, so `consul` and `consul.service` are the same entry.
+pub fn allowlist_key(kind: &ParamType, value: &str) -> String {
+    if *kind == ParamType::SystemdUnit && !value.contains('.') {
+        return format!("{value}.service");
+    }
+    value.to_owned()
+}
+
 /// The text a JSON value becomes inside a template. Only scalars can fill a template.
 pub fn template_text(value: &Value) -> Option<String> {
     match value {
@@ -336,6 +355,7 @@ mod tests {
             max: None,
             max_length: None,
             secret: false,
+            allowlist: None,
         }
     }
 

@@ -26,9 +26,19 @@ pub struct RawTool {
     pub scope: String,
     #[serde(default)]
     pub params: BTreeMap<String, RawParam>,
-    pub action: RawAction,
-    /// A jq program applied to the action's result (`{status, body}` for http,
-    /// `{exit_code, stdout, stderr}` for exec) to shape what the agent sees.
+    /// One action. Its result (`{status, body}` for http, `{exit_code, stdout, stderr}` for
+    /// exec) is the input of `output`.
+    #[serde(default)]
+    pub action: Option<RawAction>,
+    /// Several steps instead of one action. Later steps use values captured by earlier ones;
+    /// the input of `output` is the context `{args, vars, steps: {NAME: result}}`.
+    #[serde(default)]
+    pub steps: Option<Vec<RawStep>>,
+    /// Read-only steps run when a write is requested, before anyone approves it. Their
+    /// captured `vars` are bound into the request and available again at execution.
+    #[serde(default)]
+    pub preview: Option<RawPreview>,
+    /// A jq program that shapes the result into what the agent sees.
     #[serde(default)]
     pub output: Option<String>,
     /// An example call, shown by `emisar packs show`.
@@ -58,6 +68,10 @@ pub struct RawParam {
     /// Secret params are never stored or logged in clear.
     #[serde(default)]
     pub secret: bool,
+    /// The name of a runner-side allowlist (`[allowlists] NAME = [...]` in runner.toml) that
+    /// the value must be in. A runner without that list refuses every value.
+    #[serde(default)]
+    pub allowlist: Option<String>,
 }
 
 fn default_true() -> bool {
@@ -75,6 +89,38 @@ pub struct RawAction {
     pub exec: Option<RawExec>,
 }
 
+/// One step: an http or exec action, or a `check` (a precondition), plus captures.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawStep {
+    pub name: String,
+    #[serde(default)]
+    pub http: Option<RawHttp>,
+    #[serde(default)]
+    pub exec: Option<RawExec>,
+    /// A jq program over the context that must yield `true`, or the call stops here with
+    /// `message` (a template over params and vars) and nothing after it runs.
+    #[serde(default)]
+    pub check: Option<String>,
+    #[serde(default)]
+    pub message: Option<String>,
+    /// var name → jq program over the context (this step's result included).
+    #[serde(default)]
+    pub capture: BTreeMap<String, String>,
+    /// A failed optional step records its error and the steps go on.
+    #[serde(default)]
+    pub optional: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPreview {
+    pub steps: Vec<RawStep>,
+    /// Shapes the preview for the approver (the input is the preview's context).
+    #[serde(default)]
+    pub output: Option<String>,
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawHttp {
@@ -82,6 +128,9 @@ pub struct RawHttp {
     pub path: String,
     #[serde(default)]
     pub query: BTreeMap<String, String>,
+    /// A jq program over the context whose result is sent as the JSON body.
+    #[serde(default)]
+    pub body: Option<String>,
     /// HTTP statuses that count as an answer. Default: any 2xx. `any` accepts every status
     /// (for probes such as a ping, where a 404 is itself the signal).
     #[serde(default)]

@@ -7,23 +7,27 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 
+use super::action::{
+    Action, Scope as StepScope, Step, StepKind, resolve_exec, resolve_http, resolve_steps,
+};
 use super::jq::JqProgram;
 use super::params::{self, Param, is_identifier};
-use super::raw::{RawPack, RawTool};
-use super::template::Template;
+use super::raw::{RawPack, RawStep, RawTool};
 use crate::digest::sha256_hex;
 
 /// The packs that ship inside the binary. A pack directory can override any of them by name.
-const STOCK_PACKS: &[(&str, &str)] = &[("traefik.yaml", include_str!("../../packs/traefik.yaml"))];
-
-const DEFAULT_HTTP_TIMEOUT: Duration = Duration::from_secs(10);
-const DEFAULT_EXEC_TIMEOUT: Duration = Duration::from_secs(10);
-/// No action may take longer than this, whatever the pack says.
-const MAX_ACTION_TIMEOUT: Duration = Duration::from_secs(120);
+const STOCK_PACKS: &[(&str, &str)] = &[
+    ("consul.yaml", include_str!("../../packs/consul.yaml")),
+    ("debian.yaml", include_str!("../../packs/debian.yaml")),
+    ("frr.yaml", include_str!("../../packs/frr.yaml")),
+    ("linux.yaml", include_str!("../../packs/linux.yaml")),
+    ("nomad.yaml", include_str!("../../packs/nomad.yaml")),
+    ("traefik.yaml", include_str!("../../packs/traefik.yaml")),
+    ("vm.yaml", include_str!("../../packs/vm.yaml")),
+];
 
 #[derive(Debug, thiserror::Error)]
 pub enum PackError {
@@ -66,48 +70,6 @@ pub enum Scope {
     Cluster,
 }
 
-#[derive(Debug, Clone, PartialEq)]
-pub enum AcceptStatus {
-    /// Any 2xx.
-    Success,
-    /// Every status is an answer (probes).
-    Any,
-    List(Vec<u16>),
-}
-
-#[derive(Debug)]
-pub struct HttpAction {
-    pub method: String,
-    pub path: Template,
-    pub query: Vec<(String, Template)>,
-    pub accept: AcceptStatus,
-    pub timeout: Duration,
-}
-
-impl HttpAction {
-    pub fn accepts(&self, status: u16) -> bool {
-        match &self.accept {
-            AcceptStatus::Success => (200..300).contains(&status),
-            AcceptStatus::Any => true,
-            AcceptStatus::List(list) => list.contains(&status),
-        }
-    }
-}
-
-#[derive(Debug)]
-pub struct ExecAction {
-    /// `argv[0]` is a literal program name; the rest may hold placeholders.
-    pub argv: Vec<Template>,
-    pub timeout: Duration,
-    pub ok_exit_codes: Vec<i32>,
-}
-
-#[derive(Debug)]
-pub enum Action {
-    Http(HttpAction),
-    Exec(ExecAction),
-}
-
 #[derive(Debug)]
 pub struct Tool {
     /// `pack.tool`, the MCP tool name.
@@ -117,7 +79,13 @@ pub struct Tool {
     pub risk: Risk,
     pub scope: Scope,
     pub params: Vec<Param>,
-    pub action: Action,
+    /// What the runner does, in order. A tool written with a single `action` has one step.
+    pub steps: Vec<Step>,
+    /// True when the tool was written with `action` (its output sees that action's result,
+    /// not the whole context).
+    pub single_action: bool,
+    /// Read-only steps run at request time; their vars are needed at execution.
+    pub preview: Option<Preview>,
     pub output: Option<JqProgram>,
     pub example: Option<Value>,
     /// JSON Schema of the pack params alone (what a runner validates).
@@ -126,6 +94,14 @@ pub struct Tool {
 }
 
 pub type ToolRef = Arc<Tool>;
+
+#[derive(Debug)]
+pub struct Preview {
+    pub steps: Vec<Step>,
+    pub output: Option<JqProgram>,
+    /// The vars the preview captures (and execution receives).
+    pub vars: Vec<String>,
+}
 
 impl Tool {
     /// Checks `args` (pack params only) and returns every broken rule.
@@ -276,7 +252,7 @@ fn resolve_tool(pack: &RawPack, name: &str, raw: &RawTool) -> Result<Tool, Strin
         "high" => Risk::High,
         other => return Err(format!("risk `{other}` must be read, low or high")),
     };
-    let scope = match raw.scope.as_str() {
+    let scope_kind = match raw.scope.as_str() {
         "node" => Scope::Node,
         "cluster" => Scope::Cluster,
         other => return Err(format!("scope `{other}` must be node or cluster")),
@@ -286,106 +262,59 @@ fn resolve_tool(pack: &RawPack, name: &str, raw: &RawTool) -> Result<Tool, Strin
         .iter()
         .map(|(n, p)| Param::from_raw(n, p))
         .collect::<Result<Vec<_>, _>>()?;
-    let declared = |n: &str| params.iter().find(|p| p.name == n);
-    let check_refs = |t: &Template, must_be_required: bool| -> Result<(), String> {
-        for n in t.params() {
-            match declared(n) {
-                None => {
-                    return Err(format!(
-                        "template `{}` uses undeclared param `{n}`",
-                        t.source()
-                    ));
-                }
-                Some(p) if must_be_required && !p.required => {
-                    return Err(format!(
-                        "template `{}` uses optional param `{n}`: only query values may",
-                        t.source()
-                    ));
-                }
-                Some(p) if p.secret => {
-                    return Err(format!(
-                        "template `{}` uses secret param `{n}`, which would land in URLs and process lists",
-                        t.source()
-                    ));
-                }
-                Some(_) => {}
-            }
-        }
-        Ok(())
+    let has_service = pack.service.is_some();
+    let mut scope = StepScope {
+        params: &params,
+        vars: Default::default(),
     };
-    let action = match (&raw.action.http, &raw.action.exec) {
-        (Some(_), Some(_)) | (None, None) => {
-            return Err("action must have exactly one of `http` or `exec`".into());
+    let preview = match &raw.preview {
+        None => None,
+        Some(p) => {
+            if risk == Risk::Read {
+                return Err(
+                    "a read needs no preview: previews are for writes an approver looks at".into(),
+                );
+            }
+            let steps = resolve_steps(&p.steps, &mut scope, has_service)
+                .map_err(|e| format!("preview: {e}"))?;
+            Some(Preview {
+                steps,
+                output: p.output.as_deref().map(JqProgram::compile).transpose()?,
+                vars: scope.vars.iter().cloned().collect(),
+            })
         }
-        (Some(h), None) => {
-            if pack.service.is_none() {
-                return Err("an http action needs the pack's `service`".into());
-            }
-            let method = h.method.to_ascii_uppercase();
-            if !["GET", "HEAD", "POST", "PUT", "DELETE"].contains(&method.as_str()) {
-                return Err(format!("http method `{}` is not supported", h.method));
-            }
-            if !h.path.starts_with('/') {
-                return Err(format!("http path `{}` must start with /", h.path));
-            }
-            let path = Template::parse(&h.path)?;
-            check_refs(&path, true)?;
-            let mut query = Vec::new();
-            for (k, v) in &h.query {
-                let t = Template::parse(v)?;
-                check_refs(&t, false)?;
-                query.push((k.clone(), t));
-            }
-            let accept = match &h.accept_status {
-                None => AcceptStatus::Success,
-                Some(Value::String(s)) if s == "any" => AcceptStatus::Any,
-                Some(Value::Array(list)) => AcceptStatus::List(
-                    list.iter()
-                        .map(|v| {
-                            v.as_u64()
-                                .filter(|s| (100..600).contains(s))
-                                .map(|s| s as u16)
-                                .ok_or_else(|| {
-                                    format!("accept_status entry {v} is not an HTTP status")
-                                })
-                        })
-                        .collect::<Result<_, _>>()?,
-                ),
-                Some(other) => {
-                    return Err(format!(
-                        "accept_status {other} must be `any` or a list of statuses"
-                    ));
+    };
+    let (steps, single_action) = match (&raw.action, &raw.steps) {
+        (Some(action), None) => {
+            let raw_step = RawStep {
+                name: "action".into(),
+                http: None,
+                exec: None,
+                check: None,
+                message: None,
+                capture: Default::default(),
+                optional: false,
+            };
+            let kind = match (&action.http, &action.exec) {
+                (Some(h), None) => {
+                    if !has_service {
+                        return Err("an http action needs the pack's `service`".into());
+                    }
+                    StepKind::Run(Action::Http(resolve_http(h, &scope)?))
                 }
+                (None, Some(e)) => StepKind::Run(Action::Exec(resolve_exec(e, &scope)?)),
+                _ => return Err("action must have exactly one of `http` or `exec`".into()),
             };
-            Action::Http(HttpAction {
-                method,
-                path,
-                query,
-                accept,
-                timeout: timeout(h.timeout_ms, DEFAULT_HTTP_TIMEOUT)?,
-            })
-        }
-        (None, Some(e)) => {
-            let Some(program) = e.argv.first() else {
-                return Err("exec argv must not be empty".into());
+            let step = Step {
+                name: raw_step.name,
+                kind,
+                capture: Vec::new(),
+                optional: false,
             };
-            if program.contains('{') || program.is_empty() {
-                return Err("exec argv[0] must be a literal program name".into());
-            }
-            let argv = e
-                .argv
-                .iter()
-                .map(|a| Template::parse(a))
-                .collect::<Result<Vec<_>, _>>()?;
-            for t in &argv {
-                check_refs(t, true)?;
-            }
-            Action::Exec(ExecAction {
-                argv,
-                timeout: timeout(e.timeout_ms, DEFAULT_EXEC_TIMEOUT)?,
-                ok_exit_codes: e.ok_exit_codes.clone().unwrap_or_else(|| vec![0]),
-            })
+            (vec![step], true)
         }
+        (None, Some(steps)) => (resolve_steps(steps, &mut scope, has_service)?, false),
+        _ => return Err("a tool has exactly one of `action` or `steps`".into()),
     };
     let output = raw.output.as_deref().map(JqProgram::compile).transpose()?;
     let params_schema = Value::Object(params::object_schema(&params));
@@ -395,25 +324,16 @@ fn resolve_tool(pack: &RawPack, name: &str, raw: &RawTool) -> Result<Tool, Strin
         pack: pack.pack.clone(),
         description: raw.description.trim().to_owned(),
         risk,
-        scope,
+        scope: scope_kind,
         params,
-        action,
+        steps,
+        single_action,
+        preview,
         output,
         example: raw.example.clone(),
         params_schema,
         validator,
     })
-}
-
-fn timeout(ms: Option<u64>, default: Duration) -> Result<Duration, String> {
-    let t = ms.map(Duration::from_millis).unwrap_or(default);
-    if t.is_zero() || t > MAX_ACTION_TIMEOUT {
-        return Err(format!(
-            "timeout_ms must be between 1 and {}",
-            MAX_ACTION_TIMEOUT.as_millis()
-        ));
-    }
-    Ok(t)
 }
 
 /// The MCP input schema: the pack params plus `runners` and `reason`.
@@ -442,9 +362,14 @@ pub fn input_schema(tool: &Tool, runner_names: &[String]) -> Map<String, Value> 
         "pattern": "\\S",
         "description": "Why you are making this call. Recorded in the audit log.",
     });
+    let raw = json!({
+        "type": "boolean",
+        "description": "Return the service's unshaped answer instead of the compact summary (still capped in size).",
+    });
     if let Some(Value::Object(props)) = schema.get_mut("properties") {
         props.insert("runners".into(), runners);
         props.insert("reason".into(), reason);
+        props.insert("raw".into(), raw);
     }
     if let Some(Value::Array(required)) = schema.get_mut("required") {
         if tool.scope == Scope::Node {
@@ -497,7 +422,7 @@ mod tests {
         let err = load_one(&base("      job: {type: identifier}", "/v1/{other}"))
             .unwrap_err()
             .to_string();
-        assert!(err.contains("undeclared param `other`"), "{err}");
+        assert!(err.contains("undeclared param or var `other`"), "{err}");
         let err = load_one(&base(
             "      job: {type: identifier, required: false}",
             "/v1/{job}",
@@ -510,6 +435,60 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("unknown field `extra`"), "{err}");
+    }
+
+    #[test]
+    fn steps_are_checked_in_order() {
+        let pack = |steps: &str| {
+            format!(
+                "pack: t\ndescription: d\nservice: s\ntools:\n  x:\n    description: d\n    risk: high\n    scope: node\n    params:\n      job: {{type: identifier}}\n    steps:\n{steps}"
+            )
+        };
+        let ok = pack(
+            "      - {name: a, http: {method: GET, path: '/v1/{job}'}, capture: {idx: '.steps.a.body.Index'}}\n      - {name: b, check: '.vars.idx > 0', message: 'index {idx} of {job}'}\n      - {name: c, http: {method: POST, path: '/v1/{job}/{idx}', body: '{Index: .vars.idx}'}}\n",
+        );
+        let set = load_one(&ok).unwrap();
+        let tool = set.tool("t.x").unwrap();
+        assert_eq!(tool.steps.len(), 3);
+        assert!(!tool.single_action);
+
+        let cases = [
+            (
+                "      - {name: a, http: {method: GET, path: '/v1/{idx}'}}\n      - {name: b, http: {method: GET, path: '/'}, capture: {idx: '.'}}\n",
+                "undeclared param or var `idx`",
+            ),
+            (
+                "      - {name: a, check: 'true'}\n",
+                "a check needs a `message`",
+            ),
+            (
+                "      - {name: a, http: {method: GET, path: '/'}}\n      - {name: a, http: {method: GET, path: '/'}}\n",
+                "used twice",
+            ),
+            (
+                "      - {name: a, http: {method: GET, path: '/'}, capture: {job: '.'}}\n",
+                "already a param",
+            ),
+            (
+                "      - {name: a, http: {method: GET, path: '/'}, exec: {argv: [x]}}\n",
+                "exactly one of",
+            ),
+            (
+                "      - {name: a, http: {method: GET, path: '/'}, capture: {v: '.a | map('}}\n",
+                "offset",
+            ),
+        ];
+        for (steps, want) in cases {
+            let err = load_one(&pack(steps)).unwrap_err().to_string();
+            assert!(err.contains(want), "{want}: {err}");
+        }
+        let read_with_preview = "pack: t\ndescription: d\nservice: s\ntools:\n  x:\n    description: d\n    risk: read\n    scope: node\n    preview: {steps: [{name: p, http: {method: GET, path: '/'}}]}\n    action: {http: {method: GET, path: '/'}}\n";
+        assert!(
+            load_one(read_with_preview)
+                .unwrap_err()
+                .to_string()
+                .contains("a read needs no preview")
+        );
     }
 
     #[test]

@@ -18,11 +18,10 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use super::engine::{self, Env};
 use super::protocol::{CallRequest, CallResponse};
-use super::{exec, http_action};
 use crate::config::RunnerConfig;
-use crate::digest::json_digest;
-use crate::pack::{Action, PackSet};
+use crate::pack::{PackSet, allowlist_key};
 use crate::signing::{CallVerifier, now};
 
 /// The most single-use ids remembered at once. Ids are forgotten when their token expires,
@@ -144,11 +143,10 @@ async fn call(
         Ok(r) => r,
         Err(e) => return refuse(StatusCode::BAD_REQUEST, format!("invalid call body: {e}")),
     };
-    let args = Value::Object(request.args.clone());
-    if claims.tool != request.tool || claims.args_sha256 != json_digest(&args) {
+    if claims.tool != request.tool || claims.request_sha256 != request.digest() {
         return refuse(
             StatusCode::UNAUTHORIZED,
-            "the call token was signed for another tool or other arguments",
+            "the call token was signed for another tool or another request",
         );
     }
     let Some(tool) = state.packs.tool(&request.tool) else {
@@ -170,6 +168,7 @@ async fn call(
             ),
         );
     }
+    let args = Value::Object(request.args.clone());
     if let Err(errors) = tool.validate(&args) {
         return refuse(
             StatusCode::BAD_REQUEST,
@@ -180,98 +179,60 @@ async fn call(
             ),
         );
     }
+    for param in tool.params.iter() {
+        let (Some(list_name), Some(value)) = (
+            &param.allowlist,
+            request.args.get(&param.name).and_then(Value::as_str),
+        ) else {
+            continue;
+        };
+        let key = allowlist_key(&param.kind, value);
+        let allowed = state.config.allowlists.get(list_name).is_some_and(|list| {
+            list.iter()
+                .any(|entry| allowlist_key(&param.kind, entry) == key)
+        });
+        if !allowed {
+            return refuse(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "`{}` = `{value}` is not in this runner's allowlist `{list_name}` ([allowlists] in runner.toml); nothing was run",
+                    param.name
+                ),
+            );
+        }
+    }
 
-    tracing::info!(tool = %tool.name, call_id = %claims.call_id, "executing");
+    tracing::info!(tool = %tool.name, call_id = %claims.call_id, mode = ?request.mode, "executing");
     let started = Instant::now();
-    let max = state.config.max_output_bytes;
-    let raw = match &tool.action {
-        Action::Http(action) => {
-            let service_name = pack.service.as_deref().unwrap_or_default();
-            let Some(service) = state.config.services.get(service_name) else {
-                return refuse(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    format!("service `{service_name}` is not configured on this runner"),
-                );
-            };
-            http_action::run(
-                &state.http,
-                service_name,
-                service,
-                action,
-                &request.args,
-                max,
-            )
-            .await
-            .map(|r| (r.to_json(), r.truncated))
-        }
-        Action::Exec(action) => {
-            let mut argv = Vec::with_capacity(action.argv.len());
-            for t in &action.argv {
-                match t.fill_raw(&request.args) {
-                    Ok(Some(a)) => argv.push(a),
-                    Ok(None) => {
-                        return refuse(
-                            StatusCode::BAD_REQUEST,
-                            format!("argv `{}` needs an absent argument", t.source()),
-                        );
-                    }
-                    Err(e) => return refuse(StatusCode::BAD_REQUEST, e),
-                }
-            }
-            match exec::run(&argv, &state.config.exec_path, action.timeout, max).await {
-                Ok(r) => match r.exit_code {
-                    Some(code) if action.ok_exit_codes.contains(&code) => {
-                        Ok((r.to_json(), r.truncated))
-                    }
-                    _ => Err(format!(
-                        "`{}` exited with {}: {}",
-                        argv[0],
-                        r.exit_code.map_or_else(
-                            || format!("signal {}", r.signal.unwrap_or(0)),
-                            |c| format!("code {c}")
-                        ),
-                        excerpt(if r.stderr.trim().is_empty() {
-                            &r.stdout
-                        } else {
-                            &r.stderr
-                        })
-                    )),
-                },
-                Err(e) => Err(e),
-            }
-        }
+    let service = pack
+        .service
+        .as_deref()
+        .and_then(|name| state.config.services.get(name).map(|s| (name, s)));
+    let env = Env {
+        http: &state.http,
+        service,
+        exec_path: &state.config.exec_path,
+        programs: &state.config.programs,
+        max_output: state.config.max_output_bytes,
     };
+    let outcome = engine::run(
+        &env,
+        tool,
+        &request.args,
+        request.mode,
+        request.preview.as_ref(),
+        request.raw,
+    )
+    .await;
     let duration_ms = started.elapsed().as_millis() as u64;
-    let response = match raw {
-        Ok((value, truncated)) => match &tool.output {
-            Some(program) => match program.run(&value) {
-                Ok(output) => CallResponse::Ok {
-                    output,
-                    truncated,
-                    duration_ms,
-                },
-                Err(e) => CallResponse::Failed {
-                    error: format!("the output program of `{}` failed: {e}", tool.name),
-                    duration_ms,
-                },
-            },
-            None => CallResponse::Ok {
-                output: value,
-                truncated,
-                duration_ms,
-            },
+    let response = match outcome {
+        Ok(o) => CallResponse::Ok {
+            output: o.output,
+            truncated: o.truncated,
+            duration_ms,
+            vars: o.vars,
         },
         Err(error) => CallResponse::Failed { error, duration_ms },
     };
     Json(response).into_response()
-}
-
-fn excerpt(s: &str) -> String {
-    let s = s.trim();
-    let cut: String = s.chars().take(500).collect();
-    if cut.len() < s.len() {
-        format!("{cut}…")
-    } else {
-        cut
-    }
 }

@@ -6,8 +6,7 @@ use std::time::Duration;
 use serde_json::{Map, Value};
 
 use super::http_action::error_chain;
-use super::protocol::{CallRequest, CallResponse};
-use crate::digest::json_digest;
+use super::protocol::{CallRequest, CallResponse, Mode};
 use crate::signing::{CallClaims, CallSigner, ISSUER, TOKEN_LIFETIME, now};
 
 /// The most bytes the server reads from one runner answer.
@@ -32,6 +31,7 @@ pub struct RunnerAnswer {
     pub output: Value,
     pub truncated: bool,
     pub duration_ms: u64,
+    pub vars: Map<String, Value>,
 }
 
 /// What one call to one runner needs besides the runner itself.
@@ -40,6 +40,9 @@ pub struct Dispatch<'a> {
     pub tool: &'a str,
     pub pack_sha256: &'a str,
     pub args: &'a Map<String, Value>,
+    pub mode: Mode,
+    pub preview: Option<&'a Map<String, Value>>,
+    pub raw: bool,
 }
 
 #[derive(Clone)]
@@ -65,6 +68,13 @@ impl RunnerClient {
         d: &Dispatch<'_>,
         deadline: Duration,
     ) -> Result<RunnerAnswer, RunnerError> {
+        let body = CallRequest {
+            tool: d.tool.to_owned(),
+            args: d.args.clone(),
+            mode: d.mode,
+            preview: d.preview.cloned(),
+            raw: d.raw,
+        };
         let iat = now();
         let claims = CallClaims {
             iss: ISSUER.to_owned(),
@@ -74,17 +84,13 @@ impl RunnerClient {
             jti: uuid::Uuid::new_v4().to_string(),
             call_id: d.call_id.to_owned(),
             tool: d.tool.to_owned(),
-            args_sha256: json_digest(&Value::Object(d.args.clone())),
+            request_sha256: body.digest(),
             pack_sha256: d.pack_sha256.to_owned(),
         };
         let token = self
             .signer
             .sign(&claims)
             .map_err(|e| RunnerError::Unreachable(format!("{e:#}")))?;
-        let body = CallRequest {
-            tool: d.tool.to_owned(),
-            args: d.args.clone(),
-        };
         let url = format!("{}/v1/call", base_url.trim_end_matches('/'));
         let send = async {
             let mut response = self
@@ -124,10 +130,12 @@ impl RunnerClient {
                     output,
                     truncated,
                     duration_ms,
+                    vars,
                 }) => Ok(RunnerAnswer {
                     output,
                     truncated,
                     duration_ms,
+                    vars,
                 }),
                 Ok(CallResponse::Failed { error, .. }) => Err(RunnerError::ActionFailed(error)),
                 Err(e) => Err(RunnerError::BadAnswer(e.to_string())),

@@ -27,6 +27,7 @@ pub async fn run(
     service: &ServiceConfig,
     action: &HttpAction,
     args: &Map<String, Value>,
+    body: Option<&Value>,
     max_output: usize,
 ) -> Result<HttpResult, String> {
     let path = action.path.fill_path(args)?;
@@ -45,6 +46,9 @@ pub async fn run(
         .timeout(action.timeout);
     for (name, value) in &service.headers {
         request = request.header(name, value);
+    }
+    if let Some(body) = body {
+        request = request.json(body);
     }
     let mut response = request
         .send()

@@ -6,8 +6,9 @@
 
 pub mod agent;
 pub mod client;
+mod engine;
 mod exec;
 mod http_action;
 mod protocol;
 
-pub use protocol::{CallRequest, CallResponse};
+pub use protocol::{CallRequest, CallResponse, Mode};

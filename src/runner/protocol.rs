@@ -3,13 +3,41 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use crate::digest::json_digest;
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Run the tool's steps.
+    #[default]
+    Execute,
+    /// Run only the tool's read-only preview steps (at request time, for the approver).
+    Preview,
+}
+
 /// The body of `POST /v1/call`. The token in `Authorization` signs its digest.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CallRequest {
     pub tool: String,
-    /// The pack params only: no `runners`, no `reason`.
+    /// The pack params only: no `runners`, no `reason`, no `raw`.
     pub args: Map<String, Value>,
+    #[serde(default)]
+    pub mode: Mode,
+    /// The vars the preview captured, bound into the approval; required to execute a tool
+    /// that has a preview.
+    #[serde(default)]
+    pub preview: Option<Map<String, Value>>,
+    /// Return the unshaped result instead of the pack's output program.
+    #[serde(default)]
+    pub raw: bool,
+}
+
+impl CallRequest {
+    /// What the call token signs: every field of the request.
+    pub fn digest(&self) -> String {
+        json_digest(&serde_json::to_value(self).expect("a call request is JSON"))
+    }
 }
 
 /// The runner's answer to an accepted call (HTTP 200). A refused call gets a 4xx with
@@ -17,14 +45,17 @@ pub struct CallRequest {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "status", rename_all = "lowercase")]
 pub enum CallResponse {
-    /// The action ran and its result was shaped by the pack's output program.
+    /// The steps ran and the result was shaped by the pack's output program.
     Ok {
         output: Value,
-        /// True when the service's answer exceeded the output cap and was cut.
+        /// True when a service's answer exceeded the output cap and was cut.
         truncated: bool,
         duration_ms: u64,
+        /// The vars the steps captured (a preview's are bound into the approval).
+        #[serde(default, skip_serializing_if = "Map::is_empty")]
+        vars: Map<String, Value>,
     },
-    /// The action ran (or tried to) and failed: the service was down, answered an error, or
-    /// the command exited non-zero or timed out.
+    /// A step failed (the service was down or answered an error, a command exited non-zero
+    /// or timed out) or a precondition did not hold; the steps after it did not run.
     Failed { error: String, duration_ms: u64 },
 }

@@ -45,7 +45,14 @@ fn packs_check_list_and_show() {
         shown["input_schema"]["required"],
         serde_json::json!(["runners", "reason"])
     );
-    assert_eq!(shown["action"]["http"]["path"], "/ping");
+    assert_eq!(shown["steps"][0]["do"]["http"]["path"], "/ping");
+    let (_, out, _) = emisar(&["packs", "show", "nomad.task_resources_set"]);
+    let shown: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        shown["preview"][3]["do"]["http"]["path"],
+        "/v1/job/{job}/plan"
+    );
+    assert_eq!(shown["steps"][1]["name"], "unchanged");
 
     let (code, _, err) = emisar(&["packs", "show", "traefik.nope"]);
     assert_eq!(code, 2);

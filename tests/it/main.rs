@@ -3,7 +3,10 @@
 
 mod audit_log;
 mod cli;
+mod emulators;
 mod harness;
 mod mcp_calls;
+mod packs_cluster;
+mod packs_node;
 mod python_client;
 mod runner_security;

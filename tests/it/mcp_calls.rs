@@ -199,6 +199,24 @@ async fn traefik_services_show_up_and_down(backend: Backend) {
     assert!(servers.contains(&json!({"url": format!("http://127.0.0.1:{live}"), "status": "UP"})));
     assert!(servers.iter().any(|s| s["status"] == "DOWN"));
 
+    // The raw answer on request: Traefik's own objects, load balancer and all.
+    let res = call(
+        &client,
+        "traefik.services",
+        json!({"runners": ["edge-1"], "reason": "raw", "raw": true}),
+    )
+    .await;
+    let raw = res.structured_content.unwrap()["results"][0]["output"].clone();
+    assert_eq!(raw["status"], 200);
+    let app_raw = raw["body"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "app@file")
+        .unwrap()
+        .clone();
+    assert_eq!(app_raw["loadBalancer"]["healthCheck"]["path"], "/");
+
     // A search that matches nothing is still an answer: an empty list.
     let res = call(
         &client,
@@ -313,6 +331,35 @@ async fn a_service_that_is_down_is_a_clear_error(backend: Backend) {
     client.cancel().await.unwrap();
 }
 both_backends!(a_service_that_is_down_is_a_clear_error);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_answers_are_cut_with_a_marker() {
+    let traefik = Traefik::start(&two_backend_config(free_port(), free_port())).await;
+    let app = spawn_app(
+        Backend::Sqlite,
+        vec![
+            RunnerSpec::new("node-1")
+                .service("traefik", &traefik.api_url)
+                .max_output(1024),
+        ],
+        Options::default(),
+    )
+    .await;
+    let client = app.mcp_client().await;
+    let res = call(
+        &client,
+        "traefik.routers",
+        json!({"runners": ["node-1"], "reason": "all routers"}),
+    )
+    .await;
+    assert_eq!(res.is_error, Some(false), "{}", text_of(&res));
+    let r = &res.structured_content.unwrap()["results"][0];
+    assert_eq!(r["truncated"], true, "{r}");
+    let body = r["output"]["body"].as_str().unwrap();
+    assert!(body.ends_with("[… answer truncated by emisar]"), "{body}");
+    assert!(body.len() < 1100);
+    client.cancel().await.unwrap();
+}
 
 async fn bad_input_is_refused_named_and_audited(backend: Backend) {
     let app = spawn_app(backend, vec![RunnerSpec::new("node-1")], Options::default()).await;

@@ -2,8 +2,8 @@
 //! request and its own packs, with arguments its own schema accepts. Each refusal is checked
 //! by talking to a real runner over HTTP with hand-made tokens.
 
-use emisar::digest::json_digest;
 use emisar::pack::PackSet;
+use emisar::runner::{CallRequest, Mode};
 use emisar::signing::{CallClaims, CallSigner, ISSUER, now};
 use serde_json::{Value, json};
 
@@ -29,7 +29,14 @@ impl Fixture {
             jti: uuid::Uuid::new_v4().to_string(),
             call_id: "test".into(),
             tool: "testkit.echo".into(),
-            args_sha256: json_digest(args),
+            request_sha256: CallRequest {
+                tool: "testkit.echo".into(),
+                args: args.as_object().unwrap().clone(),
+                mode: Mode::Execute,
+                preview: None,
+                raw: false,
+            }
+            .digest(),
             pack_sha256: self.pack_sha256.clone(),
         }
     }
@@ -131,7 +138,7 @@ async fn runner_refuses_every_call_it_should() {
             Some(sign(&f.claims(&args))),
             json!({"word": "other"}),
             401,
-            "other arguments",
+            "another request",
         ),
         (
             "other pack version",

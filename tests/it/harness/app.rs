@@ -24,8 +24,12 @@ pub const TEST_AGENT: &str = "test-agent";
 /// One runner to start in-process.
 pub struct RunnerSpec {
     pub name: String,
-    /// service name → base URL
-    pub services: BTreeMap<String, String>,
+    /// service name → (base URL, headers)
+    pub services: BTreeMap<String, (String, BTreeMap<String, String>)>,
+    pub exec_path: String,
+    pub max_output_bytes: usize,
+    pub programs: BTreeMap<String, Vec<String>>,
+    pub allowlists: BTreeMap<String, Vec<String>>,
 }
 
 impl RunnerSpec {
@@ -33,11 +37,51 @@ impl RunnerSpec {
         RunnerSpec {
             name: name.into(),
             services: BTreeMap::new(),
+            exec_path: "/usr/bin:/bin".into(),
+            max_output_bytes: 1024 * 1024,
+            programs: BTreeMap::new(),
+            allowlists: BTreeMap::new(),
         }
     }
 
+    pub fn program(mut self, name: &str, argv: &[&str]) -> Self {
+        self.programs
+            .insert(name.into(), argv.iter().map(|s| s.to_string()).collect());
+        self
+    }
+
+    pub fn allow(mut self, list: &str, values: &[&str]) -> Self {
+        self.allowlists
+            .insert(list.into(), values.iter().map(|s| s.to_string()).collect());
+        self
+    }
+
     pub fn service(mut self, name: &str, url: &str) -> Self {
-        self.services.insert(name.into(), url.into());
+        self.services
+            .insert(name.into(), (url.into(), BTreeMap::new()));
+        self
+    }
+
+    /// A service whose requests carry `header: value` (a credential that stays on the runner).
+    pub fn service_with_header(mut self, name: &str, url: &str, header: &str, value: &str) -> Self {
+        self.services.insert(
+            name.into(),
+            (
+                url.into(),
+                BTreeMap::from([(header.to_owned(), value.to_owned())]),
+            ),
+        );
+        self
+    }
+
+    pub fn max_output(mut self, bytes: usize) -> Self {
+        self.max_output_bytes = bytes;
+        self
+    }
+
+    /// Puts `dir` first on the PATH of exec actions (for recording stand-ins).
+    pub fn path_first(mut self, dir: &std::path::Path) -> Self {
+        self.exec_path = format!("{}:{}", dir.display(), self.exec_path);
         self
     }
 }
@@ -52,6 +96,7 @@ pub struct TestApp {
     pub runner_urls: BTreeMap<String, String>,
     pub dir: tempfile::TempDir,
     pub private_key: PathBuf,
+    pub packs_dir: Option<PathBuf>,
     shutdown: CancellationToken,
     /// Kept for its Drop (drops the PostgreSQL database).
     pub pg: Option<PgTestDb>,
@@ -93,21 +138,23 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
             listen: "127.0.0.1:0".into(),
             server_public_key_file: public_key.clone(),
             packs_dir: options.packs_dir.clone(),
-            exec_path: "/usr/bin:/bin".into(),
-            max_output_bytes: 1024 * 1024,
+            exec_path: spec.exec_path.clone(),
+            max_output_bytes: spec.max_output_bytes,
             services: spec
                 .services
                 .iter()
-                .map(|(k, v)| {
+                .map(|(k, (url, headers))| {
                     (
                         k.clone(),
                         ServiceConfig {
-                            base_url: v.clone(),
-                            headers: BTreeMap::new(),
+                            base_url: url.clone(),
+                            headers: headers.clone(),
                         },
                     )
                 })
                 .collect(),
+            programs: spec.programs.clone(),
+            allowlists: spec.allowlists.clone(),
         };
         config.fill_standard_services();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -158,6 +205,7 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
         runner_urls,
         dir,
         private_key,
+        packs_dir: options.packs_dir.clone(),
         shutdown,
         pg,
     }
@@ -203,5 +251,63 @@ impl TestApp {
 impl Drop for TestApp {
     fn drop(&mut self) {
         self.shutdown.cancel();
+    }
+}
+
+/// What a direct, signed call to a runner returned: the HTTP status and the JSON body.
+pub struct DirectAnswer {
+    pub status: u16,
+    pub body: serde_json::Value,
+}
+
+impl TestApp {
+    /// Calls a runner directly with a call token signed by this server's key, the way the
+    /// gateway will once approvals exist (writes cannot pass the gateway's policy yet).
+    pub async fn signed_call(
+        &self,
+        runner: &str,
+        tool: &str,
+        args: serde_json::Value,
+        mode: emisar::runner::Mode,
+        preview: Option<serde_json::Map<String, serde_json::Value>>,
+    ) -> DirectAnswer {
+        use emisar::runner::CallRequest;
+        use emisar::signing::{CallClaims, CallSigner, ISSUER, now};
+        let packs = emisar::pack::PackSet::load(self.packs_dir.as_deref()).unwrap();
+        let pack = tool.split('.').next().unwrap();
+        let request = CallRequest {
+            tool: tool.into(),
+            args: args.as_object().unwrap().clone(),
+            mode,
+            preview,
+            raw: false,
+        };
+        let t = now();
+        let claims = CallClaims {
+            iss: ISSUER.into(),
+            aud: runner.into(),
+            iat: t,
+            exp: t + 30,
+            jti: uuid::Uuid::new_v4().to_string(),
+            call_id: "direct-test-call".into(),
+            tool: tool.into(),
+            request_sha256: request.digest(),
+            pack_sha256: packs.pack(pack).unwrap().digest.clone(),
+        };
+        let token = CallSigner::from_file(&self.private_key)
+            .unwrap()
+            .sign(&claims)
+            .unwrap();
+        let res = reqwest::Client::new()
+            .post(format!("{}/v1/call", self.runner_urls[runner]))
+            .bearer_auth(token)
+            .json(&request)
+            .send()
+            .await
+            .unwrap();
+        DirectAnswer {
+            status: res.status().as_u16(),
+            body: res.json().await.unwrap(),
+        }
     }
 }

@@ -1,9 +1,11 @@
 //! Test harness: databases, a real Traefik, and the server with runners on free ports.
 
 pub mod app;
+pub mod frr;
 pub mod pg;
 pub mod tools;
 pub mod traefik;
+pub mod vm;
 
 pub use app::{RunnerSpec, spawn_app};
 

@@ -1,0 +1,278 @@
+//! Actions and steps: what a runner does for a tool, resolved and checked.
+//!
+//! A tool runs a list of steps. Each step is an http action, an exec action or a `check`
+//! (a precondition), and may capture values (jq over the context) that later steps fill into
+//! their templates. The context a jq program sees is
+//! `{"args": {...}, "vars": {...}, "steps": {"NAME": result}}`.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::is_identifier;
+use super::jq::JqProgram;
+use super::params::Param;
+use super::raw::{RawExec, RawHttp, RawStep};
+use super::template::Template;
+
+const DEFAULT_HTTP_TIMEOUT: Duration = Duration::from_secs(10);
+const DEFAULT_EXEC_TIMEOUT: Duration = Duration::from_secs(10);
+/// No action may take longer than this, whatever the pack says.
+const MAX_ACTION_TIMEOUT: Duration = Duration::from_secs(120);
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum AcceptStatus {
+    /// Any 2xx.
+    Success,
+    /// Every status is an answer (probes).
+    Any,
+    List(Vec<u16>),
+}
+
+#[derive(Debug)]
+pub struct HttpAction {
+    pub method: String,
+    pub path: Template,
+    pub query: Vec<(String, Template)>,
+    /// jq over the context; its result is the JSON body.
+    pub body: Option<JqProgram>,
+    pub accept: AcceptStatus,
+    pub timeout: Duration,
+}
+
+impl HttpAction {
+    pub fn accepts(&self, status: u16) -> bool {
+        match &self.accept {
+            AcceptStatus::Success => (200..300).contains(&status),
+            AcceptStatus::Any => true,
+            AcceptStatus::List(list) => list.contains(&status),
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct ExecAction {
+    /// `argv[0]` is a literal program name; the rest may hold placeholders.
+    pub argv: Vec<Template>,
+    pub timeout: Duration,
+    pub ok_exit_codes: Vec<i32>,
+}
+
+#[derive(Debug)]
+pub enum Action {
+    Http(HttpAction),
+    Exec(ExecAction),
+}
+
+#[derive(Debug)]
+pub enum StepKind {
+    Run(Action),
+    /// Stop with `message` unless `check` yields `true`.
+    Check {
+        check: JqProgram,
+        message: Template,
+    },
+}
+
+#[derive(Debug)]
+pub struct Step {
+    pub name: String,
+    pub kind: StepKind,
+    pub capture: Vec<(String, JqProgram)>,
+    pub optional: bool,
+}
+
+/// What templates of a step may refer to: params (with whether they are required) and vars.
+pub(super) struct Scope<'a> {
+    pub params: &'a [Param],
+    pub vars: BTreeSet<String>,
+}
+
+impl Scope<'_> {
+    fn check_refs(&self, t: &Template, must_be_present: bool) -> Result<(), String> {
+        for n in t.params() {
+            if self.vars.contains(n) {
+                continue;
+            }
+            match self.params.iter().find(|p| p.name == n) {
+                None => {
+                    return Err(format!(
+                        "template `{}` uses undeclared param or var `{n}`",
+                        t.source()
+                    ));
+                }
+                Some(p) if must_be_present && !p.required => {
+                    return Err(format!(
+                        "template `{}` uses optional param `{n}`: only query values may",
+                        t.source()
+                    ));
+                }
+                Some(p) if p.secret => {
+                    return Err(format!(
+                        "template `{}` uses secret param `{n}`, which would land in URLs and process lists",
+                        t.source()
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+pub(super) fn resolve_http(h: &RawHttp, scope: &Scope<'_>) -> Result<HttpAction, String> {
+    let method = h.method.to_ascii_uppercase();
+    if !["GET", "HEAD", "POST", "PUT", "DELETE"].contains(&method.as_str()) {
+        return Err(format!("http method `{}` is not supported", h.method));
+    }
+    if !h.path.starts_with('/') {
+        return Err(format!("http path `{}` must start with /", h.path));
+    }
+    let path = Template::parse(&h.path)?;
+    scope.check_refs(&path, true)?;
+    let mut query = Vec::new();
+    for (k, v) in &h.query {
+        let t = Template::parse(v)?;
+        scope.check_refs(&t, false)?;
+        query.push((k.clone(), t));
+    }
+    let accept = match &h.accept_status {
+        None => AcceptStatus::Success,
+        Some(Value::String(s)) if s == "any" => AcceptStatus::Any,
+        Some(Value::Array(list)) => AcceptStatus::List(
+            list.iter()
+                .map(|v| {
+                    v.as_u64()
+                        .filter(|s| (100..600).contains(s))
+                        .map(|s| s as u16)
+                        .ok_or_else(|| format!("accept_status entry {v} is not an HTTP status"))
+                })
+                .collect::<Result<_, _>>()?,
+        ),
+        Some(other) => {
+            return Err(format!(
+                "accept_status {other} must be `any` or a list of statuses"
+            ));
+        }
+    };
+    Ok(HttpAction {
+        method,
+        path,
+        query,
+        body: h.body.as_deref().map(JqProgram::compile).transpose()?,
+        accept,
+        timeout: timeout(h.timeout_ms, DEFAULT_HTTP_TIMEOUT)?,
+    })
+}
+
+pub(super) fn resolve_exec(e: &RawExec, scope: &Scope<'_>) -> Result<ExecAction, String> {
+    let Some(program) = e.argv.first() else {
+        return Err("exec argv must not be empty".into());
+    };
+    if program.contains('{') || program.is_empty() {
+        return Err("exec argv[0] must be a literal program name".into());
+    }
+    let argv = e
+        .argv
+        .iter()
+        .map(|a| Template::parse(a))
+        .collect::<Result<Vec<_>, _>>()?;
+    for t in &argv {
+        scope.check_refs(t, true)?;
+    }
+    Ok(ExecAction {
+        argv,
+        timeout: timeout(e.timeout_ms, DEFAULT_EXEC_TIMEOUT)?,
+        ok_exit_codes: e.ok_exit_codes.clone().unwrap_or_else(|| vec![0]),
+    })
+}
+
+/// Resolves steps in order; each step's captures become vars for the steps after it.
+pub(super) fn resolve_steps(
+    raw: &[RawStep],
+    scope: &mut Scope<'_>,
+    service: bool,
+) -> Result<Vec<Step>, String> {
+    if raw.is_empty() {
+        return Err("steps must not be empty".into());
+    }
+    let mut names = BTreeSet::new();
+    let mut steps = Vec::new();
+    for s in raw {
+        let at = |m: String| format!("step `{}`: {m}", s.name);
+        if !is_identifier(&s.name) || s.name.contains(['.', '@', '-']) {
+            return Err(at("a step name must be letters, digits and `_`".into()));
+        }
+        if !names.insert(s.name.clone()) {
+            return Err(at("the name is used twice".into()));
+        }
+        let kind = match (&s.http, &s.exec, &s.check) {
+            (Some(h), None, None) => {
+                if !service {
+                    return Err(at("an http step needs the pack's `service`".into()));
+                }
+                StepKind::Run(Action::Http(resolve_http(h, scope).map_err(at)?))
+            }
+            (None, Some(e), None) => {
+                StepKind::Run(Action::Exec(resolve_exec(e, scope).map_err(at)?))
+            }
+            (None, None, Some(c)) => {
+                let message = Template::parse(
+                    s.message
+                        .as_deref()
+                        .ok_or_else(|| at("a check needs a `message`".into()))?,
+                )
+                .map_err(at)?;
+                scope.check_refs(&message, false).map_err(at)?;
+                StepKind::Check {
+                    check: JqProgram::compile(c).map_err(at)?,
+                    message,
+                }
+            }
+            _ => {
+                return Err(at(
+                    "a step has exactly one of `http`, `exec` or `check`".into()
+                ));
+            }
+        };
+        if s.message.is_some() && !matches!(kind, StepKind::Check { .. }) {
+            return Err(at("only a check step takes a `message`".into()));
+        }
+        let mut capture = Vec::new();
+        for (var, program) in &s.capture {
+            if !is_identifier(var) || var.contains(['.', '@', '-']) {
+                return Err(at(format!(
+                    "var name `{var}` must be letters, digits and `_`"
+                )));
+            }
+            if scope.params.iter().any(|p| &p.name == var) || scope.vars.contains(var) {
+                return Err(at(format!(
+                    "var `{var}` is already a param or an earlier var"
+                )));
+            }
+            capture.push((var.clone(), JqProgram::compile(program).map_err(at)?));
+        }
+        for (var, _) in &capture {
+            scope.vars.insert(var.clone());
+        }
+        steps.push(Step {
+            name: s.name.clone(),
+            kind,
+            capture,
+            optional: s.optional,
+        });
+    }
+    Ok(steps)
+}
+
+fn timeout(ms: Option<u64>, default: Duration) -> Result<Duration, String> {
+    let t = ms.map(Duration::from_millis).unwrap_or(default);
+    if t.is_zero() || t > MAX_ACTION_TIMEOUT {
+        return Err(format!(
+            "timeout_ms must be between 1 and {}",
+            MAX_ACTION_TIMEOUT.as_millis()
+        ));
+    }
+    Ok(t)
+}

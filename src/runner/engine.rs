@@ -1,0 +1,241 @@
+//! Runs a tool's steps on the runner: fills templates from args and captured vars, runs each
+//! http or exec action, checks preconditions, captures values, and shapes the output.
+//!
+//! Invariant: a step runs only if every step before it succeeded (or was optional), so a
+//! failed precondition stops the write that follows it.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value, json};
+
+use super::protocol::Mode;
+use super::{exec, http_action};
+use crate::config::ServiceConfig;
+use crate::pack::{Action, Step, StepKind, Tool};
+
+/// What the engine needs from the runner's configuration.
+pub struct Env<'a> {
+    pub http: &'a reqwest::Client,
+    /// The pack's service and its config, for http steps.
+    pub service: Option<(&'a str, &'a ServiceConfig)>,
+    pub exec_path: &'a str,
+    /// program name → the argv prefix that replaces it (e.g. vtysh with its socket dir).
+    pub programs: &'a BTreeMap<String, Vec<String>>,
+    pub max_output: usize,
+}
+
+pub struct Outcome {
+    pub output: Value,
+    pub truncated: bool,
+    pub vars: Map<String, Value>,
+}
+
+pub async fn run(
+    env: &Env<'_>,
+    tool: &Tool,
+    args: &Map<String, Value>,
+    mode: Mode,
+    preview_vars: Option<&Map<String, Value>>,
+    raw: bool,
+) -> Result<Outcome, String> {
+    let (steps, vars) = match mode {
+        Mode::Preview => {
+            let preview = tool
+                .preview
+                .as_ref()
+                .ok_or_else(|| format!("`{}` has no preview", tool.name))?;
+            (&preview.steps, Map::new())
+        }
+        Mode::Execute => {
+            let vars = match (&tool.preview, preview_vars) {
+                (None, _) => Map::new(),
+                (Some(p), Some(given)) => {
+                    let missing: Vec<&str> = p
+                        .vars
+                        .iter()
+                        .filter(|v| !given.contains_key(*v))
+                        .map(String::as_str)
+                        .collect();
+                    if !missing.is_empty() {
+                        return Err(format!(
+                            "the preview values {missing:?} are missing: run the preview first"
+                        ));
+                    }
+                    given.clone()
+                }
+                (Some(_), None) => {
+                    return Err(format!(
+                        "`{}` executes only with the values its preview captured: run the preview first",
+                        tool.name
+                    ));
+                }
+            };
+            (&tool.steps, vars)
+        }
+    };
+    let mut context = json!({"args": args, "vars": vars, "steps": {}});
+    let mut truncated = false;
+    let mut last = Value::Null;
+    for step in steps {
+        match run_step(env, step, &context).await {
+            Ok(StepResult::Done { result, cut }) => {
+                truncated |= cut;
+                last = result.clone();
+                context["steps"][&step.name] = result;
+            }
+            Ok(StepResult::CheckPassed) => {}
+            Err(StepError::Stop(message)) => return Err(format!("precondition failed: {message}")),
+            Err(StepError::Failed(e)) if step.optional => {
+                context["steps"][&step.name] = json!({"error": e});
+            }
+            Err(StepError::Failed(e)) => {
+                return Err(if steps.len() > 1 {
+                    format!("step `{}`: {e}", step.name)
+                } else {
+                    e
+                });
+            }
+        }
+        for (var, program) in &step.capture {
+            let value = program
+                .run(&context)
+                .map_err(|e| format!("step `{}`: capturing `{var}`: {e}", step.name))?;
+            context["vars"][var] = value;
+        }
+    }
+    let vars = context["vars"].as_object().cloned().unwrap_or_default();
+    let shaped_input = if tool.single_action && mode == Mode::Execute {
+        last
+    } else {
+        context
+    };
+    let program = match mode {
+        Mode::Preview => tool.preview.as_ref().and_then(|p| p.output.as_ref()),
+        Mode::Execute => tool.output.as_ref(),
+    };
+    let output = match program {
+        Some(p) if !raw => match p.run(&shaped_input) {
+            Ok(shaped) => shaped,
+            // A cut-off answer is text, not the JSON the program expects: hand over what
+            // arrived, marked truncated, rather than an error about the program.
+            Err(_) if truncated => shaped_input,
+            Err(e) => return Err(format!("the output program of `{}` failed: {e}", tool.name)),
+        },
+        _ => shaped_input,
+    };
+    Ok(Outcome {
+        output,
+        truncated,
+        vars,
+    })
+}
+
+enum StepResult {
+    Done { result: Value, cut: bool },
+    CheckPassed,
+}
+
+enum StepError {
+    /// A precondition did not hold.
+    Stop(String),
+    Failed(String),
+}
+
+/// Template values: the args, then the vars captured so far (names never collide; packs check).
+fn fill_values(context: &Value) -> Map<String, Value> {
+    let mut values = context["args"].as_object().cloned().unwrap_or_default();
+    if let Some(vars) = context["vars"].as_object() {
+        values.extend(vars.clone());
+    }
+    values
+}
+
+async fn run_step(env: &Env<'_>, step: &Step, context: &Value) -> Result<StepResult, StepError> {
+    let values = fill_values(context);
+    match &step.kind {
+        StepKind::Check { check, message } => match check.run(context) {
+            Ok(Value::Bool(true)) => Ok(StepResult::CheckPassed),
+            Ok(_) => Err(StepError::Stop(
+                message
+                    .fill_raw(&values)
+                    .ok()
+                    .flatten()
+                    .unwrap_or_else(|| message.source().to_owned()),
+            )),
+            Err(e) => Err(StepError::Failed(format!("check failed to run: {e}"))),
+        },
+        StepKind::Run(Action::Http(action)) => {
+            let (name, service) = env.service.ok_or_else(|| {
+                StepError::Failed("no service is configured for this pack".into())
+            })?;
+            let body = action
+                .body
+                .as_ref()
+                .map(|b| b.run(context))
+                .transpose()
+                .map_err(|e| StepError::Failed(format!("building the request body: {e}")))?;
+            let r = http_action::run(
+                env.http,
+                name,
+                service,
+                action,
+                &values,
+                body.as_ref(),
+                env.max_output,
+            )
+            .await
+            .map_err(StepError::Failed)?;
+            Ok(StepResult::Done {
+                result: r.to_json(),
+                cut: r.truncated,
+            })
+        }
+        StepKind::Run(Action::Exec(action)) => {
+            let mut argv = Vec::with_capacity(action.argv.len() + 2);
+            for (i, t) in action.argv.iter().enumerate() {
+                let filled = t
+                    .fill_raw(&values)
+                    .map_err(StepError::Failed)?
+                    .ok_or_else(|| {
+                        StepError::Failed(format!("argv `{}` needs an absent value", t.source()))
+                    })?;
+                match env.programs.get(&filled) {
+                    Some(prefix) if i == 0 => argv.extend(prefix.iter().cloned()),
+                    _ => argv.push(filled),
+                }
+            }
+            let r = exec::run(&argv, env.exec_path, action.timeout, env.max_output)
+                .await
+                .map_err(StepError::Failed)?;
+            match r.exit_code {
+                Some(code) if action.ok_exit_codes.contains(&code) => Ok(StepResult::Done {
+                    result: r.to_json(),
+                    cut: r.truncated,
+                }),
+                _ => Err(StepError::Failed(format!(
+                    "`{}` exited with {}: {}",
+                    argv[0],
+                    r.exit_code.map_or_else(
+                        || format!("signal {}", r.signal.unwrap_or(0)),
+                        |c| format!("code {c}")
+                    ),
+                    excerpt(if r.stderr.trim().is_empty() {
+                        &r.stdout
+                    } else {
+                        &r.stderr
+                    })
+                ))),
+            }
+        }
+    }
+}
+
+fn excerpt(s: &str) -> String {
+    let s = s.trim();
+    let cut: String = s.chars().take(500).collect();
+    if cut.len() < s.len() {
+        format!("{cut}…")
+    } else {
+        cut
+    }
+}

@@ -1,0 +1,106 @@
+//! A real VictoriaMetrics (Debian's victoria-metrics) on a free loopback port with its own
+//! data directory, stopped by PID on drop.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::tools::free_port;
+
+pub struct VictoriaMetrics {
+    child: Child,
+    pub url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl VictoriaMetrics {
+    pub async fn start() -> VictoriaMetrics {
+        let bin = std::path::Path::new("/usr/bin/victoria-metrics");
+        assert!(
+            bin.exists(),
+            "victoria-metrics is missing: run scripts/install-test-deps"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let log = std::fs::File::create(dir.path().join("vm.log")).unwrap();
+        let child = Command::new(bin)
+            .arg(format!("-httpListenAddr=127.0.0.1:{port}"))
+            .arg(format!(
+                "-storageDataPath={}",
+                dir.path().join("data").display()
+            ))
+            .args(["-retentionPeriod=1d", "-search.latencyOffset=0s"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("failed to start victoria-metrics");
+        let vm = VictoriaMetrics {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let http = reqwest::Client::new();
+        loop {
+            if let Ok(r) = http.get(format!("{}/health", vm.url)).send().await
+                && r.status().is_success()
+            {
+                return vm;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "victoria-metrics did not become healthy within 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Imports Prometheus text-format samples and waits until `probe` (a query) finds them.
+    pub async fn push(&self, text: &str, probe: &str) {
+        let http = reqwest::Client::new();
+        let r = http
+            .post(format!("{}/api/v1/import/prometheus", self.url))
+            .body(text.to_owned())
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "import failed: {}", r.status());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            http.get(format!("{}/internal/force_flush", self.url))
+                .send()
+                .await
+                .unwrap();
+            let found: serde_json::Value = http
+                .get(format!("{}/api/v1/query", self.url))
+                .query(&[("query", probe)])
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            if found["data"]["result"]
+                .as_array()
+                .is_some_and(|r| !r.is_empty())
+            {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "pushed samples not searchable within 30 s: {found}"
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+}
+
+impl Drop for VictoriaMetrics {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = self.child.wait();
+    }
+}

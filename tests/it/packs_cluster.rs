@@ -1,0 +1,539 @@
+//! The cluster-scoped packs of the case study: Consul and Nomad against their emulators,
+//! VictoriaMetrics for real. The seed calls these without naming runners; the server picks one.
+
+use emisar::runner::Mode;
+use serde_json::{Value, json};
+
+use crate::emulators::consul::Consul;
+use crate::emulators::nomad::{Nomad, OOM_ALLOC, SETUP_FAILED_ALLOC};
+use crate::emulators::serve;
+use crate::harness::app::Options;
+use crate::harness::vm::VictoriaMetrics;
+use crate::harness::{Backend, RunnerSpec, spawn_app};
+use crate::mcp_calls::call;
+
+fn output(res: &rmcp::model::CallToolResult) -> Value {
+    assert_eq!(res.is_error, Some(false), "{:?}", res.content);
+    let s = res.structured_content.clone().unwrap();
+    assert_eq!(s["results"][0]["ok"], true, "{s}");
+    s["results"][0]["output"].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consul_reads_through_a_server_chosen_runner() {
+    let consul = serve(Consul::case_study("consul-secret").router()).await;
+    let app = spawn_app(
+        Backend::Sqlite,
+        vec![
+            RunnerSpec::new("nomad-hvn01").service_with_header(
+                "consul",
+                &consul,
+                "X-Consul-Token",
+                "consul-secret",
+            ),
+            RunnerSpec::new("nomad-hvn02").service_with_header(
+                "consul",
+                &consul,
+                "X-Consul-Token",
+                "consul-secret",
+            ),
+        ],
+        Options::default(),
+    )
+    .await;
+    let client = app.mcp_client().await;
+
+    // No runners named: the server picks one and says which.
+    let res = call(
+        &client,
+        "consul.service_health",
+        json!({"service": "store-api", "reason": "is the app healthy?"}),
+    )
+    .await;
+    let s = res.structured_content.clone().unwrap();
+    assert_eq!(s["runner_chosen_by_server"], true);
+    assert_eq!(s["results"].as_array().unwrap().len(), 1);
+    let health = output(&res);
+    assert_eq!(health[0]["node"], "nomad-hvn01");
+    assert_eq!(health[0]["address"], "10.0.0.101:22504");
+    assert_eq!(health[0]["status"], "passing");
+    assert!(
+        health[0]["checks"][1]["output"]
+            .as_str()
+            .unwrap()
+            .contains("200 OK")
+    );
+    assert_eq!(health[1]["status"], "critical");
+    let intent = app.events_of_call(s["call_id"].as_str().unwrap()).await;
+    assert_eq!(
+        intent[0].detail.as_ref().unwrap()["runner_chosen_by_server"],
+        true
+    );
+
+    let passing = output(
+        &call(
+            &client,
+            "consul.service_health",
+            json!({"service": "store-api", "passing_only": true, "reason": "r"}),
+        )
+        .await,
+    );
+    assert_eq!(passing.as_array().unwrap().len(), 1);
+    let none = output(
+        &call(
+            &client,
+            "consul.service_health",
+            json!({"service": "nope", "reason": "r"}),
+        )
+        .await,
+    );
+    assert_eq!(none, json!([]));
+
+    let members = output(
+        &call(
+            &client,
+            "consul.members",
+            json!({"reason": "who left the gossip?"}),
+        )
+        .await,
+    );
+    let hvn05 = members
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "nomad-hvn05")
+        .unwrap();
+    assert_eq!(hvn05["status"], "left");
+    assert_eq!(hvn05["role"], "server");
+    assert_eq!(hvn05["address"], "10.0.0.105:8301");
+
+    let autopilot = output(
+        &call(
+            &client,
+            "consul.autopilot_state",
+            json!({"reason": "quorum?"}),
+        )
+        .await,
+    );
+    assert_eq!(autopilot["healthy"], true);
+    assert_eq!(autopilot["failure_tolerance"], 0);
+    assert_eq!(autopilot["leader"], "nomad-hvn01");
+    assert_eq!(autopilot["voters"], json!(["nomad-hvn01", "nomad-hvn03"]));
+
+    let services = output(
+        &call(
+            &client,
+            "consul.catalog_services",
+            json!({"reason": "what is registered?"}),
+        )
+        .await,
+    );
+    assert!(
+        services
+            .as_array()
+            .unwrap()
+            .contains(&json!({"service": "store-api", "tags": ["http"]}))
+    );
+
+    // Naming a runner for a cluster tool works too; naming two does not.
+    let res = call(
+        &client,
+        "consul.members",
+        json!({"runners": ["nomad-hvn02"], "reason": "r"}),
+    )
+    .await;
+    assert_eq!(
+        res.structured_content.unwrap()["results"][0]["runner"],
+        "nomad-hvn02"
+    );
+    let res = call(
+        &client,
+        "consul.members",
+        json!({"runners": ["nomad-hvn01", "nomad-hvn02"], "reason": "r"}),
+    )
+    .await;
+    assert_eq!(res.is_error, Some(true));
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consul_errors_come_back_as_consul_said_them() {
+    let consul = serve(Consul::case_study("consul-secret").router()).await;
+    let app = spawn_app(
+        Backend::Sqlite,
+        vec![RunnerSpec::new("n1").service_with_header(
+            "consul",
+            &consul,
+            "X-Consul-Token",
+            "wrong",
+        )],
+        Options::default(),
+    )
+    .await;
+    let client = app.mcp_client().await;
+    let res = call(&client, "consul.members", json!({"reason": "r"})).await;
+    assert_eq!(res.is_error, Some(true));
+    let err = res.structured_content.unwrap()["results"][0]["error"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        err.contains("consul answered HTTP 403: ACL not found"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("wrong"),
+        "the credential never leaves the runner: {err}"
+    );
+    client.cancel().await.unwrap();
+}
+
+async fn nomad_app(nomad: &str) -> crate::harness::app::TestApp {
+    spawn_app(
+        Backend::Sqlite,
+        vec![RunnerSpec::new("nomad-hvn01").service_with_header(
+            "nomad",
+            nomad,
+            "X-Nomad-Token",
+            "nomad-secret",
+        )],
+        Options::default(),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nomad_reads_show_the_case_study_signals() {
+    let nomad = Nomad::case_study("nomad-secret");
+    let url = serve(nomad.clone().router()).await;
+    let app = nomad_app(&url).await;
+    let client = app.mcp_client().await;
+
+    let res = output(
+        &call(
+            &client,
+            "nomad.job_resources",
+            json!({"job": "traefik", "reason": "what is the cap?"}),
+        )
+        .await,
+    );
+    assert_eq!(res["job_modify_index"], 93);
+    assert_eq!(
+        res["groups"][0],
+        json!({"group": "traefik", "count": 1, "tasks": [{"task": "traefik", "driver": "docker", "cpu_mhz": 1000,
+               "cores": 0, "memory_mib": 1024, "memory_max_mib": 0}]})
+    );
+
+    // A short prefix, as the seed uses it.
+    let oom = output(
+        &call(
+            &client,
+            "nomad.alloc_status",
+            json!({"alloc_id": "1c11be31", "reason": "why restarting?"}),
+        )
+        .await,
+    );
+    assert_eq!(oom["id"], OOM_ALLOC);
+    assert_eq!(oom["node"], "nomad-hvn04");
+    let task = &oom["tasks"][0];
+    assert_eq!(task["task"], "traefik");
+    assert_eq!(task["restarts"], 23);
+    assert_eq!(task["oom_kills"], 1);
+    assert_eq!(task["last_exit"]["exit_code"], "137");
+    assert_eq!(task["last_exit"]["oom_killed"], true);
+    assert_eq!(
+        task["last_exit"]["message"],
+        "Exit Code: 137, Exit Message: \"OOM Killed\""
+    );
+    assert_eq!(task["memory_used_mib"], 956);
+    assert_eq!(task["memory_limit_mib"], 1024);
+    assert_eq!(oom["stats"], "ok");
+
+    let failed = output(
+        &call(
+            &client,
+            "nomad.alloc_status",
+            json!({"alloc_id": "f746f2a3", "reason": "why not starting?"}),
+        )
+        .await,
+    );
+    assert_eq!(failed["id"], SETUP_FAILED_ALLOC);
+    assert_eq!(failed["client_status"], "failed");
+    let setup = failed["tasks"][0]["setup_failures"][0].as_str().unwrap();
+    assert!(
+        setup.contains("pre-run hook \"consul\" failed")
+            && setup.contains("context deadline exceeded"),
+        "{setup}"
+    );
+    // No stats for a dead allocation: said, not hidden.
+    assert!(
+        failed["stats"]
+            .as_str()
+            .unwrap()
+            .contains("Unknown allocation"),
+        "{failed}"
+    );
+
+    let res = call(
+        &client,
+        "nomad.alloc_status",
+        json!({"alloc_id": "ffff", "reason": "r"}),
+    )
+    .await;
+    assert_eq!(res.is_error, Some(true));
+    let err = res.structured_content.unwrap()["results"][0]["error"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(err.contains("no allocation ID starts with ffff"), "{err}");
+
+    let allocs = output(
+        &call(
+            &client,
+            "nomad.job_allocations",
+            json!({"job": "traefik", "reason": "r"}),
+        )
+        .await,
+    );
+    assert_eq!(allocs.as_array().unwrap().len(), 2);
+    assert_eq!(allocs[0]["tasks"]["traefik"]["restarts"], 23);
+    let status = output(
+        &call(
+            &client,
+            "nomad.job_status",
+            json!({"job": "traefik", "reason": "r"}),
+        )
+        .await,
+    );
+    assert_eq!(status["type"], "system");
+    let nodes = output(&call(&client, "nomad.node_status", json!({"reason": "r"})).await);
+    assert_eq!(nodes[1]["name"], "nomad-hvn05");
+
+    let res = call(
+        &client,
+        "nomad.job_resources",
+        json!({"job": "nope", "reason": "r"}),
+    )
+    .await;
+    let err = res.structured_content.unwrap()["results"][0]["error"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        err.contains("nomad answered HTTP 404: job not found"),
+        "{err}"
+    );
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nomad_task_resources_set_previews_the_plan_and_writes_with_check_and_set() {
+    let nomad = Nomad::case_study("nomad-secret");
+    let url = serve(nomad.clone().router()).await;
+    let app = nomad_app(&url).await;
+    let args = json!({"job": "traefik", "group": "traefik", "task": "traefik", "memory": 4096});
+
+    // Through MCP the write is refused (no approvals yet), and nothing reaches Nomad.
+    let client = app.mcp_client().await;
+    let res = call(&client, "nomad.task_resources_set", json!({"job": "traefik", "group": "traefik", "task": "traefik", "memory": 4096, "reason": "raise"})).await;
+    assert_eq!(res.is_error, Some(true));
+    assert_eq!(nomad.job("traefik")["JobModifyIndex"], 93);
+
+    // Preview: the plan diff an approver will see.
+    let preview = app
+        .signed_call(
+            "nomad-hvn01",
+            "nomad.task_resources_set",
+            args.clone(),
+            Mode::Preview,
+            None,
+        )
+        .await;
+    assert_eq!(preview.status, 200, "{}", preview.body);
+    assert_eq!(preview.body["status"], "ok", "{}", preview.body);
+    let shown = &preview.body["output"];
+    assert_eq!(shown["diff"], json!(["MemoryMB 1024 → 4096"]));
+    assert_eq!(
+        shown["change"]["memory_mib"],
+        json!({"from": 1024, "to": 4096})
+    );
+    assert_eq!(
+        shown["change"]["cpu_mhz"],
+        json!({"from": 1000, "to": 1000})
+    );
+    assert_eq!(shown["updates"]["traefik"]["DestructiveUpdate"], 1);
+    assert_eq!(shown["job_modify_index"], 93);
+    let vars = preview.body["vars"].as_object().unwrap().clone();
+    assert_eq!(vars["job_modify_index"], 93);
+    assert_eq!(
+        nomad.job("traefik")["JobModifyIndex"],
+        93,
+        "a preview writes nothing"
+    );
+
+    // Executing needs the preview's values.
+    let blind = app
+        .signed_call(
+            "nomad-hvn01",
+            "nomad.task_resources_set",
+            args.clone(),
+            Mode::Execute,
+            None,
+        )
+        .await;
+    assert_eq!(blind.body["status"], "failed");
+    assert!(
+        blind.body["error"]
+            .as_str()
+            .unwrap()
+            .contains("run the preview first")
+    );
+
+    // Execute with them: one task's memory changes, nothing else.
+    let before = nomad.job("traefik");
+    let done = app
+        .signed_call(
+            "nomad-hvn01",
+            "nomad.task_resources_set",
+            args.clone(),
+            Mode::Execute,
+            Some(vars),
+        )
+        .await;
+    assert_eq!(done.body["status"], "ok", "{}", done.body);
+    assert_eq!(done.body["output"]["job_modify_index"]["before"], 93);
+    let after = nomad.job("traefik");
+    assert_eq!(
+        after["TaskGroups"][0]["Tasks"][0]["Resources"]["MemoryMB"],
+        4096
+    );
+    assert_eq!(after["TaskGroups"][0]["Tasks"][0]["Resources"]["CPU"], 1000);
+    let mut expected = before.clone();
+    expected["TaskGroups"][0]["Tasks"][0]["Resources"]["MemoryMB"] = json!(4096);
+    for moved in ["JobModifyIndex", "ModifyIndex", "Version"] {
+        expected[moved] = after[moved].clone();
+    }
+    assert_eq!(
+        after, expected,
+        "only MemoryMB (and Nomad's own indexes) changed"
+    );
+
+    // The job moves between preview and execution: the write refuses and says why.
+    let preview = app
+        .signed_call(
+            "nomad-hvn01",
+            "nomad.task_resources_set",
+            json!({"job": "traefik", "group": "traefik", "task": "traefik", "memory": 8192}),
+            Mode::Preview,
+            None,
+        )
+        .await;
+    let vars = preview.body["vars"].as_object().unwrap().clone();
+    let seen = vars["job_modify_index"].as_u64().unwrap();
+    let moved_to = nomad.bump_job("traefik");
+    let refused = app
+        .signed_call(
+            "nomad-hvn01",
+            "nomad.task_resources_set",
+            json!({"job": "traefik", "group": "traefik", "task": "traefik", "memory": 8192}),
+            Mode::Execute,
+            Some(vars),
+        )
+        .await;
+    assert_eq!(refused.body["status"], "failed", "{}", refused.body);
+    let err = refused.body["error"].as_str().unwrap();
+    assert!(
+        err.contains(&format!(
+            "changed since the preview (JobModifyIndex {seen} → {moved_to})"
+        )),
+        "{err}"
+    );
+    assert_eq!(
+        nomad.job("traefik")["TaskGroups"][0]["Tasks"][0]["Resources"]["MemoryMB"],
+        4096,
+        "nothing was written"
+    );
+
+    // Nomad's own check-and-set, as its API answers it: plain-text HTTP 500.
+    let mut stale = nomad.job("traefik");
+    stale["TaskGroups"][0]["Tasks"][0]["Resources"]["MemoryMB"] = json!(8192);
+    let res = reqwest::Client::new()
+        .post(format!("{url}/v1/job/traefik"))
+        .header("X-Nomad-Token", "nomad-secret")
+        .json(&json!({"Job": stale, "EnforceIndex": true, "JobModifyIndex": seen}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 500);
+    assert!(
+        res.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/plain")
+    );
+    assert_eq!(
+        res.text().await.unwrap(),
+        format!(
+            "Enforcing job modify index {seen}: job exists with conflicting job modify index: {moved_to}"
+        )
+    );
+
+    // A task that does not exist is named in the refusal.
+    let res = app
+        .signed_call(
+            "nomad-hvn01",
+            "nomad.task_resources_set",
+            json!({"job": "traefik", "group": "traefik", "task": "nope", "cpu": 500}),
+            Mode::Preview,
+            None,
+        )
+        .await;
+    assert!(
+        res.body["error"]
+            .as_str()
+            .unwrap()
+            .contains("job `traefik` has no task `nope` in group `traefik`"),
+        "{}",
+        res.body
+    );
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vm_query_instant_returns_a_pushed_sample() {
+    let vm = VictoriaMetrics::start().await;
+    vm.push("traefik_service_requests_total{service=\"match-api\",code=\"200\"} 1751\ntraefik_service_requests_total{service=\"web\",code=\"200\"} 179\n", "traefik_service_requests_total").await;
+    let app = spawn_app(
+        Backend::Sqlite,
+        vec![RunnerSpec::new("nomad-hvn01").service("victoriametrics", &vm.url)],
+        Options::default(),
+    )
+    .await;
+    let client = app.mcp_client().await;
+    let res = output(
+        &call(
+            &client,
+            "vm.query_instant",
+            json!({"query": "topk(5, sum by(service) (traefik_service_requests_total))", "reason": "which service drives the load?"}),
+        )
+        .await,
+    );
+    let rows = res.as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{res}");
+    assert_eq!(rows[0]["metric"]["service"], "match-api");
+    assert_eq!(rows[0]["value"], "1751");
+    // A query VictoriaMetrics cannot parse: its own error, named.
+    let res = call(
+        &client,
+        "vm.query_instant",
+        json!({"query": "sum(up", "reason": "r"}),
+    )
+    .await;
+    assert_eq!(res.is_error, Some(true));
+    let err = res.structured_content.unwrap()["results"][0]["error"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(err.contains("victoriametrics answered HTTP 422"), "{err}");
+    client.cancel().await.unwrap();
+}

@@ -1,0 +1,348 @@
+//! The node-scoped packs: linux and debian on this machine, linux.systemctl_restart through a
+//! recording stand-in (there is no systemd here), and FRR for real in network namespaces.
+
+use std::os::unix::fs::PermissionsExt;
+
+use emisar::runner::Mode;
+use serde_json::{Value, json};
+
+use crate::harness::app::Options;
+use crate::harness::frr::FrrPair;
+use crate::harness::{Backend, RunnerSpec, spawn_app};
+use crate::mcp_calls::call;
+
+fn output(res: &rmcp::model::CallToolResult) -> Value {
+    assert_eq!(res.is_error, Some(false), "{:?}", res.content);
+    let s = res.structured_content.clone().unwrap();
+    assert_eq!(s["results"][0]["ok"], true, "{s}");
+    s["results"][0]["output"].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn linux_uptime_and_debian_kernel_info_read_this_machine() {
+    let app = spawn_app(
+        Backend::Sqlite,
+        vec![RunnerSpec::new("node-1")],
+        Options::default(),
+    )
+    .await;
+    let client = app.mcp_client().await;
+    let up = output(
+        &call(
+            &client,
+            "linux.uptime",
+            json!({"runners": ["node-1"], "reason": "when did it boot?"}),
+        )
+        .await,
+    );
+    let proc_uptime: f64 = std::fs::read_to_string("/proc/uptime")
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let reported = up["uptime_seconds"].as_i64().unwrap() as f64;
+    assert!((reported - proc_uptime).abs() < 30.0, "{up}");
+    let booted = chrono::DateTime::parse_from_rfc3339(up["booted_at"].as_str().unwrap()).unwrap();
+    let expected = chrono::Utc::now() - chrono::Duration::seconds(proc_uptime as i64);
+    assert!(
+        (booted.timestamp() - expected.timestamp()).abs() < 30,
+        "{up}"
+    );
+    assert!(
+        up["load"]["1m"].as_str().unwrap().parse::<f64>().is_ok(),
+        "{up}"
+    );
+
+    let k = output(
+        &call(
+            &client,
+            "debian.kernel_info",
+            json!({"runners": ["node-1"], "reason": "kernel?"}),
+        )
+        .await,
+    );
+    let uname = std::process::Command::new("uname")
+        .arg("-r")
+        .output()
+        .unwrap();
+    assert_eq!(
+        k["running_kernel"],
+        String::from_utf8_lossy(&uname.stdout).trim()
+    );
+    let flag = std::path::Path::new("/run/reboot-required").exists();
+    assert_eq!(k["reboot_required"], if flag { "yes" } else { "no" });
+    assert!(
+        k["caveat"]
+            .as_str()
+            .unwrap()
+            .contains("absence proves nothing")
+    );
+    assert!(k["installed_kernel_images"].is_array());
+    client.cancel().await.unwrap();
+}
+
+/// A `systemctl` that records its argv and answers `show` like systemd would.
+fn systemctl_standin(dir: &std::path::Path) -> std::path::PathBuf {
+    let record = dir.join("systemctl.argv");
+    let script = format!(
+        "#!/bin/sh\nprintf '%s\\n' \"$*\" >> '{}'\nif [ \"$1\" = show ]; then printf 'ActiveState=active\\nSubState=running\\nMainPID=4242\\n'; fi\nexit 0\n",
+        record.display()
+    );
+    let path = dir.join("systemctl");
+    std::fs::write(&path, script).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    record
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn systemctl_restart_runs_exact_argv_and_only_allowlisted_units() {
+    let bin = tempfile::tempdir().unwrap();
+    let record = systemctl_standin(bin.path());
+    let app = spawn_app(
+        Backend::Sqlite,
+        vec![
+            RunnerSpec::new("nomad-hvn05")
+                .path_first(bin.path())
+                .allow("systemd_units", &["consul", "nomad.service"]),
+            RunnerSpec::new("locked-down").path_first(bin.path()),
+        ],
+        Options::default(),
+    )
+    .await;
+
+    // Outside the allowlist: refused before anything runs.
+    let refused = app
+        .signed_call(
+            "nomad-hvn05",
+            "linux.systemctl_restart",
+            json!({"unit": "sshd"}),
+            Mode::Execute,
+            None,
+        )
+        .await;
+    assert_eq!(refused.status, 403, "{}", refused.body);
+    assert!(
+        refused.body["error"]
+            .as_str()
+            .unwrap()
+            .contains("not in this runner's allowlist `systemd_units`")
+    );
+    assert!(!record.exists(), "systemctl must not have run");
+    // A runner with no allowlist refuses every unit.
+    let refused = app
+        .signed_call(
+            "locked-down",
+            "linux.systemctl_restart",
+            json!({"unit": "consul"}),
+            Mode::Execute,
+            None,
+        )
+        .await;
+    assert_eq!(refused.status, 403);
+    assert!(!record.exists());
+    // Not a unit name by systemd's grammar (an option, a shell metacharacter): refused by the schema.
+    for bad in ["--force", "consul;reboot", "$(reboot)"] {
+        let r = app
+            .signed_call(
+                "nomad-hvn05",
+                "linux.systemctl_restart",
+                json!({"unit": bad}),
+                Mode::Execute,
+                None,
+            )
+            .await;
+        assert_eq!(r.status, 400, "{bad}: {}", r.body);
+        assert!(r.body["error"].as_str().unwrap().contains("`unit`"));
+    }
+    assert!(!record.exists());
+
+    // Allowed ("consul" matches the list's "consul", "nomad" matches "nomad.service").
+    let done = app
+        .signed_call(
+            "nomad-hvn05",
+            "linux.systemctl_restart",
+            json!({"unit": "consul"}),
+            Mode::Execute,
+            None,
+        )
+        .await;
+    assert_eq!(done.body["status"], "ok", "{}", done.body);
+    assert_eq!(done.body["output"]["state_after"]["ActiveState"], "active");
+    let done = app
+        .signed_call(
+            "nomad-hvn05",
+            "linux.systemctl_restart",
+            json!({"unit": "nomad"}),
+            Mode::Execute,
+            None,
+        )
+        .await;
+    assert_eq!(done.body["status"], "ok", "{}", done.body);
+    let argv = std::fs::read_to_string(&record).unwrap();
+    assert_eq!(
+        argv.lines().collect::<Vec<_>>(),
+        vec![
+            "restart -- consul",
+            "show --no-pager -p ActiveState,SubState,MainPID,ActiveEnterTimestamp -- consul",
+            "restart -- nomad",
+            "show --no-pager -p ActiveState,SubState,MainPID,ActiveEnterTimestamp -- nomad",
+        ]
+    );
+
+    // Through MCP, the write is refused by policy until approvals exist.
+    let client = app.mcp_client().await;
+    let res = call(
+        &client,
+        "linux.systemctl_restart",
+        json!({"unit": "consul", "runners": ["nomad-hvn05"], "reason": "wedged"}),
+    )
+    .await;
+    assert_eq!(res.is_error, Some(true));
+    assert_eq!(std::fs::read_to_string(&record).unwrap().lines().count(), 4);
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frr_bgp_summary_shutdown_and_enable_on_real_routers() {
+    let frr = FrrPair::start();
+    frr.a.wait_peer_state("10.255.0.2", "Established").await;
+    let vtysh_a = [
+        "/usr/bin/vtysh",
+        "--vty_socket",
+        frr.a.dir.to_str().unwrap(),
+    ];
+    let app = spawn_app(
+        Backend::Sqlite,
+        vec![RunnerSpec::new("rA").program("vtysh", &vtysh_a)],
+        Options::default(),
+    )
+    .await;
+    let client = app.mcp_client().await;
+    // Prefix counters settle a moment after Established.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let summary = loop {
+        let s = output(
+            &call(
+                &client,
+                "frr.bgp_summary",
+                json!({"runners": ["rA"], "reason": "who advertises?"}),
+            )
+            .await,
+        );
+        let p = &s["address_families"][0]["peers"][0];
+        if (p["prefixes_received"] == 1 && p["prefixes_sent"].as_u64().unwrap_or(0) >= 1)
+            || std::time::Instant::now() > deadline
+        {
+            break s;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    };
+    assert_eq!(summary["local_as"], 65001);
+    assert_eq!(summary["router_id"], "10.255.0.1");
+    assert_eq!(summary["address_families"][0]["afi"], "ipv4Unicast");
+    let peer = &summary["address_families"][0]["peers"][0];
+    assert_eq!(peer["neighbor"], "10.255.0.2");
+    assert_eq!(peer["remote_as"], 65002);
+    assert_eq!(peer["state"], "Established");
+    assert_eq!(peer["prefixes_received"], 1, "{summary}");
+    assert!(peer["prefixes_sent"].as_u64().unwrap() >= 1, "{summary}");
+    assert!(frr.b.has_route("192.0.2.0/24"));
+
+    // Shut the neighbor down: rA goes Idle (Admin), rB loses rA's prefix.
+    let r = app
+        .signed_call(
+            "rA",
+            "frr.bgp_neighbor_shutdown",
+            json!({"neighbor": "10.255.0.2"}),
+            Mode::Execute,
+            None,
+        )
+        .await;
+    assert_eq!(r.body["status"], "ok", "{}", r.body);
+    assert_eq!(
+        r.body["output"]["local_as"], 65001,
+        "the ASN was read from bgpd"
+    );
+    assert_eq!(r.body["output"]["after"]["admin_shutdown"], true);
+    frr.a.wait_peer_state("10.255.0.2", "Idle (Admin)").await;
+    let s = output(
+        &call(
+            &client,
+            "frr.bgp_summary",
+            json!({"runners": ["rA"], "reason": "after shutdown"}),
+        )
+        .await,
+    );
+    assert_eq!(
+        s["address_families"][0]["peers"][0]["state"],
+        "Idle (Admin)"
+    );
+    assert_eq!(s["address_families"][0]["peers"][0]["peer_state"], "Admin");
+    wait_for(
+        || !frr.b.has_route("192.0.2.0/24"),
+        "rB to lose 192.0.2.0/24",
+    )
+    .await;
+    let n = output(
+        &call(
+            &client,
+            "frr.neighbor",
+            json!({"neighbor": "10.255.0.2", "runners": ["rA"], "reason": "detail"}),
+        )
+        .await,
+    );
+    assert_eq!(n["admin_shutdown"], true);
+
+    // And back.
+    let r = app
+        .signed_call(
+            "rA",
+            "frr.bgp_neighbor_enable",
+            json!({"neighbor": "10.255.0.2"}),
+            Mode::Execute,
+            None,
+        )
+        .await;
+    assert_eq!(r.body["status"], "ok", "{}", r.body);
+    frr.a.wait_peer_state("10.255.0.2", "Established").await;
+    wait_for(
+        || frr.b.has_route("192.0.2.0/24"),
+        "rB to learn 192.0.2.0/24 again",
+    )
+    .await;
+
+    // A neighbor that does not exist: the precondition says so and nothing is configured.
+    let r = app
+        .signed_call(
+            "rA",
+            "frr.bgp_neighbor_shutdown",
+            json!({"neighbor": "10.9.9.9"}),
+            Mode::Execute,
+            None,
+        )
+        .await;
+    assert_eq!(r.body["status"], "failed");
+    assert!(
+        r.body["error"]
+            .as_str()
+            .unwrap()
+            .contains("10.9.9.9 is not a BGP neighbor of AS 65001"),
+        "{}",
+        r.body
+    );
+    assert!(!frr.a.vtysh("show running-config").contains("10.9.9.9"));
+    client.cancel().await.unwrap();
+}
+
+async fn wait_for(mut cond: impl FnMut() -> bool, what: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !cond() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}

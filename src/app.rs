@@ -13,9 +13,11 @@ use tokio_util::sync::CancellationToken;
 use crate::audit::{AuditLog, NewEvent, kind};
 use crate::config::ServerConfig;
 use crate::db::Db;
-use crate::gateway::Gateway;
+use crate::gateway::{Gateway, Limits};
 use crate::pack::PackSet;
 use crate::runner::client::RunnerClient;
+use crate::runner::registry::Registry;
+use crate::secrets::AuditKey;
 use crate::signing::CallSigner;
 
 pub struct Application {
@@ -32,13 +34,25 @@ impl Application {
         let signer = Arc::new(CallSigner::from_file(&config.signing_key_file)?);
         let db = Db::connect(database_url).await?;
         let audit = AuditLog::start(db.clone());
+        let audit_key = config
+            .audit_key_file
+            .as_deref()
+            .map(AuditKey::from_file)
+            .transpose()?;
+        let registry = Registry::new(config.runners.clone());
         let gateway = Gateway::new(
             packs.clone(),
-            config.runners.clone(),
+            registry.clone(),
             audit.clone(),
             RunnerClient::new(signer)?,
-            Duration::from_millis(config.call_timeout_ms),
+            Limits {
+                call_timeout: Duration::from_millis(config.call_timeout_ms),
+                rate_per_second: config.rate_limit_per_second,
+                rate_burst: config.rate_limit_burst,
+            },
+            audit_key,
         )?;
+        crate::metrics::handle();
         let listener = TcpListener::bind(&config.listen)
             .await
             .with_context(|| format!("failed to listen on {}", config.listen))?;
@@ -59,6 +73,10 @@ impl Application {
             .await
             .context("failed to write the first audit event")?;
         let shutdown = CancellationToken::new();
+        registry.spawn_prober(
+            Duration::from_millis(config.health_probe_interval_ms),
+            shutdown.clone(),
+        );
         let mut hosts = config.allowed_hosts.clone();
         // The bound address itself is always acceptable (tests and `dev` use port 0).
         hosts.push(addr.to_string());

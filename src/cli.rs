@@ -63,12 +63,15 @@ pub enum Command {
         #[command(subcommand)]
         command: TokenCommand,
     },
-    /// Generate the server's Ed25519 signing key pair.
+    /// Generate the server's Ed25519 signing key pair (and, optionally, the audit HMAC key).
     Keygen {
         #[arg(long)]
         private: PathBuf,
         #[arg(long)]
         public: PathBuf,
+        /// Also write a fresh key for sealing secret params in the audit log.
+        #[arg(long)]
+        audit_key: Option<PathBuf>,
     },
     /// Create or update the database schema.
     Migrate {
@@ -125,21 +128,18 @@ pub enum AuditCommand {
         #[command(flatten)]
         db: DbArg,
     },
+    /// The HMAC the audit log stores for a secret value: compare it with a stored event.
+    Hash {
+        /// The server's audit_key_file.
+        #[arg(long)]
+        key_file: PathBuf,
+        /// The candidate value (read from standard input when left out).
+        value: Option<String>,
+    },
     /// Print events, oldest first.
     Query {
-        #[arg(long)]
-        tool: Option<String>,
-        #[arg(long)]
-        runner: Option<String>,
-        #[arg(long)]
-        actor: Option<String>,
-        #[arg(long)]
-        kind: Option<String>,
-        #[arg(long)]
-        call_id: Option<String>,
-        /// RFC 3339 time, e.g. 2026-11-30T00:00:00Z.
-        #[arg(long)]
-        since: Option<chrono::DateTime<chrono::Utc>>,
+        #[command(flatten)]
+        filter: FilterArgs,
         #[arg(long, default_value_t = 100)]
         limit: i64,
         /// One JSON object per line instead of a table.
@@ -148,14 +148,69 @@ pub enum AuditCommand {
         #[command(flatten)]
         db: DbArg,
     },
+    /// Write every matching event, oldest first, as JSON lines or CSV.
+    Export {
+        #[command(flatten)]
+        filter: FilterArgs,
+        #[arg(long, value_parser = ["jsonl", "csv"], default_value = "jsonl")]
+        format: String,
+        #[command(flatten)]
+        db: DbArg,
+    },
+}
+
+/// The filters `audit query` and `audit export` share with `GET /api/audit`.
+#[derive(Args, Clone)]
+pub struct FilterArgs {
+    #[arg(long)]
+    tool: Option<String>,
+    #[arg(long)]
+    runner: Option<String>,
+    #[arg(long)]
+    actor: Option<String>,
+    #[arg(long)]
+    kind: Option<String>,
+    #[arg(long)]
+    call_id: Option<String>,
+    #[arg(long)]
+    approval_id: Option<String>,
+    #[arg(long)]
+    outcome: Option<String>,
+    /// RFC 3339 time, e.g. 2026-11-30T00:00:00Z.
+    #[arg(long)]
+    since: Option<chrono::DateTime<chrono::Utc>>,
+    #[arg(long)]
+    until: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+impl FilterArgs {
+    fn into_filter(self, limit: i64) -> AuditFilter {
+        AuditFilter {
+            tool: self.tool,
+            runner: self.runner,
+            actor: self.actor,
+            kind: self.kind,
+            call_id: self.call_id,
+            approval_id: self.approval_id,
+            outcome: self.outcome,
+            since: self.since,
+            until: self.until,
+            after_seq: None,
+            limit,
+        }
+    }
 }
 
 #[derive(Subcommand)]
 pub enum TokenCommand {
-    /// Issue a bearer token for an agent. The token is printed once.
+    /// Issue a bearer token. The token is printed once.
     Issue {
+        /// The name the token is issued to (an agent, or an auditor with --role auditor).
         #[arg(long)]
         agent: String,
+        /// `agent` (calls tools over MCP) or `auditor` (reads GET /api/audit).
+        #[arg(long, default_value = "agent")]
+        role: String,
         /// Lifetime: 90s, 30m, 12h, 30d.
         #[arg(long, default_value = "30d")]
         ttl: String,
@@ -233,11 +288,17 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Packs { command } => return packs(command),
         Command::Audit { command } => return audit_command(command).await,
         Command::Token { command } => match command {
-            TokenCommand::Issue { agent, ttl, db } => {
+            TokenCommand::Issue {
+                agent,
+                role,
+                ttl,
+                db,
+            } => {
                 let ttl = crate::tokens::parse_ttl(&ttl).map_err(anyhow::Error::msg)?;
                 let db = db.connect().await?;
                 let audit = AuditLog::start(db.clone());
-                let t = crate::tokens::issue(&db, &audit, &agent, ttl, &cli_actor()).await?;
+                let role = crate::tokens::Role::parse(&role).map_err(anyhow::Error::msg)?;
+                let t = crate::tokens::issue(&db, &audit, &agent, role, ttl, &cli_actor()).await?;
                 println!("token id:   {}", t.id);
                 println!("agent:      {}", t.agent);
                 println!("expires at: {}", t.expires_at);
@@ -254,13 +315,21 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 println!("revoked {id}");
             }
         },
-        Command::Keygen { private, public } => {
+        Command::Keygen {
+            private,
+            public,
+            audit_key,
+        } => {
             crate::signing::write_keypair(&private, &public)?;
             println!(
                 "wrote {} (keep it secret) and {}",
                 private.display(),
                 public.display()
             );
+            if let Some(path) = audit_key {
+                crate::secrets::AuditKey::generate(&path)?;
+                println!("wrote {} (keep it secret)", path.display());
+            }
         }
         Command::Migrate { db } => {
             let db = db.connect().await?;
@@ -373,29 +442,27 @@ async fn audit_command(command: AuditCommand) -> anyhow::Result<i32> {
                 }
             }
         }
+        AuditCommand::Hash { key_file, value } => {
+            let key = crate::secrets::AuditKey::from_file(&key_file)?;
+            let value = match value {
+                Some(v) => v,
+                None => {
+                    let mut line = String::new();
+                    std::io::stdin().read_line(&mut line)?;
+                    line.trim_end_matches(['\n', '\r']).to_owned()
+                }
+            };
+            println!("{}", key.seal(&value));
+            Ok(0)
+        }
         AuditCommand::Query {
-            tool,
-            runner,
-            actor,
-            kind,
-            call_id,
-            since,
+            filter,
             limit,
             json,
             db,
         } => {
             let db = db.connect().await?;
-            let filter = AuditFilter {
-                tool,
-                runner,
-                actor,
-                kind,
-                call_id,
-                since,
-                after_seq: None,
-                limit,
-            };
-            let events = audit::query(&db, &filter).await?;
+            let events = audit::query(&db, &filter.into_filter(limit)).await?;
             for e in &events {
                 if json {
                     println!("{}", serde_json::to_string(e)?);
@@ -415,7 +482,89 @@ async fn audit_command(command: AuditCommand) -> anyhow::Result<i32> {
             }
             Ok(0)
         }
+        AuditCommand::Export { filter, format, db } => {
+            use std::io::Write;
+            let db = db.connect().await?;
+            let mut page = filter.into_filter(1000);
+            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+            if format == "csv" {
+                writeln!(out, "{}", CSV_COLUMNS.join(","))?;
+            }
+            loop {
+                let events = audit::query(&db, &page).await?;
+                for e in &events {
+                    if format == "csv" {
+                        writeln!(out, "{}", csv_row(e))?;
+                    } else {
+                        writeln!(out, "{}", serde_json::to_string(e)?)?;
+                    }
+                }
+                match events.last() {
+                    Some(last) if events.len() as i64 == page.limit => {
+                        page.after_seq = Some(last.seq)
+                    }
+                    _ => break,
+                }
+            }
+            out.flush()?;
+            Ok(0)
+        }
     }
+}
+
+const CSV_COLUMNS: [&str; 16] = [
+    "seq",
+    "id",
+    "at",
+    "actor",
+    "kind",
+    "tool",
+    "runner",
+    "args",
+    "reason",
+    "call_id",
+    "approval_id",
+    "outcome",
+    "result_digest",
+    "detail",
+    "prev_hash",
+    "hash",
+];
+
+/// One event as a CSV row (RFC 4180 quoting; JSON columns as JSON text).
+fn csv_row(e: &audit::Event) -> String {
+    let text = |o: &Option<String>| o.clone().unwrap_or_default();
+    let json =
+        |o: &Option<serde_json::Value>| o.as_ref().map(|v| v.to_string()).unwrap_or_default();
+    let fields = [
+        e.seq.to_string(),
+        e.id.clone(),
+        e.at.clone(),
+        e.actor.clone(),
+        e.kind.clone(),
+        text(&e.tool),
+        text(&e.runner),
+        json(&e.args),
+        text(&e.reason),
+        text(&e.call_id),
+        text(&e.approval_id),
+        text(&e.outcome),
+        text(&e.result_digest),
+        json(&e.detail),
+        e.prev_hash.clone(),
+        e.hash.clone(),
+    ];
+    fields
+        .iter()
+        .map(|f| {
+            if f.contains([',', '"', '\n', '\r']) {
+                format!("\"{}\"", f.replace('"', "\"\""))
+            } else {
+                f.clone()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 async fn shutdown_signal() {

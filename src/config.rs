@@ -38,6 +38,28 @@ pub struct ServerConfig {
     pub allowed_hosts: Vec<String>,
     #[serde(default)]
     pub runners: Vec<RunnerEntry>,
+    /// Key for the HMAC that stands in for secret params in the audit log (64 hex chars;
+    /// `emisar keygen --audit-key FILE`). Required when a pack has secret params.
+    #[serde(default)]
+    pub audit_key_file: Option<PathBuf>,
+    /// Tool calls per second each agent may make, and the burst above it.
+    #[serde(default = "default_rate")]
+    pub rate_limit_per_second: u32,
+    #[serde(default = "default_burst")]
+    pub rate_limit_burst: u32,
+    /// How often each runner's /healthz is probed, in milliseconds (jittered).
+    #[serde(default = "default_probe_ms")]
+    pub health_probe_interval_ms: u64,
+}
+
+fn default_rate() -> u32 {
+    20
+}
+fn default_burst() -> u32 {
+    40
+}
+fn default_probe_ms() -> u64 {
+    10_000
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -70,6 +92,23 @@ fn default_allowed_hosts() -> Vec<String> {
 }
 
 impl ServerConfig {
+    /// Every setting at its default, with the one setting that has none.
+    pub fn with_signing_key(signing_key_file: PathBuf) -> Self {
+        ServerConfig {
+            listen: default_server_listen(),
+            database_url: None,
+            signing_key_file,
+            packs_dir: None,
+            call_timeout_ms: default_call_timeout_ms(),
+            allowed_hosts: default_allowed_hosts(),
+            runners: Vec::new(),
+            audit_key_file: None,
+            rate_limit_per_second: default_rate(),
+            rate_limit_burst: default_burst(),
+            health_probe_interval_ms: default_probe_ms(),
+        }
+    }
+
     pub fn load(path: &Path) -> anyhow::Result<Self> {
         let c: Self = read_toml(path)?;
         c.check()?;
@@ -92,6 +131,12 @@ impl ServerConfig {
                     r.url
                 );
             }
+        }
+        if self.rate_limit_per_second == 0 || self.rate_limit_burst == 0 {
+            anyhow::bail!("rate_limit_per_second and rate_limit_burst must be at least 1");
+        }
+        if self.health_probe_interval_ms < 100 {
+            anyhow::bail!("health_probe_interval_ms must be at least 100");
         }
         if self.call_timeout_ms == 0 || self.call_timeout_ms > 600_000 {
             anyhow::bail!("call_timeout_ms must be between 1 and 600000");

@@ -62,18 +62,21 @@ pub async fn run(opts: DevOptions, shutdown: CancellationToken) -> anyhow::Resul
     let runner_state = RunnerState::new(runner_config)?;
     let runner_task = tokio::spawn(agent::run(runner_listener, runner_state, shutdown.clone()));
 
+    let audit_key = state_dir.join("audit.key");
+    if !audit_key.exists() {
+        crate::secrets::AuditKey::generate(&audit_key)?;
+    }
     let config = ServerConfig {
         listen: opts.listen.clone(),
         database_url: Some(database_url.clone()),
-        signing_key_file: private,
         packs_dir: opts.packs_dir.clone(),
-        call_timeout_ms: 15_000,
-        allowed_hosts: vec!["localhost".into(), "127.0.0.1".into(), "::1".into()],
+        audit_key_file: Some(audit_key),
         runners: vec![RunnerEntry {
             name: runner_name.clone(),
             url: runner_url.clone(),
             packs: None,
         }],
+        ..ServerConfig::with_signing_key(private)
     };
     let app = Application::build(config, &database_url).await?;
     let addr = app.local_addr();
@@ -83,6 +86,7 @@ pub async fn run(opts: DevOptions, shutdown: CancellationToken) -> anyhow::Resul
         app.db(),
         &audit,
         DEV_AGENT,
+        crate::tokens::Role::Agent,
         std::time::Duration::from_secs(30 * 86_400),
         "system:dev",
     )

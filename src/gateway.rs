@@ -1,40 +1,55 @@
 //! The call path. Every tool call takes this one route, in this order:
 //!
 //! 1. **find** the tool (a tool the caller may not use is reported as unknown);
-//! 2. **validate** the arguments against the tool's input schema, and `runners` against the
+//! 2. **rate limit** the agent (a token bucket on a monotonic clock);
+//! 3. **validate** the arguments against the tool's input schema, and `runners` against the
 //!    runners that serve the tool's pack (rejections are audited as `tool.rejected`);
-//! 3. **policy** (`policy::decide`, pure): reads run, writes are refused for now (audited);
-//! 4. **audit intent** (`tool.called`): durable before anything runs, or nothing runs;
-//! 5. **dispatch** to every named runner in parallel, each with its own deadline;
-//! 6. **audit outcome** per runner (`call.executed` / `call.failed`);
-//! 7. hand the per-runner results back.
+//! 4. **policy** (`policy::decide`, pure): reads run, writes are refused for now (audited);
+//! 5. **audit intent** (`tool.called`): durable before anything runs, or nothing runs;
+//! 6. **dispatch** to every named runner in parallel, each with its own deadline, through its
+//!    circuit breaker; a read that could not reach its runner may be retried once, within
+//!    the retry budget; writes never are;
+//! 7. **audit outcome** per runner (`call.executed` / `call.failed`);
+//! 8. hand the per-runner results back.
 //!
 //! Invariant: no runner is called for a call whose intent is not in the audit log.
 
 use std::collections::BTreeMap;
+use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use serde::Serialize;
 use serde_json::{Map, Value, json};
+use tokio::sync::Semaphore;
 
 use crate::audit::{AuditError, AuditLog, NewEvent, kind};
-use crate::config::RunnerEntry;
 use crate::digest::json_digest;
-use crate::pack::{PackSet, Scope, ToolRef};
+use crate::pack::{PackSet, Risk, Scope, ToolRef};
 use crate::policy::{self, Decision};
 use crate::runner::Mode;
-use crate::runner::client::{Dispatch, RunnerClient, RunnerError};
+use crate::runner::RetryBudget;
+use crate::runner::client::{Dispatch, RunnerAnswer, RunnerClient, RunnerError};
+use crate::runner::registry::{Registry, rejection_message};
+use crate::secrets::AuditKey;
 use crate::tokens::Principal;
+
+/// The built-in tool that shows runner health to agents.
+pub const RUNNERS_TOOL: &str = "emisar.runners";
+/// The most runner calls in flight at once, across all tool calls of this server.
+const MAX_IN_FLIGHT: usize = 256;
 
 /// A tool as the gateway offers it: the pack tool plus its full input schema.
 pub struct OfferedTool {
-    pub tool: ToolRef,
-    /// Pack params + `runners` + `reason`: the MCP input schema.
+    /// The pack tool; `None` for emisar's own built-in tools.
+    pub tool: Option<ToolRef>,
+    pub name: String,
+    pub description: String,
+    pub risk: Risk,
+    /// Pack params + `runners` + `reason` (+ `raw`): the MCP input schema.
     pub input_schema: Map<String, Value>,
     validator: jsonschema::Validator,
-    /// Runners that serve this tool's pack, in name order.
-    pub runners: Vec<String>,
 }
 
 /// A call as the MCP adapter hands it over.
@@ -53,6 +68,15 @@ pub enum CallError {
     Invalid { tool: String, errors: Vec<String> },
     #[error("refused: {0}")]
     Denied(String),
+    #[error(
+        "rate limited: agent `{agent}` may make {per_second} calls per second (bursts of {burst}); retry in {retry_after_ms} ms"
+    )]
+    RateLimited {
+        agent: String,
+        per_second: u32,
+        burst: u32,
+        retry_after_ms: u64,
+    },
     #[error("refused: the audit log cannot record this call ({0}), so nothing was run")]
     AuditUnavailable(AuditError),
 }
@@ -68,7 +92,7 @@ pub struct CallOutcome {
 
 impl CallOutcome {
     pub fn all_failed(&self) -> bool {
-        self.results.iter().all(|r| !r.ok)
+        !self.results.is_empty() && self.results.iter().all(|r| !r.ok)
     }
 }
 
@@ -85,53 +109,94 @@ pub struct RunnerResult {
     pub duration_ms: u64,
 }
 
+/// How the gateway is tuned; all of it comes from the server config.
+pub struct Limits {
+    /// Each runner's deadline for one call.
+    pub call_timeout: Duration,
+    pub rate_per_second: u32,
+    pub rate_burst: u32,
+}
+
 pub struct Gateway {
     packs: Arc<PackSet>,
     tools: BTreeMap<String, OfferedTool>,
-    runners: BTreeMap<String, RunnerEntry>,
+    runners: Arc<Registry>,
     audit: AuditLog,
     client: RunnerClient,
-    /// Each runner's deadline for one call.
-    call_timeout: Duration,
+    limits: Limits,
+    limiter: DefaultKeyedRateLimiter<String>,
+    retry_budget: RetryBudget,
+    in_flight: Semaphore,
+    audit_key: Option<AuditKey>,
 }
 
 impl Gateway {
     pub fn new(
         packs: Arc<PackSet>,
-        runners: Vec<RunnerEntry>,
+        runners: Arc<Registry>,
         audit: AuditLog,
         client: RunnerClient,
-        call_timeout: Duration,
+        limits: Limits,
+        audit_key: Option<AuditKey>,
     ) -> anyhow::Result<Self> {
-        let runners: BTreeMap<String, RunnerEntry> =
-            runners.into_iter().map(|r| (r.name.clone(), r)).collect();
         let mut tools = BTreeMap::new();
         for tool in packs.tools() {
+            if audit_key.is_none() && tool.secret_params().next().is_some() {
+                anyhow::bail!(
+                    "tool `{}` has secret params, which the audit log stores as a keyed HMAC: set audit_key_file",
+                    tool.name
+                );
+            }
             let serving: Vec<String> = runners
-                .values()
-                .filter(|r| r.serves(&tool.pack))
-                .map(|r| r.name.clone())
+                .names()
+                .filter(|n| runners.get(n).is_some_and(|r| r.serves(&tool.pack)))
+                .cloned()
                 .collect();
             let input_schema = crate::pack::input_schema(tool, &serving);
-            let validator = crate::pack::input_validator(&input_schema)
-                .map_err(|e| anyhow::anyhow!("tool `{}`: {e}", tool.name))?;
             tools.insert(
                 tool.name.clone(),
-                OfferedTool {
-                    tool: tool.clone(),
+                offered(
+                    Some(tool.clone()),
+                    &tool.name,
+                    &tool.description,
+                    tool.risk,
                     input_schema,
-                    validator,
-                    runners: serving,
-                },
+                )?,
             );
         }
+        let mut schema = Map::new();
+        schema.insert("type".into(), json!("object"));
+        schema.insert(
+            "properties".into(),
+            json!({"reason": {"type": "string", "minLength": 1, "maxLength": 2000, "pattern": "\\S",
+                               "description": "Why you are asking. Recorded in the audit log."}}),
+        );
+        schema.insert("required".into(), json!(["reason"]));
+        schema.insert("additionalProperties".into(), json!(false));
+        tools.insert(
+            RUNNERS_TOOL.into(),
+            offered(
+                None,
+                RUNNERS_TOOL,
+                "emisar's runners and their health: breaker state (closed, half-open, open) and since when, last heartbeat, last call, last error.",
+                Risk::Read,
+                schema,
+            )?,
+        );
+        let quota =
+            Quota::per_second(NonZeroU32::new(limits.rate_per_second.max(1)).expect("max(1)"))
+                .allow_burst(NonZeroU32::new(limits.rate_burst.max(1)).expect("max(1)"));
         Ok(Gateway {
             packs,
             tools,
             runners,
             audit,
             client,
-            call_timeout,
+            limiter: RateLimiter::keyed(quota),
+            limits,
+            retry_budget: RetryBudget::new(0.1, 10.0),
+            in_flight: Semaphore::new(MAX_IN_FLIGHT),
+            audit_key,
         })
     }
 
@@ -148,6 +213,10 @@ impl Gateway {
         &self.audit
     }
 
+    pub fn runners(&self) -> &Arc<Registry> {
+        &self.runners
+    }
+
     pub async fn call(&self, call: ToolCall) -> Result<CallOutcome, CallError> {
         let actor = call.principal.actor();
         let Some(offered) = self.tool_for(&call.principal, &call.tool) else {
@@ -161,9 +230,25 @@ impl Gateway {
             .await;
             return Err(CallError::UnknownTool(call.tool));
         };
-        let tool = &offered.tool;
 
-        // 2. Validate. The reason and runners are split off; the rest goes to the runners.
+        // 2. Rate limit, per agent, before any work.
+        if let Err(not_until) = self.limiter.check_key(&call.principal.agent) {
+            let wait = not_until.wait_time_from(governor::clock::Clock::now(
+                &governor::clock::DefaultClock::default(),
+            ));
+            crate::metrics::rate_limited(&call.principal.agent);
+            let err = CallError::RateLimited {
+                agent: call.principal.agent.clone(),
+                per_second: self.limits.rate_per_second,
+                burst: self.limits.rate_burst,
+                retry_after_ms: wait.as_millis() as u64 + 1,
+            };
+            self.reject(&actor, &offered.name, None, None, err.to_string())
+                .await;
+            return Err(err);
+        }
+
+        // 3. Validate. The reason, runners and raw flag are split off; the rest goes to runners.
         let whole = Value::Object(call.args.clone());
         let mut errors = crate::pack::validate_args(&offered.validator, &whole)
             .err()
@@ -180,6 +265,9 @@ impl Gateway {
             .remove("runners")
             .and_then(|v| serde_json::from_value(v).ok())
             .unwrap_or_default();
+        let Some(tool) = &offered.tool else {
+            return self.builtin(&call.principal, offered, reason, errors).await;
+        };
         for name in &named {
             match self.runners.get(name) {
                 None => errors.push(format!("`runners`: no runner is named `{name}`")),
@@ -190,7 +278,7 @@ impl Gateway {
                 Some(_) => {}
             }
         }
-        let audited_args = redact(tool, &params);
+        let audited_args = self.redact(tool, &params);
         if !errors.is_empty() {
             errors.dedup();
             let message = errors.join("; ");
@@ -208,9 +296,8 @@ impl Gateway {
             });
         }
         let (targets, chosen) = if named.is_empty() && tool.scope == Scope::Cluster {
-            match offered.runners.first() {
-                // Health-aware choice comes with runner health; until then, the first by name.
-                Some(first) => (vec![first.clone()], true),
+            match self.runners.serving(&tool.pack).into_iter().next() {
+                Some(best) => (vec![best], true),
                 None => {
                     let message = format!("no runner serves pack `{}`", tool.pack);
                     self.reject(
@@ -228,14 +315,14 @@ impl Gateway {
             (named, false)
         };
 
-        // 3. Policy.
+        // 4. Policy.
         if let Decision::Deny(why) = policy::decide(tool, &call.principal) {
             self.reject(&actor, &tool.name, Some(audited_args), reason, why.clone())
                 .await;
             return Err(CallError::Denied(why));
         }
 
-        // 4. Audit intent; fail closed.
+        // 5. Audit intent; fail closed.
         let call_id = uuid::Uuid::new_v4().to_string();
         self.audit
             .append(NewEvent {
@@ -251,7 +338,7 @@ impl Gateway {
             .await
             .map_err(CallError::AuditUnavailable)?;
 
-        // 5. Dispatch in parallel; 6. audit each outcome as it lands.
+        // 6. Dispatch in parallel; 7. audit each outcome as it lands.
         let pack_sha256 = &self.packs.pack(&tool.pack).expect("tool has a pack").digest;
         let dispatch = Dispatch {
             call_id: &call_id,
@@ -266,14 +353,16 @@ impl Gateway {
             let dispatch = &dispatch;
             let (actor, reason, audited_args, call_id) = (&actor, &reason, &audited_args, &call_id);
             async move {
-                let url = &self.runners[name].url;
                 let started = Instant::now();
-                let answer = self
-                    .client
-                    .call(name, url, dispatch, self.call_timeout)
-                    .await;
-                let elapsed = started.elapsed().as_millis() as u64;
-                let result = to_result(name, answer, elapsed);
+                let answer = self.dispatch_one(name, tool, dispatch).await;
+                let elapsed = started.elapsed();
+                let result = to_result(name, answer, elapsed.as_millis() as u64);
+                crate::metrics::runner_call(
+                    &tool.name,
+                    name,
+                    if result.ok { "ok" } else { "error" },
+                    elapsed.as_secs_f64(),
+                );
                 self.audit_outcome(
                     actor,
                     tool.name.as_str(),
@@ -288,12 +377,116 @@ impl Gateway {
             }
         }))
         .await;
-
-        Ok(CallOutcome {
+        let outcome = CallOutcome {
             call_id,
             tool: tool.name.clone(),
             runner_chosen_by_server: chosen,
             results,
+        };
+        crate::metrics::tool_call(
+            &tool.name,
+            if outcome.all_failed() { "error" } else { "ok" },
+        );
+        Ok(outcome)
+    }
+
+    /// One runner, through its breaker; a read that could not reach the runner is retried
+    /// once if the retry budget allows. Writes are never retried.
+    async fn dispatch_one(
+        &self,
+        name: &str,
+        tool: &ToolRef,
+        d: &Dispatch<'_>,
+    ) -> Result<RunnerAnswer, RunnerError> {
+        let Some(entry) = self.runners.get(name) else {
+            return Err(RunnerError::Unreachable(format!(
+                "runner `{name}` is not configured"
+            )));
+        };
+        self.retry_budget.deposit();
+        let mut attempt = 0;
+        loop {
+            if let Err(rejection) = self.runners.admit(name) {
+                return Err(RunnerError::CircuitOpen(rejection_message(&rejection)));
+            }
+            let _permit = self
+                .in_flight
+                .acquire()
+                .await
+                .expect("the semaphore is never closed");
+            let answer = self
+                .client
+                .call(name, &entry.url, d, self.limits.call_timeout)
+                .await;
+            let runner_failure = match &answer {
+                Err(
+                    e @ (RunnerError::Unreachable(_)
+                    | RunnerError::Timeout(_)
+                    | RunnerError::BadAnswer(_)),
+                ) => Some(e.to_string()),
+                Err(RunnerError::Refused { status, message }) if *status >= 500 => {
+                    Some(format!("HTTP {status}: {message}"))
+                }
+                _ => None,
+            };
+            self.runners.record(name, runner_failure.as_deref());
+            let retryable = matches!(answer, Err(RunnerError::Unreachable(_)));
+            if retryable
+                && attempt == 0
+                && tool.risk == Risk::Read
+                && self.retry_budget.try_withdraw()
+            {
+                attempt += 1;
+                continue;
+            }
+            return answer;
+        }
+    }
+
+    async fn builtin(
+        &self,
+        principal: &Principal,
+        offered: &OfferedTool,
+        reason: Option<String>,
+        errors: Vec<String>,
+    ) -> Result<CallOutcome, CallError> {
+        let actor = principal.actor();
+        if !errors.is_empty() {
+            self.reject(&actor, &offered.name, None, reason, errors.join("; "))
+                .await;
+            return Err(CallError::Invalid {
+                tool: offered.name.clone(),
+                errors,
+            });
+        }
+        let call_id = uuid::Uuid::new_v4().to_string();
+        let output = serde_json::to_value(self.runners.snapshot()).expect("runner status is JSON");
+        self.audit
+            .append(NewEvent {
+                actor,
+                kind: kind::TOOL_CALLED.into(),
+                tool: Some(offered.name.clone()),
+                args: Some(json!({})),
+                reason,
+                call_id: Some(call_id.clone()),
+                outcome: Some("ok".into()),
+                result_digest: Some(json_digest(&output)),
+                ..Default::default()
+            })
+            .await
+            .map_err(CallError::AuditUnavailable)?;
+        Ok(CallOutcome {
+            call_id,
+            tool: offered.name.clone(),
+            runner_chosen_by_server: false,
+            results: vec![RunnerResult {
+                runner: "emisar".into(),
+                ok: true,
+                output: Some(output),
+                truncated: false,
+                error: None,
+                duration_ms: 0,
+            }],
         })
     }
 
@@ -305,6 +498,7 @@ impl Gateway {
         reason: Option<String>,
         why: String,
     ) {
+        crate::metrics::tool_call(tool, "refused");
         let event = NewEvent {
             actor: actor.to_owned(),
             kind: kind::TOOL_REJECTED.into(),
@@ -366,11 +560,47 @@ impl Gateway {
             tracing::error!(error = %e, tool, runner, call_id, "could not audit a call outcome");
         }
     }
+
+    /// The arguments as the audit log keeps them: secret params as a keyed HMAC.
+    fn redact(&self, tool: &ToolRef, params: &Map<String, Value>) -> Value {
+        let mut out = params.clone();
+        for name in tool.secret_params() {
+            if let Some(value) = out.get(name) {
+                let text = crate::pack::template_text(value).unwrap_or_else(|| value.to_string());
+                let sealed = match &self.audit_key {
+                    Some(key) => key.seal(&text),
+                    // Unreachable: Gateway::new refuses secret params without a key.
+                    None => "[secret]".to_owned(),
+                };
+                out.insert(name.to_owned(), json!(sealed));
+            }
+        }
+        Value::Object(out)
+    }
+}
+
+fn offered(
+    tool: Option<ToolRef>,
+    name: &str,
+    description: &str,
+    risk: Risk,
+    input_schema: Map<String, Value>,
+) -> anyhow::Result<OfferedTool> {
+    let validator = crate::pack::input_validator(&input_schema)
+        .map_err(|e| anyhow::anyhow!("tool `{name}`: {e}"))?;
+    Ok(OfferedTool {
+        tool,
+        name: name.to_owned(),
+        description: description.to_owned(),
+        risk,
+        input_schema,
+        validator,
+    })
 }
 
 fn to_result(
     runner: &str,
-    answer: Result<crate::runner::client::RunnerAnswer, RunnerError>,
+    answer: Result<RunnerAnswer, RunnerError>,
     elapsed_ms: u64,
 ) -> RunnerResult {
     match answer {
@@ -391,15 +621,4 @@ fn to_result(
             duration_ms: elapsed_ms,
         },
     }
-}
-
-/// The arguments as the audit log keeps them: secret params never in clear.
-fn redact(tool: &ToolRef, params: &Map<String, Value>) -> Value {
-    let mut out = params.clone();
-    for name in tool.secret_params() {
-        if out.contains_key(name) {
-            out.insert(name.to_owned(), json!("[secret: not recorded]"));
-        }
-    }
-    Value::Object(out)
 }

@@ -1,10 +1,16 @@
-//! The server's HTTP surface: `/mcp` behind bearer auth, and `/healthz`.
+//! The server's HTTP surface: `/mcp` and `/api/*` behind bearer auth; `/healthz`, `/readyz`
+//! and `/metrics` for operators.
+//!
+//! Invariant: an MCP session belongs to the token that opened it; the same session id
+//! presented with another token is answered 404, as if it did not exist (rmcp routes on the
+//! session id alone).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::extract::{Request, State};
-use axum::http::{StatusCode, header};
+use axum::http::{Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -17,10 +23,21 @@ use tokio_util::sync::CancellationToken;
 use crate::db::Db;
 use crate::gateway::Gateway;
 use crate::mcp::EmisarMcp;
+use crate::tokens::{Principal, Role};
+
+/// The most session bindings remembered; past it the oldest half is forgotten (a forgotten
+/// session is bound again to the next token that uses it).
+const MAX_SESSIONS: usize = 100_000;
+/// How long a readiness check may wait for the store.
+const READY_TIMEOUT: Duration = Duration::from_secs(2);
 
 #[derive(Clone)]
 pub struct HttpState {
     pub db: Db,
+    pub gateway: Arc<Gateway>,
+    /// MCP session id → (token id, order of binding).
+    sessions: Arc<Mutex<HashMap<String, (String, u64)>>>,
+    next_binding: Arc<std::sync::atomic::AtomicU64>,
 }
 
 pub fn router(
@@ -35,24 +52,33 @@ pub fn router(
     let config = StreamableHttpServerConfig::default()
         .with_allowed_hosts(allowed_hosts)
         .with_cancellation_token(shutdown.child_token());
-    let handler = EmisarMcp::new(gateway);
+    let handler = EmisarMcp::new(gateway.clone());
     let mcp: StreamableHttpService<EmisarMcp, LocalSessionManager> =
         StreamableHttpService::new(move || Ok(handler.clone()), Arc::new(sessions), config);
-    let state = HttpState { db };
-    let protected =
-        Router::new()
-            .nest_service("/mcp", mcp)
-            .layer(axum::middleware::from_fn_with_state(
-                state.clone(),
-                bearer_auth,
-            ));
+    let state = HttpState {
+        db,
+        gateway,
+        sessions: Arc::default(),
+        next_binding: Arc::default(),
+    };
+    let protected = Router::new()
+        .nest_service("/mcp", mcp)
+        .route("/api/runners", get(api_runners))
+        .route("/api/audit", get(api_audit))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            bearer_auth,
+        ));
     Router::new()
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
         .merge(protected)
         .with_state(state)
 }
 
-/// Authenticates the agent's bearer token and attaches its [`Principal`](crate::tokens::Principal).
+/// Authenticates the bearer token, attaches its [`Principal`], and keeps MCP sessions bound
+/// to the token that opened them.
 async fn bearer_auth(State(state): State<HttpState>, mut req: Request, next: Next) -> Response {
     let unauthorized = |message: &'static str| {
         (
@@ -70,19 +96,218 @@ async fn bearer_auth(State(state): State<HttpState>, mut req: Request, next: Nex
     else {
         return unauthorized("an agent bearer token is required");
     };
-    match crate::tokens::authenticate(&state.db, token).await {
-        Ok(Some(principal)) => {
-            req.extensions_mut().insert(principal);
-            next.run(req).await
-        }
-        Ok(None) => unauthorized("the bearer token is unknown, expired or revoked"),
+    let principal = match crate::tokens::authenticate(&state.db, token).await {
+        Ok(Some(principal)) => principal,
+        Ok(None) => return unauthorized("the bearer token is unknown, expired or revoked"),
         Err(e) => {
             tracing::error!(error = %e, "token lookup failed");
-            (
+            return (
                 StatusCode::SERVICE_UNAVAILABLE,
                 Json(json!({"error": "the token store is unavailable"})),
+            )
+                .into_response();
+        }
+    };
+    let path = req.uri().path();
+    let allowed = match principal.role {
+        Role::Agent => !path.starts_with("/api/audit"),
+        Role::Auditor => path.starts_with("/api/"),
+    };
+    if !allowed {
+        return (
+            StatusCode::FORBIDDEN,
+            Json(json!({"error": format!("a token with role `{}` may not use {path}", principal.role.as_str())})),
+        )
+            .into_response();
+    }
+    let session = req
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    if let Some(id) = &session
+        && !state.bind_session(id, &principal)
+    {
+        return (
+            StatusCode::NOT_FOUND,
+            Json(json!({"error": "session not found"})),
+        )
+            .into_response();
+    }
+    let closing = req.method() == Method::DELETE;
+    req.extensions_mut().insert(principal.clone());
+    let response = next.run(req).await;
+    if let Some(id) = response
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+    {
+        state.bind_session(id, &principal);
+    }
+    if closing && let Some(id) = session {
+        state
+            .sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+    }
+    response
+}
+
+impl HttpState {
+    /// Binds `session` to the principal's token, or checks it is bound to it already.
+    fn bind_session(&self, session: &str, principal: &Principal) -> bool {
+        let mut map = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((token_id, _)) = map.get(session) {
+            return *token_id == principal.token_id;
+        }
+        if map.len() >= MAX_SESSIONS {
+            let mut orders: Vec<u64> = map.values().map(|(_, o)| *o).collect();
+            orders.sort_unstable();
+            let cutoff = orders[orders.len() / 2];
+            map.retain(|_, (_, o)| *o > cutoff);
+        }
+        let order = self
+            .next_binding
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        map.insert(session.to_owned(), (principal.token_id.clone(), order));
+        true
+    }
+}
+
+async fn api_runners(State(state): State<HttpState>) -> Json<serde_json::Value> {
+    Json(json!({"runners": state.gateway.runners().snapshot()}))
+}
+
+/// The query string of `GET /api/audit`. Every filter is optional; `cursor` is the
+/// `next_cursor` of the previous page.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditQuery {
+    pub since: Option<String>,
+    pub until: Option<String>,
+    pub actor: Option<String>,
+    pub kind: Option<String>,
+    pub tool: Option<String>,
+    pub runner: Option<String>,
+    pub approval_id: Option<String>,
+    pub call_id: Option<String>,
+    pub outcome: Option<String>,
+    pub cursor: Option<String>,
+    pub limit: Option<i64>,
+}
+
+/// The longest page the API returns.
+const MAX_PAGE: i64 = 1000;
+
+fn bad_request(message: String) -> Response {
+    (StatusCode::BAD_REQUEST, Json(json!({"error": message}))).into_response()
+}
+
+async fn api_audit(
+    State(state): State<HttpState>,
+    query: Result<axum::extract::Query<AuditQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let q = match query {
+        Ok(axum::extract::Query(q)) => q,
+        Err(e) => return bad_request(format!("invalid query: {}", e.body_text())),
+    };
+    let time = |field: &str,
+                v: &Option<String>|
+     -> Result<Option<chrono::DateTime<chrono::Utc>>, String> {
+        v.as_deref()
+            .map(|t| {
+                chrono::DateTime::parse_from_rfc3339(t)
+                    .map(|t| t.with_timezone(&chrono::Utc))
+                    .map_err(|e| {
+                        format!(
+                            "`{field}` must be an RFC 3339 time such as 2026-11-30T00:00:00Z: {e}"
+                        )
+                    })
+            })
+            .transpose()
+    };
+    let (since, until) = match (time("since", &q.since), time("until", &q.until)) {
+        (Ok(since), Ok(until)) => (since, until),
+        (Err(e), _) | (_, Err(e)) => return bad_request(e),
+    };
+    let after_seq = match q.cursor.as_deref().map(str::parse::<i64>) {
+        None => None,
+        Some(Ok(n)) if n >= 0 => Some(n),
+        Some(_) => {
+            return bad_request("`cursor` must be the next_cursor of a previous page".into());
+        }
+    };
+    let limit = q.limit.unwrap_or(100);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return bad_request(format!("`limit` must be between 1 and {MAX_PAGE}"));
+    }
+    let filter = crate::audit::AuditFilter {
+        tool: q.tool,
+        runner: q.runner,
+        actor: q.actor,
+        kind: q.kind,
+        call_id: q.call_id,
+        approval_id: q.approval_id,
+        outcome: q.outcome,
+        since,
+        until,
+        after_seq,
+        limit,
+    };
+    match crate::audit::query(&state.db, &filter).await {
+        Ok(events) => {
+            let next_cursor = (events.len() as i64 == limit)
+                .then(|| events.last().map(|e| e.seq.to_string()))
+                .flatten();
+            Json(json!({"events": events, "next_cursor": next_cursor})).into_response()
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "audit query failed");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(json!({"error": "the audit store is unavailable"})),
             )
                 .into_response()
         }
     }
+}
+
+/// Ready when the store answers and the audit writer is writing; otherwise 503 with reasons.
+async fn readyz(State(state): State<HttpState>) -> Response {
+    let mut problems = Vec::new();
+    let ping = tokio::time::timeout(READY_TIMEOUT, async {
+        crate::with_pool!(&state.db, pool => sqlx::query("SELECT 1").execute(pool).await.map(|_| ()))
+    })
+    .await;
+    match ping {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => problems.push(format!("store: {e}")),
+        Err(_) => problems.push(format!(
+            "store: no answer within {} s",
+            READY_TIMEOUT.as_secs()
+        )),
+    }
+    if let Some(p) = state.gateway.audit().problem() {
+        problems.push(format!("audit: {p}"));
+    }
+    if problems.is_empty() {
+        Json(json!({"status": "ready"})).into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "degraded", "problems": problems})),
+        )
+            .into_response()
+    }
+}
+
+async fn metrics() -> Response {
+    let handle = crate::metrics::handle();
+    handle.run_upkeep();
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        handle.render(),
+    )
+        .into_response()
 }

@@ -6,9 +6,7 @@ use tracing_subscriber::EnvFilter;
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_env("EMISAR_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
-        )
+        .with_env_filter(log_filter())
         .with_writer(std::io::stderr)
         .init();
     let cli = emisar::cli::Cli::parse();
@@ -19,4 +17,12 @@ async fn main() -> std::process::ExitCode {
             std::process::ExitCode::from(2)
         }
     }
+}
+
+/// `EMISAR_LOG` (default `info`), except that rmcp stays at `info` whatever is asked: at
+/// `debug` it logs whole requests, tool arguments included, and secret params must never
+/// reach the process log.
+fn log_filter() -> EnvFilter {
+    let filter = EnvFilter::try_from_env("EMISAR_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    filter.add_directive("rmcp=info".parse().expect("a valid directive"))
 }

@@ -31,13 +31,12 @@ impl EmisarMcp {
 }
 
 fn to_mcp_tool(offered: &OfferedTool) -> Tool {
-    let t = &offered.tool;
     let annotations = ToolAnnotations::new()
-        .read_only(t.risk == Risk::Read)
-        .destructive(t.risk == Risk::High);
+        .read_only(offered.risk == Risk::Read)
+        .destructive(offered.risk == Risk::High);
     Tool::new(
-        t.name.clone(),
-        t.description.clone(),
+        offered.name.clone(),
+        offered.description.clone(),
         Arc::new(offered.input_schema.clone()),
     )
     .with_annotations(annotations)
@@ -86,8 +85,9 @@ impl ServerHandler for EmisarMcp {
             .tools_for(&Principal {
                 agent: String::new(),
                 token_id: String::new(),
+                role: crate::tokens::Role::Agent,
             })
-            .find(|t| t.tool.name == name)
+            .find(|t| t.name == name)
             .map(to_mcp_tool)
     }
 

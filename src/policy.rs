@@ -33,6 +33,7 @@ mod tests {
         Principal {
             agent: "a".into(),
             token_id: "t".into(),
+            role: crate::tokens::Role::Agent,
         }
     }
 

@@ -15,17 +15,46 @@ use crate::with_pool;
 
 const PREFIX: &str = "emt_";
 
-/// The authenticated caller of an MCP request.
+/// What a token may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Calls tools over MCP.
+    Agent,
+    /// Reads the audit log over the HTTP API.
+    Auditor,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Agent => "agent",
+            Role::Auditor => "auditor",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<Role, String> {
+        match s {
+            "agent" => Ok(Role::Agent),
+            "auditor" => Ok(Role::Auditor),
+            other => Err(format!("role `{other}` must be agent or auditor")),
+        }
+    }
+}
+
+/// The authenticated caller of a request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Principal {
+    /// The name the token was issued to.
     pub agent: String,
     pub token_id: String,
+    pub role: Role,
 }
 
 impl Principal {
     /// How the audit log names this caller.
     pub fn actor(&self) -> String {
-        format!("agent:{}", self.agent)
+        format!("{}:{}", self.role.as_str(), self.agent)
     }
 }
 
@@ -43,6 +72,7 @@ pub async fn issue(
     db: &Db,
     audit: &AuditLog,
     agent: &str,
+    role: Role,
     ttl: Duration,
     issued_by: &str,
 ) -> anyhow::Result<IssuedToken> {
@@ -62,10 +92,10 @@ pub async fn issue(
     let expires_at = format_at(now + ttl);
     let sql = match db {
         Db::Pg(_) => {
-            "INSERT INTO agent_tokens (id, agent, token_hash, created_at, expires_at) VALUES ($1, $2, $3, $4::timestamptz, $5::timestamptz)"
+            "INSERT INTO agent_tokens (id, agent, token_hash, created_at, expires_at, role) VALUES ($1, $2, $3, $4::timestamptz, $5::timestamptz, $6)"
         }
         Db::Sqlite(_) => {
-            "INSERT INTO agent_tokens (id, agent, token_hash, created_at, expires_at) VALUES ($1, $2, $3, $4, $5)"
+            "INSERT INTO agent_tokens (id, agent, token_hash, created_at, expires_at, role) VALUES ($1, $2, $3, $4, $5, $6)"
         }
     };
     // Audit first: a token that exists must have its issue on record.
@@ -73,7 +103,7 @@ pub async fn issue(
         .append(NewEvent {
             actor: issued_by.to_owned(),
             kind: kind::TOKEN_ISSUED.into(),
-            detail: Some(json!({"token_id": id, "agent": agent, "expires_at": expires_at})),
+            detail: Some(json!({"token_id": id, "agent": agent, "role": role.as_str(), "expires_at": expires_at})),
             outcome: Some("ok".into()),
             ..Default::default()
         })
@@ -85,6 +115,7 @@ pub async fn issue(
             .bind(sha256_hex(token.as_bytes()))
             .bind(&created_at)
             .bind(&expires_at)
+            .bind(role.as_str())
             .execute(pool)
             .await?;
     });
@@ -103,18 +134,25 @@ pub async fn authenticate(db: &Db, token: &str) -> Result<Option<Principal>, sql
     }
     let sql = match db {
         Db::Pg(_) => {
-            "SELECT id, agent FROM agent_tokens WHERE token_hash = $1 AND revoked_at IS NULL AND expires_at > $2::timestamptz"
+            "SELECT id, agent, role FROM agent_tokens WHERE token_hash = $1 AND revoked_at IS NULL AND expires_at > $2::timestamptz"
         }
         Db::Sqlite(_) => {
-            "SELECT id, agent FROM agent_tokens WHERE token_hash = $1 AND revoked_at IS NULL AND expires_at > $2"
+            "SELECT id, agent, role FROM agent_tokens WHERE token_hash = $1 AND revoked_at IS NULL AND expires_at > $2"
         }
     };
     let hash = sha256_hex(token.as_bytes());
     let now = format_at(chrono::Utc::now());
-    let row: Option<(String, String)> = with_pool!(db, pool => {
+    let row: Option<(String, String, String)> = with_pool!(db, pool => {
         sqlx::query_as(sql).bind(&hash).bind(&now).fetch_optional(pool).await?
     });
-    Ok(row.map(|(token_id, agent)| Principal { agent, token_id }))
+    Ok(row.and_then(|(token_id, agent, role)| {
+        // A role this version does not know grants nothing.
+        Role::parse(&role).ok().map(|role| Principal {
+            agent,
+            token_id,
+            role,
+        })
+    }))
 }
 
 /// Revokes a token by id. Returns false if no such live token exists.

@@ -140,8 +140,12 @@ pub struct AuditFilter {
     pub actor: Option<String>,
     pub kind: Option<String>,
     pub call_id: Option<String>,
-    /// Events at or after this time (RFC 3339).
+    pub approval_id: Option<String>,
+    pub outcome: Option<String>,
+    /// Events at or after this time.
     pub since: Option<chrono::DateTime<chrono::Utc>>,
+    /// Events before this time.
+    pub until: Option<chrono::DateTime<chrono::Utc>>,
     /// Events with a larger seq than this (a cursor).
     pub after_seq: Option<i64>,
     pub limit: i64,
@@ -163,10 +167,16 @@ pub async fn query(db: &Db, filter: &AuditFilter) -> Result<Vec<Event>, sqlx::Er
     text_filter("actor", &filter.actor);
     text_filter("kind", &filter.kind);
     text_filter("call_id", &filter.call_id);
+    text_filter("approval_id", &filter.approval_id);
+    text_filter("outcome", &filter.outcome);
+    let cast = if pg { "::timestamptz" } else { "" };
     if let Some(since) = filter.since {
         binds.push(format_at(since));
-        let cast = if pg { "::timestamptz" } else { "" };
         clauses.push(format!("at >= ${}{cast}", binds.len()));
+    }
+    if let Some(until) = filter.until {
+        binds.push(format_at(until));
+        clauses.push(format!("at < ${}{cast}", binds.len()));
     }
     let after = filter.after_seq.unwrap_or(0);
     clauses.push(format!("seq > {after}"));

@@ -4,6 +4,7 @@
 //! Invariant: `append` returns `Ok` only after the event's transaction committed. A caller
 //! that gets an error must treat the event as not written (the gateway then runs nothing).
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
@@ -37,14 +38,32 @@ type Reply = oneshot::Sender<Result<Event, AuditError>>;
 #[derive(Clone, Debug)]
 pub struct AuditLog {
     tx: mpsc::Sender<(NewEvent, Reply)>,
+    health: Arc<Mutex<Option<String>>>,
 }
 
 impl AuditLog {
     /// Starts the writer task on the current runtime. It ends when every handle is dropped.
     pub fn start(db: Db) -> AuditLog {
         let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
-        tokio::spawn(run(db, rx));
-        AuditLog { tx }
+        let health = Arc::new(Mutex::new(None));
+        tokio::spawn(run(db, rx, health.clone()));
+        AuditLog { tx, health }
+    }
+
+    /// `None` when the last batch was written; otherwise why it was not. Also degraded when
+    /// the queue is more than half full or the writer is gone.
+    pub fn problem(&self) -> Option<String> {
+        if self.tx.is_closed() {
+            return Some("the audit writer is not running".into());
+        }
+        let queued = QUEUE_DEPTH - self.tx.capacity();
+        if queued > QUEUE_DEPTH / 2 {
+            return Some(format!("the audit queue holds {queued} events"));
+        }
+        self.health
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Appends one event and waits until it is durable.
@@ -62,11 +81,23 @@ impl AuditLog {
     }
 }
 
-async fn run(db: Db, mut rx: mpsc::Receiver<(NewEvent, Reply)>) {
+async fn run(
+    db: Db,
+    mut rx: mpsc::Receiver<(NewEvent, Reply)>,
+    health: Arc<Mutex<Option<String>>>,
+) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
         let (events, replies): (Vec<NewEvent>, Vec<Reply>) = batch.drain(..).unzip();
-        match store::append_batch(&db, events).await {
+        let size = events.len();
+        let started = std::time::Instant::now();
+        let result = store::append_batch(&db, events).await;
+        crate::metrics::audit_batch(size, started.elapsed().as_secs_f64(), result.is_ok());
+        *health.lock().unwrap_or_else(|p| p.into_inner()) = result
+            .as_ref()
+            .err()
+            .map(|e| format!("the last audit batch failed: {e}"));
+        match result {
             Ok(sealed) => {
                 for (reply, event) in replies.into_iter().zip(sealed) {
                     // The caller may have given up waiting; its event is durable all the same.

@@ -24,6 +24,8 @@ pub enum RunnerError {
     ActionFailed(String),
     #[error("runner sent an answer emisar cannot read: {0}")]
     BadAnswer(String),
+    #[error("{0}")]
+    CircuitOpen(String),
 }
 
 #[derive(Debug, Clone)]

@@ -5,10 +5,17 @@
 //! `exec` spawns processes.
 
 pub mod agent;
+mod backoff;
+mod breaker;
+mod budget;
 pub mod client;
 mod engine;
 mod exec;
 mod http_action;
 mod protocol;
+pub mod registry;
 
+pub use backoff::Backoff;
+pub use breaker::{Breaker, Rejection};
+pub use budget::RetryBudget;
 pub use protocol::{CallRequest, CallResponse, Mode};

@@ -511,6 +511,7 @@ async fn requests_without_a_valid_token_get_401(backend: Backend) {
         &app.db,
         &app.audit,
         "short-lived",
+        emisar::tokens::Role::Agent,
         Duration::from_secs(60),
         "test",
     )

@@ -96,6 +96,7 @@ pub struct TestApp {
     pub runner_urls: BTreeMap<String, String>,
     pub dir: tempfile::TempDir,
     pub private_key: PathBuf,
+    pub public_key: PathBuf,
     pub packs_dir: Option<PathBuf>,
     shutdown: CancellationToken,
     /// Kept for its Drop (drops the PostgreSQL database).
@@ -107,6 +108,10 @@ pub struct Options {
     pub packs_dir: Option<PathBuf>,
     /// Runners listed in the server config but not started (to play a dead node).
     pub extra_runners: Vec<RunnerEntry>,
+    pub call_timeout_ms: Option<u64>,
+    /// (per second, burst); tests default to a limit they never reach.
+    pub rate_limit: Option<(u32, u32)>,
+    pub probe_interval_ms: Option<u64>,
 }
 
 pub async fn fresh_db(backend: Backend, dir: &std::path::Path) -> (String, Option<PgTestDb>) {
@@ -170,14 +175,19 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
     }
     entries.extend(options.extra_runners);
 
+    let audit_key = dir.path().join("audit.key");
+    emisar::secrets::AuditKey::generate(&audit_key).unwrap();
     let config = ServerConfig {
         listen: "127.0.0.1:0".into(),
-        database_url: None,
-        signing_key_file: private_key.clone(),
         packs_dir: options.packs_dir.clone(),
-        call_timeout_ms: 5_000,
+        call_timeout_ms: options.call_timeout_ms.unwrap_or(5_000),
         allowed_hosts: vec!["localhost".into(), "127.0.0.1".into()],
         runners: entries,
+        audit_key_file: Some(audit_key.clone()),
+        rate_limit_per_second: options.rate_limit.map_or(1000, |r| r.0),
+        rate_limit_burst: options.rate_limit.map_or(1000, |r| r.1),
+        health_probe_interval_ms: options.probe_interval_ms.unwrap_or(10_000),
+        ..ServerConfig::with_signing_key(private_key.clone())
     };
     let app = emisar::app::Application::build(config, &database_url)
         .await
@@ -192,10 +202,17 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
     });
     tokio::spawn(app.run_until_stopped());
     let audit = AuditLog::start(db.clone());
-    let token = emisar::tokens::issue(&db, &audit, TEST_AGENT, Duration::from_secs(3600), "test")
-        .await
-        .unwrap()
-        .token;
+    let token = emisar::tokens::issue(
+        &db,
+        &audit,
+        TEST_AGENT,
+        emisar::tokens::Role::Agent,
+        Duration::from_secs(3600),
+        "test",
+    )
+    .await
+    .unwrap()
+    .token;
     TestApp {
         mcp_url: format!("http://{addr}/mcp"),
         database_url,
@@ -205,6 +222,7 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
         runner_urls,
         dir,
         private_key,
+        public_key: public_key.clone(),
         packs_dir: options.packs_dir.clone(),
         shutdown,
         pg,
@@ -212,6 +230,49 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
 }
 
 impl TestApp {
+    /// Starts a runner named `name` on `listener` (a runner the server lists as an extra
+    /// runner); cancelling the returned token kills it.
+    pub async fn start_runner(&self, name: &str, listener: TcpListener) -> CancellationToken {
+        let mut config = RunnerConfig {
+            name: name.into(),
+            listen: "unused".into(),
+            server_public_key_file: self.public_key.clone(),
+            packs_dir: self.packs_dir.clone(),
+            exec_path: "/usr/bin:/bin".into(),
+            max_output_bytes: 1024 * 1024,
+            services: BTreeMap::new(),
+            programs: BTreeMap::new(),
+            allowlists: BTreeMap::new(),
+        };
+        config.fill_standard_services();
+        let stop = CancellationToken::new();
+        tokio::spawn(agent::run(
+            listener,
+            RunnerState::new(config).unwrap(),
+            stop.clone(),
+        ));
+        stop
+    }
+
+    /// Issues another token (an auditor's, say).
+    pub async fn issue_token(&self, name: &str, role: emisar::tokens::Role) -> String {
+        emisar::tokens::issue(
+            &self.db,
+            &self.audit,
+            name,
+            role,
+            Duration::from_secs(3600),
+            "test",
+        )
+        .await
+        .unwrap()
+        .token
+    }
+
+    pub fn base_url(&self) -> String {
+        self.mcp_url.trim_end_matches("/mcp").to_owned()
+    }
+
     /// An rmcp client over streamable HTTP with this app's agent token.
     pub async fn mcp_client(&self) -> RunningService<RoleClient, ()> {
         let config = StreamableHttpClientTransportConfig::with_uri(self.mcp_url.clone())

@@ -1,0 +1,69 @@
+//! Prometheus metrics: one process-wide recorder, rendered at `/metrics`.
+//!
+//! Names: `emisar_tool_calls_total{tool,outcome}`, `emisar_runner_calls_total{tool,runner,outcome}`,
+//! `emisar_runner_call_seconds{tool,runner}`, `emisar_audit_batch_size`,
+//! `emisar_audit_append_seconds`, `emisar_audit_batches_failed_total`,
+//! `emisar_runner_breaker_state{runner}` (0 closed, 1 half-open, 2 open),
+//! `emisar_runner_up{runner}`, `emisar_rate_limited_total{agent}`.
+
+use std::sync::OnceLock;
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// Installs the recorder once per process and returns the handle that renders it. (Tests run
+/// several servers in one process; they share it.)
+pub fn handle() -> PrometheusHandle {
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new()
+                .set_buckets(&[
+                    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                    30.0,
+                ])
+                .expect("static buckets are valid")
+                .build_recorder();
+            let handle = recorder.handle();
+            // Another recorder may already be installed (an embedding program's): then ours
+            // still renders what it was given, and the global macros go to theirs.
+            let _ = metrics::set_global_recorder(recorder);
+            handle
+        })
+        .clone()
+}
+
+pub fn tool_call(tool: &str, outcome: &'static str) {
+    metrics::counter!("emisar_tool_calls_total", "tool" => tool.to_owned(), "outcome" => outcome)
+        .increment(1);
+}
+
+pub fn runner_call(tool: &str, runner: &str, outcome: &'static str, seconds: f64) {
+    metrics::counter!("emisar_runner_calls_total", "tool" => tool.to_owned(), "runner" => runner.to_owned(), "outcome" => outcome)
+        .increment(1);
+    metrics::histogram!("emisar_runner_call_seconds", "tool" => tool.to_owned(), "runner" => runner.to_owned()).record(seconds);
+}
+
+pub fn audit_batch(size: usize, seconds: f64, ok: bool) {
+    metrics::histogram!("emisar_audit_batch_size").record(size as f64);
+    metrics::histogram!("emisar_audit_append_seconds").record(seconds);
+    if !ok {
+        metrics::counter!("emisar_audit_batches_failed_total").increment(1);
+    }
+}
+
+pub fn breaker_state(runner: &str, level: u8) {
+    metrics::gauge!("emisar_runner_breaker_state", "runner" => runner.to_owned()).set(level as f64);
+}
+
+pub fn runner_up(runner: &str, up: bool) {
+    metrics::gauge!("emisar_runner_up", "runner" => runner.to_owned()).set(if up {
+        1.0
+    } else {
+        0.0
+    });
+}
+
+pub fn rate_limited(agent: &str) {
+    metrics::counter!("emisar_rate_limited_total", "agent" => agent.to_owned()).increment(1);
+}

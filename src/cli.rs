@@ -73,6 +73,15 @@ pub enum Command {
         #[arg(long)]
         audit_key: Option<PathBuf>,
     },
+    /// Bridge a stdio-only MCP client (Claude Desktop style) to an emisar server.
+    McpStdio {
+        /// The server's MCP endpoint, e.g. http://127.0.0.1:7700/mcp.
+        #[arg(long)]
+        url: String,
+        /// The agent bearer token (or EMISAR_TOKEN).
+        #[arg(long, env = "EMISAR_TOKEN", hide_env_values = true)]
+        token: String,
+    },
     /// Create or update the database schema.
     Migrate {
         #[command(flatten)]
@@ -331,6 +340,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 println!("wrote {} (keep it secret)", path.display());
             }
         }
+        Command::McpStdio { url, token } => crate::stdio_bridge::run(&url, &token).await?,
         Command::Migrate { db } => {
             let db = db.connect().await?;
             println!("{} schema is up to date", db.backend());

@@ -31,4 +31,5 @@ pub mod policy;
 pub mod runner;
 pub mod secrets;
 pub mod signing;
+pub mod stdio_bridge;
 pub mod tokens;

@@ -239,3 +239,59 @@ async fn emisar_dev_prints_a_working_url_and_token() {
     ]);
     assert_eq!(code, 0, "{out}{err}");
 }
+
+/// A stdio-only MCP client reaches the server through `emisar mcp-stdio`, under its token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_stdio_bridges_a_stdio_client() {
+    use rmcp::ServiceExt;
+    let app = spawn_app(
+        Backend::Sqlite,
+        vec![RunnerSpec::new("node-1")],
+        Options {
+            packs_dir: Some(crate::mcp_calls::fixtures_dir()),
+            ..Default::default()
+        },
+    )
+    .await;
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_emisar"));
+    cmd.args(["mcp-stdio", "--url", &app.mcp_url])
+        .env("EMISAR_TOKEN", &app.token);
+    let client = ().serve(rmcp::transport::TokioChildProcess::new(cmd).unwrap()).await.unwrap();
+    let tools = client.list_all_tools().await.unwrap();
+    assert!(tools.iter().any(|t| t.name == "testkit.echo"));
+    let res = call(
+        &client,
+        "testkit.echo",
+        serde_json::json!({"runners": ["node-1"], "reason": "via stdio", "word": "bridged"}),
+    )
+    .await;
+    assert_eq!(
+        res.structured_content.unwrap()["results"][0]["output"]["said"],
+        "bridged"
+    );
+    let events = app
+        .events(emisar::audit::AuditFilter {
+            tool: Some("testkit.echo".into()),
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(
+        events[0].actor, "agent:test-agent",
+        "the bridge acts under the token's identity"
+    );
+    assert_eq!(events[0].reason.as_deref(), Some("via stdio"));
+    client.cancel().await.unwrap();
+
+    // A bad token: the bridge says why and exits non-zero.
+    let out = Command::new(env!("CARGO_BIN_EXE_emisar"))
+        .args(["mcp-stdio", "--url", &app.mcp_url, "--token", "emt_nope"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("failed to connect to the emisar server"),
+        "{err}"
+    );
+}

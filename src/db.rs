@@ -1,33 +1,62 @@
-//! The store: PostgreSQL in production, SQLite for `emisar dev`, picked by URL scheme.
+//! The store: PostgreSQL in production, SQLite for `emisar dev`, picked by URL scheme, behind
+//! a gate that keeps a store outage from turning into a connection storm.
 //!
 //! Queries are runtime `sqlx::query` calls, not the compile-time macros, because the macros
 //! check every query of a crate against one database and we ship two. Each module keeps its
 //! per-backend SQL next to the code that uses it; [`with_pool!`](crate::with_pool) runs one
 //! block of code against whichever pool is live.
+//!
+//! Invariant: while the store is down, no request opens a connection. The first connection
+//! failure closes the gate (and cancels every query waiting in it, so sqlx's own connect
+//! retries stop too); one prober then tries a single connection at a time, with capped
+//! exponential backoff and full jitter, and reopens the gate when one succeeds.
 
+use std::future::Future;
 use std::str::FromStr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use sqlx::ConnectOptions;
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
+use tokio::sync::watch;
+
+use crate::runner::Backoff;
 
 static PG_MIGRATOR: Migrator = sqlx::migrate!("./migrations/postgres");
 static SQLITE_MIGRATOR: Migrator = sqlx::migrate!("./migrations/sqlite");
 
+/// The longest one probe connection may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
 #[derive(Clone, Debug)]
-pub enum Db {
+pub enum Pool {
     Pg(PgPool),
     Sqlite(SqlitePool),
+}
+
+#[derive(Clone, Debug)]
+pub struct Db {
+    pool: Pool,
+    gate: Arc<Gate>,
+}
+
+#[derive(Debug)]
+struct Gate {
+    /// `true` while the store is believed reachable.
+    up: watch::Sender<bool>,
+    /// Why and since when it is down (for messages).
+    down: Mutex<Option<(chrono::DateTime<chrono::Utc>, String)>>,
 }
 
 /// Runs `$body` with `$pool` bound to the live pool, whichever backend it is.
 #[macro_export]
 macro_rules! with_pool {
     ($db:expr, $pool:ident => $body:expr) => {
-        match $db {
-            $crate::db::Db::Pg($pool) => $body,
-            $crate::db::Db::Sqlite($pool) => $body,
+        match $db.pool() {
+            $crate::db::Pool::Pg($pool) => $body,
+            $crate::db::Pool::Sqlite($pool) => $body,
         }
     };
 }
@@ -36,7 +65,7 @@ impl Db {
     /// Connects and brings the schema up to date.
     pub async fn connect(url: &str) -> anyhow::Result<Self> {
         use anyhow::Context;
-        let db = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        let pool = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             let pool = PgPoolOptions::new()
                 .max_connections(10)
                 .acquire_timeout(Duration::from_secs(5))
@@ -49,7 +78,7 @@ impl Db {
                 .run(&pool)
                 .await
                 .context("failed to migrate the PostgreSQL schema")?;
-            Db::Pg(pool)
+            Pool::Pg(pool)
         } else if url.starts_with("sqlite:") {
             let options = SqliteConnectOptions::from_str(url)
                 .with_context(|| format!("invalid SQLite URL {url}"))?
@@ -66,25 +95,151 @@ impl Db {
                 .run(&pool)
                 .await
                 .context("failed to migrate the SQLite schema")?;
-            Db::Sqlite(pool)
+            Pool::Sqlite(pool)
         } else {
             anyhow::bail!(
                 "database URL must start with postgres://, postgresql:// or sqlite: (got `{}`)",
                 redact_url(url)
             );
         };
-        Ok(db)
+        let (up, _) = watch::channel(true);
+        Ok(Db {
+            pool,
+            gate: Arc::new(Gate {
+                up,
+                down: Mutex::new(None),
+            }),
+        })
+    }
+
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    pub fn is_postgres(&self) -> bool {
+        matches!(self.pool, Pool::Pg(_))
     }
 
     pub fn backend(&self) -> &'static str {
-        match self {
-            Db::Pg(_) => "postgres",
-            Db::Sqlite(_) => "sqlite",
+        match self.pool {
+            Pool::Pg(_) => "postgres",
+            Pool::Sqlite(_) => "sqlite",
         }
     }
 
     pub async fn close(&self) {
         with_pool!(self, pool => pool.close().await)
+    }
+
+    /// Why the store is down, if it is.
+    pub fn outage(&self) -> Option<String> {
+        self.gate
+            .down
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|(since, why)| {
+                format!(
+                    "the store is unavailable since {} ({why}); emisar retries it in the background",
+                    since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                )
+            })
+    }
+
+    /// Runs one store operation through the gate: refused at once while the store is down,
+    /// cancelled if the store goes down while it waits, and closing the gate if it fails
+    /// to reach the store.
+    pub async fn guard<T>(
+        &self,
+        op: impl Future<Output = Result<T, sqlx::Error>>,
+    ) -> Result<T, sqlx::Error> {
+        let mut up = self.gate.up.subscribe();
+        if !*up.borrow_and_update() {
+            return Err(self.unavailable());
+        }
+        let result = tokio::select! {
+            r = op => r,
+            _ = up.wait_for(|up| !*up) => return Err(self.unavailable()),
+        };
+        if let Err(e) = &result
+            && is_connection_error(e)
+        {
+            self.mark_down(e.to_string());
+        }
+        result
+    }
+
+    fn unavailable(&self) -> sqlx::Error {
+        let message = self
+            .outage()
+            .unwrap_or_else(|| "the store is unavailable".into());
+        sqlx::Error::Io(std::io::Error::new(
+            std::io::ErrorKind::NotConnected,
+            message,
+        ))
+    }
+
+    fn mark_down(&self, why: String) {
+        let mut down = self.gate.down.lock().unwrap_or_else(|p| p.into_inner());
+        if down.is_some() {
+            return;
+        }
+        tracing::error!(error = %why, "the store is unreachable; refusing store work until a probe connects");
+        *down = Some((chrono::Utc::now(), why));
+        drop(down);
+        self.gate.up.send_replace(false);
+        let db = self.clone();
+        tokio::spawn(async move { db.probe_until_up().await });
+    }
+
+    /// One connection attempt at a time, backing off, until one succeeds.
+    async fn probe_until_up(self) {
+        let backoff = Backoff::try_new(Duration::from_millis(500), Duration::from_millis(4500))
+            .expect("valid bounds");
+        let mut attempt = 0;
+        loop {
+            tokio::time::sleep(backoff.delay(attempt)).await;
+            attempt = attempt.saturating_add(1);
+            let connected = match &self.pool {
+                Pool::Pg(p) => tokio::time::timeout(PROBE_TIMEOUT, p.connect_options().connect())
+                    .await
+                    .map(|r| r.map(|_| ())),
+                Pool::Sqlite(p) => {
+                    tokio::time::timeout(PROBE_TIMEOUT, p.connect_options().connect())
+                        .await
+                        .map(|r| r.map(|_| ()))
+                }
+            };
+            match connected {
+                Ok(Ok(())) => break,
+                Ok(Err(e)) => tracing::warn!(error = %e, attempt, "store probe failed"),
+                Err(_) => tracing::warn!(attempt, "store probe timed out"),
+            }
+        }
+        // Connections from before the outage are dead: drop them rather than fail on each.
+        with_pool!(&self, pool => {
+            let idle = pool.num_idle();
+            for _ in 0..idle {
+                if let Some(conn) = pool.try_acquire() {
+                    let _ = conn.detach();
+                }
+            }
+        });
+        *self.gate.down.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        self.gate.up.send_replace(true);
+        tracing::info!(attempts = attempt, "the store answers again");
+    }
+}
+
+/// Errors that mean the store cannot be reached, as opposed to a bad query.
+fn is_connection_error(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::PoolTimedOut => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+            // 08xxx connection exceptions; 57P01–57P03 shutdown and "cannot connect now".
+            code.starts_with("08") || matches!(code.as_ref(), "57P01" | "57P02" | "57P03")
+        }),
+        _ => false,
     }
 }
 

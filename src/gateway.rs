@@ -209,6 +209,11 @@ impl Gateway {
         self.tools.get(name)
     }
 
+    /// A tool by name, whoever asks (for schema lookups, not for authorization).
+    pub fn tool(&self, name: &str) -> Option<&OfferedTool> {
+        self.tools.get(name)
+    }
+
     pub fn audit(&self) -> &AuditLog {
         &self.audit
     }
@@ -356,23 +361,28 @@ impl Gateway {
                 let started = Instant::now();
                 let answer = self.dispatch_one(name, tool, dispatch).await;
                 let elapsed = started.elapsed();
-                let result = to_result(name, answer, elapsed.as_millis() as u64);
+                let mut result = to_result(name, answer, elapsed.as_millis() as u64);
                 crate::metrics::runner_call(
                     &tool.name,
                     name,
                     if result.ok { "ok" } else { "error" },
                     elapsed.as_secs_f64(),
                 );
-                self.audit_outcome(
-                    actor,
-                    tool.name.as_str(),
-                    name,
-                    audited_args,
-                    reason,
-                    call_id,
-                    &result,
-                )
-                .await;
+                let recorded = self
+                    .audit_outcome(actor, tool.name.as_str(), name, audited_args, reason, call_id, &result)
+                    .await;
+                if let Err(e) = recorded {
+                    // Nothing leaves emisar that is not on the record: withhold the result.
+                    result = RunnerResult {
+                        ok: false,
+                        output: None,
+                        truncated: false,
+                        error: Some(format!(
+                            "the call ran on `{name}`, but its outcome could not be recorded ({e}); the result is withheld"
+                        )),
+                        ..result
+                    };
+                }
                 result
             }
         }))
@@ -528,7 +538,7 @@ impl Gateway {
         reason: &Option<String>,
         call_id: &str,
         result: &RunnerResult,
-    ) {
+    ) -> Result<(), AuditError> {
         let (kind, outcome) = if result.ok {
             (kind::CALL_EXECUTED, "ok")
         } else {
@@ -555,10 +565,9 @@ impl Gateway {
             detail: Some(detail),
             ..Default::default()
         };
-        if let Err(e) = self.audit.append(event).await {
-            // The action already ran; its result still goes back, and the gap is logged loudly.
+        self.audit.append(event).await.map(|_| ()).inspect_err(|e| {
             tracing::error!(error = %e, tool, runner, call_id, "could not audit a call outcome");
-        }
+        })
     }
 
     /// The arguments as the audit log keeps them: secret params as a keyed HMAC.

@@ -15,14 +15,12 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
-use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::db::Db;
 use crate::gateway::Gateway;
-use crate::mcp::EmisarMcp;
+use crate::mcp::GatewaySource;
 use crate::tokens::{Principal, Role};
 
 /// The most session bindings remembered; past it the oldest half is forgotten (a forgotten
@@ -37,6 +35,7 @@ pub struct HttpState {
     pub gateway: Arc<Gateway>,
     /// MCP session id → (token id, order of binding).
     sessions: Arc<Mutex<HashMap<String, (String, u64)>>>,
+    tokens: Arc<crate::tokens::TokenCache>,
     next_binding: Arc<std::sync::atomic::AtomicU64>,
 }
 
@@ -46,19 +45,16 @@ pub fn router(
     allowed_hosts: Vec<String>,
     shutdown: CancellationToken,
 ) -> Router {
-    let mut sessions = LocalSessionManager::default();
-    // Long enough for a slow fan-out; sessions idle longer than this are reaped.
-    sessions.session_config.keep_alive = Some(Duration::from_secs(3600));
-    let config = StreamableHttpServerConfig::default()
-        .with_allowed_hosts(allowed_hosts)
-        .with_cancellation_token(shutdown.child_token());
-    let handler = EmisarMcp::new(gateway.clone());
-    let mcp: StreamableHttpService<EmisarMcp, LocalSessionManager> =
-        StreamableHttpService::new(move || Ok(handler.clone()), Arc::new(sessions), config);
+    let mcp = crate::mcp::service(
+        Arc::new(GatewaySource(gateway.clone())),
+        allowed_hosts,
+        shutdown,
+    );
     let state = HttpState {
         db,
         gateway,
         sessions: Arc::default(),
+        tokens: Arc::default(),
         next_binding: Arc::default(),
     };
     let protected = Router::new()
@@ -96,16 +92,16 @@ async fn bearer_auth(State(state): State<HttpState>, mut req: Request, next: Nex
     else {
         return unauthorized("an agent bearer token is required");
     };
-    let principal = match crate::tokens::authenticate(&state.db, token).await {
+    let principal = match state.tokens.authenticate(&state.db, token).await {
         Ok(Some(principal)) => principal,
         Ok(None) => return unauthorized("the bearer token is unknown, expired or revoked"),
         Err(e) => {
             tracing::error!(error = %e, "token lookup failed");
-            return (
-                StatusCode::SERVICE_UNAVAILABLE,
-                Json(json!({"error": "the token store is unavailable"})),
-            )
-                .into_response();
+            let why = state
+                .db
+                .outage()
+                .unwrap_or_else(|| "the token store is unavailable".into());
+            return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"error": why}))).into_response();
         }
     };
     let path = req.uri().path();
@@ -276,9 +272,12 @@ async fn api_audit(
 /// Ready when the store answers and the audit writer is writing; otherwise 503 with reasons.
 async fn readyz(State(state): State<HttpState>) -> Response {
     let mut problems = Vec::new();
-    let ping = tokio::time::timeout(READY_TIMEOUT, async {
-        crate::with_pool!(&state.db, pool => sqlx::query("SELECT 1").execute(pool).await.map(|_| ()))
-    })
+    let ping = tokio::time::timeout(
+        READY_TIMEOUT,
+        state
+            .db
+            .guard(async { crate::with_pool!(&state.db, pool => sqlx::query("SELECT 1").execute(pool).await.map(|_| ())) }),
+    )
     .await;
     match ping {
         Ok(Ok(())) => {}

@@ -1,10 +1,13 @@
-//! The MCP adapter (rmcp): lists the gateway's tools and turns `tools/call` into a
-//! [`ToolCall`]. No policy here: everything it decides, it asks the gateway.
+//! The MCP adapter (rmcp): serves tools from a [`ToolSource`] over streamable HTTP. In
+//! production the source is the [`Gateway`]; no policy lives here, everything it decides it
+//! asks the gateway.
 //!
 //! Tool failures the agent should read (bad arguments, refusals, a runner that is down) come
 //! back as a tool result with `isError`; an unknown tool is a JSON-RPC invalid-params error.
 
+use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
@@ -12,52 +15,67 @@ use rmcp::model::{
     ToolAnnotations,
 };
 use rmcp::service::RequestContext;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::json;
+use tokio_util::sync::CancellationToken;
 
 use crate::gateway::{CallError, Gateway, OfferedTool, ToolCall};
 use crate::pack::Risk;
 use crate::tokens::Principal;
 
-#[derive(Clone)]
-pub struct EmisarMcp {
-    gateway: Arc<Gateway>,
+/// Where the adapter's tools come from. `caller` is the principal the auth layer attached,
+/// if the wiring has auth.
+pub trait ToolSource: Send + Sync + 'static {
+    fn list(&self, caller: Option<&Principal>) -> Vec<Tool>;
+    fn get(&self, name: &str) -> Option<Tool>;
+    fn call(
+        &self,
+        caller: Option<Principal>,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> impl Future<Output = Result<CallToolResponse, McpError>> + Send;
 }
 
-impl EmisarMcp {
-    pub fn new(gateway: Arc<Gateway>) -> Self {
-        EmisarMcp { gateway }
+pub struct EmisarMcp<S> {
+    source: Arc<S>,
+}
+
+impl<S> Clone for EmisarMcp<S> {
+    fn clone(&self) -> Self {
+        EmisarMcp {
+            source: self.source.clone(),
+        }
     }
 }
 
-fn to_mcp_tool(offered: &OfferedTool) -> Tool {
-    let annotations = ToolAnnotations::new()
-        .read_only(offered.risk == Risk::Read)
-        .destructive(offered.risk == Risk::High);
-    Tool::new(
-        offered.name.clone(),
-        offered.description.clone(),
-        Arc::new(offered.input_schema.clone()),
-    )
-    .with_annotations(annotations)
+/// The streamable HTTP service for `source`, accepting the given Host headers.
+pub fn service<S: ToolSource>(
+    source: Arc<S>,
+    allowed_hosts: Vec<String>,
+    shutdown: CancellationToken,
+) -> StreamableHttpService<EmisarMcp<S>, LocalSessionManager> {
+    let mut sessions = LocalSessionManager::default();
+    // Long enough for a slow fan-out; sessions idle longer than this are reaped.
+    sessions.session_config.keep_alive = Some(Duration::from_secs(3600));
+    let config = StreamableHttpServerConfig::default()
+        .with_allowed_hosts(allowed_hosts)
+        .with_cancellation_token(shutdown.child_token());
+    let handler = EmisarMcp { source };
+    StreamableHttpService::new(move || Ok(handler.clone()), Arc::new(sessions), config)
 }
 
-/// The principal the auth middleware attached to this HTTP request.
-fn principal(context: &RequestContext<RoleServer>) -> Result<Principal, McpError> {
+/// The principal the auth middleware attached to this HTTP request, if any.
+fn caller(context: &RequestContext<RoleServer>) -> Option<Principal> {
     context
         .extensions
         .get::<axum::http::request::Parts>()
         .and_then(|parts| parts.extensions.get::<Principal>())
         .cloned()
-        .ok_or_else(|| {
-            McpError::internal_error(
-                "request reached MCP without an authenticated principal",
-                None,
-            )
-        })
 }
 
-impl ServerHandler for EmisarMcp {
+impl<S: ToolSource> ServerHandler for EmisarMcp<S> {
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(Implementation::new("emisar", env!("CARGO_PKG_VERSION")))
@@ -72,23 +90,15 @@ impl ServerHandler for EmisarMcp {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        let caller = principal(&context)?;
         Ok(ListToolsResult::with_all_items(
-            self.gateway.tools_for(&caller).map(to_mcp_tool).collect(),
+            self.source.list(caller(&context).as_ref()),
         ))
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
         // Used by rmcp only to check SEP-2243 headers against the schema; authorization
-        // happens per call in the gateway.
-        self.gateway
-            .tools_for(&Principal {
-                agent: String::new(),
-                token_id: String::new(),
-                role: crate::tokens::Role::Agent,
-            })
-            .find(|t| t.name == name)
-            .map(to_mcp_tool)
+        // happens per call.
+        self.source.get(name)
     }
 
     async fn call_tool(
@@ -96,13 +106,56 @@ impl ServerHandler for EmisarMcp {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
-        let principal = principal(&context)?;
+        let who = caller(&context);
+        self.source.call(who, request, context).await
+    }
+}
+
+/// The production source: the gateway, behind bearer auth.
+pub struct GatewaySource(pub Arc<Gateway>);
+
+fn to_mcp_tool(offered: &OfferedTool) -> Tool {
+    let annotations = ToolAnnotations::new()
+        .read_only(offered.risk == Risk::Read)
+        .destructive(offered.risk == Risk::High);
+    Tool::new(
+        offered.name.clone(),
+        offered.description.clone(),
+        Arc::new(offered.input_schema.clone()),
+    )
+    .with_annotations(annotations)
+}
+
+impl ToolSource for GatewaySource {
+    fn list(&self, caller: Option<&Principal>) -> Vec<Tool> {
+        match caller {
+            Some(c) => self.0.tools_for(c).map(to_mcp_tool).collect(),
+            None => Vec::new(),
+        }
+    }
+
+    fn get(&self, name: &str) -> Option<Tool> {
+        self.0.tool(name).map(to_mcp_tool)
+    }
+
+    async fn call(
+        &self,
+        caller: Option<Principal>,
+        request: CallToolRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let principal = caller.ok_or_else(|| {
+            McpError::internal_error(
+                "request reached MCP without an authenticated principal",
+                None,
+            )
+        })?;
         let call = ToolCall {
             principal,
             tool: request.name.to_string(),
             args: request.arguments.clone().unwrap_or_default(),
         };
-        match self.gateway.call(call).await {
+        match self.0.call(call).await {
             Ok(outcome) => {
                 let failed = outcome.all_failed();
                 let value = serde_json::to_value(&outcome).map_err(|e| {

@@ -9,7 +9,7 @@ use base64::Engine;
 use serde_json::json;
 
 use crate::audit::{AuditLog, NewEvent, format_at, kind};
-use crate::db::Db;
+use crate::db::{Db, Pool};
 use crate::digest::sha256_hex;
 use crate::with_pool;
 
@@ -90,11 +90,11 @@ pub async fn issue(
     let ttl = chrono::Duration::from_std(ttl).map_err(|_| anyhow::anyhow!("ttl is too long"))?;
     let created_at = format_at(now);
     let expires_at = format_at(now + ttl);
-    let sql = match db {
-        Db::Pg(_) => {
+    let sql = match db.pool() {
+        Pool::Pg(_) => {
             "INSERT INTO agent_tokens (id, agent, token_hash, created_at, expires_at, role) VALUES ($1, $2, $3, $4::timestamptz, $5::timestamptz, $6)"
         }
-        Db::Sqlite(_) => {
+        Pool::Sqlite(_) => {
             "INSERT INTO agent_tokens (id, agent, token_hash, created_at, expires_at, role) VALUES ($1, $2, $3, $4, $5, $6)"
         }
     };
@@ -132,19 +132,19 @@ pub async fn authenticate(db: &Db, token: &str) -> Result<Option<Principal>, sql
     if !token.starts_with(PREFIX) || token.len() > 100 {
         return Ok(None);
     }
-    let sql = match db {
-        Db::Pg(_) => {
+    let sql = match db.pool() {
+        Pool::Pg(_) => {
             "SELECT id, agent, role FROM agent_tokens WHERE token_hash = $1 AND revoked_at IS NULL AND expires_at > $2::timestamptz"
         }
-        Db::Sqlite(_) => {
+        Pool::Sqlite(_) => {
             "SELECT id, agent, role FROM agent_tokens WHERE token_hash = $1 AND revoked_at IS NULL AND expires_at > $2"
         }
     };
     let hash = sha256_hex(token.as_bytes());
     let now = format_at(chrono::Utc::now());
-    let row: Option<(String, String, String)> = with_pool!(db, pool => {
-        sqlx::query_as(sql).bind(&hash).bind(&now).fetch_optional(pool).await?
-    });
+    let row: Option<(String, String, String)> = db
+        .guard(async { with_pool!(db, pool => sqlx::query_as(sql).bind(&hash).bind(&now).fetch_optional(pool).await) })
+        .await?;
     Ok(row.and_then(|(token_id, agent, role)| {
         // A role this version does not know grants nothing.
         Role::parse(&role).ok().map(|role| Principal {
@@ -155,13 +155,87 @@ pub async fn authenticate(db: &Db, token: &str) -> Result<Option<Principal>, sql
     }))
 }
 
+/// Recently authenticated tokens, so a request does not need the store just to say who it
+/// is. A revoked token keeps working on a replica for at most [`CACHE_TTL`].
+pub struct TokenCache {
+    entries: std::sync::Mutex<std::collections::HashMap<String, (Principal, tokio::time::Instant)>>,
+}
+
+/// How long a successful authentication is reused.
+pub const CACHE_TTL: Duration = Duration::from_secs(10);
+/// The most tokens remembered; past it the cache starts over.
+const CACHE_MAX: usize = 10_000;
+
+impl Default for TokenCache {
+    fn default() -> Self {
+        TokenCache {
+            entries: std::sync::Mutex::new(std::collections::HashMap::new()),
+        }
+    }
+}
+
+impl TokenCache {
+    /// The principal for `token`, from the cache or the store. While the store cannot be
+    /// reached, a token seen in the last [`STALE_MAX`] still names its caller: nothing can
+    /// run without the store anyway (the audit log fails closed), but the caller then gets
+    /// that clear refusal instead of an anonymous 503.
+    pub async fn authenticate(
+        &self,
+        db: &Db,
+        token: &str,
+    ) -> Result<Option<Principal>, sqlx::Error> {
+        let hash = sha256_hex(token.as_bytes());
+        let now = tokio::time::Instant::now();
+        let cached = self
+            .entries
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&hash)
+            .cloned();
+        if let Some((p, at)) = &cached
+            && now.duration_since(*at) < CACHE_TTL
+        {
+            return Ok(Some(p.clone()));
+        }
+        let principal = match authenticate(db, token).await {
+            Ok(p) => p,
+            Err(e) => {
+                return match cached {
+                    Some((p, at))
+                        if db.outage().is_some() && now.duration_since(at) < STALE_MAX =>
+                    {
+                        Ok(Some(p))
+                    }
+                    _ => Err(e),
+                };
+            }
+        };
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        match &principal {
+            Some(p) => {
+                if entries.len() >= CACHE_MAX {
+                    entries.clear();
+                }
+                entries.insert(hash, (p.clone(), now));
+            }
+            None => {
+                entries.remove(&hash);
+            }
+        }
+        Ok(principal)
+    }
+}
+
+/// How old a cached authentication may be and still name its caller during a store outage.
+pub const STALE_MAX: Duration = Duration::from_secs(600);
+
 /// Revokes a token by id. Returns false if no such live token exists.
 pub async fn revoke(db: &Db, audit: &AuditLog, id: &str, revoked_by: &str) -> anyhow::Result<bool> {
-    let sql = match db {
-        Db::Pg(_) => {
+    let sql = match db.pool() {
+        Pool::Pg(_) => {
             "UPDATE agent_tokens SET revoked_at = $2::timestamptz WHERE id = $1 AND revoked_at IS NULL"
         }
-        Db::Sqlite(_) => {
+        Pool::Sqlite(_) => {
             "UPDATE agent_tokens SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NULL"
         }
     };

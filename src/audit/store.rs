@@ -8,7 +8,7 @@ use serde_json::Value;
 use sqlx::AssertSqlSafe;
 
 use super::chain::{Event, GENESIS_HASH, NewEvent, Verifier, VerifyReport, format_at};
-use crate::db::Db;
+use crate::db::{Db, Pool};
 use crate::with_pool;
 
 /// An advisory lock key that serializes appends across every `emisar serve` replica.
@@ -114,22 +114,25 @@ pub(super) async fn append_batch(db: &Db, batch: Vec<NewEvent>) -> Result<Vec<Ev
             Ok(sealed)
         }};
     }
-    match db {
-        Db::Pg(pool) => {
-            let mut tx = pool.begin().await?;
-            sqlx::query("SELECT pg_advisory_xact_lock($1)")
-                .bind(PG_AUDIT_LOCK)
-                .execute(&mut *tx)
-                .await?;
-            append!(tx, PG_INSERT)
+    db.guard(async move {
+        match db.pool() {
+            Pool::Pg(pool) => {
+                let mut tx = pool.begin().await?;
+                sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                    .bind(PG_AUDIT_LOCK)
+                    .execute(&mut *tx)
+                    .await?;
+                append!(tx, PG_INSERT)
+            }
+            Pool::Sqlite(pool) => {
+                // IMMEDIATE takes the write lock up front, so reading the last hash and
+                // appending after it cannot interleave with another writer.
+                let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+                append!(tx, SQLITE_INSERT)
+            }
         }
-        Db::Sqlite(pool) => {
-            // IMMEDIATE takes the write lock up front, so reading the last hash and appending
-            // after it cannot interleave with another writer.
-            let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-            append!(tx, SQLITE_INSERT)
-        }
-    }
+    })
+    .await
 }
 
 /// Filters of `emisar audit query` (and later the HTTP API). Every filter is optional.
@@ -153,7 +156,7 @@ pub struct AuditFilter {
 
 /// Events matching `filter`, oldest first.
 pub async fn query(db: &Db, filter: &AuditFilter) -> Result<Vec<Event>, sqlx::Error> {
-    let pg = matches!(db, Db::Pg(_));
+    let pg = db.is_postgres();
     let mut clauses = Vec::new();
     let mut binds: Vec<String> = Vec::new();
     let mut text_filter = |column: &str, value: &Option<String>| {
@@ -187,20 +190,24 @@ pub async fn query(db: &Db, filter: &AuditFilter) -> Result<Vec<Event>, sqlx::Er
         clauses.join(" AND "),
         filter.limit.clamp(1, 10_000)
     );
-    let rows: Vec<Row> = with_pool!(db, pool => {
-        let mut q = sqlx::query_as::<_, Row>(AssertSqlSafe(sql));
-        for b in &binds {
-            q = q.bind(b);
-        }
-        q.fetch_all(pool).await?
-    });
+    let rows: Vec<Row> = db
+        .guard(async {
+            with_pool!(db, pool => {
+                let mut q = sqlx::query_as::<_, Row>(AssertSqlSafe(sql));
+                for b in &binds {
+                    q = q.bind(b);
+                }
+                q.fetch_all(pool).await
+            })
+        })
+        .await?;
     rows.into_iter().map(Row::into_event).collect()
 }
 
 /// Walks the chain from `since` (or the start) and reports the first broken link.
 pub async fn verify(db: &Db, since: Option<i64>) -> Result<VerifyReport, sqlx::Error> {
     let since = since.unwrap_or(1).max(1);
-    let pg = matches!(db, Db::Pg(_));
+    let pg = db.is_postgres();
     let columns = if pg { PG_COLUMNS } else { SQLITE_COLUMNS };
     let anchor_sql = "SELECT seq, hash FROM audit_events WHERE seq = $1";
     let sql = format!("SELECT {columns} FROM audit_events WHERE seq >= $1 ORDER BY seq");

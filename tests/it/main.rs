@@ -3,10 +3,12 @@
 
 mod audit_log;
 mod cli;
+mod conformance;
 mod emulators;
 mod harness;
 mod mcp_calls;
 mod ops;
+mod outage;
 mod packs_cluster;
 mod packs_node;
 mod python_client;

@@ -112,6 +112,8 @@ pub struct Options {
     /// (per second, burst); tests default to a limit they never reach.
     pub rate_limit: Option<(u32, u32)>,
     pub probe_interval_ms: Option<u64>,
+    /// Use this database instead of a fresh one.
+    pub database_url: Option<String>,
 }
 
 pub async fn fresh_db(backend: Backend, dir: &std::path::Path) -> (String, Option<PgTestDb>) {
@@ -132,7 +134,10 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
     let private_key = dir.path().join("server.key");
     let public_key = dir.path().join("server.pub");
     emisar::signing::write_keypair(&private_key, &public_key).unwrap();
-    let (database_url, pg) = fresh_db(backend, dir.path()).await;
+    let (database_url, pg) = match &options.database_url {
+        Some(url) => (url.clone(), None),
+        None => fresh_db(backend, dir.path()).await,
+    };
     let shutdown = CancellationToken::new();
 
     let mut entries = Vec::new();

@@ -213,3 +213,100 @@ fn replace_db(url: &str, name: &str) -> String {
     }
     out
 }
+
+/// A PostgreSQL cluster of one test's own, that the test may stop and start (to play an
+/// outage) without disturbing the shared one. Stopped by PID and removed on drop.
+pub struct DedicatedCluster {
+    dir: PathBuf,
+    data: PathBuf,
+}
+
+impl DedicatedCluster {
+    pub fn start() -> DedicatedCluster {
+        let dir: PathBuf = tempfile::Builder::new()
+            .prefix("emisar-pg-own-")
+            .tempdir()
+            .unwrap()
+            .keep();
+        if is_root() {
+            let mut c = Command::new("chown");
+            c.arg("postgres:postgres").arg(&dir);
+            run(c, "chown");
+        }
+        let data = dir.join("data");
+        let mut initdb = pg_command("initdb");
+        initdb.arg("-D").arg(&data).args([
+            "-A",
+            "trust",
+            "-U",
+            "postgres",
+            "-E",
+            "UTF8",
+            "--no-sync",
+        ]);
+        run(initdb, "initdb");
+        let c = DedicatedCluster { dir, data };
+        c.up();
+        let mut psql = Command::new("psql");
+        psql.args([
+            "-h",
+            c.dir.to_str().unwrap(),
+            "-p",
+            "5432",
+            "-U",
+            "postgres",
+            "-d",
+            "postgres",
+        ])
+        .args([
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-q",
+            "-c",
+            "CREATE DATABASE emisar",
+        ]);
+        run(psql, "create database");
+        c
+    }
+
+    /// The unix socket the server listens on.
+    pub fn socket(&self) -> PathBuf {
+        self.dir.join(".s.PGSQL.5432")
+    }
+
+    pub fn up(&self) {
+        let mut ctl = pg_command("pg_ctl");
+        ctl.arg("-D")
+            .arg(&self.data)
+            .arg("-l")
+            .arg(self.dir.join("server.log"))
+            .arg("-w")
+            .arg("-o")
+            .arg(format!(
+                "-p 5432 -k {} -c listen_addresses='' -c fsync=off",
+                self.dir.display()
+            ))
+            .arg("start");
+        run(ctl, "pg_ctl start");
+    }
+
+    /// Kills the server at once, like a crash (immediate shutdown).
+    pub fn down(&self) {
+        let mut ctl = pg_command("pg_ctl");
+        ctl.arg("-D")
+            .arg(&self.data)
+            .args(["-m", "immediate", "stop"]);
+        run(ctl, "pg_ctl stop");
+    }
+}
+
+impl Drop for DedicatedCluster {
+    fn drop(&mut self) {
+        let mut ctl = pg_command("pg_ctl");
+        ctl.arg("-D")
+            .arg(&self.data)
+            .args(["-m", "immediate", "stop"]);
+        let _ = ctl.output();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

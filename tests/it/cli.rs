@@ -295,3 +295,100 @@ async fn mcp_stdio_bridges_a_stdio_client() {
         "{err}"
     );
 }
+
+/// MCP Inspector's CLI (a client not written here) lists and calls tools of `emisar dev`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_inspector_lists_and_calls_tools_of_emisar_dev() {
+    let inspector = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/mcp-inspector");
+    let state = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_emisar"))
+        .args([
+            "dev",
+            "--state-dir",
+            state.path().to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let dev_json = state.path().join("dev.json");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !dev_json.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "dev.json not written within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let info: Value = serde_json::from_str(&std::fs::read_to_string(&dev_json).unwrap()).unwrap();
+    let url = info["mcp_url"].as_str().unwrap().to_owned();
+    let auth = format!(
+        "Authorization: Bearer {}",
+        info["agent_token"].as_str().unwrap()
+    );
+    let storage = tempfile::tempdir().unwrap();
+    let inspect = |extra: &[&str]| {
+        let mut c = tokio::process::Command::new("bash");
+        c.arg(&inspector)
+            .args(["--cli", &url, "--header", &auth])
+            .args(extra)
+            .env("MCP_STORAGE_DIR", storage.path())
+            .env("HOME", storage.path());
+        c.output()
+    };
+    let out = inspect(&["--method", "tools/list"]).await.unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "inspector failed: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed: Value = serde_json::from_str(&stdout).unwrap();
+    let names: Vec<&str> = listed["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    for tool in [
+        "linux.uptime",
+        "traefik.ping",
+        "nomad.task_resources_set",
+        "emisar.runners",
+    ] {
+        assert!(names.contains(&tool), "{tool} in {names:?}");
+    }
+    let out = inspect(&[
+        "--method",
+        "tools/call",
+        "--tool-name",
+        "linux.uptime",
+        "--tool-arg",
+        "runners=[\"local\"]",
+        "reason=\"inspector check\"",
+    ])
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "inspector call failed: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let result: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(result["isError"], false, "{result}");
+    assert!(
+        result["structuredContent"]["results"][0]["output"]["booted_at"].is_string(),
+        "{result}"
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    child.wait().unwrap();
+}

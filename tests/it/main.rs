@@ -12,5 +12,6 @@ mod outage;
 mod packs_cluster;
 mod packs_node;
 mod python_client;
+mod replicas;
 mod runner_security;
 mod secrets;

@@ -1,0 +1,134 @@
+//! Two `emisar serve` processes on one PostgreSQL, writing 10,000 audit events at once
+//! through both: one unbroken chain, every seq once.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use emisar::audit::AuditFilter;
+use rmcp::model::CallToolRequestParams;
+use serde_json::json;
+
+use crate::harness::pg::PgTestDb;
+use crate::harness::tools::free_port;
+
+const EVENTS: usize = 10_000;
+const CLIENTS_PER_REPLICA: usize = 20;
+
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_write_one_unbroken_chain() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let pg = tokio::task::spawn_blocking(PgTestDb::create).await.unwrap();
+    emisar::signing::write_keypair(&d.join("server.key"), &d.join("server.pub")).unwrap();
+    let mut replicas = Vec::new();
+    let mut urls = Vec::new();
+    for i in 0..2 {
+        let port = free_port();
+        let config = d.join(format!("emisar-{i}.toml"));
+        std::fs::write(
+            &config,
+            format!(
+                "listen = \"127.0.0.1:{port}\"\ndatabase_url = \"{}\"\nsigning_key_file = \"{}\"\nrate_limit_per_second = 100000\nrate_limit_burst = 100000\n",
+                pg.url,
+                d.join("server.key").display()
+            ),
+        )
+        .unwrap();
+        replicas.push(Proc(
+            Command::new(env!("CARGO_BIN_EXE_emisar"))
+                .args(["serve", "--config", config.to_str().unwrap()])
+                .env_remove("DATABASE_URL")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(d.join(format!("replica-{i}.log"))).unwrap())
+                .spawn()
+                .unwrap(),
+        ));
+        urls.push(format!("http://127.0.0.1:{port}"));
+    }
+    for url in &urls {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !reqwest::get(format!("{url}/healthz"))
+            .await
+            .is_ok_and(|r| r.status().is_success())
+        {
+            assert!(Instant::now() < deadline, "{url} did not come up");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let db = emisar::db::Db::connect(&pg.url).await.unwrap();
+    let audit = emisar::audit::AuditLog::start(db.clone());
+    let token = emisar::tokens::issue(
+        &db,
+        &audit,
+        "load",
+        emisar::tokens::Role::Agent,
+        Duration::from_secs(3600),
+        "test",
+    )
+    .await
+    .unwrap()
+    .token;
+
+    // Every call writes one event (emisar.runners is answered by the server itself).
+    let per_client = EVENTS / (2 * CLIENTS_PER_REPLICA);
+    let mut tasks = Vec::new();
+    for url in &urls {
+        for _ in 0..CLIENTS_PER_REPLICA {
+            let config = rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(format!("{url}/mcp"))
+                .auth_header(token.clone());
+            let client = rmcp::ServiceExt::serve(
+                (),
+                rmcp::transport::StreamableHttpClientTransport::from_config(config),
+            )
+            .await
+            .unwrap();
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..per_client {
+                    let args = json!({"reason": "load"}).as_object().unwrap().clone();
+                    let r = client
+                        .call_tool(
+                            CallToolRequestParams::new("emisar.runners").with_arguments(args),
+                        )
+                        .await
+                        .unwrap();
+                    assert_eq!(r.is_error, Some(false));
+                }
+                client.cancel().await.ok();
+            }));
+        }
+    }
+    let started = Instant::now();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let elapsed = started.elapsed();
+    let written = per_client * 2 * CLIENTS_PER_REPLICA;
+    assert_eq!(written, EVENTS);
+
+    let calls = emisar::audit::query(
+        &db,
+        &AuditFilter {
+            tool: Some("emisar.runners".into()),
+            limit: 10_000,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(calls.len(), written);
+    let report = emisar::audit::verify(&db, None).await.unwrap();
+    assert_eq!(report.broken, None, "{report:?}");
+    // Everything else in the log: two server.started and one token.issued.
+    assert_eq!(report.checked as usize, written + 3);
+    eprintln!("replicas test: {written} events through two replicas in {elapsed:?}");
+}

@@ -31,7 +31,14 @@ impl Application {
     pub async fn build(config: ServerConfig, database_url: &str) -> anyhow::Result<Self> {
         config.check()?;
         let packs = Arc::new(PackSet::load(config.packs_dir.as_deref())?);
-        let signer = Arc::new(CallSigner::from_file(&config.signing_key_file)?);
+        let signing_pem = std::fs::read_to_string(&config.signing_key_file).with_context(|| {
+            format!(
+                "failed to read signing key {}",
+                config.signing_key_file.display()
+            )
+        })?;
+        let signer = Arc::new(CallSigner::from_pem(&signing_pem)?);
+        let public_pem = crate::signing::public_pem_of(&signing_pem)?;
         let db = Db::connect(database_url).await?;
         let audit = AuditLog::start(db.clone());
         let audit_key = config
@@ -73,6 +80,12 @@ impl Application {
             .await
             .context("failed to write the first audit event")?;
         let shutdown = CancellationToken::new();
+        crate::fleet::spawn_sync(
+            db.clone(),
+            registry.clone(),
+            Duration::from_secs(10),
+            shutdown.clone(),
+        );
         registry.spawn_prober(
             Duration::from_millis(config.health_probe_interval_ms),
             shutdown.clone(),
@@ -80,7 +93,13 @@ impl Application {
         let mut hosts = config.allowed_hosts.clone();
         // The bound address itself is always acceptable (tests and `dev` use port 0).
         hosts.push(addr.to_string());
-        let router = crate::http::router(Arc::new(gateway), db.clone(), hosts, shutdown.clone());
+        let router = crate::http::router(
+            Arc::new(gateway),
+            db.clone(),
+            public_pem,
+            hosts,
+            shutdown.clone(),
+        );
         Ok(Application {
             listener,
             router,

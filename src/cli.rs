@@ -35,6 +35,12 @@ pub enum Command {
     Runner {
         #[arg(long)]
         config: PathBuf,
+        /// Join this server (its base URL) instead of being listed in its config.
+        #[arg(long, requires = "join_token")]
+        server: Option<String>,
+        /// A join token from `emisar join-token issue` (or EMISAR_JOIN_TOKEN).
+        #[arg(long, env = "EMISAR_JOIN_TOKEN", hide_env_values = true)]
+        join_token: Option<String>,
     },
     /// Quickstart: server + local runner + SQLite in one process; prints URL and token.
     Dev {
@@ -62,6 +68,11 @@ pub enum Command {
     Token {
         #[command(subcommand)]
         command: TokenCommand,
+    },
+    /// Join tokens, with which runners register themselves.
+    JoinToken {
+        #[command(subcommand)]
+        command: JoinTokenCommand,
     },
     /// Generate the server's Ed25519 signing key pair (and, optionally, the audit HMAC key).
     Keygen {
@@ -211,6 +222,17 @@ impl FilterArgs {
 }
 
 #[derive(Subcommand)]
+pub enum JoinTokenCommand {
+    /// Issue a join token. It is printed once.
+    Issue {
+        #[arg(long, default_value = "1h")]
+        ttl: String,
+        #[command(flatten)]
+        db: DbArg,
+    },
+}
+
+#[derive(Subcommand)]
 pub enum TokenCommand {
     /// Issue a bearer token. The token is printed once.
     Issue {
@@ -220,6 +242,9 @@ pub enum TokenCommand {
         /// `agent` (calls tools over MCP) or `auditor` (reads GET /api/audit).
         #[arg(long, default_value = "agent")]
         role: String,
+        /// Limit the token to the runners whose labels match, e.g. role=edge,dc=dc1.
+        #[arg(long)]
+        selector: Option<String>,
         /// Lifetime: 90s, 30m, 12h, 30d.
         #[arg(long, default_value = "30d")]
         ttl: String,
@@ -260,18 +285,53 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             });
             app.run_until_stopped().await?;
         }
-        Command::Runner { config } => {
-            let config = RunnerConfig::load(&config)?;
+        Command::Runner {
+            config,
+            server,
+            join_token,
+        } => {
+            let mut config = RunnerConfig::load_for_join(&config, server.is_some())?;
+            if let (Some(server), Some(token)) = (server, join_token) {
+                config.join = Some(crate::config::JoinConfig { server, token });
+            }
             let listener = tokio::net::TcpListener::bind(&config.listen)
                 .await
                 .with_context(|| format!("failed to listen on {}", config.listen))?;
-            let state = crate::runner::agent::RunnerState::new(config)?;
             let stop = CancellationToken::new();
             let s = stop.clone();
             tokio::spawn(async move {
                 shutdown_signal().await;
                 s.cancel();
             });
+            let state = match config.join.clone() {
+                None => crate::runner::agent::RunnerState::new(config)?,
+                Some(join) => {
+                    let packs = crate::pack::PackSet::load(config.packs_dir.as_deref())?;
+                    let url = config.advertise_url.clone().unwrap_or_else(|| {
+                        format!("http://{}", listener.local_addr().expect("bound"))
+                    });
+                    let request = crate::fleet::JoinRequest {
+                        name: config.name.clone(),
+                        url,
+                        labels: config.labels.clone(),
+                        packs: packs
+                            .packs()
+                            .map(|p| (p.name.clone(), p.digest.clone()))
+                            .collect(),
+                    };
+                    let joined =
+                        crate::runner::join::join(&join.server, &join.token, &request, &stop)
+                            .await?;
+                    tracing::info!(server = %join.server, runner = %request.name, "joined");
+                    crate::runner::join::spawn_heartbeats(
+                        join.server.clone(),
+                        joined.runner_token,
+                        std::time::Duration::from_millis(joined.heartbeat_interval_ms.max(1000)),
+                        stop.clone(),
+                    );
+                    crate::runner::agent::RunnerState::with_key(config, &joined.server_public_key)?
+                }
+            };
             crate::runner::agent::run(listener, state, stop).await?;
         }
         Command::Dev {
@@ -300,6 +360,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             TokenCommand::Issue {
                 agent,
                 role,
+                selector,
                 ttl,
                 db,
             } => {
@@ -307,7 +368,21 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 let db = db.connect().await?;
                 let audit = AuditLog::start(db.clone());
                 let role = crate::tokens::Role::parse(&role).map_err(anyhow::Error::msg)?;
-                let t = crate::tokens::issue(&db, &audit, &agent, role, ttl, &cli_actor()).await?;
+                let selector = selector
+                    .as_deref()
+                    .map(crate::selector::Selector::parse)
+                    .transpose()
+                    .map_err(anyhow::Error::msg)?;
+                let t = crate::tokens::issue_scoped(
+                    &db,
+                    &audit,
+                    &agent,
+                    role,
+                    selector.as_ref(),
+                    ttl,
+                    &cli_actor(),
+                )
+                .await?;
                 println!("token id:   {}", t.id);
                 println!("agent:      {}", t.agent);
                 println!("expires at: {}", t.expires_at);
@@ -324,6 +399,20 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 println!("revoked {id}");
             }
         },
+        Command::JoinToken {
+            command: JoinTokenCommand::Issue { ttl, db },
+        } => {
+            let ttl = crate::tokens::parse_ttl(&ttl).map_err(anyhow::Error::msg)?;
+            let db = db.connect().await?;
+            let audit = AuditLog::start(db.clone());
+            let (id, token) =
+                crate::fleet::issue_join_token(&db, &audit, ttl, &cli_actor()).await?;
+            println!("join token id: {id}");
+            println!("join token:    {token}");
+            eprintln!(
+                "The token is shown once. Runners join with: emisar runner --config runner.toml --server URL --join-token TOKEN"
+            );
+        }
         Command::Keygen {
             private,
             public,
@@ -393,7 +482,7 @@ fn packs(command: PacksCommand) -> anyhow::Result<i32> {
                 "description": t.description,
                 "risk": t.risk,
                 "scope": t.scope,
-                "input_schema": crate::pack::input_schema(t, &[]),
+                "input_schema": crate::pack::input_schema(t),
                 "steps": steps,
                 "preview": preview,
                 "output": t.output.as_ref().map(|o| o.source()),

@@ -71,6 +71,9 @@ pub struct RunnerEntry {
     /// The packs this runner serves; all packs when left out.
     #[serde(default)]
     pub packs: Option<Vec<String>>,
+    /// Labels that selectors match, e.g. `{ role = "edge", dc = "dc1" }`.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
 }
 
 impl RunnerEntry {
@@ -152,8 +155,19 @@ pub struct RunnerConfig {
     pub name: String,
     #[serde(default = "default_runner_listen")]
     pub listen: String,
-    /// The server's Ed25519 public key (SPKI PEM).
-    pub server_public_key_file: PathBuf,
+    /// The server's Ed25519 public key (SPKI PEM). A runner that joins gets it from the
+    /// server instead (over the join token's channel: use https for the server URL).
+    #[serde(default)]
+    pub server_public_key_file: Option<PathBuf>,
+    /// Labels that agents' and tokens' selectors match, e.g. `{ role = "edge" }`.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// The URL the server reaches this runner at, when it joins (default: `http://LISTEN`).
+    #[serde(default)]
+    pub advertise_url: Option<String>,
+    /// Join a server instead of being listed in its config.
+    #[serde(default)]
+    pub join: Option<JoinConfig>,
     #[serde(default)]
     pub packs_dir: Option<PathBuf>,
     /// PATH for exec actions (the rest of the environment is cleared).
@@ -173,6 +187,23 @@ pub struct RunnerConfig {
     /// not here is empty: every value is refused.
     #[serde(default)]
     pub allowlists: BTreeMap<String, Vec<String>>,
+}
+
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JoinConfig {
+    /// The server's base URL, e.g. https://emisar.example.internal.
+    pub server: String,
+    /// A join token from `emisar join-token issue`.
+    pub token: String,
+}
+
+impl std::fmt::Debug for JoinConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JoinConfig")
+            .field("server", &self.server)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Clone, Deserialize)]
@@ -213,9 +244,41 @@ pub const STANDARD_SERVICES: &[(&str, &str)] = &[
 ];
 
 impl RunnerConfig {
+    /// Every setting at its default, standard services filled in.
+    pub fn with_name(name: &str) -> Self {
+        let mut c = RunnerConfig {
+            name: name.to_owned(),
+            listen: default_runner_listen(),
+            server_public_key_file: None,
+            labels: BTreeMap::new(),
+            advertise_url: None,
+            join: None,
+            packs_dir: None,
+            exec_path: default_exec_path(),
+            max_output_bytes: default_max_output_bytes(),
+            services: BTreeMap::new(),
+            programs: BTreeMap::new(),
+            allowlists: BTreeMap::new(),
+        };
+        c.fill_standard_services();
+        c
+    }
+
     pub fn load(path: &Path) -> anyhow::Result<Self> {
+        Self::load_for_join(path, false)
+    }
+
+    /// Loads runner.toml; `joining` says the command line supplies the join settings, so
+    /// the server's public key may come from the server.
+    pub fn load_for_join(path: &Path, joining: bool) -> anyhow::Result<Self> {
         let mut c: Self = read_toml(path)?;
         c.fill_standard_services();
+        if joining && c.join.is_none() {
+            c.join = Some(JoinConfig {
+                server: String::new(),
+                token: String::new(),
+            });
+        }
         c.check()?;
         Ok(c)
     }
@@ -234,6 +297,16 @@ impl RunnerConfig {
     pub fn check(&self) -> anyhow::Result<()> {
         if !crate::pack::is_identifier(&self.name) {
             anyhow::bail!("name `{}` must be an identifier", self.name);
+        }
+        if self.server_public_key_file.is_none() && self.join.is_none() {
+            anyhow::bail!(
+                "server_public_key_file is required unless the runner joins a server ([join] or --server/--join-token)"
+            );
+        }
+        for (k, v) in &self.labels {
+            if !crate::pack::is_identifier(k) || !crate::pack::is_identifier(v) {
+                anyhow::bail!("labels: `{k} = {v}` must be identifiers");
+            }
         }
         for (name, s) in &self.services {
             let url = reqwest::Url::parse(&s.base_url).with_context(|| {

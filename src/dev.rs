@@ -38,22 +38,13 @@ pub async fn run(opts: DevOptions, shutdown: CancellationToken) -> anyhow::Resul
     let mut runner_config = match &opts.runner_config {
         Some(path) => RunnerConfig::load(path)?,
         None => {
-            let mut c = RunnerConfig {
-                name: DEV_RUNNER.into(),
-                listen: "127.0.0.1:0".into(),
-                server_public_key_file: public.clone(),
-                packs_dir: opts.packs_dir.clone(),
-                exec_path: "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
-                max_output_bytes: 1024 * 1024,
-                services: Default::default(),
-                programs: Default::default(),
-                allowlists: Default::default(),
-            };
-            c.fill_standard_services();
+            let mut c = RunnerConfig::with_name(DEV_RUNNER);
+            c.listen = "127.0.0.1:0".into();
+            c.packs_dir = opts.packs_dir.clone();
             c
         }
     };
-    runner_config.server_public_key_file = public.clone();
+    runner_config.server_public_key_file = Some(public.clone());
     let runner_name = runner_config.name.clone();
     let runner_listener = TcpListener::bind(&runner_config.listen)
         .await
@@ -75,6 +66,7 @@ pub async fn run(opts: DevOptions, shutdown: CancellationToken) -> anyhow::Resul
             name: runner_name.clone(),
             url: runner_url.clone(),
             packs: None,
+            labels: Default::default(),
         }],
         ..ServerConfig::with_signing_key(private)
     };

@@ -33,6 +33,7 @@ use crate::runner::RetryBudget;
 use crate::runner::client::{Dispatch, RunnerAnswer, RunnerClient, RunnerError};
 use crate::runner::registry::{Registry, rejection_message};
 use crate::secrets::AuditKey;
+use crate::selector::Selector;
 use crate::tokens::Principal;
 
 /// The built-in tool that shows runner health to agents.
@@ -147,12 +148,7 @@ impl Gateway {
                     tool.name
                 );
             }
-            let serving: Vec<String> = runners
-                .names()
-                .filter(|n| runners.get(n).is_some_and(|r| r.serves(&tool.pack)))
-                .cloned()
-                .collect();
-            let input_schema = crate::pack::input_schema(tool, &serving);
+            let input_schema = crate::pack::input_schema(tool);
             tools.insert(
                 tool.name.clone(),
                 offered(
@@ -207,6 +203,19 @@ impl Gateway {
 
     pub fn tool_for(&self, _caller: &Principal, name: &str) -> Option<&OfferedTool> {
         self.tools.get(name)
+    }
+
+    /// The input schema `caller` sees for `offered`: pack tools list the runners it may name.
+    pub fn schema_for(&self, caller: &Principal, offered: &OfferedTool) -> Map<String, Value> {
+        match &offered.tool {
+            Some(tool) => crate::pack::with_runner_names(
+                offered.input_schema.clone(),
+                &self
+                    .runners
+                    .serving_sorted(&tool.pack, caller.selector.as_ref()),
+            ),
+            None => offered.input_schema.clone(),
+        }
     }
 
     /// A tool by name, whoever asks (for schema lookups, not for authorization).
@@ -273,14 +282,81 @@ impl Gateway {
         let Some(tool) = &offered.tool else {
             return self.builtin(&call.principal, offered, reason, errors).await;
         };
+        let selector = match params
+            .remove("selector")
+            .and_then(|v| v.as_str().map(str::to_owned))
+        {
+            None => None,
+            Some(text) => match Selector::parse(&text) {
+                Ok(sel) => Some(sel),
+                Err(e) => {
+                    errors.push(format!("`selector`: {e}"));
+                    None
+                }
+            },
+        };
+        // The runners this caller may target: a token limited to a selector sees only those.
+        let visible = |name: &str| {
+            self.runners.get(name).filter(|r| {
+                call.principal
+                    .selector
+                    .as_ref()
+                    .is_none_or(|s| s.matches(&r.labels))
+            })
+        };
         for name in &named {
-            match self.runners.get(name) {
+            match visible(name) {
                 None => errors.push(format!("`runners`: no runner is named `{name}`")),
                 Some(r) if !r.serves(&tool.pack) => errors.push(format!(
                     "`runners`: runner `{name}` does not serve pack `{}`",
                     tool.pack
                 )),
                 Some(_) => {}
+            }
+        }
+        let mut targets = named.clone();
+        let mut chosen = false;
+        if errors.is_empty() {
+            match (&selector, named.is_empty(), tool.scope) {
+                (Some(_), false, _) => errors.push("give `runners` or `selector`, not both".into()),
+                (Some(sel), true, scope) => {
+                    let matched: Vec<String> = self
+                        .runners
+                        .serving(&tool.pack, Some(sel))
+                        .into_iter()
+                        .filter(|n| visible(n).is_some())
+                        .collect();
+                    if matched.is_empty() {
+                        errors.push(format!(
+                            "`selector`: no runner serving pack `{}` matches `{sel}`",
+                            tool.pack
+                        ));
+                    } else if scope == Scope::Cluster {
+                        targets = matched.into_iter().take(1).collect();
+                        chosen = true;
+                    } else {
+                        targets = matched;
+                    }
+                }
+                (None, true, Scope::Node) => errors.push(
+                    "`runners`: name at least one runner, or give a `selector` such as role=edge"
+                        .into(),
+                ),
+                (None, true, Scope::Cluster) => {
+                    match self
+                        .runners
+                        .serving(&tool.pack, call.principal.selector.as_ref())
+                        .into_iter()
+                        .next()
+                    {
+                        Some(best) => {
+                            targets = vec![best];
+                            chosen = true;
+                        }
+                        None => errors.push(format!("no runner serves pack `{}`", tool.pack)),
+                    }
+                }
+                (None, false, _) => {}
             }
         }
         let audited_args = self.redact(tool, &params);
@@ -300,25 +376,6 @@ impl Gateway {
                 errors,
             });
         }
-        let (targets, chosen) = if named.is_empty() && tool.scope == Scope::Cluster {
-            match self.runners.serving(&tool.pack).into_iter().next() {
-                Some(best) => (vec![best], true),
-                None => {
-                    let message = format!("no runner serves pack `{}`", tool.pack);
-                    self.reject(
-                        &actor,
-                        &tool.name,
-                        Some(audited_args),
-                        reason,
-                        message.clone(),
-                    )
-                    .await;
-                    return Err(CallError::Denied(message));
-                }
-            }
-        } else {
-            (named, false)
-        };
 
         // 4. Policy.
         if let Decision::Deny(why) = policy::decide(tool, &call.principal) {

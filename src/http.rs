@@ -36,12 +36,15 @@ pub struct HttpState {
     /// MCP session id → (token id, order of binding).
     sessions: Arc<Mutex<HashMap<String, (String, u64)>>>,
     tokens: Arc<crate::tokens::TokenCache>,
+    /// Handed to runners that join, so they can verify the calls this server signs.
+    server_public_key: Arc<String>,
     next_binding: Arc<std::sync::atomic::AtomicU64>,
 }
 
 pub fn router(
     gateway: Arc<Gateway>,
     db: Db,
+    server_public_key: String,
     allowed_hosts: Vec<String>,
     shutdown: CancellationToken,
 ) -> Router {
@@ -55,6 +58,7 @@ pub fn router(
         gateway,
         sessions: Arc::default(),
         tokens: Arc::default(),
+        server_public_key: Arc::new(server_public_key),
         next_binding: Arc::default(),
     };
     let protected = Router::new()
@@ -68,6 +72,11 @@ pub fn router(
     Router::new()
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/readyz", get(readyz))
+        .route("/api/runners/join", axum::routing::post(runner_join))
+        .route(
+            "/api/runners/heartbeat",
+            axum::routing::post(runner_heartbeat),
+        )
         .route("/metrics", get(metrics))
         .merge(protected)
         .with_state(state)
@@ -266,6 +275,68 @@ async fn api_audit(
             )
                 .into_response()
         }
+    }
+}
+
+fn bearer(headers: &axum::http::HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+}
+
+fn fleet_error(e: crate::fleet::FleetError) -> Response {
+    use crate::fleet::FleetError;
+    let status = match &e {
+        FleetError::Invalid(_) => StatusCode::BAD_REQUEST,
+        FleetError::Unauthorized => StatusCode::UNAUTHORIZED,
+        FleetError::Store(_) | FleetError::Audit(_) => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        tracing::error!(error = %e, "runner join or heartbeat failed");
+    }
+    (status, Json(json!({"error": e.to_string()}))).into_response()
+}
+
+/// `POST /api/runners/join` with a join token: registers the runner.
+async fn runner_join(
+    State(state): State<HttpState>,
+    headers: axum::http::HeaderMap,
+    body: Result<Json<crate::fleet::JoinRequest>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    let Some(token) = bearer(&headers) else {
+        return fleet_error(crate::fleet::FleetError::Unauthorized);
+    };
+    let request = match body {
+        Ok(Json(r)) => r,
+        Err(e) => return fleet_error(crate::fleet::FleetError::Invalid(e.body_text())),
+    };
+    match crate::fleet::join(
+        &state.db,
+        state.gateway.audit(),
+        state.gateway.runners(),
+        token,
+        request,
+        &state.server_public_key,
+    )
+    .await
+    {
+        Ok(r) => Json(r).into_response(),
+        Err(e) => fleet_error(e),
+    }
+}
+
+/// `POST /api/runners/heartbeat` with a runner token.
+async fn runner_heartbeat(
+    State(state): State<HttpState>,
+    headers: axum::http::HeaderMap,
+) -> Response {
+    let Some(token) = bearer(&headers) else {
+        return fleet_error(crate::fleet::FleetError::Unauthorized);
+    };
+    match crate::fleet::heartbeat(&state.db, state.gateway.runners(), token).await {
+        Ok(name) => Json(json!({"runner": name})).into_response(),
+        Err(e) => fleet_error(e),
     }
 }
 

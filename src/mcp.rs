@@ -114,14 +114,14 @@ impl<S: ToolSource> ServerHandler for EmisarMcp<S> {
 /// The production source: the gateway, behind bearer auth.
 pub struct GatewaySource(pub Arc<Gateway>);
 
-fn to_mcp_tool(offered: &OfferedTool) -> Tool {
+fn to_mcp_tool(offered: &OfferedTool, schema: serde_json::Map<String, serde_json::Value>) -> Tool {
     let annotations = ToolAnnotations::new()
         .read_only(offered.risk == Risk::Read)
         .destructive(offered.risk == Risk::High);
     Tool::new(
         offered.name.clone(),
         offered.description.clone(),
-        Arc::new(offered.input_schema.clone()),
+        Arc::new(schema),
     )
     .with_annotations(annotations)
 }
@@ -129,13 +129,19 @@ fn to_mcp_tool(offered: &OfferedTool) -> Tool {
 impl ToolSource for GatewaySource {
     fn list(&self, caller: Option<&Principal>) -> Vec<Tool> {
         match caller {
-            Some(c) => self.0.tools_for(c).map(to_mcp_tool).collect(),
+            Some(c) => self
+                .0
+                .tools_for(c)
+                .map(|t| to_mcp_tool(t, self.0.schema_for(c, t)))
+                .collect(),
             None => Vec::new(),
         }
     }
 
     fn get(&self, name: &str) -> Option<Tool> {
-        self.0.tool(name).map(to_mcp_tool)
+        self.0
+            .tool(name)
+            .map(|t| to_mcp_tool(t, t.input_schema.clone()))
     }
 
     async fn call(

@@ -34,6 +34,7 @@ mod tests {
             agent: "a".into(),
             token_id: "t".into(),
             role: crate::tokens::Role::Agent,
+            selector: None,
         }
     }
 

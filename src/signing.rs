@@ -143,6 +143,15 @@ pub fn write_keypair(private: &Path, public: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The public key (SPKI PEM) of a private key (PKCS#8 PEM), handed to runners that join.
+pub fn public_pem_of(private_pem: &str) -> anyhow::Result<String> {
+    use ed25519_dalek::pkcs8::DecodePrivateKey;
+    let key = SigningKey::from_pkcs8_pem(private_pem).context("failed to read the signing key")?;
+    key.verifying_key()
+        .to_public_key_pem(LineEnding::LF)
+        .context("failed to encode the public key")
+}
+
 pub fn now() -> u64 {
     jsonwebtoken::get_current_timestamp()
 }

@@ -11,6 +11,7 @@ use serde_json::json;
 use crate::audit::{AuditLog, NewEvent, format_at, kind};
 use crate::db::{Db, Pool};
 use crate::digest::sha256_hex;
+use crate::selector::Selector;
 use crate::with_pool;
 
 const PREFIX: &str = "emt_";
@@ -49,6 +50,8 @@ pub struct Principal {
     pub agent: String,
     pub token_id: String,
     pub role: Role,
+    /// Runners outside this selector do not exist for this caller.
+    pub selector: Option<Selector>,
 }
 
 impl Principal {
@@ -76,6 +79,19 @@ pub async fn issue(
     ttl: Duration,
     issued_by: &str,
 ) -> anyhow::Result<IssuedToken> {
+    issue_scoped(db, audit, agent, role, None, ttl, issued_by).await
+}
+
+/// Issues a token whose calls may target only the runners `selector` matches.
+pub async fn issue_scoped(
+    db: &Db,
+    audit: &AuditLog,
+    agent: &str,
+    role: Role,
+    selector: Option<&Selector>,
+    ttl: Duration,
+    issued_by: &str,
+) -> anyhow::Result<IssuedToken> {
     if !crate::pack::is_identifier(agent) {
         anyhow::bail!("agent name `{agent}` must be an identifier (letters, digits, `_ . @ -`)");
     }
@@ -92,10 +108,10 @@ pub async fn issue(
     let expires_at = format_at(now + ttl);
     let sql = match db.pool() {
         Pool::Pg(_) => {
-            "INSERT INTO agent_tokens (id, agent, token_hash, created_at, expires_at, role) VALUES ($1, $2, $3, $4::timestamptz, $5::timestamptz, $6)"
+            "INSERT INTO agent_tokens (id, agent, token_hash, created_at, expires_at, role, selector) VALUES ($1, $2, $3, $4::timestamptz, $5::timestamptz, $6, $7)"
         }
         Pool::Sqlite(_) => {
-            "INSERT INTO agent_tokens (id, agent, token_hash, created_at, expires_at, role) VALUES ($1, $2, $3, $4, $5, $6)"
+            "INSERT INTO agent_tokens (id, agent, token_hash, created_at, expires_at, role, selector) VALUES ($1, $2, $3, $4, $5, $6, $7)"
         }
     };
     // Audit first: a token that exists must have its issue on record.
@@ -103,7 +119,8 @@ pub async fn issue(
         .append(NewEvent {
             actor: issued_by.to_owned(),
             kind: kind::TOKEN_ISSUED.into(),
-            detail: Some(json!({"token_id": id, "agent": agent, "role": role.as_str(), "expires_at": expires_at})),
+            detail: Some(json!({"token_id": id, "agent": agent, "role": role.as_str(),
+                                "selector": selector.map(|s| s.to_string()), "expires_at": expires_at})),
             outcome: Some("ok".into()),
             ..Default::default()
         })
@@ -116,6 +133,7 @@ pub async fn issue(
             .bind(&created_at)
             .bind(&expires_at)
             .bind(role.as_str())
+            .bind(selector.map(|s| s.to_string()))
             .execute(pool)
             .await?;
     });
@@ -134,23 +152,28 @@ pub async fn authenticate(db: &Db, token: &str) -> Result<Option<Principal>, sql
     }
     let sql = match db.pool() {
         Pool::Pg(_) => {
-            "SELECT id, agent, role FROM agent_tokens WHERE token_hash = $1 AND revoked_at IS NULL AND expires_at > $2::timestamptz"
+            "SELECT id, agent, role, selector FROM agent_tokens WHERE token_hash = $1 AND revoked_at IS NULL AND expires_at > $2::timestamptz"
         }
         Pool::Sqlite(_) => {
-            "SELECT id, agent, role FROM agent_tokens WHERE token_hash = $1 AND revoked_at IS NULL AND expires_at > $2"
+            "SELECT id, agent, role, selector FROM agent_tokens WHERE token_hash = $1 AND revoked_at IS NULL AND expires_at > $2"
         }
     };
     let hash = sha256_hex(token.as_bytes());
     let now = format_at(chrono::Utc::now());
-    let row: Option<(String, String, String)> = db
+    let row: Option<(String, String, String, Option<String>)> = db
         .guard(async { with_pool!(db, pool => sqlx::query_as(sql).bind(&hash).bind(&now).fetch_optional(pool).await) })
         .await?;
-    Ok(row.and_then(|(token_id, agent, role)| {
-        // A role this version does not know grants nothing.
+    Ok(row.and_then(|(token_id, agent, role, selector)| {
+        // A role or selector this version cannot read grants nothing.
+        let selector = match selector {
+            None => None,
+            Some(text) => Some(Selector::parse(&text).ok()?),
+        };
         Role::parse(&role).ok().map(|role| Principal {
             agent,
             token_id,
             role,
+            selector,
         })
     }))
 }

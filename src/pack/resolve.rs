@@ -336,8 +336,9 @@ fn resolve_tool(pack: &RawPack, name: &str, raw: &RawTool) -> Result<Tool, Strin
     })
 }
 
-/// The MCP input schema: the pack params plus `runners` and `reason`.
-pub fn input_schema(tool: &Tool, runner_names: &[String]) -> Map<String, Value> {
+/// The MCP input schema: the pack params plus `runners`, `selector`, `reason` and `raw`.
+/// Which runners exist changes at run time; [`with_runner_names`] adds them for a listing.
+pub fn input_schema(tool: &Tool) -> Map<String, Value> {
     let mut schema = params::object_schema(&tool.params);
     let mut runners = json!({
         "type": "array",
@@ -345,16 +346,18 @@ pub fn input_schema(tool: &Tool, runner_names: &[String]) -> Map<String, Value> 
         "minItems": 1,
         "uniqueItems": true,
         "description": match tool.scope {
-            Scope::Node => "The runners (nodes) to run this on. At least one.",
-            Scope::Cluster => "Optional: the runner to ask. Left out, the server picks a healthy runner serving this pack.",
+            Scope::Node => "The runners (nodes) to run this on. Name at least one, or give a `selector`.",
+            Scope::Cluster => "Optional: the runner to ask. Left out, the server picks a healthy runner serving this pack and says which.",
         },
     });
-    if !runner_names.is_empty() {
-        runners["items"]["enum"] = json!(runner_names);
-    }
     if tool.scope == Scope::Cluster {
         runners["maxItems"] = json!(1);
     }
+    let selector = json!({
+        "type": "string",
+        "pattern": crate::selector::PATTERN,
+        "description": "Instead of `runners`: every runner whose labels match, e.g. `role=edge,dc=dc1`.",
+    });
     let reason = json!({
         "type": "string",
         "minLength": 1,
@@ -368,14 +371,24 @@ pub fn input_schema(tool: &Tool, runner_names: &[String]) -> Map<String, Value> 
     });
     if let Some(Value::Object(props)) = schema.get_mut("properties") {
         props.insert("runners".into(), runners);
+        props.insert("selector".into(), selector);
         props.insert("reason".into(), reason);
         props.insert("raw".into(), raw);
     }
     if let Some(Value::Array(required)) = schema.get_mut("required") {
-        if tool.scope == Scope::Node {
-            required.push(json!("runners"));
-        }
         required.push(json!("reason"));
+    }
+    schema
+}
+
+/// `schema` with the runner names a caller may name listed as the only valid `runners`.
+pub fn with_runner_names(mut schema: Map<String, Value>, names: &[String]) -> Map<String, Value> {
+    if let Some(items) = schema
+        .get_mut("properties")
+        .and_then(|p| p.get_mut("runners"))
+        .and_then(|r| r.get_mut("items"))
+    {
+        items["enum"] = json!(names);
     }
     schema
 }
@@ -495,7 +508,7 @@ mod tests {
     fn input_schema_requires_reason_and_runners() {
         let set = PackSet::load(None).unwrap();
         let tool = set.tool("traefik.ping").unwrap();
-        let schema = input_schema(tool, &["a".into(), "b".into()]);
+        let schema = with_runner_names(input_schema(tool), &["a".into(), "b".into()]);
         let v = input_validator(&schema).unwrap();
         let ok = json!({"runners": ["a"], "reason": "checking the edge"});
         assert!(params::validate(&v, &ok).is_ok());
@@ -505,7 +518,7 @@ mod tests {
             json!({"runners": ["a"], "reason": "   "}),
             json!({"runners": [], "reason": "x"}),
             json!({"runners": ["zzz"], "reason": "x"}),
-            json!({"reason": "x"}),
+            json!({"runners": ["a"], "reason": "x", "selector": "role"}),
         ] {
             assert!(params::validate(&v, &bad).is_err(), "{bad}");
         }

@@ -38,17 +38,24 @@ pub struct RunnerState {
 }
 
 impl RunnerState {
+    /// A runner that verifies calls with the key in `server_public_key_file`.
     pub fn new(config: RunnerConfig) -> anyhow::Result<Arc<Self>> {
         use anyhow::Context;
+        let path = config
+            .server_public_key_file
+            .clone()
+            .context("no server_public_key_file configured")?;
+        let pem = std::fs::read_to_string(&path)
+            .with_context(|| format!("failed to read server public key {}", path.display()))?;
+        Self::with_key(config, &pem)
+    }
+
+    /// A runner that verifies calls with `server_public_key` (SPKI PEM).
+    pub fn with_key(config: RunnerConfig, server_public_key: &str) -> anyhow::Result<Arc<Self>> {
         let packs = PackSet::load(config.packs_dir.as_deref())?;
         config.check_services(&packs)?;
-        let pem = std::fs::read_to_string(&config.server_public_key_file).with_context(|| {
-            format!(
-                "failed to read server public key {}",
-                config.server_public_key_file.display()
-            )
-        })?;
-        let verifier = CallVerifier::from_pem(&pem, &config.name)?;
+        let pem = server_public_key;
+        let verifier = CallVerifier::from_pem(pem, &config.name)?;
         let http = reqwest::Client::builder()
             .connect_timeout(std::time::Duration::from_secs(3))
             // Local services only: never follow a redirect somewhere else.
@@ -66,6 +73,14 @@ impl RunnerState {
 
     pub fn name(&self) -> &str {
         &self.config.name
+    }
+
+    /// Pack name → digest, as this runner loaded them.
+    pub fn pack_digests(&self) -> std::collections::BTreeMap<String, String> {
+        self.packs
+            .packs()
+            .map(|p| (p.name.clone(), p.digest.clone()))
+            .collect()
     }
 
     /// Records `jti` as used; false if it was seen before (or the table is full).

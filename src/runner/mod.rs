@@ -12,6 +12,7 @@ pub mod client;
 mod engine;
 mod exec;
 mod http_action;
+pub mod join;
 mod protocol;
 pub mod registry;
 

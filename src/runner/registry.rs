@@ -5,16 +5,17 @@
 //! message that says since when and why.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use serde::Serialize;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::backoff::Backoff;
+use super::backoff::{Backoff, random_below};
 use super::breaker::{Breaker, Rejection};
 use crate::config::RunnerEntry;
+use crate::selector::Selector;
 
 /// Consecutive failures that open a runner's breaker.
 const BREAKER_THRESHOLD: u32 = 3;
@@ -29,8 +30,23 @@ struct Health {
     probe_failures: u32,
 }
 
+/// One runner: what it is (replaceable when it re-joins) and how it is doing.
+struct Slot {
+    entry: RwLock<RunnerEntry>,
+    health: Mutex<Health>,
+}
+
 pub struct Registry {
-    entries: BTreeMap<String, (RunnerEntry, Mutex<Health>)>,
+    slots: RwLock<BTreeMap<String, Arc<Slot>>>,
+    /// Set once the prober runs, so runners added later get probed too.
+    prober: Mutex<Option<Prober>>,
+}
+
+#[derive(Clone)]
+struct Prober {
+    http: reqwest::Client,
+    interval: Duration,
+    shutdown: CancellationToken,
 }
 
 /// One runner's health as the API, the metrics and the `emisar.runners` tool show it.
@@ -38,6 +54,7 @@ pub struct Registry {
 pub struct RunnerStatus {
     pub name: String,
     pub url: String,
+    pub labels: BTreeMap<String, String>,
     pub packs: Option<Vec<String>>,
     pub breaker: &'static str,
     pub breaker_open_since: Option<String>,
@@ -52,60 +69,137 @@ fn cooldown() -> Backoff {
     Backoff::try_new(Duration::from_secs(2), Duration::from_secs(60)).expect("valid bounds")
 }
 
+fn new_health() -> Health {
+    Health {
+        breaker: Breaker::new(BREAKER_THRESHOLD, cooldown()),
+        last_heartbeat: None,
+        heartbeat_ok: None,
+        last_call: None,
+        last_error: None,
+        probe_failures: 0,
+    }
+}
+
 impl Registry {
     pub fn new(runners: Vec<RunnerEntry>) -> Arc<Self> {
-        let entries = runners
+        let slots = runners
             .into_iter()
             .map(|r| {
-                let health = Health {
-                    breaker: Breaker::new(BREAKER_THRESHOLD, cooldown()),
-                    last_heartbeat: None,
-                    heartbeat_ok: None,
-                    last_call: None,
-                    last_error: None,
-                    probe_failures: 0,
-                };
-                (r.name.clone(), (r, Mutex::new(health)))
+                let name = r.name.clone();
+                (
+                    name,
+                    Arc::new(Slot {
+                        entry: RwLock::new(r),
+                        health: Mutex::new(new_health()),
+                    }),
+                )
             })
             .collect();
-        Arc::new(Registry { entries })
+        Arc::new(Registry {
+            slots: RwLock::new(slots),
+            prober: Mutex::new(None),
+        })
     }
 
-    fn health(&self, name: &str) -> Option<std::sync::MutexGuard<'_, Health>> {
-        self.entries
+    fn slot(&self, name: &str) -> Option<Arc<Slot>> {
+        self.slots
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
             .get(name)
-            .map(|(_, h)| h.lock().unwrap_or_else(|p| p.into_inner()))
+            .cloned()
     }
 
-    pub fn get(&self, name: &str) -> Option<&RunnerEntry> {
-        self.entries.get(name).map(|(e, _)| e)
-    }
-
-    pub fn names(&self) -> impl Iterator<Item = &String> {
-        self.entries.keys()
-    }
-
-    /// Runners that serve `pack`, healthiest first (closed breaker and a good heartbeat),
-    /// then by name.
-    pub fn serving(&self, pack: &str) -> Vec<String> {
-        let mut names: Vec<(u8, &String)> = self
-            .entries
+    fn slots(&self) -> Vec<(String, Arc<Slot>)> {
+        self.slots
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
             .iter()
-            .filter(|(_, (e, _))| e.serves(pack))
-            .map(|(name, (_, h))| {
-                let h = h.lock().unwrap_or_else(|p| p.into_inner());
+            .map(|(n, s)| (n.clone(), s.clone()))
+            .collect()
+    }
+
+    /// Adds a runner or replaces what is known of it (a re-join); its health is kept.
+    pub fn upsert(self: &Arc<Self>, entry: RunnerEntry) {
+        let name = entry.name.clone();
+        let added = {
+            let mut slots = self.slots.write().unwrap_or_else(|p| p.into_inner());
+            match slots.get(&name) {
+                Some(slot) => {
+                    *slot.entry.write().unwrap_or_else(|p| p.into_inner()) = entry;
+                    false
+                }
+                None => {
+                    slots.insert(
+                        name.clone(),
+                        Arc::new(Slot {
+                            entry: RwLock::new(entry),
+                            health: Mutex::new(new_health()),
+                        }),
+                    );
+                    true
+                }
+            }
+        };
+        if added
+            && let Some(prober) = self
+                .prober
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+        {
+            self.spawn_probe(name, prober);
+        }
+    }
+
+    pub fn get(&self, name: &str) -> Option<RunnerEntry> {
+        self.slot(name)
+            .map(|s| s.entry.read().unwrap_or_else(|p| p.into_inner()).clone())
+    }
+
+    /// Every runner, in name order.
+    pub fn entries(&self) -> Vec<RunnerEntry> {
+        self.slots()
+            .into_iter()
+            .map(|(_, s)| s.entry.read().unwrap_or_else(|p| p.into_inner()).clone())
+            .collect()
+    }
+
+    /// Runners that serve `pack` and are in `scope`, healthiest first (closed breaker and a
+    /// good heartbeat), then by name.
+    pub fn serving(&self, pack: &str, scope: Option<&Selector>) -> Vec<String> {
+        let mut names: Vec<(u8, String)> = self
+            .slots()
+            .into_iter()
+            .filter(|(_, s)| {
+                let e = s.entry.read().unwrap_or_else(|p| p.into_inner());
+                e.serves(pack) && scope.is_none_or(|sel| sel.matches(&e.labels))
+            })
+            .map(|(name, s)| {
+                let h = s.health.lock().unwrap_or_else(|p| p.into_inner());
                 let rank = h.breaker.level() * 2 + u8::from(h.heartbeat_ok == Some(false));
                 (rank, name)
             })
             .collect();
         names.sort();
-        names.into_iter().map(|(_, n)| n.clone()).collect()
+        names.into_iter().map(|(_, n)| n).collect()
+    }
+
+    /// Runners that serve `pack` and are in `scope`, by name.
+    pub fn serving_sorted(&self, pack: &str, scope: Option<&Selector>) -> Vec<String> {
+        let mut names = self.serving(pack, scope);
+        names.sort();
+        names
     }
 
     /// May a call to `name` start now?
     pub fn admit(&self, name: &str) -> Result<(), Rejection> {
-        match self.health(name) {
-            Some(mut h) => h.breaker.admit(Instant::now()),
+        match self.slot(name) {
+            Some(s) => s
+                .health
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .breaker
+                .admit(Instant::now()),
             None => Ok(()),
         }
     }
@@ -113,7 +207,8 @@ impl Registry {
     /// Records how a call went. Only failures of the runner itself count against its breaker
     /// (unreachable, timed out, unreadable); a service error behind a healthy runner does not.
     pub fn record(&self, name: &str, runner_failure: Option<&str>) {
-        if let Some(mut h) = self.health(name) {
+        if let Some(s) = self.slot(name) {
+            let mut h = s.health.lock().unwrap_or_else(|p| p.into_inner());
             h.last_call = Some(chrono::Utc::now());
             match runner_failure {
                 None => {
@@ -129,16 +224,18 @@ impl Registry {
         }
     }
 
-    fn record_probe(&self, name: &str, result: Result<(), String>) -> u32 {
-        let Some(mut h) = self.health(name) else {
+    /// A probe's or a runner heartbeat's result. Returns the consecutive failures so far.
+    pub fn record_heartbeat(&self, name: &str, result: Result<(), String>) -> u32 {
+        let Some(s) = self.slot(name) else {
             return 0;
         };
+        let mut h = s.health.lock().unwrap_or_else(|p| p.into_inner());
         h.last_heartbeat = Some(chrono::Utc::now());
         match result {
             Ok(()) => {
                 h.heartbeat_ok = Some(true);
                 h.probe_failures = 0;
-                // A runner that answers its health probe again closes its breaker.
+                // A runner that answers again closes its breaker once the cooldown is over.
                 if h.breaker.level() != 0 && h.breaker.admit(Instant::now()).is_ok() {
                     h.breaker.on_success();
                 }
@@ -155,14 +252,16 @@ impl Registry {
     }
 
     pub fn snapshot(&self) -> Vec<RunnerStatus> {
-        self.entries
-            .iter()
-            .map(|(name, (e, h))| {
-                let h = h.lock().unwrap_or_else(|p| p.into_inner());
+        self.slots()
+            .into_iter()
+            .map(|(name, s)| {
+                let e = s.entry.read().unwrap_or_else(|p| p.into_inner()).clone();
+                let h = s.health.lock().unwrap_or_else(|p| p.into_inner());
                 RunnerStatus {
-                    name: name.clone(),
-                    url: e.url.clone(),
-                    packs: e.packs.clone(),
+                    name,
+                    url: e.url,
+                    labels: e.labels,
+                    packs: e.packs,
                     breaker: h.breaker.name(),
                     breaker_open_since: h.breaker.opened_at().map(|t| t.to_rfc3339()),
                     healthy: h.breaker.level() == 0 && h.heartbeat_ok != Some(false),
@@ -176,55 +275,62 @@ impl Registry {
     }
 
     /// Probes every runner's `/healthz` every `interval` (jittered), backing off per runner
-    /// while it fails, until `shutdown`.
+    /// while it fails, until `shutdown`. Runners added later are probed from then on.
     pub fn spawn_prober(self: &Arc<Self>, interval: Duration, shutdown: CancellationToken) {
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(2))
-            .timeout(Duration::from_secs(3))
-            .no_proxy()
-            .build()
-            .expect("a plain HTTP client builds");
+        let prober = Prober {
+            http: reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(2))
+                .timeout(Duration::from_secs(3))
+                .no_proxy()
+                .build()
+                .expect("a plain HTTP client builds"),
+            interval,
+            shutdown,
+        };
+        *self.prober.lock().unwrap_or_else(|p| p.into_inner()) = Some(prober.clone());
+        for (name, _) in self.slots() {
+            self.spawn_probe(name, prober.clone());
+        }
+    }
+
+    fn spawn_probe(self: &Arc<Self>, name: String, prober: Prober) {
+        let registry = self.clone();
+        let Prober {
+            http,
+            interval,
+            shutdown,
+        } = prober;
         let failing = Backoff::try_new(
             Duration::from_millis(500),
             interval.max(Duration::from_secs(1)),
         )
         .expect("valid bounds");
-        for name in self.entries.keys() {
-            let name = name.clone();
-            let registry = self.clone();
-            let http = http.clone();
-            let shutdown = shutdown.clone();
-            tokio::spawn(async move {
-                let url = format!(
-                    "{}/healthz",
-                    registry.entries[&name].0.url.trim_end_matches('/')
-                );
-                // Start at a random point in the interval so probes never march in step.
-                let mut wait = Duration::from_millis(super::backoff::random_below(
-                    interval.as_millis() as u64 + 1,
-                ));
-                loop {
-                    tokio::select! {
-                        _ = shutdown.cancelled() => return,
-                        _ = tokio::time::sleep(wait) => {}
-                    }
-                    let result = match http.get(&url).send().await {
-                        Ok(r) if r.status().is_success() => Ok(()),
-                        Ok(r) => Err(format!("HTTP {}", r.status())),
-                        Err(e) => Err(super::http_action::error_chain(&e)),
-                    };
-                    let failures = registry.record_probe(&name, result);
-                    wait = if failures == 0 {
-                        interval / 2
-                            + Duration::from_millis(super::backoff::random_below(
-                                interval.as_millis() as u64 / 2 + 1,
-                            ))
-                    } else {
-                        failing.delay(failures)
-                    };
+        tokio::spawn(async move {
+            // Start at a random point in the interval so probes never march in step.
+            let mut wait = Duration::from_millis(random_below(interval.as_millis() as u64 + 1));
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(wait) => {}
                 }
-            });
-        }
+                let Some(entry) = registry.get(&name) else {
+                    return;
+                };
+                let url = format!("{}/healthz", entry.url.trim_end_matches('/'));
+                let result = match http.get(&url).send().await {
+                    Ok(r) if r.status().is_success() => Ok(()),
+                    Ok(r) => Err(format!("HTTP {}", r.status())),
+                    Err(e) => Err(super::http_action::error_chain(&e)),
+                };
+                let failures = registry.record_heartbeat(&name, result);
+                wait = if failures == 0 {
+                    interval / 2
+                        + Duration::from_millis(random_below(interval.as_millis() as u64 / 2 + 1))
+                } else {
+                    failing.delay(failures)
+                };
+            }
+        });
     }
 }
 

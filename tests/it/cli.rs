@@ -43,7 +43,7 @@ fn packs_check_list_and_show() {
     let shown: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(
         shown["input_schema"]["required"],
-        serde_json::json!(["runners", "reason"])
+        serde_json::json!(["reason"])
     );
     assert_eq!(shown["steps"][0]["do"]["http"]["path"], "/ping");
     let (_, out, _) = emisar(&["packs", "show", "nomad.task_resources_set"]);

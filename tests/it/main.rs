@@ -5,6 +5,7 @@ mod audit_log;
 mod cli;
 mod conformance;
 mod emulators;
+mod fleet;
 mod harness;
 mod mcp_calls;
 mod ops;

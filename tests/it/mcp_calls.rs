@@ -87,7 +87,8 @@ async fn traefik_ping_over_mcp_is_audited(backend: Backend) {
         .find(|t| t.name == "traefik.ping")
         .expect("traefik.ping is listed");
     let schema = Value::Object((*ping.input_schema).clone());
-    assert_eq!(schema["required"], json!(["runners", "reason"]));
+    assert_eq!(schema["required"], json!(["reason"]));
+    assert!(schema["properties"]["selector"]["pattern"].is_string());
     assert_eq!(
         schema["properties"]["runners"]["items"]["enum"],
         json!(["node-1"])
@@ -244,6 +245,7 @@ async fn a_dead_runner_fails_alone(backend: Backend) {
                 name: "node-2".into(),
                 url: dead_url,
                 packs: None,
+                labels: Default::default(),
             }],
             ..Default::default()
         },
@@ -372,7 +374,18 @@ async fn bad_input_is_refused_named_and_audited(backend: Backend) {
         (json!({"runners": ["node-1"], "reason": ""}), "`reason`"),
         (json!({"runners": ["node-1"], "reason": "   "}), "`reason`"),
         (json!({"runners": [], "reason": "x"}), "`runners`"),
-        (json!({"reason": "x"}), "\"runners\" is a required property"),
+        (
+            json!({"reason": "x"}),
+            "`runners`: name at least one runner, or give a `selector`",
+        ),
+        (
+            json!({"selector": "role=nope", "reason": "x"}),
+            "`selector`: no runner serving pack `traefik` matches `role=nope`",
+        ),
+        (
+            json!({"runners": ["node-1"], "selector": "role=edge", "reason": "x"}),
+            "give `runners` or `selector`, not both",
+        ),
         (
             json!({"runners": ["ghost"], "reason": "x"}),
             "no runner is named `ghost`",

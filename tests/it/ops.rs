@@ -73,6 +73,7 @@ fn entry(name: &str, addr: std::net::SocketAddr) -> RunnerEntry {
         name: name.into(),
         url: format!("http://{addr}"),
         packs: None,
+        labels: Default::default(),
     }
 }
 

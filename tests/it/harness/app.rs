@@ -143,29 +143,27 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
     let mut entries = Vec::new();
     let mut runner_urls = BTreeMap::new();
     for spec in runners {
-        let mut config = RunnerConfig {
-            name: spec.name.clone(),
-            listen: "127.0.0.1:0".into(),
-            server_public_key_file: public_key.clone(),
-            packs_dir: options.packs_dir.clone(),
-            exec_path: spec.exec_path.clone(),
-            max_output_bytes: spec.max_output_bytes,
-            services: spec
-                .services
-                .iter()
-                .map(|(k, (url, headers))| {
-                    (
-                        k.clone(),
-                        ServiceConfig {
-                            base_url: url.clone(),
-                            headers: headers.clone(),
-                        },
-                    )
-                })
-                .collect(),
-            programs: spec.programs.clone(),
-            allowlists: spec.allowlists.clone(),
-        };
+        let mut config = RunnerConfig::with_name(&spec.name);
+        config.listen = "127.0.0.1:0".into();
+        config.server_public_key_file = Some(public_key.clone());
+        config.packs_dir = options.packs_dir.clone();
+        config.exec_path = spec.exec_path.clone();
+        config.max_output_bytes = spec.max_output_bytes;
+        config.services = spec
+            .services
+            .iter()
+            .map(|(k, (url, headers))| {
+                (
+                    k.clone(),
+                    ServiceConfig {
+                        base_url: url.clone(),
+                        headers: headers.clone(),
+                    },
+                )
+            })
+            .collect();
+        config.programs = spec.programs.clone();
+        config.allowlists = spec.allowlists.clone();
         config.fill_standard_services();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
@@ -175,6 +173,7 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
             name: spec.name.clone(),
             url: url.clone(),
             packs: None,
+            labels: Default::default(),
         });
         runner_urls.insert(spec.name, url);
     }
@@ -238,17 +237,10 @@ impl TestApp {
     /// Starts a runner named `name` on `listener` (a runner the server lists as an extra
     /// runner); cancelling the returned token kills it.
     pub async fn start_runner(&self, name: &str, listener: TcpListener) -> CancellationToken {
-        let mut config = RunnerConfig {
-            name: name.into(),
-            listen: "unused".into(),
-            server_public_key_file: self.public_key.clone(),
-            packs_dir: self.packs_dir.clone(),
-            exec_path: "/usr/bin:/bin".into(),
-            max_output_bytes: 1024 * 1024,
-            services: BTreeMap::new(),
-            programs: BTreeMap::new(),
-            allowlists: BTreeMap::new(),
-        };
+        let mut config = RunnerConfig::with_name(name);
+        config.server_public_key_file = Some(self.public_key.clone());
+        config.packs_dir = self.packs_dir.clone();
+        config.exec_path = "/usr/bin:/bin".into();
         config.fill_standard_services();
         let stop = CancellationToken::new();
         tokio::spawn(agent::run(

@@ -1,0 +1,108 @@
+//! The runner's side of joining a server: present the join token once (retrying with
+//! backoff until the server answers), then send heartbeats with the runner token.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio_util::sync::CancellationToken;
+
+use super::backoff::Backoff;
+use crate::fleet::{JoinRequest, JoinResponse};
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(3))
+        .timeout(Duration::from_secs(10))
+        .build()
+        .expect("a plain HTTP client builds")
+}
+
+/// Joins `server`, retrying unreachable or unavailable servers with capped exponential
+/// backoff and full jitter. A refused token is final.
+pub async fn join(
+    server: &str,
+    join_token: &str,
+    request: &JoinRequest,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<JoinResponse> {
+    let url = format!("{}/api/runners/join", server.trim_end_matches('/'));
+    let http = client();
+    let backoff = Backoff::try_new(Duration::from_millis(500), Duration::from_secs(30))
+        .expect("valid bounds");
+    let mut attempt = 0;
+    loop {
+        let why = match http
+            .post(&url)
+            .bearer_auth(join_token)
+            .json(request)
+            .send()
+            .await
+        {
+            Ok(r) if r.status().is_success() => {
+                return r
+                    .json()
+                    .await
+                    .context("the server's join answer is unreadable");
+            }
+            Ok(r) if r.status().is_client_error() => {
+                let status = r.status();
+                let body = r.text().await.unwrap_or_default();
+                anyhow::bail!(
+                    "the server refused to let `{}` join (HTTP {status}): {body}",
+                    request.name
+                );
+            }
+            Ok(r) => format!("HTTP {}", r.status()),
+            Err(e) => super::http_action::error_chain(&e),
+        };
+        let wait = backoff.delay(attempt);
+        attempt = attempt.saturating_add(1);
+        tracing::warn!(server, error = %why, retry_in_ms = wait.as_millis() as u64, "join failed; retrying");
+        tokio::select! {
+            _ = shutdown.cancelled() => anyhow::bail!("stopped before joining"),
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+/// Sends a heartbeat every `interval` until `shutdown`; failures back off (capped at the
+/// interval, full jitter) and are logged, never fatal.
+pub fn spawn_heartbeats(
+    server: String,
+    runner_token: String,
+    interval: Duration,
+    shutdown: CancellationToken,
+) {
+    tokio::spawn(async move {
+        let url = format!("{}/api/runners/heartbeat", server.trim_end_matches('/'));
+        let http = client();
+        let backoff = Backoff::try_new(
+            Duration::from_millis(500),
+            interval.max(Duration::from_secs(1)),
+        )
+        .expect("valid bounds");
+        let mut failures = 0u32;
+        loop {
+            let wait = if failures == 0 {
+                interval
+            } else {
+                backoff.delay(failures)
+            };
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(wait) => {}
+            }
+            match http.post(&url).bearer_auth(&runner_token).send().await {
+                Ok(r) if r.status().is_success() => failures = 0,
+                Ok(r) => {
+                    failures = failures.saturating_add(1);
+                    tracing::warn!(status = %r.status(), "heartbeat refused");
+                }
+                Err(e) => {
+                    failures = failures.saturating_add(1);
+                    tracing::warn!(error = %super::http_action::error_chain(&e), "heartbeat failed");
+                }
+            }
+        }
+    });
+}

@@ -5,10 +5,15 @@ use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
+    // EMISAR_LOG_FORMAT=json gives one JSON object per line, for log shippers.
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(log_filter())
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    if std::env::var("EMISAR_LOG_FORMAT").is_ok_and(|f| f == "json") {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
     let cli = emisar::cli::Cli::parse();
     match emisar::cli::run(cli).await {
         Ok(code) => std::process::ExitCode::from(code as u8),

@@ -2,7 +2,7 @@
 //!
 //! Names: `emisar_tool_calls_total{tool,outcome}`, `emisar_runner_calls_total{tool,runner,outcome}`,
 //! `emisar_runner_call_seconds{tool,runner}`, `emisar_audit_batch_size`,
-//! `emisar_audit_append_seconds`, `emisar_audit_batches_failed_total`,
+//! `emisar_audit_append_seconds`, `emisar_audit_lag_seconds`, `emisar_audit_batches_failed_total`,
 //! `emisar_runner_breaker_state{runner}` (0 closed, 1 half-open, 2 open),
 //! `emisar_runner_up{runner}`, `emisar_rate_limited_total{agent}`.
 
@@ -50,6 +50,11 @@ pub fn audit_batch(size: usize, seconds: f64, ok: bool) {
     if !ok {
         metrics::counter!("emisar_audit_batches_failed_total").increment(1);
     }
+}
+
+/// Seconds from a batch's oldest event being handed to the writer until it was durable.
+pub fn audit_lag(seconds: f64) {
+    metrics::histogram!("emisar_audit_lag_seconds").record(seconds);
 }
 
 pub fn breaker_state(runner: &str, level: u8) {

@@ -33,11 +33,13 @@ pub enum AuditError {
 }
 
 type Reply = oneshot::Sender<Result<Event, AuditError>>;
+/// An event waiting for the writer, with when it was handed over (for the lag metric).
+type Queued = (NewEvent, Reply, std::time::Instant);
 
 /// A handle to the writer task. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct AuditLog {
-    tx: mpsc::Sender<(NewEvent, Reply)>,
+    tx: mpsc::Sender<Queued>,
     health: Arc<Mutex<Option<String>>>,
 }
 
@@ -69,10 +71,12 @@ impl AuditLog {
     /// Appends one event and waits until it is durable.
     pub async fn append(&self, event: NewEvent) -> Result<Event, AuditError> {
         let (reply, wait) = oneshot::channel();
-        self.tx.try_send((event, reply)).map_err(|e| match e {
-            mpsc::error::TrySendError::Full(_) => AuditError::QueueFull,
-            mpsc::error::TrySendError::Closed(_) => AuditError::WriterGone,
-        })?;
+        self.tx
+            .try_send((event, reply, std::time::Instant::now()))
+            .map_err(|e| match e {
+                mpsc::error::TrySendError::Full(_) => AuditError::QueueFull,
+                mpsc::error::TrySendError::Closed(_) => AuditError::WriterGone,
+            })?;
         match tokio::time::timeout(APPEND_DEADLINE, wait).await {
             Ok(Ok(result)) => result,
             Ok(Err(_)) => Err(AuditError::WriterGone),
@@ -81,18 +85,23 @@ impl AuditLog {
     }
 }
 
-async fn run(
-    db: Db,
-    mut rx: mpsc::Receiver<(NewEvent, Reply)>,
-    health: Arc<Mutex<Option<String>>>,
-) {
+async fn run(db: Db, mut rx: mpsc::Receiver<Queued>, health: Arc<Mutex<Option<String>>>) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
-        let (events, replies): (Vec<NewEvent>, Vec<Reply>) = batch.drain(..).unzip();
+        let mut events = Vec::with_capacity(batch.len());
+        let mut replies = Vec::with_capacity(batch.len());
+        let oldest = batch.first().map(|(_, _, at)| *at);
+        for (event, reply, _) in batch.drain(..) {
+            events.push(event);
+            replies.push(reply);
+        }
         let size = events.len();
         let started = std::time::Instant::now();
         let result = store::append_batch(&db, events).await;
         crate::metrics::audit_batch(size, started.elapsed().as_secs_f64(), result.is_ok());
+        if let Some(oldest) = oldest {
+            crate::metrics::audit_lag(oldest.elapsed().as_secs_f64());
+        }
         *health.lock().unwrap_or_else(|p| p.into_inner()) = result
             .as_ref()
             .err()

@@ -228,6 +228,11 @@ async fn dead_black_holed_and_slow_runners_do_not_hold_up_the_healthy_one() {
     );
     assert!(metrics.contains("emisar_runner_calls_total"), "{metrics}");
     assert!(metrics.contains("emisar_audit_batch_size"), "{metrics}");
+    assert!(metrics.contains("emisar_audit_lag_seconds"), "{metrics}");
+    assert!(
+        metrics.contains("emisar_runner_call_seconds_bucket"),
+        "{metrics}"
+    );
 
     // They come back: the same addresses answer again, and the probes close the breakers.
     let killed = TcpListener::bind(killed_addr).await.unwrap();

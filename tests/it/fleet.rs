@@ -1,24 +1,15 @@
 //! Runners that join with a join token, carry labels, and are targeted by selector; tokens
 //! limited to a selector see only those runners.
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
 use crate::harness::app::{Options, TestApp};
-use crate::harness::tools::free_port;
+use crate::harness::tools::{Proc, free_port};
 use crate::harness::{Backend, spawn_app};
 use crate::mcp_calls::{call, fixtures_dir};
-
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn runner_config(dir: &std::path::Path, name: &str, labels: &str) -> (std::path::PathBuf, u16) {
     let port = free_port();
@@ -166,17 +157,7 @@ async fn runners_join_with_a_token_and_are_chosen_by_label() {
     .await
     .unwrap()
     .token;
-    let config =
-        rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(
-            app.mcp_url.clone(),
-        )
-        .auth_header(limited);
-    let scoped = rmcp::ServiceExt::serve(
-        (),
-        rmcp::transport::StreamableHttpClientTransport::from_config(config),
-    )
-    .await
-    .unwrap();
+    let scoped = crate::harness::tools::mcp_client(&app.mcp_url, &limited).await;
     let tools = scoped.list_all_tools().await.unwrap();
     let echo = tools.iter().find(|t| t.name == "testkit.echo").unwrap();
     assert_eq!(

@@ -354,17 +354,7 @@ async fn agents_are_rate_limited_with_a_time_to_retry() {
     let other = app
         .issue_token("other-agent", emisar::tokens::Role::Agent)
         .await;
-    let config =
-        rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(
-            app.mcp_url.clone(),
-        )
-        .auth_header(other);
-    let other_client = rmcp::ServiceExt::serve(
-        (),
-        rmcp::transport::StreamableHttpClientTransport::from_config(config),
-    )
-    .await
-    .unwrap();
+    let other_client = crate::harness::tools::mcp_client(&app.mcp_url, &other).await;
     assert_eq!(
         call(&other_client, "testkit.echo", args.clone())
             .await

@@ -78,19 +78,7 @@ async fn postgres_dies_under_load_and_nothing_goes_unrecorded() {
         let token = app
             .issue_token(&format!("agent-{i}"), emisar::tokens::Role::Agent)
             .await;
-        let config =
-            rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(
-                app.mcp_url.clone(),
-            )
-            .auth_header(token);
-        clients.push(
-            rmcp::ServiceExt::serve(
-                (),
-                rmcp::transport::StreamableHttpClientTransport::from_config(config),
-            )
-            .await
-            .unwrap(),
-        );
+        clients.push(crate::harness::tools::mcp_client(&app.mcp_url, &token).await);
     }
     let stop = Arc::new(AtomicBool::new(false));
     let started = Instant::now();

@@ -2,22 +2,16 @@
 //! VictoriaMetrics for real. The seed calls these without naming runners; the server picks one.
 
 use emisar::runner::Mode;
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::emulators::consul::Consul;
 use crate::emulators::nomad::{Nomad, OOM_ALLOC, SETUP_FAILED_ALLOC};
 use crate::emulators::serve;
 use crate::harness::app::Options;
+use crate::harness::tools::only_output as output;
 use crate::harness::vm::VictoriaMetrics;
 use crate::harness::{Backend, RunnerSpec, spawn_app};
 use crate::mcp_calls::call;
-
-fn output(res: &rmcp::model::CallToolResult) -> Value {
-    assert_eq!(res.is_error, Some(false), "{:?}", res.content);
-    let s = res.structured_content.clone().unwrap();
-    assert_eq!(s["results"][0]["ok"], true, "{s}");
-    s["results"][0]["output"].clone()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consul_reads_through_a_server_chosen_runner() {

@@ -4,19 +4,13 @@
 use std::os::unix::fs::PermissionsExt;
 
 use emisar::runner::Mode;
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::harness::app::Options;
 use crate::harness::frr::FrrPair;
+use crate::harness::tools::only_output as output;
 use crate::harness::{Backend, RunnerSpec, spawn_app};
 use crate::mcp_calls::call;
-
-fn output(res: &rmcp::model::CallToolResult) -> Value {
-    assert_eq!(res.is_error, Some(false), "{:?}", res.content);
-    let s = res.structured_content.clone().unwrap();
-    assert_eq!(s["results"][0]["ok"], true, "{s}");
-    s["results"][0]["output"].clone()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn linux_uptime_and_debian_kernel_info_read_this_machine() {

@@ -1,7 +1,7 @@
 //! Two `emisar serve` processes on one PostgreSQL, writing 10,000 audit events at once
 //! through both: one unbroken chain, every seq once.
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use emisar::audit::AuditFilter;
@@ -9,19 +9,10 @@ use rmcp::model::CallToolRequestParams;
 use serde_json::json;
 
 use crate::harness::pg::PgTestDb;
-use crate::harness::tools::free_port;
+use crate::harness::tools::{Proc, free_port};
 
 const EVENTS: usize = 10_000;
 const CLIENTS_PER_REPLICA: usize = 20;
-
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_write_one_unbroken_chain() {
@@ -84,14 +75,7 @@ async fn two_replicas_write_one_unbroken_chain() {
     let mut tasks = Vec::new();
     for url in &urls {
         for _ in 0..CLIENTS_PER_REPLICA {
-            let config = rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(format!("{url}/mcp"))
-                .auth_header(token.clone());
-            let client = rmcp::ServiceExt::serve(
-                (),
-                rmcp::transport::StreamableHttpClientTransport::from_config(config),
-            )
-            .await
-            .unwrap();
+            let client = crate::harness::tools::mcp_client(&format!("{url}/mcp"), &token).await;
             tasks.push(tokio::spawn(async move {
                 for _ in 0..per_client {
                     let args = json!({"reason": "load"}).as_object().unwrap().clone();

@@ -2,26 +2,17 @@
 //! the MCP answer, or the process logs of the server and the runner (both run as real
 //! processes here, logging at debug level). An auditor can still check a known value.
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
 use crate::harness::pg::PgTestDb;
-use crate::harness::tools::free_port;
+use crate::harness::tools::{Proc, free_port};
 use crate::mcp_calls::call;
 
 const SECRET: &str = "s3cr3t-Pa55w0rd-XYZ";
-
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn emisar() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_emisar"));
@@ -152,17 +143,9 @@ async fn a_secret_param_never_appears_in_clear() {
         &pg.url,
     ]));
 
-    let config =
-        rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(
-            format!("http://127.0.0.1:{server_port}/mcp"),
-        )
-        .auth_header(agent);
-    let client = rmcp::ServiceExt::serve(
-        (),
-        rmcp::transport::StreamableHttpClientTransport::from_config(config),
-    )
-    .await
-    .unwrap();
+    let client =
+        crate::harness::tools::mcp_client(&format!("http://127.0.0.1:{server_port}/mcp"), &agent)
+            .await;
     let res = call(
         &client,
         "vault.login",

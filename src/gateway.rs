@@ -527,7 +527,19 @@ impl Gateway {
             });
         }
         let call_id = uuid::Uuid::new_v4().to_string();
-        let output = serde_json::to_value(self.runners.snapshot()).expect("runner status is JSON");
+        // A token limited to a selector sees only its runners, here as everywhere.
+        let visible: Vec<_> = self
+            .runners
+            .snapshot()
+            .into_iter()
+            .filter(|r| {
+                principal
+                    .selector
+                    .as_ref()
+                    .is_none_or(|s| s.matches(&r.labels))
+            })
+            .collect();
+        let output = serde_json::to_value(visible).expect("runner status is JSON");
         self.audit
             .append(NewEvent {
                 actor,

@@ -182,6 +182,15 @@ async fn runners_join_with_a_token_and_are_chosen_by_label() {
     let results = res.structured_content.unwrap()["results"].clone();
     assert_eq!(results.as_array().unwrap().len(), 1);
     assert_eq!(results[0]["runner"], "db-1");
+    let res = call(
+        &scoped,
+        "emisar.runners",
+        json!({"reason": "which runners are mine?"}),
+    )
+    .await;
+    let listed = res.structured_content.unwrap()["results"][0]["output"].clone();
+    assert_eq!(listed.as_array().unwrap().len(), 1, "{listed}");
+    assert_eq!(listed[0]["name"], "db-1");
     scoped.cancel().await.unwrap();
 
     // A bad join token: the runner says so and stops.

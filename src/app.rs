@@ -10,6 +10,7 @@ use serde_json::json;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::approvals::Approvals;
 use crate::audit::{AuditLog, NewEvent, kind};
 use crate::config::ServerConfig;
 use crate::db::Db;
@@ -47,18 +48,25 @@ impl Application {
             .map(AuditKey::from_file)
             .transpose()?;
         let registry = Registry::new(config.runners.clone());
-        let gateway = Gateway::new(
+        let shutdown = CancellationToken::new();
+        let approvals = Approvals::new(db.clone(), audit.clone(), shutdown.clone());
+        let mut limits = Limits::new(
+            Duration::from_millis(config.call_timeout_ms),
+            config.rate_limit_per_second,
+            config.rate_limit_burst,
+        );
+        limits.approval_ttl = Duration::from_secs(config.approval_ttl_secs);
+        limits.approval_wait = Duration::from_secs(config.approval_wait_secs);
+        limits.progress_every = Duration::from_millis(config.approval_progress_ms);
+        let gateway = Arc::new(Gateway::new(
             packs.clone(),
             registry.clone(),
             audit.clone(),
             RunnerClient::new(signer)?,
-            Limits {
-                call_timeout: Duration::from_millis(config.call_timeout_ms),
-                rate_per_second: config.rate_limit_per_second,
-                rate_burst: config.rate_limit_burst,
-            },
+            limits,
             audit_key,
-        )?;
+            approvals,
+        )?);
         crate::metrics::handle();
         let listener = TcpListener::bind(&config.listen)
             .await
@@ -79,7 +87,7 @@ impl Application {
             })
             .await
             .context("failed to write the first audit event")?;
-        let shutdown = CancellationToken::new();
+        gateway.spawn_sweeper(Duration::from_secs(2), shutdown.clone());
         crate::fleet::spawn_sync(
             db.clone(),
             registry.clone(),
@@ -94,10 +102,14 @@ impl Application {
         // The bound address itself is always acceptable (tests and `dev` use port 0).
         hosts.push(addr.to_string());
         let router = crate::http::router(
-            Arc::new(gateway),
+            gateway,
             db.clone(),
             public_pem,
             hosts,
+            config
+                .public_url
+                .as_deref()
+                .is_some_and(|u| u.starts_with("https://")),
             shutdown.clone(),
         );
         Ok(Application {

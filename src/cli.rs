@@ -69,6 +69,18 @@ pub enum Command {
         #[command(subcommand)]
         command: TokenCommand,
     },
+    /// People: local users who log in to the portal, and their API tokens.
+    User {
+        #[command(subcommand)]
+        command: UserCommand,
+    },
+    /// Approval requests, for approvers who live in a terminal (talks to a running server).
+    Approvals {
+        #[command(flatten)]
+        server: ServerArg,
+        #[command(subcommand)]
+        command: ApprovalsCommand,
+    },
     /// Join tokens, with which runners register themselves.
     JoinToken {
         #[command(subcommand)]
@@ -117,6 +129,63 @@ impl DbArg {
     async fn connect(&self) -> anyhow::Result<Db> {
         Db::connect(self.url()?).await
     }
+}
+
+#[derive(Subcommand)]
+pub enum UserCommand {
+    /// Add a person. The password comes from stdin (one line), or is generated and printed.
+    Add {
+        name: String,
+        /// approver, auditor or admin.
+        #[arg(long)]
+        role: String,
+        /// Read the password from the first line of stdin instead of generating one.
+        #[arg(long)]
+        password_stdin: bool,
+        #[command(flatten)]
+        db: DbArg,
+    },
+    /// Issue an API token that acts as this person (for `emisar approvals` and scripts).
+    Token {
+        name: String,
+        #[arg(long, default_value = "30d")]
+        ttl: String,
+        #[command(flatten)]
+        db: DbArg,
+    },
+}
+
+#[derive(Args, Clone)]
+pub struct ServerArg {
+    /// The server's base URL, e.g. http://127.0.0.1:7700.
+    #[arg(long, env = "EMISAR_SERVER", global = true)]
+    pub server: Option<String>,
+    /// Your API token from `emisar user token` (or EMISAR_TOKEN).
+    #[arg(long, env = "EMISAR_TOKEN", hide_env_values = true, global = true)]
+    pub token: Option<String>,
+}
+
+#[derive(Subcommand)]
+pub enum ApprovalsCommand {
+    /// Requests in one state (pending by default), newest first.
+    List {
+        #[arg(long, default_value = "pending")]
+        state: String,
+    },
+    /// One request in full: args, reason, requester, preview, votes, result.
+    Show { id: String },
+    /// Approve a request.
+    Approve {
+        id: String,
+        #[arg(long)]
+        note: Option<String>,
+    },
+    /// Deny a request; the note reaches the agent.
+    Deny {
+        id: String,
+        #[arg(long)]
+        note: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -368,6 +437,15 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 let db = db.connect().await?;
                 let audit = AuditLog::start(db.clone());
                 let role = crate::tokens::Role::parse(&role).map_err(anyhow::Error::msg)?;
+                if matches!(
+                    role,
+                    crate::tokens::Role::Approver | crate::tokens::Role::Admin
+                ) {
+                    anyhow::bail!(
+                        "--role {}: tokens for people come from `emisar user token NAME`, which checks the person exists",
+                        role.as_str()
+                    );
+                }
                 let selector = selector
                     .as_deref()
                     .map(crate::selector::Selector::parse)
@@ -399,6 +477,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 println!("revoked {id}");
             }
         },
+        Command::User { command } => user(command).await?,
+        Command::Approvals { server, command } => approvals(server, command).await?,
         Command::JoinToken {
             command: JoinTokenCommand::Issue { ttl, db },
         } => {
@@ -673,4 +753,121 @@ async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
     }
+}
+
+async fn user(command: UserCommand) -> anyhow::Result<()> {
+    use crate::tokens::Role;
+    match command {
+        UserCommand::Add {
+            name,
+            role,
+            password_stdin,
+            db,
+        } => {
+            let role = Role::parse(&role).map_err(|e| anyhow::anyhow!("--role: {e}"))?;
+            let (password, generated) = if password_stdin {
+                let mut line = String::new();
+                std::io::stdin().read_line(&mut line)?;
+                (line.trim_end_matches(['\r', '\n']).to_owned(), false)
+            } else {
+                (crate::users::random_token()?, true)
+            };
+            let db = db.connect().await?;
+            let audit = AuditLog::start(db.clone());
+            crate::users::add(&db, &audit, &name, role, &password, &cli_actor()).await?;
+            println!("added {name} ({})", role.as_str());
+            if generated {
+                println!("password: {password}");
+                eprintln!("The password is shown once; it is stored only as an argon2 hash.");
+            }
+        }
+        UserCommand::Token { name, ttl, db } => {
+            let ttl = crate::tokens::parse_ttl(&ttl).map_err(anyhow::Error::msg)?;
+            let db = db.connect().await?;
+            let audit = AuditLog::start(db.clone());
+            let role = crate::users::role_of(&db, &name)
+                .await?
+                .with_context(|| format!("no user `{name}`: add them with `emisar user add`"))?;
+            let t = crate::tokens::issue(&db, &audit, &name, role, ttl, &cli_actor()).await?;
+            println!("token id:   {}", t.id);
+            println!("user:       {name} ({})", role.as_str());
+            println!("expires at: {}", t.expires_at);
+            println!("token:      {}", t.token);
+            eprintln!("The token is shown once. Use it as EMISAR_TOKEN for `emisar approvals`.");
+        }
+    }
+    Ok(())
+}
+
+/// `emisar approvals …`: the server's `/api/approvals` with a person's token.
+async fn approvals(server: ServerArg, command: ApprovalsCommand) -> anyhow::Result<()> {
+    let base = server
+        .server
+        .context("no server given: pass --server URL or set EMISAR_SERVER")?;
+    let token = server
+        .token
+        .context("no token given: pass --token or set EMISAR_TOKEN (from `emisar user token`)")?;
+    let base = base.trim_end_matches('/');
+    let http = reqwest::Client::new();
+    let send = |req: reqwest::RequestBuilder| async {
+        let res = req.bearer_auth(&token).send().await?;
+        let status = res.status();
+        let body: serde_json::Value = res.json().await.unwrap_or_default();
+        if !status.is_success() {
+            anyhow::bail!(
+                "{}",
+                body.get("error")
+                    .and_then(|e| e.as_str())
+                    .map(str::to_owned)
+                    .unwrap_or_else(|| format!("HTTP {status}"))
+            );
+        }
+        Ok::<_, anyhow::Error>(body)
+    };
+    match command {
+        ApprovalsCommand::List { state } => {
+            let body = send(
+                http.get(format!("{base}/api/approvals"))
+                    .query(&[("state", state)]),
+            )
+            .await?;
+            let rows = body["approvals"].as_array().cloned().unwrap_or_default();
+            if rows.is_empty() {
+                println!("no requests");
+            }
+            for a in rows {
+                println!(
+                    "{}  {:<9} {:<32} runners={} by={} expires={}\n    reason: {}",
+                    a["id"].as_str().unwrap_or(""),
+                    a["state"].as_str().unwrap_or(""),
+                    a["tool"].as_str().unwrap_or(""),
+                    a["runners"],
+                    a["requester"].as_str().unwrap_or(""),
+                    a["expires_at"].as_str().unwrap_or(""),
+                    a["reason"].as_str().unwrap_or("").escape_debug(),
+                );
+            }
+        }
+        ApprovalsCommand::Show { id } => {
+            let body = send(http.get(format!("{base}/api/approvals/{id}"))).await?;
+            println!("{}", serde_json::to_string_pretty(&body)?);
+        }
+        ApprovalsCommand::Approve { id, note } => {
+            let body = send(
+                http.post(format!("{base}/api/approvals/{id}/approve"))
+                    .json(&serde_json::json!({"note": note})),
+            )
+            .await?;
+            println!("{id}: {}", body["state"].as_str().unwrap_or("?"));
+        }
+        ApprovalsCommand::Deny { id, note } => {
+            let body = send(
+                http.post(format!("{base}/api/approvals/{id}/deny"))
+                    .json(&serde_json::json!({"note": note})),
+            )
+            .await?;
+            println!("{id}: {}", body["state"].as_str().unwrap_or("?"));
+        }
+    }
+    Ok(())
 }

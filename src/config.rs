@@ -50,6 +50,30 @@ pub struct ServerConfig {
     /// How often each runner's /healthz is probed, in milliseconds (jittered).
     #[serde(default = "default_probe_ms")]
     pub health_probe_interval_ms: u64,
+    /// Where people reach this server, e.g. `https://emisar.example.com` (for links in
+    /// notifications; `https://` also marks the portal's cookie `Secure`).
+    #[serde(default)]
+    pub public_url: Option<String>,
+    /// How long an approval request waits for its approvers before it expires, in seconds.
+    #[serde(default = "default_approval_ttl")]
+    pub approval_ttl_secs: u64,
+    /// How long one MCP call waits for the decision before it returns the request id.
+    #[serde(default = "default_approval_wait")]
+    pub approval_wait_secs: u64,
+    /// How often a waiting call sends progress, in milliseconds (at most 15000: clients and
+    /// MCP sessions give up on a silent call).
+    #[serde(default = "default_progress_ms")]
+    pub approval_progress_ms: u64,
+}
+
+fn default_approval_ttl() -> u64 {
+    15 * 60
+}
+fn default_approval_wait() -> u64 {
+    120
+}
+fn default_progress_ms() -> u64 {
+    10_000
 }
 
 fn default_rate() -> u32 {
@@ -109,6 +133,10 @@ impl ServerConfig {
             rate_limit_per_second: default_rate(),
             rate_limit_burst: default_burst(),
             health_probe_interval_ms: default_probe_ms(),
+            public_url: None,
+            approval_ttl_secs: default_approval_ttl(),
+            approval_wait_secs: default_approval_wait(),
+            approval_progress_ms: default_progress_ms(),
         }
     }
 
@@ -143,6 +171,17 @@ impl ServerConfig {
         }
         if self.call_timeout_ms == 0 || self.call_timeout_ms > 600_000 {
             anyhow::bail!("call_timeout_ms must be between 1 and 600000");
+        }
+        if !(10..=7 * 24 * 3600).contains(&self.approval_ttl_secs) {
+            anyhow::bail!("approval_ttl_secs must be between 10 and 604800 (a week)");
+        }
+        if self.approval_wait_secs > 3600 {
+            anyhow::bail!("approval_wait_secs must be at most 3600");
+        }
+        if !(50..=15_000).contains(&self.approval_progress_ms) {
+            anyhow::bail!(
+                "approval_progress_ms must be between 50 and 15000 (a silent call is dropped by clients)"
+            );
         }
         Ok(())
     }

@@ -4,8 +4,12 @@
 //! 2. **rate limit** the agent (a token bucket on a monotonic clock);
 //! 3. **validate** the arguments against the tool's input schema, and `runners` against the
 //!    runners that serve the tool's pack (rejections are audited as `tool.rejected`);
-//! 4. **policy** (`policy::decide`, pure): reads run, writes are refused for now (audited);
+//! 4. **policy** (`policy::decide`, pure): allow, deny (audited), or needs approval;
 //! 5. **audit intent** (`tool.called`): durable before anything runs, or nothing runs;
+//!    a call that needs approval then runs its read-only *preview* on the runners, becomes a
+//!    pending request (`approval.requested`) and waits for humans ([`Gateway::wait`], with
+//!    progress); once approved, [`Gateway::execute_approved`] claims it exactly once
+//!    (`approval.executing`) and carries on at step 6 with the approval id in the signed call;
 //! 6. **dispatch** to every named runner in parallel, each with its own deadline, through its
 //!    circuit breaker; a read that could not reach its runner may be retried once, within
 //!    the retry budget; writes never are;
@@ -23,8 +27,10 @@ use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
 
-use crate::audit::{AuditError, AuditLog, NewEvent, kind};
+use crate::approvals::{self, Actor, Approval, ApprovalError, Approvals, State, Verdict};
+use crate::audit::{AuditError, AuditLog, NewEvent, format_at, kind};
 use crate::digest::json_digest;
 use crate::pack::{PackSet, Risk, Scope, ToolRef};
 use crate::policy::{self, Decision};
@@ -38,6 +44,10 @@ use crate::tokens::Principal;
 
 /// The built-in tool that shows runner health to agents.
 pub const RUNNERS_TOOL: &str = "emisar.runners";
+/// The built-in tool that reports on one of the caller's approval requests.
+pub const APPROVAL_STATUS_TOOL: &str = "emisar.approval_status";
+/// The built-in tool that waits (again) for one of the caller's approval requests.
+pub const APPROVAL_WAIT_TOOL: &str = "emisar.approval_wait";
 /// The most runner calls in flight at once, across all tool calls of this server.
 const MAX_IN_FLIGHT: usize = 256;
 
@@ -80,24 +90,64 @@ pub enum CallError {
     },
     #[error("refused: the audit log cannot record this call ({0}), so nothing was run")]
     AuditUnavailable(AuditError),
+    #[error("{0}")]
+    Approval(#[from] ApprovalError),
+    #[error("cancelled by the client{0}")]
+    Cancelled(String),
 }
 
-#[derive(Debug, Clone, Serialize)]
+/// What a call may do while it waits for humans: report progress, and notice that the
+/// client gave up.
+#[derive(Clone, Default)]
+pub struct CallContext {
+    pub cancel: CancellationToken,
+    pub progress: Option<Progress>,
+}
+
+/// Sends one progress message to the client.
+pub type Progress = Arc<dyn Fn(String) -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
+
+/// Where an approval request stands, as the agent sees it.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct ApprovalInfo {
+    pub approval_id: String,
+    pub state: State,
+    pub expires_at: String,
+    pub message: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decided_by: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct CallOutcome {
     pub call_id: String,
     pub tool: String,
     /// True when the server chose the runner (cluster-scoped tool called without `runners`).
     pub runner_chosen_by_server: bool,
     pub results: Vec<RunnerResult>,
+    /// Set when the call went through an approval request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<ApprovalInfo>,
 }
 
 impl CallOutcome {
     pub fn all_failed(&self) -> bool {
         !self.results.is_empty() && self.results.iter().all(|r| !r.ok)
     }
+
+    /// The agent should read this as a failure.
+    pub fn is_error(&self) -> bool {
+        self.all_failed()
+            || self
+                .approval
+                .as_ref()
+                .is_some_and(|a| matches!(a.state, State::Failed | State::Unknown))
+    }
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct RunnerResult {
     pub runner: String,
     pub ok: bool,
@@ -116,6 +166,25 @@ pub struct Limits {
     pub call_timeout: Duration,
     pub rate_per_second: u32,
     pub rate_burst: u32,
+    /// How long a request waits for its approvers before it expires.
+    pub approval_ttl: Duration,
+    /// How long one MCP call waits for the decision before returning the request id.
+    pub approval_wait: Duration,
+    /// How often a waiting call sends progress (below the MCP session idle timeout).
+    pub progress_every: Duration,
+}
+
+impl Limits {
+    pub fn new(call_timeout: Duration, rate_per_second: u32, rate_burst: u32) -> Limits {
+        Limits {
+            call_timeout,
+            rate_per_second,
+            rate_burst,
+            approval_ttl: Duration::from_secs(15 * 60),
+            approval_wait: Duration::from_secs(120),
+            progress_every: Duration::from_secs(10),
+        }
+    }
 }
 
 pub struct Gateway {
@@ -129,6 +198,7 @@ pub struct Gateway {
     retry_budget: RetryBudget,
     in_flight: Semaphore,
     audit_key: Option<AuditKey>,
+    approvals: Approvals,
 }
 
 impl Gateway {
@@ -139,6 +209,7 @@ impl Gateway {
         client: RunnerClient,
         limits: Limits,
         audit_key: Option<AuditKey>,
+        approvals: Approvals,
     ) -> anyhow::Result<Self> {
         let mut tools = BTreeMap::new();
         for tool in packs.tools() {
@@ -179,6 +250,42 @@ impl Gateway {
                 schema,
             )?,
         );
+        let approval_schema = |what: &str| {
+            let mut schema = Map::new();
+            schema.insert("type".into(), json!("object"));
+            schema.insert(
+                "properties".into(),
+                json!({
+                    "approval_id": {"type": "string", "pattern": "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$",
+                                    "description": "The approval_id a pending call returned."},
+                    "reason": {"type": "string", "minLength": 1, "maxLength": 2000, "pattern": "\\S",
+                               "description": what}
+                }),
+            );
+            schema.insert("required".into(), json!(["approval_id", "reason"]));
+            schema.insert("additionalProperties".into(), json!(false));
+            schema
+        };
+        tools.insert(
+            APPROVAL_STATUS_TOOL.into(),
+            offered(
+                None,
+                APPROVAL_STATUS_TOOL,
+                "Where one of your approval requests stands (pending, approved, denied with the approver's note, expired, executing, executed with its result, failed). Returns at once.",
+                Risk::Read,
+                approval_schema("Why you are asking. Recorded in the audit log."),
+            )?,
+        );
+        tools.insert(
+            APPROVAL_WAIT_TOOL.into(),
+            offered(
+                None,
+                APPROVAL_WAIT_TOOL,
+                "Waits for humans to decide one of your approval requests, with progress notifications, and returns the call's result once it ran (or the request id again if nobody decided yet). Cancelling this call withdraws a request that is still pending.",
+                Risk::Read,
+                approval_schema("Why you are asking. Recorded in the audit log."),
+            )?,
+        );
         let quota =
             Quota::per_second(NonZeroU32::new(limits.rate_per_second.max(1)).expect("max(1)"))
                 .allow_burst(NonZeroU32::new(limits.rate_burst.max(1)).expect("max(1)"));
@@ -193,6 +300,7 @@ impl Gateway {
             retry_budget: RetryBudget::new(0.1, 10.0),
             in_flight: Semaphore::new(MAX_IN_FLIGHT),
             audit_key,
+            approvals,
         })
     }
 
@@ -231,7 +339,24 @@ impl Gateway {
         &self.runners
     }
 
+    pub fn approvals(&self) -> &Approvals {
+        &self.approvals
+    }
+
+    pub fn packs(&self) -> &PackSet {
+        &self.packs
+    }
+
+    /// A call with no way to report progress or be cancelled (tests, the stdio bridge).
     pub async fn call(&self, call: ToolCall) -> Result<CallOutcome, CallError> {
+        self.call_with(call, &CallContext::default()).await
+    }
+
+    pub async fn call_with(
+        &self,
+        call: ToolCall,
+        ctx: &CallContext,
+    ) -> Result<CallOutcome, CallError> {
         let actor = call.principal.actor();
         let Some(offered) = self.tool_for(&call.principal, &call.tool) else {
             self.reject(
@@ -280,7 +405,16 @@ impl Gateway {
             .and_then(|v| serde_json::from_value(v).ok())
             .unwrap_or_default();
         let Some(tool) = &offered.tool else {
-            return self.builtin(&call.principal, offered, reason, errors).await;
+            let approval_id = params
+                .remove("approval_id")
+                .and_then(|v| v.as_str().map(str::to_owned));
+            return match (offered.name.as_str(), approval_id) {
+                (APPROVAL_STATUS_TOOL | APPROVAL_WAIT_TOOL, Some(id)) if errors.is_empty() => {
+                    self.approval_tool(&call.principal, offered, &id, reason, ctx)
+                        .await
+                }
+                _ => self.builtin(&call.principal, offered, reason, errors).await,
+            };
         };
         let selector = match params
             .remove("selector")
@@ -378,14 +512,34 @@ impl Gateway {
         }
 
         // 4. Policy.
-        if let Decision::Deny(why) = policy::decide(tool, &call.principal) {
-            self.reject(&actor, &tool.name, Some(audited_args), reason, why.clone())
-                .await;
-            return Err(CallError::Denied(why));
-        }
+        let approvers = match policy::decide(tool, &call.principal) {
+            Decision::Allow => None,
+            Decision::NeedsApproval { approvers } => Some(approvers.max(1)),
+            Decision::Deny(why) => {
+                self.reject(&actor, &tool.name, Some(audited_args), reason, why.clone())
+                    .await;
+                return Err(CallError::Denied(why));
+            }
+        };
 
         // 5. Audit intent; fail closed.
         let call_id = uuid::Uuid::new_v4().to_string();
+        if let Some(approvers) = approvers {
+            let request = Request {
+                call_id,
+                tool,
+                principal: &call.principal,
+                params,
+                shown_args: audited_args,
+                runners: targets,
+                chosen,
+                raw,
+                reason: reason.unwrap_or_default(),
+                approvers,
+            };
+            let pending = self.request_approval(request).await?;
+            return self.wait(&pending, ctx).await;
+        }
         self.audit
             .append(NewEvent {
                 actor: actor.clone(),
@@ -410,6 +564,7 @@ impl Gateway {
             mode: Mode::Execute,
             preview: None,
             raw,
+            approval_id: None,
         };
         let results = futures::future::join_all(targets.iter().map(|name| {
             let dispatch = &dispatch;
@@ -426,7 +581,7 @@ impl Gateway {
                     elapsed.as_secs_f64(),
                 );
                 let recorded = self
-                    .audit_outcome(actor, tool.name.as_str(), name, audited_args, reason, call_id, &result)
+                    .audit_outcome(actor, tool.name.as_str(), name, audited_args, reason, call_id, None, &result)
                     .await;
                 if let Err(e) = recorded {
                     // Nothing leaves emisar that is not on the record: withhold the result.
@@ -449,6 +604,7 @@ impl Gateway {
             tool: tool.name.clone(),
             runner_chosen_by_server: chosen,
             results,
+            approval: None,
         };
         crate::metrics::tool_call(
             &tool.name,
@@ -558,6 +714,7 @@ impl Gateway {
             call_id,
             tool: offered.name.clone(),
             runner_chosen_by_server: false,
+            approval: None,
             results: vec![RunnerResult {
                 runner: "emisar".into(),
                 ok: true,
@@ -606,6 +763,7 @@ impl Gateway {
         args: &Value,
         reason: &Option<String>,
         call_id: &str,
+        approval_id: Option<&str>,
         result: &RunnerResult,
     ) -> Result<(), AuditError> {
         let (kind, outcome) = if result.ok {
@@ -629,6 +787,7 @@ impl Gateway {
             args: Some(args.clone()),
             reason: reason.clone(),
             call_id: Some(call_id.to_owned()),
+            approval_id: approval_id.map(str::to_owned),
             outcome: Some(outcome.into()),
             result_digest: result.output.as_ref().map(json_digest),
             detail: Some(detail),
@@ -698,5 +857,602 @@ fn to_result(
             error: Some(e.to_string()),
             duration_ms: elapsed_ms,
         },
+    }
+}
+
+/// A call that needs approval, after validation and policy.
+struct Request<'a> {
+    call_id: String,
+    tool: &'a ToolRef,
+    principal: &'a Principal,
+    params: Map<String, Value>,
+    shown_args: Value,
+    runners: Vec<String>,
+    chosen: bool,
+    raw: bool,
+    reason: String,
+    approvers: u32,
+}
+
+// The approval part of the call path: request (with preview) → wait → decide → execute.
+impl Gateway {
+    /// Audits the intent, runs the tool's read-only preview on every target, and stores a
+    /// pending request bound to all of it.
+    async fn request_approval(&self, r: Request<'_>) -> Result<Approval, CallError> {
+        let actor = r.principal.actor();
+        let tool = r.tool;
+        self.audit
+            .append(NewEvent {
+                actor: actor.clone(),
+                kind: kind::TOOL_CALLED.into(),
+                tool: Some(tool.name.clone()),
+                args: Some(r.shown_args.clone()),
+                reason: Some(r.reason.clone()),
+                call_id: Some(r.call_id.clone()),
+                detail: Some(
+                    json!({"runners": r.runners, "runner_chosen_by_server": r.chosen,
+                                    "needs_approval": true, "approvers": r.approvers}),
+                ),
+                ..Default::default()
+            })
+            .await
+            .map_err(CallError::AuditUnavailable)?;
+        let pack_sha256 = self
+            .packs
+            .pack(&tool.pack)
+            .expect("tool has a pack")
+            .digest
+            .clone();
+        let preview = match &tool.preview {
+            None => None,
+            Some(_) => {
+                let dispatch = Dispatch {
+                    call_id: &r.call_id,
+                    tool: &tool.name,
+                    pack_sha256: &pack_sha256,
+                    args: &r.params,
+                    mode: Mode::Preview,
+                    preview: None,
+                    raw: false,
+                    approval_id: None,
+                };
+                let answers = futures::future::join_all(
+                    r.runners
+                        .iter()
+                        .map(|name| self.dispatch_one(name, tool, &dispatch)),
+                )
+                .await;
+                let mut per_runner = Map::new();
+                let mut failures = Vec::new();
+                for (name, answer) in r.runners.iter().zip(answers) {
+                    match answer {
+                        Ok(a) => {
+                            per_runner.insert(
+                                name.clone(),
+                                json!({"ok": true, "output": a.output, "vars": a.vars}),
+                            );
+                        }
+                        Err(e) => failures.push(format!("preview on `{name}`: {e}")),
+                    }
+                }
+                if !failures.is_empty() {
+                    let why = failures.join("; ");
+                    let event = NewEvent {
+                        actor: actor.clone(),
+                        kind: kind::CALL_FAILED.into(),
+                        tool: Some(tool.name.clone()),
+                        args: Some(r.shown_args.clone()),
+                        reason: Some(r.reason.clone()),
+                        call_id: Some(r.call_id.clone()),
+                        outcome: Some("error".into()),
+                        detail: Some(json!({"mode": "preview", "error": why})),
+                        ..Default::default()
+                    };
+                    self.audit
+                        .append(event)
+                        .await
+                        .map_err(CallError::AuditUnavailable)?;
+                    return Err(CallError::Denied(format!(
+                        "the preview failed, so no approval was requested: {why}"
+                    )));
+                }
+                Some(Value::Object(per_runner))
+            }
+        };
+        let now = chrono::Utc::now();
+        let ttl = chrono::Duration::from_std(self.limits.approval_ttl)
+            .unwrap_or(chrono::Duration::minutes(15));
+        let approval = Approval {
+            id: uuid::Uuid::new_v4().to_string(),
+            call_id: r.call_id,
+            tool: tool.name.clone(),
+            risk: tool.risk.as_str().to_owned(),
+            args: r.params,
+            shown_args: r.shown_args,
+            runners: r.runners,
+            runner_chosen: r.chosen,
+            raw: r.raw,
+            reason: r.reason,
+            requester: actor.clone(),
+            requester_name: r.principal.agent.clone(),
+            pack_sha256,
+            preview,
+            required_approvals: r.approvers,
+            approvals: Vec::new(),
+            state: State::Pending,
+            note: None,
+            decided_by: None,
+            result: None,
+            created_at: format_at(now),
+            expires_at: format_at(now + ttl),
+            updated_at: format_at(now),
+        };
+        let mut event = NewEvent {
+            actor,
+            kind: kind::APPROVAL_REQUESTED.into(),
+            tool: Some(approval.tool.clone()),
+            runner: (approval.runners.len() == 1).then(|| approval.runners[0].clone()),
+            args: Some(approval.shown_args.clone()),
+            reason: Some(approval.reason.clone()),
+            call_id: Some(approval.call_id.clone()),
+            approval_id: Some(approval.id.clone()),
+            detail: Some(
+                json!({"runners": approval.runners, "required_approvals": approval.required_approvals,
+                                "expires_at": approval.expires_at}),
+            ),
+            ..Default::default()
+        };
+        if let Some(p) = &approval.preview {
+            event.result_digest = Some(json_digest(p));
+        }
+        self.audit
+            .append(event)
+            .await
+            .map_err(CallError::AuditUnavailable)?;
+        self.approvals.insert(&approval).await?;
+        crate::metrics::tool_call(&approval.tool, "pending");
+        Ok(approval)
+    }
+
+    /// Waits for the request to settle, sending progress; returns its outcome, or the
+    /// request as pending once `approval_wait` has passed. A cancelled call withdraws a
+    /// request that is still pending.
+    pub async fn wait(&self, a: &Approval, ctx: &CallContext) -> Result<CallOutcome, CallError> {
+        let mut changes = self.approvals.subscribe();
+        let started = Instant::now();
+        let deadline = started + self.limits.approval_wait;
+        let mut next_progress = started + self.limits.progress_every;
+        // Changes arrive by channel; the poll covers a listener that is reconnecting.
+        let poll = Duration::from_secs(2);
+        loop {
+            let row = self.approvals.get(&a.id).await?;
+            if row.state == State::Pending && row.expired_at(chrono::Utc::now()) {
+                self.expire(&row.id).await;
+                continue;
+            }
+            if let Some(done) = settled(&row)? {
+                return Ok(done);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(pending_outcome(&row, self.limits.approval_wait));
+            }
+            if now >= next_progress {
+                if let Some(progress) = &ctx.progress {
+                    progress(format!(
+                        "approval {} for {} is {}; approvers: {}/{}; expires at {}",
+                        row.id,
+                        row.tool,
+                        row.state.as_str(),
+                        row.approvals.len(),
+                        row.required_approvals,
+                        row.expires_at
+                    ))
+                    .await;
+                }
+                next_progress += self.limits.progress_every;
+            }
+            let wake = deadline.min(next_progress).min(now + poll);
+            tokio::select! {
+                _ = ctx.cancel.cancelled() => {
+                    self.withdraw(&row).await;
+                    return Err(CallError::Cancelled(format!("; approval request {} was withdrawn if still pending", row.id)));
+                }
+                _ = changes.recv() => {}
+                _ = tokio::time::sleep_until(wake.into()) => {}
+            }
+        }
+    }
+
+    async fn withdraw(&self, row: &Approval) {
+        let actor = row.requester.clone();
+        let result = self
+            .approvals
+            .transition(&row.id, false, |r| {
+                approvals::moved(
+                    r,
+                    &[State::Pending],
+                    State::Withdrawn,
+                    &actor,
+                    kind::APPROVAL_WITHDRAWN,
+                    json!({"why": "the agent cancelled its call"}),
+                    chrono::Utc::now(),
+                )
+            })
+            .await;
+        match result {
+            Ok(_) | Err(ApprovalError::WrongState { .. }) => {}
+            Err(e) => tracing::error!(error = %e, approval_id = %row.id, "could not withdraw"),
+        }
+    }
+
+    async fn expire(&self, id: &str) {
+        let result = self
+            .approvals
+            .transition(id, true, |r| {
+                let now = chrono::Utc::now();
+                if !r.expired_at(now) {
+                    return Err(ApprovalError::WrongState {
+                        state: r.state,
+                        wanted: "expired",
+                    });
+                }
+                approvals::moved(
+                    r,
+                    &[State::Pending],
+                    State::Expired,
+                    "system",
+                    kind::APPROVAL_EXPIRED,
+                    json!({"expires_at": r.expires_at, "votes": r.approvals.len()}),
+                    now,
+                )
+            })
+            .await;
+        match result {
+            Ok(_) | Err(ApprovalError::WrongState { .. }) => {}
+            Err(e) => tracing::error!(error = %e, approval_id = %id, "could not expire"),
+        }
+    }
+
+    /// `emisar.approval_status` and `emisar.approval_wait`: the caller's own requests only.
+    async fn approval_tool(
+        &self,
+        principal: &Principal,
+        offered: &OfferedTool,
+        id: &str,
+        reason: Option<String>,
+        ctx: &CallContext,
+    ) -> Result<CallOutcome, CallError> {
+        let row = match self.approvals.get(id).await {
+            Ok(row) if row.requester_name == principal.agent => Ok(row),
+            Ok(_) | Err(ApprovalError::NotFound(_)) => Err(ApprovalError::NotFound(id.into())),
+            Err(e) => Err(e),
+        };
+        self.audit
+            .append(NewEvent {
+                actor: principal.actor(),
+                kind: kind::TOOL_CALLED.into(),
+                tool: Some(offered.name.clone()),
+                args: Some(json!({"approval_id": id})),
+                reason,
+                approval_id: Some(id.to_owned()),
+                outcome: Some(if row.is_ok() { "ok" } else { "refused" }.into()),
+                ..Default::default()
+            })
+            .await
+            .map_err(CallError::AuditUnavailable)?;
+        let row = row?;
+        if offered.name == APPROVAL_WAIT_TOOL {
+            return self.wait(&row, ctx).await;
+        }
+        Ok(settled(&row)?.unwrap_or_else(|| pending_outcome(&row, Duration::ZERO)))
+    }
+
+    /// A human's decision on a request; an approval that settles it starts the execution
+    /// on this replica.
+    pub async fn decide(
+        self: &Arc<Self>,
+        who: &Principal,
+        id: &str,
+        verdict: Verdict,
+    ) -> Result<Approval, ApprovalError> {
+        let tool = self.approvals.get(id).await?.tool;
+        let actor = Actor {
+            name: who.agent.clone(),
+            actor: who.actor(),
+            may_approve: crate::policy::may_approve(who.role, &tool),
+        };
+        let row = self
+            .approvals
+            .transition(id, false, |r| {
+                approvals::decide(r, &actor, &verdict, chrono::Utc::now())
+            })
+            .await?
+            .expect("a transition without skip_locked always returns the row");
+        if row.state == State::Approved {
+            let me = self.clone();
+            let id = row.id.clone();
+            tokio::spawn(async move { me.execute_approved(&id).await });
+        }
+        Ok(row)
+    }
+
+    /// Claims an approved request (exactly once across replicas), audits `executing`,
+    /// calls its runners with the approval id and the preview's vars, records the outcome.
+    pub async fn execute_approved(&self, id: &str) {
+        let claimed = self
+            .approvals
+            .transition(id, true, |r| {
+                let by = r.decided_by.clone().unwrap_or_else(|| "system".into());
+                approvals::moved(
+                    r,
+                    &[State::Approved],
+                    State::Executing,
+                    &by,
+                    kind::APPROVAL_EXECUTING,
+                    json!({"runners": r.runners, "approvals": r.approvals}),
+                    chrono::Utc::now(),
+                )
+            })
+            .await;
+        let row = match claimed {
+            Ok(Some(row)) => row,
+            // Another replica holds it, or it moved on already: not ours to run.
+            Ok(None) | Err(ApprovalError::WrongState { .. }) => return,
+            Err(e) => {
+                tracing::error!(error = %e, approval_id = %id, "could not claim an approved request");
+                return;
+            }
+        };
+        let started = Instant::now();
+        let (results, problem) = self.run_approved(&row).await;
+        let ok = problem.is_none() && results.iter().all(|r| r.ok);
+        let note = problem.or_else(|| {
+            results
+                .iter()
+                .find_map(|r| r.error.as_ref().map(|e| format!("{}: {e}", r.runner)))
+        });
+        let outcome = CallOutcome {
+            call_id: row.call_id.clone(),
+            tool: row.tool.clone(),
+            runner_chosen_by_server: row.runner_chosen,
+            results,
+            approval: None,
+        };
+        crate::metrics::tool_call(&row.tool, if ok { "ok" } else { "error" });
+        let result = serde_json::to_value(&outcome).expect("outcomes are JSON");
+        let finished = self
+            .approvals
+            .finish(
+                id,
+                if ok { State::Executed } else { State::Failed },
+                result,
+                note,
+            )
+            .await;
+        if let Err(e) = finished {
+            tracing::error!(error = %e, approval_id = %id, "could not record the end of an execution");
+        }
+        tracing::info!(approval_id = %id, ok, elapsed_ms = started.elapsed().as_millis() as u64, "approved call ran");
+    }
+
+    /// Steps 6 and 7 for an approved request. The second value explains a failure that
+    /// happened before any runner was called.
+    async fn run_approved(&self, row: &Approval) -> (Vec<RunnerResult>, Option<String>) {
+        let Some(tool) = self.packs.tool(&row.tool) else {
+            return (
+                Vec::new(),
+                Some(format!("tool `{}` is no longer loaded", row.tool)),
+            );
+        };
+        let pack = self.packs.pack(&tool.pack).expect("tool has a pack");
+        if pack.digest != row.pack_sha256 {
+            return (
+                Vec::new(),
+                Some(format!(
+                    "pack `{}` changed since the request ({} → {}): nothing was run; ask again",
+                    pack.name, row.pack_sha256, pack.digest
+                )),
+            );
+        }
+        let results = futures::future::join_all(row.runners.iter().map(|name| async move {
+            let vars = row.preview_vars(name);
+            let dispatch = Dispatch {
+                call_id: &row.call_id,
+                tool: &row.tool,
+                pack_sha256: &row.pack_sha256,
+                args: &row.args,
+                mode: Mode::Execute,
+                preview: vars.as_ref(),
+                raw: row.raw,
+                approval_id: Some(&row.id),
+            };
+            let started = Instant::now();
+            let answer = self.dispatch_one(name, tool, &dispatch).await;
+            let elapsed = started.elapsed();
+            let mut result = to_result(name, answer, elapsed.as_millis() as u64);
+            crate::metrics::runner_call(
+                &row.tool,
+                name,
+                if result.ok { "ok" } else { "error" },
+                elapsed.as_secs_f64(),
+            );
+            let recorded = self
+                .audit_outcome(
+                    &row.requester,
+                    &row.tool,
+                    name,
+                    &row.shown_args,
+                    &Some(row.reason.clone()),
+                    &row.call_id,
+                    Some(&row.id),
+                    &result,
+                )
+                .await;
+            if let Err(e) = recorded {
+                result = RunnerResult {
+                    ok: false,
+                    output: None,
+                    truncated: false,
+                    error: Some(format!(
+                        "the call ran on `{name}`, but its outcome could not be recorded ({e}); the result is withheld"
+                    )),
+                    ..result
+                };
+            }
+            result
+        }))
+        .await;
+        (results, None)
+    }
+
+    /// Expires overdue requests, executes approved ones nobody claimed (their replica
+    /// stopped between the decision and the claim), and marks executions that outlived
+    /// every deadline `unknown`: a crash interrupted them, and they are never re-run.
+    pub async fn sweep(&self) {
+        let now = chrono::Utc::now();
+        match self
+            .approvals
+            .ids_in(State::Pending, &format_at(now), true)
+            .await
+        {
+            Ok(ids) => {
+                for id in ids {
+                    self.expire(&id).await;
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "approval sweep could not list pending requests"),
+        }
+        let orphaned = now - chrono::Duration::seconds(10);
+        if let Ok(ids) = self
+            .approvals
+            .ids_in(State::Approved, &format_at(orphaned), false)
+            .await
+        {
+            for id in ids {
+                self.execute_approved(&id).await;
+            }
+        }
+        let lost = now
+            - chrono::Duration::from_std(self.limits.call_timeout * 2 + Duration::from_secs(60))
+                .unwrap_or(chrono::Duration::minutes(5));
+        if let Ok(ids) = self
+            .approvals
+            .ids_in(State::Executing, &format_at(lost), false)
+            .await
+        {
+            for id in ids {
+                let result = self
+                    .approvals
+                    .transition(&id, true, |r| {
+                        let mut change = approvals::moved(
+                            r,
+                            &[State::Executing],
+                            State::Unknown,
+                            "system",
+                            kind::CALL_UNKNOWN,
+                            json!({"why": "execution was interrupted (the server stopped); it is not re-run: check the runners"}),
+                            chrono::Utc::now(),
+                        )?;
+                        change.row.note = Some(
+                            "execution was interrupted before its outcome was recorded; it is not re-run: check the runners".into(),
+                        );
+                        Ok(change)
+                    })
+                    .await;
+                if let Err(e) = result {
+                    tracing::warn!(error = %e, approval_id = %id, "could not mark an interrupted execution");
+                }
+            }
+        }
+    }
+
+    /// Runs [`Gateway::sweep`] every `every` until `shutdown`.
+    pub fn spawn_sweeper(self: &Arc<Self>, every: Duration, shutdown: CancellationToken) {
+        let me = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(every) => {}
+                }
+                let Some(gateway) = me.upgrade() else { return };
+                gateway.sweep().await;
+            }
+        });
+    }
+}
+
+/// The agent's view of a request that has settled, or `None` while it is undecided.
+fn settled(row: &Approval) -> Result<Option<CallOutcome>, CallError> {
+    let info = |message: String| ApprovalInfo {
+        approval_id: row.id.clone(),
+        state: row.state,
+        expires_at: row.expires_at.clone(),
+        message,
+        decided_by: row.decided_by.clone(),
+        note: row.note.clone(),
+    };
+    match row.state {
+        State::Pending | State::Approved | State::Executing => Ok(None),
+        State::Denied => Err(CallError::Denied(format!(
+            "approval request {} was denied by {}: {}",
+            row.id,
+            row.decided_by.as_deref().unwrap_or("an approver"),
+            row.note.as_deref().unwrap_or("")
+        ))),
+        State::Expired => Err(CallError::Denied(format!(
+            "approval request {} expired at {} before enough humans approved it; nothing ran",
+            row.id, row.expires_at
+        ))),
+        State::Withdrawn => Err(CallError::Denied(format!(
+            "approval request {} was withdrawn (its call was cancelled); nothing ran",
+            row.id
+        ))),
+        State::Executed | State::Failed | State::Unknown => {
+            let mut outcome: CallOutcome = row
+                .result
+                .clone()
+                .and_then(|v| serde_json::from_value(v).ok())
+                .unwrap_or_else(|| CallOutcome {
+                    call_id: row.call_id.clone(),
+                    tool: row.tool.clone(),
+                    runner_chosen_by_server: row.runner_chosen,
+                    results: Vec::new(),
+                    approval: None,
+                });
+            let message = match row.state {
+                State::Executed => "approved and executed".to_owned(),
+                State::Failed => format!(
+                    "approved, but the execution failed: {}",
+                    row.note.as_deref().unwrap_or("see the per-runner results")
+                ),
+                _ => row.note.clone().unwrap_or_default(),
+            };
+            outcome.approval = Some(info(message));
+            Ok(Some(outcome))
+        }
+    }
+}
+
+fn pending_outcome(row: &Approval, waited: Duration) -> CallOutcome {
+    CallOutcome {
+        call_id: row.call_id.clone(),
+        tool: row.tool.clone(),
+        runner_chosen_by_server: row.runner_chosen,
+        results: Vec::new(),
+        approval: Some(ApprovalInfo {
+            approval_id: row.id.clone(),
+            state: row.state,
+            expires_at: row.expires_at.clone(),
+            message: format!(
+                "waiting for a human to approve ({} of {} approvals) after {} s; call {APPROVAL_WAIT_TOOL} with this approval_id to wait again, or {APPROVAL_STATUS_TOOL} to check",
+                row.approvals.len(),
+                row.required_approvals,
+                waited.as_secs()
+            ),
+            decided_by: row.decided_by.clone(),
+            note: row.note.clone(),
+        }),
     }
 }

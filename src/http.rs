@@ -1,9 +1,15 @@
-//! The server's HTTP surface: `/mcp` and `/api/*` behind bearer auth; `/healthz`, `/readyz`
-//! and `/metrics` for operators.
+//! The server's HTTP surface: `/mcp` and `/api/*` behind auth; the portal (`/`, `/assets/*`,
+//! from `web/`, embedded); `/healthz`, `/readyz` and `/metrics` for operators.
 //!
-//! Invariant: an MCP session belongs to the token that opened it; the same session id
+//! Callers authenticate with a bearer token (agents, and people who live in a terminal) or
+//! with the portal's session cookie. Each role reaches only its paths: agents `/mcp` and
+//! `/api/runners`; people every `/api/*` path but never `/mcp`.
+//!
+//! Invariants: an MCP session belongs to the token that opened it; the same session id
 //! presented with another token is answered 404, as if it did not exist (rmcp routes on the
-//! session id alone).
+//! session id alone). A request authenticated by cookie changes nothing unless it carries
+//! the session's CSRF token in `X-CSRF-Token`. Every response carries a strict
+//! Content-Security-Policy; the portal inserts all data as text, never as HTML.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -32,6 +38,10 @@ const READY_TIMEOUT: Duration = Duration::from_secs(2);
 #[derive(Clone)]
 pub struct HttpState {
     pub db: Db,
+    /// Login attempts per user name (argon2 is slow on purpose; this keeps a guesser slower).
+    pub logins: Arc<governor::DefaultKeyedRateLimiter<String>>,
+    /// Cookies get `Secure` when the portal is served over TLS.
+    pub secure_cookies: bool,
     pub gateway: Arc<Gateway>,
     /// MCP session id → (token id, order of binding).
     sessions: Arc<Mutex<HashMap<String, (String, u64)>>>,
@@ -46,6 +56,7 @@ pub fn router(
     db: Db,
     server_public_key: String,
     allowed_hosts: Vec<String>,
+    secure_cookies: bool,
     shutdown: CancellationToken,
 ) -> Router {
     let mcp = crate::mcp::service(
@@ -53,8 +64,12 @@ pub fn router(
         allowed_hosts,
         shutdown,
     );
+    let logins = governor::Quota::per_minute(std::num::NonZeroU32::new(10).expect("10 > 0"))
+        .allow_burst(std::num::NonZeroU32::new(10).expect("10 > 0"));
     let state = HttpState {
         db,
+        logins: Arc::new(governor::RateLimiter::keyed(logins)),
+        secure_cookies,
         gateway,
         sessions: Arc::default(),
         tokens: Arc::default(),
@@ -65,11 +80,28 @@ pub fn router(
         .nest_service("/mcp", mcp)
         .route("/api/runners", get(api_runners))
         .route("/api/audit", get(api_audit))
+        .route("/api/audit/export", get(api_audit_export))
+        .route("/api/session", get(crate::portal::session))
+        .route("/api/logout", axum::routing::post(crate::portal::logout))
+        .route("/api/approvals", get(crate::portal::list))
+        .route("/api/approvals/{id}", get(crate::portal::show))
+        .route(
+            "/api/approvals/{id}/approve",
+            axum::routing::post(crate::portal::approve),
+        )
+        .route(
+            "/api/approvals/{id}/deny",
+            axum::routing::post(crate::portal::deny),
+        )
+        .route("/api/events", get(crate::portal::events))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             bearer_auth,
         ));
     Router::new()
+        .route("/", get(crate::portal::index))
+        .route("/assets/{file}", get(crate::portal::asset))
+        .route("/api/login", axum::routing::post(crate::portal::login))
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/readyz", get(readyz))
         .route("/api/runners/join", axum::routing::post(runner_join))
@@ -79,11 +111,14 @@ pub fn router(
         )
         .route("/metrics", get(metrics))
         .merge(protected)
+        .fallback(crate::portal::not_found)
+        .layer(axum::middleware::from_fn(crate::portal::security_headers))
         .with_state(state)
 }
 
-/// Authenticates the bearer token, attaches its [`Principal`], and keeps MCP sessions bound
-/// to the token that opened them.
+/// Authenticates the bearer token or the session cookie, attaches its [`Principal`], checks
+/// the role may use the path (and the CSRF token for a cookie's state change), and keeps
+/// MCP sessions bound to the token that opened them.
 async fn bearer_auth(State(state): State<HttpState>, mut req: Request, next: Next) -> Response {
     let unauthorized = |message: &'static str| {
         (
@@ -93,30 +128,56 @@ async fn bearer_auth(State(state): State<HttpState>, mut req: Request, next: Nex
         )
             .into_response()
     };
-    let Some(token) = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-    else {
-        return unauthorized("an agent bearer token is required");
+    let unavailable = |state: &HttpState, e: &dyn std::fmt::Display| {
+        tracing::error!(error = %e, "credential lookup failed");
+        let why = state
+            .db
+            .outage()
+            .unwrap_or_else(|| "the token store is unavailable".into());
+        (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"error": why}))).into_response()
     };
-    let principal = match state.tokens.authenticate(&state.db, token).await {
-        Ok(Some(principal)) => principal,
-        Ok(None) => return unauthorized("the bearer token is unknown, expired or revoked"),
-        Err(e) => {
-            tracing::error!(error = %e, "token lookup failed");
-            let why = state
-                .db
-                .outage()
-                .unwrap_or_else(|| "the token store is unavailable".into());
-            return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"error": why}))).into_response();
-        }
+    let principal = match (
+        bearer(req.headers()).map(str::to_owned),
+        crate::portal::session_cookie(req.headers()),
+    ) {
+        (Some(token), _) => match state.tokens.authenticate(&state.db, &token).await {
+            Ok(Some(principal)) => principal,
+            Ok(None) => return unauthorized("the bearer token is unknown, expired or revoked"),
+            Err(e) => return unavailable(&state, &e),
+        },
+        (None, Some(cookie)) => match crate::users::session(&state.db, &cookie).await {
+            Ok(Some(session)) => {
+                let safe = matches!(*req.method(), Method::GET | Method::HEAD);
+                let csrf_ok = req
+                    .headers()
+                    .get("x-csrf-token")
+                    .and_then(|v| v.to_str().ok())
+                    .is_some_and(|t| crate::users::same_secret(t, &session.csrf));
+                if !safe && !csrf_ok {
+                    return (
+                        StatusCode::FORBIDDEN,
+                        Json(json!({"error": "refused: a change made with the portal's session needs its CSRF token (X-CSRF-Token); reload the page"})),
+                    )
+                        .into_response();
+                }
+                let principal = Principal {
+                    agent: session.user.clone(),
+                    token_id: format!("session:{}", &session.id_hash[..16]),
+                    role: session.role,
+                    selector: None,
+                };
+                req.extensions_mut().insert(session);
+                principal
+            }
+            Ok(None) => return unauthorized("the session has ended: log in again"),
+            Err(e) => return unavailable(&state, &e),
+        },
+        (None, None) => return unauthorized("a bearer token or a portal session is required"),
     };
     let path = req.uri().path();
     let allowed = match principal.role {
-        Role::Agent => !path.starts_with("/api/audit"),
-        Role::Auditor => path.starts_with("/api/"),
+        Role::Agent => path.starts_with("/mcp") || path == "/api/runners",
+        Role::Auditor | Role::Approver | Role::Admin => path.starts_with("/api/"),
     };
     if !allowed {
         return (
@@ -209,13 +270,90 @@ fn bad_request(message: String) -> Response {
     (StatusCode::BAD_REQUEST, Json(json!({"error": message}))).into_response()
 }
 
-async fn api_audit(
-    State(state): State<HttpState>,
-    query: Result<axum::extract::Query<AuditQuery>, axum::extract::rejection::QueryRejection>,
-) -> Response {
+type AuditQueryResult =
+    Result<axum::extract::Query<AuditQuery>, axum::extract::rejection::QueryRejection>;
+
+async fn api_audit(State(state): State<HttpState>, query: AuditQueryResult) -> Response {
+    let filter = match audit_filter(query, 100) {
+        Ok(f) => f,
+        Err(response) => return response,
+    };
+    let limit = filter.limit;
+    match crate::audit::query(&state.db, &filter).await {
+        Ok(events) => {
+            let next_cursor = (events.len() as i64 == limit)
+                .then(|| events.last().map(|e| e.seq.to_string()))
+                .flatten();
+            Json(json!({"events": events, "next_cursor": next_cursor})).into_response()
+        }
+        Err(e) => audit_unavailable(e),
+    }
+}
+
+/// The most events one export holds; narrow the filters for more.
+const MAX_EXPORT: usize = 100_000;
+
+/// `GET /api/audit/export`: every event the filters match, one JSON object per line.
+async fn api_audit_export(State(state): State<HttpState>, query: AuditQueryResult) -> Response {
+    let mut filter = match audit_filter(query, MAX_PAGE) {
+        Ok(f) => f,
+        Err(response) => return response,
+    };
+    filter.limit = MAX_PAGE;
+    let mut out = String::new();
+    let mut count = 0;
+    loop {
+        let events = match crate::audit::query(&state.db, &filter).await {
+            Ok(events) => events,
+            Err(e) => return audit_unavailable(e),
+        };
+        let Some(last) = events.last() else { break };
+        filter.after_seq = Some(last.seq);
+        let full = events.len() as i64 == MAX_PAGE;
+        for e in &events {
+            out.push_str(&serde_json::to_string(e).expect("events are JSON"));
+            out.push('\n');
+        }
+        count += events.len();
+        if !full {
+            break;
+        }
+        if count >= MAX_EXPORT {
+            return bad_request(format!(
+                "more than {MAX_EXPORT} events match: narrow the filters (since/until, kind, tool)"
+            ));
+        }
+    }
+    (
+        [
+            (header::CONTENT_TYPE, "application/x-ndjson"),
+            (
+                header::CONTENT_DISPOSITION,
+                "attachment; filename=\"emisar-audit.ndjson\"",
+            ),
+        ],
+        out,
+    )
+        .into_response()
+}
+
+fn audit_unavailable(e: impl std::fmt::Display) -> Response {
+    tracing::error!(error = %e, "audit query failed");
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        Json(json!({"error": "the audit store is unavailable"})),
+    )
+        .into_response()
+}
+
+/// The filter a `GET /api/audit` query string asks for, or the 400 that says what is wrong.
+fn audit_filter(
+    query: AuditQueryResult,
+    default_limit: i64,
+) -> Result<crate::audit::AuditFilter, Response> {
     let q = match query {
         Ok(axum::extract::Query(q)) => q,
-        Err(e) => return bad_request(format!("invalid query: {}", e.body_text())),
+        Err(e) => return Err(bad_request(format!("invalid query: {}", e.body_text()))),
     };
     let time = |field: &str,
                 v: &Option<String>|
@@ -234,20 +372,24 @@ async fn api_audit(
     };
     let (since, until) = match (time("since", &q.since), time("until", &q.until)) {
         (Ok(since), Ok(until)) => (since, until),
-        (Err(e), _) | (_, Err(e)) => return bad_request(e),
+        (Err(e), _) | (_, Err(e)) => return Err(bad_request(e)),
     };
     let after_seq = match q.cursor.as_deref().map(str::parse::<i64>) {
         None => None,
         Some(Ok(n)) if n >= 0 => Some(n),
         Some(_) => {
-            return bad_request("`cursor` must be the next_cursor of a previous page".into());
+            return Err(bad_request(
+                "`cursor` must be the next_cursor of a previous page".into(),
+            ));
         }
     };
-    let limit = q.limit.unwrap_or(100);
+    let limit = q.limit.unwrap_or(default_limit);
     if !(1..=MAX_PAGE).contains(&limit) {
-        return bad_request(format!("`limit` must be between 1 and {MAX_PAGE}"));
+        return Err(bad_request(format!(
+            "`limit` must be between 1 and {MAX_PAGE}"
+        )));
     }
-    let filter = crate::audit::AuditFilter {
+    Ok(crate::audit::AuditFilter {
         tool: q.tool,
         runner: q.runner,
         actor: q.actor,
@@ -259,23 +401,7 @@ async fn api_audit(
         until,
         after_seq,
         limit,
-    };
-    match crate::audit::query(&state.db, &filter).await {
-        Ok(events) => {
-            let next_cursor = (events.len() as i64 == limit)
-                .then(|| events.last().map(|e| e.seq.to_string()))
-                .flatten();
-            Json(json!({"events": events, "next_cursor": next_cursor})).into_response()
-        }
-        Err(e) => {
-            tracing::error!(error = %e, "audit query failed");
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                Json(json!({"error": "the audit store is unavailable"})),
-            )
-                .into_response()
-        }
-    }
+    })
 }
 
 fn bearer(headers: &axum::http::HeaderMap) -> Option<&str> {

@@ -16,6 +16,7 @@
 //! [`config`], [`app`] (`emisar serve`), [`dev`] (`emisar dev`) and [`cli`].
 
 pub mod app;
+pub mod approvals;
 pub mod audit;
 pub mod cli;
 pub mod config;
@@ -29,9 +30,11 @@ pub mod mcp;
 pub mod metrics;
 pub mod pack;
 pub mod policy;
+pub mod portal;
 pub mod runner;
 pub mod secrets;
 pub mod selector;
 pub mod signing;
 pub mod stdio_bridge;
 pub mod tokens;
+pub mod users;

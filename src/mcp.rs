@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
-    ToolAnnotations,
+    ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ServerCapabilities,
+    ServerConfig, Tool, ToolAnnotations,
 };
 use rmcp::service::RequestContext;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -21,7 +21,7 @@ use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::gateway::{CallError, Gateway, OfferedTool, ToolCall};
+use crate::gateway::{CallContext, CallError, Gateway, OfferedTool, Progress, ToolCall};
 use crate::pack::Risk;
 use crate::tokens::Principal;
 
@@ -111,6 +111,31 @@ impl<S: ToolSource> ServerHandler for EmisarMcp<S> {
     }
 }
 
+/// Cancellation and progress for a call that may wait for humans. Progress goes out only
+/// when the client asked for it with a progress token.
+fn call_context(context: &RequestContext<RoleServer>) -> CallContext {
+    let progress: Option<Progress> = context.meta.get_progress_token().map(|token| {
+        let peer = context.peer.clone();
+        let step = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let send: Progress = Arc::new(move |message: String| {
+            let (peer, token) = (peer.clone(), token.clone());
+            // Progress must increase with every notification.
+            let n = step.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+            Box::pin(async move {
+                let param = ProgressNotificationParam::new(token, n as f64).with_message(message);
+                if let Err(e) = peer.notify_progress(param).await {
+                    tracing::debug!(error = %e, "could not send progress");
+                }
+            })
+        });
+        send
+    });
+    CallContext {
+        cancel: context.ct.clone(),
+        progress,
+    }
+}
+
 /// The production source: the gateway, behind bearer auth.
 pub struct GatewaySource(pub Arc<Gateway>);
 
@@ -148,7 +173,7 @@ impl ToolSource for GatewaySource {
         &self,
         caller: Option<Principal>,
         request: CallToolRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
         let principal = caller.ok_or_else(|| {
             McpError::internal_error(
@@ -161,9 +186,9 @@ impl ToolSource for GatewaySource {
             tool: request.name.to_string(),
             args: request.arguments.clone().unwrap_or_default(),
         };
-        match self.0.call(call).await {
+        match self.0.call_with(call, &call_context(&context)).await {
             Ok(outcome) => {
-                let failed = outcome.all_failed();
+                let failed = outcome.is_error();
                 let value = serde_json::to_value(&outcome).map_err(|e| {
                     McpError::internal_error(format!("failed to encode the result: {e}"), None)
                 })?;

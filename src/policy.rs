@@ -10,18 +10,26 @@ use crate::tokens::Principal;
 #[derive(Debug, Clone, PartialEq)]
 pub enum Decision {
     Allow,
+    /// Runs only after this many humans approve it.
+    NeedsApproval {
+        approvers: u32,
+    },
     Deny(String),
 }
 
 pub fn decide(tool: &Tool, _caller: &Principal) -> Decision {
     match tool.risk {
         Risk::Read => Decision::Allow,
-        risk => Decision::Deny(format!(
-            "`{}` is a risk:{} write and needs a human's approval; this server has no approval queue yet, so it refuses every write",
-            tool.name,
-            risk.as_str()
-        )),
+        Risk::Low | Risk::High => Decision::NeedsApproval { approvers: 1 },
     }
+}
+
+/// Whether a human with `role` may decide requests for `tool`.
+pub fn may_approve(role: crate::tokens::Role, _tool: &str) -> bool {
+    matches!(
+        role,
+        crate::tokens::Role::Approver | crate::tokens::Role::Admin
+    )
 }
 
 #[cfg(test)]

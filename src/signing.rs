@@ -36,6 +36,10 @@ pub struct CallClaims {
     pub request_sha256: String,
     /// SHA-256 of the pack file the server resolved the tool from.
     pub pack_sha256: String,
+    /// The approval this execution carries out. A runner refuses to execute a risk:high tool
+    /// without one, and refuses a second execution under the same one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_id: Option<String>,
 }
 
 /// Fails fast if jsonwebtoken has no crypto backend (it would panic on first use otherwise).
@@ -171,6 +175,7 @@ mod tests {
             tool: "traefik.ping".into(),
             request_sha256: "a".into(),
             pack_sha256: "p".into(),
+            approval_id: None,
         }
     }
 

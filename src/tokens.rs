@@ -24,6 +24,10 @@ pub enum Role {
     Agent,
     /// Reads the audit log over the HTTP API.
     Auditor,
+    /// A human who decides approval requests (and reads the audit log).
+    Approver,
+    /// A human who may do everything an approver and an auditor may.
+    Admin,
 }
 
 impl Role {
@@ -31,6 +35,8 @@ impl Role {
         match self {
             Role::Agent => "agent",
             Role::Auditor => "auditor",
+            Role::Approver => "approver",
+            Role::Admin => "admin",
         }
     }
 
@@ -38,7 +44,11 @@ impl Role {
         match s {
             "agent" => Ok(Role::Agent),
             "auditor" => Ok(Role::Auditor),
-            other => Err(format!("role `{other}` must be agent or auditor")),
+            "approver" => Ok(Role::Approver),
+            "admin" => Ok(Role::Admin),
+            other => Err(format!(
+                "role `{other}` must be agent, auditor, approver or admin"
+            )),
         }
     }
 }

@@ -24,6 +24,23 @@ pub mod kind {
     pub const TOKEN_ISSUED: &str = "token.issued";
     pub const TOKEN_REVOKED: &str = "token.revoked";
     pub const SERVER_STARTED: &str = "server.started";
+    /// A call that needs humans became a pending approval request.
+    pub const APPROVAL_REQUESTED: &str = "approval.requested";
+    /// One approver said yes (the detail says whether that settled it).
+    pub const APPROVAL_APPROVED: &str = "approval.approved";
+    pub const APPROVAL_DENIED: &str = "approval.denied";
+    pub const APPROVAL_EXPIRED: &str = "approval.expired";
+    /// The agent cancelled its call while the request was still pending.
+    pub const APPROVAL_WITHDRAWN: &str = "approval.withdrawn";
+    /// An approved request was claimed for execution; written before any runner is called.
+    pub const APPROVAL_EXECUTING: &str = "approval.executing";
+    /// Execution was interrupted (a crash) and its outcome is not known; never re-run.
+    pub const CALL_UNKNOWN: &str = "call.unknown";
+    pub const POLICY_LOADED: &str = "policy.loaded";
+    pub const USER_ADDED: &str = "user.added";
+    pub const LOGIN: &str = "login";
+    pub const LOGIN_FAILED: &str = "login.failed";
+    pub const LOGOUT: &str = "logout";
 }
 
 /// An event as a caller hands it to the writer.

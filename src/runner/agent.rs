@@ -3,7 +3,8 @@
 //! Order of checks for `POST /v1/call`, each refusing with a clear error before anything runs:
 //! signature, audience, expiry and lifetime → single-use id → the token matches this request
 //! (tool, argument digest) → the tool is in this runner's own packs with the same pack digest
-//! → the arguments validate against this runner's own schema. Only then does the action run.
+//! → the arguments validate against this runner's own schema → an execution of a risk:high
+//! tool carries an approval id never used before. Only then does the action run.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -19,14 +20,17 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use super::engine::{self, Env};
-use super::protocol::{CallRequest, CallResponse};
+use super::protocol::{CallRequest, CallResponse, Mode};
 use crate::config::RunnerConfig;
-use crate::pack::{PackSet, allowlist_key};
+use crate::pack::{PackSet, Risk, allowlist_key};
 use crate::signing::{CallVerifier, now};
 
 /// The most single-use ids remembered at once. Ids are forgotten when their token expires,
 /// so this bounds memory under a flood of valid calls; past it, calls are refused.
 const MAX_SEEN_IDS: usize = 100_000;
+/// How long a used approval id is remembered. Approvals expire long before this (their
+/// default lifetime is 15 minutes), so a remembered id can never be approved again.
+const APPROVAL_MEMORY_SECS: u64 = 24 * 3600;
 
 pub struct RunnerState {
     config: RunnerConfig,
@@ -34,6 +38,8 @@ pub struct RunnerState {
     verifier: CallVerifier,
     /// Single-use ids seen, with the expiry of their token.
     seen: Mutex<HashMap<String, u64>>,
+    /// Approval ids already executed here, with when they stop mattering.
+    used_approvals: Mutex<HashMap<String, u64>>,
     http: reqwest::Client,
 }
 
@@ -67,6 +73,7 @@ impl RunnerState {
             packs,
             verifier,
             seen: Mutex::new(HashMap::new()),
+            used_approvals: Mutex::new(HashMap::new()),
             http,
         }))
     }
@@ -85,9 +92,29 @@ impl RunnerState {
 
     /// Records `jti` as used; false if it was seen before (or the table is full).
     fn first_use(&self, jti: &str, exp: u64) -> Result<(), &'static str> {
-        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        if seen.contains_key(jti) {
-            return Err("this call token was already used");
+        Self::remember(&self.seen, jti, exp, "this call token was already used")
+    }
+
+    /// Records an approval id as executed; refuses one executed before.
+    fn first_execution(&self, approval_id: &str) -> Result<(), &'static str> {
+        Self::remember(
+            &self.used_approvals,
+            approval_id,
+            now() + APPROVAL_MEMORY_SECS,
+            "this approval was already executed on this runner: an approval is good for one execution",
+        )
+    }
+
+    /// One bounded set of used ids, each forgotten after its expiry.
+    fn remember(
+        table: &Mutex<HashMap<String, u64>>,
+        id: &str,
+        exp: u64,
+        used: &'static str,
+    ) -> Result<(), &'static str> {
+        let mut seen = table.lock().unwrap_or_else(|p| p.into_inner());
+        if seen.contains_key(id) {
+            return Err(used);
         }
         if seen.len() >= MAX_SEEN_IDS {
             let t = now();
@@ -96,7 +123,7 @@ impl RunnerState {
                 return Err("too many calls in flight: try again shortly");
             }
         }
-        seen.insert(jti.to_owned(), exp);
+        seen.insert(id.to_owned(), exp);
         Ok(())
     }
 }
@@ -216,8 +243,25 @@ async fn call(
             );
         }
     }
+    if tool.risk == Risk::High && request.mode == Mode::Execute {
+        let Some(approval_id) = claims.approval_id.as_deref() else {
+            return refuse(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "`{}` is risk:high: this runner executes it only under a human's approval, and the call carries none",
+                    tool.name
+                ),
+            );
+        };
+        if let Err(why) = state.first_execution(approval_id) {
+            return refuse(
+                StatusCode::CONFLICT,
+                format!("approval {approval_id}: {why}"),
+            );
+        }
+    }
 
-    tracing::info!(tool = %tool.name, call_id = %claims.call_id, mode = ?request.mode, "executing");
+    tracing::info!(tool = %tool.name, call_id = %claims.call_id, approval_id = ?claims.approval_id, mode = ?request.mode, "executing");
     let started = Instant::now();
     let service = pack
         .service

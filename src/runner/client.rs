@@ -45,6 +45,8 @@ pub struct Dispatch<'a> {
     pub mode: Mode,
     pub preview: Option<&'a Map<String, Value>>,
     pub raw: bool,
+    /// Set when this execution carries out an approved request.
+    pub approval_id: Option<&'a str>,
 }
 
 #[derive(Clone)]
@@ -88,6 +90,7 @@ impl RunnerClient {
             tool: d.tool.to_owned(),
             request_sha256: body.digest(),
             pack_sha256: d.pack_sha256.to_owned(),
+            approval_id: d.approval_id.map(str::to_owned),
         };
         let token = self
             .signer

@@ -449,12 +449,13 @@ async fn bad_input_is_refused_named_and_audited(backend: Backend) {
 }
 both_backends!(bad_input_is_refused_named_and_audited);
 
-async fn exec_reads_run_and_writes_are_refused(backend: Backend) {
+async fn exec_reads_run_and_writes_wait_for_approval(backend: Backend) {
     let app = spawn_app(
         backend,
         vec![RunnerSpec::new("node-1")],
         Options {
             packs_dir: Some(fixtures_dir()),
+            approval_wait_secs: Some(1),
             ..Default::default()
         },
     )
@@ -480,29 +481,34 @@ async fn exec_reads_run_and_writes_are_refused(backend: Backend) {
         json!({"runners": ["node-1"], "reason": "try a write", "path": marker}),
     )
     .await;
-    assert_eq!(res.is_error, Some(true));
-    let text = text_of(&res);
+    // Nobody approves: after the wait the call returns the pending request, not an error.
+    assert_eq!(res.is_error, Some(false), "{}", text_of(&res));
+    let approval = res.structured_content.unwrap()["approval"].clone();
+    assert_eq!(approval["state"], "pending", "{approval}");
     assert!(
-        text.contains("risk:high write and needs a human's approval"),
-        "{text}"
+        approval["message"]
+            .as_str()
+            .unwrap()
+            .contains("emisar.approval_wait")
     );
     assert!(
         !std::path::Path::new(marker).exists(),
         "the write must not run"
     );
-    let rejected = app
+    let kinds: Vec<String> = app
         .events(AuditFilter {
             tool: Some("testkit.touch".into()),
             ..Default::default()
         })
-        .await;
-    assert_eq!(rejected.len(), 1);
-    assert_eq!(rejected[0].kind, "tool.rejected");
-    assert_eq!(rejected[0].reason.as_deref(), Some("try a write"));
+        .await
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    assert_eq!(kinds, ["tool.called", "approval.requested"]);
     app.assert_chain_intact().await;
     client.cancel().await.unwrap();
 }
-both_backends!(exec_reads_run_and_writes_are_refused);
+both_backends!(exec_reads_run_and_writes_wait_for_approval);
 
 async fn requests_without_a_valid_token_get_401(backend: Backend) {
     let app = spawn_app(backend, vec![RunnerSpec::new("node-1")], Options::default()).await;

@@ -38,6 +38,7 @@ impl Fixture {
             }
             .digest(),
             pack_sha256: self.pack_sha256.clone(),
+            approval_id: None,
         }
     }
 
@@ -144,6 +145,7 @@ async fn runner_refuses_every_call_it_should() {
             "other pack version",
             Some(sign(&CallClaims {
                 pack_sha256: "0".repeat(64),
+                approval_id: None,
                 ..f.claims(&args)
             })),
             args.clone(),

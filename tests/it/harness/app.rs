@@ -114,6 +114,12 @@ pub struct Options {
     pub probe_interval_ms: Option<u64>,
     /// Use this database instead of a fresh one.
     pub database_url: Option<String>,
+    /// How long an MCP call waits for approval (default 30 s).
+    pub approval_wait_secs: Option<u64>,
+    /// How long a request lives (default 15 minutes).
+    pub approval_ttl_secs: Option<u64>,
+    /// Use this key pair instead of a fresh one (a second replica of the same server).
+    pub keys: Option<(PathBuf, PathBuf)>,
 }
 
 pub async fn fresh_db(backend: Backend, dir: &std::path::Path) -> (String, Option<PgTestDb>) {
@@ -131,9 +137,15 @@ pub async fn fresh_db(backend: Backend, dir: &std::path::Path) -> (String, Optio
 
 pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Options) -> TestApp {
     let dir = tempfile::tempdir().unwrap();
-    let private_key = dir.path().join("server.key");
-    let public_key = dir.path().join("server.pub");
-    emisar::signing::write_keypair(&private_key, &public_key).unwrap();
+    let (private_key, public_key) = match &options.keys {
+        Some(keys) => keys.clone(),
+        None => {
+            let private_key = dir.path().join("server.key");
+            let public_key = dir.path().join("server.pub");
+            emisar::signing::write_keypair(&private_key, &public_key).unwrap();
+            (private_key, public_key)
+        }
+    };
     let (database_url, pg) = match &options.database_url {
         Some(url) => (url.clone(), None),
         None => fresh_db(backend, dir.path()).await,
@@ -191,6 +203,9 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
         rate_limit_per_second: options.rate_limit.map_or(1000, |r| r.0),
         rate_limit_burst: options.rate_limit.map_or(1000, |r| r.1),
         health_probe_interval_ms: options.probe_interval_ms.unwrap_or(10_000),
+        approval_wait_secs: options.approval_wait_secs.unwrap_or(30),
+        approval_ttl_secs: options.approval_ttl_secs.unwrap_or(15 * 60),
+        approval_progress_ms: 500,
         ..ServerConfig::with_signing_key(private_key.clone())
     };
     let app = emisar::app::Application::build(config, &database_url)
@@ -351,6 +366,8 @@ impl TestApp {
             tool: tool.into(),
             request_sha256: request.digest(),
             pack_sha256: packs.pack(pack).unwrap().digest.clone(),
+            // The harness stands in for the server here, approvals included.
+            approval_id: Some(uuid::Uuid::new_v4().to_string()),
         };
         let token = CallSigner::from_file(&self.private_key)
             .unwrap()

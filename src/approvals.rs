@@ -1,0 +1,1014 @@
+//! Approval requests: the queue that risk:high calls wait in until humans decide.
+//!
+//! A request is bound at creation to the exact call (tool, args, runners, reason, requester,
+//! pack digest and the preview captured then). Its states:
+//!
+//! ```text
+//! pending ─▶ approved ─▶ executing ─▶ executed | failed | unknown
+//!    └─▶ denied | expired | withdrawn
+//! ```
+//!
+//! Every transition goes through [`Approvals::transition`]: lock the row, decide the change
+//! with a pure function of the row, make its audit event durable, write the row, announce
+//! it. On PostgreSQL the lock is a row lock (`FOR UPDATE`, or `FOR UPDATE SKIP LOCKED` for
+//! claims and sweeps), so several `emisar serve` replicas on one database execute an
+//! approval exactly once; announcements fan out with LISTEN/NOTIFY. SQLite serves a single
+//! replica, and the lock is a mutex in this process.
+//!
+//! Invariant: no transition is written whose audit event is not durable; `executing` is
+//! entered once per request, and nothing moves a request out of `executing` except its
+//! outcome or, after a crash, `unknown` (never a re-run).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::{Map, Value, json};
+use sqlx::{AssertSqlSafe, Row};
+use tokio::sync::broadcast;
+
+use crate::audit::{AuditError, AuditLog, NewEvent, format_at};
+use crate::db::{Db, Pool};
+
+/// The PostgreSQL channel that carries approval changes between replicas.
+const CHANNEL: &str = "emisar_approvals";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum State {
+    Pending,
+    Approved,
+    Denied,
+    Expired,
+    Withdrawn,
+    Executing,
+    Executed,
+    Failed,
+    Unknown,
+}
+
+impl State {
+    pub const ALL: [State; 9] = [
+        State::Pending,
+        State::Approved,
+        State::Denied,
+        State::Expired,
+        State::Withdrawn,
+        State::Executing,
+        State::Executed,
+        State::Failed,
+        State::Unknown,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Pending => "pending",
+            State::Approved => "approved",
+            State::Denied => "denied",
+            State::Expired => "expired",
+            State::Withdrawn => "withdrawn",
+            State::Executing => "executing",
+            State::Executed => "executed",
+            State::Failed => "failed",
+            State::Unknown => "unknown",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<State, String> {
+        State::ALL
+            .into_iter()
+            .find(|st| st.as_str() == s)
+            .ok_or_else(|| {
+                format!(
+                    "`state` must be one of {}",
+                    State::ALL.map(State::as_str).join(", ")
+                )
+            })
+    }
+
+    /// No further transition will happen.
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            State::Denied
+                | State::Expired
+                | State::Withdrawn
+                | State::Executed
+                | State::Failed
+                | State::Unknown
+        )
+    }
+}
+
+/// One human's yes.
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct Vote {
+    pub user: String,
+    pub at: String,
+}
+
+/// An approval request, as stored.
+#[derive(Debug, Clone, Serialize)]
+pub struct Approval {
+    pub id: String,
+    pub call_id: String,
+    pub tool: String,
+    pub risk: String,
+    /// What the runners receive (secret params in clear): never shown, never serialized.
+    #[serde(skip)]
+    pub args: Map<String, Value>,
+    /// What humans and the audit log see.
+    #[serde(rename = "args")]
+    pub shown_args: Value,
+    pub runners: Vec<String>,
+    pub runner_chosen: bool,
+    #[serde(skip)]
+    pub raw: bool,
+    pub reason: String,
+    /// The audit actor of the requester, e.g. `agent:deploy-bot`.
+    pub requester: String,
+    /// The requester's name: nobody by this name may approve the request.
+    #[serde(skip)]
+    pub requester_name: String,
+    #[serde(skip)]
+    pub pack_sha256: String,
+    /// Per runner: `{ok, output, vars, error}` of the preview run at request time.
+    pub preview: Option<Value>,
+    pub required_approvals: u32,
+    pub approvals: Vec<Vote>,
+    pub state: State,
+    /// The denial note, or why execution failed.
+    pub note: Option<String>,
+    /// The actor whose decision settled the request.
+    pub decided_by: Option<String>,
+    /// The call's outcome (per-runner results) once executed.
+    pub result: Option<Value>,
+    pub created_at: String,
+    pub expires_at: String,
+    pub updated_at: String,
+}
+
+impl Approval {
+    pub fn expired_at(&self, now: DateTime<Utc>) -> bool {
+        DateTime::parse_from_rfc3339(&self.expires_at)
+            .map(|t| t.with_timezone(&Utc) <= now)
+            .unwrap_or(true)
+    }
+
+    /// The vars of `runner`'s preview, which its execution needs.
+    pub fn preview_vars(&self, runner: &str) -> Option<Map<String, Value>> {
+        self.preview
+            .as_ref()?
+            .get(runner)?
+            .get("vars")?
+            .as_object()
+            .cloned()
+    }
+
+    /// An audit event about this request.
+    fn event(&self, actor: &str, kind: &str, detail: Value) -> NewEvent {
+        NewEvent {
+            actor: actor.to_owned(),
+            kind: kind.to_owned(),
+            tool: Some(self.tool.clone()),
+            runner: (self.runners.len() == 1).then(|| self.runners[0].clone()),
+            args: Some(self.shown_args.clone()),
+            reason: Some(self.reason.clone()),
+            call_id: Some(self.call_id.clone()),
+            approval_id: Some(self.id.clone()),
+            detail: Some(detail),
+            ..Default::default()
+        }
+    }
+}
+
+/// Who is acting on a request.
+#[derive(Debug, Clone)]
+pub struct Actor {
+    /// The person's or agent's name (compared with the requester's).
+    pub name: String,
+    /// The audit actor, e.g. `approver:alice`.
+    pub actor: String,
+    /// The human role may approve this tool (from the policy).
+    pub may_approve: bool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verdict {
+    Approve,
+    Deny { note: String },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApprovalError {
+    #[error("no approval request has id `{0}`")]
+    NotFound(String),
+    #[error("refused: {0}")]
+    Refused(String),
+    #[error("the request is {state}, not {wanted}", state = .state.as_str())]
+    WrongState { state: State, wanted: &'static str },
+    #[error("refused: the audit log cannot record this ({0}), so nothing changed")]
+    Audit(#[from] AuditError),
+    #[error("the approval store is unavailable: {0}")]
+    Store(#[from] sqlx::Error),
+}
+
+/// A row change and the audit event that records it (`None` only when the events that
+/// record it were written already, as the per-runner outcomes of an execution are).
+pub struct Change {
+    pub row: Approval,
+    pub event: Option<NewEvent>,
+}
+
+/// What happened to the request after a decision.
+pub fn decide(
+    row: &Approval,
+    who: &Actor,
+    verdict: &Verdict,
+    now: DateTime<Utc>,
+) -> Result<Change, ApprovalError> {
+    if row.state != State::Pending {
+        return Err(ApprovalError::WrongState {
+            state: row.state,
+            wanted: "pending",
+        });
+    }
+    if row.expired_at(now) {
+        return Err(ApprovalError::Refused(format!(
+            "the request expired at {}; the agent must ask again",
+            row.expires_at
+        )));
+    }
+    if who.name == row.requester_name {
+        return Err(ApprovalError::Refused(
+            "you requested this yourself: someone else must decide".into(),
+        ));
+    }
+    if !who.may_approve {
+        return Err(ApprovalError::Refused(format!(
+            "`{}` may not decide requests for `{}` (policy roles)",
+            who.actor, row.tool
+        )));
+    }
+    let at = format_at(now);
+    let mut next = row.clone();
+    next.updated_at = at.clone();
+    match verdict {
+        Verdict::Deny { note } => {
+            if note.trim().is_empty() {
+                return Err(ApprovalError::Refused(
+                    "`note`: a denial needs a note the agent will read".into(),
+                ));
+            }
+            next.state = State::Denied;
+            next.note = Some(note.clone());
+            next.decided_by = Some(who.actor.clone());
+            let event = row.event(
+                &who.actor,
+                crate::audit::kind::APPROVAL_DENIED,
+                json!({"note": note}),
+            );
+            Ok(Change {
+                row: next,
+                event: Some(event),
+            })
+        }
+        Verdict::Approve => {
+            if row.approvals.iter().any(|v| v.user == who.name) {
+                return Err(ApprovalError::Refused(
+                    "you approved this already: another approver must add theirs".into(),
+                ));
+            }
+            next.approvals.push(Vote {
+                user: who.name.clone(),
+                at,
+            });
+            let votes = next.approvals.len() as u32;
+            if votes >= row.required_approvals {
+                next.state = State::Approved;
+                next.decided_by = Some(who.actor.clone());
+            }
+            let event = row.event(
+                &who.actor,
+                crate::audit::kind::APPROVAL_APPROVED,
+                json!({"votes": votes, "required": row.required_approvals, "state": next.state}),
+            );
+            Ok(Change {
+                row: next,
+                event: Some(event),
+            })
+        }
+    }
+}
+
+/// A plain move from one state to another, audited with `kind` by `actor`.
+pub fn moved(
+    row: &Approval,
+    from: &[State],
+    to: State,
+    actor: &str,
+    kind: &str,
+    detail: Value,
+    now: DateTime<Utc>,
+) -> Result<Change, ApprovalError> {
+    if !from.contains(&row.state) {
+        return Err(ApprovalError::WrongState {
+            state: row.state,
+            wanted: from[0].as_str(),
+        });
+    }
+    let mut next = row.clone();
+    next.state = to;
+    next.updated_at = format_at(now);
+    let event = row.event(actor, kind, detail);
+    Ok(Change {
+        row: next,
+        event: Some(event),
+    })
+}
+
+/// An announcement that a request was created or changed.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct Changed {
+    pub id: String,
+    pub state: State,
+}
+
+#[derive(Clone)]
+pub struct Approvals {
+    db: Db,
+    audit: AuditLog,
+    changes: broadcast::Sender<Changed>,
+    /// SQLite only: the row lock (a single replica, so a process mutex is the whole lock).
+    local: Arc<tokio::sync::Mutex<()>>,
+}
+
+const PG_COLUMNS: &str = "id, call_id, tool, risk, args::text AS args, shown_args::text AS shown_args, runners::text AS runners, runner_chosen, raw, reason, requester, requester_name, pack_sha256, preview::text AS preview, required_approvals, approvals::text AS approvals, state, note, decided_by, result::text AS result, to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS created_at, to_char(expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS expires_at, to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS updated_at";
+const SQLITE_COLUMNS: &str = "id, call_id, tool, risk, args, shown_args, runners, runner_chosen, raw, reason, requester, requester_name, pack_sha256, preview, required_approvals, approvals, state, note, decided_by, result, created_at, expires_at, updated_at";
+
+fn from_row<R>(row: &R) -> Result<Approval, sqlx::Error>
+where
+    R: Row,
+    for<'a> &'a str: sqlx::ColumnIndex<R>,
+    for<'a> String: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
+    for<'a> Option<String>: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
+    for<'a> bool: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
+    for<'a> i32: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
+{
+    fn json<T: serde::de::DeserializeOwned>(column: &str, text: &str) -> Result<T, sqlx::Error> {
+        serde_json::from_str(text).map_err(|e| sqlx::Error::ColumnDecode {
+            index: column.to_owned(),
+            source: Box::new(e),
+        })
+    }
+    let opt_json = |column: &str| -> Result<Option<Value>, sqlx::Error> {
+        row.try_get::<Option<String>, _>(column)?
+            .map(|t| json(column, &t))
+            .transpose()
+    };
+    let state: String = row.try_get("state")?;
+    Ok(Approval {
+        id: row.try_get("id")?,
+        call_id: row.try_get("call_id")?,
+        tool: row.try_get("tool")?,
+        risk: row.try_get("risk")?,
+        args: json("args", &row.try_get::<String, _>("args")?)?,
+        shown_args: json("shown_args", &row.try_get::<String, _>("shown_args")?)?,
+        runners: json("runners", &row.try_get::<String, _>("runners")?)?,
+        runner_chosen: row.try_get("runner_chosen")?,
+        raw: row.try_get("raw")?,
+        reason: row.try_get("reason")?,
+        requester: row.try_get("requester")?,
+        requester_name: row.try_get("requester_name")?,
+        pack_sha256: row.try_get("pack_sha256")?,
+        preview: opt_json("preview")?,
+        required_approvals: row.try_get::<i32, _>("required_approvals")?.max(1) as u32,
+        approvals: json("approvals", &row.try_get::<String, _>("approvals")?)?,
+        state: State::parse(&state).map_err(|e| sqlx::Error::ColumnDecode {
+            index: "state".into(),
+            source: e.into(),
+        })?,
+        note: row.try_get("note")?,
+        decided_by: row.try_get("decided_by")?,
+        result: opt_json("result")?,
+        created_at: row.try_get("created_at")?,
+        expires_at: row.try_get("expires_at")?,
+        updated_at: row.try_get("updated_at")?,
+    })
+}
+
+fn text(v: &impl Serialize) -> String {
+    serde_json::to_string(v).expect("approval fields are JSON")
+}
+
+impl Approvals {
+    /// The store, and (on PostgreSQL) a task that relays other replicas' changes until
+    /// `shutdown`.
+    pub fn new(
+        db: Db,
+        audit: AuditLog,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) -> Approvals {
+        let (changes, _) = broadcast::channel(1024);
+        let approvals = Approvals {
+            db,
+            audit,
+            changes,
+            local: Arc::default(),
+        };
+        if let Pool::Pg(pool) = approvals.db.pool() {
+            tokio::spawn(listen(pool.clone(), approvals.changes.clone(), shutdown));
+        }
+        approvals
+    }
+
+    /// Every creation and state change, on this replica and (PostgreSQL) every other.
+    pub fn subscribe(&self) -> broadcast::Receiver<Changed> {
+        self.changes.subscribe()
+    }
+
+    fn announce(&self, row: &Approval) {
+        let _ = self.changes.send(Changed {
+            id: row.id.clone(),
+            state: row.state,
+        });
+    }
+
+    /// Stores a new pending request; its `approval.requested` event must already be durable.
+    pub async fn insert(&self, a: &Approval) -> Result<(), ApprovalError> {
+        self.db
+            .guard(async {
+                match self.db.pool() {
+                    Pool::Pg(pool) => {
+                        let mut tx = pool.begin().await?;
+                        sqlx::query("INSERT INTO approvals (id, call_id, tool, risk, args, shown_args, runners, runner_chosen, raw, reason, requester, requester_name, pack_sha256, preview, required_approvals, approvals, state, note, decided_by, result, created_at, expires_at, updated_at) VALUES ($1,$2,$3,$4,$5::jsonb,$6::jsonb,$7::jsonb,$8,$9,$10,$11,$12,$13,$14::jsonb,$15,$16::jsonb,$17,$18,$19,$20::jsonb,$21::timestamptz,$22::timestamptz,$23::timestamptz)")
+                            .bind(&a.id).bind(&a.call_id).bind(&a.tool).bind(&a.risk)
+                            .bind(text(&a.args)).bind(text(&a.shown_args)).bind(text(&a.runners))
+                            .bind(a.runner_chosen).bind(a.raw).bind(&a.reason).bind(&a.requester)
+                            .bind(&a.requester_name).bind(&a.pack_sha256)
+                            .bind(a.preview.as_ref().map(text))
+                            .bind(a.required_approvals as i32).bind(text(&a.approvals))
+                            .bind(a.state.as_str()).bind(&a.note).bind(&a.decided_by)
+                            .bind(a.result.as_ref().map(text))
+                            .bind(&a.created_at).bind(&a.expires_at).bind(&a.updated_at)
+                            .execute(&mut *tx)
+                            .await?;
+                        notify(&mut tx, a).await?;
+                        tx.commit().await
+                    }
+                    Pool::Sqlite(pool) => {
+                        sqlx::query("INSERT INTO approvals (id, call_id, tool, risk, args, shown_args, runners, runner_chosen, raw, reason, requester, requester_name, pack_sha256, preview, required_approvals, approvals, state, note, decided_by, result, created_at, expires_at, updated_at) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22,$23)")
+                            .bind(&a.id).bind(&a.call_id).bind(&a.tool).bind(&a.risk)
+                            .bind(text(&a.args)).bind(text(&a.shown_args)).bind(text(&a.runners))
+                            .bind(a.runner_chosen).bind(a.raw).bind(&a.reason).bind(&a.requester)
+                            .bind(&a.requester_name).bind(&a.pack_sha256)
+                            .bind(a.preview.as_ref().map(text))
+                            .bind(a.required_approvals as i32).bind(text(&a.approvals))
+                            .bind(a.state.as_str()).bind(&a.note).bind(&a.decided_by)
+                            .bind(a.result.as_ref().map(text))
+                            .bind(&a.created_at).bind(&a.expires_at).bind(&a.updated_at)
+                            .execute(pool)
+                            .await
+                            .map(|_| ())
+                    }
+                }
+            })
+            .await?;
+        self.announce(a);
+        Ok(())
+    }
+
+    pub async fn get(&self, id: &str) -> Result<Approval, ApprovalError> {
+        let row = self
+            .db
+            .guard(async {
+                match self.db.pool() {
+                    Pool::Pg(pool) => {
+                        let sql = format!("SELECT {PG_COLUMNS} FROM approvals WHERE id = $1");
+                        match sqlx::query(AssertSqlSafe(sql))
+                            .bind(id)
+                            .fetch_optional(pool)
+                            .await?
+                        {
+                            Some(r) => from_row(&r).map(Some),
+                            None => Ok(None),
+                        }
+                    }
+                    Pool::Sqlite(pool) => {
+                        let sql = format!("SELECT {SQLITE_COLUMNS} FROM approvals WHERE id = $1");
+                        match sqlx::query(AssertSqlSafe(sql))
+                            .bind(id)
+                            .fetch_optional(pool)
+                            .await?
+                        {
+                            Some(r) => from_row(&r).map(Some),
+                            None => Ok(None),
+                        }
+                    }
+                }
+            })
+            .await?;
+        row.ok_or_else(|| ApprovalError::NotFound(id.to_owned()))
+    }
+
+    /// Newest first; `state` narrows the list, `requester` limits it to one requester.
+    pub async fn list(
+        &self,
+        state: Option<State>,
+        requester_name: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<Approval>, ApprovalError> {
+        let rows = self
+            .db
+            .guard(async {
+                let filter = "WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR requester_name = $2) ORDER BY created_at DESC, id LIMIT $3";
+                match self.db.pool() {
+                    Pool::Pg(pool) => {
+                        let sql = format!("SELECT {PG_COLUMNS} FROM approvals {filter}");
+                        sqlx::query(AssertSqlSafe(sql))
+                            .bind(state.map(State::as_str))
+                            .bind(requester_name)
+                            .bind(limit)
+                            .fetch_all(pool)
+                            .await?
+                            .iter()
+                            .map(from_row)
+                            .collect::<Result<Vec<_>, _>>()
+                    }
+                    Pool::Sqlite(pool) => {
+                        let sql = format!(
+                            "SELECT {SQLITE_COLUMNS} FROM approvals {}",
+                            filter.replace("::text", "")
+                        );
+                        sqlx::query(AssertSqlSafe(sql))
+                            .bind(state.map(State::as_str))
+                            .bind(requester_name)
+                            .bind(limit)
+                            .fetch_all(pool)
+                            .await?
+                            .iter()
+                            .map(from_row)
+                            .collect::<Result<Vec<_>, _>>()
+                    }
+                }
+            })
+            .await?;
+        Ok(rows)
+    }
+
+    /// Ids in `state` last changed before `before` (for the sweeper).
+    pub async fn ids_in(
+        &self,
+        state: State,
+        before: &str,
+        by_expiry: bool,
+    ) -> Result<Vec<String>, ApprovalError> {
+        let column = if by_expiry {
+            "expires_at"
+        } else {
+            "updated_at"
+        };
+        let ids = self
+            .db
+            .guard(async {
+                match self.db.pool() {
+                    Pool::Pg(pool) => {
+                        sqlx::query_scalar::<_, String>(AssertSqlSafe(format!(
+                            "SELECT id FROM approvals WHERE state = $1 AND {column} <= $2::timestamptz LIMIT 100"
+                        )))
+                        .bind(state.as_str())
+                        .bind(before)
+                        .fetch_all(pool)
+                        .await
+                    }
+                    Pool::Sqlite(pool) => {
+                        sqlx::query_scalar::<_, String>(AssertSqlSafe(format!(
+                            "SELECT id FROM approvals WHERE state = $1 AND {column} <= $2 LIMIT 100"
+                        )))
+                        .bind(state.as_str())
+                        .bind(before)
+                        .fetch_all(pool)
+                        .await
+                    }
+                }
+            })
+            .await?;
+        Ok(ids)
+    }
+
+    /// The one way a request changes: lock the row (`skip_locked`: give up at once if
+    /// another replica holds it, returning `Ok(None)`), let `change` decide from the locked
+    /// row, make the audit event durable, write the row, announce it.
+    pub async fn transition<F>(
+        &self,
+        id: &str,
+        skip_locked: bool,
+        change: F,
+    ) -> Result<Option<Approval>, ApprovalError>
+    where
+        F: FnOnce(&Approval) -> Result<Change, ApprovalError>,
+    {
+        let written = match self.db.pool() {
+            Pool::Pg(pool) => {
+                let mut tx = self.db.guard(pool.begin()).await?;
+                let lock = if skip_locked {
+                    "FOR UPDATE SKIP LOCKED"
+                } else {
+                    "FOR UPDATE"
+                };
+                let sql = format!("SELECT {PG_COLUMNS} FROM approvals WHERE id = $1 {lock}");
+                let Some(row) = sqlx::query(AssertSqlSafe(sql))
+                    .bind(id)
+                    .fetch_optional(&mut *tx)
+                    .await?
+                else {
+                    if skip_locked && self.exists(id).await? {
+                        return Ok(None);
+                    }
+                    return Err(ApprovalError::NotFound(id.to_owned()));
+                };
+                let current = from_row(&row)?;
+                let Change { row, event } = change(&current)?;
+                if let Some(event) = event {
+                    self.audit.append(event).await?;
+                }
+                write_pg(&mut tx, &row).await?;
+                notify(&mut tx, &row).await?;
+                tx.commit().await?;
+                row
+            }
+            Pool::Sqlite(_) => {
+                let _lock = if skip_locked {
+                    match self.local.try_lock() {
+                        Ok(g) => g,
+                        Err(_) => return Ok(None),
+                    }
+                } else {
+                    self.local.lock().await
+                };
+                let current = self.get(id).await?;
+                let Change { row, event } = change(&current)?;
+                if let Some(event) = event {
+                    self.audit.append(event).await?;
+                }
+                self.write_sqlite(&row).await?;
+                row
+            }
+        };
+        self.announce(&written);
+        Ok(Some(written))
+    }
+
+    /// Ends an execution: `executing` → `state`, with the call's outcome. Its audit events
+    /// are the per-runner outcomes, written before this.
+    pub async fn finish(
+        &self,
+        id: &str,
+        state: State,
+        result: Value,
+        note: Option<String>,
+    ) -> Result<(), ApprovalError> {
+        self.transition(id, false, |r| {
+            if r.state != State::Executing {
+                return Err(ApprovalError::WrongState {
+                    state: r.state,
+                    wanted: "executing",
+                });
+            }
+            let mut row = r.clone();
+            row.state = state;
+            row.result = Some(result);
+            row.note = note;
+            row.updated_at = format_at(Utc::now());
+            Ok(Change { row, event: None })
+        })
+        .await
+        .map(|_| ())
+    }
+
+    async fn exists(&self, id: &str) -> Result<bool, ApprovalError> {
+        match self.get(id).await {
+            Ok(_) => Ok(true),
+            Err(ApprovalError::NotFound(_)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn write_sqlite(&self, a: &Approval) -> Result<(), ApprovalError> {
+        let Pool::Sqlite(pool) = self.db.pool() else {
+            unreachable!("called for SQLite only")
+        };
+        self.db
+            .guard(
+                sqlx::query("UPDATE approvals SET state = $2, approvals = $3, note = $4, decided_by = $5, result = $6, updated_at = $7 WHERE id = $1")
+                    .bind(&a.id)
+                    .bind(a.state.as_str())
+                    .bind(text(&a.approvals))
+                    .bind(&a.note)
+                    .bind(&a.decided_by)
+                    .bind(a.result.as_ref().map(text))
+                    .bind(&a.updated_at)
+                    .execute(pool),
+            )
+            .await?;
+        Ok(())
+    }
+}
+
+async fn write_pg(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    a: &Approval,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE approvals SET state = $2, approvals = $3::jsonb, note = $4, decided_by = $5, result = $6::jsonb, updated_at = $7::timestamptz WHERE id = $1")
+        .bind(&a.id)
+        .bind(a.state.as_str())
+        .bind(text(&a.approvals))
+        .bind(&a.note)
+        .bind(&a.decided_by)
+        .bind(a.result.as_ref().map(text))
+        .bind(&a.updated_at)
+        .execute(&mut **tx)
+        .await
+        .map(|_| ())
+}
+
+/// Tells every replica (on commit) that `a` changed.
+async fn notify(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    a: &Approval,
+) -> Result<(), sqlx::Error> {
+    let payload = text(&Changed {
+        id: a.id.clone(),
+        state: a.state,
+    });
+    sqlx::query("SELECT pg_notify($1, $2)")
+        .bind(CHANNEL)
+        .bind(payload)
+        .execute(&mut **tx)
+        .await
+        .map(|_| ())
+}
+
+/// Relays NOTIFY payloads into the local channel, reconnecting with backoff. Waiters also
+/// poll, so a gap while reconnecting delays an update but never loses one.
+async fn listen(
+    pool: sqlx::PgPool,
+    changes: broadcast::Sender<Changed>,
+    shutdown: tokio_util::sync::CancellationToken,
+) {
+    let backoff =
+        crate::runner::Backoff::try_new(Duration::from_millis(200), Duration::from_secs(30))
+            .expect("valid bounds");
+    let mut failures = 0u32;
+    loop {
+        let attempt = async {
+            let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await?;
+            listener.listen(CHANNEL).await?;
+            loop {
+                let n = listener.recv().await?;
+                if let Ok(changed) = serde_json::from_str::<Changed>(n.payload()) {
+                    let _ = changes.send(changed);
+                }
+            }
+            #[allow(unreachable_code)]
+            Ok::<(), sqlx::Error>(())
+        };
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            result = attempt => {
+                if let Err(e) = result {
+                    tracing::warn!(error = %e, "approval change listener lost its connection; reconnecting");
+                }
+            }
+        }
+        failures += 1;
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(backoff.delay(failures)) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row() -> Approval {
+        Approval {
+            id: "a1".into(),
+            call_id: "c1".into(),
+            tool: "linux.systemctl_restart".into(),
+            risk: "high".into(),
+            args: Map::new(),
+            shown_args: json!({"unit": "consul"}),
+            runners: vec!["hvn05".into()],
+            runner_chosen: false,
+            raw: false,
+            reason: "r".into(),
+            requester: "agent:bot".into(),
+            requester_name: "bot".into(),
+            pack_sha256: "p".into(),
+            preview: None,
+            required_approvals: 1,
+            approvals: vec![],
+            state: State::Pending,
+            note: None,
+            decided_by: None,
+            result: None,
+            created_at: "2026-11-30T10:00:00.000000Z".into(),
+            expires_at: "2026-11-30T10:15:00.000000Z".into(),
+            updated_at: "2026-11-30T10:00:00.000000Z".into(),
+        }
+    }
+
+    fn at(s: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
+    }
+
+    fn who(name: &str) -> Actor {
+        Actor {
+            name: name.into(),
+            actor: format!("approver:{name}"),
+            may_approve: true,
+        }
+    }
+
+    #[test]
+    fn decisions() {
+        let now = at("2026-11-30T10:05:00Z");
+        let late = at("2026-11-30T10:15:00Z");
+        let two = Approval {
+            required_approvals: 2,
+            ..row()
+        };
+        let cannot = Actor {
+            may_approve: false,
+            ..who("carol")
+        };
+        let deny = |note: &str| Verdict::Deny { note: note.into() };
+        // (name, row, who, verdict, now, Ok(new state) or Err(substring))
+        let cases: Vec<(
+            &str,
+            Approval,
+            Actor,
+            Verdict,
+            DateTime<Utc>,
+            Result<State, &str>,
+        )> = vec![
+            (
+                "approve",
+                row(),
+                who("alice"),
+                Verdict::Approve,
+                now,
+                Ok(State::Approved),
+            ),
+            (
+                "deny with note",
+                row(),
+                who("alice"),
+                deny("not now"),
+                now,
+                Ok(State::Denied),
+            ),
+            (
+                "deny without note",
+                row(),
+                who("alice"),
+                deny("  "),
+                now,
+                Err("needs a note"),
+            ),
+            (
+                "self approval",
+                row(),
+                who("bot"),
+                Verdict::Approve,
+                now,
+                Err("yourself"),
+            ),
+            (
+                "self denial",
+                row(),
+                who("bot"),
+                deny("x"),
+                now,
+                Err("yourself"),
+            ),
+            (
+                "expired",
+                row(),
+                who("alice"),
+                Verdict::Approve,
+                late,
+                Err("expired"),
+            ),
+            (
+                "role may not",
+                row(),
+                cannot,
+                Verdict::Approve,
+                now,
+                Err("may not decide"),
+            ),
+            (
+                "first of two",
+                two.clone(),
+                who("alice"),
+                Verdict::Approve,
+                now,
+                Ok(State::Pending),
+            ),
+            (
+                "already approved",
+                Approval {
+                    state: State::Approved,
+                    ..row()
+                },
+                who("alice"),
+                Verdict::Approve,
+                now,
+                Err("approved, not pending"),
+            ),
+            (
+                "same approver twice",
+                Approval {
+                    approvals: vec![Vote {
+                        user: "alice".into(),
+                        at: "x".into(),
+                    }],
+                    ..two.clone()
+                },
+                who("alice"),
+                Verdict::Approve,
+                now,
+                Err("already"),
+            ),
+            (
+                "second of two",
+                Approval {
+                    approvals: vec![Vote {
+                        user: "alice".into(),
+                        at: "x".into(),
+                    }],
+                    ..two
+                },
+                who("bob"),
+                Verdict::Approve,
+                now,
+                Ok(State::Approved),
+            ),
+        ];
+        for (name, row, who, verdict, now, want) in cases {
+            let got = decide(&row, &who, &verdict, now);
+            match (got, want) {
+                (Ok(change), Ok(state)) => {
+                    assert_eq!(change.row.state, state, "{name}");
+                    let event = change.event.expect("decisions are audited");
+                    assert_eq!(event.approval_id.as_deref(), Some("a1"), "{name}");
+                    assert_eq!(event.actor, who.actor, "{name}");
+                }
+                (Err(e), Err(needle)) => {
+                    assert!(e.to_string().contains(needle), "{name}: {e}")
+                }
+                (got, want) => panic!("{name}: got {:?}, want {want:?}", got.map(|c| c.row.state)),
+            }
+        }
+    }
+
+    #[test]
+    fn only_listed_states_move() {
+        let now = at("2026-11-30T10:05:00Z");
+        let r = moved(
+            &row(),
+            &[State::Approved],
+            State::Executing,
+            "x",
+            "k",
+            json!({}),
+            now,
+        );
+        assert!(matches!(
+            r,
+            Err(ApprovalError::WrongState {
+                state: State::Pending,
+                ..
+            })
+        ));
+        let approved = Approval {
+            state: State::Approved,
+            ..row()
+        };
+        let r = moved(
+            &approved,
+            &[State::Approved],
+            State::Executing,
+            "x",
+            "k",
+            json!({}),
+            now,
+        );
+        assert_eq!(r.unwrap().row.state, State::Executing);
+    }
+}

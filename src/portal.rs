@@ -1,0 +1,358 @@
+//! The portal: the page and assets from `web/` (embedded in the binary), login and logout,
+//! and the approvals API that both the page and `emisar approvals` use.
+//!
+//! Invariants: the page is one static HTML file with one script and one stylesheet from
+//! this origin, under a CSP that allows nothing else (no inline script or style), and the
+//! script inserts every piece of data as text. The session cookie is HttpOnly and
+//! SameSite=Strict (Secure under TLS); the CSRF check lives in `http::bearer_auth`.
+
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use serde_json::{Value, json};
+
+use crate::approvals::{ApprovalError, State as ApprovalState, Verdict};
+use crate::http::HttpState;
+use crate::tokens::{Principal, Role};
+use crate::users::{Session, UserError};
+
+const COOKIE: &str = "emisar_session";
+const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+
+const INDEX_HTML: &str = include_str!("../web/index.html");
+const APP_JS: &str = include_str!("../web/app.js");
+const APP_CSS: &str = include_str!("../web/app.css");
+
+pub async fn index() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        INDEX_HTML,
+    )
+        .into_response()
+}
+
+pub async fn asset(Path(file): Path<String>) -> Response {
+    match file.as_str() {
+        "app.js" => (
+            [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+            APP_JS,
+        )
+            .into_response(),
+        "app.css" => ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], APP_CSS).into_response(),
+        _ => not_found().await,
+    }
+}
+
+pub async fn not_found() -> Response {
+    (StatusCode::NOT_FOUND, Json(json!({"error": "not found"}))).into_response()
+}
+
+/// Headers every response carries.
+pub async fn security_headers(req: Request, next: Next) -> Response {
+    let mut response = next.run(req).await;
+    let h = response.headers_mut();
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CSP),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    h.entry(header::CACHE_CONTROL)
+        .or_insert(HeaderValue::from_static("no-store"));
+    response
+}
+
+/// The session id from the `Cookie` header, if any. (One cookie of ours; parsing the header
+/// by hand is shorter than a cookie-jar dependency.)
+pub fn session_cookie(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .find_map(|pair| {
+            let (name, value) = pair.trim().split_once('=')?;
+            (name == COOKIE && !value.is_empty()).then(|| value.to_owned())
+        })
+}
+
+fn cookie(state: &HttpState, value: &str, max_age: u64) -> HeaderValue {
+    let secure = if state.secure_cookies { "; Secure" } else { "" };
+    HeaderValue::from_str(&format!(
+        "{COOKIE}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}{secure}"
+    ))
+    .expect("cookie values are URL-safe base64")
+}
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, Json(json!({"error": message.into()}))).into_response()
+}
+
+fn session_json(s: &Session) -> Value {
+    json!({"user": s.user, "role": s.role.as_str(), "csrf": s.csrf})
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Login {
+    name: String,
+    password: String,
+}
+
+pub async fn login(
+    State(state): State<HttpState>,
+    body: Result<Json<Login>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    let Json(login) = match body {
+        Ok(b) => b,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("invalid login: {}", e.body_text()),
+            );
+        }
+    };
+    if state.logins.check_key(&login.name).is_err() {
+        return error(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too many login attempts for this user: wait a minute",
+        );
+    }
+    match crate::users::login(
+        &state.db,
+        state.gateway.audit(),
+        &login.name,
+        &login.password,
+    )
+    .await
+    {
+        Ok((session, id)) => {
+            let ttl = crate::users::SESSION_TTL.as_secs();
+            let mut response = Json(session_json(&session)).into_response();
+            response
+                .headers_mut()
+                .insert(header::SET_COOKIE, cookie(&state, &id, ttl));
+            response
+        }
+        Err(UserError::BadLogin) => {
+            error(StatusCode::UNAUTHORIZED, UserError::BadLogin.to_string())
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "login failed");
+            error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the user store is unavailable",
+            )
+        }
+    }
+}
+
+pub async fn session(session: Option<Extension<Session>>) -> Response {
+    match session {
+        Some(Extension(s)) => Json(session_json(&s)).into_response(),
+        None => error(
+            StatusCode::BAD_REQUEST,
+            "this request carries a bearer token, not a portal session",
+        ),
+    }
+}
+
+pub async fn logout(
+    State(state): State<HttpState>,
+    session: Option<Extension<Session>>,
+) -> Response {
+    let Some(Extension(s)) = session else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "this request carries a bearer token, not a portal session",
+        );
+    };
+    if let Err(e) = crate::users::logout(&state.db, state.gateway.audit(), &s).await {
+        tracing::error!(error = %e, "logout failed");
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the user store is unavailable",
+        );
+    }
+    let mut response = Json(json!({"ok": true})).into_response();
+    response
+        .headers_mut()
+        .insert(header::SET_COOKIE, cookie(&state, "", 0));
+    response
+}
+
+fn approval_error(e: ApprovalError) -> Response {
+    let status = match &e {
+        ApprovalError::NotFound(_) => StatusCode::NOT_FOUND,
+        ApprovalError::Refused(_) => StatusCode::FORBIDDEN,
+        ApprovalError::WrongState { .. } => StatusCode::CONFLICT,
+        ApprovalError::Audit(_) | ApprovalError::Store(_) => {
+            tracing::error!(error = %e, "approval request failed");
+            StatusCode::SERVICE_UNAVAILABLE
+        }
+    };
+    error(status, e.to_string())
+}
+
+/// An approval as people see it: the request plus its tool's description.
+fn view(state: &HttpState, a: &crate::approvals::Approval) -> Value {
+    let mut v = serde_json::to_value(a).expect("approvals are JSON");
+    let description = state
+        .gateway
+        .packs()
+        .tool(&a.tool)
+        .map(|t| t.description.clone());
+    v["tool_description"] = json!(description);
+    v
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    state: Option<String>,
+    limit: Option<i64>,
+}
+
+pub async fn list(
+    State(state): State<HttpState>,
+    query: Result<axum::extract::Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let q = match query {
+        Ok(axum::extract::Query(q)) => q,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("invalid query: {}", e.body_text()),
+            );
+        }
+    };
+    let wanted = match q.state.as_deref().map(ApprovalState::parse).transpose() {
+        Ok(s) => s,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    let limit = q.limit.unwrap_or(200);
+    if !(1..=1000).contains(&limit) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "`limit` must be between 1 and 1000",
+        );
+    }
+    match state.gateway.approvals().list(wanted, None, limit).await {
+        Ok(rows) => {
+            let rows: Vec<Value> = rows.iter().map(|a| view(&state, a)).collect();
+            Json(json!({"approvals": rows})).into_response()
+        }
+        Err(e) => approval_error(e),
+    }
+}
+
+pub async fn show(State(state): State<HttpState>, Path(id): Path<String>) -> Response {
+    match state.gateway.approvals().get(&id).await {
+        Ok(a) => Json(view(&state, &a)).into_response(),
+        Err(e) => approval_error(e),
+    }
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Decision {
+    #[serde(default)]
+    note: Option<String>,
+}
+
+async fn decide(
+    state: HttpState,
+    who: Principal,
+    id: String,
+    body: Result<Json<Decision>, axum::extract::rejection::JsonRejection>,
+    approve: bool,
+) -> Response {
+    let note = match body {
+        Ok(Json(d)) => d.note.unwrap_or_default(),
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("invalid decision: {}", e.body_text()),
+            );
+        }
+    };
+    if note.chars().count() > 2000 {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "`note` must be at most 2000 characters",
+        );
+    }
+    if !matches!(who.role, Role::Approver | Role::Admin) {
+        return error(
+            StatusCode::FORBIDDEN,
+            format!(
+                "refused: role `{}` may not decide approval requests",
+                who.role.as_str()
+            ),
+        );
+    }
+    let verdict = if approve {
+        Verdict::Approve
+    } else {
+        Verdict::Deny { note }
+    };
+    match state.gateway.decide(&who, &id, verdict).await {
+        Ok(a) => Json(view(&state, &a)).into_response(),
+        Err(e) => approval_error(e),
+    }
+}
+
+pub async fn approve(
+    State(state): State<HttpState>,
+    Extension(who): Extension<Principal>,
+    Path(id): Path<String>,
+    body: Result<Json<Decision>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    decide(state, who, id, body, true).await
+}
+
+pub async fn deny(
+    State(state): State<HttpState>,
+    Extension(who): Extension<Principal>,
+    Path(id): Path<String>,
+    body: Result<Json<Decision>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    decide(state, who, id, body, false).await
+}
+
+/// `GET /api/events`: every approval creation and state change, as server-sent events.
+pub async fn events(State(state): State<HttpState>) -> Response {
+    let changes = state.gateway.approvals().subscribe();
+    let stream = futures::stream::unfold(changes, |mut rx| async move {
+        loop {
+            match rx.recv().await {
+                Ok(changed) => {
+                    let event = Event::default()
+                        .event("approval")
+                        .json_data(&changed)
+                        .expect("changes are JSON");
+                    return Some((Ok::<_, std::convert::Infallible>(event), rx));
+                }
+                // A slow reader missed some: tell it to refresh everything.
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                    let event = Event::default().event("resync").data("{}");
+                    return Some((Ok(event), rx));
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    });
+    Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}

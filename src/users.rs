@@ -1,0 +1,281 @@
+//! People: local users with argon2 password hashes, their portal sessions, and the CSRF
+//! token each session carries.
+//!
+//! Invariant: only hashes are stored (argon2 for passwords, which people choose and can be
+//! guessed; SHA-256 for session ids, which are 256 random bits). A session cookie never
+//! decides a state change alone: the session's CSRF token must come with it.
+
+use std::time::Duration;
+
+use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
+use base64::Engine;
+use serde_json::json;
+
+use crate::audit::{AuditLog, NewEvent, format_at, kind};
+use crate::db::{Db, Pool};
+use crate::digest::sha256_hex;
+use crate::tokens::Role;
+use crate::with_pool;
+
+/// How long a portal session lasts.
+pub const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
+/// The shortest password `emisar user add` accepts.
+pub const MIN_PASSWORD: usize = 12;
+
+#[derive(Debug, thiserror::Error)]
+pub enum UserError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("the user name or password is wrong")]
+    BadLogin,
+    #[error(transparent)]
+    Store(#[from] sqlx::Error),
+    #[error(transparent)]
+    Audit(#[from] crate::audit::AuditError),
+}
+
+/// A logged-in person.
+#[derive(Debug, Clone)]
+pub struct Session {
+    pub user: String,
+    pub role: Role,
+    pub csrf: String,
+    /// The SHA-256 of the session id (the id itself lives only in the cookie).
+    pub id_hash: String,
+}
+
+/// 256 random bits, URL-safe.
+pub fn random_token() -> Result<String, UserError> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes)
+        .map_err(|e| UserError::Invalid(format!("failed to get random bytes: {e}")))?;
+    Ok(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes))
+}
+
+fn hash_password(password: &str) -> Result<String, UserError> {
+    let mut salt = [0u8; 16];
+    getrandom::fill(&mut salt)
+        .map_err(|e| UserError::Invalid(format!("failed to get random bytes: {e}")))?;
+    let salt = SaltString::encode_b64(&salt).map_err(|e| UserError::Invalid(e.to_string()))?;
+    argon2::Argon2::default()
+        .hash_password(password.as_bytes(), &salt)
+        .map(|h| h.to_string())
+        .map_err(|e| UserError::Invalid(format!("failed to hash the password: {e}")))
+}
+
+fn verify_password(password: &str, hash: &str) -> bool {
+    PasswordHash::new(hash).is_ok_and(|h| {
+        argon2::Argon2::default()
+            .verify_password(password.as_bytes(), &h)
+            .is_ok()
+    })
+}
+
+/// Adds a person. Agents are not people: `role` must be approver, auditor or admin.
+pub async fn add(
+    db: &Db,
+    audit: &AuditLog,
+    name: &str,
+    role: Role,
+    password: &str,
+    added_by: &str,
+) -> Result<(), UserError> {
+    if !crate::pack::is_identifier(name) {
+        return Err(UserError::Invalid(format!(
+            "`name` `{name}` must be an identifier (letters, digits, `_ . @ -`)"
+        )));
+    }
+    if role == Role::Agent {
+        return Err(UserError::Invalid(
+            "`role` must be approver, auditor or admin: agents get tokens (`emisar token issue`), not logins".into(),
+        ));
+    }
+    if password.chars().count() < MIN_PASSWORD {
+        return Err(UserError::Invalid(format!(
+            "`password` must be at least {MIN_PASSWORD} characters"
+        )));
+    }
+    let hash = hash_password(password)?;
+    let exists = with_pool!(db, pool => sqlx::query_scalar::<_, String>("SELECT name FROM users WHERE name = $1")
+        .bind(name)
+        .fetch_optional(pool)
+        .await?);
+    if exists.is_some() {
+        return Err(UserError::Invalid(format!(
+            "`name`: user `{name}` exists already"
+        )));
+    }
+    audit
+        .append(NewEvent {
+            actor: added_by.to_owned(),
+            kind: kind::USER_ADDED.into(),
+            outcome: Some("ok".into()),
+            detail: Some(json!({"user": name, "role": role.as_str()})),
+            ..Default::default()
+        })
+        .await?;
+    let now = format_at(chrono::Utc::now());
+    let sql = match db.pool() {
+        Pool::Pg(_) => {
+            "INSERT INTO users (name, role, password_hash, created_at) VALUES ($1, $2, $3, $4::timestamptz)"
+        }
+        Pool::Sqlite(_) => {
+            "INSERT INTO users (name, role, password_hash, created_at) VALUES ($1, $2, $3, $4)"
+        }
+    };
+    with_pool!(db, pool => sqlx::query(sql).bind(name).bind(role.as_str()).bind(&hash).bind(&now).execute(pool).await.map(|_| ())?);
+    Ok(())
+}
+
+/// The role of user `name`, if they exist.
+pub async fn role_of(db: &Db, name: &str) -> Result<Option<Role>, UserError> {
+    let role = with_pool!(db, pool => sqlx::query_scalar::<_, String>("SELECT role FROM users WHERE name = $1")
+        .bind(name)
+        .fetch_optional(pool)
+        .await?);
+    Ok(role.and_then(|r| Role::parse(&r).ok()))
+}
+
+/// Checks a password and opens a session. Returns the session and its id (for the cookie).
+/// Both outcomes are audited; the password never is.
+pub async fn login(
+    db: &Db,
+    audit: &AuditLog,
+    name: &str,
+    password: &str,
+) -> Result<(Session, String), UserError> {
+    let row = db
+        .guard(async {
+            with_pool!(db, pool => sqlx::query_as::<_, (String, String)>("SELECT role, password_hash FROM users WHERE name = $1")
+                .bind(name)
+                .fetch_optional(pool)
+                .await)
+        })
+        .await?;
+    // Hash even for an unknown name, so the answer takes as long either way.
+    let (role, ok) = match &row {
+        Some((role, hash)) => (Role::parse(role).ok(), verify_password(password, hash)),
+        None => {
+            let _ = hash_password(password);
+            (None, false)
+        }
+    };
+    let Some(role) = role.filter(|_| ok) else {
+        audit
+            .append(NewEvent {
+                actor: format!("user:{name}"),
+                kind: kind::LOGIN_FAILED.into(),
+                outcome: Some("refused".into()),
+                ..Default::default()
+            })
+            .await?;
+        return Err(UserError::BadLogin);
+    };
+    let id = random_token()?;
+    let session = Session {
+        user: name.to_owned(),
+        role,
+        csrf: random_token()?,
+        id_hash: sha256_hex(id.as_bytes()),
+    };
+    audit
+        .append(NewEvent {
+            actor: format!("{}:{name}", role.as_str()),
+            kind: kind::LOGIN.into(),
+            outcome: Some("ok".into()),
+            ..Default::default()
+        })
+        .await?;
+    let now = chrono::Utc::now();
+    let ttl = chrono::Duration::from_std(SESSION_TTL).expect("a fixed, small duration");
+    let sql = match db.pool() {
+        Pool::Pg(_) => {
+            "INSERT INTO sessions (id_hash, user_name, csrf_token, created_at, expires_at) VALUES ($1, $2, $3, $4::timestamptz, $5::timestamptz)"
+        }
+        Pool::Sqlite(_) => {
+            "INSERT INTO sessions (id_hash, user_name, csrf_token, created_at, expires_at) VALUES ($1, $2, $3, $4, $5)"
+        }
+    };
+    with_pool!(db, pool => sqlx::query(sql)
+        .bind(&session.id_hash)
+        .bind(name)
+        .bind(&session.csrf)
+        .bind(format_at(now))
+        .bind(format_at(now + ttl))
+        .execute(pool)
+        .await
+        .map(|_| ())?);
+    Ok((session, id))
+}
+
+/// The live session with this id, if any.
+pub async fn session(db: &Db, id: &str) -> Result<Option<Session>, UserError> {
+    let id_hash = sha256_hex(id.as_bytes());
+    let now = format_at(chrono::Utc::now());
+    let sql = match db.pool() {
+        Pool::Pg(_) => {
+            "SELECT s.user_name, u.role, s.csrf_token FROM sessions s JOIN users u ON u.name = s.user_name WHERE s.id_hash = $1 AND s.expires_at > $2::timestamptz"
+        }
+        Pool::Sqlite(_) => {
+            "SELECT s.user_name, u.role, s.csrf_token FROM sessions s JOIN users u ON u.name = s.user_name WHERE s.id_hash = $1 AND s.expires_at > $2"
+        }
+    };
+    let row = db
+        .guard(async {
+            with_pool!(db, pool => sqlx::query_as::<_, (String, String, String)>(sql)
+                .bind(&id_hash)
+                .bind(&now)
+                .fetch_optional(pool)
+                .await)
+        })
+        .await?;
+    Ok(row.and_then(|(user, role, csrf)| {
+        Role::parse(&role).ok().map(|role| Session {
+            user,
+            role,
+            csrf,
+            id_hash,
+        })
+    }))
+}
+
+/// Ends a session.
+pub async fn logout(db: &Db, audit: &AuditLog, s: &Session) -> Result<(), UserError> {
+    with_pool!(db, pool => sqlx::query("DELETE FROM sessions WHERE id_hash = $1").bind(&s.id_hash).execute(pool).await.map(|_| ())?);
+    audit
+        .append(NewEvent {
+            actor: format!("{}:{}", s.role.as_str(), s.user),
+            kind: kind::LOGOUT.into(),
+            outcome: Some("ok".into()),
+            ..Default::default()
+        })
+        .await?;
+    Ok(())
+}
+
+/// Compares two secrets in time independent of where they differ.
+pub fn same_secret(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_verify_only_themselves() {
+        let h = hash_password("correct horse battery").unwrap();
+        assert!(h.starts_with("$argon2id$"));
+        assert!(verify_password("correct horse battery", &h));
+        assert!(!verify_password("correct horse batterY", &h));
+        assert!(!verify_password("x", "not a hash"));
+    }
+
+    #[test]
+    fn secrets_compare() {
+        assert!(same_secret("abc", "abc"));
+        assert!(!same_secret("abc", "abd"));
+        assert!(!same_secret("abc", "ab"));
+    }
+}

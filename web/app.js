@@ -1,0 +1,633 @@
+// emisar portal: a small single-page app over the same-origin /api JSON endpoints.
+//
+// Routes (location.hash): #/login, #/approvals[?state=S], #/approvals/<id>,
+// #/audit[?filters], #/runners. Unknown routes fall back to #/approvals.
+//
+// Invariant: text that comes from the server (agent reasons, args, notes, errors...) only
+// ever reaches the page through textContent, text nodes or setAttribute on inert
+// attributes. Nothing here uses innerHTML, and the page runs under a CSP without
+// 'unsafe-inline', so there is no inline script or style either.
+'use strict';
+
+const STATES = ['pending', 'approved', 'denied', 'expired', 'executing', 'executed',
+  'failed', 'unknown', 'withdrawn'];
+// Audit filters, in form order: [query name, label, placeholder].
+const AUDIT_FILTERS = [
+  ['tool', 'Tool', 'linux.systemctl_restart'],
+  ['runner', 'Runner', 'hvn05'],
+  ['actor', 'Actor', 'agent:deploy-bot'],
+  ['kind', 'Kind', ''],
+  ['outcome', 'Outcome', ''],
+  ['call_id', 'Call id', ''],
+  ['approval_id', 'Approval id', ''],
+  ['since', 'Since', '2026-11-30T19:00:00Z'],
+  ['until', 'Until', '2026-11-30T20:00:00Z'],
+  ['limit', 'Limit', '100'],
+];
+const AUDIT_FIELDS = ['seq', 'id', 'at', 'actor', 'kind', 'tool', 'runner', 'args', 'reason',
+  'call_id', 'approval_id', 'outcome', 'result_digest', 'detail', 'prev_hash', 'hash'];
+
+const app = {
+  session: null,        // {user, role, csrf} while logged in
+  events: null,         // the EventSource while logged in
+  afterLogin: null,     // hash to return to once logged in
+  renderSeq: 0,         // bumped by every render; a slower, older render must not win
+  refreshTimer: null,   // coalesces bursts of SSE events into one refresh
+  detail: { id: null, note: '', error: '' },  // survives live re-renders of one approval
+};
+
+// ------------------------------------------------------------------ DOM helpers
+
+// el('a', {href: '#/x', class: 'c'}, 'text', childNode): children become text nodes.
+function el(tag, props, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(props || {})) {
+    if (value == null || value === false) continue;
+    if (key === 'class') node.className = value;
+    else if (key === 'dataset') Object.assign(node.dataset, value);
+    else if (key.startsWith('on')) node.addEventListener(key.slice(2), value);
+    else node.setAttribute(key, value === true ? '' : String(value));
+  }
+  for (const child of children.flat(Infinity)) {
+    if (child == null || child === false) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+const $ = (sel) => document.querySelector(sel);
+
+function pretty(value) {
+  if (value === undefined) return '';
+  return typeof value === 'string' ? value : JSON.stringify(value, null, 2);
+}
+
+function pre(value, props) {
+  return el('pre', Object.assign({ class: 'json' }, props), pretty(value));
+}
+
+// A class-name-safe token from server data (risk, state, breaker), or a fallback.
+function token(value, fallback = 'unknown') {
+  return typeof value === 'string' && /^[a-z][a-z0-9-]*$/.test(value) ? value : fallback;
+}
+
+function badge(kind, value, props) {
+  return el('span', Object.assign({ class: `badge ${kind}-${token(value)}` }, props), value ?? '—');
+}
+
+function relText(iso) {
+  const t = Date.parse(iso);
+  if (Number.isNaN(t)) return '—';
+  const diff = t - Date.now();
+  const s = Math.round(Math.abs(diff) / 1000);
+  let text;
+  if (s < 60) text = `${s}s`;
+  else if (s < 3600) text = `${Math.floor(s / 60)}m`;
+  else if (s < 86400) text = `${Math.floor(s / 3600)}h ${Math.floor((s % 3600) / 60)}m`;
+  else text = `${Math.floor(s / 86400)}d ${Math.floor((s % 86400) / 3600)}h`;
+  return diff < 0 ? `${text} ago` : `in ${text}`;
+}
+
+// A <time> showing "3m ago" / "in 12m", kept current by the ticker below.
+function relTime(iso) {
+  if (!iso) return el('span', { class: 'muted' }, '—');
+  return el('time', { datetime: iso, title: iso, 'data-rel': iso }, relText(iso));
+}
+
+function absTime(iso) {
+  if (!iso) return el('span', { class: 'muted' }, '—');
+  return el('span', {}, el('time', { datetime: iso }, iso), ' ', el('span', { class: 'muted' }, `(${relText(iso)})`));
+}
+
+function tickTimes() {
+  for (const node of document.querySelectorAll('time[data-rel]')) {
+    node.textContent = relText(node.getAttribute('data-rel'));
+  }
+}
+
+function errorBox(message) {
+  return el('div', { id: 'error', class: 'error', role: 'alert', hidden: !message }, message || '');
+}
+
+function showError(message) {
+  const box = $('#error');
+  if (!box) return;
+  box.textContent = message || '';
+  box.hidden = !message;
+}
+
+// ------------------------------------------------------------------ API
+
+class ApiError extends Error {
+  constructor(status, message) {
+    super(message);
+    this.status = status;
+  }
+}
+
+// JSON request to the portal API. State-changing requests carry the CSRF token.
+async function api(method, path, body) {
+  const headers = { Accept: 'application/json' };
+  const init = { method, headers, credentials: 'same-origin', cache: 'no-store' };
+  if (method !== 'GET') {
+    headers['Content-Type'] = 'application/json';
+    if (app.session) headers['X-CSRF-Token'] = app.session.csrf;
+    init.body = JSON.stringify(body ?? {});
+  }
+  let res;
+  try {
+    res = await fetch(path, init);
+  } catch (e) {
+    throw new ApiError(0, `cannot reach the server (${e.message})`);
+  }
+  const text = await res.text();
+  let data = null;
+  try { data = text ? JSON.parse(text) : null; } catch { data = null; }
+  if (!res.ok) {
+    const message = data && typeof data.error === 'string' ? data.error : `HTTP ${res.status}`;
+    if (res.status === 401 && path !== '/api/login') loggedOut();
+    throw new ApiError(res.status, message);
+  }
+  return data;
+}
+
+const enc = encodeURIComponent;
+
+// ------------------------------------------------------------------ session + live events
+
+function loggedIn(session) {
+  app.session = { user: session.user, role: session.role, csrf: session.csrf };
+  $('#whoami').textContent = `${session.user} (${session.role})`;
+  $('#top').hidden = false;
+  openEvents();
+}
+
+function loggedOut() {
+  if (!app.session) return;
+  app.session = null;
+  closeEvents();
+  $('#top').hidden = true;
+  $('#whoami').textContent = '';
+  const here = location.hash;
+  if (!here.startsWith('#/login')) app.afterLogin = here;
+  location.hash = '#/login';
+}
+
+function setLive(state) {
+  const live = $('#live');
+  live.textContent = state;
+  live.className = `live live-${state}`;
+}
+
+function openEvents() {
+  closeEvents();
+  const es = new EventSource('/api/events');
+  app.events = es;
+  setLive('connecting');
+  // Fires on the first connection and on every reconnect: anything that happened while
+  // the stream was down is picked up by re-fetching the view.
+  es.onopen = () => {
+    setLive('live');
+    scheduleRefresh(null);
+  };
+  es.onerror = () => {
+    if (app.events !== es) return;
+    setLive('reconnecting');
+    if (es.readyState === EventSource.CLOSED) {
+      // The browser gave up (e.g. a 401 after the session expired): ask why, then retry.
+      setTimeout(async () => {
+        if (app.events !== es) return;
+        try {
+          await api('GET', '/api/session');
+          if (app.events === es) openEvents();
+        } catch { /* a 401 already logged us out; otherwise try again on the next view */ }
+      }, 3000);
+    }
+  };
+  es.addEventListener('approval', (ev) => {
+    let data = null;
+    try { data = JSON.parse(ev.data); } catch { return; }
+    scheduleRefresh(data && typeof data.id === 'string' ? data.id : null);
+  });
+  // The server dropped some events for this (slow) stream: refresh whatever is shown.
+  es.addEventListener('resync', () => scheduleRefresh(null));
+}
+
+function closeEvents() {
+  if (app.events) app.events.close();
+  app.events = null;
+  if ($('#live')) setLive('offline');
+}
+
+// Re-fetch the current view when an approval changed (id null = anything may have changed).
+function scheduleRefresh(id) {
+  const route = parseHash();
+  if (route.page !== 'approvals') return;
+  if (route.id && id && route.id !== id) return;
+  if (app.refreshTimer) return;
+  app.refreshTimer = setTimeout(() => {
+    app.refreshTimer = null;
+    render({ quiet: true });
+  }, 50);
+}
+
+// ------------------------------------------------------------------ routing
+
+function parseHash() {
+  const raw = location.hash.replace(/^#\/?/, '');
+  const q = raw.indexOf('?');
+  const path = (q < 0 ? raw : raw.slice(0, q)).split('/').filter(Boolean).map(decodeURIComponent);
+  const query = new URLSearchParams(q < 0 ? '' : raw.slice(q + 1));
+  const page = ['login', 'approvals', 'audit', 'runners'].includes(path[0]) ? path[0] : null;
+  return { page, id: page === 'approvals' && path[1] ? path[1] : null, query };
+}
+
+async function render(opts = {}) {
+  const seq = ++app.renderSeq;
+  const route = parseHash();
+  if (!route.page) {
+    location.replace('#/approvals');
+    return;
+  }
+  if (!app.session && route.page !== 'login') {
+    app.afterLogin = location.hash;
+    location.replace('#/login');
+    return;
+  }
+  if (app.session && route.page === 'login') {
+    location.replace('#/approvals');
+    return;
+  }
+  for (const a of document.querySelectorAll('[data-nav]')) {
+    a.classList.toggle('active', a.getAttribute('data-nav') === route.page);
+  }
+  if (route.page !== 'approvals' || route.id !== app.detail.id) {
+    app.detail = { id: route.id, note: '', error: '' };
+  }
+  const view = $('#view');
+  if (!opts.quiet) view.replaceChildren(el('p', { class: 'muted' }, 'Loading…'));
+  let node;
+  try {
+    if (route.page === 'login') node = viewLogin();
+    else if (route.page === 'approvals' && route.id) node = await viewApproval(route.id);
+    else if (route.page === 'approvals') node = await viewApprovals(route.query);
+    else if (route.page === 'audit') node = await viewAudit(route.query);
+    else node = await viewRunners();
+  } catch (e) {
+    if (e instanceof ApiError && e.status === 401) return;
+    node = el('section', {}, el('h1', {}, 'Something went wrong'), errorBox(e.message));
+  }
+  if (seq !== app.renderSeq) return;   // a newer render started meanwhile
+  const focusNote = document.activeElement && document.activeElement.id === 'note';
+  view.replaceChildren(node);
+  if (focusNote && $('#note')) $('#note').focus();
+}
+
+// ------------------------------------------------------------------ login
+
+function viewLogin() {
+  const name = el('input', { id: 'login-name', name: 'name', autocomplete: 'username', required: true });
+  const password = el('input', {
+    id: 'login-password', name: 'password', type: 'password', autocomplete: 'current-password', required: true,
+  });
+  const submit = el('button', { id: 'login-submit', type: 'submit' }, 'Log in');
+  const form = el('form', { class: 'login', onsubmit: async (ev) => {
+    ev.preventDefault();
+    submit.disabled = true;
+    showError('');
+    try {
+      const session = await api('POST', '/api/login', { name: name.value, password: password.value });
+      loggedIn(session);
+      const next = app.afterLogin && !app.afterLogin.startsWith('#/login') ? app.afterLogin : '#/approvals';
+      app.afterLogin = null;
+      location.hash = next;
+    } catch (e) {
+      showError(e.message);
+      password.value = '';
+      password.focus();
+    } finally {
+      submit.disabled = false;
+    }
+  } },
+  el('h1', {}, 'emisar'),
+  el('p', { class: 'muted' }, 'Sign in to review agent requests.'),
+  el('label', {}, 'Name', name),
+  el('label', {}, 'Password', password),
+  errorBox(''),
+  submit);
+  setTimeout(() => name.focus(), 0);
+  return el('section', { class: 'login-wrap' }, form);
+}
+
+// ------------------------------------------------------------------ approvals list
+
+async function viewApprovals(query) {
+  const state = query.get('state') ?? 'pending';
+  const url = state ? `/api/approvals?state=${enc(state)}` : '/api/approvals';
+  const data = await api('GET', url);
+  const approvals = (data && data.approvals) || [];
+
+  const select = el('select', { id: 'state-filter', onchange: () => {
+    location.hash = `#/approvals?state=${enc(select.value)}`;
+  } },
+  el('option', { value: '' }, 'all (history)'),
+  STATES.map((s) => el('option', { value: s }, s)));
+  select.value = state;
+
+  const head = el('div', { class: 'view-head' },
+    el('h1', {}, state === 'pending' ? 'Pending approvals' : state ? `Approvals: ${state}` : 'All approvals'),
+    el('label', { class: 'inline' }, 'Show ', select));
+
+  if (approvals.length === 0) {
+    return el('section', {}, head, el('p', { id: 'empty', class: 'empty' },
+      state === 'pending' ? 'Nothing is waiting for approval.' : 'No approvals match.'));
+  }
+  const rows = approvals.map((a) => {
+    const href = `#/approvals/${enc(a.id)}`;
+    return el('tr', { class: 'approval-row', 'data-approval-id': a.id, onclick: (ev) => {
+      if (ev.target.closest('a')) return;
+      location.hash = href;
+    } },
+    el('td', { class: 'tool' }, el('a', { href }, a.tool), ' ', badge('risk', a.risk)),
+    el('td', {}, (a.runners || []).join(', ')),
+    el('td', {}, a.requester),
+    el('td', { class: 'reason-cell', title: a.reason || '' }, a.reason || ''),
+    el('td', {}, relTime(a.created_at)),
+    el('td', {}, a.state === 'pending' ? relTime(a.expires_at) : el('span', { class: 'muted' }, '—')),
+    el('td', {}, badge('state', a.state)));
+  });
+  return el('section', {}, head,
+    el('table', { class: 'list', id: 'approvals' },
+      el('thead', {}, el('tr', {}, ['Tool', 'Runners', 'Requester', 'Reason', 'Age', 'Expires', 'State']
+        .map((h) => el('th', {}, h)))),
+      el('tbody', {}, rows)));
+}
+
+// ------------------------------------------------------------------ approval detail
+
+// One line of a preview's `diff` array: a string, or {field, from, to}-like objects.
+function diffLine(item) {
+  if (typeof item === 'string') return item;
+  if (item && typeof item === 'object') {
+    const name = item.field ?? item.path ?? item.key ?? item.name;
+    const from = 'from' in item ? item.from : 'old' in item ? item.old : item.before;
+    const to = 'to' in item ? item.to : 'new' in item ? item.new : item.after;
+    if (name !== undefined && (from !== undefined || to !== undefined)) {
+      const show = (v) => (v === undefined ? '∅' : typeof v === 'string' ? v : JSON.stringify(v));
+      return `${typeof name === 'string' ? name : JSON.stringify(name)} ${show(from)} → ${show(to)}`;
+    }
+  }
+  return JSON.stringify(item);
+}
+
+function runnerOutput(runner, r, extra) {
+  const box = el('div', { class: 'runner-out', 'data-runner': runner });
+  box.append(el('h3', {}, runner, ' ', r && r.ok ? badge('ok', 'ok') : badge('ok', 'failed'), extra || ''));
+  if (!r) return box;
+  const diff = r.output && Array.isArray(r.output.diff) ? r.output.diff : null;
+  if (diff) {
+    box.append(diff.length
+      ? el('ul', { class: 'diff' }, diff.map((d) => el('li', {}, diffLine(d))))
+      : el('p', { class: 'muted' }, 'No changes.'));
+  }
+  if (r.error != null) box.append(pre(r.error, { class: 'json err' }));
+  if (r.output !== undefined && r.output !== null) {
+    if (diff) box.append(el('details', {}, el('summary', {}, 'Full output'), pre(r.output)));
+    else box.append(pre(r.output));
+  }
+  return box;
+}
+
+function field(label, ...value) {
+  return [el('dt', {}, label), el('dd', {}, ...value)];
+}
+
+async function viewApproval(id) {
+  const a = await api('GET', `/api/approvals/${enc(id)}`);
+  const d = app.detail;
+  const approvers = a.approvals || [];
+  const list = el('dl', { class: 'fields' },
+    field('State', el('span', { id: 'state', class: `badge state-${token(a.state)}` }, a.state)),
+    field('Risk', badge('risk', a.risk)),
+    field('Runners', (a.runners || []).join(', ') || '—'),
+    field('Requester', a.requester),
+    field('Reason', el('div', { id: 'reason', class: 'reason' }, a.reason ?? '')),
+    field('Arguments', pre(a.args, { id: 'args' })),
+    field('Created', absTime(a.created_at)),
+    field('Expires', absTime(a.expires_at)),
+    field('Updated', absTime(a.updated_at)),
+    field('Approvals', `${approvers.length} of ${a.required_approvals ?? 1} required`,
+      approvers.length ? el('ul', { class: 'approvers' },
+        approvers.map((x) => el('li', {}, x.user, ' ', el('span', { class: 'muted' }, relText(x.at))))) : ''),
+    a.decided_by != null ? field('Decided by', a.decided_by) : [],
+    a.note != null ? field('Note', el('div', { id: 'decision-note', class: 'reason' }, a.note)) : []);
+
+  const section = el('section', { class: 'detail', 'data-approval-id': a.id },
+    el('p', { class: 'crumbs' }, el('a', { href: '#/approvals' }, '← Approvals'), ' · ',
+      el('a', { href: `#/audit?approval_id=${enc(a.id)}` }, 'audit trail')),
+    el('h1', {}, el('span', { id: 'tool' }, a.tool)),
+    a.tool_description ? el('p', { class: 'desc' }, a.tool_description) : '',
+    errorBox(d.error),
+    list);
+
+  if (a.state === 'pending') section.append(decisionForm(a));
+
+  if (a.preview) {
+    section.append(el('h2', {}, 'Preview (dry run)'),
+      el('div', { class: 'runner-outs', id: 'preview' },
+        Object.entries(a.preview).map(([runner, r]) => runnerOutput(runner, r))));
+  }
+  if (a.result) {
+    const res = a.result;
+    section.append(el('h2', {}, 'Result'),
+      el('div', { class: 'runner-outs', id: 'result' },
+        el('p', { class: 'muted' }, `call ${res.call_id ?? '—'}`,
+          res.runner_chosen_by_server ? ' · runner chosen by the server' : ''),
+        (res.results || []).map((r) => runnerOutput(r.runner, r,
+          r.duration_ms != null ? el('span', { class: 'muted' }, ` ${r.duration_ms} ms`) : ''))));
+  }
+  return section;
+}
+
+function decisionForm(a) {
+  const d = app.detail;
+  const note = el('textarea', {
+    id: 'note', rows: 3, placeholder: 'Note (optional to approve, required to deny)',
+    oninput: () => { d.note = note.value; },
+  });
+  note.value = d.note;
+  const approve = el('button', { id: 'approve', type: 'button', class: 'approve' }, 'Approve');
+  const deny = el('button', { id: 'deny', type: 'button', class: 'deny' }, 'Deny');
+  const decide = async (verb) => {
+    const text = note.value.trim();
+    if (verb === 'deny' && !text) {
+      d.error = 'a note is required to deny';
+      showError(d.error);
+      note.focus();
+      return;
+    }
+    approve.disabled = deny.disabled = true;
+    d.error = '';
+    showError('');
+    try {
+      await api('POST', `/api/approvals/${enc(a.id)}/${verb}`, verb === 'deny' || text ? { note: text } : {});
+      d.note = '';
+    } catch (e) {
+      d.error = e.message;
+    }
+    render({ quiet: true });
+  };
+  approve.addEventListener('click', () => decide('approve'));
+  deny.addEventListener('click', () => decide('deny'));
+  return el('div', { class: 'decide' }, el('h2', {}, 'Decision'),
+    el('label', { for: 'note' }, 'Note'), note, el('div', { class: 'buttons' }, approve, deny));
+}
+
+// ------------------------------------------------------------------ audit
+
+function auditQuery(query, { keepCursor }) {
+  const out = new URLSearchParams();
+  for (const [name] of AUDIT_FILTERS) {
+    const v = query.get(name);
+    if (v) out.set(name, v);
+  }
+  if (keepCursor && query.get('cursor')) out.set('cursor', query.get('cursor'));
+  return out;
+}
+
+async function viewAudit(query) {
+  const inputs = AUDIT_FILTERS.map(([name, label, placeholder]) => {
+    const input = el('input', { name, id: `f-${name}`, placeholder: placeholder || null,
+      inputmode: name === 'limit' ? 'numeric' : null });
+    input.value = query.get(name) || '';
+    return el('label', {}, label, input);
+  });
+  const form = el('form', { class: 'filters', id: 'audit-filters', onsubmit: (ev) => {
+    ev.preventDefault();
+    const q = new URLSearchParams();
+    for (const [name] of AUDIT_FILTERS) {
+      const v = form.elements[name].value.trim();
+      if (v) q.set(name, v);
+    }
+    const s = q.toString();
+    const next = s ? `#/audit?${s}` : '#/audit';
+    if (location.hash === next) render(); else location.hash = next;
+  } },
+  inputs,
+  el('div', { class: 'buttons' },
+    el('button', { type: 'submit' }, 'Search'),
+    el('a', { class: 'button secondary', href: '#/audit' }, 'Clear')));
+
+  const filters = auditQuery(query, { keepCursor: false });
+  const exportQs = new URLSearchParams(filters);
+  exportQs.delete('limit');
+  const exportLink = el('a', {
+    id: 'export', class: 'button secondary', href: `/api/audit/export${exportQs.toString() ? `?${exportQs}` : ''}`,
+    download: 'audit.ndjson',
+  }, 'Export NDJSON');
+  const head = el('div', { class: 'view-head' }, el('h1', {}, 'Audit log'), exportLink);
+
+  let data;
+  try {
+    const qs = auditQuery(query, { keepCursor: true }).toString();
+    data = await api('GET', `/api/audit${qs ? `?${qs}` : ''}`);
+  } catch (e) {
+    if (e.status === 401) throw e;
+    return el('section', {}, head, form, errorBox(e.message));
+  }
+  const events = (data && data.events) || [];
+  const table = el('table', { class: 'list audit', id: 'audit' },
+    el('thead', {}, el('tr', {}, ['Seq', 'At', 'Actor', 'Kind', 'Tool', 'Runner', 'Outcome', 'Reason']
+      .map((h) => el('th', {}, h)))));
+  const body = el('tbody');
+  for (const ev of events) {
+    const detail = el('tr', { class: 'event-detail', hidden: true },
+      el('td', { colspan: 8 }, auditDetail(ev)));
+    const row = el('tr', { class: 'event-row', 'data-seq': ev.seq, onclick: () => {
+      detail.hidden = !detail.hidden;
+      row.classList.toggle('open', !detail.hidden);
+    } },
+    el('td', {}, ev.seq),
+    el('td', {}, relTime(ev.at)),
+    el('td', {}, ev.actor ?? ''),
+    el('td', {}, ev.kind ?? ''),
+    el('td', {}, ev.tool ?? ''),
+    el('td', {}, ev.runner ?? ''),
+    el('td', {}, ev.outcome != null ? badge('outcome', ev.outcome) : ''),
+    el('td', { class: 'reason-cell', title: ev.reason || '' }, ev.reason ?? ''));
+    body.append(row, detail);
+  }
+  table.append(body);
+
+  const pager = el('p', { class: 'pager' });
+  if (query.get('cursor')) {
+    const first = filters.toString();
+    pager.append(el('a', { href: first ? `#/audit?${first}` : '#/audit' }, '« first page'), ' ');
+  }
+  if (data && data.next_cursor != null) {
+    const next = new URLSearchParams(filters);
+    next.set('cursor', String(data.next_cursor));
+    pager.append(el('a', { id: 'next-page', href: `#/audit?${next}` }, 'next page »'));
+  }
+  return el('section', {}, head, form, errorBox(''),
+    events.length ? table : el('p', { class: 'empty' }, 'No events match.'), pager);
+}
+
+function auditDetail(ev) {
+  return el('dl', { class: 'fields' }, AUDIT_FIELDS.map((name) => {
+    const v = ev[name];
+    let value;
+    if (v == null) value = el('span', { class: 'muted' }, 'null');
+    else if (typeof v === 'object') value = pre(v);
+    else if (name === 'approval_id') value = el('a', { href: `#/approvals/${enc(v)}` }, v);
+    else value = el('span', { class: name.endsWith('hash') || name === 'result_digest' ? 'mono' : null }, String(v));
+    return field(name, value);
+  }));
+}
+
+// ------------------------------------------------------------------ runners
+
+async function viewRunners() {
+  const data = await api('GET', '/api/runners');
+  const runners = (data && data.runners) || [];
+  const head = el('div', { class: 'view-head' }, el('h1', {}, 'Runners'));
+  if (!runners.length) return el('section', {}, head, el('p', { class: 'empty' }, 'No runners configured.'));
+  const rows = runners.map((r) => el('tr', { class: 'runner-row', 'data-runner': r.name },
+    el('td', {}, el('strong', {}, r.name), el('div', { class: 'muted small' }, r.url ?? '')),
+    el('td', {}, r.healthy ? badge('ok', 'healthy') : badge('ok', 'unhealthy')),
+    el('td', {}, Object.entries(r.labels || {}).map(([k, v]) => el('span', { class: 'chip' }, `${k}=${v}`))),
+    el('td', {}, r.packs == null ? el('span', { class: 'muted' }, 'all') : r.packs.join(', ')),
+    el('td', {}, badge('breaker', r.breaker),
+      r.breaker_open_since ? el('div', { class: 'small' }, 'since ', relTime(r.breaker_open_since)) : ''),
+    el('td', {}, relTime(r.last_heartbeat),
+      r.heartbeat_ok === false ? el('div', { class: 'small bad' }, 'heartbeat failed') : ''),
+    el('td', {}, relTime(r.last_call)),
+    el('td', { class: 'reason-cell', title: r.last_error || '' }, r.last_error ?? '')));
+  return el('section', {}, head, el('table', { class: 'list', id: 'runners' },
+    el('thead', {}, el('tr', {}, ['Runner', 'Health', 'Labels', 'Packs', 'Breaker', 'Last heartbeat', 'Last call',
+      'Last error'].map((h) => el('th', {}, h)))),
+    el('tbody', {}, rows)));
+}
+
+// ------------------------------------------------------------------ boot
+
+async function boot() {
+  $('#logout').addEventListener('click', async () => {
+    try { await api('POST', '/api/logout', {}); } catch { /* logged out either way */ }
+    loggedOut();
+    app.afterLogin = null;
+  });
+  window.addEventListener('hashchange', () => render());
+  setInterval(() => {
+    tickTimes();
+    if (app.session && parseHash().page === 'runners') render({ quiet: true });
+  }, 15000);
+  try {
+    loggedIn(await api('GET', '/api/session'));
+  } catch {
+    app.session = null;
+  }
+  render();
+}
+
+boot();

@@ -116,7 +116,7 @@ async fn bearer_auth(State(state): State<HttpState>, mut req: Request, next: Nex
     let path = req.uri().path();
     let allowed = match principal.role {
         Role::Agent => !path.starts_with("/api/audit"),
-        Role::Auditor => path.starts_with("/api/"),
+        Role::Auditor | Role::Approver | Role::Admin => path.starts_with("/api/"),
     };
     if !allowed {
         return (

@@ -24,6 +24,11 @@ pub enum Role {
     Agent,
     /// Reads the audit log over the HTTP API.
     Auditor,
+    /// A human who approves or refuses pending writes (which tools: the policy's `roles`).
+    Approver,
+    /// A human who administers the server; approves like an approver unless the policy says
+    /// otherwise.
+    Admin,
 }
 
 impl Role {
@@ -31,6 +36,8 @@ impl Role {
         match self {
             Role::Agent => "agent",
             Role::Auditor => "auditor",
+            Role::Approver => "approver",
+            Role::Admin => "admin",
         }
     }
 
@@ -38,7 +45,11 @@ impl Role {
         match s {
             "agent" => Ok(Role::Agent),
             "auditor" => Ok(Role::Auditor),
-            other => Err(format!("role `{other}` must be agent or auditor")),
+            "approver" => Ok(Role::Approver),
+            "admin" => Ok(Role::Admin),
+            other => Err(format!(
+                "role `{other}` must be agent, auditor, approver or admin"
+            )),
         }
     }
 }
@@ -303,6 +314,15 @@ pub fn parse_ttl(text: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn roles_round_trip() {
+        for role in [Role::Agent, Role::Auditor, Role::Approver, Role::Admin] {
+            assert_eq!(Role::parse(role.as_str()), Ok(role));
+        }
+        let err = Role::parse("root").unwrap_err();
+        assert!(err.contains("agent, auditor, approver or admin"), "{err}");
+    }
 
     #[test]
     fn ttl_parsing() {

@@ -27,7 +27,7 @@ use tokio::sync::Semaphore;
 use crate::audit::{AuditError, AuditLog, NewEvent, kind};
 use crate::digest::json_digest;
 use crate::pack::{PackSet, Risk, Scope, ToolRef};
-use crate::policy::{self, Decision};
+use crate::policy::{self, Decision, Policy};
 use crate::runner::Mode;
 use crate::runner::RetryBudget;
 use crate::runner::client::{Dispatch, RunnerAnswer, RunnerClient, RunnerError};
@@ -377,8 +377,34 @@ impl Gateway {
             });
         }
 
-        // 4. Policy.
-        if let Decision::Deny(why) = policy::decide(tool, &call.principal) {
+        // 4. Policy. Until approvals exist, a write that needs one is refused.
+        let labels: Vec<(&str, BTreeMap<String, String>)> = targets
+            .iter()
+            .map(|n| {
+                (
+                    n.as_str(),
+                    self.runners.get(n).map(|r| r.labels).unwrap_or_default(),
+                )
+            })
+            .collect();
+        let runners: Vec<(&str, &BTreeMap<String, String>)> =
+            labels.iter().map(|(n, l)| (*n, l)).collect();
+        let request = policy::Request {
+            tool,
+            caller: &call.principal,
+            runners: &runners,
+            args: &params,
+        };
+        let refusal = match policy::decide(&Policy::builtin(), &request) {
+            Decision::Allow => None,
+            Decision::Deny(why) => Some(why),
+            Decision::NeedsApproval { .. } => Some(format!(
+                "`{}` is a risk:{} write and needs a human's approval; this server has no approval queue yet, so it refuses every write",
+                tool.name,
+                tool.risk.as_str()
+            )),
+        };
+        if let Some(why) = refusal {
             self.reject(&actor, &tool.name, Some(audited_args), reason, why.clone())
                 .await;
             return Err(CallError::Denied(why));

@@ -6,7 +6,7 @@
 //!
 //! - [`mcp`]: the rmcp `ServerHandler`. Turns `tools/call` into a [`gateway::ToolCall`]; no policy here.
 //! - [`gateway`]: the one call path: validate → policy → audit intent → dispatch → audit outcome.
-//! - [`policy`]: pure decision from (tool, caller) to allow or deny.
+//! - [`policy`]: pure decision from (tool, caller, runners, args) to allow, needs approval or deny.
 //! - [`audit`]: the append-only, hash-chained event log and its single writer task.
 //! - [`runner::client`]: signs a call for one runner and sends it, with a deadline.
 //! - [`runner::agent`]: the runner's HTTP server: verifies the signature, re-validates, executes.

@@ -13,7 +13,8 @@
 //!
 //! Around them: [`pack`] (the YAML tool packs), [`db`] (PostgreSQL or SQLite), [`tokens`]
 //! (agent bearer tokens), [`signing`] (the server's Ed25519 key and the call claims),
-//! [`config`], [`app`] (`emisar serve`), [`dev`] (`emisar dev`) and [`cli`].
+//! [`webhook`] (approval notices to people, off the call path), [`config`], [`app`]
+//! (`emisar serve`), [`dev`] (`emisar dev`) and [`cli`].
 
 pub mod app;
 pub mod audit;
@@ -35,3 +36,4 @@ pub mod selector;
 pub mod signing;
 pub mod stdio_bridge;
 pub mod tokens;
+pub mod webhook;

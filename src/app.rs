@@ -16,10 +16,12 @@ use crate::config::ServerConfig;
 use crate::db::Db;
 use crate::gateway::{Gateway, Limits};
 use crate::pack::PackSet;
+use crate::policy::Policy;
 use crate::runner::client::RunnerClient;
 use crate::runner::registry::Registry;
 use crate::secrets::AuditKey;
 use crate::signing::CallSigner;
+use crate::webhook::Notifier;
 
 pub struct Application {
     listener: TcpListener,
@@ -58,7 +60,7 @@ impl Application {
         limits.approval_ttl = Duration::from_secs(config.approval_ttl_secs);
         limits.approval_wait = Duration::from_secs(config.approval_wait_secs);
         limits.progress_every = Duration::from_millis(config.approval_progress_ms);
-        let gateway = Arc::new(Gateway::new(
+        let mut gateway = Gateway::new(
             packs.clone(),
             registry.clone(),
             audit.clone(),
@@ -66,7 +68,21 @@ impl Application {
             limits,
             audit_key,
             approvals,
-        )?);
+        )?;
+        if !config.webhooks.is_empty() {
+            gateway.set_notifier(
+                Notifier::start(config.webhooks.clone(), shutdown.clone()),
+                config.public_url.clone(),
+            );
+        }
+        let gateway = Arc::new(gateway);
+        if let Some(path) = &config.policy_file {
+            gateway
+                .load_policy(Policy::load(path), &path.display().to_string(), "system")
+                .await
+                .context("the policy file was not loaded")?;
+            spawn_policy_reload(gateway.clone(), path.clone(), shutdown.clone())?;
+        }
         crate::metrics::handle();
         let listener = TcpListener::bind(&config.listen)
             .await
@@ -142,4 +158,34 @@ impl Application {
             .with_graceful_shutdown(shutdown.cancelled_owned())
             .await
     }
+}
+
+/// Reloads the policy file on SIGHUP. A file that does not load leaves the policy in force
+/// unchanged; both outcomes are audited.
+fn spawn_policy_reload(
+    gateway: Arc<Gateway>,
+    path: std::path::PathBuf,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let mut hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .context("failed to listen for SIGHUP")?;
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                got = hangups.recv() => if got.is_none() { return },
+            }
+            let source = path.display().to_string();
+            match gateway
+                .load_policy(Policy::load(&path), &source, "system:sighup")
+                .await
+            {
+                Ok(()) => tracing::info!(policy = %source, "policy reloaded"),
+                Err(e) => {
+                    tracing::error!(error = %format!("{e:#}"), "policy not reloaded; the previous one stays in force")
+                }
+            }
+        }
+    });
+    Ok(())
 }

@@ -74,6 +74,11 @@ pub enum Command {
         #[command(subcommand)]
         command: UserCommand,
     },
+    /// Check a policy file against the packs (what a SIGHUP reload would load).
+    Policy {
+        #[command(subcommand)]
+        command: PolicyCommand,
+    },
     /// Approval requests, for approvers who live in a terminal (talks to a running server).
     Approvals {
         #[command(flatten)]
@@ -129,6 +134,17 @@ impl DbArg {
     async fn connect(&self) -> anyhow::Result<Db> {
         Db::connect(self.url()?).await
     }
+}
+
+#[derive(Subcommand)]
+pub enum PolicyCommand {
+    /// Parse and check FILE; prints its digest, or every problem with the field it is in.
+    Check {
+        file: PathBuf,
+        /// The packs the server loads (stock packs plus this directory).
+        #[arg(long)]
+        packs_dir: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -478,6 +494,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             }
         },
         Command::User { command } => user(command).await?,
+        Command::Policy {
+            command: PolicyCommand::Check { file, packs_dir },
+        } => {
+            let packs = PackSet::load(packs_dir.as_deref())?;
+            let policy = crate::policy::check_file(&file, &packs)?;
+            println!("ok: {} (sha256 {})", file.display(), policy.digest());
+        }
         Command::Approvals { server, command } => approvals(server, command).await?,
         Command::JoinToken {
             command: JoinTokenCommand::Issue { ttl, db },

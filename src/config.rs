@@ -50,6 +50,14 @@ pub struct ServerConfig {
     /// How often each runner's /healthz is probed, in milliseconds (jittered).
     #[serde(default = "default_probe_ms")]
     pub health_probe_interval_ms: u64,
+    /// The policy file (TOML or YAML): who may use which tools and runners, risk overrides,
+    /// approvers per tool, per-runner allowlists. Without one, reads run and every write
+    /// needs one approval. Reloaded on SIGHUP.
+    #[serde(default)]
+    pub policy_file: Option<PathBuf>,
+    /// Who hears about new approval requests.
+    #[serde(default)]
+    pub webhooks: Vec<crate::webhook::WebhookConfig>,
     /// Where people reach this server, e.g. `https://emisar.example.com` (for links in
     /// notifications; `https://` also marks the portal's cookie `Secure`).
     #[serde(default)]
@@ -133,6 +141,8 @@ impl ServerConfig {
             rate_limit_per_second: default_rate(),
             rate_limit_burst: default_burst(),
             health_probe_interval_ms: default_probe_ms(),
+            policy_file: None,
+            webhooks: Vec::new(),
             public_url: None,
             approval_ttl_secs: default_approval_ttl(),
             approval_wait_secs: default_approval_wait(),
@@ -171,6 +181,12 @@ impl ServerConfig {
         }
         if self.call_timeout_ms == 0 || self.call_timeout_ms > 600_000 {
             anyhow::bail!("call_timeout_ms must be between 1 and 600000");
+        }
+        crate::webhook::validate(&self.webhooks)?;
+        if let Some(url) = &self.public_url
+            && !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            anyhow::bail!("public_url `{url}` must start with http:// or https://");
         }
         if !(10..=7 * 24 * 3600).contains(&self.approval_ttl_secs) {
             anyhow::bail!("approval_ttl_secs must be between 10 and 604800 (a week)");

@@ -33,7 +33,7 @@ use crate::approvals::{self, Actor, Approval, ApprovalError, Approvals, State, V
 use crate::audit::{AuditError, AuditLog, NewEvent, format_at, kind};
 use crate::digest::json_digest;
 use crate::pack::{PackSet, Risk, Scope, ToolRef};
-use crate::policy::{self, Decision};
+use crate::policy::{self, Decision, Policy};
 use crate::runner::Mode;
 use crate::runner::RetryBudget;
 use crate::runner::client::{Dispatch, RunnerAnswer, RunnerClient, RunnerError};
@@ -41,6 +41,7 @@ use crate::runner::registry::{Registry, rejection_message};
 use crate::secrets::AuditKey;
 use crate::selector::Selector;
 use crate::tokens::Principal;
+use crate::webhook::{Notice, Notifier};
 
 /// The built-in tool that shows runner health to agents.
 pub const RUNNERS_TOOL: &str = "emisar.runners";
@@ -199,6 +200,12 @@ pub struct Gateway {
     in_flight: Semaphore,
     audit_key: Option<AuditKey>,
     approvals: Approvals,
+    /// Swapped whole on reload; each call decides under one version.
+    policy: std::sync::RwLock<Arc<Policy>>,
+    /// Tells people about new requests; never blocks the call path.
+    notifier: Option<Notifier>,
+    /// Where people reach the portal, for links in notices.
+    public_url: Option<String>,
 }
 
 impl Gateway {
@@ -301,16 +308,69 @@ impl Gateway {
             in_flight: Semaphore::new(MAX_IN_FLIGHT),
             audit_key,
             approvals,
+            policy: std::sync::RwLock::new(Arc::new(Policy::builtin())),
+            notifier: None,
+            public_url: None,
         })
     }
 
-    /// The tools `caller` may see. (Every caller sees every tool until tokens carry scopes.)
-    pub fn tools_for(&self, _caller: &Principal) -> impl Iterator<Item = &OfferedTool> {
-        self.tools.values()
+    /// New approval requests are announced through `notifier`, with links to `public_url`.
+    pub fn set_notifier(&mut self, notifier: Notifier, public_url: Option<String>) {
+        self.notifier = Some(notifier);
+        self.public_url = public_url;
     }
 
-    pub fn tool_for(&self, _caller: &Principal, name: &str) -> Option<&OfferedTool> {
-        self.tools.get(name)
+    /// The policy in force.
+    pub fn policy(&self) -> Arc<Policy> {
+        self.policy
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Checks `policy` against the loaded packs, records `policy.loaded` (with its digest
+    /// and source) and puts it in force. A policy that does not check is not loaded, and
+    /// the refusal is audited too.
+    pub async fn load_policy(
+        &self,
+        policy: Result<Policy, crate::policy::PolicyError>,
+        source: &str,
+        actor: &str,
+    ) -> Result<(), anyhow::Error> {
+        let checked = policy.and_then(|p| p.check(&self.packs).map(|()| p));
+        let (outcome, detail) = match &checked {
+            Ok(p) => ("ok", json!({"source": source, "sha256": p.digest()})),
+            Err(e) => ("refused", json!({"source": source, "error": e.to_string()})),
+        };
+        self.audit
+            .append(NewEvent {
+                actor: actor.to_owned(),
+                kind: kind::POLICY_LOADED.into(),
+                outcome: Some(outcome.into()),
+                detail: Some(detail),
+                ..Default::default()
+            })
+            .await?;
+        let policy = checked?;
+        *self.policy.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(policy);
+        Ok(())
+    }
+
+    /// The tools `caller` may see: the built-ins, and the pack tools the policy lets it use.
+    pub fn tools_for<'a>(
+        &'a self,
+        caller: &'a Principal,
+    ) -> impl Iterator<Item = &'a OfferedTool> + 'a {
+        let policy = self.policy();
+        self.tools
+            .values()
+            .filter(move |t| t.tool.is_none() || policy.may_use_tool(caller, &t.name))
+    }
+
+    pub fn tool_for(&self, caller: &Principal, name: &str) -> Option<&OfferedTool> {
+        self.tools
+            .get(name)
+            .filter(|t| t.tool.is_none() || self.policy().may_use_tool(caller, name))
     }
 
     /// The input schema `caller` sees for `offered`: pack tools list the runners it may name.
@@ -512,7 +572,24 @@ impl Gateway {
         }
 
         // 4. Policy.
-        let approvers = match policy::decide(tool, &call.principal) {
+        let labels: Vec<(&str, BTreeMap<String, String>)> = targets
+            .iter()
+            .map(|n| {
+                (
+                    n.as_str(),
+                    self.runners.get(n).map(|r| r.labels).unwrap_or_default(),
+                )
+            })
+            .collect();
+        let runners: Vec<(&str, &BTreeMap<String, String>)> =
+            labels.iter().map(|(n, l)| (*n, l)).collect();
+        let request = policy::Request {
+            tool,
+            caller: &call.principal,
+            runners: &runners,
+            args: &params,
+        };
+        let approvers = match policy::decide(&self.policy(), &request) {
             Decision::Allow => None,
             Decision::NeedsApproval { approvers } => Some(approvers.max(1)),
             Decision::Deny(why) => {
@@ -966,7 +1043,7 @@ impl Gateway {
             id: uuid::Uuid::new_v4().to_string(),
             call_id: r.call_id,
             tool: tool.name.clone(),
-            risk: tool.risk.as_str().to_owned(),
+            risk: self.policy().risk(tool).as_str().to_owned(),
             args: r.params,
             shown_args: r.shown_args,
             runners: r.runners,
@@ -1011,6 +1088,21 @@ impl Gateway {
             .map_err(CallError::AuditUnavailable)?;
         self.approvals.insert(&approval).await?;
         crate::metrics::tool_call(&approval.tool, "pending");
+        if let Some(notifier) = &self.notifier {
+            notifier.notify(Notice {
+                approval_id: approval.id.clone(),
+                tool: approval.tool.clone(),
+                runners: approval.runners.clone(),
+                requester: approval.requester.clone(),
+                reason: approval.reason.clone(),
+                risk: approval.risk.clone(),
+                expires_at: approval.expires_at.clone(),
+                portal_url: self
+                    .public_url
+                    .as_ref()
+                    .map(|u| format!("{}/#/approvals/{}", u.trim_end_matches('/'), approval.id)),
+            });
+        }
         Ok(approval)
     }
 
@@ -1160,7 +1252,7 @@ impl Gateway {
         let actor = Actor {
             name: who.agent.clone(),
             actor: who.actor(),
-            may_approve: crate::policy::may_approve(who.role, &tool),
+            may_approve: self.policy().may_approve(who.role, &tool),
         };
         let row = self
             .approvals

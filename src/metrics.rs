@@ -4,7 +4,8 @@
 //! `emisar_runner_call_seconds{tool,runner}`, `emisar_audit_batch_size`,
 //! `emisar_audit_append_seconds`, `emisar_audit_lag_seconds`, `emisar_audit_batches_failed_total`,
 //! `emisar_runner_breaker_state{runner}` (0 closed, 1 half-open, 2 open),
-//! `emisar_runner_up{runner}`, `emisar_rate_limited_total{agent}`.
+//! `emisar_runner_up{runner}`, `emisar_rate_limited_total{agent}`,
+//! `emisar_webhook_deliveries_total{host,outcome}`, `emisar_webhook_dropped_total{host,reason}`.
 
 use std::sync::OnceLock;
 
@@ -71,4 +72,16 @@ pub fn runner_up(runner: &str, up: bool) {
 
 pub fn rate_limited(agent: &str) {
     metrics::counter!("emisar_rate_limited_total", "agent" => agent.to_owned()).increment(1);
+}
+
+/// A webhook delivery finished: `delivered`, `refused` (4xx) or `failed` (after retries).
+pub fn webhook_delivery(host: &str, outcome: &'static str) {
+    metrics::counter!("emisar_webhook_deliveries_total", "host" => host.to_owned(), "outcome" => outcome)
+        .increment(1);
+}
+
+/// A notice never reached a webhook's queue: `queue_full` or `stopped`.
+pub fn webhook_dropped(host: &str, reason: &'static str) {
+    metrics::counter!("emisar_webhook_dropped_total", "host" => host.to_owned(), "reason" => reason)
+        .increment(1);
 }

@@ -1,0 +1,698 @@
+//! Webhooks: tell people that a write is waiting for their approval, in generic JSON or as a
+//! Slack-compatible `{"text": ...}` message.
+//!
+//! Each hook has its own bounded queue and background worker, and each delivery runs in its
+//! own task (at most [`CONCURRENCY`] per hook), so a slow or dead hook delays neither the call
+//! path nor the other hooks. A delivery is retried on connect errors, timeouts, 429 and 5xx,
+//! with capped, fully jittered backoff, at most [`MAX_ATTEMPTS`] times.
+//!
+//! Invariant: [`Notifier::notify`] never blocks and never fails; a full queue drops the
+//! notice (warn log and `emisar_webhook_dropped_total`). Webhook URLs are secrets (a Slack
+//! URL is its own credential), so logs and `Debug` name the host only.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use reqwest::{StatusCode, Url};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tokio::sync::{Semaphore, mpsc};
+use tokio_util::sync::CancellationToken;
+
+use crate::runner::Backoff;
+
+/// Notices waiting for one hook; past this, new ones are dropped.
+pub const QUEUE: usize = 1024;
+/// Deliveries in flight to one hook at once.
+pub const CONCURRENCY: usize = 16;
+/// Attempts per delivery, the first included.
+pub const MAX_ATTEMPTS: u32 = 5;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WebhookKind {
+    /// `{"event": "approval.requested", ...}` with every [`Notice`] field.
+    #[default]
+    Generic,
+    /// `{"text": "..."}`, which Slack incoming webhooks (and Mattermost, Rocket.Chat...) accept.
+    Slack,
+}
+
+impl WebhookKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WebhookKind::Generic => "generic",
+            WebhookKind::Slack => "slack",
+        }
+    }
+}
+
+/// One configured hook. `kind` defaults to `generic`.
+#[derive(Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookConfig {
+    pub url: String,
+    #[serde(default)]
+    pub kind: WebhookKind,
+}
+
+impl fmt::Debug for WebhookConfig {
+    /// The URL is a secret: only its host is shown.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let host = Url::parse(&self.url)
+            .ok()
+            .and_then(|u| u.host_str().map(str::to_owned))
+            .unwrap_or_else(|| "?".into());
+        f.debug_struct("WebhookConfig")
+            .field("url", &format_args!("<secret, host {host}>"))
+            .field("kind", &self.kind)
+            .finish()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum WebhookError {
+    #[error("`{field}`: {rule}")]
+    Invalid { field: String, rule: String },
+}
+
+impl WebhookConfig {
+    /// The URL, checked: absolute, http or https, with a host. `field` is how the config names
+    /// this hook's url (`webhooks[0].url`). The error never repeats the URL.
+    pub fn parse_url(&self, field: &str) -> Result<Url, WebhookError> {
+        let invalid = |rule: String| WebhookError::Invalid {
+            field: field.to_owned(),
+            rule,
+        };
+        let url = Url::parse(&self.url).map_err(|e| invalid(format!("not a URL ({e})")))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(invalid(format!(
+                "scheme `{}` must be http or https",
+                url.scheme()
+            )));
+        }
+        if url.host_str().is_none_or(str::is_empty) {
+            return Err(invalid("the URL has no host".into()));
+        }
+        Ok(url)
+    }
+}
+
+/// Checks every hook's URL, naming each as `webhooks[i].url`.
+pub fn validate(hooks: &[WebhookConfig]) -> Result<(), WebhookError> {
+    for (i, hook) in hooks.iter().enumerate() {
+        hook.parse_url(&format!("webhooks[{i}].url"))?;
+    }
+    Ok(())
+}
+
+/// A new pending approval request, as hooks are told about it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Notice {
+    pub approval_id: String,
+    pub tool: String,
+    pub runners: Vec<String>,
+    /// The audit actor of the caller, e.g. `agent:deploy-bot`.
+    pub requester: String,
+    pub reason: String,
+    pub risk: String,
+    /// RFC 3339 UTC.
+    pub expires_at: String,
+    /// Where an approver reviews it, when the portal's address is known.
+    pub portal_url: Option<String>,
+}
+
+/// The request body a hook of `kind` receives.
+fn body(kind: WebhookKind, notice: &Notice) -> Value {
+    match kind {
+        WebhookKind::Generic => {
+            let mut body = json!({"event": "approval.requested"});
+            if let (Value::Object(out), Ok(Value::Object(fields))) =
+                (&mut body, serde_json::to_value(notice))
+            {
+                out.extend(fields);
+            }
+            body
+        }
+        WebhookKind::Slack => json!({"text": slack_text(notice)}),
+    }
+}
+
+/// One line: tool, runners, requester, reason, risk, expiry and the link. Text from the
+/// caller is escaped as Slack requires (`& < >`) and flattened to one line.
+fn slack_text(n: &Notice) -> String {
+    let escape = |s: &str| {
+        s.replace('&', "&amp;")
+            .replace('<', "&lt;")
+            .replace('>', "&gt;")
+    };
+    let mut reason: String = n.reason.split_whitespace().collect::<Vec<_>>().join(" ");
+    if let Some((cut, _)) = reason.char_indices().nth(200) {
+        reason.truncate(cut);
+        reason.push('…');
+    }
+    let runners = if n.runners.is_empty() {
+        String::new()
+    } else {
+        format!(" on {}", escape(&n.runners.join(", ")))
+    };
+    let link = match &n.portal_url {
+        Some(url) => format!("<{}|review {}>", escape(url), escape(&n.approval_id)),
+        None => format!("approval {}", escape(&n.approval_id)),
+    };
+    format!(
+        "Approval requested: `{}`{runners} by {} (risk {}): \"{}\" · expires {} · {link}",
+        escape(&n.tool),
+        escape(&n.requester),
+        escape(&n.risk),
+        escape(&reason),
+        escape(&n.expires_at),
+    )
+}
+
+/// Delivery tuning; the defaults are production's, tests shorten the waits.
+#[derive(Debug, Clone)]
+struct Settings {
+    backoff: Backoff,
+    timeout: Duration,
+    max_attempts: u32,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            backoff: Backoff::try_new(Duration::from_millis(500), Duration::from_secs(30))
+                .expect("valid bounds"),
+            timeout: Duration::from_secs(5),
+            max_attempts: MAX_ATTEMPTS,
+        }
+    }
+}
+
+/// A hook as the worker uses it.
+struct Hook {
+    url: Url,
+    /// What logs and metrics call it: the URL's host, never the URL.
+    host: String,
+    kind: WebhookKind,
+}
+
+/// Hands notices to the hooks' workers. Cheap to clone.
+#[derive(Clone)]
+pub struct Notifier {
+    /// One queue per hook, with the host for logs. Empty when no hook is configured.
+    queues: Arc<[(String, mpsc::Sender<Arc<Notice>>)]>,
+}
+
+impl Notifier {
+    /// Starts one worker per hook (on the current tokio runtime). Hooks with an invalid URL
+    /// are logged and left out; validate the config with [`validate`] to refuse them instead.
+    pub fn start(hooks: Vec<WebhookConfig>, shutdown: CancellationToken) -> Notifier {
+        Notifier::start_with(hooks, shutdown, Settings::default())
+    }
+
+    fn start_with(
+        hooks: Vec<WebhookConfig>,
+        shutdown: CancellationToken,
+        settings: Settings,
+    ) -> Notifier {
+        if hooks.is_empty() {
+            return Notifier {
+                queues: Arc::new([]),
+            };
+        }
+        let client = match reqwest::Client::builder()
+            .timeout(settings.timeout)
+            // A redirect could carry the notice to a host nobody configured.
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+        {
+            Ok(client) => client,
+            Err(e) => {
+                tracing::error!(error = %e.without_url(), "webhooks disabled: failed to build the HTTP client");
+                return Notifier {
+                    queues: Arc::new([]),
+                };
+            }
+        };
+        let settings = Arc::new(settings);
+        let mut queues = Vec::new();
+        for (i, config) in hooks.iter().enumerate() {
+            let url = match config.parse_url(&format!("webhooks[{i}].url")) {
+                Ok(url) => url,
+                Err(e) => {
+                    tracing::error!(error = %e, "webhook left out");
+                    continue;
+                }
+            };
+            let hook = Arc::new(Hook {
+                host: url.host_str().unwrap_or_default().to_owned(),
+                url,
+                kind: config.kind,
+            });
+            let (tx, rx) = mpsc::channel(QUEUE);
+            queues.push((hook.host.clone(), tx));
+            tokio::spawn(worker(
+                rx,
+                hook,
+                client.clone(),
+                settings.clone(),
+                shutdown.clone(),
+            ));
+        }
+        Notifier {
+            queues: queues.into(),
+        }
+    }
+
+    /// Queues `notice` for every hook and returns at once. A hook whose queue is full (or
+    /// whose worker has stopped) misses it, with a warn log and a metric.
+    pub fn notify(&self, notice: Notice) {
+        let notice = Arc::new(notice);
+        for (host, queue) in self.queues.iter() {
+            let reason = match queue.try_send(notice.clone()) {
+                Ok(()) => continue,
+                Err(mpsc::error::TrySendError::Full(_)) => "queue_full",
+                Err(mpsc::error::TrySendError::Closed(_)) => "stopped",
+            };
+            tracing::warn!(host = %host, approval_id = %notice.approval_id, reason, "webhook notice dropped");
+            crate::metrics::webhook_dropped(host, reason);
+        }
+    }
+}
+
+/// Takes one hook's notices in order and starts a delivery for each, at most
+/// [`CONCURRENCY`] at once.
+async fn worker(
+    mut rx: mpsc::Receiver<Arc<Notice>>,
+    hook: Arc<Hook>,
+    client: reqwest::Client,
+    settings: Arc<Settings>,
+    shutdown: CancellationToken,
+) {
+    let permits = Arc::new(Semaphore::new(CONCURRENCY));
+    loop {
+        let notice = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            notice = rx.recv() => match notice {
+                Some(notice) => notice,
+                None => return,
+            },
+        };
+        let permit = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            permit = permits.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
+        };
+        let (hook, client, settings, shutdown) = (
+            hook.clone(),
+            client.clone(),
+            settings.clone(),
+            shutdown.clone(),
+        );
+        tokio::spawn(async move {
+            let _permit = permit;
+            let body = body(hook.kind, &notice);
+            tokio::select! {
+                _ = shutdown.cancelled() => {
+                    tracing::warn!(host = %hook.host, approval_id = %notice.approval_id, "webhook delivery abandoned at shutdown");
+                }
+                delivery = deliver(&client, &hook, &body, &settings, &notice.approval_id) => {
+                    crate::metrics::webhook_delivery(&hook.host, delivery.outcome.as_str());
+                }
+            }
+        });
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Delivered,
+    /// The hook answered with a status that retrying will not change (4xx other than 429).
+    Refused(StatusCode),
+    /// Every attempt failed, or failed in a way that is not retried.
+    Failed,
+}
+
+impl Outcome {
+    fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Delivered => "delivered",
+            Outcome::Refused(_) => "refused",
+            Outcome::Failed => "failed",
+        }
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+struct Delivery {
+    attempts: u32,
+    outcome: Outcome,
+}
+
+/// Posts `body` until it lands, the hook refuses it, or the attempts run out.
+async fn deliver(
+    client: &reqwest::Client,
+    hook: &Hook,
+    body: &Value,
+    settings: &Settings,
+    approval_id: &str,
+) -> Delivery {
+    let host = hook.host.as_str();
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let done = |outcome| Delivery { attempts, outcome };
+        match client.post(hook.url.clone()).json(body).send().await {
+            Ok(resp) if resp.status().is_success() => {
+                tracing::info!(host, approval_id, attempts, "webhook delivered");
+                return done(Outcome::Delivered);
+            }
+            Ok(resp)
+                if resp.status() == StatusCode::TOO_MANY_REQUESTS
+                    || resp.status().is_server_error() =>
+            {
+                tracing::warn!(host, approval_id, attempts, status = %resp.status(), "webhook delivery failed");
+            }
+            Ok(resp) => {
+                tracing::error!(host, approval_id, attempts, status = %resp.status(), "webhook refused the notice; not retried");
+                return done(Outcome::Refused(resp.status()));
+            }
+            // reqwest's errors print the URL; `without_url` keeps the secret out of the log.
+            Err(e) if e.is_connect() || e.is_timeout() => {
+                tracing::warn!(host, approval_id, attempts, error = %e.without_url(), "webhook delivery failed");
+            }
+            Err(e) => {
+                tracing::error!(host, approval_id, attempts, error = %e.without_url(), "webhook delivery failed; not retried");
+                return done(Outcome::Failed);
+            }
+        }
+        if attempts >= settings.max_attempts {
+            tracing::error!(host, approval_id, attempts, "webhook delivery given up");
+            return done(Outcome::Failed);
+        }
+        tokio::time::sleep(settings.backoff.delay(attempts - 1)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::sync::Mutex;
+    use std::time::Instant;
+
+    use axum::extract::State;
+    use axum::routing::post;
+    use axum::{Json, Router};
+
+    use super::*;
+
+    /// A hook server: answers each POST with the next scripted status (200 once the script
+    /// runs out) and keeps every body.
+    #[derive(Clone, Default)]
+    struct Server {
+        script: Arc<Mutex<VecDeque<u16>>>,
+        bodies: Arc<Mutex<Vec<Value>>>,
+    }
+
+    impl Server {
+        async fn start(script: &[u16]) -> (Server, String) {
+            let server = Server::default();
+            server.script.lock().unwrap().extend(script);
+            let app = Router::new()
+                .route("/hook", post(receive))
+                .with_state(server.clone());
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let url = format!(
+                "http://{}/hook?token=secret",
+                listener.local_addr().unwrap()
+            );
+            tokio::spawn(async move { axum::serve(listener, app).await });
+            (server, url)
+        }
+
+        fn bodies(&self) -> Vec<Value> {
+            self.bodies.lock().unwrap().clone()
+        }
+    }
+
+    async fn receive(State(s): State<Server>, Json(body): Json<Value>) -> StatusCode {
+        s.bodies.lock().unwrap().push(body);
+        let status = s.script.lock().unwrap().pop_front().unwrap_or(200);
+        StatusCode::from_u16(status).unwrap()
+    }
+
+    fn fast() -> Settings {
+        Settings {
+            backoff: Backoff::try_new(Duration::from_millis(1), Duration::from_millis(5)).unwrap(),
+            timeout: Duration::from_secs(2),
+            max_attempts: MAX_ATTEMPTS,
+        }
+    }
+
+    fn hook(url: &str, kind: WebhookKind) -> Hook {
+        let url = Url::parse(url).unwrap();
+        Hook {
+            host: url.host_str().unwrap().to_owned(),
+            url,
+            kind,
+        }
+    }
+
+    fn notice() -> Notice {
+        Notice {
+            approval_id: "ap-1".into(),
+            tool: "nomad.task_resources_set".into(),
+            runners: vec!["hvn05".into(), "hvn06".into()],
+            requester: "agent:deploy-bot".into(),
+            reason: "traefik is\nOOM-killed <again> & again".into(),
+            risk: "high".into(),
+            expires_at: "2030-01-01T00:00:00.000000Z".into(),
+            portal_url: Some("https://emisar.example/approvals/ap-1".into()),
+        }
+    }
+
+    async fn send(status: &[u16], kind: WebhookKind) -> (Delivery, Vec<Value>) {
+        let (server, url) = Server::start(status).await;
+        let n = notice();
+        let delivery = deliver(
+            &reqwest::Client::new(),
+            &hook(&url, kind),
+            &body(kind, &n),
+            &fast(),
+            &n.approval_id,
+        )
+        .await;
+        (delivery, server.bodies())
+    }
+
+    #[tokio::test]
+    async fn retries_5xx_then_delivers_both_kinds() {
+        let (d, bodies) = send(&[503, 503], WebhookKind::Generic).await;
+        assert_eq!(
+            d,
+            Delivery {
+                attempts: 3,
+                outcome: Outcome::Delivered
+            }
+        );
+        assert_eq!(bodies.len(), 3);
+        let mut want = serde_json::to_value(notice()).unwrap();
+        want["event"] = json!("approval.requested");
+        assert_eq!(bodies[2], want);
+        assert_eq!(bodies[2]["runners"], json!(["hvn05", "hvn06"]));
+
+        let (d, bodies) = send(&[503, 503], WebhookKind::Slack).await;
+        assert_eq!((d.attempts, d.outcome), (3, Outcome::Delivered));
+        let body = bodies[2].as_object().unwrap();
+        assert_eq!(body.keys().collect::<Vec<_>>(), ["text"]);
+        let text = body["text"].as_str().unwrap();
+        assert_eq!(
+            text,
+            "Approval requested: `nomad.task_resources_set` on hvn05, hvn06 by agent:deploy-bot (risk high): \"traefik is OOM-killed &lt;again&gt; &amp; again\" · expires 2030-01-01T00:00:00.000000Z · <https://emisar.example/approvals/ap-1|review ap-1>"
+        );
+    }
+
+    #[tokio::test]
+    async fn what_is_retried_and_what_is_not() {
+        let cases: &[(&[u16], u32, Outcome)] = &[
+            (&[400], 1, Outcome::Refused(StatusCode::BAD_REQUEST)),
+            (&[404], 1, Outcome::Refused(StatusCode::NOT_FOUND)),
+            (&[429], 2, Outcome::Delivered),
+            (&[500, 502, 504], 4, Outcome::Delivered),
+            (&[503; 5], 5, Outcome::Failed),
+        ];
+        for (script, attempts, outcome) in cases {
+            let (d, bodies) = send(script, WebhookKind::Generic).await;
+            assert_eq!(d.attempts, *attempts, "{script:?}");
+            assert_eq!(d.outcome, *outcome, "{script:?}");
+            assert_eq!(bodies.len() as u32, *attempts, "{script:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn connect_errors_are_retried() {
+        // A port that was just free: nothing listens there.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        drop(listener);
+        let d = deliver(
+            &reqwest::Client::new(),
+            &hook(&url, WebhookKind::Generic),
+            &json!({}),
+            &fast(),
+            "ap-1",
+        )
+        .await;
+        assert_eq!(
+            d,
+            Delivery {
+                attempts: MAX_ATTEMPTS,
+                outcome: Outcome::Failed
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn the_notifier_delivers_to_every_hook() {
+        let (generic, generic_url) = Server::start(&[503]).await;
+        let (slack, slack_url) = Server::start(&[]).await;
+        let shutdown = CancellationToken::new();
+        let notifier = Notifier::start_with(
+            vec![
+                WebhookConfig {
+                    url: generic_url,
+                    kind: WebhookKind::Generic,
+                },
+                WebhookConfig {
+                    url: slack_url,
+                    kind: WebhookKind::Slack,
+                },
+            ],
+            shutdown.clone(),
+            fast(),
+        );
+        notifier.notify(notice());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while generic.bodies().len() < 2 || slack.bodies().is_empty() {
+            assert!(Instant::now() < deadline, "the hooks were not called");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(generic.bodies()[1]["event"], "approval.requested");
+        assert!(slack.bodies()[0]["text"].as_str().unwrap().contains("ap-1"));
+        shutdown.cancel();
+    }
+
+    #[tokio::test]
+    async fn notify_returns_at_once_when_the_hook_hangs() {
+        // Accepts connections and never answers.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                held.push(socket);
+            }
+        });
+        let shutdown = CancellationToken::new();
+        let notifier = Notifier::start(
+            vec![WebhookConfig {
+                url,
+                kind: WebhookKind::Generic,
+            }],
+            shutdown.clone(),
+        );
+        // Let the worker start every delivery it may; they all hang.
+        for _ in 0..(2 * CONCURRENCY) {
+            notifier.notify(notice());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        // Then past the queue, so the last notices are dropped.
+        for _ in 0..(QUEUE + 100) {
+            let started = Instant::now();
+            notifier.notify(notice());
+            assert!(
+                started.elapsed() < Duration::from_millis(50),
+                "notify blocked for {:?}",
+                started.elapsed()
+            );
+        }
+        shutdown.cancel();
+    }
+
+    #[tokio::test]
+    async fn no_hooks_means_nothing_to_do() {
+        let notifier = Notifier::start(Vec::new(), CancellationToken::new());
+        notifier.notify(notice());
+    }
+
+    #[test]
+    fn config_is_checked_and_never_shows_the_url() {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Config {
+            webhooks: Vec<WebhookConfig>,
+        }
+        let config: Config = toml::from_str(
+            "[[webhooks]]\nurl = \"https://hooks.slack.com/services/T0/B0/SECRET\"\nkind = \"slack\"\n\n[[webhooks]]\nurl = \"http://10.0.0.1:8080/x\"\n",
+        )
+        .unwrap();
+        assert_eq!(config.webhooks[0].kind, WebhookKind::Slack);
+        assert_eq!(config.webhooks[1].kind, WebhookKind::Generic);
+        validate(&config.webhooks).unwrap();
+        let shown = format!("{config:?}", config = config.webhooks);
+        assert!(
+            !shown.contains("SECRET") && shown.contains("hooks.slack.com"),
+            "{shown}"
+        );
+
+        for bad in [
+            "url = \"https://x\"\nkind = \"Slack\"",
+            "url = \"https://x\"\nsecret = \"y\"",
+        ] {
+            assert!(toml::from_str::<WebhookConfig>(bad).is_err(), "{bad}");
+        }
+        let cases = [
+            (
+                "ftp://files.example/SECRET",
+                "scheme `ftp` must be http or https",
+            ),
+            ("hooks.slack.com/SECRET", "not a URL"),
+            ("file:///etc/SECRET", "scheme `file`"),
+        ];
+        for (url, want) in cases {
+            let hooks = [
+                WebhookConfig {
+                    url: "https://ok.example/".into(),
+                    kind: WebhookKind::Generic,
+                },
+                WebhookConfig {
+                    url: url.into(),
+                    kind: WebhookKind::Generic,
+                },
+            ];
+            let err = validate(&hooks).unwrap_err().to_string();
+            assert!(err.starts_with("`webhooks[1].url`: "), "{err}");
+            assert!(err.contains(want) && !err.contains("SECRET"), "{err}");
+        }
+    }
+
+    #[test]
+    fn slack_text_is_one_line_and_capped() {
+        let mut n = notice();
+        n.reason = "x".repeat(500);
+        n.runners.clear();
+        n.portal_url = None;
+        let text = slack_text(&n);
+        assert!(!text.contains('\n'));
+        assert!(
+            text.contains(&format!("\"{}…\"", "x".repeat(200))),
+            "{text}"
+        );
+        assert!(text.ends_with("· approval ap-1"), "{text}");
+        assert!(
+            text.starts_with("Approval requested: `nomad.task_resources_set` by "),
+            "{text}"
+        );
+    }
+}

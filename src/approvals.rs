@@ -848,14 +848,15 @@ mod tests {
         };
         let deny = |note: &str| Verdict::Deny { note: note.into() };
         // (name, row, who, verdict, now, Ok(new state) or Err(substring))
-        let cases: Vec<(
-            &str,
+        type Case = (
+            &'static str,
             Approval,
             Actor,
             Verdict,
             DateTime<Utc>,
-            Result<State, &str>,
-        )> = vec![
+            Result<State, &'static str>,
+        );
+        let cases: Vec<Case> = vec![
             (
                 "approve",
                 row(),

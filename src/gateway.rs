@@ -154,7 +154,7 @@ pub struct RunnerResult {
     pub ok: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub output: Option<Value>,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub truncated: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -868,7 +868,6 @@ impl Gateway {
             outcome: Some(outcome.into()),
             result_digest: result.output.as_ref().map(json_digest),
             detail: Some(detail),
-            ..Default::default()
         };
         self.audit.append(event).await.map(|_| ()).inspect_err(|e| {
             tracing::error!(error = %e, tool, runner, call_id, "could not audit a call outcome");
@@ -1502,17 +1501,22 @@ fn settled(row: &Approval) -> Result<Option<CallOutcome>, CallError> {
             row.id
         ))),
         State::Executed | State::Failed | State::Unknown => {
-            let mut outcome: CallOutcome = row
+            // The stored outcome is one this code wrote; an unreadable one still settles
+            // the call, without results, and says so in the log.
+            let stored = row
                 .result
                 .clone()
-                .and_then(|v| serde_json::from_value(v).ok())
-                .unwrap_or_else(|| CallOutcome {
-                    call_id: row.call_id.clone(),
-                    tool: row.tool.clone(),
-                    runner_chosen_by_server: row.runner_chosen,
-                    results: Vec::new(),
-                    approval: None,
-                });
+                .map(serde_json::from_value::<CallOutcome>);
+            if let Some(Err(e)) = &stored {
+                tracing::error!(error = %e, approval_id = %row.id, "stored outcome unreadable");
+            }
+            let mut outcome = stored.and_then(Result::ok).unwrap_or_else(|| CallOutcome {
+                call_id: row.call_id.clone(),
+                tool: row.tool.clone(),
+                runner_chosen_by_server: row.runner_chosen,
+                results: Vec::new(),
+                approval: None,
+            });
             let message = match row.state {
                 State::Executed => "approved and executed".to_owned(),
                 State::Failed => format!(

@@ -276,7 +276,7 @@ type AuditQueryResult =
 async fn api_audit(State(state): State<HttpState>, query: AuditQueryResult) -> Response {
     let filter = match audit_filter(query, 100) {
         Ok(f) => f,
-        Err(response) => return response,
+        Err(e) => return bad_request(e),
     };
     let limit = filter.limit;
     match crate::audit::query(&state.db, &filter).await {
@@ -297,7 +297,7 @@ const MAX_EXPORT: usize = 100_000;
 async fn api_audit_export(State(state): State<HttpState>, query: AuditQueryResult) -> Response {
     let mut filter = match audit_filter(query, MAX_PAGE) {
         Ok(f) => f,
-        Err(response) => return response,
+        Err(e) => return bad_request(e),
     };
     filter.limit = MAX_PAGE;
     let mut out = String::new();
@@ -350,10 +350,10 @@ fn audit_unavailable(e: impl std::fmt::Display) -> Response {
 fn audit_filter(
     query: AuditQueryResult,
     default_limit: i64,
-) -> Result<crate::audit::AuditFilter, Response> {
+) -> Result<crate::audit::AuditFilter, String> {
     let q = match query {
         Ok(axum::extract::Query(q)) => q,
-        Err(e) => return Err(bad_request(format!("invalid query: {}", e.body_text()))),
+        Err(e) => return Err(format!("invalid query: {}", e.body_text())),
     };
     let time = |field: &str,
                 v: &Option<String>|
@@ -372,22 +372,18 @@ fn audit_filter(
     };
     let (since, until) = match (time("since", &q.since), time("until", &q.until)) {
         (Ok(since), Ok(until)) => (since, until),
-        (Err(e), _) | (_, Err(e)) => return Err(bad_request(e)),
+        (Err(e), _) | (_, Err(e)) => return Err(e),
     };
     let after_seq = match q.cursor.as_deref().map(str::parse::<i64>) {
         None => None,
         Some(Ok(n)) if n >= 0 => Some(n),
         Some(_) => {
-            return Err(bad_request(
-                "`cursor` must be the next_cursor of a previous page".into(),
-            ));
+            return Err("`cursor` must be the next_cursor of a previous page".into());
         }
     };
     let limit = q.limit.unwrap_or(default_limit);
     if !(1..=MAX_PAGE).contains(&limit) {
-        return Err(bad_request(format!(
-            "`limit` must be between 1 and {MAX_PAGE}"
-        )));
+        return Err(format!("`limit` must be between 1 and {MAX_PAGE}"));
     }
     Ok(crate::audit::AuditFilter {
         tool: q.tool,

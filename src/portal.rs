@@ -334,23 +334,18 @@ pub async fn deny(
 pub async fn events(State(state): State<HttpState>) -> Response {
     let changes = state.gateway.approvals().subscribe();
     let stream = futures::stream::unfold(changes, |mut rx| async move {
-        loop {
-            match rx.recv().await {
-                Ok(changed) => {
-                    let event = Event::default()
-                        .event("approval")
-                        .json_data(&changed)
-                        .expect("changes are JSON");
-                    return Some((Ok::<_, std::convert::Infallible>(event), rx));
-                }
-                // A slow reader missed some: tell it to refresh everything.
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                    let event = Event::default().event("resync").data("{}");
-                    return Some((Ok(event), rx));
-                }
-                Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+        let event = match rx.recv().await {
+            Ok(changed) => Event::default()
+                .event("approval")
+                .json_data(&changed)
+                .expect("changes are JSON"),
+            // A slow reader missed some: tell it to refresh everything.
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                Event::default().event("resync").data("{}")
             }
-        }
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+        };
+        Some((Ok::<_, std::convert::Infallible>(event), rx))
     });
     Sse::new(stream)
         .keep_alive(KeepAlive::default())

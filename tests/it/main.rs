@@ -1,6 +1,7 @@
 //! Integration tests: one binary, each test with its own ports, its own database and, where
 //! it needs one, its own real Traefik. Tests that touch the store run on both backends.
 
+mod approvals;
 mod audit_log;
 mod cli;
 mod conformance;

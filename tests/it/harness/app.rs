@@ -314,6 +314,20 @@ impl TestApp {
         .await
     }
 
+    /// `emisar audit verify`, the command an auditor runs, passes on this app's database.
+    pub fn verify_with_cli(&self) {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_emisar"))
+            .args(["audit", "verify", "--database", &self.database_url])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.starts_with("ok: "),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     pub async fn assert_chain_intact(&self) -> u64 {
         let report = audit::verify(&self.db, None).await.unwrap();
         assert_eq!(report.broken, None, "audit chain broken: {report:?}");

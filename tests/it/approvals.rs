@@ -1,0 +1,712 @@
+//! Governed writes, end to end over real HTTP: an agent's risk:high call waits in the
+//! approval queue, people decide in the portal's API (session cookie + CSRF) or with their
+//! API token, and the runner executes exactly once under the approval id.
+
+use std::os::unix::fs::PermissionsExt;
+use std::time::{Duration, Instant};
+
+use emisar::audit::AuditFilter;
+use emisar::runner::{CallRequest, Mode};
+use emisar::signing::{CallClaims, CallSigner, ISSUER, now};
+use emisar::tokens::Role;
+use rmcp::model::{CallToolRequestParams, CallToolResult};
+use serde_json::{Value, json};
+
+use crate::both_backends;
+use crate::emulators::nomad::Nomad;
+use crate::emulators::serve;
+use crate::harness::app::{Options, TestApp};
+use crate::harness::{Backend, RunnerSpec, spawn_app};
+
+/// A fake `systemctl` that records its argv, one call per line.
+fn systemctl_standin(dir: &std::path::Path) -> std::path::PathBuf {
+    let record = dir.join("systemctl.argv");
+    let script = format!(
+        "#!/bin/sh\nprintf '%s\\n' \"$*\" >> '{}'\nif [ \"$1\" = show ]; then printf 'ActiveState=active\\nSubState=running\\nMainPID=4242\\n'; fi\nexit 0\n",
+        record.display()
+    );
+    let path = dir.join("systemctl");
+    std::fs::write(&path, script).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    record
+}
+
+fn restarts(record: &std::path::Path) -> usize {
+    std::fs::read_to_string(record)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.starts_with("restart "))
+        .count()
+}
+
+/// A person logged in to the portal: their cookie and CSRF token.
+pub struct Portal {
+    pub base: String,
+    pub cookie: String,
+    pub csrf: String,
+    http: reqwest::Client,
+}
+
+pub async fn add_user(app: &TestApp, name: &str, role: Role) -> String {
+    let password = format!("{name}-correct-horse-battery");
+    emisar::users::add(&app.db, &app.audit, name, role, &password, "test")
+        .await
+        .unwrap();
+    password
+}
+
+impl Portal {
+    pub async fn login(app: &TestApp, name: &str, password: &str) -> Portal {
+        let http = reqwest::Client::new();
+        let base = app.base_url();
+        let res = http
+            .post(format!("{base}/api/login"))
+            .json(&json!({"name": name, "password": password}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200);
+        let set_cookie = res.headers()["set-cookie"].to_str().unwrap().to_owned();
+        for attr in ["HttpOnly", "SameSite=Strict", "Path=/"] {
+            assert!(set_cookie.contains(attr), "{set_cookie}");
+        }
+        let cookie = set_cookie.split(';').next().unwrap().to_owned();
+        let body: Value = res.json().await.unwrap();
+        Portal {
+            base,
+            cookie,
+            csrf: body["csrf"].as_str().unwrap().to_owned(),
+            http,
+        }
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        let res = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .header("cookie", &self.cookie)
+            .send()
+            .await
+            .unwrap();
+        (res.status().as_u16(), res.json().await.unwrap())
+    }
+
+    /// A POST as the page makes it: cookie, and the CSRF token unless `csrf` is false.
+    pub async fn post(&self, path: &str, body: Value, csrf: bool) -> (u16, Value) {
+        let mut req = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .header("cookie", &self.cookie)
+            .json(&body);
+        if csrf {
+            req = req.header("x-csrf-token", &self.csrf);
+        }
+        let res = req.send().await.unwrap();
+        (res.status().as_u16(), res.json().await.unwrap())
+    }
+
+    /// Waits for the next `approval` server-sent event; returns it and how long it took.
+    pub async fn events(&self) -> reqwest::Response {
+        let res = self
+            .http
+            .get(format!("{}/api/events", self.base))
+            .header("cookie", &self.cookie)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200);
+        res
+    }
+}
+
+/// Reads server-sent events until one of kind `approval` arrives.
+async fn next_approval_event(stream: &mut reqwest::Response, buf: &mut String) -> Value {
+    loop {
+        if let Some(end) = buf.find("\n\n") {
+            let frame: String = buf.drain(..end + 2).collect();
+            if frame.lines().any(|l| l == "event: approval") {
+                let data = frame
+                    .lines()
+                    .find_map(|l| l.strip_prefix("data: "))
+                    .unwrap();
+                return serde_json::from_str(data).unwrap();
+            }
+            continue;
+        }
+        let chunk = tokio::time::timeout(Duration::from_secs(20), stream.chunk())
+            .await
+            .expect("an event within 20 s")
+            .unwrap()
+            .expect("the stream stays open");
+        buf.push_str(&String::from_utf8_lossy(&chunk));
+    }
+}
+
+/// Starts an MCP call in the background; the handle yields its result.
+fn call_in_background(
+    client: &rmcp::service::RunningService<rmcp::RoleClient, ()>,
+    tool: &str,
+    args: Value,
+) -> tokio::task::JoinHandle<CallToolResult> {
+    let peer = client.peer().clone();
+    let params = CallToolRequestParams::new(tool.to_owned())
+        .with_arguments(args.as_object().unwrap().clone());
+    tokio::spawn(async move { peer.call_tool(params).await.expect("the call completes") })
+}
+
+async fn pending_ids(p: &Portal) -> Vec<String> {
+    let (status, body) = p.get("/api/approvals?state=pending").await;
+    assert_eq!(status, 200, "{body}");
+    body["approvals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+async fn wait_for_pending(p: &Portal) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(id) = pending_ids(p).await.into_iter().next() {
+            return id;
+        }
+        assert!(Instant::now() < deadline, "no pending request appeared");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn kinds_and_actors(app: &TestApp, approval_id: &str) -> Vec<(String, String)> {
+    app.events(AuditFilter {
+        approval_id: Some(approval_id.into()),
+        ..Default::default()
+    })
+    .await
+    .into_iter()
+    .map(|e| (e.kind, e.actor))
+    .collect()
+}
+
+async fn restart_app(backend: Backend, bin: &std::path::Path, options: Options) -> TestApp {
+    spawn_app(
+        backend,
+        vec![
+            RunnerSpec::new("hvn05")
+                .path_first(bin)
+                .allow("systemd_units", &["consul", "nomad"]),
+        ],
+        options,
+    )
+    .await
+}
+
+fn restart_args(reason: &str) -> Value {
+    json!({"unit": "consul", "runners": ["hvn05"], "reason": reason})
+}
+
+/// Acceptance 1: request → live in the portal → approved → executed once → result to the
+/// agent; the audit log names everyone and verifies.
+async fn approved_restart_runs_once_and_returns_its_result(backend: Backend) {
+    let bin = tempfile::tempdir().unwrap();
+    let record = systemctl_standin(bin.path());
+    let app = restart_app(backend, bin.path(), Options::default()).await;
+    let password = add_user(&app, "alice", Role::Approver).await;
+    let alice = Portal::login(&app, "alice", &password).await;
+    let mut events = alice.events().await;
+    let mut buf = String::new();
+
+    let client = app.mcp_client().await;
+    let asked = Instant::now();
+    let call = call_in_background(
+        &client,
+        "linux.systemctl_restart",
+        restart_args("consul on hvn05 is wedged after the upgrade"),
+    );
+    let event = next_approval_event(&mut events, &mut buf).await;
+    let seen_after = asked.elapsed();
+    assert_eq!(event["state"], "pending", "{event}");
+    assert!(
+        seen_after < Duration::from_secs(1),
+        "event after {seen_after:?}"
+    );
+    let id = event["id"].as_str().unwrap().to_owned();
+
+    let (status, request) = alice.get(&format!("/api/approvals/{id}")).await;
+    assert_eq!(status, 200);
+    assert_eq!(request["tool"], "linux.systemctl_restart");
+    assert_eq!(request["args"], json!({"unit": "consul"}));
+    assert_eq!(request["runners"], json!(["hvn05"]));
+    assert_eq!(request["requester"], "agent:test-agent");
+    assert_eq!(
+        request["reason"],
+        "consul on hvn05 is wedged after the upgrade"
+    );
+    assert!(
+        request["tool_description"]
+            .as_str()
+            .unwrap()
+            .contains("systemd")
+    );
+    assert_eq!(restarts(&record), 0, "nothing runs before approval");
+
+    let (status, body) = alice
+        .post(&format!("/api/approvals/{id}/approve"), json!({}), true)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let res = tokio::time::timeout(Duration::from_secs(20), call)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(res.is_error, Some(false), "{res:?}");
+    let out = res.structured_content.unwrap();
+    assert_eq!(out["approval"]["state"], "executed", "{out}");
+    assert_eq!(out["results"][0]["runner"], "hvn05");
+    assert_eq!(
+        out["results"][0]["output"]["state_after"]["ActiveState"],
+        "active"
+    );
+    assert_eq!(restarts(&record), 1);
+
+    let trail = kinds_and_actors(&app, &id).await;
+    assert_eq!(
+        trail,
+        [
+            ("approval.requested".into(), "agent:test-agent".into()),
+            ("approval.approved".into(), "approver:alice".into()),
+            ("approval.executing".into(), "approver:alice".into()),
+            ("call.executed".into(), "agent:test-agent".into()),
+        ]
+    );
+    let (_, done) = alice.get(&format!("/api/approvals/{id}")).await;
+    assert_eq!(done["state"], "executed");
+    assert_eq!(done["approvals"][0]["user"], "alice");
+    // A second approval of a used request is refused, and nothing runs again.
+    let (status, body) = alice
+        .post(&format!("/api/approvals/{id}/approve"), json!({}), true)
+        .await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(restarts(&record), 1);
+    app.verify_with_cli();
+    client.cancel().await.unwrap();
+}
+both_backends!(approved_restart_runs_once_and_returns_its_result);
+
+/// Acceptance 2: a denial's note reaches the agent; nothing executes.
+async fn denied_request_tells_the_agent_why(backend: Backend) {
+    let bin = tempfile::tempdir().unwrap();
+    let record = systemctl_standin(bin.path());
+    let app = restart_app(backend, bin.path(), Options::default()).await;
+    let password = add_user(&app, "bob", Role::Approver).await;
+    let bob = Portal::login(&app, "bob", &password).await;
+    let client = app.mcp_client().await;
+    let call = call_in_background(
+        &client,
+        "linux.systemctl_restart",
+        restart_args("restart it"),
+    );
+    let id = wait_for_pending(&bob).await;
+
+    let (status, body) = bob
+        .post(
+            &format!("/api/approvals/{id}/deny"),
+            json!({"note": ""}),
+            true,
+        )
+        .await;
+    assert_eq!(status, 403, "a denial needs a note: {body}");
+    let (status, body) = bob
+        .post(
+            &format!("/api/approvals/{id}/deny"),
+            json!({"note": "not during the change freeze; page the consul owner"}),
+            true,
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let res = tokio::time::timeout(Duration::from_secs(20), call)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(res.is_error, Some(true));
+    let text = format!("{:?}", res.content);
+    assert!(text.contains("denied by approver:bob"), "{text}");
+    assert!(
+        text.contains("not during the change freeze; page the consul owner"),
+        "{text}"
+    );
+    assert_eq!(restarts(&record), 0);
+    let trail = kinds_and_actors(&app, &id).await;
+    assert_eq!(
+        trail,
+        [
+            ("approval.requested".into(), "agent:test-agent".into()),
+            ("approval.denied".into(), "approver:bob".into()),
+        ]
+    );
+    app.assert_chain_intact().await;
+    client.cancel().await.unwrap();
+}
+both_backends!(denied_request_tells_the_agent_why);
+
+/// Acceptance 3: every way to get a write without a fresh, matching human approval fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approvals_refuse_what_they_should() {
+    let bin = tempfile::tempdir().unwrap();
+    let record = systemctl_standin(bin.path());
+    let app = spawn_app(
+        Backend::Sqlite,
+        vec![
+            RunnerSpec::new("hvn05")
+                .path_first(bin.path())
+                .allow("systemd_units", &["consul", "nomad"]),
+            RunnerSpec::new("hvn06")
+                .path_first(bin.path())
+                .allow("systemd_units", &["consul", "nomad"]),
+        ],
+        Options {
+            approval_wait_secs: Some(1),
+            ..Default::default()
+        },
+    )
+    .await;
+    let client = app.mcp_client().await;
+
+    // The requester approving their own request: a person with the agent's name.
+    let password = add_user(&app, crate::harness::app::TEST_AGENT, Role::Approver).await;
+    let me = Portal::login(&app, crate::harness::app::TEST_AGENT, &password).await;
+    let password = add_user(&app, "carol", Role::Approver).await;
+    let carol = Portal::login(&app, "carol", &password).await;
+    let password = add_user(&app, "dave", Role::Auditor).await;
+    let dave = Portal::login(&app, "dave", &password).await;
+    let res = crate::mcp_calls::call(&client, "linux.systemctl_restart", restart_args("one")).await;
+    let id = res.structured_content.unwrap()["approval"]["approval_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (status, body) = me
+        .post(&format!("/api/approvals/{id}/approve"), json!({}), true)
+        .await;
+    assert_eq!(status, 403, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("requested this yourself"),
+        "{body}"
+    );
+    // An auditor reads but does not decide.
+    let (status, body) = dave
+        .post(&format!("/api/approvals/{id}/approve"), json!({}), true)
+        .await;
+    assert_eq!(status, 403, "{body}");
+    // A cookie without the CSRF token changes nothing.
+    let (status, body) = carol
+        .post(&format!("/api/approvals/{id}/approve"), json!({}), false)
+        .await;
+    assert_eq!(status, 403, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("CSRF"), "{body}");
+    let (_, still) = carol.get(&format!("/api/approvals/{id}")).await;
+    assert_eq!(still["state"], "pending");
+    assert_eq!(still["approvals"], json!([]));
+
+    // After expiry: refused, and the sweeper records the expiry.
+    let past = emisar::audit::format_at(chrono::Utc::now() - chrono::Duration::seconds(1));
+    emisar::with_pool!(&app.db, pool => sqlx::query("UPDATE approvals SET expires_at = $1 WHERE id = $2")
+        .bind(&past).bind(&id).execute(pool).await.map(|_| ())).unwrap();
+    let (status, body) = carol
+        .post(&format!("/api/approvals/{id}/approve"), json!({}), true)
+        .await;
+    assert_eq!(status, 403, "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("expired"),
+        "{body}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, row) = carol.get(&format!("/api/approvals/{id}")).await;
+        if row["state"] == "expired" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the sweeper did not expire {id}: {row}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The agent asking again learns it expired.
+    let res = crate::mcp_calls::call(
+        &client,
+        "emisar.approval_status",
+        json!({"approval_id": id, "reason": "did anyone look?"}),
+    )
+    .await;
+    assert_eq!(res.is_error, Some(true));
+    assert!(format!("{:?}", res.content).contains("expired"));
+    assert_eq!(restarts(&record), 0);
+
+    // The runner side, with calls signed as the server signs them.
+    let signer = CallSigner::from_file(&app.private_key).unwrap();
+    let packs = emisar::pack::PackSet::load(None).unwrap();
+    let pack_sha256 = packs.pack("linux").unwrap().digest.clone();
+    let request = |unit: &str| CallRequest {
+        tool: "linux.systemctl_restart".into(),
+        args: json!({"unit": unit}).as_object().unwrap().clone(),
+        mode: Mode::Execute,
+        preview: None,
+        raw: false,
+    };
+    let claims = |aud: &str, req: &CallRequest, approval: Option<&str>| {
+        let t = now();
+        CallClaims {
+            iss: ISSUER.into(),
+            aud: aud.into(),
+            iat: t,
+            exp: t + 30,
+            jti: uuid::Uuid::new_v4().to_string(),
+            call_id: "c".into(),
+            tool: req.tool.clone(),
+            request_sha256: req.digest(),
+            pack_sha256: pack_sha256.clone(),
+            approval_id: approval.map(str::to_owned),
+        }
+    };
+    let http = reqwest::Client::new();
+    let post = |token: String, body: CallRequest| {
+        let http = http.clone();
+        let url = format!("{}/v1/call", app.runner_urls["hvn05"]);
+        async move {
+            let res = http
+                .post(url)
+                .bearer_auth(token)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            let status = res.status().as_u16();
+            (status, res.json::<Value>().await.unwrap())
+        }
+    };
+    let approval = uuid::Uuid::new_v4().to_string();
+    // No approval id: a risk:high execution is refused.
+    let (status, body) = post(
+        signer
+            .sign(&claims("hvn05", &request("consul"), None))
+            .unwrap(),
+        request("consul"),
+    )
+    .await;
+    assert_eq!(status, 403, "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("approval"),
+        "{body}"
+    );
+    // A token for another runner.
+    let (status, body) = post(
+        signer
+            .sign(&claims("hvn06", &request("consul"), Some(&approval)))
+            .unwrap(),
+        request("consul"),
+    )
+    .await;
+    assert_eq!(status, 401, "{body}");
+    // An argument changed after signing (the approval was for consul, the body says nomad).
+    let (status, body) = post(
+        signer
+            .sign(&claims("hvn05", &request("consul"), Some(&approval)))
+            .unwrap(),
+        request("nomad"),
+    )
+    .await;
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(restarts(&record), 0);
+    // The approved call runs once ...
+    let token = signer
+        .sign(&claims("hvn05", &request("consul"), Some(&approval)))
+        .unwrap();
+    let (status, body) = post(token.clone(), request("consul")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(restarts(&record), 1);
+    // ... its token replayed is refused, and so is a fresh token under the same approval.
+    let (status, body) = post(token, request("consul")).await;
+    assert_eq!(status, 409, "{body}");
+    let (status, body) = post(
+        signer
+            .sign(&claims("hvn05", &request("consul"), Some(&approval)))
+            .unwrap(),
+        request("consul"),
+    )
+    .await;
+    assert_eq!(status, 409, "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("already executed"),
+        "{body}"
+    );
+    assert_eq!(restarts(&record), 1);
+    app.assert_chain_intact().await;
+    client.cancel().await.unwrap();
+}
+
+/// Acceptance 4: the approver sees Nomad's plan diff; a job that moved between request and
+/// approval is not written, and the request ends `failed` saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nomad_resize_shows_the_plan_and_refuses_a_moved_job() {
+    let nomad = Nomad::case_study("nomad-secret");
+    let url = serve(nomad.clone().router()).await;
+    let app = spawn_app(
+        Backend::Sqlite,
+        vec![RunnerSpec::new("hvn01").service_with_header(
+            "nomad",
+            &url,
+            "X-Nomad-Token",
+            "nomad-secret",
+        )],
+        Options::default(),
+    )
+    .await;
+    let password = add_user(&app, "alice", Role::Approver).await;
+    let alice = Portal::login(&app, "alice", &password).await;
+    let client = app.mcp_client().await;
+    let args = json!({"job": "traefik", "group": "traefik", "task": "traefik", "memory": 4096,
+                      "reason": "Traefik OOM-looping at the 1 GiB cap; raise to 4 GiB"});
+
+    let call = call_in_background(&client, "nomad.task_resources_set", args.clone());
+    let id = wait_for_pending(&alice).await;
+    let (_, request) = alice.get(&format!("/api/approvals/{id}")).await;
+    let preview = &request["preview"]["hvn01"]["output"];
+    assert_eq!(
+        preview["change"]["memory_mib"],
+        json!({"from": 1024, "to": 4096}),
+        "{request}"
+    );
+    assert!(
+        preview["diff"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|d| d == "MemoryMB 1024 → 4096"),
+        "{preview}"
+    );
+    assert_eq!(
+        nomad.job("traefik")["JobModifyIndex"],
+        93,
+        "the preview writes nothing"
+    );
+    let (status, body) = alice
+        .post(&format!("/api/approvals/{id}/approve"), json!({}), true)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let res = tokio::time::timeout(Duration::from_secs(20), call)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(res.is_error, Some(false), "{res:?}");
+    let job = nomad.job("traefik");
+    assert_eq!(
+        job["TaskGroups"][0]["Tasks"][0]["Resources"]["MemoryMB"],
+        4096
+    );
+
+    // Again, but the job moves while the request waits.
+    let call = call_in_background(
+        &client,
+        "nomad.task_resources_set",
+        json!({"job": "traefik", "group": "traefik", "task": "traefik", "memory": 8192, "reason": "more"}),
+    );
+    let id = wait_for_pending(&alice).await;
+    let (_, request) = alice.get(&format!("/api/approvals/{id}")).await;
+    let seen = request["preview"]["hvn01"]["vars"]["job_modify_index"]
+        .as_u64()
+        .unwrap();
+    let moved = nomad.bump_job("traefik");
+    let (status, body) = alice
+        .post(&format!("/api/approvals/{id}/approve"), json!({}), true)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let res = tokio::time::timeout(Duration::from_secs(20), call)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(res.is_error, Some(true), "{res:?}");
+    let (_, done) = alice.get(&format!("/api/approvals/{id}")).await;
+    assert_eq!(done["state"], "failed", "{done}");
+    let note = done["note"].as_str().unwrap();
+    assert!(
+        note.contains(&format!("JobModifyIndex {seen} → {moved}")),
+        "{note}"
+    );
+    assert_eq!(
+        nomad.job("traefik")["TaskGroups"][0]["Tasks"][0]["Resources"]["MemoryMB"],
+        4096,
+        "nothing was written over the moved job"
+    );
+    app.assert_chain_intact().await;
+    client.cancel().await.unwrap();
+}
+
+/// Acceptance 5: two replicas on one PostgreSQL, two approvers clicking at once on the
+/// same request (one through each replica): one execution.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_two_approvers_one_execution() {
+    let bin = tempfile::tempdir().unwrap();
+    let record = systemctl_standin(bin.path());
+    let a = restart_app(Backend::Postgres, bin.path(), Options::default()).await;
+    // The second replica: same database, same signing key, its own runner process for the
+    // same node name (both record into the same file, so a second execution would show).
+    let b = restart_app(
+        Backend::Postgres,
+        bin.path(),
+        Options {
+            database_url: Some(a.database_url.clone()),
+            keys: Some((a.private_key.clone(), a.public_key.clone())),
+            ..Default::default()
+        },
+    )
+    .await;
+    let pa = add_user(&a, "alice", Role::Approver).await;
+    let pb = add_user(&a, "bob", Role::Approver).await;
+    let alice = Portal::login(&a, "alice", &pa).await;
+    let bob = Portal::login(&b, "bob", &pb).await;
+    // Bob watches replica B; the request is made through replica A.
+    let mut events = bob.events().await;
+    let mut buf = String::new();
+    let client = a.mcp_client().await;
+    let call = call_in_background(
+        &client,
+        "linux.systemctl_restart",
+        restart_args("both click"),
+    );
+    let event = next_approval_event(&mut events, &mut buf).await;
+    let id = event["id"].as_str().unwrap().to_owned();
+
+    let path = format!("/api/approvals/{id}/approve");
+    let (ra, rb) = tokio::join!(
+        alice.post(&path, json!({}), true),
+        bob.post(&path, json!({}), true)
+    );
+    let mut statuses = [ra.0, rb.0];
+    statuses.sort();
+    assert_eq!(statuses, [200, 409], "{ra:?} {rb:?}");
+    let res = tokio::time::timeout(Duration::from_secs(20), call)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(res.is_error, Some(false), "{res:?}");
+    // Give a (wrong) second execution time to show up.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(restarts(&record), 1);
+    let kinds: Vec<String> = kinds_and_actors(&a, &id)
+        .await
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "approval.requested",
+            "approval.approved",
+            "approval.executing",
+            "call.executed"
+        ]
+    );
+    a.assert_chain_intact().await;
+    client.cancel().await.unwrap();
+}

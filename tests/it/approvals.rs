@@ -19,7 +19,7 @@ use crate::harness::app::{Options, TestApp};
 use crate::harness::{Backend, RunnerSpec, spawn_app};
 
 /// A fake `systemctl` that records its argv, one call per line.
-fn systemctl_standin(dir: &std::path::Path) -> std::path::PathBuf {
+pub(crate) fn systemctl_standin(dir: &std::path::Path) -> std::path::PathBuf {
     let record = dir.join("systemctl.argv");
     let script = format!(
         "#!/bin/sh\nprintf '%s\\n' \"$*\" >> '{}'\nif [ \"$1\" = show ]; then printf 'ActiveState=active\\nSubState=running\\nMainPID=4242\\n'; fi\nexit 0\n",
@@ -31,7 +31,7 @@ fn systemctl_standin(dir: &std::path::Path) -> std::path::PathBuf {
     record
 }
 
-fn restarts(record: &std::path::Path) -> usize {
+pub(crate) fn restarts(record: &std::path::Path) -> usize {
     std::fs::read_to_string(record)
         .unwrap_or_default()
         .lines()
@@ -143,7 +143,7 @@ async fn next_approval_event(stream: &mut reqwest::Response, buf: &mut String) -
 }
 
 /// Starts an MCP call in the background; the handle yields its result.
-fn call_in_background(
+pub(crate) fn call_in_background(
     client: &rmcp::service::RunningService<rmcp::RoleClient, ()>,
     tool: &str,
     args: Value,
@@ -154,7 +154,7 @@ fn call_in_background(
     tokio::spawn(async move { peer.call_tool(params).await.expect("the call completes") })
 }
 
-async fn pending_ids(p: &Portal) -> Vec<String> {
+pub(crate) async fn pending_ids(p: &Portal) -> Vec<String> {
     let (status, body) = p.get("/api/approvals?state=pending").await;
     assert_eq!(status, 200, "{body}");
     body["approvals"]
@@ -165,7 +165,7 @@ async fn pending_ids(p: &Portal) -> Vec<String> {
         .collect()
 }
 
-async fn wait_for_pending(p: &Portal) -> String {
+pub(crate) async fn wait_for_pending(p: &Portal) -> String {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         if let Some(id) = pending_ids(p).await.into_iter().next() {
@@ -176,7 +176,7 @@ async fn wait_for_pending(p: &Portal) -> String {
     }
 }
 
-async fn kinds_and_actors(app: &TestApp, approval_id: &str) -> Vec<(String, String)> {
+pub(crate) async fn kinds_and_actors(app: &TestApp, approval_id: &str) -> Vec<(String, String)> {
     app.events(AuditFilter {
         approval_id: Some(approval_id.into()),
         ..Default::default()
@@ -187,7 +187,7 @@ async fn kinds_and_actors(app: &TestApp, approval_id: &str) -> Vec<(String, Stri
     .collect()
 }
 
-async fn restart_app(backend: Backend, bin: &std::path::Path, options: Options) -> TestApp {
+pub(crate) async fn restart_app(backend: Backend, bin: &std::path::Path, options: Options) -> TestApp {
     spawn_app(
         backend,
         vec![
@@ -200,7 +200,7 @@ async fn restart_app(backend: Backend, bin: &std::path::Path, options: Options) 
     .await
 }
 
-fn restart_args(reason: &str) -> Value {
+pub(crate) fn restart_args(reason: &str) -> Value {
     json!({"unit": "consul", "runners": ["hvn05"], "reason": reason})
 }
 

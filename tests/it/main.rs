@@ -1,6 +1,7 @@
 //! Integration tests: one binary, each test with its own ports, its own database and, where
 //! it needs one, its own real Traefik. Tests that touch the store run on both backends.
 
+mod approval_wait;
 mod approvals;
 mod audit_log;
 mod cli;
@@ -13,6 +14,7 @@ mod ops;
 mod outage;
 mod packs_cluster;
 mod packs_node;
+mod portal_browser;
 mod python_client;
 mod replicas;
 mod runner_security;

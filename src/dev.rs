@@ -1,5 +1,6 @@
-//! `emisar dev`: the quickstart. One process with an embedded SQLite store, a local runner
-//! and a fresh agent token; prints the MCP URL and token and writes them to `dev.json`.
+//! `emisar dev`: the quickstart. One process with an embedded SQLite store, a local runner,
+//! a fresh agent token and an approver who can log in to the portal; prints the URLs and
+//! credentials and writes them to `dev.json` (readable by its owner only).
 
 use std::path::PathBuf;
 
@@ -23,6 +24,7 @@ pub struct DevOptions {
 
 pub const DEV_RUNNER: &str = "local";
 pub const DEV_AGENT: &str = "dev-agent";
+pub const DEV_APPROVER: &str = "dev-approver";
 
 pub async fn run(opts: DevOptions, shutdown: CancellationToken) -> anyhow::Result<()> {
     std::fs::create_dir_all(&opts.state_dir)
@@ -83,7 +85,32 @@ pub async fn run(opts: DevOptions, shutdown: CancellationToken) -> anyhow::Resul
         "system:dev",
     )
     .await?;
+    // The approver is created once per state dir; its password is kept next to the database
+    // (dev only: `emisar user add` never stores a password in clear).
+    let password_file = state_dir.join("approver.password");
+    let password = match crate::users::role_of(app.db(), DEV_APPROVER).await? {
+        Some(_) => std::fs::read_to_string(&password_file)
+            .with_context(|| format!("failed to read {}", password_file.display()))?,
+        None => {
+            let password = crate::users::random_token()?;
+            crate::users::add(
+                app.db(),
+                &audit,
+                DEV_APPROVER,
+                crate::tokens::Role::Approver,
+                &password,
+                "system:dev",
+            )
+            .await?;
+            write_private(&password_file, &password)?;
+            password
+        }
+    };
+    let portal_url = format!("http://{addr}/");
     let info = json!({
+        "portal_url": portal_url,
+        "approver": DEV_APPROVER,
+        "approver_password": password,
         "mcp_url": mcp_url,
         "agent_token": token.token,
         "agent": DEV_AGENT,
@@ -94,6 +121,8 @@ pub async fn run(opts: DevOptions, shutdown: CancellationToken) -> anyhow::Resul
     let dev_json = state_dir.join("dev.json");
     write_private(&dev_json, &serde_json::to_string_pretty(&info)?)?;
     println!("emisar dev is running.");
+    println!("  Portal:       {portal_url}");
+    println!("  Approver:     {DEV_APPROVER} / {password}");
     println!("  MCP URL:      {mcp_url}");
     println!("  Agent token:  {}", token.token);
     println!("  Runner:       {runner_name} at {runner_url}");

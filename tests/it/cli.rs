@@ -182,6 +182,15 @@ async fn emisar_dev_prints_a_working_url_and_token() {
         "dev.json carries the bound port: {url}"
     );
     assert_eq!(info["runners"], serde_json::json!(["local"]));
+    // The printed approver logs in to the printed portal.
+    let portal = info["portal_url"].as_str().unwrap();
+    let login = reqwest::Client::new()
+        .post(format!("{portal}api/login"))
+        .json(&serde_json::json!({"name": info["approver"], "password": info["approver_password"]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(login.status(), 200);
     assert!(
         info["database_url"]
             .as_str()

@@ -342,6 +342,10 @@ pub struct Approvals {
     changes: broadcast::Sender<Changed>,
     /// SQLite only: the row lock (a single replica, so a process mutex is the whole lock).
     local: Arc<tokio::sync::Mutex<()>>,
+    /// PostgreSQL: transitions in flight, each holding a pooled connection while its audit
+    /// event is written (through another pooled connection). Kept well below the pool size
+    /// so the audit writer always finds a connection.
+    in_flight: Arc<tokio::sync::Semaphore>,
 }
 
 const PG_COLUMNS: &str = "id, call_id, tool, risk, args::text AS args, shown_args::text AS shown_args, runners::text AS runners, runner_chosen, raw, reason, requester, requester_name, pack_sha256, preview::text AS preview, required_approvals, approvals::text AS approvals, state, note, decided_by, result::text AS result, to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS created_at, to_char(expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS expires_at, to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS updated_at";
@@ -416,6 +420,7 @@ impl Approvals {
             audit,
             changes,
             local: Arc::default(),
+            in_flight: Arc::new(tokio::sync::Semaphore::new(4)),
         };
         if let Pool::Pg(pool) = approvals.db.pool() {
             tokio::spawn(listen(pool.clone(), approvals.changes.clone(), shutdown));
@@ -611,6 +616,11 @@ impl Approvals {
     {
         let written = match self.db.pool() {
             Pool::Pg(pool) => {
+                let _slot = self
+                    .in_flight
+                    .acquire()
+                    .await
+                    .expect("the semaphore is never closed");
                 let mut tx = self.db.guard(pool.begin()).await?;
                 let lock = if skip_locked {
                     "FOR UPDATE SKIP LOCKED"

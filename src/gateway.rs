@@ -602,6 +602,17 @@ impl Gateway {
         // 5. Audit intent; fail closed.
         let call_id = uuid::Uuid::new_v4().to_string();
         if let Some(approvers) = approvers {
+            if tool.secret_params().next().is_some() {
+                // A request keeps the args its execution will use; a secret would sit in the
+                // approvals table in clear. Refuse until requests can hold secrets sealed.
+                let why = format!(
+                    "`{}` has secret params and needs approval: emisar cannot yet keep a secret in a pending request, so it refuses the call",
+                    tool.name
+                );
+                self.reject(&actor, &tool.name, Some(audited_args), reason, why.clone())
+                    .await;
+                return Err(CallError::Denied(why));
+            }
             let request = Request {
                 call_id,
                 tool,
@@ -1116,10 +1127,12 @@ impl Gateway {
         // Changes arrive by channel; the poll covers a listener that is reconnecting.
         let poll = Duration::from_secs(2);
         loop {
-            let row = self.approvals.get(&a.id).await?;
+            let mut row = self.approvals.get(&a.id).await?;
             if row.state == State::Pending && row.expired_at(chrono::Utc::now()) {
+                // Expire it now rather than at the next sweep; if another replica holds the
+                // row, the poll below picks up whatever it decided.
                 self.expire(&row.id).await;
-                continue;
+                row = self.approvals.get(&a.id).await?;
             }
             if let Some(done) = settled(&row)? {
                 return Ok(done);

@@ -122,6 +122,10 @@ pub async fn login(
             );
         }
     };
+    // The limiter remembers every name tried; forget the ones whose buckets are full again.
+    if state.logins.len() > 10_000 {
+        state.logins.retain_recent();
+    }
     if state.logins.check_key(&login.name).is_err() {
         return error(
             StatusCode::TOO_MANY_REQUESTS,

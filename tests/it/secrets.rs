@@ -168,6 +168,19 @@ async fn a_secret_param_never_appears_in_clear() {
     )
     .await;
     assert_eq!(res.is_error, Some(true));
+    // A write with a secret would wait in the approvals table: refused, for now, by name.
+    let res = call(
+        &client,
+        "vault.rotate",
+        json!({"runners": ["node-1"], "reason": "rotate", "user": "ops", "password": SECRET}),
+    )
+    .await;
+    assert_eq!(res.is_error, Some(true));
+    assert!(
+        format!("{:?}", res.content).contains("cannot yet keep a secret in a pending request"),
+        "{:?}",
+        res.content
+    );
     client.cancel().await.unwrap();
 
     // What an auditor can do: check a known value against the stored MAC.
@@ -183,7 +196,7 @@ async fn a_secret_param_never_appears_in_clear() {
 
     // The database, every table, as text.
     let dump = pg
-        .superuser_sql("SELECT string_agg(t::text, E'\\n') FROM (SELECT a::text AS t FROM audit_events a UNION ALL SELECT k::text FROM agent_tokens k) s")
+        .superuser_sql("SELECT string_agg(t::text, E'\\n') FROM (SELECT a::text AS t FROM audit_events a UNION ALL SELECT k::text FROM agent_tokens k UNION ALL SELECT p::text FROM approvals p) s")
         .unwrap();
     assert!(
         dump.contains(sealed),

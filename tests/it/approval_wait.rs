@@ -23,10 +23,13 @@ use crate::harness::Backend;
 use crate::harness::app::{Options, TestApp};
 use crate::mcp_calls::call;
 
+/// One progress notification: its value and message.
+type Seen = (f64, Option<String>);
+
 /// An MCP client that records the progress notifications it receives.
 #[derive(Clone, Default)]
 struct Watcher {
-    progress: Arc<Mutex<Vec<(f64, Option<String>)>>>,
+    progress: Arc<Mutex<Vec<Seen>>>,
 }
 
 impl rmcp::ClientHandler for Watcher {

@@ -187,7 +187,11 @@ pub(crate) async fn kinds_and_actors(app: &TestApp, approval_id: &str) -> Vec<(S
     .collect()
 }
 
-pub(crate) async fn restart_app(backend: Backend, bin: &std::path::Path, options: Options) -> TestApp {
+pub(crate) async fn restart_app(
+    backend: Backend,
+    bin: &std::path::Path,
+    options: Options,
+) -> TestApp {
     spawn_app(
         backend,
         vec![

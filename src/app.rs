@@ -16,7 +16,6 @@ use crate::config::ServerConfig;
 use crate::db::Db;
 use crate::gateway::{Gateway, Limits};
 use crate::pack::PackSet;
-use crate::policy::Policy;
 use crate::runner::client::RunnerClient;
 use crate::runner::registry::Registry;
 use crate::secrets::AuditKey;
@@ -77,8 +76,14 @@ impl Application {
         }
         let gateway = Arc::new(gateway);
         if let Some(path) = &config.policy_file {
+            // `check_file` rather than `Policy::load`: a name the packs lack is then reported
+            // with the file it is in, like a parse error (`load_policy` checks again).
             gateway
-                .load_policy(Policy::load(path), &path.display().to_string(), "system")
+                .load_policy(
+                    crate::policy::check_file(path, &packs),
+                    &path.display().to_string(),
+                    "system",
+                )
                 .await
                 .context("the policy file was not loaded")?;
             spawn_policy_reload(gateway.clone(), path.clone(), shutdown.clone())?;
@@ -177,7 +182,11 @@ fn spawn_policy_reload(
             }
             let source = path.display().to_string();
             match gateway
-                .load_policy(Policy::load(&path), &source, "system:sighup")
+                .load_policy(
+                    crate::policy::check_file(&path, gateway.packs()),
+                    &source,
+                    "system:sighup",
+                )
                 .await
             {
                 Ok(()) => tracing::info!(policy = %source, "policy reloaded"),

@@ -8,6 +8,7 @@ mod cli;
 mod conformance;
 mod emulators;
 mod fleet;
+mod governance;
 mod harness;
 mod mcp_calls;
 mod ops;

@@ -120,6 +120,12 @@ pub struct Options {
     pub approval_ttl_secs: Option<u64>,
     /// Use this key pair instead of a fresh one (a second replica of the same server).
     pub keys: Option<(PathBuf, PathBuf)>,
+    /// A policy file to load at start (the built-in policy when none).
+    pub policy_file: Option<PathBuf>,
+    /// Hooks told about new approval requests.
+    pub webhooks: Vec<emisar::webhook::WebhookConfig>,
+    /// The portal's address, for links in notices.
+    pub public_url: Option<String>,
 }
 
 pub async fn fresh_db(backend: Backend, dir: &std::path::Path) -> (String, Option<PgTestDb>) {
@@ -206,6 +212,9 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
         approval_wait_secs: options.approval_wait_secs.unwrap_or(30),
         approval_ttl_secs: options.approval_ttl_secs.unwrap_or(15 * 60),
         approval_progress_ms: 500,
+        policy_file: options.policy_file.clone(),
+        webhooks: options.webhooks.clone(),
+        public_url: options.public_url.clone(),
         ..ServerConfig::with_signing_key(private_key.clone())
     };
     let app = emisar::app::Application::build(config, &database_url)

@@ -422,8 +422,12 @@ impl Approvals {
             local: Arc::default(),
             in_flight: Arc::new(tokio::sync::Semaphore::new(4)),
         };
-        if let Pool::Pg(pool) = approvals.db.pool() {
-            tokio::spawn(listen(pool.clone(), approvals.changes.clone(), shutdown));
+        if let Pool::Pg(_) = approvals.db.pool() {
+            tokio::spawn(listen(
+                approvals.db.clone(),
+                approvals.changes.clone(),
+                shutdown,
+            ));
         }
         approvals
     }
@@ -760,18 +764,26 @@ async fn notify(
         .map(|_| ())
 }
 
-/// Relays NOTIFY payloads into the local channel, reconnecting with backoff. Waiters also
-/// poll, so a gap while reconnecting delays an update but never loses one.
+/// Relays NOTIFY payloads into the local channel. The connection goes through the store's
+/// gate like every other: during an outage it waits for the gate to reopen instead of
+/// reconnecting on its own. Waiters also poll, so a gap delays an update but never loses one.
 async fn listen(
-    pool: sqlx::PgPool,
+    db: Db,
     changes: broadcast::Sender<Changed>,
     shutdown: tokio_util::sync::CancellationToken,
 ) {
+    let Pool::Pg(pool) = db.pool().clone() else {
+        return;
+    };
     let backoff =
         crate::runner::Backoff::try_new(Duration::from_millis(200), Duration::from_secs(30))
             .expect("valid bounds");
     let mut failures = 0u32;
     loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = db.until_up() => {}
+        }
         let attempt = async {
             let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await?;
             listener.listen(CHANNEL).await?;
@@ -781,18 +793,22 @@ async fn listen(
                     let _ = changes.send(changed);
                 }
             }
-            #[allow(unreachable_code)]
-            Ok::<(), sqlx::Error>(())
         };
+        let started = std::time::Instant::now();
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            result = attempt => {
+            result = db.guard::<()>(attempt) => {
                 if let Err(e) = result {
-                    tracing::warn!(error = %e, "approval change listener lost its connection; reconnecting");
+                    tracing::warn!(error = %e, "approval change listener lost its connection");
                 }
             }
         }
-        failures += 1;
+        // A gap between outages (or an error that is not the store being down) still backs
+        // off, so a listener that keeps failing never spins.
+        if started.elapsed() > Duration::from_secs(60) {
+            failures = 0;
+        }
+        failures = failures.saturating_add(1);
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(backoff.delay(failures)) => {}

@@ -411,7 +411,10 @@ mod tests {
         assert_eq!(server.runners.len(), 2);
         assert!(server.runners[1].serves("traefik") && !server.runners[1].serves("consul"));
         assert_eq!(server.webhooks.len(), 2);
-        assert!(!format!("{:?}", server.webhooks).contains("XXXX"), "hook URLs are secrets");
+        assert!(
+            !format!("{:?}", server.webhooks).contains("XXXX"),
+            "hook URLs are secrets"
+        );
         let runner = RunnerConfig::load(&root.join("runner.toml")).unwrap();
         assert_eq!(runner.services["nomad"].base_url, "http://127.0.0.1:4646");
         assert!(!format!("{:?}", runner.services["consul"]).contains("replace-with"));

@@ -146,6 +146,12 @@ impl Db {
             })
     }
 
+    /// Returns once the store is believed reachable (at once if it is).
+    pub async fn until_up(&self) {
+        let mut up = self.gate.up.subscribe();
+        let _ = up.wait_for(|up| *up).await;
+    }
+
     /// Runs one store operation through the gate: refused at once while the store is down,
     /// cancelled if the store goes down while it waits, and closing the gate if it fails
     /// to reach the store.

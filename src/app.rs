@@ -86,8 +86,13 @@ impl Application {
                 )
                 .await
                 .context("the policy file was not loaded")?;
-            spawn_policy_reload(gateway.clone(), path.clone(), shutdown.clone())?;
         }
+        // Always handled, so `systemctl reload` never kills a server that has no policy file.
+        spawn_policy_reload(
+            gateway.clone(),
+            config.policy_file.clone(),
+            shutdown.clone(),
+        )?;
         crate::metrics::handle();
         let listener = TcpListener::bind(&config.listen)
             .await
@@ -166,10 +171,10 @@ impl Application {
 }
 
 /// Reloads the policy file on SIGHUP. A file that does not load leaves the policy in force
-/// unchanged; both outcomes are audited.
+/// unchanged; both outcomes are audited. Without a policy file, SIGHUP is logged and ignored.
 fn spawn_policy_reload(
     gateway: Arc<Gateway>,
-    path: std::path::PathBuf,
+    path: Option<std::path::PathBuf>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let mut hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
@@ -180,10 +185,16 @@ fn spawn_policy_reload(
                 _ = shutdown.cancelled() => return,
                 got = hangups.recv() => if got.is_none() { return },
             }
+            let Some(path) = &path else {
+                tracing::info!(
+                    "SIGHUP: no policy_file is configured, so there is nothing to reload"
+                );
+                continue;
+            };
             let source = path.display().to_string();
             match gateway
                 .load_policy(
-                    crate::policy::check_file(&path, gateway.packs()),
+                    crate::policy::check_file(path, gateway.packs()),
                     &source,
                     "system:sighup",
                 )

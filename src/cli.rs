@@ -881,7 +881,14 @@ async fn approvals(server: ServerArg, command: ApprovalsCommand) -> anyhow::Resu
                     .json(&serde_json::json!({"note": note})),
             )
             .await?;
-            println!("{id}: {}", body["state"].as_str().unwrap_or("?"));
+            let state = body["state"].as_str().unwrap_or("?");
+            let votes = body["approvals"].as_array().map_or(0, Vec::len);
+            let required = body["required_approvals"].as_u64().unwrap_or(1);
+            if state == "pending" {
+                println!("{id}: pending ({votes} of {required} approvals)");
+            } else {
+                println!("{id}: {state}");
+            }
         }
         ApprovalsCommand::Deny { id, note } => {
             let body = send(

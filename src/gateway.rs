@@ -374,14 +374,25 @@ impl Gateway {
     }
 
     /// The input schema `caller` sees for `offered`: pack tools list the runners it may name.
+    /// The token's selector and the policy's both narrow the list.
     pub fn schema_for(&self, caller: &Principal, offered: &OfferedTool) -> Map<String, Value> {
         match &offered.tool {
-            Some(tool) => crate::pack::with_runner_names(
-                offered.input_schema.clone(),
-                &self
+            Some(tool) => {
+                let policy = self.policy();
+                let names: Vec<String> = self
                     .runners
-                    .serving_sorted(&tool.pack, caller.selector.as_ref()),
-            ),
+                    .serving_sorted(&tool.pack, caller.selector.as_ref())
+                    .into_iter()
+                    .filter(|name| match policy.runner_selector(caller) {
+                        None => true,
+                        Some(sel) => self
+                            .runners
+                            .get(name)
+                            .is_some_and(|r| sel.matches(&r.labels)),
+                    })
+                    .collect();
+                crate::pack::with_runner_names(offered.input_schema.clone(), &names)
+            }
             None => offered.input_schema.clone(),
         }
     }
@@ -419,14 +430,16 @@ impl Gateway {
     ) -> Result<CallOutcome, CallError> {
         let actor = call.principal.actor();
         let Some(offered) = self.tool_for(&call.principal, &call.tool) else {
-            self.reject(
-                &actor,
-                &call.tool,
-                None,
-                None,
-                format!("unknown tool `{}`", call.tool),
-            )
-            .await;
+            // The agent learns nothing about tools it may not use; the audit log says which.
+            let why = if self.tools.contains_key(&call.tool) {
+                format!(
+                    "tool `{}` is hidden from agent `{}` by the policy (`agents.{}.tools`)",
+                    call.tool, call.principal.agent, call.principal.agent
+                )
+            } else {
+                format!("unknown tool `{}`", call.tool)
+            };
+            self.reject(&actor, &call.tool, None, None, why).await;
             return Err(CallError::UnknownTool(call.tool));
         };
 

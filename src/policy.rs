@@ -744,6 +744,15 @@ impl Policy {
         }
     }
 
+    /// The runner selector the policy limits `caller` to, if any (for the runner names a
+    /// tool's schema lists).
+    pub fn runner_selector(&self, caller: &Principal) -> Option<&Selector> {
+        match self.access(&caller.agent) {
+            Access::Entry(_, rule) => rule.runners.as_ref(),
+            _ => None,
+        }
+    }
+
     /// The risk a tool runs at under this policy: its override when the line applies, else
     /// its own.
     pub fn risk(&self, tool: &Tool) -> Risk {

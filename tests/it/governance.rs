@@ -21,9 +21,9 @@ use crate::approvals::{
     systemctl_standin, wait_for_pending,
 };
 use crate::both_backends;
-use crate::harness::Backend;
 use crate::harness::app::{Options, TEST_AGENT, TestApp};
 use crate::harness::tools::{Proc, free_port, mcp_client};
+use crate::harness::{Backend, RunnerSpec, spawn_app};
 use crate::mcp_calls::call;
 
 const BIN: &str = env!("CARGO_BIN_EXE_emisar");
@@ -508,6 +508,14 @@ async fn the_policy_file_governs_the_server(backend: Backend) {
     assert_eq!(rejected.len(), 1, "{rejected:?}");
     assert_eq!(rejected[0].kind, "tool.rejected");
     assert_eq!(rejected[0].actor, "agent:test-agent");
+    // The audit log, unlike the agent, says why: the policy hid it (not a typo).
+    let why = rejected[0].detail.as_ref().unwrap()["error"]
+        .as_str()
+        .unwrap();
+    assert!(
+        why.contains("hidden from agent `test-agent` by the policy"),
+        "{why}"
+    );
 
     // nomad on hvn05: the policy's allowlist refuses it before anyone is asked.
     let res = call(
@@ -896,5 +904,51 @@ async fn webhooks_announce_requests_off_the_call_path() {
     })
     .await;
     assert_eq!(receiver.bodies.lock().unwrap().len(), 2);
+    client.cancel().await.unwrap();
+}
+
+/// The policy's runner selector narrows what the agent sees (the `runners` enum of a tool's
+/// schema) and what it may target.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_policy_selector_narrows_the_runners_an_agent_sees() {
+    let policy_dir = tempfile::tempdir().unwrap();
+    let policy = write(
+        policy_dir.path(),
+        "policy.yaml",
+        "agents:\n  test-agent: {tools: [\"linux.*\"], runners: \"role=edge\"}\n",
+    );
+    let app = spawn_app(
+        Backend::Sqlite,
+        vec![
+            RunnerSpec::new("edge-1").label("role", "edge"),
+            RunnerSpec::new("core-1").label("role", "core"),
+        ],
+        Options {
+            policy_file: Some(policy),
+            ..Default::default()
+        },
+    )
+    .await;
+    let client = app.mcp_client().await;
+    let tools = client.list_all_tools().await.unwrap();
+    let uptime = tools.iter().find(|t| t.name == "linux.uptime").unwrap();
+    assert_eq!(
+        uptime.input_schema["properties"]["runners"]["items"]["enum"],
+        json!(["edge-1"])
+    );
+    let res = call(
+        &client,
+        "linux.uptime",
+        json!({"runners": ["core-1"], "reason": "how long up?"}),
+    )
+    .await;
+    assert_eq!(res.is_error, Some(true), "{res:?}");
+    let res = call(
+        &client,
+        "linux.uptime",
+        json!({"runners": ["edge-1"], "reason": "how long up?"}),
+    )
+    .await;
+    assert_eq!(res.is_error, Some(false), "{res:?}");
     client.cancel().await.unwrap();
 }

@@ -30,6 +30,8 @@ pub struct RunnerSpec {
     pub max_output_bytes: usize,
     pub programs: BTreeMap<String, Vec<String>>,
     pub allowlists: BTreeMap<String, Vec<String>>,
+    /// The labels the server config gives this runner.
+    pub labels: BTreeMap<String, String>,
 }
 
 impl RunnerSpec {
@@ -41,7 +43,13 @@ impl RunnerSpec {
             max_output_bytes: 1024 * 1024,
             programs: BTreeMap::new(),
             allowlists: BTreeMap::new(),
+            labels: BTreeMap::new(),
         }
+    }
+
+    pub fn label(mut self, key: &str, value: &str) -> Self {
+        self.labels.insert(key.into(), value.into());
+        self
     }
 
     pub fn program(mut self, name: &str, argv: &[&str]) -> Self {
@@ -191,7 +199,7 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
             name: spec.name.clone(),
             url: url.clone(),
             packs: None,
-            labels: Default::default(),
+            labels: spec.labels.clone(),
         });
         runner_urls.insert(spec.name, url);
     }

@@ -481,12 +481,25 @@ impl Gateway {
             let approval_id = params
                 .remove("approval_id")
                 .and_then(|v| v.as_str().map(str::to_owned));
-            return match (offered.name.as_str(), approval_id) {
-                (APPROVAL_STATUS_TOOL | APPROVAL_WAIT_TOOL, Some(id)) if errors.is_empty() => {
+            if offered.name == RUNNERS_TOOL {
+                return self.builtin(&call.principal, offered, reason, errors).await;
+            }
+            return match approval_id {
+                Some(id) if errors.is_empty() => {
                     self.approval_tool(&call.principal, offered, &id, reason, ctx)
                         .await
                 }
-                _ => self.builtin(&call.principal, offered, reason, errors).await,
+                _ => {
+                    if errors.is_empty() {
+                        errors.push("`approval_id` is required".into());
+                    }
+                    self.reject(&actor, &offered.name, None, reason, errors.join("; "))
+                        .await;
+                    Err(CallError::Invalid {
+                        tool: offered.name.clone(),
+                        errors,
+                    })
+                }
             };
         };
         let selector = match params

@@ -151,6 +151,19 @@ async fn an_agent_checks_and_waits_again_on_its_own_requests_only() {
         "pending"
     );
 
+    // Without an id (or with a malformed one) the built-in says what is wrong.
+    for args in [
+        json!({"reason": "which one?"}),
+        json!({"approval_id": "x", "reason": "r"}),
+    ] {
+        let res = call(&client, "emisar.approval_status", args).await;
+        assert_eq!(res.is_error, Some(true));
+        assert!(
+            format!("{:?}", res.content).contains("approval_id"),
+            "{res:?}"
+        );
+    }
+
     // Another agent cannot see it.
     let other = app.issue_token("other-agent", Role::Agent).await;
     let other = client_with(&app, &other, Watcher::default()).await;

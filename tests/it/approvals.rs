@@ -281,6 +281,37 @@ async fn approved_restart_runs_once_and_returns_its_result(backend: Backend) {
             ("call.executed".into(), "agent:test-agent".into()),
         ]
     );
+    // The same trail as an auditor's export from the portal: NDJSON, one event per line.
+    let export = reqwest::Client::new()
+        .get(format!("{}/api/audit/export?approval_id={id}", alice.base))
+        .header("cookie", &alice.cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(export.status(), 200);
+    assert!(
+        export.headers()["content-disposition"]
+            .to_str()
+            .unwrap()
+            .starts_with("attachment")
+    );
+    let lines: Vec<Value> = export
+        .text()
+        .await
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let kinds: Vec<&str> = lines.iter().map(|e| e["kind"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "approval.requested",
+            "approval.approved",
+            "approval.executing",
+            "call.executed"
+        ]
+    );
     let (_, done) = alice.get(&format!("/api/approvals/{id}")).await;
     assert_eq!(done["state"], "executed");
     assert_eq!(done["approvals"][0]["user"], "alice");

@@ -1,0 +1,568 @@
+//! Approval latency benchmark: "approval click → runner execution starts ≤ 100 ms"
+//! (DESIGN.md, performance budget), through the real server, runner and HTTP APIs.
+//!
+//!   DATABASE_URL=postgres://… cargo bench --bench approval
+//!
+//! One process runs an `emisar serve` [`Application`](emisar::app::Application) and an
+//! `emisar runner` (stock packs; its exec PATH starts with a temporary directory holding a
+//! `systemctl` stand-in that, on `restart`, appends `date +%s%N` to a file). An agent's MCP
+//! client (rmcp, streamable HTTP) calls `linux.systemctl_restart {unit: consul}` in the
+//! background; once the request is listed as pending (and a short settle), the bench takes
+//! t0 (wall clock, ns since the epoch) just before it POSTs `/api/approvals/{id}/approve`
+//! with an approver's bearer token. The latency is the stand-in's timestamp − t0: the moment
+//! the approved argv is running on the runner. Requests run one after another.
+//!
+//! Environment:
+//! - `DATABASE_URL`: a PostgreSQL database (migrated on connect; best empty). Without it
+//!   the PostgreSQL part is skipped.
+//! - `BENCH_APPROVALS` (200): timed approvals per backend, after `BENCH_APPROVAL_WARMUP`
+//!   (10) untimed ones.
+//! - `BENCH_APPROVAL_SQLITE` (1): also run against a temporary SQLite file (WAL, as
+//!   `emisar dev` opens it); 0 skips it.
+//! - `BENCH_APPROVAL_SETTLE_MS` (20): pause between seeing the request pending and the click,
+//!   so that the click does not race the tail of the request's own creation.
+//! - `BENCH_SUMMARY`: a file to write `key=value` lines to (for scripts/bench's budget table).
+//!
+//! Progress goes to stderr; the results go to stdout as Markdown.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use emisar::app::Application;
+use emisar::audit::{self, AuditFilter, AuditLog};
+use emisar::config::{RunnerConfig, RunnerEntry, ServerConfig};
+use emisar::db::Db;
+use emisar::runner::agent::{self, RunnerState};
+use emisar::tokens::Role;
+use rmcp::ServiceExt;
+use rmcp::model::{CallToolRequestParams, CallToolResult};
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+const RUNNER: &str = "bench-runner";
+const TOOL: &str = "linux.systemctl_restart";
+
+fn env_num(name: &str, default: u64) -> u64 {
+    match std::env::var(name) {
+        Ok(v) => v
+            .replace(['_', ','], "")
+            .parse()
+            .unwrap_or_else(|_| panic!("{name} must be a number, got `{v}`")),
+        Err(_) => default,
+    }
+}
+
+fn log(msg: impl AsRef<str>) {
+    eprintln!("[bench] {}", msg.as_ref());
+}
+
+/// Wall clock, ns since the epoch (what `date +%s%N` prints).
+fn now_ns() -> i128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("the clock is after 1970")
+        .as_nanos() as i128
+}
+
+/// Latency samples in nanoseconds (signed: two clocks' readings are subtracted).
+#[derive(Default)]
+struct Samples(Vec<i128>);
+
+impl Samples {
+    fn pct(&mut self, p: f64) -> f64 {
+        if self.0.is_empty() {
+            return f64::NAN;
+        }
+        self.0.sort_unstable();
+        let i = ((p / 100.0) * (self.0.len() - 1) as f64).round() as usize;
+        self.0[i] as f64 / 1e6
+    }
+}
+
+fn ms(v: f64) -> String {
+    if v.is_nan() {
+        "n/a".into()
+    } else if v < 10.0 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.1}")
+    }
+}
+
+/// Markdown for stdout and `key=value` lines for `BENCH_SUMMARY`.
+#[derive(Default)]
+struct Out {
+    report: String,
+    summary: String,
+}
+
+impl Out {
+    fn kv(&mut self, prefix: &str, key: &str, value: impl std::fmt::Display) {
+        use std::fmt::Write;
+        let _ = writeln!(self.summary, "{prefix}.{key}={value}");
+    }
+}
+
+/// The `systemctl` stand-in: `restart` appends the time it runs (ns since the epoch) to
+/// `record`; `show` prints a running unit (the tool's optional `after` step).
+fn write_standin(dir: &Path, record: &Path) -> PathBuf {
+    let script = format!(
+        "#!/bin/sh\nif [ \"$1\" = restart ]; then date +%s%N >> '{}'; fi\nif [ \"$1\" = show ]; then printf 'ActiveState=active\\nSubState=running\\nMainPID=4242\\n'; fi\nexit 0\n",
+        record.display()
+    );
+    let path = dir.join("systemctl");
+    std::fs::write(&path, script).expect("write the stand-in");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    path
+}
+
+fn recorded(record: &Path) -> Vec<i128> {
+    std::fs::read_to_string(record)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            l.trim()
+                .parse()
+                .expect("the stand-in writes ns since the epoch")
+        })
+        .collect()
+}
+
+/// The floor under any measurement here: spawning the stand-in directly (cleared
+/// environment, as the runner does) until its `date` has run.
+fn standin_floor(standin: &Path, path_env: &str, record: &Path, n: usize) -> Samples {
+    let mut s = Samples::default();
+    for _ in 0..n {
+        let before = recorded(record).len();
+        let t0 = now_ns();
+        let status = std::process::Command::new(standin)
+            .args(["restart", "--", "consul"])
+            .env_clear()
+            .env("PATH", path_env)
+            .env("LANG", "C.UTF-8")
+            .stdin(std::process::Stdio::null())
+            .status()
+            .expect("run the stand-in");
+        assert!(status.success());
+        let times = recorded(record);
+        assert_eq!(times.len(), before + 1);
+        s.0.push(times[before] - t0);
+    }
+    s
+}
+
+/// One measured approval, in ns since the epoch.
+struct Round {
+    id: String,
+    t0: i128,
+    posted: i128,
+    executed: i128,
+    returned: i128,
+}
+
+struct Rig {
+    base: String,
+    http: reqwest::Client,
+    approver_token: String,
+    agent_actor: String,
+    client: rmcp::service::RunningService<rmcp::RoleClient, ()>,
+    record: PathBuf,
+    db: Db,
+    stop: CancellationToken,
+}
+
+async fn start(url: &str, dir: &Path, tag: &str) -> (Rig, PathBuf, String) {
+    let private_key = dir.join("server.key");
+    let public_key = dir.join("server.pub");
+    emisar::signing::write_keypair(&private_key, &public_key).expect("keypair");
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).expect("bin dir");
+    let record = dir.join("restarts");
+    let standin = write_standin(&bin, &record);
+    let stop = CancellationToken::new();
+
+    let mut runner = RunnerConfig::with_name(RUNNER);
+    runner.listen = "127.0.0.1:0".into();
+    runner.server_public_key_file = Some(public_key.clone());
+    runner.exec_path = format!("{}:/usr/bin:/bin", bin.display());
+    runner.allowlists = BTreeMap::from([("systemd_units".to_owned(), vec!["consul".to_owned()])]);
+    let exec_path = runner.exec_path.clone();
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind runner");
+    let runner_url = format!("http://{}", listener.local_addr().expect("addr"));
+    let state = RunnerState::new(runner).expect("runner state");
+    tokio::spawn(agent::run(listener, state, stop.clone()));
+
+    let config = ServerConfig {
+        listen: "127.0.0.1:0".into(),
+        runners: vec![RunnerEntry {
+            name: RUNNER.into(),
+            url: runner_url,
+            packs: None,
+            labels: Default::default(),
+        }],
+        // Sequential calls only; the limiter must not be what is measured.
+        rate_limit_per_second: 1000,
+        rate_limit_burst: 1000,
+        approval_wait_secs: 600,
+        ..ServerConfig::with_signing_key(private_key)
+    };
+    let app = Application::build(config, url)
+        .await
+        .expect("the server builds");
+    let addr = app.local_addr();
+    let db = app.db().clone();
+    let app_stop = app.shutdown_token();
+    let outer = stop.clone();
+    tokio::spawn(async move {
+        outer.cancelled().await;
+        app_stop.cancel();
+    });
+    tokio::spawn(app.run_until_stopped());
+
+    // People and tokens, written as `emisar user add` / `emisar token issue` would.
+    let audit = AuditLog::start(db.clone());
+    let agent_name = format!("bench-agent-{tag}");
+    let approver = format!("bench-approver-{tag}");
+    let ttl = Duration::from_secs(24 * 3600);
+    let agent_token = emisar::tokens::issue(&db, &audit, &agent_name, Role::Agent, ttl, "bench")
+        .await
+        .expect("agent token")
+        .token;
+    emisar::users::add(
+        &db,
+        &audit,
+        &approver,
+        Role::Approver,
+        "bench-correct-horse-battery-staple",
+        "bench",
+    )
+    .await
+    .expect("approver (use a database without this bench's people)");
+    let approver_token =
+        emisar::tokens::issue(&db, &audit, &approver, Role::Approver, ttl, "bench")
+            .await
+            .expect("approver token")
+            .token;
+    drop(audit);
+
+    let transport = StreamableHttpClientTransport::from_config(
+        StreamableHttpClientTransportConfig::with_uri(format!("http://{addr}/mcp"))
+            .auth_header(agent_token),
+    );
+    let client = ().serve(transport).await.expect("MCP client connects");
+    (
+        Rig {
+            base: format!("http://{addr}"),
+            http: reqwest::Client::new(),
+            approver_token,
+            agent_actor: format!("agent:{agent_name}"),
+            client,
+            record,
+            db,
+            stop,
+        },
+        standin,
+        exec_path,
+    )
+}
+
+impl Rig {
+    /// The id of this bench's pending request, once it is listed.
+    async fn wait_pending(&self, seen: &std::collections::HashSet<String>) -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let res = self
+                .http
+                .get(format!("{}/api/approvals?state=pending", self.base))
+                .bearer_auth(&self.approver_token)
+                .send()
+                .await
+                .expect("list approvals");
+            assert_eq!(res.status(), 200);
+            let body: Value = res.json().await.expect("JSON");
+            let found = body["approvals"]
+                .as_array()
+                .expect("a list")
+                .iter()
+                .filter(|a| a["requester"] == self.agent_actor.as_str())
+                .filter_map(|a| a["id"].as_str())
+                .find(|id| !seen.contains(*id))
+                .map(str::to_owned);
+            if let Some(id) = found {
+                return id;
+            }
+            assert!(Instant::now() < deadline, "no pending request within 30 s");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    async fn round(
+        &self,
+        i: usize,
+        settle: Duration,
+        seen: &mut std::collections::HashSet<String>,
+    ) -> Round {
+        let before = recorded(&self.record).len();
+        let peer = self.client.peer().clone();
+        let params = CallToolRequestParams::new(TOOL.to_owned()).with_arguments(
+            json!({"unit": "consul", "runners": [RUNNER], "reason": format!("approval latency bench, round {i}")})
+                .as_object()
+                .expect("an object")
+                .clone(),
+        );
+        let call = tokio::spawn(async move {
+            let res: CallToolResult = peer.call_tool(params).await.expect("the call completes");
+            (res, now_ns())
+        });
+        let id = self.wait_pending(seen).await;
+        seen.insert(id.clone());
+        tokio::time::sleep(settle).await;
+
+        let request = self
+            .http
+            .post(format!("{}/api/approvals/{id}/approve", self.base))
+            .bearer_auth(&self.approver_token)
+            .json(&json!({}));
+        let t0 = now_ns();
+        let res = request.send().await.expect("approve");
+        let status = res.status();
+        let body = res.bytes().await.expect("approve body");
+        let posted = now_ns();
+        assert_eq!(
+            status,
+            200,
+            "approve refused: {}",
+            String::from_utf8_lossy(&body)
+        );
+        let (result, returned) = tokio::time::timeout(Duration::from_secs(60), call)
+            .await
+            .expect("the MCP call returns within 60 s")
+            .expect("the call task");
+        assert_eq!(result.is_error, Some(false), "{result:?}");
+        let out = result.structured_content.expect("structured content");
+        assert_eq!(out["approval"]["state"], "executed", "{out}");
+        let times = recorded(&self.record);
+        assert_eq!(times.len(), before + 1, "exactly one restart per approval");
+        Round {
+            id,
+            t0,
+            posted,
+            executed: times[before],
+            returned,
+        }
+    }
+}
+
+/// `at` of an audit event, ns since the epoch.
+fn at_ns(at: &str) -> i128 {
+    let t = chrono::DateTime::parse_from_rfc3339(at).expect("RFC 3339 `at`");
+    t.timestamp_nanos_opt().expect("in range") as i128
+}
+
+async fn run_backend(label: &str, prefix: &str, url: &str, out: &mut Out) {
+    use std::fmt::Write;
+    let n = env_num("BENCH_APPROVALS", 200) as usize;
+    let warmup = env_num("BENCH_APPROVAL_WARMUP", 10) as usize;
+    let settle = Duration::from_millis(env_num("BENCH_APPROVAL_SETTLE_MS", 20));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let tag = format!("{}-{prefix}", std::process::id());
+    log(format!("{label}: starting server and runner"));
+    let (rig, standin, exec_path) = start(url, dir.path(), &tag).await;
+
+    let mut seen = std::collections::HashSet::new();
+    log(format!("{label}: {warmup} warm-up approvals"));
+    for i in 0..warmup {
+        rig.round(i, settle, &mut seen).await;
+    }
+    log(format!("{label}: {n} timed approvals"));
+    let started = Instant::now();
+    let mut rounds = Vec::with_capacity(n);
+    for i in 0..n {
+        rounds.push(rig.round(warmup + i, settle, &mut seen).await);
+        if (i + 1) % 50 == 0 {
+            log(format!("  {} done", i + 1));
+        }
+    }
+    let wall = started.elapsed();
+
+    // Where the time goes, from the audit log's own stamps (`at` is taken when the writer
+    // picks up the batch, before its commit).
+    let mut approved = Samples::default();
+    let mut executing = Samples::default();
+    let mut exec_after_executing = Samples::default();
+    for r in &rounds {
+        let events = audit::query(
+            &rig.db,
+            &AuditFilter {
+                approval_id: Some(r.id.clone()),
+                limit: 100,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("audit query");
+        let at = |kind: &str| {
+            events
+                .iter()
+                .find(|e| e.kind == kind)
+                .map(|e| at_ns(&e.at))
+                .unwrap_or_else(|| panic!("no {kind} for approval {}", r.id))
+        };
+        let (a, x) = (at("approval.approved"), at("approval.executing"));
+        approved.0.push(a - r.t0);
+        executing.0.push(x - r.t0);
+        exec_after_executing.0.push(r.executed - x);
+    }
+    let mut click_to_exec = Samples(rounds.iter().map(|r| r.executed - r.t0).collect());
+    let mut click_to_answer = Samples(rounds.iter().map(|r| r.posted - r.t0).collect());
+    let mut click_to_result = Samples(rounds.iter().map(|r| r.returned - r.t0).collect());
+    let negative = click_to_exec.0.iter().filter(|&&d| d < 0).count();
+    let mut floor = standin_floor(&standin, &exec_path, &rig.record, n.min(100));
+
+    let p50 = click_to_exec.pct(50.0);
+    let p95 = click_to_exec.pct(95.0);
+    out.kv(prefix, "approval_rounds", n);
+    out.kv(prefix, "approval_click_to_exec_p50_ms", format!("{p50:.2}"));
+    out.kv(prefix, "approval_click_to_exec_p95_ms", format!("{p95:.2}"));
+    out.kv(
+        prefix,
+        "approval_click_to_exec_p99_ms",
+        format!("{:.2}", click_to_exec.pct(99.0)),
+    );
+    out.kv(
+        prefix,
+        "approval_click_to_exec_max_ms",
+        format!("{:.2}", click_to_exec.pct(100.0)),
+    );
+    out.kv(
+        prefix,
+        "approval_post_p95_ms",
+        format!("{:.2}", click_to_answer.pct(95.0)),
+    );
+    out.kv(
+        prefix,
+        "approval_mcp_result_p95_ms",
+        format!("{:.2}", click_to_result.pct(95.0)),
+    );
+
+    let r = &mut out.report;
+    let _ = writeln!(r, "\n#### {label}\n");
+    let _ = writeln!(
+        r,
+        "{n} approvals one after another (after {warmup} warm-up ones), {:.1} s in all; each \
+         clicked {} ms after the request was listed as pending. Times from t0, taken just \
+         before the approve POST is sent:\n",
+        wall.as_secs_f64(),
+        settle.as_millis()
+    );
+    let _ = writeln!(r, "| from the click (t0) until | p50 | p95 | p99 | max |");
+    let _ = writeln!(r, "|---|---:|---:|---:|---:|");
+    let row = |r: &mut String, what: &str, s: &mut Samples| {
+        let _ = writeln!(
+            r,
+            "| {what} | {} ms | {} ms | {} ms | {} ms |",
+            ms(s.pct(50.0)),
+            ms(s.pct(95.0)),
+            ms(s.pct(99.0)),
+            ms(s.pct(100.0))
+        );
+    };
+    row(
+        r,
+        "**the argv runs on the runner** (the stand-in's `date +%s%N`)",
+        &mut click_to_exec,
+    );
+    row(
+        r,
+        "the approve POST has answered 200 (body read)",
+        &mut click_to_answer,
+    );
+    row(
+        r,
+        "the agent's MCP call has returned its result",
+        &mut click_to_result,
+    );
+    row(
+        r,
+        "`approval.approved` is stamped (audit `at`)",
+        &mut approved,
+    );
+    row(
+        r,
+        "`approval.executing` is stamped (audit `at`)",
+        &mut executing,
+    );
+    let _ = writeln!(r, "\n| other intervals | p50 | p95 | p99 | max |");
+    let _ = writeln!(r, "|---|---:|---:|---:|---:|");
+    row(
+        r,
+        "`approval.executing` stamped → the argv runs (the claim's durable append and commit, signing, runner HTTP and checks, fork/exec)",
+        &mut exec_after_executing,
+    );
+    row(
+        r,
+        "floor: the bench spawns the stand-in itself → its `date` runs (sh + date fork/exec)",
+        &mut floor,
+    );
+    if negative > 0 {
+        let _ = writeln!(
+            r,
+            "\n{negative} rounds had the stand-in's time before t0: the wall clock stepped."
+        );
+    }
+
+    rig.client.cancel().await.expect("MCP client closes");
+    rig.stop.cancel();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    rig.db.close().await;
+    log(format!(
+        "{label}: click → exec p50 {} ms, p95 {} ms",
+        ms(p50),
+        ms(p95)
+    ));
+}
+
+#[tokio::main]
+async fn main() {
+    use std::fmt::Write;
+    let mut out = Out::default();
+    // `cargo bench` passes `--bench`; nothing else is accepted.
+    if std::env::args().skip(1).any(|a| a != "--bench") {
+        eprintln!(
+            "usage: DATABASE_URL=postgres://… cargo bench --bench approval (settings by env, see the file header)"
+        );
+        std::process::exit(2);
+    }
+    let _ = writeln!(
+        out.report,
+        "\nIncluded in \"the argv runs\": the approve POST over loopback HTTP (bearer token \
+         lookup), the row lock and the audit append of `approval.approved` (durable) and its \
+         commit, the spawned execution's claim (row lock, audit append of \
+         `approval.executing`, commit), signing the call token, the HTTP call to the runner, \
+         the runner's checks (token, digests, approval id, allowlist) and the fork/exec of \
+         the stand-in up to its `date` (see the floor). An audit `at` is stamped when the \
+         audit writer starts the batch the event is in, before that batch commits. Server, \
+         runner and bench client share one process and its {} tokio workers; the database server shares the cores.",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    match std::env::var("DATABASE_URL") {
+        Ok(url) if url.starts_with("postgres") => {
+            run_backend("PostgreSQL", "pg", &url, &mut out).await;
+        }
+        _ => log("DATABASE_URL is not a postgres:// URL: skipping PostgreSQL"),
+    }
+    if env_num("BENCH_APPROVAL_SQLITE", 1) != 0 {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = format!("sqlite://{}", dir.path().join("emisar.db").display());
+        run_backend("SQLite (WAL)", "sqlite", &url, &mut out).await;
+    }
+    if let Ok(path) = std::env::var("BENCH_SUMMARY") {
+        std::fs::write(&path, &out.summary).expect("write BENCH_SUMMARY");
+    }
+    print!("{}", out.report);
+}

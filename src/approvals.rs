@@ -446,37 +446,48 @@ impl Approvals {
 
     /// Stores a new pending request; its `approval.requested` event must already be durable.
     pub async fn insert(&self, a: &Approval) -> Result<(), ApprovalError> {
+        // One column list, one bind order; only the casts differ between the backends.
+        macro_rules! insert {
+            ($sql:expr) => {
+                sqlx::query($sql)
+                    .bind(&a.id)
+                    .bind(&a.call_id)
+                    .bind(&a.tool)
+                    .bind(&a.risk)
+                    .bind(text(&a.args))
+                    .bind(text(&a.shown_args))
+                    .bind(text(&a.runners))
+                    .bind(a.runner_chosen)
+                    .bind(a.raw)
+                    .bind(&a.reason)
+                    .bind(&a.requester)
+                    .bind(&a.requester_name)
+                    .bind(&a.pack_sha256)
+                    .bind(a.preview.as_ref().map(text))
+                    .bind(a.required_approvals as i32)
+                    .bind(text(&a.approvals))
+                    .bind(a.state.as_str())
+                    .bind(&a.note)
+                    .bind(&a.decided_by)
+                    .bind(a.result.as_ref().map(text))
+                    .bind(&a.created_at)
+                    .bind(&a.expires_at)
+                    .bind(&a.updated_at)
+            };
+        }
         self.db
             .guard(async {
                 match self.db.pool() {
                     Pool::Pg(pool) => {
                         let mut tx = pool.begin().await?;
-                        sqlx::query("INSERT INTO approvals (id, call_id, tool, risk, args, shown_args, runners, runner_chosen, raw, reason, requester, requester_name, pack_sha256, preview, required_approvals, approvals, state, note, decided_by, result, created_at, expires_at, updated_at) VALUES ($1,$2,$3,$4,$5::jsonb,$6::jsonb,$7::jsonb,$8,$9,$10,$11,$12,$13,$14::jsonb,$15,$16::jsonb,$17,$18,$19,$20::jsonb,$21::timestamptz,$22::timestamptz,$23::timestamptz)")
-                            .bind(&a.id).bind(&a.call_id).bind(&a.tool).bind(&a.risk)
-                            .bind(text(&a.args)).bind(text(&a.shown_args)).bind(text(&a.runners))
-                            .bind(a.runner_chosen).bind(a.raw).bind(&a.reason).bind(&a.requester)
-                            .bind(&a.requester_name).bind(&a.pack_sha256)
-                            .bind(a.preview.as_ref().map(text))
-                            .bind(a.required_approvals as i32).bind(text(&a.approvals))
-                            .bind(a.state.as_str()).bind(&a.note).bind(&a.decided_by)
-                            .bind(a.result.as_ref().map(text))
-                            .bind(&a.created_at).bind(&a.expires_at).bind(&a.updated_at)
+                        insert!("INSERT INTO approvals (id, call_id, tool, risk, args, shown_args, runners, runner_chosen, raw, reason, requester, requester_name, pack_sha256, preview, required_approvals, approvals, state, note, decided_by, result, created_at, expires_at, updated_at) VALUES ($1,$2,$3,$4,$5::jsonb,$6::jsonb,$7::jsonb,$8,$9,$10,$11,$12,$13,$14::jsonb,$15,$16::jsonb,$17,$18,$19,$20::jsonb,$21::timestamptz,$22::timestamptz,$23::timestamptz)")
                             .execute(&mut *tx)
                             .await?;
                         notify(&mut tx, a).await?;
                         tx.commit().await
                     }
                     Pool::Sqlite(pool) => {
-                        sqlx::query("INSERT INTO approvals (id, call_id, tool, risk, args, shown_args, runners, runner_chosen, raw, reason, requester, requester_name, pack_sha256, preview, required_approvals, approvals, state, note, decided_by, result, created_at, expires_at, updated_at) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22,$23)")
-                            .bind(&a.id).bind(&a.call_id).bind(&a.tool).bind(&a.risk)
-                            .bind(text(&a.args)).bind(text(&a.shown_args)).bind(text(&a.runners))
-                            .bind(a.runner_chosen).bind(a.raw).bind(&a.reason).bind(&a.requester)
-                            .bind(&a.requester_name).bind(&a.pack_sha256)
-                            .bind(a.preview.as_ref().map(text))
-                            .bind(a.required_approvals as i32).bind(text(&a.approvals))
-                            .bind(a.state.as_str()).bind(&a.note).bind(&a.decided_by)
-                            .bind(a.result.as_ref().map(text))
-                            .bind(&a.created_at).bind(&a.expires_at).bind(&a.updated_at)
+                        insert!("INSERT INTO approvals (id, call_id, tool, risk, args, shown_args, runners, runner_chosen, raw, reason, requester, requester_name, pack_sha256, preview, required_approvals, approvals, state, note, decided_by, result, created_at, expires_at, updated_at) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22,$23)")
                             .execute(pool)
                             .await
                             .map(|_| ())

@@ -680,38 +680,19 @@ impl Gateway {
             raw,
             approval_id: None,
         };
-        let results = futures::future::join_all(targets.iter().map(|name| {
-            let dispatch = &dispatch;
-            let (actor, reason, audited_args, call_id) = (&actor, &reason, &audited_args, &call_id);
-            async move {
-                let started = Instant::now();
-                let answer = self.dispatch_one(name, tool, dispatch).await;
-                let elapsed = started.elapsed();
-                let mut result = to_result(name, answer, elapsed.as_millis() as u64);
-                crate::metrics::runner_call(
-                    &tool.name,
-                    name,
-                    if result.ok { "ok" } else { "error" },
-                    elapsed.as_secs_f64(),
-                );
-                let recorded = self
-                    .audit_outcome(actor, tool.name.as_str(), name, audited_args, reason, call_id, None, &result)
-                    .await;
-                if let Err(e) = recorded {
-                    // Nothing leaves emisar that is not on the record: withhold the result.
-                    result = RunnerResult {
-                        ok: false,
-                        output: None,
-                        truncated: false,
-                        error: Some(format!(
-                            "the call ran on `{name}`, but its outcome could not be recorded ({e}); the result is withheld"
-                        )),
-                        ..result
-                    };
-                }
-                result
-            }
-        }))
+        let record = Record {
+            actor: &actor,
+            tool: &tool.name,
+            args: &audited_args,
+            reason: reason.as_deref(),
+            call_id: &call_id,
+            approval_id: None,
+        };
+        let results = futures::future::join_all(
+            targets
+                .iter()
+                .map(|name| self.run_on(name, tool, &dispatch, &record)),
+        )
         .await;
         let outcome = CallOutcome {
             call_id,
@@ -865,19 +846,44 @@ impl Gateway {
         }
     }
 
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "one audit event's fields, all needed"
-    )]
+    /// Steps 6 and 7 for one runner: dispatch (through its breaker), count, record the
+    /// outcome. Nothing leaves emisar that is not on the record: a result whose outcome
+    /// could not be recorded is withheld.
+    async fn run_on(
+        &self,
+        name: &str,
+        tool: &ToolRef,
+        dispatch: &Dispatch<'_>,
+        record: &Record<'_>,
+    ) -> RunnerResult {
+        let started = Instant::now();
+        let answer = self.dispatch_one(name, tool, dispatch).await;
+        let elapsed = started.elapsed();
+        let mut result = to_result(name, answer, elapsed.as_millis() as u64);
+        crate::metrics::runner_call(
+            record.tool,
+            name,
+            if result.ok { "ok" } else { "error" },
+            elapsed.as_secs_f64(),
+        );
+        if let Err(e) = self.audit_outcome(name, record, &result).await {
+            result = RunnerResult {
+                ok: false,
+                output: None,
+                truncated: false,
+                error: Some(format!(
+                    "the call ran on `{name}`, but its outcome could not be recorded ({e}); the result is withheld"
+                )),
+                ..result
+            };
+        }
+        result
+    }
+
     async fn audit_outcome(
         &self,
-        actor: &str,
-        tool: &str,
         runner: &str,
-        args: &Value,
-        reason: &Option<String>,
-        call_id: &str,
-        approval_id: Option<&str>,
+        r: &Record<'_>,
         result: &RunnerResult,
     ) -> Result<(), AuditError> {
         let (kind, outcome) = if result.ok {
@@ -894,20 +900,20 @@ impl Gateway {
             detail["excerpt"] = json!(text.chars().take(500).collect::<String>());
         }
         let event = NewEvent {
-            actor: actor.to_owned(),
+            actor: r.actor.to_owned(),
             kind: kind.into(),
-            tool: Some(tool.to_owned()),
+            tool: Some(r.tool.to_owned()),
             runner: Some(runner.to_owned()),
-            args: Some(args.clone()),
-            reason: reason.clone(),
-            call_id: Some(call_id.to_owned()),
-            approval_id: approval_id.map(str::to_owned),
+            args: Some(r.args.clone()),
+            reason: r.reason.map(str::to_owned),
+            call_id: Some(r.call_id.to_owned()),
+            approval_id: r.approval_id.map(str::to_owned),
             outcome: Some(outcome.into()),
             result_digest: result.output.as_ref().map(json_digest),
             detail: Some(detail),
         };
         self.audit.append(event).await.map(|_| ()).inspect_err(|e| {
-            tracing::error!(error = %e, tool, runner, call_id, "could not audit a call outcome");
+            tracing::error!(error = %e, tool = r.tool, runner, call_id = r.call_id, "could not audit a call outcome");
         })
     }
 
@@ -971,6 +977,16 @@ fn to_result(
             duration_ms: elapsed_ms,
         },
     }
+}
+
+/// Who and what one runner's outcome is recorded under.
+struct Record<'a> {
+    actor: &'a str,
+    tool: &'a str,
+    args: &'a Value,
+    reason: Option<&'a str>,
+    call_id: &'a str,
+    approval_id: Option<&'a str>,
 }
 
 /// A call that needs approval, after validation and policy.
@@ -1385,52 +1401,30 @@ impl Gateway {
                 )),
             );
         }
-        let results = futures::future::join_all(row.runners.iter().map(|name| async move {
-            let vars = row.preview_vars(name);
-            let dispatch = Dispatch {
-                call_id: &row.call_id,
-                tool: &row.tool,
-                pack_sha256: &row.pack_sha256,
-                args: &row.args,
-                mode: Mode::Execute,
-                preview: vars.as_ref(),
-                raw: row.raw,
-                approval_id: Some(&row.id),
-            };
-            let started = Instant::now();
-            let answer = self.dispatch_one(name, tool, &dispatch).await;
-            let elapsed = started.elapsed();
-            let mut result = to_result(name, answer, elapsed.as_millis() as u64);
-            crate::metrics::runner_call(
-                &row.tool,
-                name,
-                if result.ok { "ok" } else { "error" },
-                elapsed.as_secs_f64(),
-            );
-            let recorded = self
-                .audit_outcome(
-                    &row.requester,
-                    &row.tool,
-                    name,
-                    &row.shown_args,
-                    &Some(row.reason.clone()),
-                    &row.call_id,
-                    Some(&row.id),
-                    &result,
-                )
-                .await;
-            if let Err(e) = recorded {
-                result = RunnerResult {
-                    ok: false,
-                    output: None,
-                    truncated: false,
-                    error: Some(format!(
-                        "the call ran on `{name}`, but its outcome could not be recorded ({e}); the result is withheld"
-                    )),
-                    ..result
+        let record = Record {
+            actor: &row.requester,
+            tool: &row.tool,
+            args: &row.shown_args,
+            reason: Some(&row.reason),
+            call_id: &row.call_id,
+            approval_id: Some(&row.id),
+        };
+        let results = futures::future::join_all(row.runners.iter().map(|name| {
+            let record = &record;
+            async move {
+                let vars = row.preview_vars(name);
+                let dispatch = Dispatch {
+                    call_id: &row.call_id,
+                    tool: &row.tool,
+                    pack_sha256: &row.pack_sha256,
+                    args: &row.args,
+                    mode: Mode::Execute,
+                    preview: vars.as_ref(),
+                    raw: row.raw,
+                    approval_id: Some(&row.id),
                 };
+                self.run_on(name, tool, &dispatch, record).await
             }
-            result
         }))
         .await;
         (results, None)

@@ -16,8 +16,8 @@ use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Value, json};
 
 use crate::approvals::{
-    Portal, add_user, call_in_background, kinds_and_actors, restart_app, restart_args, restarts,
-    systemctl_standin, wait_for_pending,
+    Portal, add_user, call_in_background, finished, kinds_and_actors, restart_app, restart_args,
+    restarts, systemctl_standin, wait_for_pending,
 };
 use crate::harness::Backend;
 use crate::harness::app::{Options, TestApp};
@@ -88,14 +88,9 @@ async fn a_waiting_call_sends_progress_until_the_decision() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let (status, body) = alice
-        .post(&format!("/api/approvals/{id}/approve"), json!({}), true)
-        .await;
+    let (status, body) = alice.approve(&id).await;
     assert_eq!(status, 200, "{body}");
-    let res = tokio::time::timeout(Duration::from_secs(20), call)
-        .await
-        .unwrap()
-        .unwrap();
+    let res = finished(call).await;
     assert_eq!(res.is_error, Some(false), "{res:?}");
     assert_eq!(restarts(&record), 1);
     let seen = watcher.progress.lock().unwrap().clone();
@@ -188,14 +183,9 @@ async fn an_agent_checks_and_waits_again_on_its_own_requests_only() {
         json!({"approval_id": id, "reason": "waiting for the restart"}),
     );
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let (status, body) = alice
-        .post(&format!("/api/approvals/{id}/approve"), json!({}), true)
-        .await;
+    let (status, body) = alice.approve(&id).await;
     assert_eq!(status, 200, "{body}");
-    let res = tokio::time::timeout(Duration::from_secs(20), waiting)
-        .await
-        .unwrap()
-        .unwrap();
+    let res = finished(waiting).await;
     // approval_wait itself returns after the configured 1 s wait; ask again if so.
     let mut out = res.structured_content.unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -242,9 +232,7 @@ async fn a_cancelled_call_withdraws_its_pending_request() {
         assert!(Instant::now() < deadline, "the request was not withdrawn");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let (status, body) = alice
-        .post(&format!("/api/approvals/{id}/approve"), json!({}), true)
-        .await;
+    let (status, body) = alice.approve(&id).await;
     assert_eq!(status, 409, "{body}");
     assert_eq!(restarts(&record), 0);
     let trail = kinds_and_actors(&app, &id).await;

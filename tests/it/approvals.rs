@@ -105,7 +105,13 @@ impl Portal {
         (res.status().as_u16(), res.json().await.unwrap())
     }
 
-    /// Waits for the next `approval` server-sent event; returns it and how long it took.
+    /// Approves request `id` as the page does (with the CSRF token).
+    pub async fn approve(&self, id: &str) -> (u16, Value) {
+        self.post(&format!("/api/approvals/{id}/approve"), json!({}), true)
+            .await
+    }
+
+    /// Opens the server-sent event stream of approval changes.
     pub async fn events(&self) -> reqwest::Response {
         let res = self
             .http
@@ -140,6 +146,14 @@ async fn next_approval_event(stream: &mut reqwest::Response, buf: &mut String) -
             .expect("the stream stays open");
         buf.push_str(&String::from_utf8_lossy(&chunk));
     }
+}
+
+/// The result of a call started with [`call_in_background`], within 20 s.
+pub(crate) async fn finished(call: tokio::task::JoinHandle<CallToolResult>) -> CallToolResult {
+    tokio::time::timeout(Duration::from_secs(20), call)
+        .await
+        .expect("the call returns within 20 s")
+        .unwrap()
 }
 
 /// Starts an MCP call in the background; the handle yields its result.
@@ -253,14 +267,9 @@ async fn approved_restart_runs_once_and_returns_its_result(backend: Backend) {
     );
     assert_eq!(restarts(&record), 0, "nothing runs before approval");
 
-    let (status, body) = alice
-        .post(&format!("/api/approvals/{id}/approve"), json!({}), true)
-        .await;
+    let (status, body) = alice.approve(&id).await;
     assert_eq!(status, 200, "{body}");
-    let res = tokio::time::timeout(Duration::from_secs(20), call)
-        .await
-        .unwrap()
-        .unwrap();
+    let res = finished(call).await;
     assert_eq!(res.is_error, Some(false), "{res:?}");
     let out = res.structured_content.unwrap();
     assert_eq!(out["approval"]["state"], "executed", "{out}");
@@ -316,9 +325,7 @@ async fn approved_restart_runs_once_and_returns_its_result(backend: Backend) {
     assert_eq!(done["state"], "executed");
     assert_eq!(done["approvals"][0]["user"], "alice");
     // A second approval of a used request is refused, and nothing runs again.
-    let (status, body) = alice
-        .post(&format!("/api/approvals/{id}/approve"), json!({}), true)
-        .await;
+    let (status, body) = alice.approve(&id).await;
     assert_eq!(status, 409, "{body}");
     assert_eq!(restarts(&record), 1);
     app.verify_with_cli();
@@ -357,10 +364,7 @@ async fn denied_request_tells_the_agent_why(backend: Backend) {
         )
         .await;
     assert_eq!(status, 200, "{body}");
-    let res = tokio::time::timeout(Duration::from_secs(20), call)
-        .await
-        .unwrap()
-        .unwrap();
+    let res = finished(call).await;
     assert_eq!(res.is_error, Some(true));
     let text = format!("{:?}", res.content);
     assert!(text.contains("denied by approver:bob"), "{text}");
@@ -417,9 +421,7 @@ async fn approvals_refuse_what_they_should() {
         .as_str()
         .unwrap()
         .to_owned();
-    let (status, body) = me
-        .post(&format!("/api/approvals/{id}/approve"), json!({}), true)
-        .await;
+    let (status, body) = me.approve(&id).await;
     assert_eq!(status, 403, "{body}");
     assert!(
         body["error"]
@@ -429,9 +431,7 @@ async fn approvals_refuse_what_they_should() {
         "{body}"
     );
     // An auditor reads but does not decide.
-    let (status, body) = dave
-        .post(&format!("/api/approvals/{id}/approve"), json!({}), true)
-        .await;
+    let (status, body) = dave.approve(&id).await;
     assert_eq!(status, 403, "{body}");
     // A cookie without the CSRF token changes nothing.
     let (status, body) = carol
@@ -447,9 +447,7 @@ async fn approvals_refuse_what_they_should() {
     let past = emisar::audit::format_at(chrono::Utc::now() - chrono::Duration::seconds(1));
     emisar::with_pool!(&app.db, pool => sqlx::query("UPDATE approvals SET expires_at = $1 WHERE id = $2")
         .bind(&past).bind(&id).execute(pool).await.map(|_| ())).unwrap();
-    let (status, body) = carol
-        .post(&format!("/api/approvals/{id}/approve"), json!({}), true)
-        .await;
+    let (status, body) = carol.approve(&id).await;
     assert_eq!(status, 403, "{body}");
     assert!(
         body["error"].as_str().unwrap().contains("expired"),
@@ -625,14 +623,9 @@ async fn nomad_resize_shows_the_plan_and_refuses_a_moved_job() {
         93,
         "the preview writes nothing"
     );
-    let (status, body) = alice
-        .post(&format!("/api/approvals/{id}/approve"), json!({}), true)
-        .await;
+    let (status, body) = alice.approve(&id).await;
     assert_eq!(status, 200, "{body}");
-    let res = tokio::time::timeout(Duration::from_secs(20), call)
-        .await
-        .unwrap()
-        .unwrap();
+    let res = finished(call).await;
     assert_eq!(res.is_error, Some(false), "{res:?}");
     let job = nomad.job("traefik");
     assert_eq!(
@@ -652,14 +645,9 @@ async fn nomad_resize_shows_the_plan_and_refuses_a_moved_job() {
         .as_u64()
         .unwrap();
     let moved = nomad.bump_job("traefik");
-    let (status, body) = alice
-        .post(&format!("/api/approvals/{id}/approve"), json!({}), true)
-        .await;
+    let (status, body) = alice.approve(&id).await;
     assert_eq!(status, 200, "{body}");
-    let res = tokio::time::timeout(Duration::from_secs(20), call)
-        .await
-        .unwrap()
-        .unwrap();
+    let res = finished(call).await;
     assert_eq!(res.is_error, Some(true), "{res:?}");
     let (_, done) = alice.get(&format!("/api/approvals/{id}")).await;
     assert_eq!(done["state"], "failed", "{done}");
@@ -720,10 +708,7 @@ async fn two_replicas_two_approvers_one_execution() {
     let mut statuses = [ra.0, rb.0];
     statuses.sort();
     assert_eq!(statuses, [200, 409], "{ra:?} {rb:?}");
-    let res = tokio::time::timeout(Duration::from_secs(20), call)
-        .await
-        .unwrap()
-        .unwrap();
+    let res = finished(call).await;
     assert_eq!(res.is_error, Some(false), "{res:?}");
     // Give a (wrong) second execution time to show up.
     tokio::time::sleep(Duration::from_secs(1)).await;

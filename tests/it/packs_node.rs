@@ -1,11 +1,10 @@
 //! The node-scoped packs: linux and debian on this machine, linux.systemctl_restart through a
 //! recording stand-in (there is no systemd here), and FRR for real in network namespaces.
 
-use std::os::unix::fs::PermissionsExt;
-
 use emisar::runner::Mode;
 use serde_json::json;
 
+use crate::approvals::systemctl_standin;
 use crate::harness::app::Options;
 use crate::harness::frr::FrrPair;
 use crate::harness::tools::only_output as output;
@@ -75,19 +74,6 @@ async fn linux_uptime_and_debian_kernel_info_read_this_machine() {
     );
     assert!(k["installed_kernel_images"].is_array());
     client.cancel().await.unwrap();
-}
-
-/// A `systemctl` that records its argv and answers `show` like systemd would.
-fn systemctl_standin(dir: &std::path::Path) -> std::path::PathBuf {
-    let record = dir.join("systemctl.argv");
-    let script = format!(
-        "#!/bin/sh\nprintf '%s\\n' \"$*\" >> '{}'\nif [ \"$1\" = show ]; then printf 'ActiveState=active\\nSubState=running\\nMainPID=4242\\n'; fi\nexit 0\n",
-        record.display()
-    );
-    let path = dir.join("systemctl");
-    std::fs::write(&path, script).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-    record
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -30,6 +30,7 @@ use tokio::sync::broadcast;
 
 use crate::audit::{AuditError, AuditLog, NewEvent, format_at};
 use crate::db::{Db, Pool};
+use crate::with_pool;
 
 /// The PostgreSQL channel that carries approval changes between replicas.
 const CHANNEL: &str = "emisar_approvals";
@@ -499,34 +500,33 @@ impl Approvals {
         Ok(())
     }
 
+    /// The columns to select, per backend (PostgreSQL hands JSON and times back as text).
+    fn columns(&self) -> &'static str {
+        match self.db.pool() {
+            Pool::Pg(_) => PG_COLUMNS,
+            Pool::Sqlite(_) => SQLITE_COLUMNS,
+        }
+    }
+
+    /// `$n::cast` on PostgreSQL, `$n` on SQLite (which has neither the types nor the casts).
+    fn cast(&self, sql: &str) -> String {
+        match self.db.pool() {
+            Pool::Pg(_) => sql.to_owned(),
+            Pool::Sqlite(_) => sql.replace("::text", "").replace("::timestamptz", ""),
+        }
+    }
+
     pub async fn get(&self, id: &str) -> Result<Approval, ApprovalError> {
+        let sql = format!("SELECT {} FROM approvals WHERE id = $1", self.columns());
         let row = self
             .db
             .guard(async {
-                match self.db.pool() {
-                    Pool::Pg(pool) => {
-                        let sql = format!("SELECT {PG_COLUMNS} FROM approvals WHERE id = $1");
-                        match sqlx::query(AssertSqlSafe(sql))
-                            .bind(id)
-                            .fetch_optional(pool)
-                            .await?
-                        {
-                            Some(r) => from_row(&r).map(Some),
-                            None => Ok(None),
-                        }
+                with_pool!(self.db, pool => {
+                    match sqlx::query(AssertSqlSafe(sql)).bind(id).fetch_optional(pool).await? {
+                        Some(r) => from_row(&r).map(Some),
+                        None => Ok(None),
                     }
-                    Pool::Sqlite(pool) => {
-                        let sql = format!("SELECT {SQLITE_COLUMNS} FROM approvals WHERE id = $1");
-                        match sqlx::query(AssertSqlSafe(sql))
-                            .bind(id)
-                            .fetch_optional(pool)
-                            .await?
-                        {
-                            Some(r) => from_row(&r).map(Some),
-                            None => Ok(None),
-                        }
-                    }
-                }
+                })
             })
             .await?;
         row.ok_or_else(|| ApprovalError::NotFound(id.to_owned()))
@@ -539,45 +539,31 @@ impl Approvals {
         requester_name: Option<&str>,
         limit: i64,
     ) -> Result<Vec<Approval>, ApprovalError> {
+        let sql = self.cast(&format!(
+            "SELECT {} FROM approvals WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR requester_name = $2) ORDER BY created_at DESC, id LIMIT $3",
+            self.columns()
+        ));
         let rows = self
             .db
             .guard(async {
-                let filter = "WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR requester_name = $2) ORDER BY created_at DESC, id LIMIT $3";
-                match self.db.pool() {
-                    Pool::Pg(pool) => {
-                        let sql = format!("SELECT {PG_COLUMNS} FROM approvals {filter}");
-                        sqlx::query(AssertSqlSafe(sql))
-                            .bind(state.map(State::as_str))
-                            .bind(requester_name)
-                            .bind(limit)
-                            .fetch_all(pool)
-                            .await?
-                            .iter()
-                            .map(from_row)
-                            .collect::<Result<Vec<_>, _>>()
-                    }
-                    Pool::Sqlite(pool) => {
-                        let sql = format!(
-                            "SELECT {SQLITE_COLUMNS} FROM approvals {}",
-                            filter.replace("::text", "")
-                        );
-                        sqlx::query(AssertSqlSafe(sql))
-                            .bind(state.map(State::as_str))
-                            .bind(requester_name)
-                            .bind(limit)
-                            .fetch_all(pool)
-                            .await?
-                            .iter()
-                            .map(from_row)
-                            .collect::<Result<Vec<_>, _>>()
-                    }
-                }
+                with_pool!(self.db, pool => {
+                    sqlx::query(AssertSqlSafe(sql))
+                        .bind(state.map(State::as_str))
+                        .bind(requester_name)
+                        .bind(limit)
+                        .fetch_all(pool)
+                        .await?
+                        .iter()
+                        .map(from_row)
+                        .collect::<Result<Vec<_>, _>>()
+                })
             })
             .await?;
         Ok(rows)
     }
 
-    /// Ids in `state` last changed before `before` (for the sweeper).
+    /// Ids in `state` last changed (or, `by_expiry`, expiring) before `before`, for the
+    /// sweeper.
     pub async fn ids_in(
         &self,
         state: State,
@@ -589,29 +575,19 @@ impl Approvals {
         } else {
             "updated_at"
         };
+        let sql = self.cast(&format!(
+            "SELECT id FROM approvals WHERE state = $1 AND {column} <= $2::timestamptz LIMIT 100"
+        ));
         let ids = self
             .db
             .guard(async {
-                match self.db.pool() {
-                    Pool::Pg(pool) => {
-                        sqlx::query_scalar::<_, String>(AssertSqlSafe(format!(
-                            "SELECT id FROM approvals WHERE state = $1 AND {column} <= $2::timestamptz LIMIT 100"
-                        )))
+                with_pool!(self.db, pool => {
+                    sqlx::query_scalar::<_, String>(AssertSqlSafe(sql))
                         .bind(state.as_str())
                         .bind(before)
                         .fetch_all(pool)
                         .await
-                    }
-                    Pool::Sqlite(pool) => {
-                        sqlx::query_scalar::<_, String>(AssertSqlSafe(format!(
-                            "SELECT id FROM approvals WHERE state = $1 AND {column} <= $2 LIMIT 100"
-                        )))
-                        .bind(state.as_str())
-                        .bind(before)
-                        .fetch_all(pool)
-                        .await
-                    }
-                }
+                })
             })
             .await?;
         Ok(ids)

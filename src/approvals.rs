@@ -661,8 +661,9 @@ impl Approvals {
         Ok(Some(written))
     }
 
-    /// Ends an execution: `executing` → `state`, with the call's outcome. Its audit events
-    /// are the per-runner outcomes, written before this.
+    /// Ends an execution: `executing` → `state`, with the call's outcome. When runners were
+    /// called, their per-runner outcome events (written before this) record it; when none
+    /// was (the execution failed before dispatch), it is recorded here as `call.failed`.
     pub async fn finish(
         &self,
         id: &str,
@@ -677,12 +678,22 @@ impl Approvals {
                     wanted: "executing",
                 });
             }
+            let nothing_ran = result["results"].as_array().is_none_or(Vec::is_empty);
+            let event = nothing_ran.then(|| {
+                let mut e = r.event(
+                    &r.requester,
+                    crate::audit::kind::CALL_FAILED,
+                    json!({"error": note, "state": state}),
+                );
+                e.outcome = Some("error".into());
+                e
+            });
             let mut row = r.clone();
             row.state = state;
             row.result = Some(result);
             row.note = note;
             row.updated_at = format_at(Utc::now());
-            Ok(Change { row, event: None })
+            Ok(Change { row, event })
         })
         .await
         .map(|_| ())

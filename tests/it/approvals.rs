@@ -730,3 +730,88 @@ async fn two_replicas_two_approvers_one_execution() {
     a.assert_chain_intact().await;
     client.cancel().await.unwrap();
 }
+
+/// A replica whose pack differs from the one the request was made under refuses to run it:
+/// the request ends `failed`, audited, and nothing runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_never_runs_under_a_changed_pack() {
+    let changed = tempfile::tempdir().unwrap();
+    let original =
+        std::fs::read_to_string(crate::mcp_calls::fixtures_dir().join("testkit.yaml")).unwrap();
+    std::fs::write(
+        changed.path().join("testkit.yaml"),
+        format!("{original}\n# edited after the request\n"),
+    )
+    .unwrap();
+    let a = spawn_app(
+        Backend::Postgres,
+        vec![RunnerSpec::new("node-1")],
+        Options {
+            packs_dir: Some(crate::mcp_calls::fixtures_dir()),
+            approval_wait_secs: Some(1),
+            ..Default::default()
+        },
+    )
+    .await;
+    let b = spawn_app(
+        Backend::Postgres,
+        vec![RunnerSpec::new("node-1")],
+        Options {
+            packs_dir: Some(changed.path().to_owned()),
+            database_url: Some(a.database_url.clone()),
+            keys: Some((a.private_key.clone(), a.public_key.clone())),
+            ..Default::default()
+        },
+    )
+    .await;
+    let password = add_user(&a, "bob", Role::Approver).await;
+    let bob = Portal::login(&b, "bob", &password).await;
+    let client = a.mcp_client().await;
+    let marker = a.dir.path().join("touched");
+    let res = crate::mcp_calls::call(
+        &client,
+        "testkit.touch",
+        json!({"runners": ["node-1"], "reason": "touch it", "path": marker.to_str().unwrap()}),
+    )
+    .await;
+    let id = res.structured_content.unwrap()["approval"]["approval_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (status, body) = bob.approve(&id).await;
+    assert_eq!(status, 200, "{body}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let done = loop {
+        let (_, row) = bob.get(&format!("/api/approvals/{id}")).await;
+        if row["state"] != "approved" && row["state"] != "executing" {
+            break row;
+        }
+        assert!(Instant::now() < deadline, "{row}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(done["state"], "failed", "{done}");
+    assert!(
+        done["note"]
+            .as_str()
+            .unwrap()
+            .contains("pack `testkit` changed since the request"),
+        "{done}"
+    );
+    assert!(!marker.exists(), "nothing ran");
+    let kinds: Vec<String> = kinds_and_actors(&a, &id)
+        .await
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "approval.requested",
+            "approval.approved",
+            "approval.executing",
+            "call.failed"
+        ]
+    );
+    a.assert_chain_intact().await;
+    client.cancel().await.unwrap();
+}

@@ -161,6 +161,12 @@ pub enum UserCommand {
         #[command(flatten)]
         db: DbArg,
     },
+    /// Remove a person: their sessions end and their API tokens are revoked.
+    Remove {
+        name: String,
+        #[command(flatten)]
+        db: DbArg,
+    },
     /// Issue an API token that acts as this person (for `emisar approvals` and scripts).
     Token {
         name: String,
@@ -803,6 +809,12 @@ async fn user(command: UserCommand) -> anyhow::Result<()> {
                 println!("password: {password}");
                 eprintln!("The password is shown once; it is stored only as an argon2 hash.");
             }
+        }
+        UserCommand::Remove { name, db } => {
+            let db = db.connect().await?;
+            let audit = AuditLog::start(db.clone());
+            crate::users::remove(&db, &audit, &name, &cli_actor()).await?;
+            println!("removed {name}: sessions ended, API tokens revoked");
         }
         UserCommand::Token { name, ttl, db } => {
             let ttl = crate::tokens::parse_ttl(&ttl).map_err(anyhow::Error::msg)?;

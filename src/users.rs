@@ -127,6 +127,48 @@ pub async fn add(
     Ok(())
 }
 
+/// Removes a person: their sessions end and their API tokens are revoked at once (a
+/// replica that cached a token stops accepting it within 10 s). Their past votes stay in
+/// the approval history and the audit log.
+pub async fn remove(
+    db: &Db,
+    audit: &AuditLog,
+    name: &str,
+    removed_by: &str,
+) -> Result<(), UserError> {
+    let Some(role) = role_of(db, name).await? else {
+        return Err(UserError::Invalid(format!(
+            "`name`: there is no user `{name}`"
+        )));
+    };
+    audit
+        .append(NewEvent {
+            actor: removed_by.to_owned(),
+            kind: kind::USER_REMOVED.into(),
+            outcome: Some("ok".into()),
+            detail: Some(json!({"user": name, "role": role.as_str()})),
+            ..Default::default()
+        })
+        .await?;
+    let now = format_at(chrono::Utc::now());
+    let revoke = match db.pool() {
+        Pool::Pg(_) => {
+            "UPDATE agent_tokens SET revoked_at = $2::timestamptz WHERE agent = $1 AND role <> 'agent' AND revoked_at IS NULL"
+        }
+        Pool::Sqlite(_) => {
+            "UPDATE agent_tokens SET revoked_at = $2 WHERE agent = $1 AND role <> 'agent' AND revoked_at IS NULL"
+        }
+    };
+    with_pool!(db, pool => {
+        let mut tx = pool.begin().await?;
+        sqlx::query(revoke).bind(name).bind(&now).execute(&mut *tx).await?;
+        sqlx::query("DELETE FROM sessions WHERE user_name = $1").bind(name).execute(&mut *tx).await?;
+        sqlx::query("DELETE FROM users WHERE name = $1").bind(name).execute(&mut *tx).await?;
+        tx.commit().await?;
+    });
+    Ok(())
+}
+
 /// The role of user `name`, if they exist.
 pub async fn role_of(db: &Db, name: &str) -> Result<Option<Role>, UserError> {
     let role = with_pool!(db, pool => sqlx::query_scalar::<_, String>("SELECT role FROM users WHERE name = $1")

@@ -38,6 +38,7 @@ pub mod kind {
     pub const CALL_UNKNOWN: &str = "call.unknown";
     pub const POLICY_LOADED: &str = "policy.loaded";
     pub const USER_ADDED: &str = "user.added";
+    pub const USER_REMOVED: &str = "user.removed";
     pub const LOGIN: &str = "login";
     pub const LOGIN_FAILED: &str = "login.failed";
     pub const LOGOUT: &str = "logout";

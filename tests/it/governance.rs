@@ -413,6 +413,50 @@ async fn approvers_decide_from_a_terminal() {
             ("approval.denied".into(), "approver:alice".into()),
         ]
     );
+
+    // Removing alice ends her session at once and her API token within the token cache's
+    // 10 s; her votes stay in the history.
+    let session = Portal::login(&app, "alice", password).await;
+    let run = emisar(&["user", "remove", "alice", "--database", db], None).await;
+    assert_eq!(run.code, 0, "{run}");
+    assert_eq!(session.get("/api/session").await.0, 401);
+    eventually(15, "alice's token refused after removal", || async {
+        let status = reqwest::Client::new()
+            .get(format!("{base}/api/approvals"))
+            .bearer_auth(&token)
+            .send()
+            .await
+            .unwrap()
+            .status();
+        (status == 401).then_some(())
+    })
+    .await;
+    let res = reqwest::Client::new()
+        .post(format!("{base}/api/login"))
+        .json(&json!({"name": "alice", "password": password}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 401);
+    let (_, row) = {
+        let p = add_user(&app, "carol", Role::Auditor).await;
+        Portal::login(&app, "carol", &p)
+            .await
+            .get(&format!("/api/approvals/{id}"))
+            .await
+    };
+    assert_eq!(row["approvals"][0]["user"], "alice", "{row}");
+    let removed = app
+        .events(AuditFilter {
+            kind: Some("user.removed".into()),
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(removed.len(), 1);
+    assert_eq!(removed[0].detail.as_ref().unwrap()["user"], "alice");
+    let run = emisar(&["user", "remove", "alice", "--database", db], None).await;
+    assert_ne!(run.code, 0);
+    assert!(run.err.contains("there is no user `alice`"), "{run}");
     app.verify_with_cli();
     client.cancel().await.unwrap();
 }

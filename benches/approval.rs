@@ -25,11 +25,14 @@
 //!
 //! Progress goes to stderr; the results go to stdout as Markdown.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use common::{Out, env_num, log, ms};
 use emisar::app::Application;
 use emisar::audit::{self, AuditFilter, AuditLog};
 use emisar::config::{RunnerConfig, RunnerEntry, ServerConfig};
@@ -46,20 +49,6 @@ use tokio_util::sync::CancellationToken;
 
 const RUNNER: &str = "bench-runner";
 const TOOL: &str = "linux.systemctl_restart";
-
-fn env_num(name: &str, default: u64) -> u64 {
-    match std::env::var(name) {
-        Ok(v) => v
-            .replace(['_', ','], "")
-            .parse()
-            .unwrap_or_else(|_| panic!("{name} must be a number, got `{v}`")),
-        Err(_) => default,
-    }
-}
-
-fn log(msg: impl AsRef<str>) {
-    eprintln!("[bench] {}", msg.as_ref());
-}
 
 /// Wall clock, ns since the epoch (what `date +%s%N` prints).
 fn now_ns() -> i128 {
@@ -81,30 +70,6 @@ impl Samples {
         self.0.sort_unstable();
         let i = ((p / 100.0) * (self.0.len() - 1) as f64).round() as usize;
         self.0[i] as f64 / 1e6
-    }
-}
-
-fn ms(v: f64) -> String {
-    if v.is_nan() {
-        "n/a".into()
-    } else if v < 10.0 {
-        format!("{v:.2}")
-    } else {
-        format!("{v:.1}")
-    }
-}
-
-/// Markdown for stdout and `key=value` lines for `BENCH_SUMMARY`.
-#[derive(Default)]
-struct Out {
-    report: String,
-    summary: String,
-}
-
-impl Out {
-    fn kv(&mut self, prefix: &str, key: &str, value: impl std::fmt::Display) {
-        use std::fmt::Write;
-        let _ = writeln!(self.summary, "{prefix}.{key}={value}");
     }
 }
 

@@ -17,10 +17,13 @@
 //!
 //! Progress goes to stderr; the results go to stdout as Markdown.
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
+use common::{Out, env_num, log, ms};
 use emisar::audit::{self, AuditFilter, AuditLog, NewEvent, kind};
 use emisar::db::{Db, Pool};
 use serde_json::json;
@@ -92,20 +95,6 @@ fn actor_name(i: usize) -> String {
     format!("agent:agent-{i:03}")
 }
 
-fn env_num(name: &str, default: u64) -> u64 {
-    match std::env::var(name) {
-        Ok(v) => v
-            .replace(['_', ','], "")
-            .parse()
-            .unwrap_or_else(|_| panic!("{name} must be a number, got `{v}`")),
-        Err(_) => default,
-    }
-}
-
-fn log(msg: impl AsRef<str>) {
-    eprintln!("[bench] {}", msg.as_ref());
-}
-
 /// Latency samples in microseconds.
 #[derive(Default)]
 struct Samples(Vec<u64>);
@@ -124,14 +113,6 @@ impl Samples {
     }
     fn max(&mut self) -> f64 {
         self.pct(100.0)
-    }
-}
-
-fn ms(v: f64) -> String {
-    if v < 10.0 {
-        format!("{v:.2}")
-    } else {
-        format!("{v:.1}")
     }
 }
 
@@ -531,20 +512,6 @@ async fn measure_queries(db: &Db, last: i64, n: usize) -> Vec<ShapeResult> {
         results.push(res);
     }
     results
-}
-
-/// Markdown for stdout and `key=value` lines for `BENCH_SUMMARY`.
-#[derive(Default)]
-struct Out {
-    report: String,
-    summary: String,
-}
-
-impl Out {
-    fn kv(&mut self, prefix: &str, key: &str, value: impl std::fmt::Display) {
-        use std::fmt::Write;
-        let _ = writeln!(self.summary, "{prefix}.{key}={value}");
-    }
 }
 
 async fn run_backend(label: &str, prefix: &str, url: &str, events: u64, seed: bool, out: &mut Out) {

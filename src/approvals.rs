@@ -350,6 +350,8 @@ pub struct Approvals {
 }
 
 const PG_COLUMNS: &str = "id, call_id, tool, risk, args::text AS args, shown_args::text AS shown_args, runners::text AS runners, runner_chosen, raw, reason, requester, requester_name, pack_sha256, preview::text AS preview, required_approvals, approvals::text AS approvals, state, note, decided_by, result::text AS result, to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS created_at, to_char(expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS expires_at, to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS updated_at";
+const INSERT: &str = "INSERT INTO approvals (id, call_id, tool, risk, args, shown_args, runners, runner_chosen, raw, reason, requester, requester_name, pack_sha256, preview, required_approvals, approvals, state, note, decided_by, result, created_at, expires_at, updated_at) VALUES ($1,$2,$3,$4,$5::jsonb,$6::jsonb,$7::jsonb,$8,$9,$10,$11,$12,$13,$14::jsonb,$15,$16::jsonb,$17,$18,$19,$20::jsonb,$21::timestamptz,$22::timestamptz,$23::timestamptz)";
+const UPDATE: &str = "UPDATE approvals SET state = $2, approvals = $3::jsonb, note = $4, decided_by = $5, result = $6::jsonb, updated_at = $7::timestamptz WHERE id = $1";
 const SQLITE_COLUMNS: &str = "id, call_id, tool, risk, args, shown_args, runners, runner_chosen, raw, reason, requester, requester_name, pack_sha256, preview, required_approvals, approvals, state, note, decided_by, result, created_at, expires_at, updated_at";
 
 fn from_row<R>(row: &R) -> Result<Approval, sqlx::Error>
@@ -447,10 +449,10 @@ impl Approvals {
 
     /// Stores a new pending request; its `approval.requested` event must already be durable.
     pub async fn insert(&self, a: &Approval) -> Result<(), ApprovalError> {
-        // One column list, one bind order; only the casts differ between the backends.
+        // One statement and bind order for both backends (`Db::sql` drops the casts).
         macro_rules! insert {
             ($sql:expr) => {
-                sqlx::query($sql)
+                sqlx::query(self.db.sql($sql))
                     .bind(&a.id)
                     .bind(&a.call_id)
                     .bind(&a.tool)
@@ -481,18 +483,11 @@ impl Approvals {
                 match self.db.pool() {
                     Pool::Pg(pool) => {
                         let mut tx = pool.begin().await?;
-                        insert!("INSERT INTO approvals (id, call_id, tool, risk, args, shown_args, runners, runner_chosen, raw, reason, requester, requester_name, pack_sha256, preview, required_approvals, approvals, state, note, decided_by, result, created_at, expires_at, updated_at) VALUES ($1,$2,$3,$4,$5::jsonb,$6::jsonb,$7::jsonb,$8,$9,$10,$11,$12,$13,$14::jsonb,$15,$16::jsonb,$17,$18,$19,$20::jsonb,$21::timestamptz,$22::timestamptz,$23::timestamptz)")
-                            .execute(&mut *tx)
-                            .await?;
+                        insert!(INSERT).execute(&mut *tx).await?;
                         notify(&mut tx, a).await?;
                         tx.commit().await
                     }
-                    Pool::Sqlite(pool) => {
-                        insert!("INSERT INTO approvals (id, call_id, tool, risk, args, shown_args, runners, runner_chosen, raw, reason, requester, requester_name, pack_sha256, preview, required_approvals, approvals, state, note, decided_by, result, created_at, expires_at, updated_at) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22,$23)")
-                            .execute(pool)
-                            .await
-                            .map(|_| ())
-                    }
+                    Pool::Sqlite(pool) => insert!(INSERT).execute(pool).await.map(|_| ()),
                 }
             })
             .await?;
@@ -505,14 +500,6 @@ impl Approvals {
         match self.db.pool() {
             Pool::Pg(_) => PG_COLUMNS,
             Pool::Sqlite(_) => SQLITE_COLUMNS,
-        }
-    }
-
-    /// `$n::cast` on PostgreSQL, `$n` on SQLite (which has neither the types nor the casts).
-    fn cast(&self, sql: &str) -> String {
-        match self.db.pool() {
-            Pool::Pg(_) => sql.to_owned(),
-            Pool::Sqlite(_) => sql.replace("::text", "").replace("::timestamptz", ""),
         }
     }
 
@@ -539,7 +526,7 @@ impl Approvals {
         requester_name: Option<&str>,
         limit: i64,
     ) -> Result<Vec<Approval>, ApprovalError> {
-        let sql = self.cast(&format!(
+        let sql = self.db.sql(format!(
             "SELECT {} FROM approvals WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR requester_name = $2) ORDER BY created_at DESC, id LIMIT $3",
             self.columns()
         ));
@@ -547,7 +534,7 @@ impl Approvals {
             .db
             .guard(async {
                 with_pool!(self.db, pool => {
-                    sqlx::query(AssertSqlSafe(sql))
+                    sqlx::query(sql)
                         .bind(state.map(State::as_str))
                         .bind(requester_name)
                         .bind(limit)
@@ -575,14 +562,14 @@ impl Approvals {
         } else {
             "updated_at"
         };
-        let sql = self.cast(&format!(
+        let sql = self.db.sql(format!(
             "SELECT id FROM approvals WHERE state = $1 AND {column} <= $2::timestamptz LIMIT 100"
         ));
         let ids = self
             .db
             .guard(async {
                 with_pool!(self.db, pool => {
-                    sqlx::query_scalar::<_, String>(AssertSqlSafe(sql))
+                    sqlx::query_scalar::<_, String>(sql)
                         .bind(state.as_str())
                         .bind(before)
                         .fetch_all(pool)
@@ -605,6 +592,19 @@ impl Approvals {
     where
         F: FnOnce(&Approval) -> Result<Change, ApprovalError>,
     {
+        // Writes the changed columns; one statement for both backends.
+        macro_rules! update {
+            ($a:expr) => {
+                sqlx::query(self.db.sql(UPDATE))
+                    .bind(&$a.id)
+                    .bind($a.state.as_str())
+                    .bind(text(&$a.approvals))
+                    .bind(&$a.note)
+                    .bind(&$a.decided_by)
+                    .bind($a.result.as_ref().map(text))
+                    .bind(&$a.updated_at)
+            };
+        }
         let written = match self.db.pool() {
             Pool::Pg(pool) => {
                 let _slot = self
@@ -634,7 +634,7 @@ impl Approvals {
                 if let Some(event) = event {
                     self.audit.append(event).await?;
                 }
-                write_pg(&mut tx, &row).await?;
+                update!(&row).execute(&mut *tx).await?;
                 notify(&mut tx, &row).await?;
                 tx.commit().await?;
                 row
@@ -653,7 +653,10 @@ impl Approvals {
                 if let Some(event) = event {
                     self.audit.append(event).await?;
                 }
-                self.write_sqlite(&row).await?;
+                let Pool::Sqlite(pool) = self.db.pool() else {
+                    unreachable!("this arm is SQLite's")
+                };
+                self.db.guard(update!(&row).execute(pool)).await?;
                 row
             }
         };
@@ -706,43 +709,6 @@ impl Approvals {
             Err(e) => Err(e),
         }
     }
-
-    async fn write_sqlite(&self, a: &Approval) -> Result<(), ApprovalError> {
-        let Pool::Sqlite(pool) = self.db.pool() else {
-            unreachable!("called for SQLite only")
-        };
-        self.db
-            .guard(
-                sqlx::query("UPDATE approvals SET state = $2, approvals = $3, note = $4, decided_by = $5, result = $6, updated_at = $7 WHERE id = $1")
-                    .bind(&a.id)
-                    .bind(a.state.as_str())
-                    .bind(text(&a.approvals))
-                    .bind(&a.note)
-                    .bind(&a.decided_by)
-                    .bind(a.result.as_ref().map(text))
-                    .bind(&a.updated_at)
-                    .execute(pool),
-            )
-            .await?;
-        Ok(())
-    }
-}
-
-async fn write_pg(
-    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
-    a: &Approval,
-) -> Result<(), sqlx::Error> {
-    sqlx::query("UPDATE approvals SET state = $2, approvals = $3::jsonb, note = $4, decided_by = $5, result = $6::jsonb, updated_at = $7::timestamptz WHERE id = $1")
-        .bind(&a.id)
-        .bind(a.state.as_str())
-        .bind(text(&a.approvals))
-        .bind(&a.note)
-        .bind(&a.decided_by)
-        .bind(a.result.as_ref().map(text))
-        .bind(&a.updated_at)
-        .execute(&mut **tx)
-        .await
-        .map(|_| ())
 }
 
 /// Tells every replica (on commit) that `a` changed.

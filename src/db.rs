@@ -11,15 +11,16 @@
 //! retries stop too); one prober then tries a single connection at a time, with capped
 //! exponential backoff and full jitter, and reopens the gate when one succeeds.
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sqlx::ConnectOptions;
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
+use sqlx::{AssertSqlSafe, ConnectOptions};
 use tokio::sync::watch;
 
 use crate::runner::Backoff;
@@ -114,6 +115,20 @@ impl Db {
 
     pub fn pool(&self) -> &Pool {
         &self.pool
+    }
+
+    /// One SQL text for both backends, written for PostgreSQL: on SQLite the casts it has no
+    /// types for (`::timestamptz`, `::jsonb`, `::text`) are dropped, and nothing else changes.
+    pub fn sql(&self, postgres: impl Into<Cow<'static, str>>) -> AssertSqlSafe<Cow<'static, str>> {
+        let sql = postgres.into();
+        AssertSqlSafe(match self.pool {
+            Pool::Pg(_) => sql,
+            Pool::Sqlite(_) => Cow::Owned(
+                sql.replace("::timestamptz", "")
+                    .replace("::jsonb", "")
+                    .replace("::text", ""),
+            ),
+        })
     }
 
     pub fn is_postgres(&self) -> bool {

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::audit::{AuditLog, NewEvent, format_at};
 use crate::config::RunnerEntry;
-use crate::db::{Db, Pool};
+use crate::db::Db;
 use crate::digest::sha256_hex;
 use crate::pack::is_identifier;
 use crate::runner::registry::Registry;
@@ -86,14 +86,7 @@ pub async fn issue_join_token(
             ..Default::default()
         })
         .await?;
-    let sql = match db.pool() {
-        Pool::Pg(_) => {
-            "INSERT INTO join_tokens (id, token_hash, created_at, expires_at) VALUES ($1, $2, $3::timestamptz, $4::timestamptz)"
-        }
-        Pool::Sqlite(_) => {
-            "INSERT INTO join_tokens (id, token_hash, created_at, expires_at) VALUES ($1, $2, $3, $4)"
-        }
-    };
+    let sql = db.sql("INSERT INTO join_tokens (id, token_hash, created_at, expires_at) VALUES ($1, $2, $3::timestamptz, $4::timestamptz)");
     with_pool!(db, pool => {
         sqlx::query(sql)
             .bind(&id)
@@ -137,14 +130,7 @@ pub async fn join(
         }
     }
     let now = format_at(chrono::Utc::now());
-    let sql = match db.pool() {
-        Pool::Pg(_) => {
-            "SELECT id FROM join_tokens WHERE token_hash = $1 AND revoked_at IS NULL AND expires_at > $2::timestamptz"
-        }
-        Pool::Sqlite(_) => {
-            "SELECT id FROM join_tokens WHERE token_hash = $1 AND revoked_at IS NULL AND expires_at > $2"
-        }
-    };
+    let sql = db.sql("SELECT id FROM join_tokens WHERE token_hash = $1 AND revoked_at IS NULL AND expires_at > $2::timestamptz");
     let hash = sha256_hex(join_token.as_bytes());
     let found: Option<(String,)> = db
         .guard(async { with_pool!(db, pool => sqlx::query_as(sql).bind(&hash).bind(&now).fetch_optional(pool).await) })
@@ -164,14 +150,7 @@ pub async fn join(
             ..Default::default()
         })
         .await?;
-    let sql = match db.pool() {
-        Pool::Pg(_) => {
-            "INSERT INTO runners (name, url, labels, packs, runner_token_hash, joined_at, last_heartbeat) VALUES ($1, $2, $3::jsonb, $4::jsonb, $5, $6::timestamptz, $6::timestamptz) ON CONFLICT (name) DO UPDATE SET url = EXCLUDED.url, labels = EXCLUDED.labels, packs = EXCLUDED.packs, runner_token_hash = EXCLUDED.runner_token_hash, joined_at = EXCLUDED.joined_at, last_heartbeat = EXCLUDED.last_heartbeat"
-        }
-        Pool::Sqlite(_) => {
-            "INSERT INTO runners (name, url, labels, packs, runner_token_hash, joined_at, last_heartbeat) VALUES ($1, $2, $3, $4, $5, $6, $6) ON CONFLICT (name) DO UPDATE SET url = excluded.url, labels = excluded.labels, packs = excluded.packs, runner_token_hash = excluded.runner_token_hash, joined_at = excluded.joined_at, last_heartbeat = excluded.last_heartbeat"
-        }
-    };
+    let sql = db.sql("INSERT INTO runners (name, url, labels, packs, runner_token_hash, joined_at, last_heartbeat) VALUES ($1, $2, $3::jsonb, $4::jsonb, $5, $6::timestamptz, $6::timestamptz) ON CONFLICT (name) DO UPDATE SET url = EXCLUDED.url, labels = EXCLUDED.labels, packs = EXCLUDED.packs, runner_token_hash = EXCLUDED.runner_token_hash, joined_at = EXCLUDED.joined_at, last_heartbeat = EXCLUDED.last_heartbeat");
     db.guard(async {
         with_pool!(db, pool => {
             sqlx::query(sql)
@@ -208,14 +187,7 @@ pub async fn heartbeat(
     runner_token: &str,
 ) -> Result<String, FleetError> {
     let now = format_at(chrono::Utc::now());
-    let sql = match db.pool() {
-        Pool::Pg(_) => {
-            "UPDATE runners SET last_heartbeat = $2::timestamptz WHERE runner_token_hash = $1 RETURNING name"
-        }
-        Pool::Sqlite(_) => {
-            "UPDATE runners SET last_heartbeat = $2 WHERE runner_token_hash = $1 RETURNING name"
-        }
-    };
+    let sql = db.sql("UPDATE runners SET last_heartbeat = $2::timestamptz WHERE runner_token_hash = $1 RETURNING name");
     let hash = sha256_hex(runner_token.as_bytes());
     let name: Option<(String,)> = db
         .guard(async { with_pool!(db, pool => sqlx::query_as(sql).bind(&hash).bind(&now).fetch_optional(pool).await) })
@@ -237,10 +209,7 @@ pub fn spawn_sync(
 ) {
     tokio::spawn(async move {
         loop {
-            let sql = match db.pool() {
-                Pool::Pg(_) => "SELECT name, url, labels::text, packs::text FROM runners",
-                Pool::Sqlite(_) => "SELECT name, url, labels, packs FROM runners",
-            };
+            let sql = db.sql("SELECT name, url, labels::text, packs::text FROM runners");
             let rows: Result<Vec<(String, String, String, String)>, _> = db
                 .guard(async { with_pool!(&db, pool => sqlx::query_as(sql).fetch_all(pool).await) })
                 .await;

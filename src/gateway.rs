@@ -1204,7 +1204,7 @@ impl Gateway {
                     self.withdraw(&row).await;
                     return Err(CallError::Cancelled(format!("; approval request {} was withdrawn if still pending", row.id)));
                 }
-                _ = changes.recv() => {}
+                _ = changed(&mut changes, &a.id) => {}
                 _ = tokio::time::sleep_until(wake.into()) => {}
             }
         }
@@ -1302,15 +1302,16 @@ impl Gateway {
         id: &str,
         verdict: Verdict,
     ) -> Result<Approval, ApprovalError> {
-        let tool = self.approvals.get(id).await?.tool;
-        let actor = Actor {
-            name: who.agent.clone(),
-            actor: who.actor(),
-            may_approve: self.policy().may_approve(who.role, &tool),
-        };
+        let policy = self.policy();
         let row = self
             .approvals
             .transition(id, false, |r| {
+                // The tool comes from the locked row: no second read to learn it.
+                let actor = Actor {
+                    name: who.agent.clone(),
+                    actor: who.actor(),
+                    may_approve: policy.may_approve(who.role, &r.tool),
+                };
                 approvals::decide(r, &actor, &verdict, chrono::Utc::now())
             })
             .await?
@@ -1504,6 +1505,21 @@ impl Gateway {
                 gateway.sweep().await;
             }
         });
+    }
+}
+
+/// Returns when request `id` changed, or when changes were missed (a lagging receiver):
+/// other requests' changes do not wake a waiter to re-read its own row.
+async fn changed(changes: &mut tokio::sync::broadcast::Receiver<approvals::Changed>, id: &str) {
+    use tokio::sync::broadcast::error::RecvError;
+    loop {
+        match changes.recv().await {
+            Ok(c) if c.id == id => return,
+            Ok(_) => {}
+            Err(RecvError::Lagged(_)) => return,
+            // Never while the store lives; the caller's poll still wakes it.
+            Err(RecvError::Closed) => std::future::pending().await,
+        }
     }
 }
 

@@ -9,7 +9,7 @@ use base64::Engine;
 use serde_json::json;
 
 use crate::audit::{AuditLog, NewEvent, format_at, kind};
-use crate::db::{Db, Pool};
+use crate::db::Db;
 use crate::digest::sha256_hex;
 use crate::selector::Selector;
 use crate::with_pool;
@@ -116,14 +116,7 @@ pub async fn issue_scoped(
     let ttl = chrono::Duration::from_std(ttl).map_err(|_| anyhow::anyhow!("ttl is too long"))?;
     let created_at = format_at(now);
     let expires_at = format_at(now + ttl);
-    let sql = match db.pool() {
-        Pool::Pg(_) => {
-            "INSERT INTO agent_tokens (id, agent, token_hash, created_at, expires_at, role, selector) VALUES ($1, $2, $3, $4::timestamptz, $5::timestamptz, $6, $7)"
-        }
-        Pool::Sqlite(_) => {
-            "INSERT INTO agent_tokens (id, agent, token_hash, created_at, expires_at, role, selector) VALUES ($1, $2, $3, $4, $5, $6, $7)"
-        }
-    };
+    let sql = db.sql("INSERT INTO agent_tokens (id, agent, token_hash, created_at, expires_at, role, selector) VALUES ($1, $2, $3, $4::timestamptz, $5::timestamptz, $6, $7)");
     // Audit first: a token that exists must have its issue on record.
     audit
         .append(NewEvent {
@@ -160,14 +153,7 @@ pub async fn authenticate(db: &Db, token: &str) -> Result<Option<Principal>, sql
     if !token.starts_with(PREFIX) || token.len() > 100 {
         return Ok(None);
     }
-    let sql = match db.pool() {
-        Pool::Pg(_) => {
-            "SELECT id, agent, role, selector FROM agent_tokens WHERE token_hash = $1 AND revoked_at IS NULL AND expires_at > $2::timestamptz"
-        }
-        Pool::Sqlite(_) => {
-            "SELECT id, agent, role, selector FROM agent_tokens WHERE token_hash = $1 AND revoked_at IS NULL AND expires_at > $2"
-        }
-    };
+    let sql = db.sql("SELECT id, agent, role, selector FROM agent_tokens WHERE token_hash = $1 AND revoked_at IS NULL AND expires_at > $2::timestamptz");
     let hash = sha256_hex(token.as_bytes());
     let now = format_at(chrono::Utc::now());
     let row: Option<(String, String, String, Option<String>)> = db
@@ -264,14 +250,9 @@ pub const STALE_MAX: Duration = Duration::from_secs(600);
 
 /// Revokes a token by id. Returns false if no such live token exists.
 pub async fn revoke(db: &Db, audit: &AuditLog, id: &str, revoked_by: &str) -> anyhow::Result<bool> {
-    let sql = match db.pool() {
-        Pool::Pg(_) => {
-            "UPDATE agent_tokens SET revoked_at = $2::timestamptz WHERE id = $1 AND revoked_at IS NULL"
-        }
-        Pool::Sqlite(_) => {
-            "UPDATE agent_tokens SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NULL"
-        }
-    };
+    let sql = db.sql(
+        "UPDATE agent_tokens SET revoked_at = $2::timestamptz WHERE id = $1 AND revoked_at IS NULL",
+    );
     let now = format_at(chrono::Utc::now());
     let changed = with_pool!(db, pool => sqlx::query(sql).bind(id).bind(&now).execute(pool).await?.rows_affected());
     if changed > 0 {

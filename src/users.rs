@@ -12,7 +12,7 @@ use base64::Engine;
 use serde_json::json;
 
 use crate::audit::{AuditLog, NewEvent, format_at, kind};
-use crate::db::{Db, Pool};
+use crate::db::Db;
 use crate::digest::sha256_hex;
 use crate::tokens::Role;
 use crate::with_pool;
@@ -115,14 +115,7 @@ pub async fn add(
         })
         .await?;
     let now = format_at(chrono::Utc::now());
-    let sql = match db.pool() {
-        Pool::Pg(_) => {
-            "INSERT INTO users (name, role, password_hash, created_at) VALUES ($1, $2, $3, $4::timestamptz)"
-        }
-        Pool::Sqlite(_) => {
-            "INSERT INTO users (name, role, password_hash, created_at) VALUES ($1, $2, $3, $4)"
-        }
-    };
+    let sql = db.sql("INSERT INTO users (name, role, password_hash, created_at) VALUES ($1, $2, $3, $4::timestamptz)");
     with_pool!(db, pool => sqlx::query(sql).bind(name).bind(role.as_str()).bind(&hash).bind(&now).execute(pool).await.map(|_| ())?);
     Ok(())
 }
@@ -151,14 +144,7 @@ pub async fn remove(
         })
         .await?;
     let now = format_at(chrono::Utc::now());
-    let revoke = match db.pool() {
-        Pool::Pg(_) => {
-            "UPDATE agent_tokens SET revoked_at = $2::timestamptz WHERE agent = $1 AND role <> 'agent' AND revoked_at IS NULL"
-        }
-        Pool::Sqlite(_) => {
-            "UPDATE agent_tokens SET revoked_at = $2 WHERE agent = $1 AND role <> 'agent' AND revoked_at IS NULL"
-        }
-    };
+    let revoke = db.sql("UPDATE agent_tokens SET revoked_at = $2::timestamptz WHERE agent = $1 AND role <> 'agent' AND revoked_at IS NULL");
     with_pool!(db, pool => {
         let mut tx = pool.begin().await?;
         sqlx::query(revoke).bind(name).bind(&now).execute(&mut *tx).await?;
@@ -230,14 +216,7 @@ pub async fn login(
         .await?;
     let now = chrono::Utc::now();
     let ttl = chrono::Duration::from_std(SESSION_TTL).expect("a fixed, small duration");
-    let sql = match db.pool() {
-        Pool::Pg(_) => {
-            "INSERT INTO sessions (id_hash, user_name, csrf_token, created_at, expires_at) VALUES ($1, $2, $3, $4::timestamptz, $5::timestamptz)"
-        }
-        Pool::Sqlite(_) => {
-            "INSERT INTO sessions (id_hash, user_name, csrf_token, created_at, expires_at) VALUES ($1, $2, $3, $4, $5)"
-        }
-    };
+    let sql = db.sql("INSERT INTO sessions (id_hash, user_name, csrf_token, created_at, expires_at) VALUES ($1, $2, $3, $4::timestamptz, $5::timestamptz)");
     with_pool!(db, pool => sqlx::query(sql)
         .bind(&session.id_hash)
         .bind(name)
@@ -254,14 +233,7 @@ pub async fn login(
 pub async fn session(db: &Db, id: &str) -> Result<Option<Session>, UserError> {
     let id_hash = sha256_hex(id.as_bytes());
     let now = format_at(chrono::Utc::now());
-    let sql = match db.pool() {
-        Pool::Pg(_) => {
-            "SELECT s.user_name, u.role, s.csrf_token FROM sessions s JOIN users u ON u.name = s.user_name WHERE s.id_hash = $1 AND s.expires_at > $2::timestamptz"
-        }
-        Pool::Sqlite(_) => {
-            "SELECT s.user_name, u.role, s.csrf_token FROM sessions s JOIN users u ON u.name = s.user_name WHERE s.id_hash = $1 AND s.expires_at > $2"
-        }
-    };
+    let sql = db.sql("SELECT s.user_name, u.role, s.csrf_token FROM sessions s JOIN users u ON u.name = s.user_name WHERE s.id_hash = $1 AND s.expires_at > $2::timestamptz");
     let row = db
         .guard(async {
             with_pool!(db, pool => sqlx::query_as::<_, (String, String, String)>(sql)

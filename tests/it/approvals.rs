@@ -201,6 +201,15 @@ pub(crate) async fn kinds_and_actors(app: &TestApp, approval_id: &str) -> Vec<(S
     .collect()
 }
 
+/// The kinds of the audit events about one approval, in order.
+pub(crate) async fn kinds_of(app: &TestApp, approval_id: &str) -> Vec<String> {
+    kinds_and_actors(app, approval_id)
+        .await
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect()
+}
+
 pub(crate) async fn restart_app(
     backend: Backend,
     bin: &std::path::Path,
@@ -713,11 +722,7 @@ async fn two_replicas_two_approvers_one_execution() {
     // Give a (wrong) second execution time to show up.
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(restarts(&record), 1);
-    let kinds: Vec<String> = kinds_and_actors(&a, &id)
-        .await
-        .into_iter()
-        .map(|(k, _)| k)
-        .collect();
+    let kinds = kinds_of(&a, &id).await;
     assert_eq!(
         kinds,
         [
@@ -798,11 +803,7 @@ async fn an_approval_never_runs_under_a_changed_pack() {
         "{done}"
     );
     assert!(!marker.exists(), "nothing ran");
-    let kinds: Vec<String> = kinds_and_actors(&a, &id)
-        .await
-        .into_iter()
-        .map(|(k, _)| k)
-        .collect();
+    let kinds = kinds_of(&a, &id).await;
     assert_eq!(
         kinds,
         [

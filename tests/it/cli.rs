@@ -144,24 +144,23 @@ async fn a_token_issued_by_the_cli_works_and_is_audited() {
     );
 }
 
-/// `emisar dev` starts with no set-up, binds the port it says, and serves MCP with its token.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn emisar_dev_prints_a_working_url_and_token() {
-    let state = tempfile::tempdir().unwrap();
+/// Starts `emisar dev` on a free port in `state` and returns it with its dev.json, once
+/// written.
+async fn start_dev(state: &std::path::Path, stdout: Stdio) -> (std::process::Child, Value) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_emisar"))
         .args([
             "dev",
             "--state-dir",
-            state.path().to_str().unwrap(),
+            state.to_str().unwrap(),
             "--listen",
             "127.0.0.1:0",
         ])
         .stdin(Stdio::null())
-        .stdout(Stdio::piped())
+        .stdout(stdout)
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let dev_json = state.path().join("dev.json");
+    let dev_json = state.join("dev.json");
     let deadline = Instant::now() + Duration::from_secs(30);
     while !dev_json.exists() {
         assert!(
@@ -175,7 +174,15 @@ async fn emisar_dev_prints_a_working_url_and_token() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let info: Value = serde_json::from_str(&std::fs::read_to_string(&dev_json).unwrap()).unwrap();
+    let info = serde_json::from_str(&std::fs::read_to_string(&dev_json).unwrap()).unwrap();
+    (child, info)
+}
+
+/// `emisar dev` starts with no set-up, binds the port it says, and serves MCP with its token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn emisar_dev_prints_a_working_url_and_token() {
+    let state = tempfile::tempdir().unwrap();
+    let (mut child, info) = start_dev(state.path(), Stdio::piped()).await;
     let url = info["mcp_url"].as_str().unwrap();
     assert!(
         !url.ends_with(":0/mcp"),
@@ -310,30 +317,7 @@ async fn mcp_stdio_bridges_a_stdio_client() {
 async fn mcp_inspector_lists_and_calls_tools_of_emisar_dev() {
     let inspector = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/mcp-inspector");
     let state = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_emisar"))
-        .args([
-            "dev",
-            "--state-dir",
-            state.path().to_str().unwrap(),
-            "--listen",
-            "127.0.0.1:0",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let dev_json = state.path().join("dev.json");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !dev_json.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "dev.json not written within 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let info: Value = serde_json::from_str(&std::fs::read_to_string(&dev_json).unwrap()).unwrap();
+    let (mut child, info) = start_dev(state.path(), Stdio::null()).await;
     let url = info["mcp_url"].as_str().unwrap().to_owned();
     let auth = format!(
         "Authorization: Bearer {}",

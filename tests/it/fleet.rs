@@ -4,7 +4,7 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::harness::app::{Options, TestApp};
 use crate::harness::tools::{Proc, free_port};
@@ -49,18 +49,6 @@ fn start_runner(
     )
 }
 
-async fn runners(app: &TestApp) -> Value {
-    reqwest::Client::new()
-        .get(format!("{}/api/runners", app.base_url()))
-        .bearer_auth(&app.token)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runners_join_with_a_token_and_are_chosen_by_label() {
     let app = spawn_app(
@@ -88,7 +76,7 @@ async fn runners_join_with_a_token_and_are_chosen_by_label() {
     let _db = start_runner(&app, &db_config, &join_token, &dir.path().join("db.log"));
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let r = runners(&app).await;
+        let r = app.runners_api().await;
         if r["runners"].as_array().unwrap().len() == 2 {
             let edge = r["runners"]
                 .as_array()
@@ -214,5 +202,8 @@ async fn runners_join_with_a_token_and_are_chosen_by_label() {
         err.contains("refused to let `rogue` join (HTTP 401"),
         "{err}"
     );
-    assert_eq!(runners(&app).await["runners"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        app.runners_api().await["runners"].as_array().unwrap().len(),
+        2
+    );
 }

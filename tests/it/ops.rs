@@ -77,18 +77,6 @@ fn entry(name: &str, addr: std::net::SocketAddr) -> RunnerEntry {
     }
 }
 
-async fn runners_api(app: &crate::harness::app::TestApp) -> Value {
-    reqwest::Client::new()
-        .get(format!("{}/api/runners", app.base_url()))
-        .bearer_auth(&app.token)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
-}
-
 fn breaker_of(runners: &Value, name: &str) -> String {
     runners["runners"]
         .as_array()
@@ -194,7 +182,7 @@ async fn dead_black_holed_and_slow_runners_do_not_hold_up_the_healthy_one() {
             .unwrap()
             .contains("runner unreachable")
     );
-    let api = runners_api(&app).await;
+    let api = app.runners_api().await;
     for name in ["killed", "blackhole", "slow"] {
         assert_eq!(breaker_of(&api, name), "open", "{api}");
     }
@@ -244,7 +232,7 @@ async fn dead_black_holed_and_slow_runners_do_not_hold_up_the_healthy_one() {
     delay.store(0, Ordering::SeqCst);
     let until = Instant::now() + Duration::from_secs(20);
     loop {
-        let api = runners_api(&app).await;
+        let api = app.runners_api().await;
         if ["killed", "blackhole", "slow"]
             .iter()
             .all(|n| breaker_of(&api, n) == "closed")

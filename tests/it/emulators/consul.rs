@@ -119,15 +119,7 @@ impl Consul {
     /// The refusal for a request without the right token, if any. Consul accepts the token
     /// as `X-Consul-Token` or `Authorization: Bearer`.
     fn refusal(&self, headers: &HeaderMap) -> Option<Response> {
-        let token = headers
-            .get("x-consul-token")
-            .and_then(|v| v.to_str().ok())
-            .or_else(|| {
-                headers
-                    .get("authorization")
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.strip_prefix("Bearer "))
-            });
+        let token = super::presented_token(headers, "x-consul-token");
         match token {
             Some(t) if t == self.token => None,
             Some(_) => Some(text_error(403, "ACL not found")),

@@ -13,6 +13,17 @@ pub async fn serve(router: axum::Router) -> String {
     url
 }
 
+/// The ACL token a request carries: in the service's own header, or as a bearer token (both
+/// Consul and Nomad accept either).
+pub fn presented_token<'a>(headers: &'a axum::http::HeaderMap, own: &str) -> Option<&'a str> {
+    headers.get(own).and_then(|v| v.to_str().ok()).or_else(|| {
+        headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+    })
+}
+
 /// A text/plain error, the way Consul and Nomad answer.
 pub fn text_error(status: u16, body: impl Into<String>) -> axum::response::Response {
     use axum::response::IntoResponse;

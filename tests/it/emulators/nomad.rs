@@ -152,15 +152,7 @@ impl Nomad {
 
     /// The refusal for a request without the right token, if any.
     fn refusal(&self, headers: &HeaderMap) -> Option<Response> {
-        let token = headers
-            .get("x-nomad-token")
-            .and_then(|v| v.to_str().ok())
-            .or_else(|| {
-                headers
-                    .get("authorization")
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.strip_prefix("Bearer "))
-            });
+        let token = super::presented_token(headers, "x-nomad-token");
         match token {
             Some(t) if t == self.token => None,
             Some(_) => Some(text_error(403, "ACL token not found")),

@@ -331,6 +331,19 @@ impl TestApp {
         .await
     }
 
+    /// `GET /api/runners` with the agent's token.
+    pub async fn runners_api(&self) -> serde_json::Value {
+        reqwest::Client::new()
+            .get(format!("{}/api/runners", self.base_url()))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
     /// `emisar audit verify`, the command an auditor runs, passes on this app's database.
     pub fn verify_with_cli(&self) {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_emisar"))

@@ -750,9 +750,18 @@ async fn listen(
         }
         let attempt = async {
             let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await?;
+            // A lost connection must come back here, not be re-made inside the listener
+            // (through the pool's own connect retries, past the gate).
+            listener.eager_reconnect(false);
             listener.listen(CHANNEL).await?;
             loop {
-                let n = listener.recv().await?;
+                let Some(n) = listener.try_recv().await? else {
+                    // Reported as a connection error, so the guard closes the gate.
+                    return Err(sqlx::Error::Io(std::io::Error::new(
+                        std::io::ErrorKind::ConnectionAborted,
+                        "the LISTEN connection was lost",
+                    )));
+                };
                 if let Ok(changed) = serde_json::from_str::<Changed>(n.payload()) {
                     let _ = changes.send(changed);
                 }

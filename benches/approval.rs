@@ -3,7 +3,7 @@
 //!
 //!   DATABASE_URL=postgres://… cargo bench --bench approval
 //!
-//! One process runs an `emisar serve` [`Application`](emisar::app::Application) and an
+//! One process runs an `emisar serve` [`Application`](emisar::server::app::Application) and an
 //! `emisar runner` (stock packs; its exec PATH starts with a temporary directory holding a
 //! `systemctl` stand-in that, on `restart`, appends `date +%s%N` to a file). An agent's MCP
 //! client (rmcp, streamable HTTP) calls `linux.systemctl_restart {unit: consul}` in the
@@ -33,12 +33,13 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::{Out, env_num, log, ms};
-use emisar::app::Application;
-use emisar::audit::{self, AuditFilter, AuditLog};
-use emisar::config::{RunnerConfig, RunnerEntry, ServerConfig};
-use emisar::db::Db;
-use emisar::runner::agent::{self, RunnerState};
-use emisar::tokens::Role;
+use emisar::node::agent::{self, RunnerState};
+use emisar::node::config::RunnerConfig;
+use emisar::server::app::Application;
+use emisar::server::audit::{self, AuditFilter, AuditLog};
+use emisar::server::config::{RunnerEntry, ServerConfig};
+use emisar::server::db::Db;
+use emisar::server::tokens::Role;
 use rmcp::ServiceExt;
 use rmcp::model::{CallToolRequestParams, CallToolResult};
 use rmcp::transport::StreamableHttpClientTransport;
@@ -144,7 +145,7 @@ struct Rig {
 async fn start(url: &str, dir: &Path, tag: &str) -> (Rig, PathBuf, String) {
     let private_key = dir.join("server.key");
     let public_key = dir.join("server.pub");
-    emisar::signing::write_keypair(&private_key, &public_key).expect("keypair");
+    emisar::protocol::signing::write_keypair(&private_key, &public_key).expect("keypair");
     let bin = dir.join("bin");
     std::fs::create_dir_all(&bin).expect("bin dir");
     let record = dir.join("restarts");
@@ -194,11 +195,12 @@ async fn start(url: &str, dir: &Path, tag: &str) -> (Rig, PathBuf, String) {
     let agent_name = format!("bench-agent-{tag}");
     let approver = format!("bench-approver-{tag}");
     let ttl = Duration::from_secs(24 * 3600);
-    let agent_token = emisar::tokens::issue(&db, &audit, &agent_name, Role::Agent, ttl, "bench")
-        .await
-        .expect("agent token")
-        .token;
-    emisar::users::add(
+    let agent_token =
+        emisar::server::tokens::issue(&db, &audit, &agent_name, Role::Agent, ttl, "bench")
+            .await
+            .expect("agent token")
+            .token;
+    emisar::server::users::add(
         &db,
         &audit,
         &approver,
@@ -209,7 +211,7 @@ async fn start(url: &str, dir: &Path, tag: &str) -> (Rig, PathBuf, String) {
     .await
     .expect("approver (use a database without this bench's people)");
     let approver_token =
-        emisar::tokens::issue(&db, &audit, &approver, Role::Approver, ttl, "bench")
+        emisar::server::tokens::issue(&db, &audit, &approver, Role::Approver, ttl, "bench")
             .await
             .expect("approver token")
             .token;

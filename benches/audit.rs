@@ -24,8 +24,8 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{Out, env_num, log, ms};
-use emisar::audit::{self, AuditFilter, AuditLog, NewEvent, kind};
-use emisar::db::{Db, Pool};
+use emisar::server::audit::{self, AuditFilter, AuditLog, NewEvent, kind};
+use emisar::server::db::{Db, Pool};
 use serde_json::json;
 
 const TOOLS: [&str; 20] = [
@@ -604,7 +604,7 @@ async fn run_backend(label: &str, prefix: &str, url: &str, events: u64, seed: bo
     let results = measure_queries(&db, last, queries).await;
     let _ = writeln!(
         report,
-        "**Search** (`emisar::audit::query`, limit {PAGE}, oldest first; {queries} timed \
+        "**Search** (`emisar::server::audit::query`, limit {PAGE}, oldest first; {queries} timed \
          queries per shape after 20 warm-up, one client, sequential):\n"
     );
     let _ = writeln!(
@@ -640,7 +640,7 @@ async fn run_backend(label: &str, prefix: &str, url: &str, events: u64, seed: bo
     log(format!("{label}: verify"));
     let _ = writeln!(
         report,
-        "\n**Verify** (`emisar::audit::verify(&db, None)`, whole chain):\n"
+        "\n**Verify** (`emisar::server::audit::verify(&db, None)`, whole chain):\n"
     );
     let _ = writeln!(report, "| run | events checked | wall | events/s |");
     let _ = writeln!(report, "|---:|---:|---:|---:|");

@@ -6,10 +6,11 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
-use crate::audit::{self, AuditFilter, AuditLog};
-use crate::config::{RunnerConfig, ServerConfig};
-use crate::db::Db;
+use crate::node::config::RunnerConfig;
 use crate::pack::{Action, PackSet};
+use crate::server::audit::{self, AuditFilter, AuditLog};
+use crate::server::config::ServerConfig;
+use crate::server::db::Db;
 
 #[derive(Parser)]
 #[command(
@@ -368,7 +369,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 .clone()
                 .or_else(|| config.database_url.clone())
                 .context("no database given: set database_url in the config, pass --database or set DATABASE_URL")?;
-            let app = crate::app::Application::build(config, &url).await?;
+            let app = crate::server::app::Application::build(config, &url).await?;
             let stop = app.shutdown_token();
             tokio::spawn(async move {
                 shutdown_signal().await;
@@ -383,7 +384,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         } => {
             let mut config = RunnerConfig::load_for_join(&config, server.is_some())?;
             if let (Some(server), Some(token)) = (server, join_token) {
-                config.join = Some(crate::config::JoinConfig { server, token });
+                config.join = Some(crate::node::config::JoinConfig { server, token });
             }
             let listener = tokio::net::TcpListener::bind(&config.listen)
                 .await
@@ -395,13 +396,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 s.cancel();
             });
             let state = match config.join.clone() {
-                None => crate::runner::agent::RunnerState::new(config)?,
+                None => crate::node::agent::RunnerState::new(config)?,
                 Some(join) => {
                     let packs = crate::pack::PackSet::load(config.packs_dir.as_deref())?;
                     let url = config.advertise_url.clone().unwrap_or_else(|| {
                         format!("http://{}", listener.local_addr().expect("bound"))
                     });
-                    let request = crate::fleet::JoinRequest {
+                    let request = crate::protocol::JoinRequest {
                         name: config.name.clone(),
                         url,
                         labels: config.labels.clone(),
@@ -411,19 +412,18 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                             .collect(),
                     };
                     let joined =
-                        crate::runner::join::join(&join.server, &join.token, &request, &stop)
-                            .await?;
+                        crate::node::join::join(&join.server, &join.token, &request, &stop).await?;
                     tracing::info!(server = %join.server, runner = %request.name, "joined");
-                    crate::runner::join::spawn_heartbeats(
+                    crate::node::join::spawn_heartbeats(
                         join.server.clone(),
                         joined.runner_token,
                         std::time::Duration::from_millis(joined.heartbeat_interval_ms.max(1000)),
                         stop.clone(),
                     );
-                    crate::runner::agent::RunnerState::with_key(config, &joined.server_public_key)?
+                    crate::node::agent::RunnerState::with_key(config, &joined.server_public_key)?
                 }
             };
-            crate::runner::agent::run(listener, state, stop).await?;
+            crate::node::agent::run(listener, state, stop).await?;
         }
         Command::Dev {
             state_dir,
@@ -455,13 +455,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 ttl,
                 db,
             } => {
-                let ttl = crate::tokens::parse_ttl(&ttl).map_err(anyhow::Error::msg)?;
+                let ttl = crate::server::tokens::parse_ttl(&ttl).map_err(anyhow::Error::msg)?;
                 let db = db.connect().await?;
                 let audit = AuditLog::start(db.clone());
-                let role = crate::tokens::Role::parse(&role).map_err(anyhow::Error::msg)?;
+                let role = crate::server::tokens::Role::parse(&role).map_err(anyhow::Error::msg)?;
                 if matches!(
                     role,
-                    crate::tokens::Role::Approver | crate::tokens::Role::Admin
+                    crate::server::tokens::Role::Approver | crate::server::tokens::Role::Admin
                 ) {
                     anyhow::bail!(
                         "--role {}: tokens for people come from `emisar user token NAME`, which checks the person exists",
@@ -473,7 +473,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                     .map(crate::selector::Selector::parse)
                     .transpose()
                     .map_err(anyhow::Error::msg)?;
-                let t = crate::tokens::issue_scoped(
+                let t = crate::server::tokens::issue_scoped(
                     &db,
                     &audit,
                     &agent,
@@ -492,7 +492,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             TokenCommand::Revoke { id, db } => {
                 let db = db.connect().await?;
                 let audit = AuditLog::start(db.clone());
-                if !crate::tokens::revoke(&db, &audit, &id, &cli_actor()).await? {
+                if !crate::server::tokens::revoke(&db, &audit, &id, &cli_actor()).await? {
                     eprintln!("no live token has id {id}");
                     return Ok(1);
                 }
@@ -504,18 +504,18 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             command: PolicyCommand::Check { file, packs_dir },
         } => {
             let packs = PackSet::load(packs_dir.as_deref())?;
-            let policy = crate::policy::check_file(&file, &packs)?;
+            let policy = crate::server::policy::check_file(&file, &packs)?;
             println!("ok: {} (sha256 {})", file.display(), policy.digest());
         }
         Command::Approvals { server, command } => approvals(server, command).await?,
         Command::JoinToken {
             command: JoinTokenCommand::Issue { ttl, db },
         } => {
-            let ttl = crate::tokens::parse_ttl(&ttl).map_err(anyhow::Error::msg)?;
+            let ttl = crate::server::tokens::parse_ttl(&ttl).map_err(anyhow::Error::msg)?;
             let db = db.connect().await?;
             let audit = AuditLog::start(db.clone());
             let (id, token) =
-                crate::fleet::issue_join_token(&db, &audit, ttl, &cli_actor()).await?;
+                crate::server::fleet::issue_join_token(&db, &audit, ttl, &cli_actor()).await?;
             println!("join token id: {id}");
             println!("join token:    {token}");
             eprintln!(
@@ -527,14 +527,14 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             public,
             audit_key,
         } => {
-            crate::signing::write_keypair(&private, &public)?;
+            crate::protocol::signing::write_keypair(&private, &public)?;
             println!(
                 "wrote {} (keep it secret) and {}",
                 private.display(),
                 public.display()
             );
             if let Some(path) = audit_key {
-                crate::secrets::AuditKey::generate(&path)?;
+                crate::server::secrets::AuditKey::generate(&path)?;
                 println!("wrote {} (keep it secret)", path.display());
             }
         }
@@ -651,7 +651,7 @@ async fn audit_command(command: AuditCommand) -> anyhow::Result<i32> {
             }
         }
         AuditCommand::Hash { key_file, value } => {
-            let key = crate::secrets::AuditKey::from_file(&key_file)?;
+            let key = crate::server::secrets::AuditKey::from_file(&key_file)?;
             let value = match value {
                 Some(v) => v,
                 None => {
@@ -785,7 +785,7 @@ async fn shutdown_signal() {
 }
 
 async fn user(command: UserCommand) -> anyhow::Result<()> {
-    use crate::tokens::Role;
+    use crate::server::tokens::Role;
     match command {
         UserCommand::Add {
             name,
@@ -799,11 +799,11 @@ async fn user(command: UserCommand) -> anyhow::Result<()> {
                 std::io::stdin().read_line(&mut line)?;
                 (line.trim_end_matches(['\r', '\n']).to_owned(), false)
             } else {
-                (crate::users::random_token()?, true)
+                (crate::server::users::random_token()?, true)
             };
             let db = db.connect().await?;
             let audit = AuditLog::start(db.clone());
-            crate::users::add(&db, &audit, &name, role, &password, &cli_actor()).await?;
+            crate::server::users::add(&db, &audit, &name, role, &password, &cli_actor()).await?;
             println!("added {name} ({})", role.as_str());
             if generated {
                 println!("password: {password}");
@@ -813,17 +813,18 @@ async fn user(command: UserCommand) -> anyhow::Result<()> {
         UserCommand::Remove { name, db } => {
             let db = db.connect().await?;
             let audit = AuditLog::start(db.clone());
-            crate::users::remove(&db, &audit, &name, &cli_actor()).await?;
+            crate::server::users::remove(&db, &audit, &name, &cli_actor()).await?;
             println!("removed {name}: sessions ended, API tokens revoked");
         }
         UserCommand::Token { name, ttl, db } => {
-            let ttl = crate::tokens::parse_ttl(&ttl).map_err(anyhow::Error::msg)?;
+            let ttl = crate::server::tokens::parse_ttl(&ttl).map_err(anyhow::Error::msg)?;
             let db = db.connect().await?;
             let audit = AuditLog::start(db.clone());
-            let role = crate::users::role_of(&db, &name)
+            let role = crate::server::users::role_of(&db, &name)
                 .await?
                 .with_context(|| format!("no user `{name}`: add them with `emisar user add`"))?;
-            let t = crate::tokens::issue(&db, &audit, &name, role, ttl, &cli_actor()).await?;
+            let t =
+                crate::server::tokens::issue(&db, &audit, &name, role, ttl, &cli_actor()).await?;
             println!("token id:   {}", t.id);
             println!("user:       {name} ({})", role.as_str());
             println!("expires at: {}", t.expires_at);

@@ -9,10 +9,11 @@ use serde_json::json;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::app::Application;
-use crate::audit::AuditLog;
-use crate::config::{RunnerConfig, RunnerEntry, ServerConfig};
-use crate::runner::agent::{self, RunnerState};
+use crate::node::agent::{self, RunnerState};
+use crate::node::config::RunnerConfig;
+use crate::server::app::Application;
+use crate::server::audit::AuditLog;
+use crate::server::config::{RunnerEntry, ServerConfig};
 
 pub struct DevOptions {
     pub state_dir: PathBuf,
@@ -33,7 +34,7 @@ pub async fn run(opts: DevOptions, shutdown: CancellationToken) -> anyhow::Resul
     let private = state_dir.join("server.key");
     let public = state_dir.join("server.pub");
     if !private.exists() {
-        crate::signing::write_keypair(&private, &public)?;
+        crate::protocol::signing::write_keypair(&private, &public)?;
     }
     let database_url = format!("sqlite://{}", state_dir.join("emisar.db").display());
 
@@ -57,7 +58,7 @@ pub async fn run(opts: DevOptions, shutdown: CancellationToken) -> anyhow::Resul
 
     let audit_key = state_dir.join("audit.key");
     if !audit_key.exists() {
-        crate::secrets::AuditKey::generate(&audit_key)?;
+        crate::server::secrets::AuditKey::generate(&audit_key)?;
     }
     let config = ServerConfig {
         listen: opts.listen.clone(),
@@ -76,11 +77,11 @@ pub async fn run(opts: DevOptions, shutdown: CancellationToken) -> anyhow::Resul
     let addr = app.local_addr();
     let mcp_url = format!("http://{addr}/mcp");
     let audit = AuditLog::start(app.db().clone());
-    let token = crate::tokens::issue(
+    let token = crate::server::tokens::issue(
         app.db(),
         &audit,
         DEV_AGENT,
-        crate::tokens::Role::Agent,
+        crate::server::tokens::Role::Agent,
         std::time::Duration::from_secs(30 * 86_400),
         "system:dev",
     )
@@ -88,16 +89,16 @@ pub async fn run(opts: DevOptions, shutdown: CancellationToken) -> anyhow::Resul
     // The approver is created once per state dir; its password is kept next to the database
     // (dev only: `emisar user add` never stores a password in clear).
     let password_file = state_dir.join("approver.password");
-    let password = match crate::users::role_of(app.db(), DEV_APPROVER).await? {
+    let password = match crate::server::users::role_of(app.db(), DEV_APPROVER).await? {
         Some(_) => std::fs::read_to_string(&password_file)
             .with_context(|| format!("failed to read {}", password_file.display()))?,
         None => {
-            let password = crate::users::random_token()?;
-            crate::users::add(
+            let password = crate::server::users::random_token()?;
+            crate::server::users::add(
                 app.db(),
                 &audit,
                 DEV_APPROVER,
-                crate::tokens::Role::Approver,
+                crate::server::tokens::Role::Approver,
                 &password,
                 "system:dev",
             )

@@ -2,41 +2,31 @@
 //!
 //! # Layout
 //!
-//! A tool call travels through these modules, in this order:
+//! Three rooms that never import each other except through the wire types:
 //!
-//! - [`mcp`]: the rmcp `ServerHandler`. Turns `tools/call` into a [`gateway::ToolCall`]; no policy here.
-//! - [`gateway`]: the one call path: validate → policy → audit intent → dispatch → audit outcome.
-//! - [`policy`]: pure decision from (tool, caller, runners, args) to allow, needs approval or deny.
-//! - [`audit`]: the append-only, hash-chained event log and its single writer task.
-//! - [`runner::client`]: signs a call for one runner and sends it, with a deadline.
-//! - [`runner::agent`]: the runner's HTTP server: verifies the signature, re-validates, executes.
+//! - [`server`] (`emisar serve`): the MCP adapter, the call path ([`server::gateway`]), the
+//!   approval queue, the policy, the hash-chained audit log, the store, the portal and API,
+//!   and the server's side of its runners (sign, send, breakers, health).
+//! - [`node`] (`emisar runner`, and the small `emisar-runner` binary): the per-node agent that
+//!   verifies signed calls, re-validates them against its own packs and executes them.
+//! - [`protocol`]: what crosses the wire between the two (call request and answer, the signed
+//!   call claims, the join handshake).
 //!
-//! Around them: [`pack`] (the YAML tool packs), [`db`] (PostgreSQL or SQLite), [`tokens`]
-//! (agent bearer tokens), [`signing`] (the server's Ed25519 key and the call claims),
-//! [`webhook`] (approval notices to people, off the call path), [`config`], [`app`]
-//! (`emisar serve`), [`dev`] (`emisar dev`) and [`cli`].
+//! Both sides also share the pure building blocks: [`pack`] (the YAML tool packs), [`digest`]
+//! (canonical JSON and SHA-256), [`selector`] (label selectors) and [`util`] (backoff, error
+//! chains, config files).
+//!
+//! At the top, the composition roots put the rooms together: [`cli`] (every subcommand),
+//! [`dev`] (`emisar dev`: a server and a local runner in one process) and [`stdio_bridge`]
+//! (`emisar mcp-stdio`).
 
-pub mod app;
-pub mod approvals;
-pub mod audit;
 pub mod cli;
-pub mod config;
-pub mod db;
 pub mod dev;
 pub mod digest;
-pub mod fleet;
-pub mod gateway;
-pub mod http;
-pub mod mcp;
-pub mod metrics;
+pub mod node;
 pub mod pack;
-pub mod policy;
-pub mod portal;
-pub mod runner;
-pub mod secrets;
+pub mod protocol;
 pub mod selector;
-pub mod signing;
+pub mod server;
 pub mod stdio_bridge;
-pub mod tokens;
-pub mod users;
-pub mod webhook;
+pub mod util;

@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use emisar::tokens::Role;
+use emisar::server::tokens::Role;
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, ClientRequest, ProgressNotificationParam,
 };

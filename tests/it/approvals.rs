@@ -5,10 +5,10 @@
 use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
 
-use emisar::audit::AuditFilter;
-use emisar::runner::{CallRequest, Mode};
-use emisar::signing::{CallClaims, CallSigner, ISSUER, now};
-use emisar::tokens::Role;
+use emisar::protocol::signing::{CallClaims, CallSigner, ISSUER, now};
+use emisar::protocol::{CallRequest, Mode};
+use emisar::server::audit::AuditFilter;
+use emisar::server::tokens::Role;
 use rmcp::model::{CallToolRequestParams, CallToolResult};
 use serde_json::{Value, json};
 
@@ -49,7 +49,7 @@ pub struct Portal {
 
 pub async fn add_user(app: &TestApp, name: &str, role: Role) -> String {
     let password = format!("{name}-correct-horse-battery");
-    emisar::users::add(&app.db, &app.audit, name, role, &password, "test")
+    emisar::server::users::add(&app.db, &app.audit, name, role, &password, "test")
         .await
         .unwrap();
     password
@@ -453,7 +453,7 @@ async fn approvals_refuse_what_they_should() {
     assert_eq!(still["approvals"], json!([]));
 
     // After expiry: refused, and the sweeper records the expiry.
-    let past = emisar::audit::format_at(chrono::Utc::now() - chrono::Duration::seconds(1));
+    let past = emisar::server::audit::format_at(chrono::Utc::now() - chrono::Duration::seconds(1));
     emisar::with_pool!(&app.db, pool => sqlx::query("UPDATE approvals SET expires_at = $1 WHERE id = $2")
         .bind(&past).bind(&id).execute(pool).await.map(|_| ())).unwrap();
     let (status, body) = carol.approve(&id).await;

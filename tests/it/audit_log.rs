@@ -1,8 +1,8 @@
 //! The audit log on both backends: append-only in the database itself, hash-chained,
 //! tampering found at the right event, and one chain under concurrent writers.
 
-use emisar::audit::{self, AuditLog, NewEvent};
-use emisar::db::Db;
+use emisar::server::audit::{self, AuditLog, NewEvent};
+use emisar::server::db::Db;
 use serde_json::json;
 
 use crate::both_backends;
@@ -225,7 +225,7 @@ async fn auditors_page_through_the_audit_api(backend: Backend) {
     }
     client.cancel().await.unwrap();
     let auditor = app
-        .issue_token("alice", emisar::tokens::Role::Auditor)
+        .issue_token("alice", emisar::server::tokens::Role::Auditor)
         .await;
     let http = reqwest::Client::new();
     let get = |token: &str, query: &str| {

@@ -110,7 +110,7 @@ async fn a_token_issued_by_the_cli_works_and_is_audited() {
         .unwrap()
         .trim()
         .to_owned();
-    let principal = emisar::tokens::authenticate(&app.db, &token)
+    let principal = emisar::server::tokens::authenticate(&app.db, &token)
         .await
         .unwrap()
         .unwrap();
@@ -286,7 +286,7 @@ async fn mcp_stdio_bridges_a_stdio_client() {
         "bridged"
     );
     let events = app
-        .events(emisar::audit::AuditFilter {
+        .events(emisar::server::audit::AuditFilter {
             tool: Some("testkit.echo".into()),
             ..Default::default()
         })

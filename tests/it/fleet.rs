@@ -60,10 +60,14 @@ async fn runners_join_with_a_token_and_are_chosen_by_label() {
         },
     )
     .await;
-    let (_, join_token) =
-        emisar::fleet::issue_join_token(&app.db, &app.audit, Duration::from_secs(600), "test")
-            .await
-            .unwrap();
+    let (_, join_token) = emisar::server::fleet::issue_join_token(
+        &app.db,
+        &app.audit,
+        Duration::from_secs(600),
+        "test",
+    )
+    .await
+    .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let (edge_config, _) = runner_config(dir.path(), "edge-1", "{ role = \"edge\", dc = \"dc1\" }");
     let (db_config, _) = runner_config(dir.path(), "db-1", "{ role = \"db\", dc = \"dc1\" }");
@@ -97,7 +101,7 @@ async fn runners_join_with_a_token_and_are_chosen_by_label() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let joined = app
-        .events(emisar::audit::AuditFilter {
+        .events(emisar::server::audit::AuditFilter {
             kind: Some("runner.joined".into()),
             ..Default::default()
         })
@@ -133,11 +137,11 @@ async fn runners_join_with_a_token_and_are_chosen_by_label() {
 
     // A token limited to role=db does not see the edge runner at all.
     let db = emisar::selector::Selector::parse("role=db").unwrap();
-    let limited = emisar::tokens::issue_scoped(
+    let limited = emisar::server::tokens::issue_scoped(
         &app.db,
         &app.audit,
         "db-bot",
-        emisar::tokens::Role::Agent,
+        emisar::server::tokens::Role::Agent,
         Some(&db),
         Duration::from_secs(600),
         "test",

@@ -8,10 +8,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use emisar::audit::{AuditFilter, Event};
-use emisar::policy::Policy;
-use emisar::tokens::Role;
-use emisar::webhook::{WebhookConfig, WebhookKind};
+use emisar::server::audit::{AuditFilter, Event};
+use emisar::server::policy::Policy;
+use emisar::server::tokens::Role;
+use emisar::server::webhook::{WebhookConfig, WebhookKind};
 use rmcp::model::CallToolRequestParams;
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
@@ -88,8 +88,8 @@ fn example_policy() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/policy.yaml")
 }
 
-async fn policy_events(app_db: &emisar::db::Db) -> Vec<Event> {
-    emisar::audit::query(
+async fn policy_events(app_db: &emisar::server::db::Db) -> Vec<Event> {
+    emisar::server::audit::query(
         app_db,
         &AuditFilter {
             kind: Some("policy.loaded".into()),
@@ -670,7 +670,7 @@ async fn offered(base: &str, token: &str) -> Vec<String> {
 async fn sighup_reloads_the_policy_and_a_broken_file_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    emisar::signing::write_keypair(&d.join("server.key"), &d.join("server.pub")).unwrap();
+    emisar::protocol::signing::write_keypair(&d.join("server.key"), &d.join("server.pub")).unwrap();
     let policy = write(d, "policy.yaml", POLICY);
     let url = format!("sqlite://{}", d.join("emisar.db").display());
     let port = free_port();
@@ -708,9 +708,9 @@ async fn sighup_reloads_the_policy_and_a_broken_file_changes_nothing() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let db = emisar::db::Db::connect(&url).await.unwrap();
-    let audit = emisar::audit::AuditLog::start(db.clone());
-    let token = emisar::tokens::issue(
+    let db = emisar::server::db::Db::connect(&url).await.unwrap();
+    let audit = emisar::server::audit::AuditLog::start(db.clone());
+    let token = emisar::server::tokens::issue(
         &db,
         &audit,
         TEST_AGENT,
@@ -811,7 +811,7 @@ async fn sighup_reloads_the_policy_and_a_broken_file_changes_nothing() {
         names.iter().any(|n| n == "traefik.ping") && !names.iter().any(|n| n.starts_with("nomad.")),
         "the previous policy stays in force: {names:?}"
     );
-    let report = emisar::audit::verify(&db, None).await.unwrap();
+    let report = emisar::server::audit::verify(&db, None).await.unwrap();
     assert_eq!(report.broken, None, "{report:?}");
 }
 

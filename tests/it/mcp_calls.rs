@@ -3,8 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use emisar::audit::AuditFilter;
-use emisar::config::RunnerEntry;
+use emisar::server::audit::AuditFilter;
+use emisar::server::config::RunnerEntry;
 use rmcp::model::{CallToolRequestParams, CallToolResult};
 use serde_json::{Value, json};
 
@@ -526,29 +526,29 @@ async fn requests_without_a_valid_token_get_401(backend: Backend) {
         assert_eq!(res.status(), 401, "{auth:?}");
     }
     // A revoked token stops working at once.
-    let issued = emisar::tokens::issue(
+    let issued = emisar::server::tokens::issue(
         &app.db,
         &app.audit,
         "short-lived",
-        emisar::tokens::Role::Agent,
+        emisar::server::tokens::Role::Agent,
         Duration::from_secs(60),
         "test",
     )
     .await
     .unwrap();
     assert!(
-        emisar::tokens::authenticate(&app.db, &issued.token)
+        emisar::server::tokens::authenticate(&app.db, &issued.token)
             .await
             .unwrap()
             .is_some()
     );
     assert!(
-        emisar::tokens::revoke(&app.db, &app.audit, &issued.id, "test")
+        emisar::server::tokens::revoke(&app.db, &app.audit, &issued.id, "test")
             .await
             .unwrap()
     );
     assert!(
-        emisar::tokens::authenticate(&app.db, &issued.token)
+        emisar::server::tokens::authenticate(&app.db, &issued.token)
             .await
             .unwrap()
             .is_none()

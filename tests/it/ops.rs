@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use emisar::config::RunnerEntry;
+use emisar::server::config::RunnerEntry;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
@@ -340,7 +340,7 @@ async fn agents_are_rate_limited_with_a_time_to_retry() {
     );
     // Another agent has its own bucket.
     let other = app
-        .issue_token("other-agent", emisar::tokens::Role::Agent)
+        .issue_token("other-agent", emisar::server::tokens::Role::Agent)
         .await;
     let other_client = crate::harness::tools::mcp_client(&app.mcp_url, &other).await;
     assert_eq!(
@@ -368,7 +368,7 @@ async fn an_mcp_session_belongs_to_the_token_that_opened_it() {
     )
     .await;
     let mallory = app
-        .issue_token("mallory", emisar::tokens::Role::Agent)
+        .issue_token("mallory", emisar::server::tokens::Role::Agent)
         .await;
     let http = reqwest::Client::new();
     let post = |token: &str, session: Option<&str>, body: Value| {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use emisar::audit::AuditFilter;
+use emisar::server::audit::AuditFilter;
 use rmcp::model::CallToolRequestParams;
 use serde_json::json;
 use tokio::net::{TcpListener, UnixStream};
@@ -76,7 +76,7 @@ async fn postgres_dies_under_load_and_nothing_goes_unrecorded() {
     let mut clients = Vec::new();
     for i in 0..AGENTS {
         let token = app
-            .issue_token(&format!("agent-{i}"), emisar::tokens::Role::Agent)
+            .issue_token(&format!("agent-{i}"), emisar::server::tokens::Role::Agent)
             .await;
         clients.push(crate::harness::tools::mcp_client(&app.mcp_url, &token).await);
     }
@@ -170,7 +170,7 @@ async fn postgres_dies_under_load_and_nothing_goes_unrecorded() {
         first_ok_after - up_at
     );
     // Every success is on the record, intent and outcome.
-    let db = emisar::db::Db::connect(&format!(
+    let db = emisar::server::db::Db::connect(&format!(
         "postgres://postgres@127.0.0.1:{proxy_port}/emisar"
     ))
     .await
@@ -183,7 +183,7 @@ async fn postgres_dies_under_load_and_nothing_goes_unrecorded() {
         })
         .collect();
     for call_id in &successes {
-        let events = emisar::audit::query(
+        let events = emisar::server::audit::query(
             &db,
             &AuditFilter {
                 call_id: Some((*call_id).clone()),
@@ -200,7 +200,7 @@ async fn postgres_dies_under_load_and_nothing_goes_unrecorded() {
             "call {call_id}"
         );
     }
-    let report = emisar::audit::verify(&db, None).await.unwrap();
+    let report = emisar::server::audit::verify(&db, None).await.unwrap();
     assert_eq!(report.broken, None);
     eprintln!(
         "outage test: {} calls, {} succeeded, {} refused, {during} connection attempts during the outage, reconnected after {:?}",

@@ -1,7 +1,7 @@
 //! The cluster-scoped packs of the case study: Consul and Nomad against their emulators,
 //! VictoriaMetrics for real. The seed calls these without naming runners; the server picks one.
 
-use emisar::runner::Mode;
+use emisar::protocol::Mode;
 use serde_json::json;
 
 use crate::emulators::consul::Consul;

@@ -1,7 +1,7 @@
 //! The node-scoped packs: linux and debian on this machine, linux.systemctl_restart through a
 //! recording stand-in (there is no systemd here), and FRR for real in network namespaces.
 
-use emisar::runner::Mode;
+use emisar::protocol::Mode;
 use serde_json::json;
 
 use crate::approvals::systemctl_standin;

@@ -14,7 +14,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use emisar::tokens::Role;
+use emisar::server::tokens::Role;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 

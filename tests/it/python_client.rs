@@ -1,7 +1,7 @@
 //! A second MCP client, not written here: the official Python SDK (`mcp` on PyPI), driven by
 //! tests/mcp_python_client.py against a real server, runner and Traefik.
 
-use emisar::audit::AuditFilter;
+use emisar::server::audit::AuditFilter;
 use serde_json::{Value, json};
 
 use crate::harness::app::{Options, TEST_AGENT};

@@ -4,7 +4,7 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use emisar::audit::AuditFilter;
+use emisar::server::audit::AuditFilter;
 use rmcp::model::CallToolRequestParams;
 use serde_json::json;
 
@@ -19,7 +19,7 @@ async fn two_replicas_write_one_unbroken_chain() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let pg = tokio::task::spawn_blocking(PgTestDb::create).await.unwrap();
-    emisar::signing::write_keypair(&d.join("server.key"), &d.join("server.pub")).unwrap();
+    emisar::protocol::signing::write_keypair(&d.join("server.key"), &d.join("server.pub")).unwrap();
     let mut replicas = Vec::new();
     let mut urls = Vec::new();
     for i in 0..2 {
@@ -56,13 +56,13 @@ async fn two_replicas_write_one_unbroken_chain() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
-    let db = emisar::db::Db::connect(&pg.url).await.unwrap();
-    let audit = emisar::audit::AuditLog::start(db.clone());
-    let token = emisar::tokens::issue(
+    let db = emisar::server::db::Db::connect(&pg.url).await.unwrap();
+    let audit = emisar::server::audit::AuditLog::start(db.clone());
+    let token = emisar::server::tokens::issue(
         &db,
         &audit,
         "load",
-        emisar::tokens::Role::Agent,
+        emisar::server::tokens::Role::Agent,
         Duration::from_secs(3600),
         "test",
     )
@@ -99,7 +99,7 @@ async fn two_replicas_write_one_unbroken_chain() {
     let written = per_client * 2 * CLIENTS_PER_REPLICA;
     assert_eq!(written, EVENTS);
 
-    let calls = emisar::audit::query(
+    let calls = emisar::server::audit::query(
         &db,
         &AuditFilter {
             tool: Some("emisar.runners".into()),
@@ -110,7 +110,7 @@ async fn two_replicas_write_one_unbroken_chain() {
     .await
     .unwrap();
     assert_eq!(calls.len(), written);
-    let report = emisar::audit::verify(&db, None).await.unwrap();
+    let report = emisar::server::audit::verify(&db, None).await.unwrap();
     assert_eq!(report.broken, None, "{report:?}");
     // Everything else in the log: two server.started and one token.issued.
     assert_eq!(report.checked as usize, written + 3);

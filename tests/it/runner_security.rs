@@ -3,8 +3,8 @@
 //! by talking to a real runner over HTTP with hand-made tokens.
 
 use emisar::pack::PackSet;
-use emisar::runner::{CallRequest, Mode};
-use emisar::signing::{CallClaims, CallSigner, ISSUER, now};
+use emisar::protocol::signing::{CallClaims, CallSigner, ISSUER, now};
+use emisar::protocol::{CallRequest, Mode};
 use serde_json::{Value, json};
 
 use crate::harness::app::Options;
@@ -171,7 +171,7 @@ async fn runner_refuses_every_call_it_should() {
     }
 
     // A token signed by some other key.
-    let (other_private, _) = emisar::signing::generate_keypair().unwrap();
+    let (other_private, _) = emisar::protocol::signing::generate_keypair().unwrap();
     let forged = CallSigner::from_pem(&other_private)
         .unwrap()
         .sign(&f.claims(&args))

@@ -4,10 +4,11 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use emisar::audit::{self, AuditFilter, AuditLog, Event};
-use emisar::config::{RunnerConfig, RunnerEntry, ServerConfig, ServiceConfig};
-use emisar::db::Db;
-use emisar::runner::agent::{self, RunnerState};
+use emisar::node::agent::{self, RunnerState};
+use emisar::node::config::{RunnerConfig, ServiceConfig};
+use emisar::server::audit::{self, AuditFilter, AuditLog, Event};
+use emisar::server::config::{RunnerEntry, ServerConfig};
+use emisar::server::db::Db;
 use rmcp::RoleClient;
 use rmcp::ServiceExt;
 use rmcp::service::RunningService;
@@ -131,7 +132,7 @@ pub struct Options {
     /// A policy file to load at start (the built-in policy when none).
     pub policy_file: Option<PathBuf>,
     /// Hooks told about new approval requests.
-    pub webhooks: Vec<emisar::webhook::WebhookConfig>,
+    pub webhooks: Vec<emisar::server::webhook::WebhookConfig>,
     /// The portal's address, for links in notices.
     pub public_url: Option<String>,
 }
@@ -156,7 +157,7 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
         None => {
             let private_key = dir.path().join("server.key");
             let public_key = dir.path().join("server.pub");
-            emisar::signing::write_keypair(&private_key, &public_key).unwrap();
+            emisar::protocol::signing::write_keypair(&private_key, &public_key).unwrap();
             (private_key, public_key)
         }
     };
@@ -206,7 +207,7 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
     entries.extend(options.extra_runners);
 
     let audit_key = dir.path().join("audit.key");
-    emisar::secrets::AuditKey::generate(&audit_key).unwrap();
+    emisar::server::secrets::AuditKey::generate(&audit_key).unwrap();
     let config = ServerConfig {
         listen: "127.0.0.1:0".into(),
         packs_dir: options.packs_dir.clone(),
@@ -225,7 +226,7 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
         public_url: options.public_url.clone(),
         ..ServerConfig::with_signing_key(private_key.clone())
     };
-    let app = emisar::app::Application::build(config, &database_url)
+    let app = emisar::server::app::Application::build(config, &database_url)
         .await
         .expect("server builds");
     let addr = app.local_addr();
@@ -238,11 +239,11 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
     });
     tokio::spawn(app.run_until_stopped());
     let audit = AuditLog::start(db.clone());
-    let token = emisar::tokens::issue(
+    let token = emisar::server::tokens::issue(
         &db,
         &audit,
         TEST_AGENT,
-        emisar::tokens::Role::Agent,
+        emisar::server::tokens::Role::Agent,
         Duration::from_secs(3600),
         "test",
     )
@@ -284,8 +285,8 @@ impl TestApp {
     }
 
     /// Issues another token (an auditor's, say).
-    pub async fn issue_token(&self, name: &str, role: emisar::tokens::Role) -> String {
-        emisar::tokens::issue(
+    pub async fn issue_token(&self, name: &str, role: emisar::server::tokens::Role) -> String {
+        emisar::server::tokens::issue(
             &self.db,
             &self.audit,
             name,
@@ -385,11 +386,11 @@ impl TestApp {
         runner: &str,
         tool: &str,
         args: serde_json::Value,
-        mode: emisar::runner::Mode,
+        mode: emisar::protocol::Mode,
         preview: Option<serde_json::Map<String, serde_json::Value>>,
     ) -> DirectAnswer {
-        use emisar::runner::CallRequest;
-        use emisar::signing::{CallClaims, CallSigner, ISSUER, now};
+        use emisar::protocol::CallRequest;
+        use emisar::protocol::signing::{CallClaims, CallSigner, ISSUER, now};
         let packs = emisar::pack::PackSet::load(self.packs_dir.as_deref()).unwrap();
         let pack = tool.split('.').next().unwrap();
         let request = CallRequest {

@@ -29,19 +29,19 @@ use serde_json::{Map, Value, json};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use crate::approvals::{self, Actor, Approval, ApprovalError, Approvals, State, Verdict};
-use crate::audit::{AuditError, AuditLog, NewEvent, format_at, kind};
 use crate::digest::json_digest;
 use crate::pack::{PackSet, Risk, Scope, ToolRef};
-use crate::policy::{self, Decision, Policy};
-use crate::runner::Mode;
-use crate::runner::RetryBudget;
-use crate::runner::client::{Dispatch, RunnerAnswer, RunnerClient, RunnerError};
-use crate::runner::registry::{Registry, rejection_message};
-use crate::secrets::AuditKey;
+use crate::protocol::Mode;
 use crate::selector::Selector;
-use crate::tokens::Principal;
-use crate::webhook::{Notice, Notifier};
+use crate::server::approvals::{self, Actor, Approval, ApprovalError, Approvals, State, Verdict};
+use crate::server::audit::{AuditError, AuditLog, NewEvent, format_at, kind};
+use crate::server::policy::{self, Decision, Policy};
+use crate::server::runners::RetryBudget;
+use crate::server::runners::client::{Dispatch, RunnerAnswer, RunnerClient, RunnerError};
+use crate::server::runners::registry::{Registry, rejection_message};
+use crate::server::secrets::AuditKey;
+use crate::server::tokens::Principal;
+use crate::server::webhook::{Notice, Notifier};
 
 /// The built-in tool that shows runner health to agents.
 pub const RUNNERS_TOOL: &str = "emisar.runners";
@@ -333,7 +333,7 @@ impl Gateway {
     /// the refusal is audited too.
     pub async fn load_policy(
         &self,
-        policy: Result<Policy, crate::policy::PolicyError>,
+        policy: Result<Policy, crate::server::policy::PolicyError>,
         source: &str,
         actor: &str,
     ) -> Result<(), anyhow::Error> {
@@ -448,7 +448,7 @@ impl Gateway {
             let wait = not_until.wait_time_from(governor::clock::Clock::now(
                 &governor::clock::DefaultClock::default(),
             ));
-            crate::metrics::rate_limited(&call.principal.agent);
+            crate::server::metrics::rate_limited(&call.principal.agent);
             let err = CallError::RateLimited {
                 agent: call.principal.agent.clone(),
                 per_second: self.limits.rate_per_second,
@@ -701,7 +701,7 @@ impl Gateway {
             results,
             approval: None,
         };
-        crate::metrics::tool_call(
+        crate::server::metrics::tool_call(
             &tool.name,
             if outcome.all_failed() { "error" } else { "ok" },
         );
@@ -829,7 +829,7 @@ impl Gateway {
         reason: Option<String>,
         why: String,
     ) {
-        crate::metrics::tool_call(tool, "refused");
+        crate::server::metrics::tool_call(tool, "refused");
         let event = NewEvent {
             actor: actor.to_owned(),
             kind: kind::TOOL_REJECTED.into(),
@@ -860,7 +860,7 @@ impl Gateway {
         let answer = self.dispatch_one(name, tool, dispatch).await;
         let elapsed = started.elapsed();
         let mut result = to_result(name, answer, elapsed.as_millis() as u64);
-        crate::metrics::runner_call(
+        crate::server::metrics::runner_call(
             record.tool,
             name,
             if result.ok { "ok" } else { "error" },
@@ -1139,7 +1139,7 @@ impl Gateway {
             .await
             .map_err(CallError::AuditUnavailable)?;
         self.approvals.insert(&approval).await?;
-        crate::metrics::tool_call(&approval.tool, "pending");
+        crate::server::metrics::tool_call(&approval.tool, "pending");
         if let Some(notifier) = &self.notifier {
             notifier.notify(Notice {
                 approval_id: approval.id.clone(),
@@ -1366,7 +1366,7 @@ impl Gateway {
             results,
             approval: None,
         };
-        crate::metrics::tool_call(&row.tool, if ok { "ok" } else { "error" });
+        crate::server::metrics::tool_call(&row.tool, if ok { "ok" } else { "error" });
         let result = serde_json::to_value(&outcome).expect("outcomes are JSON");
         let finished = self
             .approvals

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::backoff::Backoff;
+use crate::util::Backoff;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum State {

@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-use super::http_action::error_chain;
-use super::protocol::{CallRequest, CallResponse, Mode};
-use crate::signing::{CallClaims, CallSigner, ISSUER, TOKEN_LIFETIME, now};
+use crate::protocol::signing::{CallClaims, CallSigner, ISSUER, TOKEN_LIFETIME, now};
+use crate::protocol::{CallRequest, CallResponse, Mode};
+use crate::util::error_chain;
 
 /// The most bytes the server reads from one runner answer.
 const MAX_ANSWER_BYTES: usize = 8 * 1024 * 1024;

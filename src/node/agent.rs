@@ -20,10 +20,10 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use super::engine::{self, Env};
-use super::protocol::{CallRequest, CallResponse, Mode};
-use crate::config::RunnerConfig;
+use crate::node::config::RunnerConfig;
 use crate::pack::{PackSet, Risk, allowlist_key};
-use crate::signing::{CallVerifier, now};
+use crate::protocol::signing::{CallVerifier, now};
+use crate::protocol::{CallRequest, CallResponse, Mode};
 
 /// The most single-use ids remembered at once. Ids are forgotten when their token expires,
 /// so this bounds memory under a flood of valid calls; past it, calls are refused.

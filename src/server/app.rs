@@ -10,17 +10,17 @@ use serde_json::json;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::approvals::Approvals;
-use crate::audit::{AuditLog, NewEvent, kind};
-use crate::config::ServerConfig;
-use crate::db::Db;
-use crate::gateway::{Gateway, Limits};
 use crate::pack::PackSet;
-use crate::runner::client::RunnerClient;
-use crate::runner::registry::Registry;
-use crate::secrets::AuditKey;
-use crate::signing::CallSigner;
-use crate::webhook::Notifier;
+use crate::protocol::signing::CallSigner;
+use crate::server::approvals::Approvals;
+use crate::server::audit::{AuditLog, NewEvent, kind};
+use crate::server::config::ServerConfig;
+use crate::server::db::Db;
+use crate::server::gateway::{Gateway, Limits};
+use crate::server::runners::client::RunnerClient;
+use crate::server::runners::registry::Registry;
+use crate::server::secrets::AuditKey;
+use crate::server::webhook::Notifier;
 
 pub struct Application {
     listener: TcpListener,
@@ -40,7 +40,7 @@ impl Application {
             )
         })?;
         let signer = Arc::new(CallSigner::from_pem(&signing_pem)?);
-        let public_pem = crate::signing::public_pem_of(&signing_pem)?;
+        let public_pem = crate::protocol::signing::public_pem_of(&signing_pem)?;
         let db = Db::connect(database_url).await?;
         let audit = AuditLog::start(db.clone());
         let audit_key = config
@@ -80,7 +80,7 @@ impl Application {
             // with the file it is in, like a parse error (`load_policy` checks again).
             gateway
                 .load_policy(
-                    crate::policy::check_file(path, &packs),
+                    crate::server::policy::check_file(path, &packs),
                     &path.display().to_string(),
                     "system",
                 )
@@ -93,7 +93,7 @@ impl Application {
             config.policy_file.clone(),
             shutdown.clone(),
         )?;
-        crate::metrics::handle();
+        crate::server::metrics::handle();
         let listener = TcpListener::bind(&config.listen)
             .await
             .with_context(|| format!("failed to listen on {}", config.listen))?;
@@ -114,7 +114,7 @@ impl Application {
             .await
             .context("failed to write the first audit event")?;
         gateway.spawn_sweeper(Duration::from_secs(2), shutdown.clone());
-        crate::fleet::spawn_sync(
+        crate::server::fleet::spawn_sync(
             db.clone(),
             registry.clone(),
             Duration::from_secs(10),
@@ -127,7 +127,7 @@ impl Application {
         let mut hosts = config.allowed_hosts.clone();
         // The bound address itself is always acceptable (tests and `dev` use port 0).
         hosts.push(addr.to_string());
-        let router = crate::http::router(
+        let router = crate::server::http::router(
             gateway,
             db.clone(),
             public_pem,
@@ -194,7 +194,7 @@ fn spawn_policy_reload(
             let source = path.display().to_string();
             match gateway
                 .load_policy(
-                    crate::policy::check_file(path, gateway.packs()),
+                    crate::server::policy::check_file(path, gateway.packs()),
                     &source,
                     "system:sighup",
                 )

@@ -4,46 +4,26 @@
 //! A runner presents a join token once and gets back its own runner token (for heartbeats)
 //! and the server's public key (to verify calls). Only hashes of both tokens are stored.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine;
-use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::audit::{AuditLog, NewEvent, format_at};
-use crate::config::RunnerEntry;
-use crate::db::Db;
 use crate::digest::sha256_hex;
 use crate::pack::is_identifier;
-use crate::runner::registry::Registry;
+use crate::protocol::{JoinRequest, JoinResponse};
+use crate::server::audit::{AuditLog, NewEvent, format_at};
+use crate::server::config::RunnerEntry;
+use crate::server::db::Db;
+use crate::server::runners::registry::Registry;
 use crate::with_pool;
 
 const JOIN_PREFIX: &str = "emj_";
 const RUNNER_PREFIX: &str = "emr_";
 /// How often a joined runner sends a heartbeat.
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(10);
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct JoinRequest {
-    pub name: String,
-    /// Where the server reaches this runner.
-    pub url: String,
-    #[serde(default)]
-    pub labels: BTreeMap<String, String>,
-    /// The packs it serves, with their digests.
-    pub packs: BTreeMap<String, String>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct JoinResponse {
-    pub runner_token: String,
-    pub server_public_key: String,
-    pub heartbeat_interval_ms: u64,
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum FleetError {
@@ -54,7 +34,7 @@ pub enum FleetError {
     #[error("the store failed: {0}")]
     Store(#[from] sqlx::Error),
     #[error("the audit log cannot record this: {0}")]
-    Audit(#[from] crate::audit::AuditError),
+    Audit(#[from] crate::server::audit::AuditError),
 }
 
 fn random_token(prefix: &str) -> Result<String, FleetError> {

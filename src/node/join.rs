@@ -6,8 +6,8 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
-use super::backoff::Backoff;
-use crate::fleet::{JoinRequest, JoinResponse};
+use crate::protocol::{JoinRequest, JoinResponse};
+use crate::util::{Backoff, error_chain};
 
 fn client() -> reqwest::Client {
     reqwest::Client::builder()
@@ -53,7 +53,7 @@ pub async fn join(
                 );
             }
             Ok(r) => format!("HTTP {}", r.status()),
-            Err(e) => super::http_action::error_chain(&e),
+            Err(e) => error_chain(&e),
         };
         let wait = backoff.delay(attempt);
         attempt = attempt.saturating_add(1);
@@ -100,7 +100,7 @@ pub fn spawn_heartbeats(
                 }
                 Err(e) => {
                     failures = failures.saturating_add(1);
-                    tracing::warn!(error = %super::http_action::error_chain(&e), "heartbeat failed");
+                    tracing::warn!(error = %error_chain(&e), "heartbeat failed");
                 }
             }
         }

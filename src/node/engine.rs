@@ -8,10 +8,10 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value, json};
 
-use super::protocol::Mode;
 use super::{exec, http_action};
-use crate::config::ServiceConfig;
+use crate::node::config::ServiceConfig;
 use crate::pack::{Action, Step, StepKind, Tool};
+use crate::protocol::Mode;
 
 /// What the engine needs from the runner's configuration.
 pub struct Env<'a> {

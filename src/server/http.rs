@@ -24,10 +24,10 @@ use axum::{Json, Router};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::db::Db;
-use crate::gateway::Gateway;
-use crate::mcp::GatewaySource;
-use crate::tokens::{Principal, Role};
+use crate::server::db::Db;
+use crate::server::gateway::Gateway;
+use crate::server::mcp::GatewaySource;
+use crate::server::tokens::{Principal, Role};
 
 /// The most session bindings remembered; past it the oldest half is forgotten (a forgotten
 /// session is bound again to the next token that uses it).
@@ -45,7 +45,7 @@ pub struct HttpState {
     pub gateway: Arc<Gateway>,
     /// MCP session id → (token id, order of binding).
     sessions: Arc<Mutex<HashMap<String, (String, u64)>>>,
-    tokens: Arc<crate::tokens::TokenCache>,
+    tokens: Arc<crate::server::tokens::TokenCache>,
     /// Handed to runners that join, so they can verify the calls this server signs.
     server_public_key: Arc<String>,
     next_binding: Arc<std::sync::atomic::AtomicU64>,
@@ -59,7 +59,7 @@ pub fn router(
     secure_cookies: bool,
     shutdown: CancellationToken,
 ) -> Router {
-    let mcp = crate::mcp::service(
+    let mcp = crate::server::mcp::service(
         Arc::new(GatewaySource(gateway.clone())),
         allowed_hosts,
         shutdown,
@@ -81,27 +81,33 @@ pub fn router(
         .route("/api/runners", get(api_runners))
         .route("/api/audit", get(api_audit))
         .route("/api/audit/export", get(api_audit_export))
-        .route("/api/session", get(crate::portal::session))
-        .route("/api/logout", axum::routing::post(crate::portal::logout))
-        .route("/api/approvals", get(crate::portal::list))
-        .route("/api/approvals/{id}", get(crate::portal::show))
+        .route("/api/session", get(crate::server::portal::session))
+        .route(
+            "/api/logout",
+            axum::routing::post(crate::server::portal::logout),
+        )
+        .route("/api/approvals", get(crate::server::portal::list))
+        .route("/api/approvals/{id}", get(crate::server::portal::show))
         .route(
             "/api/approvals/{id}/approve",
-            axum::routing::post(crate::portal::approve),
+            axum::routing::post(crate::server::portal::approve),
         )
         .route(
             "/api/approvals/{id}/deny",
-            axum::routing::post(crate::portal::deny),
+            axum::routing::post(crate::server::portal::deny),
         )
-        .route("/api/events", get(crate::portal::events))
+        .route("/api/events", get(crate::server::portal::events))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             bearer_auth,
         ));
     Router::new()
-        .route("/", get(crate::portal::index))
-        .route("/assets/{file}", get(crate::portal::asset))
-        .route("/api/login", axum::routing::post(crate::portal::login))
+        .route("/", get(crate::server::portal::index))
+        .route("/assets/{file}", get(crate::server::portal::asset))
+        .route(
+            "/api/login",
+            axum::routing::post(crate::server::portal::login),
+        )
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/readyz", get(readyz))
         .route("/api/runners/join", axum::routing::post(runner_join))
@@ -111,8 +117,10 @@ pub fn router(
         )
         .route("/metrics", get(metrics))
         .merge(protected)
-        .fallback(crate::portal::not_found)
-        .layer(axum::middleware::from_fn(crate::portal::security_headers))
+        .fallback(crate::server::portal::not_found)
+        .layer(axum::middleware::from_fn(
+            crate::server::portal::security_headers,
+        ))
         .with_state(state)
 }
 
@@ -138,21 +146,21 @@ async fn bearer_auth(State(state): State<HttpState>, mut req: Request, next: Nex
     };
     let principal = match (
         bearer(req.headers()).map(str::to_owned),
-        crate::portal::session_cookie(req.headers()),
+        crate::server::portal::session_cookie(req.headers()),
     ) {
         (Some(token), _) => match state.tokens.authenticate(&state.db, &token).await {
             Ok(Some(principal)) => principal,
             Ok(None) => return unauthorized("the bearer token is unknown, expired or revoked"),
             Err(e) => return unavailable(&state, &e),
         },
-        (None, Some(cookie)) => match crate::users::session(&state.db, &cookie).await {
+        (None, Some(cookie)) => match crate::server::users::session(&state.db, &cookie).await {
             Ok(Some(session)) => {
                 let safe = matches!(*req.method(), Method::GET | Method::HEAD);
                 let csrf_ok = req
                     .headers()
                     .get("x-csrf-token")
                     .and_then(|v| v.to_str().ok())
-                    .is_some_and(|t| crate::users::same_secret(t, &session.csrf));
+                    .is_some_and(|t| crate::server::users::same_secret(t, &session.csrf));
                 if !safe && !csrf_ok {
                     return (
                         StatusCode::FORBIDDEN,
@@ -279,7 +287,7 @@ async fn api_audit(State(state): State<HttpState>, query: AuditQueryResult) -> R
         Err(e) => return bad_request(e),
     };
     let limit = filter.limit;
-    match crate::audit::query(&state.db, &filter).await {
+    match crate::server::audit::query(&state.db, &filter).await {
         Ok(events) => {
             let next_cursor = (events.len() as i64 == limit)
                 .then(|| events.last().map(|e| e.seq.to_string()))
@@ -303,7 +311,7 @@ async fn api_audit_export(State(state): State<HttpState>, query: AuditQueryResul
     let mut out = String::new();
     let mut count = 0;
     loop {
-        let events = match crate::audit::query(&state.db, &filter).await {
+        let events = match crate::server::audit::query(&state.db, &filter).await {
             Ok(events) => events,
             Err(e) => return audit_unavailable(e),
         };
@@ -350,7 +358,7 @@ fn audit_unavailable(e: impl std::fmt::Display) -> Response {
 fn audit_filter(
     query: AuditQueryResult,
     default_limit: i64,
-) -> Result<crate::audit::AuditFilter, String> {
+) -> Result<crate::server::audit::AuditFilter, String> {
     let q = match query {
         Ok(axum::extract::Query(q)) => q,
         Err(e) => return Err(format!("invalid query: {}", e.body_text())),
@@ -385,7 +393,7 @@ fn audit_filter(
     if !(1..=MAX_PAGE).contains(&limit) {
         return Err(format!("`limit` must be between 1 and {MAX_PAGE}"));
     }
-    Ok(crate::audit::AuditFilter {
+    Ok(crate::server::audit::AuditFilter {
         tool: q.tool,
         runner: q.runner,
         actor: q.actor,
@@ -407,8 +415,8 @@ fn bearer(headers: &axum::http::HeaderMap) -> Option<&str> {
         .and_then(|v| v.strip_prefix("Bearer "))
 }
 
-fn fleet_error(e: crate::fleet::FleetError) -> Response {
-    use crate::fleet::FleetError;
+fn fleet_error(e: crate::server::fleet::FleetError) -> Response {
+    use crate::server::fleet::FleetError;
     let status = match &e {
         FleetError::Invalid(_) => StatusCode::BAD_REQUEST,
         FleetError::Unauthorized => StatusCode::UNAUTHORIZED,
@@ -424,16 +432,16 @@ fn fleet_error(e: crate::fleet::FleetError) -> Response {
 async fn runner_join(
     State(state): State<HttpState>,
     headers: axum::http::HeaderMap,
-    body: Result<Json<crate::fleet::JoinRequest>, axum::extract::rejection::JsonRejection>,
+    body: Result<Json<crate::protocol::JoinRequest>, axum::extract::rejection::JsonRejection>,
 ) -> Response {
     let Some(token) = bearer(&headers) else {
-        return fleet_error(crate::fleet::FleetError::Unauthorized);
+        return fleet_error(crate::server::fleet::FleetError::Unauthorized);
     };
     let request = match body {
         Ok(Json(r)) => r,
-        Err(e) => return fleet_error(crate::fleet::FleetError::Invalid(e.body_text())),
+        Err(e) => return fleet_error(crate::server::fleet::FleetError::Invalid(e.body_text())),
     };
-    match crate::fleet::join(
+    match crate::server::fleet::join(
         &state.db,
         state.gateway.audit(),
         state.gateway.runners(),
@@ -454,9 +462,9 @@ async fn runner_heartbeat(
     headers: axum::http::HeaderMap,
 ) -> Response {
     let Some(token) = bearer(&headers) else {
-        return fleet_error(crate::fleet::FleetError::Unauthorized);
+        return fleet_error(crate::server::fleet::FleetError::Unauthorized);
     };
-    match crate::fleet::heartbeat(&state.db, state.gateway.runners(), token).await {
+    match crate::server::fleet::heartbeat(&state.db, state.gateway.runners(), token).await {
         Ok(name) => Json(json!({"runner": name})).into_response(),
         Err(e) => fleet_error(e),
     }
@@ -495,7 +503,7 @@ async fn readyz(State(state): State<HttpState>) -> Response {
 }
 
 async fn metrics() -> Response {
-    let handle = crate::metrics::handle();
+    let handle = crate::server::metrics::handle();
     handle.run_upkeep();
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],

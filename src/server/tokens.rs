@@ -8,10 +8,10 @@ use std::time::Duration;
 use base64::Engine;
 use serde_json::json;
 
-use crate::audit::{AuditLog, NewEvent, format_at, kind};
-use crate::db::Db;
 use crate::digest::sha256_hex;
 use crate::selector::Selector;
+use crate::server::audit::{AuditLog, NewEvent, format_at, kind};
+use crate::server::db::Db;
 use crate::with_pool;
 
 const PREFIX: &str = "emt_";

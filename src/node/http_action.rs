@@ -5,8 +5,9 @@
 
 use serde_json::{Map, Value, json};
 
-use crate::config::ServiceConfig;
+use super::config::ServiceConfig;
 use crate::pack::HttpAction;
+use crate::util::error_chain;
 
 pub struct HttpResult {
     pub status: u16,
@@ -92,18 +93,4 @@ pub async fn run(
         body,
         truncated,
     })
-}
-
-/// reqwest's top-level message hides the cause ("error sending request"); the chain has it.
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut parts = vec![e.to_string()];
-    let mut source = e.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !parts.iter().any(|p| p.contains(&text)) {
-            parts.push(text);
-        }
-        source = s.source();
-    }
-    parts.join(": ")
 }

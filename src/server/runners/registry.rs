@@ -12,10 +12,11 @@ use serde::Serialize;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::backoff::{Backoff, random_below};
 use super::breaker::{Breaker, Rejection};
-use crate::config::RunnerEntry;
 use crate::selector::Selector;
+use crate::server::config::RunnerEntry;
+use crate::util::Backoff;
+use crate::util::backoff::random_below;
 
 /// Consecutive failures that open a runner's breaker.
 const BREAKER_THRESHOLD: u32 = 3;
@@ -220,7 +221,7 @@ impl Registry {
                     h.last_error = Some(reason.to_owned());
                 }
             }
-            crate::metrics::breaker_state(name, h.breaker.level());
+            crate::server::metrics::breaker_state(name, h.breaker.level());
         }
     }
 
@@ -246,8 +247,8 @@ impl Registry {
                 h.last_error = Some(format!("health probe: {e}"));
             }
         }
-        crate::metrics::runner_up(name, h.heartbeat_ok == Some(true));
-        crate::metrics::breaker_state(name, h.breaker.level());
+        crate::server::metrics::runner_up(name, h.heartbeat_ok == Some(true));
+        crate::server::metrics::breaker_state(name, h.breaker.level());
         h.probe_failures
     }
 
@@ -320,7 +321,7 @@ impl Registry {
                 let result = match http.get(&url).send().await {
                     Ok(r) if r.status().is_success() => Ok(()),
                     Ok(r) => Err(format!("HTTP {}", r.status())),
-                    Err(e) => Err(super::http_action::error_chain(&e)),
+                    Err(e) => Err(crate::util::error_chain(&e)),
                 };
                 let failures = registry.record_heartbeat(&name, result);
                 wait = if failures == 0 {

@@ -11,7 +11,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::chain::{Event, NewEvent};
 use super::store;
-use crate::db::Db;
+use crate::server::db::Db;
 
 /// How many events one transaction may carry.
 const MAX_BATCH: usize = 256;
@@ -98,9 +98,9 @@ async fn run(db: Db, mut rx: mpsc::Receiver<Queued>, health: Arc<Mutex<Option<St
         let size = events.len();
         let started = std::time::Instant::now();
         let result = store::append_batch(&db, events).await;
-        crate::metrics::audit_batch(size, started.elapsed().as_secs_f64(), result.is_ok());
+        crate::server::metrics::audit_batch(size, started.elapsed().as_secs_f64(), result.is_ok());
         if let Some(oldest) = oldest {
-            crate::metrics::audit_lag(oldest.elapsed().as_secs_f64());
+            crate::server::metrics::audit_lag(oldest.elapsed().as_secs_f64());
         }
         *health.lock().unwrap_or_else(|p| p.into_inner()) = result
             .as_ref()

@@ -23,7 +23,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePo
 use sqlx::{AssertSqlSafe, ConnectOptions};
 use tokio::sync::watch;
 
-use crate::runner::Backoff;
+use crate::util::Backoff;
 
 static PG_MIGRATOR: Migrator = sqlx::migrate!("./migrations/postgres");
 static SQLITE_MIGRATOR: Migrator = sqlx::migrate!("./migrations/sqlite");
@@ -56,8 +56,8 @@ struct Gate {
 macro_rules! with_pool {
     ($db:expr, $pool:ident => $body:expr) => {
         match $db.pool() {
-            $crate::db::Pool::Pg($pool) => $body,
-            $crate::db::Pool::Sqlite($pool) => $body,
+            $crate::server::db::Pool::Pg($pool) => $body,
+            $crate::server::db::Pool::Sqlite($pool) => $body,
         }
     };
 }

@@ -21,9 +21,9 @@ use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::gateway::{CallContext, CallError, Gateway, OfferedTool, Progress, ToolCall};
 use crate::pack::Risk;
-use crate::tokens::Principal;
+use crate::server::gateway::{CallContext, CallError, Gateway, OfferedTool, Progress, ToolCall};
+use crate::server::tokens::Principal;
 
 /// Where the adapter's tools come from. `caller` is the principal the auth layer attached,
 /// if the wiring has auth.

@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use crate::runner::Backoff;
+use crate::util::Backoff;
 
 /// Notices waiting for one hook; past this, new ones are dropped.
 pub const QUEUE: usize = 1024;
@@ -277,7 +277,7 @@ impl Notifier {
                 Err(mpsc::error::TrySendError::Closed(_)) => "stopped",
             };
             tracing::warn!(host = %host, approval_id = %notice.approval_id, reason, "webhook notice dropped");
-            crate::metrics::webhook_dropped(host, reason);
+            crate::server::metrics::webhook_dropped(host, reason);
         }
     }
 }
@@ -318,7 +318,7 @@ async fn worker(
                     tracing::warn!(host = %hook.host, approval_id = %notice.approval_id, "webhook delivery abandoned at shutdown");
                 }
                 delivery = deliver(&client, &hook, &body, &settings, &notice.approval_id) => {
-                    crate::metrics::webhook_delivery(&hook.host, delivery.outcome.as_str());
+                    crate::server::metrics::webhook_delivery(&hook.host, delivery.outcome.as_str());
                 }
             }
         });

@@ -11,10 +11,10 @@ use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, Salt
 use base64::Engine;
 use serde_json::json;
 
-use crate::audit::{AuditLog, NewEvent, format_at, kind};
-use crate::db::Db;
 use crate::digest::sha256_hex;
-use crate::tokens::Role;
+use crate::server::audit::{AuditLog, NewEvent, format_at, kind};
+use crate::server::db::Db;
+use crate::server::tokens::Role;
 use crate::with_pool;
 
 /// How long a portal session lasts.
@@ -31,7 +31,7 @@ pub enum UserError {
     #[error(transparent)]
     Store(#[from] sqlx::Error),
     #[error(transparent)]
-    Audit(#[from] crate::audit::AuditError),
+    Audit(#[from] crate::server::audit::AuditError),
 }
 
 /// A logged-in person.

@@ -28,8 +28,8 @@ use serde_json::{Map, Value, json};
 use sqlx::{AssertSqlSafe, Row};
 use tokio::sync::broadcast;
 
-use crate::audit::{AuditError, AuditLog, NewEvent, format_at};
-use crate::db::{Db, Pool};
+use crate::server::audit::{AuditError, AuditLog, NewEvent, format_at};
+use crate::server::db::{Db, Pool};
 use crate::with_pool;
 
 /// The PostgreSQL channel that carries approval changes between replicas.
@@ -267,7 +267,7 @@ pub fn decide(
             next.decided_by = Some(who.actor.clone());
             let event = row.event(
                 &who.actor,
-                crate::audit::kind::APPROVAL_DENIED,
+                crate::server::audit::kind::APPROVAL_DENIED,
                 json!({"note": note}),
             );
             Ok(Change {
@@ -292,7 +292,7 @@ pub fn decide(
             }
             let event = row.event(
                 &who.actor,
-                crate::audit::kind::APPROVAL_APPROVED,
+                crate::server::audit::kind::APPROVAL_APPROVED,
                 json!({"votes": votes, "required": row.required_approvals, "state": next.state}),
             );
             Ok(Change {
@@ -685,7 +685,7 @@ impl Approvals {
             let event = nothing_ran.then(|| {
                 let mut e = r.event(
                     &r.requester,
-                    crate::audit::kind::CALL_FAILED,
+                    crate::server::audit::kind::CALL_FAILED,
                     json!({"error": note, "state": state}),
                 );
                 e.outcome = Some("error".into());
@@ -740,7 +740,7 @@ async fn listen(
         return;
     };
     let backoff =
-        crate::runner::Backoff::try_new(Duration::from_millis(200), Duration::from_secs(30))
+        crate::util::Backoff::try_new(Duration::from_millis(200), Duration::from_secs(30))
             .expect("valid bounds");
     let mut failures = 0u32;
     loop {

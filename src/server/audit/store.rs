@@ -8,7 +8,7 @@ use serde_json::Value;
 use sqlx::AssertSqlSafe;
 
 use super::chain::{Event, GENESIS_HASH, NewEvent, Verifier, VerifyReport, format_at};
-use crate::db::{Db, Pool};
+use crate::server::db::{Db, Pool};
 use crate::with_pool;
 
 /// An advisory lock key that serializes appends across every `emisar serve` replica.

@@ -14,17 +14,17 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde_json::{Value, json};
 
-use crate::approvals::{ApprovalError, State as ApprovalState, Verdict};
-use crate::http::HttpState;
-use crate::tokens::Principal;
-use crate::users::{Session, UserError};
+use crate::server::approvals::{ApprovalError, State as ApprovalState, Verdict};
+use crate::server::http::HttpState;
+use crate::server::tokens::Principal;
+use crate::server::users::{Session, UserError};
 
 const COOKIE: &str = "emisar_session";
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
 
-const INDEX_HTML: &str = include_str!("../web/index.html");
-const APP_JS: &str = include_str!("../web/app.js");
-const APP_CSS: &str = include_str!("../web/app.css");
+const INDEX_HTML: &str = include_str!("../../web/index.html");
+const APP_JS: &str = include_str!("../../web/app.js");
+const APP_CSS: &str = include_str!("../../web/app.css");
 
 pub async fn index() -> Response {
     (
@@ -132,7 +132,7 @@ pub async fn login(
             "too many login attempts for this user: wait a minute",
         );
     }
-    match crate::users::login(
+    match crate::server::users::login(
         &state.db,
         state.gateway.audit(),
         &login.name,
@@ -141,7 +141,7 @@ pub async fn login(
     .await
     {
         Ok((session, id)) => {
-            let ttl = crate::users::SESSION_TTL.as_secs();
+            let ttl = crate::server::users::SESSION_TTL.as_secs();
             let mut response = Json(session_json(&session)).into_response();
             response
                 .headers_mut()
@@ -181,7 +181,7 @@ pub async fn logout(
             "this request carries a bearer token, not a portal session",
         );
     };
-    if let Err(e) = crate::users::logout(&state.db, state.gateway.audit(), &s).await {
+    if let Err(e) = crate::server::users::logout(&state.db, state.gateway.audit(), &s).await {
         tracing::error!(error = %e, "logout failed");
         return error(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -209,7 +209,7 @@ fn approval_error(e: ApprovalError) -> Response {
 }
 
 /// An approval as people see it: the request plus its tool's description.
-fn view(state: &HttpState, a: &crate::approvals::Approval) -> Value {
+fn view(state: &HttpState, a: &crate::server::approvals::Approval) -> Value {
     let mut v = serde_json::to_value(a).expect("approvals are JSON");
     let description = state
         .gateway

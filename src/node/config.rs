@@ -1,0 +1,222 @@
+//! Typed settings for `emisar runner` (runner.toml).
+//!
+//! Unknown keys are errors, so a typo never silently leaves a default in place.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use serde::Deserialize;
+
+use crate::pack::PackSet;
+use crate::util::config::read_toml;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunnerConfig {
+    /// This runner's name: signed calls must carry it as their audience.
+    pub name: String,
+    #[serde(default = "default_runner_listen")]
+    pub listen: String,
+    /// The server's Ed25519 public key (SPKI PEM). A runner that joins gets it from the
+    /// server instead (over the join token's channel: use https for the server URL).
+    #[serde(default)]
+    pub server_public_key_file: Option<PathBuf>,
+    /// Labels that agents' and tokens' selectors match, e.g. `{ role = "edge" }`.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// The URL the server reaches this runner at, when it joins (default: `http://LISTEN`).
+    #[serde(default)]
+    pub advertise_url: Option<String>,
+    /// Join a server instead of being listed in its config.
+    #[serde(default)]
+    pub join: Option<JoinConfig>,
+    #[serde(default)]
+    pub packs_dir: Option<PathBuf>,
+    /// PATH for exec actions (the rest of the environment is cleared).
+    #[serde(default = "default_exec_path")]
+    pub exec_path: String,
+    /// The most bytes of output any action may return; the rest is cut with a marker.
+    #[serde(default = "default_max_output_bytes")]
+    pub max_output_bytes: usize,
+    /// Local services, by the name packs use. Missing ones get their standard local address.
+    #[serde(default)]
+    pub services: BTreeMap<String, ServiceConfig>,
+    /// Program name → the argv that replaces it, e.g.
+    /// `vtysh = ["/usr/bin/vtysh", "--vty_socket", "/run/frr"]`.
+    #[serde(default)]
+    pub programs: BTreeMap<String, Vec<String>>,
+    /// Allowlists that params refer to (`allowlist: systemd_units` in a pack). A list that is
+    /// not here is empty: every value is refused.
+    #[serde(default)]
+    pub allowlists: BTreeMap<String, Vec<String>>,
+}
+
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JoinConfig {
+    /// The server's base URL, e.g. https://emisar.example.internal.
+    pub server: String,
+    /// A join token from `emisar join-token issue`.
+    pub token: String,
+}
+
+impl std::fmt::Debug for JoinConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JoinConfig")
+            .field("server", &self.server)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceConfig {
+    pub base_url: String,
+    /// Headers sent with every request, e.g. an ACL token. They stay on this node.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+}
+
+impl std::fmt::Debug for ServiceConfig {
+    // Header values are credentials: never print them.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServiceConfig")
+            .field("base_url", &self.base_url)
+            .field("headers", &self.headers.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+fn default_runner_listen() -> String {
+    "127.0.0.1:7701".into()
+}
+fn default_exec_path() -> String {
+    "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into()
+}
+fn default_max_output_bytes() -> usize {
+    1024 * 1024
+}
+
+/// The standard local address of each service a stock pack talks to.
+pub const STANDARD_SERVICES: &[(&str, &str)] = &[
+    ("traefik", "http://127.0.0.1:8080"),
+    ("consul", "http://127.0.0.1:8500"),
+    ("nomad", "http://127.0.0.1:4646"),
+    ("victoriametrics", "http://127.0.0.1:8428"),
+];
+
+impl RunnerConfig {
+    /// Every setting at its default, standard services filled in.
+    pub fn with_name(name: &str) -> Self {
+        let mut c = RunnerConfig {
+            name: name.to_owned(),
+            listen: default_runner_listen(),
+            server_public_key_file: None,
+            labels: BTreeMap::new(),
+            advertise_url: None,
+            join: None,
+            packs_dir: None,
+            exec_path: default_exec_path(),
+            max_output_bytes: default_max_output_bytes(),
+            services: BTreeMap::new(),
+            programs: BTreeMap::new(),
+            allowlists: BTreeMap::new(),
+        };
+        c.fill_standard_services();
+        c
+    }
+
+    pub fn load(path: &Path) -> anyhow::Result<Self> {
+        Self::load_for_join(path, false)
+    }
+
+    /// Loads runner.toml; `joining` says the command line supplies the join settings, so
+    /// the server's public key may come from the server.
+    pub fn load_for_join(path: &Path, joining: bool) -> anyhow::Result<Self> {
+        let mut c: Self = read_toml(path)?;
+        c.fill_standard_services();
+        if joining && c.join.is_none() {
+            c.join = Some(JoinConfig {
+                server: String::new(),
+                token: String::new(),
+            });
+        }
+        c.check()?;
+        Ok(c)
+    }
+
+    pub fn fill_standard_services(&mut self) {
+        for (name, url) in STANDARD_SERVICES {
+            self.services
+                .entry((*name).to_owned())
+                .or_insert_with(|| ServiceConfig {
+                    base_url: (*url).to_owned(),
+                    headers: BTreeMap::new(),
+                });
+        }
+    }
+
+    pub fn check(&self) -> anyhow::Result<()> {
+        if !crate::pack::is_identifier(&self.name) {
+            anyhow::bail!("name `{}` must be an identifier", self.name);
+        }
+        if self.server_public_key_file.is_none() && self.join.is_none() {
+            anyhow::bail!(
+                "server_public_key_file is required unless the runner joins a server ([join] or --server/--join-token)"
+            );
+        }
+        for (k, v) in &self.labels {
+            if !crate::pack::is_identifier(k) || !crate::pack::is_identifier(v) {
+                anyhow::bail!("labels: `{k} = {v}` must be identifiers");
+            }
+        }
+        for (name, s) in &self.services {
+            let url = reqwest::Url::parse(&s.base_url).with_context(|| {
+                format!("services.{name}.base_url `{}` is not a URL", s.base_url)
+            })?;
+            if !matches!(url.scheme(), "http" | "https") {
+                anyhow::bail!("services.{name}.base_url must be http or https");
+            }
+        }
+        for (name, argv) in &self.programs {
+            if argv.is_empty() || !argv[0].starts_with('/') {
+                anyhow::bail!(
+                    "programs.{name} must be a non-empty argv starting with an absolute path"
+                );
+            }
+        }
+        if self.max_output_bytes < 1024 || self.max_output_bytes > 64 * 1024 * 1024 {
+            anyhow::bail!("max_output_bytes must be between 1024 and 67108864");
+        }
+        Ok(())
+    }
+
+    /// Every pack with http actions needs its service configured.
+    pub fn check_services(&self, packs: &PackSet) -> anyhow::Result<()> {
+        for p in packs.packs() {
+            if let Some(s) = &p.service
+                && !self.services.contains_key(s)
+            {
+                anyhow::bail!(
+                    "pack `{}` needs [services.{s}] in the runner config",
+                    p.name
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shipped_example_loads() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+        let runner = RunnerConfig::load(&root.join("runner.toml")).unwrap();
+        assert_eq!(runner.services["nomad"].base_url, "http://127.0.0.1:4646");
+        assert!(!format!("{:?}", runner.services["consul"]).contains("replace-with"));
+    }
+}

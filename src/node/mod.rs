@@ -1,0 +1,13 @@
+//! What runs on a node: `emisar runner`. It imports nothing of the server; the wire types it
+//! shares with the server live in [`crate::protocol`].
+//!
+//! `agent` is the runner's HTTP server (verifies, re-validates and executes signed calls);
+//! `engine` runs a tool's steps; `exec` and `http_action` are the two kinds of action, and
+//! only `exec` spawns processes; `join` is the runner's side of joining a server.
+
+pub mod agent;
+pub mod config;
+mod engine;
+mod exec;
+mod http_action;
+pub mod join;

@@ -1,0 +1,20 @@
+//! The server: `emisar serve`. Everything here runs on the server's host and nothing here
+//! runs on a node; it reaches runners only through [`crate::protocol`] on the wire.
+
+pub mod app;
+pub mod approvals;
+pub mod audit;
+pub mod config;
+pub mod db;
+pub mod fleet;
+pub mod gateway;
+pub mod http;
+pub mod mcp;
+pub mod metrics;
+pub mod policy;
+pub mod portal;
+pub mod runners;
+pub mod secrets;
+pub mod tokens;
+pub mod users;
+pub mod webhook;

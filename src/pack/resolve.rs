@@ -336,6 +336,18 @@ fn resolve_tool(pack: &RawPack, name: &str, raw: &RawTool) -> Result<Tool, Strin
     })
 }
 
+/// The schema of `reason`, which every tool takes: recorded in the audit log, so it must say
+/// something (not only whitespace) and stay short.
+pub fn reason_schema(description: &str) -> Value {
+    json!({
+        "type": "string",
+        "minLength": 1,
+        "maxLength": 2000,
+        "pattern": "\\S",
+        "description": description,
+    })
+}
+
 /// The MCP input schema: the pack params plus `runners`, `selector`, `reason` and `raw`.
 /// Which runners exist changes at run time; [`with_runner_names`] adds them for a listing.
 pub fn input_schema(tool: &Tool) -> Map<String, Value> {
@@ -358,13 +370,7 @@ pub fn input_schema(tool: &Tool) -> Map<String, Value> {
         "pattern": crate::selector::PATTERN,
         "description": "Instead of `runners`: every runner whose labels match, e.g. `role=edge,dc=dc1`.",
     });
-    let reason = json!({
-        "type": "string",
-        "minLength": 1,
-        "maxLength": 2000,
-        "pattern": "\\S",
-        "description": "Why you are making this call. Recorded in the audit log.",
-    });
+    let reason = reason_schema("Why you are making this call. Recorded in the audit log.");
     let raw = json!({
         "type": "boolean",
         "description": "Return the service's unshaped answer instead of the compact summary (still capped in size).",

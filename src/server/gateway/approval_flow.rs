@@ -1,0 +1,616 @@
+//! The approval part of the call path: request (with preview) → wait (with progress) →
+//! decide (people) → execute (exactly once, across replicas) → expire and sweep.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Map, Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::builtins::{APPROVAL_STATUS_TOOL, APPROVAL_WAIT_TOOL};
+use super::call::CallContext;
+use super::dispatch::Record;
+use super::outcome::{ApprovalInfo, CallError, CallOutcome, RunnerResult};
+use super::state::Gateway;
+use crate::digest::json_digest;
+use crate::pack::ToolRef;
+use crate::protocol::Mode;
+use crate::server::approvals::{self, Actor, Approval, ApprovalError, State, Verdict};
+use crate::server::audit::{NewEvent, format_at, kind};
+use crate::server::runners::client::Dispatch;
+use crate::server::tokens::Principal;
+use crate::server::webhook::Notice;
+
+/// A call that needs approval, after validation and policy.
+pub(super) struct Request<'a> {
+    pub(super) call_id: String,
+    pub(super) tool: &'a ToolRef,
+    pub(super) principal: &'a Principal,
+    pub(super) params: Map<String, Value>,
+    pub(super) shown_args: Value,
+    pub(super) runners: Vec<String>,
+    pub(super) chosen: bool,
+    pub(super) raw: bool,
+    pub(super) reason: String,
+    pub(super) approvers: u32,
+}
+
+impl Gateway {
+    /// Audits the intent, runs the tool's read-only preview on every target, and stores a
+    /// pending request bound to all of it.
+    pub(super) async fn request_approval(&self, r: Request<'_>) -> Result<Approval, CallError> {
+        let actor = r.principal.actor();
+        let tool = r.tool;
+        if tool.secret_params().next().is_some() {
+            // A request keeps the args its execution will use; a secret would sit in the
+            // approvals table in clear. Refuse until requests can hold secrets sealed.
+            let why = format!(
+                "`{}` has secret params and needs approval: emisar cannot yet keep a secret in a pending request, so it refuses the call",
+                tool.name
+            );
+            self.reject(
+                &actor,
+                &tool.name,
+                Some(r.shown_args),
+                Some(r.reason),
+                why.clone(),
+            )
+            .await;
+            return Err(CallError::Denied(why));
+        }
+        self.audit
+            .append(NewEvent {
+                actor: actor.clone(),
+                kind: kind::TOOL_CALLED.into(),
+                tool: Some(tool.name.clone()),
+                args: Some(r.shown_args.clone()),
+                reason: Some(r.reason.clone()),
+                call_id: Some(r.call_id.clone()),
+                detail: Some(
+                    json!({"runners": r.runners, "runner_chosen_by_server": r.chosen,
+                                    "needs_approval": true, "approvers": r.approvers}),
+                ),
+                ..Default::default()
+            })
+            .await
+            .map_err(CallError::AuditUnavailable)?;
+        let pack_sha256 = self
+            .packs
+            .pack(&tool.pack)
+            .expect("tool has a pack")
+            .digest
+            .clone();
+        let preview = match &tool.preview {
+            None => None,
+            Some(_) => {
+                let dispatch = Dispatch {
+                    call_id: &r.call_id,
+                    tool: &tool.name,
+                    pack_sha256: &pack_sha256,
+                    args: &r.params,
+                    mode: Mode::Preview,
+                    preview: None,
+                    raw: false,
+                    approval_id: None,
+                };
+                let answers = futures::future::join_all(
+                    r.runners
+                        .iter()
+                        .map(|name| self.dispatch_one(name, tool, &dispatch)),
+                )
+                .await;
+                let mut per_runner = Map::new();
+                let mut failures = Vec::new();
+                for (name, answer) in r.runners.iter().zip(answers) {
+                    match answer {
+                        Ok(a) => {
+                            per_runner.insert(
+                                name.clone(),
+                                json!({"ok": true, "output": a.output, "vars": a.vars}),
+                            );
+                        }
+                        Err(e) => failures.push(format!("preview on `{name}`: {e}")),
+                    }
+                }
+                if !failures.is_empty() {
+                    let why = failures.join("; ");
+                    let event = NewEvent {
+                        actor: actor.clone(),
+                        kind: kind::CALL_FAILED.into(),
+                        tool: Some(tool.name.clone()),
+                        args: Some(r.shown_args.clone()),
+                        reason: Some(r.reason.clone()),
+                        call_id: Some(r.call_id.clone()),
+                        outcome: Some("error".into()),
+                        detail: Some(json!({"mode": "preview", "error": why})),
+                        ..Default::default()
+                    };
+                    self.audit
+                        .append(event)
+                        .await
+                        .map_err(CallError::AuditUnavailable)?;
+                    return Err(CallError::Denied(format!(
+                        "the preview failed, so no approval was requested: {why}"
+                    )));
+                }
+                Some(Value::Object(per_runner))
+            }
+        };
+        let now = chrono::Utc::now();
+        let ttl = chrono::Duration::from_std(self.limits.approval_ttl)
+            .unwrap_or(chrono::Duration::minutes(15));
+        let approval = Approval {
+            id: uuid::Uuid::new_v4().to_string(),
+            call_id: r.call_id,
+            tool: tool.name.clone(),
+            risk: self.policy().risk(tool).as_str().to_owned(),
+            args: r.params,
+            shown_args: r.shown_args,
+            runners: r.runners,
+            runner_chosen: r.chosen,
+            raw: r.raw,
+            reason: r.reason,
+            requester: actor.clone(),
+            requester_name: r.principal.agent.clone(),
+            pack_sha256,
+            preview,
+            required_approvals: r.approvers,
+            approvals: Vec::new(),
+            state: State::Pending,
+            note: None,
+            decided_by: None,
+            result: None,
+            created_at: format_at(now),
+            expires_at: format_at(now + ttl),
+            updated_at: format_at(now),
+        };
+        let mut event = NewEvent {
+            actor,
+            kind: kind::APPROVAL_REQUESTED.into(),
+            tool: Some(approval.tool.clone()),
+            runner: (approval.runners.len() == 1).then(|| approval.runners[0].clone()),
+            args: Some(approval.shown_args.clone()),
+            reason: Some(approval.reason.clone()),
+            call_id: Some(approval.call_id.clone()),
+            approval_id: Some(approval.id.clone()),
+            detail: Some(
+                json!({"runners": approval.runners, "required_approvals": approval.required_approvals,
+                                "expires_at": approval.expires_at}),
+            ),
+            ..Default::default()
+        };
+        if let Some(p) = &approval.preview {
+            event.result_digest = Some(json_digest(p));
+        }
+        self.audit
+            .append(event)
+            .await
+            .map_err(CallError::AuditUnavailable)?;
+        self.approvals.insert(&approval).await?;
+        crate::server::metrics::tool_call(&approval.tool, "pending");
+        if let Some(notifier) = &self.notifier {
+            notifier.notify(Notice {
+                approval_id: approval.id.clone(),
+                tool: approval.tool.clone(),
+                runners: approval.runners.clone(),
+                requester: approval.requester.clone(),
+                reason: approval.reason.clone(),
+                risk: approval.risk.clone(),
+                expires_at: approval.expires_at.clone(),
+                portal_url: self
+                    .public_url
+                    .as_ref()
+                    .map(|u| format!("{}/#/approvals/{}", u.trim_end_matches('/'), approval.id)),
+            });
+        }
+        Ok(approval)
+    }
+
+    /// Waits for the request to settle, sending progress; returns its outcome, or the
+    /// request as pending once `approval_wait` has passed. A cancelled call withdraws a
+    /// request that is still pending.
+    pub async fn wait(&self, a: &Approval, ctx: &CallContext) -> Result<CallOutcome, CallError> {
+        let mut changes = self.approvals.subscribe();
+        let started = Instant::now();
+        let deadline = started + self.limits.approval_wait;
+        let mut next_progress = started + self.limits.progress_every;
+        // Changes arrive by channel; the poll covers a listener that is reconnecting.
+        let poll = Duration::from_secs(2);
+        loop {
+            let mut row = self.approvals.get(&a.id).await?;
+            if row.state == State::Pending && row.expired_at(chrono::Utc::now()) {
+                // Expire it now rather than at the next sweep; if another replica holds the
+                // row, the poll below picks up whatever it decided.
+                self.expire(&row.id).await;
+                row = self.approvals.get(&a.id).await?;
+            }
+            if let Some(done) = settled(&row)? {
+                return Ok(done);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(pending_outcome(&row, self.limits.approval_wait));
+            }
+            if now >= next_progress {
+                if let Some(progress) = &ctx.progress {
+                    progress(format!(
+                        "approval {} for {} is {}; approvers: {}/{}; expires at {}",
+                        row.id,
+                        row.tool,
+                        row.state.as_str(),
+                        row.approvals.len(),
+                        row.required_approvals,
+                        row.expires_at
+                    ))
+                    .await;
+                }
+                next_progress += self.limits.progress_every;
+            }
+            let wake = deadline.min(next_progress).min(now + poll);
+            tokio::select! {
+                _ = ctx.cancel.cancelled() => {
+                    self.withdraw(&row).await;
+                    return Err(CallError::Cancelled(format!("; approval request {} was withdrawn if still pending", row.id)));
+                }
+                _ = changed(&mut changes, &a.id) => {}
+                _ = tokio::time::sleep_until(wake.into()) => {}
+            }
+        }
+    }
+
+    async fn withdraw(&self, row: &Approval) {
+        let actor = row.requester.clone();
+        let result = self
+            .approvals
+            .transition(&row.id, false, |r| {
+                approvals::moved(
+                    r,
+                    &[State::Pending],
+                    State::Withdrawn,
+                    &actor,
+                    kind::APPROVAL_WITHDRAWN,
+                    json!({"why": "the agent cancelled its call"}),
+                    chrono::Utc::now(),
+                )
+            })
+            .await;
+        match result {
+            Ok(_) | Err(ApprovalError::WrongState { .. }) => {}
+            Err(e) => tracing::error!(error = %e, approval_id = %row.id, "could not withdraw"),
+        }
+    }
+
+    async fn expire(&self, id: &str) {
+        let result = self
+            .approvals
+            .transition(id, true, |r| {
+                let now = chrono::Utc::now();
+                if !r.expired_at(now) {
+                    return Err(ApprovalError::WrongState {
+                        state: r.state,
+                        wanted: "expired",
+                    });
+                }
+                approvals::moved(
+                    r,
+                    &[State::Pending],
+                    State::Expired,
+                    "system",
+                    kind::APPROVAL_EXPIRED,
+                    json!({"expires_at": r.expires_at, "votes": r.approvals.len()}),
+                    now,
+                )
+            })
+            .await;
+        match result {
+            Ok(_) | Err(ApprovalError::WrongState { .. }) => {}
+            Err(e) => tracing::error!(error = %e, approval_id = %id, "could not expire"),
+        }
+    }
+
+    /// on this replica.
+    pub async fn decide(
+        self: &Arc<Self>,
+        who: &Principal,
+        id: &str,
+        verdict: Verdict,
+    ) -> Result<Approval, ApprovalError> {
+        let policy = self.policy();
+        let row = self
+            .approvals
+            .transition(id, false, |r| {
+                // The tool comes from the locked row: no second read to learn it.
+                let actor = Actor {
+                    name: who.agent.clone(),
+                    actor: who.actor(),
+                    may_approve: policy.may_approve(who.role, &r.tool),
+                };
+                approvals::decide(r, &actor, &verdict, chrono::Utc::now())
+            })
+            .await?
+            .expect("a transition without skip_locked always returns the row");
+        if row.state == State::Approved {
+            let me = self.clone();
+            let id = row.id.clone();
+            tokio::spawn(async move { me.execute_approved(&id).await });
+        }
+        Ok(row)
+    }
+
+    /// Claims an approved request (exactly once across replicas), audits `executing`,
+    /// calls its runners with the approval id and the preview's vars, records the outcome.
+    pub async fn execute_approved(&self, id: &str) {
+        let claimed = self
+            .approvals
+            .transition(id, true, |r| {
+                let by = r.decided_by.clone().unwrap_or_else(|| "system".into());
+                approvals::moved(
+                    r,
+                    &[State::Approved],
+                    State::Executing,
+                    &by,
+                    kind::APPROVAL_EXECUTING,
+                    json!({"runners": r.runners, "approvals": r.approvals}),
+                    chrono::Utc::now(),
+                )
+            })
+            .await;
+        let row = match claimed {
+            Ok(Some(row)) => row,
+            // Another replica holds it, or it moved on already: not ours to run.
+            Ok(None) | Err(ApprovalError::WrongState { .. }) => return,
+            Err(e) => {
+                tracing::error!(error = %e, approval_id = %id, "could not claim an approved request");
+                return;
+            }
+        };
+        let started = Instant::now();
+        let (results, problem) = self.run_approved(&row).await;
+        let ok = problem.is_none() && results.iter().all(|r| r.ok);
+        let note = problem.or_else(|| {
+            results
+                .iter()
+                .find_map(|r| r.error.as_ref().map(|e| format!("{}: {e}", r.runner)))
+        });
+        let outcome = CallOutcome {
+            call_id: row.call_id.clone(),
+            tool: row.tool.clone(),
+            runner_chosen_by_server: row.runner_chosen,
+            results,
+            approval: None,
+        };
+        crate::server::metrics::tool_call(&row.tool, if ok { "ok" } else { "error" });
+        let result = serde_json::to_value(&outcome).expect("outcomes are JSON");
+        let finished = self
+            .approvals
+            .finish(
+                id,
+                if ok { State::Executed } else { State::Failed },
+                result,
+                note,
+            )
+            .await;
+        if let Err(e) = finished {
+            tracing::error!(error = %e, approval_id = %id, "could not record the end of an execution");
+        }
+        tracing::info!(approval_id = %id, ok, elapsed_ms = started.elapsed().as_millis() as u64, "approved call ran");
+    }
+
+    /// Steps 6 and 7 for an approved request. The second value explains a failure that
+    /// happened before any runner was called.
+    async fn run_approved(&self, row: &Approval) -> (Vec<RunnerResult>, Option<String>) {
+        let Some(tool) = self.packs.tool(&row.tool) else {
+            return (
+                Vec::new(),
+                Some(format!("tool `{}` is no longer loaded", row.tool)),
+            );
+        };
+        let pack = self.packs.pack(&tool.pack).expect("tool has a pack");
+        if pack.digest != row.pack_sha256 {
+            return (
+                Vec::new(),
+                Some(format!(
+                    "pack `{}` changed since the request ({} → {}): nothing was run; ask again",
+                    pack.name, row.pack_sha256, pack.digest
+                )),
+            );
+        }
+        let record = Record {
+            actor: &row.requester,
+            tool: &row.tool,
+            args: &row.shown_args,
+            reason: Some(&row.reason),
+            call_id: &row.call_id,
+            approval_id: Some(&row.id),
+        };
+        let results = futures::future::join_all(row.runners.iter().map(|name| {
+            let record = &record;
+            async move {
+                let vars = row.preview_vars(name);
+                let dispatch = Dispatch {
+                    call_id: &row.call_id,
+                    tool: &row.tool,
+                    pack_sha256: &row.pack_sha256,
+                    args: &row.args,
+                    mode: Mode::Execute,
+                    preview: vars.as_ref(),
+                    raw: row.raw,
+                    approval_id: Some(&row.id),
+                };
+                self.run_on(name, tool, &dispatch, record).await
+            }
+        }))
+        .await;
+        (results, None)
+    }
+
+    /// Expires overdue requests, executes approved ones nobody claimed (their replica
+    /// stopped between the decision and the claim), and marks executions that outlived
+    /// every deadline `unknown`: a crash interrupted them, and they are never re-run.
+    pub async fn sweep(&self) {
+        let now = chrono::Utc::now();
+        match self
+            .approvals
+            .ids_in(State::Pending, &format_at(now), true)
+            .await
+        {
+            Ok(ids) => {
+                for id in ids {
+                    self.expire(&id).await;
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "approval sweep could not list pending requests"),
+        }
+        let orphaned = now - chrono::Duration::seconds(10);
+        if let Ok(ids) = self
+            .approvals
+            .ids_in(State::Approved, &format_at(orphaned), false)
+            .await
+        {
+            for id in ids {
+                self.execute_approved(&id).await;
+            }
+        }
+        let lost = now
+            - chrono::Duration::from_std(self.limits.call_timeout * 2 + Duration::from_secs(60))
+                .unwrap_or(chrono::Duration::minutes(5));
+        if let Ok(ids) = self
+            .approvals
+            .ids_in(State::Executing, &format_at(lost), false)
+            .await
+        {
+            for id in ids {
+                let result = self
+                    .approvals
+                    .transition(&id, true, |r| {
+                        let mut change = approvals::moved(
+                            r,
+                            &[State::Executing],
+                            State::Unknown,
+                            "system",
+                            kind::CALL_UNKNOWN,
+                            json!({"why": "execution was interrupted (the server stopped); it is not re-run: check the runners"}),
+                            chrono::Utc::now(),
+                        )?;
+                        change.row.note = Some(
+                            "execution was interrupted before its outcome was recorded; it is not re-run: check the runners".into(),
+                        );
+                        Ok(change)
+                    })
+                    .await;
+                if let Err(e) = result {
+                    tracing::warn!(error = %e, approval_id = %id, "could not mark an interrupted execution");
+                }
+            }
+        }
+    }
+
+    /// Runs [`Gateway::sweep`] every `every` until `shutdown`.
+    pub fn spawn_sweeper(self: &Arc<Self>, every: Duration, shutdown: CancellationToken) {
+        let me = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(every) => {}
+                }
+                let Some(gateway) = me.upgrade() else { return };
+                gateway.sweep().await;
+            }
+        });
+    }
+}
+
+/// Returns when request `id` changed, or when changes were missed (a lagging receiver):
+/// other requests' changes do not wake a waiter to re-read its own row.
+async fn changed(changes: &mut tokio::sync::broadcast::Receiver<approvals::Changed>, id: &str) {
+    use tokio::sync::broadcast::error::RecvError;
+    loop {
+        match changes.recv().await {
+            Ok(c) if c.id == id => return,
+            Ok(_) => {}
+            Err(RecvError::Lagged(_)) => return,
+            // Never while the store lives; the caller's poll still wakes it.
+            Err(RecvError::Closed) => std::future::pending().await,
+        }
+    }
+}
+
+/// The agent's view of a request that has settled, or `None` while it is undecided.
+pub(super) fn settled(row: &Approval) -> Result<Option<CallOutcome>, CallError> {
+    let info = |message: String| ApprovalInfo {
+        approval_id: row.id.clone(),
+        state: row.state,
+        expires_at: row.expires_at.clone(),
+        message,
+        decided_by: row.decided_by.clone(),
+        note: row.note.clone(),
+    };
+    match row.state {
+        State::Pending | State::Approved | State::Executing => Ok(None),
+        State::Denied => Err(CallError::Denied(format!(
+            "approval request {} was denied by {}: {}",
+            row.id,
+            row.decided_by.as_deref().unwrap_or("an approver"),
+            row.note.as_deref().unwrap_or("")
+        ))),
+        State::Expired => Err(CallError::Denied(format!(
+            "approval request {} expired at {} before enough humans approved it; nothing ran",
+            row.id, row.expires_at
+        ))),
+        State::Withdrawn => Err(CallError::Denied(format!(
+            "approval request {} was withdrawn (its call was cancelled); nothing ran",
+            row.id
+        ))),
+        State::Executed | State::Failed | State::Unknown => {
+            // The stored outcome is one this code wrote; an unreadable one still settles
+            // the call, without results, and says so in the log.
+            let stored = row
+                .result
+                .clone()
+                .map(serde_json::from_value::<CallOutcome>);
+            if let Some(Err(e)) = &stored {
+                tracing::error!(error = %e, approval_id = %row.id, "stored outcome unreadable");
+            }
+            let mut outcome = stored.and_then(Result::ok).unwrap_or_else(|| CallOutcome {
+                call_id: row.call_id.clone(),
+                tool: row.tool.clone(),
+                runner_chosen_by_server: row.runner_chosen,
+                results: Vec::new(),
+                approval: None,
+            });
+            let message = match row.state {
+                State::Executed => "approved and executed".to_owned(),
+                State::Failed => format!(
+                    "approved, but the execution failed: {}",
+                    row.note.as_deref().unwrap_or("see the per-runner results")
+                ),
+                _ => row.note.clone().unwrap_or_default(),
+            };
+            outcome.approval = Some(info(message));
+            Ok(Some(outcome))
+        }
+    }
+}
+
+pub(super) fn pending_outcome(row: &Approval, waited: Duration) -> CallOutcome {
+    CallOutcome {
+        call_id: row.call_id.clone(),
+        tool: row.tool.clone(),
+        runner_chosen_by_server: row.runner_chosen,
+        results: Vec::new(),
+        approval: Some(ApprovalInfo {
+            approval_id: row.id.clone(),
+            state: row.state,
+            expires_at: row.expires_at.clone(),
+            message: format!(
+                "waiting for a human to approve ({} of {} approvals) after {} s; call {APPROVAL_WAIT_TOOL} with this approval_id to wait again, or {APPROVAL_STATUS_TOOL} to check",
+                row.approvals.len(),
+                row.required_approvals,
+                waited.as_secs()
+            ),
+            decided_by: row.decided_by.clone(),
+            note: row.note.clone(),
+        }),
+    }
+}

@@ -1,0 +1,214 @@
+//! emisar's own tools, answered by the server itself: `emisar.runners` (runner health) and
+//! `emisar.approval_status` / `emisar.approval_wait` (the caller's own approval requests
+//! only). They take no runners and run nothing on a node.
+
+use std::time::Duration;
+
+use serde_json::{Map, Value, json};
+
+use super::approval_flow::{pending_outcome, settled};
+use super::call::{Args, CallContext};
+use super::outcome::{CallError, CallOutcome, RunnerResult};
+use super::state::{Gateway, OfferedTool, offered};
+use crate::digest::json_digest;
+use crate::pack::Risk;
+use crate::server::approvals::ApprovalError;
+use crate::server::audit::{NewEvent, kind};
+use crate::server::tokens::Principal;
+
+/// The built-in tool that shows runner health to agents.
+pub const RUNNERS_TOOL: &str = "emisar.runners";
+/// The built-in tool that reports on one of the caller's approval requests.
+pub const APPROVAL_STATUS_TOOL: &str = "emisar.approval_status";
+/// The built-in tool that waits (again) for one of the caller's approval requests.
+pub const APPROVAL_WAIT_TOOL: &str = "emisar.approval_wait";
+
+const ASKING: &str = "Why you are asking. Recorded in the audit log.";
+
+/// The built-in tools, each with its input schema.
+pub(super) fn builtin_tools() -> anyhow::Result<Vec<OfferedTool>> {
+    let object = |properties: Value, required: Value| {
+        let mut schema = Map::new();
+        schema.insert("type".into(), json!("object"));
+        schema.insert("properties".into(), properties);
+        schema.insert("required".into(), required);
+        schema.insert("additionalProperties".into(), json!(false));
+        schema
+    };
+    let approval_schema = || {
+        object(
+            json!({
+                "approval_id": {"type": "string", "pattern": "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$",
+                                "description": "The approval_id a pending call returned."},
+                "reason": crate::pack::reason_schema(ASKING),
+            }),
+            json!(["approval_id", "reason"]),
+        )
+    };
+    Ok(vec![
+        offered(
+            None,
+            RUNNERS_TOOL,
+            "emisar's runners and their health: breaker state (closed, half-open, open) and since when, last heartbeat, last call, last error.",
+            Risk::Read,
+            object(
+                json!({"reason": crate::pack::reason_schema(ASKING)}),
+                json!(["reason"]),
+            ),
+        )?,
+        offered(
+            None,
+            APPROVAL_STATUS_TOOL,
+            "Where one of your approval requests stands (pending, approved, denied with the approver's note, expired, executing, executed with its result, failed). Returns at once.",
+            Risk::Read,
+            approval_schema(),
+        )?,
+        offered(
+            None,
+            APPROVAL_WAIT_TOOL,
+            "Waits for humans to decide one of your approval requests, with progress notifications, and returns the call's result once it ran (or the request id again if nobody decided yet). Cancelling this call withdraws a request that is still pending.",
+            Risk::Read,
+            approval_schema(),
+        )?,
+    ])
+}
+
+impl Gateway {
+    /// Steps 3 to 8 for a built-in tool.
+    pub(super) async fn builtin_call(
+        &self,
+        caller: &Principal,
+        offered: &OfferedTool,
+        mut args: Args,
+        mut errors: Vec<String>,
+        ctx: &CallContext,
+    ) -> Result<CallOutcome, CallError> {
+        if offered.name == RUNNERS_TOOL {
+            return self
+                .runners_tool(caller, offered, args.reason, errors)
+                .await;
+        }
+        let approval_id = args
+            .params
+            .remove("approval_id")
+            .and_then(|v| v.as_str().map(str::to_owned));
+        match approval_id {
+            Some(id) if errors.is_empty() => {
+                self.approval_tool(caller, offered, &id, args.reason, ctx)
+                    .await
+            }
+            _ => {
+                if errors.is_empty() {
+                    errors.push("`approval_id` is required".into());
+                }
+                self.reject(
+                    &caller.actor(),
+                    &offered.name,
+                    None,
+                    args.reason,
+                    errors.join("; "),
+                )
+                .await;
+                Err(CallError::Invalid {
+                    tool: offered.name.clone(),
+                    errors,
+                })
+            }
+        }
+    }
+
+    /// `emisar.runners`: the health of the runners the caller may see.
+    async fn runners_tool(
+        &self,
+        principal: &Principal,
+        offered: &OfferedTool,
+        reason: Option<String>,
+        errors: Vec<String>,
+    ) -> Result<CallOutcome, CallError> {
+        let actor = principal.actor();
+        if !errors.is_empty() {
+            self.reject(&actor, &offered.name, None, reason, errors.join("; "))
+                .await;
+            return Err(CallError::Invalid {
+                tool: offered.name.clone(),
+                errors,
+            });
+        }
+        let call_id = uuid::Uuid::new_v4().to_string();
+        // A token limited to a selector sees only its runners, here as everywhere.
+        let visible: Vec<_> = self
+            .runners
+            .snapshot()
+            .into_iter()
+            .filter(|r| {
+                principal
+                    .selector
+                    .as_ref()
+                    .is_none_or(|s| s.matches(&r.labels))
+            })
+            .collect();
+        let output = serde_json::to_value(visible).expect("runner status is JSON");
+        self.audit
+            .append(NewEvent {
+                actor,
+                kind: kind::TOOL_CALLED.into(),
+                tool: Some(offered.name.clone()),
+                args: Some(json!({})),
+                reason,
+                call_id: Some(call_id.clone()),
+                outcome: Some("ok".into()),
+                result_digest: Some(json_digest(&output)),
+                ..Default::default()
+            })
+            .await
+            .map_err(CallError::AuditUnavailable)?;
+        Ok(CallOutcome {
+            call_id,
+            tool: offered.name.clone(),
+            runner_chosen_by_server: false,
+            approval: None,
+            results: vec![RunnerResult {
+                runner: "emisar".into(),
+                ok: true,
+                output: Some(output),
+                truncated: false,
+                error: None,
+                duration_ms: 0,
+            }],
+        })
+    }
+
+    /// `emisar.approval_status` and `emisar.approval_wait`: the caller's own requests only.
+    async fn approval_tool(
+        &self,
+        principal: &Principal,
+        offered: &OfferedTool,
+        id: &str,
+        reason: Option<String>,
+        ctx: &CallContext,
+    ) -> Result<CallOutcome, CallError> {
+        let row = match self.approvals.get(id).await {
+            Ok(row) if row.requester_name == principal.agent => Ok(row),
+            Ok(_) | Err(ApprovalError::NotFound(_)) => Err(ApprovalError::NotFound(id.into())),
+            Err(e) => Err(e),
+        };
+        self.audit
+            .append(NewEvent {
+                actor: principal.actor(),
+                kind: kind::TOOL_CALLED.into(),
+                tool: Some(offered.name.clone()),
+                args: Some(json!({"approval_id": id})),
+                reason,
+                approval_id: Some(id.to_owned()),
+                outcome: Some(if row.is_ok() { "ok" } else { "refused" }.into()),
+                ..Default::default()
+            })
+            .await
+            .map_err(CallError::AuditUnavailable)?;
+        let row = row?;
+        if offered.name == APPROVAL_WAIT_TOOL {
+            return self.wait(&row, ctx).await;
+        }
+        Ok(settled(&row)?.unwrap_or_else(|| pending_outcome(&row, Duration::ZERO)))
+    }
+}

@@ -1,0 +1,442 @@
+//! The spine of the call path: [`Gateway::call_with`] runs steps 1 to 8 in order, each a few
+//! lines that call out to the function that does the step. Every step that refuses audits the
+//! refusal (`tool.rejected`) before it returns.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde_json::{Map, Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::approval_flow::Request;
+use super::dispatch::Record;
+use super::outcome::{CallError, CallOutcome, RunnerResult};
+use super::state::{Gateway, OfferedTool};
+use crate::pack::{Scope, ToolRef};
+use crate::protocol::Mode;
+use crate::selector::Selector;
+use crate::server::audit::{NewEvent, kind};
+use crate::server::policy::{self, Decision};
+use crate::server::runners::client::Dispatch;
+use crate::server::tokens::Principal;
+
+/// A call as the MCP adapter hands it over.
+#[derive(Debug, Clone)]
+pub struct ToolCall {
+    pub principal: Principal,
+    pub tool: String,
+    pub args: Map<String, Value>,
+}
+
+/// What a call may do while it waits for humans: report progress, and notice that the
+/// client gave up.
+#[derive(Clone, Default)]
+pub struct CallContext {
+    pub cancel: CancellationToken,
+    pub progress: Option<Progress>,
+}
+
+/// Sends one progress message to the client.
+pub type Progress = Arc<dyn Fn(String) -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
+
+/// A call's arguments once the ones that steer emisar are split off: `params` is what goes
+/// to the runners.
+pub(super) struct Args {
+    pub(super) params: Map<String, Value>,
+    pub(super) reason: Option<String>,
+    pub(super) raw: bool,
+    /// The runners the caller named.
+    pub(super) named: Vec<String>,
+}
+
+/// Where a call goes.
+struct Targets {
+    runners: Vec<String>,
+    /// True when the server chose the runner (a cluster-scoped tool called without `runners`).
+    chosen_by_server: bool,
+}
+
+impl Gateway {
+    /// A call with no way to report progress or be cancelled (tests, the stdio bridge).
+    pub async fn call(&self, call: ToolCall) -> Result<CallOutcome, CallError> {
+        self.call_with(call, &CallContext::default()).await
+    }
+
+    /// The call path, top to bottom.
+    pub async fn call_with(
+        &self,
+        call: ToolCall,
+        ctx: &CallContext,
+    ) -> Result<CallOutcome, CallError> {
+        let actor = call.principal.actor();
+        let caller = &call.principal;
+
+        // 1. Find the tool; one the caller may not use is reported as unknown.
+        let offered = self.find(caller, &call.tool, &actor).await?;
+
+        // 2. Rate limit, per agent, before any work.
+        self.rate_limit(caller, &offered.name, &actor).await?;
+
+        // 3. Validate the arguments against the input schema and split off `reason`,
+        //    `runners` and `raw`; resolve the runners the call goes to.
+        let (mut args, mut errors) = validate(offered, call.args);
+        let Some(tool) = &offered.tool else {
+            return self.builtin_call(caller, offered, args, errors, ctx).await;
+        };
+        let targets = self.resolve_targets(caller, tool, &mut args, &mut errors);
+        let audited_args = self.redact(tool, &args.params);
+        if !errors.is_empty() {
+            errors.dedup();
+            self.reject(
+                &actor,
+                &tool.name,
+                Some(audited_args),
+                args.reason.clone(),
+                errors.join("; "),
+            )
+            .await;
+            return Err(CallError::Invalid {
+                tool: tool.name.clone(),
+                errors,
+            });
+        }
+
+        // 4. Policy: allow, deny (audited), or needs approval.
+        let approvers = match self.decide_policy(caller, tool, &targets.runners, &args.params) {
+            Decision::Allow => None,
+            Decision::NeedsApproval { approvers } => Some(approvers.max(1)),
+            Decision::Deny(why) => {
+                self.reject(
+                    &actor,
+                    &tool.name,
+                    Some(audited_args),
+                    args.reason,
+                    why.clone(),
+                )
+                .await;
+                return Err(CallError::Denied(why));
+            }
+        };
+
+        // 5. Audit the intent, durably, before anything runs (fail closed). A call that needs
+        //    approval becomes a pending request instead, and waits for people.
+        let call_id = uuid::Uuid::new_v4().to_string();
+        if let Some(approvers) = approvers {
+            let request = Request {
+                call_id,
+                tool,
+                principal: caller,
+                params: args.params,
+                shown_args: audited_args,
+                runners: targets.runners,
+                chosen: targets.chosen_by_server,
+                raw: args.raw,
+                reason: args.reason.unwrap_or_default(),
+                approvers,
+            };
+            let pending = self.request_approval(request).await?;
+            return self.wait(&pending, ctx).await;
+        }
+        let record = Record {
+            actor: &actor,
+            tool: &tool.name,
+            args: &audited_args,
+            reason: args.reason.as_deref(),
+            call_id: &call_id,
+            approval_id: None,
+        };
+        self.audit_intent(&record, &targets).await?;
+
+        // 6. Dispatch to every runner in parallel; 7. audit each outcome as it lands.
+        let results = self
+            .dispatch_all(tool, &args, &targets.runners, &record)
+            .await;
+
+        // 8. Hand the per-runner results back.
+        let outcome = CallOutcome {
+            call_id,
+            tool: tool.name.clone(),
+            runner_chosen_by_server: targets.chosen_by_server,
+            results,
+            approval: None,
+        };
+        crate::server::metrics::tool_call(
+            &tool.name,
+            if outcome.all_failed() { "error" } else { "ok" },
+        );
+        Ok(outcome)
+    }
+
+    /// Step 1: the tool, if `caller` may use it. The agent learns nothing about tools it may
+    /// not use; the audit log says which it was.
+    async fn find(
+        &self,
+        caller: &Principal,
+        name: &str,
+        actor: &str,
+    ) -> Result<&OfferedTool, CallError> {
+        if let Some(offered) = self.tool_for(caller, name) {
+            return Ok(offered);
+        }
+        let why = if self.tools.contains_key(name) {
+            format!(
+                "tool `{name}` is hidden from agent `{}` by the policy (`agents.{}.tools`)",
+                caller.agent, caller.agent
+            )
+        } else {
+            format!("unknown tool `{name}`")
+        };
+        self.reject(actor, name, None, None, why).await;
+        Err(CallError::UnknownTool(name.to_owned()))
+    }
+
+    /// Step 2: a token bucket per agent, on a monotonic clock.
+    async fn rate_limit(
+        &self,
+        caller: &Principal,
+        tool: &str,
+        actor: &str,
+    ) -> Result<(), CallError> {
+        let Err(not_until) = self.limiter.check_key(&caller.agent) else {
+            return Ok(());
+        };
+        let wait = not_until.wait_time_from(governor::clock::Clock::now(
+            &governor::clock::DefaultClock::default(),
+        ));
+        crate::server::metrics::rate_limited(&caller.agent);
+        let err = CallError::RateLimited {
+            agent: caller.agent.clone(),
+            per_second: self.limits.rate_per_second,
+            burst: self.limits.rate_burst,
+            retry_after_ms: wait.as_millis() as u64 + 1,
+        };
+        self.reject(actor, tool, None, None, err.to_string()).await;
+        Err(err)
+    }
+
+    /// Step 3, second half: the runners a pack tool's call goes to, from `runners`, a
+    /// `selector`, or (for a cluster-scoped tool) the server's choice. Problems are added to
+    /// `errors`; the targets are only meaningful when there are none.
+    fn resolve_targets(
+        &self,
+        caller: &Principal,
+        tool: &ToolRef,
+        args: &mut Args,
+        errors: &mut Vec<String>,
+    ) -> Targets {
+        let selector = match args
+            .params
+            .remove("selector")
+            .and_then(|v| v.as_str().map(str::to_owned))
+        {
+            None => None,
+            Some(text) => match Selector::parse(&text) {
+                Ok(sel) => Some(sel),
+                Err(e) => {
+                    errors.push(format!("`selector`: {e}"));
+                    None
+                }
+            },
+        };
+        // The runners this caller may target: a token limited to a selector sees only those.
+        let visible = |name: &str| {
+            self.runners.get(name).filter(|r| {
+                caller
+                    .selector
+                    .as_ref()
+                    .is_none_or(|s| s.matches(&r.labels))
+            })
+        };
+        let named = &args.named;
+        for name in named {
+            match visible(name) {
+                None => errors.push(format!("`runners`: no runner is named `{name}`")),
+                Some(r) if !r.serves(&tool.pack) => errors.push(format!(
+                    "`runners`: runner `{name}` does not serve pack `{}`",
+                    tool.pack
+                )),
+                Some(_) => {}
+            }
+        }
+        let mut targets = Targets {
+            runners: named.clone(),
+            chosen_by_server: false,
+        };
+        if !errors.is_empty() {
+            return targets;
+        }
+        match (&selector, named.is_empty(), tool.scope) {
+            (Some(_), false, _) => errors.push("give `runners` or `selector`, not both".into()),
+            (Some(sel), true, scope) => {
+                let matched: Vec<String> = self
+                    .runners
+                    .serving(&tool.pack, Some(sel))
+                    .into_iter()
+                    .filter(|n| visible(n).is_some())
+                    .collect();
+                if matched.is_empty() {
+                    errors.push(format!(
+                        "`selector`: no runner serving pack `{}` matches `{sel}`",
+                        tool.pack
+                    ));
+                } else if scope == Scope::Cluster {
+                    targets.runners = matched.into_iter().take(1).collect();
+                    targets.chosen_by_server = true;
+                } else {
+                    targets.runners = matched;
+                }
+            }
+            (None, true, Scope::Node) => errors.push(
+                "`runners`: name at least one runner, or give a `selector` such as role=edge"
+                    .into(),
+            ),
+            (None, true, Scope::Cluster) => {
+                match self
+                    .runners
+                    .serving(&tool.pack, caller.selector.as_ref())
+                    .into_iter()
+                    .next()
+                {
+                    Some(best) => {
+                        targets.runners = vec![best];
+                        targets.chosen_by_server = true;
+                    }
+                    None => errors.push(format!("no runner serves pack `{}`", tool.pack)),
+                }
+            }
+            (None, false, _) => {}
+        }
+        targets
+    }
+
+    /// Step 4: the policy in force decides, from the tool, the caller, the target runners'
+    /// labels and the arguments.
+    fn decide_policy(
+        &self,
+        caller: &Principal,
+        tool: &ToolRef,
+        targets: &[String],
+        params: &Map<String, Value>,
+    ) -> Decision {
+        let labels: Vec<(&str, BTreeMap<String, String>)> = targets
+            .iter()
+            .map(|n| {
+                (
+                    n.as_str(),
+                    self.runners.get(n).map(|r| r.labels).unwrap_or_default(),
+                )
+            })
+            .collect();
+        let runners: Vec<(&str, &BTreeMap<String, String>)> =
+            labels.iter().map(|(n, l)| (*n, l)).collect();
+        let request = policy::Request {
+            tool,
+            caller,
+            runners: &runners,
+            args: params,
+        };
+        policy::decide(&self.policy(), &request)
+    }
+
+    /// Step 5: `tool.called`, durable, or the call fails and nothing runs.
+    async fn audit_intent(&self, record: &Record<'_>, targets: &Targets) -> Result<(), CallError> {
+        self.audit
+            .append(NewEvent {
+                actor: record.actor.to_owned(),
+                kind: kind::TOOL_CALLED.into(),
+                tool: Some(record.tool.to_owned()),
+                args: Some(record.args.clone()),
+                reason: record.reason.map(str::to_owned),
+                call_id: Some(record.call_id.to_owned()),
+                detail: Some(json!({"runners": targets.runners,
+                                    "runner_chosen_by_server": targets.chosen_by_server})),
+                ..Default::default()
+            })
+            .await
+            .map(|_| ())
+            .map_err(CallError::AuditUnavailable)
+    }
+
+    /// Steps 6 and 7: every target at once, each outcome audited as it lands.
+    async fn dispatch_all(
+        &self,
+        tool: &ToolRef,
+        args: &Args,
+        targets: &[String],
+        record: &Record<'_>,
+    ) -> Vec<RunnerResult> {
+        let pack_sha256 = &self.packs.pack(&tool.pack).expect("tool has a pack").digest;
+        let dispatch = Dispatch {
+            call_id: record.call_id,
+            tool: &tool.name,
+            pack_sha256,
+            args: &args.params,
+            mode: Mode::Execute,
+            preview: None,
+            raw: args.raw,
+            approval_id: None,
+        };
+        futures::future::join_all(
+            targets
+                .iter()
+                .map(|name| self.run_on(name, tool, &dispatch, record)),
+        )
+        .await
+    }
+
+    /// Records a refused call as `tool.rejected`. The call is refused whether or not the
+    /// record could be written.
+    pub(super) async fn reject(
+        &self,
+        actor: &str,
+        tool: &str,
+        args: Option<Value>,
+        reason: Option<String>,
+        why: String,
+    ) {
+        crate::server::metrics::tool_call(tool, "refused");
+        let event = NewEvent {
+            actor: actor.to_owned(),
+            kind: kind::TOOL_REJECTED.into(),
+            tool: Some(tool.to_owned()),
+            args,
+            reason,
+            outcome: Some("refused".into()),
+            detail: Some(json!({"error": why})),
+            ..Default::default()
+        };
+        if let Err(e) = self.audit.append(event).await {
+            // The call is refused either way; the missing record is itself worth an alarm.
+            tracing::error!(error = %e, tool, "could not audit a rejected call");
+        }
+    }
+}
+
+/// Step 3, first half: schema errors, and the arguments with `reason`, `raw` and `runners`
+/// split off.
+fn validate(offered: &OfferedTool, whole: Map<String, Value>) -> (Args, Vec<String>) {
+    let errors = crate::pack::validate_args(&offered.validator, &Value::Object(whole.clone()))
+        .err()
+        .unwrap_or_default();
+    let mut params = whole;
+    let reason = params
+        .remove("reason")
+        .and_then(|v| v.as_str().map(str::to_owned));
+    let raw = params
+        .remove("raw")
+        .and_then(|v| v.as_bool())
+        .unwrap_or(false);
+    let named: Vec<String> = params
+        .remove("runners")
+        .and_then(|v| serde_json::from_value(v).ok())
+        .unwrap_or_default();
+    (
+        Args {
+            params,
+            reason,
+            raw,
+            named,
+        },
+        errors,
+    )
+}

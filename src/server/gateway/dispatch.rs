@@ -1,0 +1,174 @@
+//! Steps 6 and 7: dispatch to one runner through its breaker (a read that could not reach
+//! its runner may be retried once, within the retry budget; writes never are), and the
+//! audited outcome of each runner.
+
+use std::time::Instant;
+
+use serde_json::{Value, json};
+
+use super::outcome::RunnerResult;
+use super::state::Gateway;
+use crate::digest::json_digest;
+use crate::pack::{Risk, ToolRef};
+use crate::server::audit::{AuditError, NewEvent, kind};
+use crate::server::runners::client::{Dispatch, RunnerAnswer, RunnerError};
+use crate::server::runners::registry::rejection_message;
+
+impl Gateway {
+    /// One runner, through its breaker; a read that could not reach the runner is retried
+    /// once if the retry budget allows. Writes are never retried.
+    pub(super) async fn dispatch_one(
+        &self,
+        name: &str,
+        tool: &ToolRef,
+        d: &Dispatch<'_>,
+    ) -> Result<RunnerAnswer, RunnerError> {
+        let Some(entry) = self.runners.get(name) else {
+            return Err(RunnerError::Unreachable(format!(
+                "runner `{name}` is not configured"
+            )));
+        };
+        self.retry_budget.deposit();
+        let mut attempt = 0;
+        loop {
+            if let Err(rejection) = self.runners.admit(name) {
+                return Err(RunnerError::CircuitOpen(rejection_message(&rejection)));
+            }
+            let _permit = self
+                .in_flight
+                .acquire()
+                .await
+                .expect("the semaphore is never closed");
+            let answer = self
+                .client
+                .call(name, &entry.url, d, self.limits.call_timeout)
+                .await;
+            let runner_failure = match &answer {
+                Err(
+                    e @ (RunnerError::Unreachable(_)
+                    | RunnerError::Timeout(_)
+                    | RunnerError::BadAnswer(_)),
+                ) => Some(e.to_string()),
+                Err(RunnerError::Refused { status, message }) if *status >= 500 => {
+                    Some(format!("HTTP {status}: {message}"))
+                }
+                _ => None,
+            };
+            self.runners.record(name, runner_failure.as_deref());
+            let retryable = matches!(answer, Err(RunnerError::Unreachable(_)));
+            if retryable
+                && attempt == 0
+                && tool.risk == Risk::Read
+                && self.retry_budget.try_withdraw()
+            {
+                attempt += 1;
+                continue;
+            }
+            return answer;
+        }
+    }
+
+    /// could not be recorded is withheld.
+    pub(super) async fn run_on(
+        &self,
+        name: &str,
+        tool: &ToolRef,
+        dispatch: &Dispatch<'_>,
+        record: &Record<'_>,
+    ) -> RunnerResult {
+        let started = Instant::now();
+        let answer = self.dispatch_one(name, tool, dispatch).await;
+        let elapsed = started.elapsed();
+        let mut result = to_result(name, answer, elapsed.as_millis() as u64);
+        crate::server::metrics::runner_call(
+            record.tool,
+            name,
+            if result.ok { "ok" } else { "error" },
+            elapsed.as_secs_f64(),
+        );
+        if let Err(e) = self.audit_outcome(name, record, &result).await {
+            result = RunnerResult {
+                ok: false,
+                output: None,
+                truncated: false,
+                error: Some(format!(
+                    "the call ran on `{name}`, but its outcome could not be recorded ({e}); the result is withheld"
+                )),
+                ..result
+            };
+        }
+        result
+    }
+
+    async fn audit_outcome(
+        &self,
+        runner: &str,
+        r: &Record<'_>,
+        result: &RunnerResult,
+    ) -> Result<(), AuditError> {
+        let (kind, outcome) = if result.ok {
+            (kind::CALL_EXECUTED, "ok")
+        } else {
+            (kind::CALL_FAILED, "error")
+        };
+        let mut detail = json!({"duration_ms": result.duration_ms});
+        if let Some(e) = &result.error {
+            detail["error"] = json!(e);
+        }
+        if let Some(output) = &result.output {
+            let text = output.to_string();
+            detail["excerpt"] = json!(text.chars().take(500).collect::<String>());
+        }
+        let event = NewEvent {
+            actor: r.actor.to_owned(),
+            kind: kind.into(),
+            tool: Some(r.tool.to_owned()),
+            runner: Some(runner.to_owned()),
+            args: Some(r.args.clone()),
+            reason: r.reason.map(str::to_owned),
+            call_id: Some(r.call_id.to_owned()),
+            approval_id: r.approval_id.map(str::to_owned),
+            outcome: Some(outcome.into()),
+            result_digest: result.output.as_ref().map(json_digest),
+            detail: Some(detail),
+        };
+        self.audit.append(event).await.map(|_| ()).inspect_err(|e| {
+            tracing::error!(error = %e, tool = r.tool, runner, call_id = r.call_id, "could not audit a call outcome");
+        })
+    }
+}
+
+fn to_result(
+    runner: &str,
+    answer: Result<RunnerAnswer, RunnerError>,
+    elapsed_ms: u64,
+) -> RunnerResult {
+    match answer {
+        Ok(a) => RunnerResult {
+            runner: runner.to_owned(),
+            ok: true,
+            output: Some(a.output),
+            truncated: a.truncated,
+            error: None,
+            duration_ms: elapsed_ms,
+        },
+        Err(e) => RunnerResult {
+            runner: runner.to_owned(),
+            ok: false,
+            output: None,
+            truncated: false,
+            error: Some(e.to_string()),
+            duration_ms: elapsed_ms,
+        },
+    }
+}
+
+/// Who and what one runner's outcome is recorded under.
+pub(super) struct Record<'a> {
+    pub(super) actor: &'a str,
+    pub(super) tool: &'a str,
+    pub(super) args: &'a Value,
+    pub(super) reason: Option<&'a str>,
+    pub(super) call_id: &'a str,
+    pub(super) approval_id: Option<&'a str>,
+}

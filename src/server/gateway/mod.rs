@@ -1,0 +1,32 @@
+//! The call path. Every tool call takes this one route, in this order:
+//!
+//! 1. **find** the tool (a tool the caller may not use is reported as unknown);
+//! 2. **rate limit** the agent (a token bucket on a monotonic clock);
+//! 3. **validate** the arguments against the tool's input schema, and `runners` against the
+//!    runners that serve the tool's pack (rejections are audited as `tool.rejected`);
+//! 4. **policy** (`policy::decide`, pure): allow, deny (audited), or needs approval;
+//! 5. **audit intent** (`tool.called`): durable before anything runs, or nothing runs;
+//!    a call that needs approval then runs its read-only *preview* on the runners, becomes a
+//!    pending request (`approval.requested`) and waits for humans ([`Gateway::wait`], with
+//!    progress); once approved, [`Gateway::execute_approved`] claims it exactly once
+//!    (`approval.executing`) and carries on at step 6 with the approval id in the signed call;
+//! 6. **dispatch** to every named runner in parallel, each with its own deadline, through its
+//!    circuit breaker; a read that could not reach its runner may be retried once, within
+//!    the retry budget; writes never are;
+//! 7. **audit outcome** per runner (`call.executed` / `call.failed`);
+//! 8. hand the per-runner results back.
+//!
+//! Invariant: no runner is called for a call whose intent is not in the audit log.
+
+mod approval_flow;
+mod builtins;
+mod call;
+mod dispatch;
+mod outcome;
+mod redact;
+mod state;
+
+pub use builtins::{APPROVAL_STATUS_TOOL, APPROVAL_WAIT_TOOL, RUNNERS_TOOL};
+pub use call::{CallContext, Progress, ToolCall};
+pub use outcome::{ApprovalInfo, CallError, CallOutcome, RunnerResult};
+pub use state::{Gateway, Limits, OfferedTool};

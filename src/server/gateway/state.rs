@@ -1,0 +1,264 @@
+//! The gateway itself: the tools it offers (pack tools and built-ins, each with its input
+//! schema and validator), how it is tuned, and the policy in force (swapped whole on reload,
+//! audited as `policy.loaded`).
+
+use std::collections::BTreeMap;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use serde_json::{Map, Value, json};
+use tokio::sync::Semaphore;
+
+use super::builtins::builtin_tools;
+use crate::pack::{PackSet, Risk, ToolRef};
+use crate::server::approvals::Approvals;
+use crate::server::audit::{AuditLog, NewEvent, kind};
+use crate::server::policy::Policy;
+use crate::server::runners::RetryBudget;
+use crate::server::runners::client::RunnerClient;
+use crate::server::runners::registry::Registry;
+use crate::server::secrets::AuditKey;
+use crate::server::tokens::Principal;
+use crate::server::webhook::Notifier;
+
+/// The most runner calls in flight at once, across all tool calls of this server.
+const MAX_IN_FLIGHT: usize = 256;
+
+/// A tool as the gateway offers it: the pack tool plus its full input schema.
+pub struct OfferedTool {
+    /// The pack tool; `None` for emisar's own built-in tools.
+    pub tool: Option<ToolRef>,
+    pub name: String,
+    pub description: String,
+    pub risk: Risk,
+    /// Pack params + `runners` + `reason` (+ `raw`): the MCP input schema.
+    pub input_schema: Map<String, Value>,
+    pub(super) validator: jsonschema::Validator,
+}
+
+/// How the gateway is tuned; all of it comes from the server config.
+pub struct Limits {
+    /// Each runner's deadline for one call.
+    pub call_timeout: Duration,
+    pub rate_per_second: u32,
+    pub rate_burst: u32,
+    /// How long a request waits for its approvers before it expires.
+    pub approval_ttl: Duration,
+    /// How long one MCP call waits for the decision before returning the request id.
+    pub approval_wait: Duration,
+    /// How often a waiting call sends progress (below the MCP session idle timeout).
+    pub progress_every: Duration,
+}
+
+impl Limits {
+    pub fn new(call_timeout: Duration, rate_per_second: u32, rate_burst: u32) -> Limits {
+        Limits {
+            call_timeout,
+            rate_per_second,
+            rate_burst,
+            approval_ttl: Duration::from_secs(15 * 60),
+            approval_wait: Duration::from_secs(120),
+            progress_every: Duration::from_secs(10),
+        }
+    }
+}
+
+pub struct Gateway {
+    pub(super) packs: Arc<PackSet>,
+    pub(super) tools: BTreeMap<String, OfferedTool>,
+    pub(super) runners: Arc<Registry>,
+    pub(super) audit: AuditLog,
+    pub(super) client: RunnerClient,
+    pub(super) limits: Limits,
+    pub(super) limiter: DefaultKeyedRateLimiter<String>,
+    pub(super) retry_budget: RetryBudget,
+    pub(super) in_flight: Semaphore,
+    pub(super) audit_key: Option<AuditKey>,
+    pub(super) approvals: Approvals,
+    /// Swapped whole on reload; each call decides under one version.
+    pub(super) policy: std::sync::RwLock<Arc<Policy>>,
+    /// Tells people about new requests; never blocks the call path.
+    pub(super) notifier: Option<Notifier>,
+    /// Where people reach the portal, for links in notices.
+    pub(super) public_url: Option<String>,
+}
+
+impl Gateway {
+    pub fn new(
+        packs: Arc<PackSet>,
+        runners: Arc<Registry>,
+        audit: AuditLog,
+        client: RunnerClient,
+        limits: Limits,
+        audit_key: Option<AuditKey>,
+        approvals: Approvals,
+    ) -> anyhow::Result<Self> {
+        let mut tools = BTreeMap::new();
+        for tool in packs.tools() {
+            if audit_key.is_none() && tool.secret_params().next().is_some() {
+                anyhow::bail!(
+                    "tool `{}` has secret params, which the audit log stores as a keyed HMAC: set audit_key_file",
+                    tool.name
+                );
+            }
+            let input_schema = crate::pack::input_schema(tool);
+            tools.insert(
+                tool.name.clone(),
+                offered(
+                    Some(tool.clone()),
+                    &tool.name,
+                    &tool.description,
+                    tool.risk,
+                    input_schema,
+                )?,
+            );
+        }
+        for builtin in builtin_tools()? {
+            tools.insert(builtin.name.clone(), builtin);
+        }
+        let quota =
+            Quota::per_second(NonZeroU32::new(limits.rate_per_second.max(1)).expect("max(1)"))
+                .allow_burst(NonZeroU32::new(limits.rate_burst.max(1)).expect("max(1)"));
+        Ok(Gateway {
+            packs,
+            tools,
+            runners,
+            audit,
+            client,
+            limiter: RateLimiter::keyed(quota),
+            limits,
+            retry_budget: RetryBudget::new(0.1, 10.0),
+            in_flight: Semaphore::new(MAX_IN_FLIGHT),
+            audit_key,
+            approvals,
+            policy: std::sync::RwLock::new(Arc::new(Policy::builtin())),
+            notifier: None,
+            public_url: None,
+        })
+    }
+
+    /// New approval requests are announced through `notifier`, with links to `public_url`.
+    pub fn set_notifier(&mut self, notifier: Notifier, public_url: Option<String>) {
+        self.notifier = Some(notifier);
+        self.public_url = public_url;
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> Arc<Policy> {
+        self.policy
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Checks `policy` against the loaded packs, records `policy.loaded` (with its digest
+    /// and source) and puts it in force. A policy that does not check is not loaded, and
+    /// the refusal is audited too.
+    pub async fn load_policy(
+        &self,
+        policy: Result<Policy, crate::server::policy::PolicyError>,
+        source: &str,
+        actor: &str,
+    ) -> Result<(), anyhow::Error> {
+        let checked = policy.and_then(|p| p.check(&self.packs).map(|()| p));
+        let (outcome, detail) = match &checked {
+            Ok(p) => ("ok", json!({"source": source, "sha256": p.digest()})),
+            Err(e) => ("refused", json!({"source": source, "error": e.to_string()})),
+        };
+        self.audit
+            .append(NewEvent {
+                actor: actor.to_owned(),
+                kind: kind::POLICY_LOADED.into(),
+                outcome: Some(outcome.into()),
+                detail: Some(detail),
+                ..Default::default()
+            })
+            .await?;
+        let policy = checked?;
+        *self.policy.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(policy);
+        Ok(())
+    }
+
+    /// The tools `caller` may see: the built-ins, and the pack tools the policy lets it use.
+    pub fn tools_for<'a>(
+        &'a self,
+        caller: &'a Principal,
+    ) -> impl Iterator<Item = &'a OfferedTool> + 'a {
+        let policy = self.policy();
+        self.tools
+            .values()
+            .filter(move |t| t.tool.is_none() || policy.may_use_tool(caller, &t.name))
+    }
+
+    pub fn tool_for(&self, caller: &Principal, name: &str) -> Option<&OfferedTool> {
+        self.tools
+            .get(name)
+            .filter(|t| t.tool.is_none() || self.policy().may_use_tool(caller, name))
+    }
+
+    /// The input schema `caller` sees for `offered`: pack tools list the runners it may name.
+    /// The token's selector and the policy's both narrow the list.
+    pub fn schema_for(&self, caller: &Principal, offered: &OfferedTool) -> Map<String, Value> {
+        match &offered.tool {
+            Some(tool) => {
+                let policy = self.policy();
+                let names: Vec<String> = self
+                    .runners
+                    .serving_sorted(&tool.pack, caller.selector.as_ref())
+                    .into_iter()
+                    .filter(|name| match policy.runner_selector(caller) {
+                        None => true,
+                        Some(sel) => self
+                            .runners
+                            .get(name)
+                            .is_some_and(|r| sel.matches(&r.labels)),
+                    })
+                    .collect();
+                crate::pack::with_runner_names(offered.input_schema.clone(), &names)
+            }
+            None => offered.input_schema.clone(),
+        }
+    }
+
+    /// A tool by name, whoever asks (for schema lookups, not for authorization).
+    pub fn tool(&self, name: &str) -> Option<&OfferedTool> {
+        self.tools.get(name)
+    }
+
+    pub fn audit(&self) -> &AuditLog {
+        &self.audit
+    }
+
+    pub fn runners(&self) -> &Arc<Registry> {
+        &self.runners
+    }
+
+    pub fn approvals(&self) -> &Approvals {
+        &self.approvals
+    }
+
+    pub fn packs(&self) -> &PackSet {
+        &self.packs
+    }
+}
+
+pub(super) fn offered(
+    tool: Option<ToolRef>,
+    name: &str,
+    description: &str,
+    risk: Risk,
+    input_schema: Map<String, Value>,
+) -> anyhow::Result<OfferedTool> {
+    let validator = crate::pack::input_validator(&input_schema)
+        .map_err(|e| anyhow::anyhow!("tool `{name}`: {e}"))?;
+    Ok(OfferedTool {
+        tool,
+        name: name.to_owned(),
+        description: description.to_owned(),
+        risk,
+        input_schema,
+        validator,
+    })
+}

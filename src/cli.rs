@@ -4,13 +4,13 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use tokio_util::sync::CancellationToken;
 
 use crate::node::config::RunnerConfig;
 use crate::pack::{Action, PackSet};
 use crate::server::audit::{self, AuditFilter, AuditLog};
 use crate::server::config::ServerConfig;
 use crate::server::db::Db;
+use crate::util::process::stop_on_signal;
 
 #[derive(Parser)]
 #[command(
@@ -371,8 +371,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 .context("no database given: set database_url in the config, pass --database or set DATABASE_URL")?;
             let app = crate::server::app::Application::build(config, &url).await?;
             let stop = app.shutdown_token();
+            let signalled = stop_on_signal();
             tokio::spawn(async move {
-                shutdown_signal().await;
+                signalled.cancelled().await;
                 stop.cancel();
             });
             app.run_until_stopped().await?;
@@ -382,48 +383,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             server,
             join_token,
         } => {
-            let mut config = RunnerConfig::load_for_join(&config, server.is_some())?;
-            if let (Some(server), Some(token)) = (server, join_token) {
-                config.join = Some(crate::node::config::JoinConfig { server, token });
-            }
-            let listener = tokio::net::TcpListener::bind(&config.listen)
-                .await
-                .with_context(|| format!("failed to listen on {}", config.listen))?;
-            let stop = CancellationToken::new();
-            let s = stop.clone();
-            tokio::spawn(async move {
-                shutdown_signal().await;
-                s.cancel();
-            });
-            let state = match config.join.clone() {
-                None => crate::node::agent::RunnerState::new(config)?,
-                Some(join) => {
-                    let packs = crate::pack::PackSet::load(config.packs_dir.as_deref())?;
-                    let url = config.advertise_url.clone().unwrap_or_else(|| {
-                        format!("http://{}", listener.local_addr().expect("bound"))
-                    });
-                    let request = crate::protocol::JoinRequest {
-                        name: config.name.clone(),
-                        url,
-                        labels: config.labels.clone(),
-                        packs: packs
-                            .packs()
-                            .map(|p| (p.name.clone(), p.digest.clone()))
-                            .collect(),
-                    };
-                    let joined =
-                        crate::node::join::join(&join.server, &join.token, &request, &stop).await?;
-                    tracing::info!(server = %join.server, runner = %request.name, "joined");
-                    crate::node::join::spawn_heartbeats(
-                        join.server.clone(),
-                        joined.runner_token,
-                        std::time::Duration::from_millis(joined.heartbeat_interval_ms.max(1000)),
-                        stop.clone(),
-                    );
-                    crate::node::agent::RunnerState::with_key(config, &joined.server_public_key)?
-                }
-            };
-            crate::node::agent::run(listener, state, stop).await?;
+            let config = RunnerConfig::load_with_join(&config, server, join_token)?;
+            crate::node::start::run(config, stop_on_signal()).await?;
         }
         Command::Dev {
             state_dir,
@@ -431,12 +392,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             runner_config,
             packs_dir,
         } => {
-            let stop = CancellationToken::new();
-            let s = stop.clone();
-            tokio::spawn(async move {
-                shutdown_signal().await;
-                s.cancel();
-            });
+            let stop = stop_on_signal();
             let opts = crate::dev::DevOptions {
                 state_dir,
                 listen,
@@ -773,15 +729,6 @@ fn csv_row(e: &audit::Event) -> String {
         })
         .collect::<Vec<_>>()
         .join(",")
-}
-
-async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
 }
 
 async fn user(command: UserCommand) -> anyhow::Result<()> {

@@ -20,13 +20,17 @@
 //! [`dev`] (`emisar dev`: a server and a local runner in one process) and [`stdio_bridge`]
 //! (`emisar mcp-stdio`).
 
+#[cfg(feature = "server")]
 pub mod cli;
+#[cfg(feature = "server")]
 pub mod dev;
 pub mod digest;
 pub mod node;
 pub mod pack;
 pub mod protocol;
 pub mod selector;
+#[cfg(feature = "server")]
 pub mod server;
+#[cfg(feature = "server")]
 pub mod stdio_bridge;
 pub mod util;

@@ -131,6 +131,19 @@ impl RunnerConfig {
         Self::load_for_join(path, false)
     }
 
+    /// Loads runner.toml; a `server` and `token` from the command line replace `[join]`.
+    pub fn load_with_join(
+        path: &Path,
+        server: Option<String>,
+        token: Option<String>,
+    ) -> anyhow::Result<Self> {
+        let mut config = Self::load_for_join(path, server.is_some())?;
+        if let (Some(server), Some(token)) = (server, token) {
+            config.join = Some(JoinConfig { server, token });
+        }
+        Ok(config)
+    }
+
     /// Loads runner.toml; `joining` says the command line supplies the join settings, so
     /// the server's public key may come from the server.
     pub fn load_for_join(path: &Path, joining: bool) -> anyhow::Result<Self> {

@@ -11,3 +11,4 @@ mod engine;
 mod exec;
 mod http_action;
 pub mod join;
+pub mod start;

@@ -3,6 +3,7 @@
 pub mod backoff;
 pub mod config;
 mod errors;
+pub mod process;
 
 pub use backoff::Backoff;
 pub use errors::error_chain;

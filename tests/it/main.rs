@@ -20,3 +20,4 @@ mod python_client;
 mod replicas;
 mod runner_security;
 mod secrets;
+mod tidy;

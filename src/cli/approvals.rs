@@ -1,0 +1,109 @@
+//! `emisar approvals`: list, show, approve and deny requests on a running server.
+
+use anyhow::Context;
+use clap::Subcommand;
+
+use super::ServerArg;
+
+#[derive(Subcommand)]
+pub enum ApprovalsCommand {
+    /// Requests in one state (pending by default), newest first.
+    List {
+        #[arg(long, default_value = "pending")]
+        state: String,
+    },
+    /// One request in full: args, reason, requester, preview, votes, result.
+    Show { id: String },
+    /// Approve a request.
+    Approve {
+        id: String,
+        #[arg(long)]
+        note: Option<String>,
+    },
+    /// Deny a request; the note reaches the agent.
+    Deny {
+        id: String,
+        #[arg(long)]
+        note: String,
+    },
+}
+
+/// `emisar approvals …`: the server's `/api/approvals` with a person's token.
+pub async fn run(server: ServerArg, command: ApprovalsCommand) -> anyhow::Result<()> {
+    let base = server
+        .server
+        .context("no server given: pass --server URL or set EMISAR_SERVER")?;
+    let token = server
+        .token
+        .context("no token given: pass --token or set EMISAR_TOKEN (from `emisar user token`)")?;
+    let base = base.trim_end_matches('/');
+    let http = reqwest::Client::new();
+    let send = |req: reqwest::RequestBuilder| async {
+        let res = req.bearer_auth(&token).send().await?;
+        let status = res.status();
+        let body: serde_json::Value = res.json().await.unwrap_or_default();
+        if !status.is_success() {
+            anyhow::bail!(
+                "{}",
+                body.get("error")
+                    .and_then(|e| e.as_str())
+                    .map(str::to_owned)
+                    .unwrap_or_else(|| format!("HTTP {status}"))
+            );
+        }
+        Ok::<_, anyhow::Error>(body)
+    };
+    match command {
+        ApprovalsCommand::List { state } => {
+            let body = send(
+                http.get(format!("{base}/api/approvals"))
+                    .query(&[("state", state)]),
+            )
+            .await?;
+            let rows = body["approvals"].as_array().cloned().unwrap_or_default();
+            if rows.is_empty() {
+                println!("no requests");
+            }
+            for a in rows {
+                println!(
+                    "{}  {:<9} {:<32} runners={} by={} expires={}\n    reason: {}",
+                    a["id"].as_str().unwrap_or(""),
+                    a["state"].as_str().unwrap_or(""),
+                    a["tool"].as_str().unwrap_or(""),
+                    a["runners"],
+                    a["requester"].as_str().unwrap_or(""),
+                    a["expires_at"].as_str().unwrap_or(""),
+                    a["reason"].as_str().unwrap_or("").escape_debug(),
+                );
+            }
+        }
+        ApprovalsCommand::Show { id } => {
+            let body = send(http.get(format!("{base}/api/approvals/{id}"))).await?;
+            println!("{}", serde_json::to_string_pretty(&body)?);
+        }
+        ApprovalsCommand::Approve { id, note } => {
+            let body = send(
+                http.post(format!("{base}/api/approvals/{id}/approve"))
+                    .json(&serde_json::json!({"note": note})),
+            )
+            .await?;
+            let state = body["state"].as_str().unwrap_or("?");
+            let votes = body["approvals"].as_array().map_or(0, Vec::len);
+            let required = body["required_approvals"].as_u64().unwrap_or(1);
+            if state == "pending" {
+                println!("{id}: pending ({votes} of {required} approvals)");
+            } else {
+                println!("{id}: {state}");
+            }
+        }
+        ApprovalsCommand::Deny { id, note } => {
+            let body = send(
+                http.post(format!("{base}/api/approvals/{id}/deny"))
+                    .json(&serde_json::json!({"note": note})),
+            )
+            .await?;
+            println!("{id}: {}", body["state"].as_str().unwrap_or("?"));
+        }
+    }
+    Ok(())
+}

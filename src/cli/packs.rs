@@ -1,0 +1,106 @@
+//! `emisar packs`: check, list and show the tool packs.
+
+use std::path::PathBuf;
+
+use clap::Subcommand;
+
+use crate::pack::{Action, PackSet};
+
+#[derive(Subcommand)]
+pub enum PacksCommand {
+    /// Validate every pack; fails on any error, such as a free-form string param.
+    Check {
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// One line per tool: name, risk, scope, description.
+    List {
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// A tool's input schema, action and example.
+    Show {
+        tool: String,
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+}
+
+pub fn run(command: PacksCommand) -> anyhow::Result<i32> {
+    match command {
+        PacksCommand::Check { dir } => {
+            let set = PackSet::load(dir.as_deref())?;
+            for p in set.packs() {
+                let n = set.tools().filter(|t| t.pack == p.name).count();
+                println!(
+                    "ok  {:<10} {n:>2} tools  {}  {}",
+                    p.name,
+                    &p.digest[..12],
+                    p.origin
+                );
+            }
+        }
+        PacksCommand::List { dir } => {
+            let set = PackSet::load(dir.as_deref())?;
+            println!("{:<28} {:<5} {:<8} DESCRIPTION", "TOOL", "RISK", "SCOPE");
+            for t in set.tools() {
+                let first_sentence = t.description.split(". ").next().unwrap_or_default();
+                let scope = serde_json::to_value(t.scope)?;
+                println!(
+                    "{:<28} {:<5} {:<8} {}",
+                    t.name,
+                    t.risk.as_str(),
+                    scope.as_str().unwrap_or_default(),
+                    first_sentence
+                );
+            }
+        }
+        PacksCommand::Show { tool, dir } => {
+            let set = PackSet::load(dir.as_deref())?;
+            let Some(t) = set.tool(&tool) else {
+                anyhow::bail!("no tool named `{tool}` (see `emisar packs list`)");
+            };
+            let steps: Vec<serde_json::Value> = t.steps.iter().map(describe_step).collect();
+            let preview: Option<Vec<serde_json::Value>> = t
+                .preview
+                .as_ref()
+                .map(|p| p.steps.iter().map(describe_step).collect());
+            let shown = serde_json::json!({
+                "tool": t.name,
+                "description": t.description,
+                "risk": t.risk,
+                "scope": t.scope,
+                "input_schema": crate::pack::input_schema(t),
+                "steps": steps,
+                "preview": preview,
+                "output": t.output.as_ref().map(|o| o.source()),
+                "example": t.example,
+            });
+            println!("{}", serde_json::to_string_pretty(&shown)?);
+        }
+    }
+    Ok(0)
+}
+
+fn describe_step(step: &crate::pack::Step) -> serde_json::Value {
+    use crate::pack::StepKind;
+    let what = match &step.kind {
+        StepKind::Run(Action::Http(h)) => serde_json::json!({
+            "http": {"method": h.method, "path": h.path.source(),
+                      "query": h.query.iter().map(|(k, v)| (k.clone(), v.source().to_owned())).collect::<std::collections::BTreeMap<_, _>>(),
+                      "body": h.body.as_ref().map(|b| b.source())}
+        }),
+        StepKind::Run(Action::Exec(e)) => serde_json::json!({
+            "exec": {"argv": e.argv.iter().map(|a| a.source()).collect::<Vec<_>>()}
+        }),
+        StepKind::Check { check, message } => serde_json::json!({
+            "check": check.source(), "message": message.source()
+        }),
+    };
+    serde_json::json!({
+        "name": step.name,
+        "do": what,
+        "capture": step.capture.iter().map(|(k, v)| (k.clone(), v.source().to_owned())).collect::<std::collections::BTreeMap<_, _>>(),
+        "optional": step.optional,
+    })
+}

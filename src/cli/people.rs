@@ -1,0 +1,172 @@
+//! `emisar user` and `emisar token`: the people who approve and audit, and bearer tokens.
+
+use anyhow::Context;
+use clap::Subcommand;
+
+use super::{DbArg, cli_actor};
+use crate::server::audit::AuditLog;
+
+#[derive(Subcommand)]
+pub enum UserCommand {
+    /// Add a person. The password comes from stdin (one line), or is generated and printed.
+    Add {
+        name: String,
+        /// approver, auditor or admin.
+        #[arg(long)]
+        role: String,
+        /// Read the password from the first line of stdin instead of generating one.
+        #[arg(long)]
+        password_stdin: bool,
+        #[command(flatten)]
+        db: DbArg,
+    },
+    /// Remove a person: their sessions end and their API tokens are revoked.
+    Remove {
+        name: String,
+        #[command(flatten)]
+        db: DbArg,
+    },
+    /// Issue an API token that acts as this person (for `emisar approvals` and scripts).
+    Token {
+        name: String,
+        #[arg(long, default_value = "30d")]
+        ttl: String,
+        #[command(flatten)]
+        db: DbArg,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum TokenCommand {
+    /// Issue a bearer token. The token is printed once.
+    Issue {
+        /// The name the token is issued to (an agent, or an auditor with --role auditor).
+        #[arg(long)]
+        agent: String,
+        /// `agent` (calls tools over MCP) or `auditor` (reads GET /api/audit).
+        #[arg(long, default_value = "agent")]
+        role: String,
+        /// Limit the token to the runners whose labels match, e.g. role=edge,dc=dc1.
+        #[arg(long)]
+        selector: Option<String>,
+        /// Lifetime: 90s, 30m, 12h, 30d.
+        #[arg(long, default_value = "30d")]
+        ttl: String,
+        #[command(flatten)]
+        db: DbArg,
+    },
+    /// Revoke a token by its id.
+    Revoke {
+        id: String,
+        #[command(flatten)]
+        db: DbArg,
+    },
+}
+
+/// `emisar token …`.
+pub async fn token(command: TokenCommand) -> anyhow::Result<i32> {
+    match command {
+        TokenCommand::Issue {
+            agent,
+            role,
+            selector,
+            ttl,
+            db,
+        } => {
+            let ttl = crate::server::tokens::parse_ttl(&ttl).map_err(anyhow::Error::msg)?;
+            let db = db.connect().await?;
+            let audit = AuditLog::start(db.clone());
+            let role = crate::server::tokens::Role::parse(&role).map_err(anyhow::Error::msg)?;
+            if matches!(
+                role,
+                crate::server::tokens::Role::Approver | crate::server::tokens::Role::Admin
+            ) {
+                anyhow::bail!(
+                    "--role {}: tokens for people come from `emisar user token NAME`, which checks the person exists",
+                    role.as_str()
+                );
+            }
+            let selector = selector
+                .as_deref()
+                .map(crate::selector::Selector::parse)
+                .transpose()
+                .map_err(anyhow::Error::msg)?;
+            let t = crate::server::tokens::issue_scoped(
+                &db,
+                &audit,
+                &agent,
+                role,
+                selector.as_ref(),
+                ttl,
+                &cli_actor(),
+            )
+            .await?;
+            println!("token id:   {}", t.id);
+            println!("agent:      {}", t.agent);
+            println!("expires at: {}", t.expires_at);
+            println!("token:      {}", t.token);
+            eprintln!("The token is shown once; store it now.");
+        }
+        TokenCommand::Revoke { id, db } => {
+            let db = db.connect().await?;
+            let audit = AuditLog::start(db.clone());
+            if !crate::server::tokens::revoke(&db, &audit, &id, &cli_actor()).await? {
+                eprintln!("no live token has id {id}");
+                return Ok(1);
+            }
+            println!("revoked {id}");
+        }
+    }
+    Ok(0)
+}
+
+pub async fn user(command: UserCommand) -> anyhow::Result<()> {
+    use crate::server::tokens::Role;
+    match command {
+        UserCommand::Add {
+            name,
+            role,
+            password_stdin,
+            db,
+        } => {
+            let role = Role::parse(&role).map_err(|e| anyhow::anyhow!("--role: {e}"))?;
+            let (password, generated) = if password_stdin {
+                let mut line = String::new();
+                std::io::stdin().read_line(&mut line)?;
+                (line.trim_end_matches(['\r', '\n']).to_owned(), false)
+            } else {
+                (crate::server::users::random_token()?, true)
+            };
+            let db = db.connect().await?;
+            let audit = AuditLog::start(db.clone());
+            crate::server::users::add(&db, &audit, &name, role, &password, &cli_actor()).await?;
+            println!("added {name} ({})", role.as_str());
+            if generated {
+                println!("password: {password}");
+                eprintln!("The password is shown once; it is stored only as an argon2 hash.");
+            }
+        }
+        UserCommand::Remove { name, db } => {
+            let db = db.connect().await?;
+            let audit = AuditLog::start(db.clone());
+            crate::server::users::remove(&db, &audit, &name, &cli_actor()).await?;
+            println!("removed {name}: sessions ended, API tokens revoked");
+        }
+        UserCommand::Token { name, ttl, db } => {
+            let ttl = crate::server::tokens::parse_ttl(&ttl).map_err(anyhow::Error::msg)?;
+            let db = db.connect().await?;
+            let audit = AuditLog::start(db.clone());
+            let role = crate::server::users::role_of(&db, &name)
+                .await?
+                .with_context(|| format!("no user `{name}`: add them with `emisar user add`"))?;
+            let t =
+                crate::server::tokens::issue(&db, &audit, &name, role, ttl, &cli_actor()).await?;
+            println!("token id:   {}", t.id);
+            println!("user:       {name} ({})", role.as_str());
+            println!("expires at: {}", t.expires_at);
+            println!("token:      {}", t.token);
+            eprintln!("The token is shown once. Use it as EMISAR_TOKEN for `emisar approvals`.");
+        }
+    }
+    Ok(())
+}

@@ -11,6 +11,7 @@ pub mod gateway;
 pub mod http;
 pub mod mcp;
 pub mod metrics;
+pub mod oidc;
 pub mod policy;
 pub mod portal;
 pub mod runners;

@@ -1,0 +1,23 @@
+//! Identity from the organisation's own provider: OpenID Connect sign-in for people, and MCP's
+//! OAuth authorization (emisar as a protected resource) for agents.
+//!
+//! - [`config`]: `[oidc]` and `[oauth]` in emisar.toml, with `check()`.
+//! - [`fetch`]: HTTP to the provider (timeouts, no redirects, bounded bodies).
+//! - [`discovery`]: the provider's metadata, its issuer checked.
+//! - [`jwks`]: the provider's signing keys, cached, refreshed on an unknown `kid` (rate
+//!   limited).
+//! - [`jwt`]: signature and registered-claim checks shared by both token kinds.
+//! - [`id_token`]: ID token checks (audience = client id, `azp`, `nonce`).
+//! - [`login`]: the authorization code flow with PKCE, state and nonce.
+//! - [`claims`]: claims → a person's audit identity and roles, an agent's name.
+//! - [`resource`]: RFC 9728 metadata, the `WWW-Authenticate` challenge, access-token checks.
+
+pub mod claims;
+pub mod config;
+pub mod discovery;
+pub mod fetch;
+pub mod id_token;
+pub mod jwks;
+pub mod jwt;
+pub mod login;
+pub mod resource;

@@ -11,6 +11,7 @@ mod fleet;
 mod governance;
 mod harness;
 mod mcp_calls;
+mod oidc;
 mod ops;
 mod outage;
 mod packs_cluster;

@@ -104,6 +104,13 @@ function buildProvider(issuer) {
       groups: ['groups'],
       ...(config.claims ?? {}),
     },
+    // Resource scopes are listed too: dynamic registration (which the MCP SDKs use) refuses a
+    // client whose `scope` metadata names a scope the server does not list.
+    scopes: [
+      'openid',
+      'offline_access',
+      ...new Set(Object.values(resources).flatMap((rs) => (rs.scope ?? 'mcp:tools').split(' '))),
+    ],
     // Scope claims go into the ID token itself, as Keycloak, Okta and Dex put `groups` there;
     // the relying party under test reads roles from the ID token, not from userinfo.
     conformIdTokenClaims: false,

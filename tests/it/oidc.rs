@@ -37,12 +37,10 @@ fn setup(trusted: &TestKey) -> ProviderSetup {
         .publish(trusted)
 }
 
-fn oidc_config(p: &OidcProvider) -> OidcConfig {
-    // The secret comes from a file, as an operator would give it.
-    let dir = std::env::temp_dir().join(format!("emisar-oidc-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let secret = dir.join(format!("secret-{}", p.issuer.rsplit(':').next().unwrap()));
-    std::fs::write(&secret, "portal-secret\n").unwrap();
+/// The portal's `[oidc]` section; the client secret is read from `secret_file`, as an
+/// operator would give it.
+fn oidc_config(p: &OidcProvider, secret_file: &std::path::Path) -> OidcConfig {
+    std::fs::write(secret_file, "portal-secret\n").unwrap();
     toml::from_str(&format!(
         r#"
         issuer = "{}"
@@ -56,7 +54,7 @@ fn oidc_config(p: &OidcProvider) -> OidcConfig {
         auditor = ["auditors"]
         "#,
         p.issuer,
-        secret.display()
+        secret_file.display()
     ))
     .unwrap()
 }
@@ -70,7 +68,9 @@ fn oauth_config(p: &OidcProvider, extra: &str) -> OAuthConfig {
 }
 
 async fn login_client(p: &OidcProvider) -> OidcLogin {
-    OidcLogin::discover(oidc_config(p), PORTAL_CB.into())
+    // The secret is read once, at discovery; the file can go afterwards.
+    let dir = tempfile::tempdir().unwrap();
+    OidcLogin::discover(oidc_config(p, &dir.path().join("secret")), PORTAL_CB.into())
         .await
         .unwrap_or_else(|e| panic!("{e}\nprovider log:\n{}", p.log()))
 }

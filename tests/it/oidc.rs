@@ -5,13 +5,13 @@
 
 use std::time::Duration;
 
-use emisar::oidc::config::{OAuthConfig, OidcConfig, PersonRole};
-use emisar::oidc::discovery::{DiscoveryError, discover_openid};
-use emisar::oidc::fetch::client;
-use emisar::oidc::jwks::JwksCache;
-use emisar::oidc::jwt::{TokenError, unix_now, verify_signature};
-use emisar::oidc::login::{Callback, LoginError, OidcLogin};
-use emisar::oidc::resource::{AccessError, ProtectedResource};
+use emisar::server::oidc::config::{OAuthConfig, OidcConfig, PersonRole};
+use emisar::server::oidc::discovery::{DiscoveryError, discover_openid};
+use emisar::server::oidc::fetch::client;
+use emisar::server::oidc::jwks::JwksCache;
+use emisar::server::oidc::jwt::{TokenError, unix_now, verify_signature};
+use emisar::server::oidc::login::{Callback, LoginError, OidcLogin};
+use emisar::server::oidc::resource::{AccessError, ProtectedResource};
 use serde_json::{Value, json};
 
 use crate::harness::oidc::{
@@ -310,7 +310,7 @@ async fn id_token_refusals_each_say_why() {
     let rp = login_client(&p).await;
     let (cb, binding) = sign_in(&p, &rp, "bob", "bob-pw", |u| u).await;
     let real = rp.finish(&cb, Some(&binding)).await.unwrap();
-    let verifier = emisar::oidc::id_token::IdTokenVerifier {
+    let verifier = emisar::server::oidc::id_token::IdTokenVerifier {
         issuer: p.issuer.clone(),
         client_id: "portal".into(),
         leeway_secs: 60,
@@ -430,7 +430,7 @@ async fn access_tokens_for_emisar_and_nothing_else() {
         .append_pair("state", "s")
         .append_pair(
             "code_challenge",
-            &emisar::oidc::login::pkce_challenge(verifier),
+            &emisar::server::oidc::login::pkce_challenge(verifier),
         )
         .append_pair("code_challenge_method", "S256");
     let back = p

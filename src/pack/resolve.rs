@@ -25,6 +25,7 @@ const STOCK_PACKS: &[(&str, &str)] = &[
     ("frr.yaml", include_str!("../../packs/frr.yaml")),
     ("linux.yaml", include_str!("../../packs/linux.yaml")),
     ("nomad.yaml", include_str!("../../packs/nomad.yaml")),
+    ("redis.yaml", include_str!("../../packs/redis.yaml")),
     ("traefik.yaml", include_str!("../../packs/traefik.yaml")),
     ("vm.yaml", include_str!("../../packs/vm.yaml")),
 ];

@@ -16,6 +16,7 @@ mod ops;
 mod outage;
 mod packs_cluster;
 mod packs_node;
+mod packs_redis;
 mod portal_browser;
 mod python_client;
 mod replicas;

@@ -1,9 +1,10 @@
-//! Test harness: databases, a real Traefik, and the server with runners on free ports.
+//! Test harness: databases, real Traefik and Redis, and the server with runners on free ports.
 
 pub mod app;
 pub mod frr;
 pub mod oidc;
 pub mod pg;
+pub mod redis;
 pub mod tools;
 pub mod traefik;
 pub mod vm;

@@ -1,0 +1,104 @@
+# One emisar runner on every Nomad client node (a system job).
+#
+# The runner must act on the node itself (its FRR, its systemd, its /proc, services on its
+# loopback), so it runs with raw_exec, outside any container, as the unprivileged user
+# emisar-runner. Each node needs, before this job can place there:
+#   - the emisar package (the binary at /usr/bin/emisar and the user emisar-runner): the
+#     runner and the server must load byte-identical packs, so use the version the server runs;
+#   - raw_exec enabled in the client config (plugin "raw_exec" { config { enabled = true } })
+#     and a client that runs as root, so that it can start the task as emisar-runner;
+#   - whatever its packs need (group frrvty for vtysh, the polkit rule for systemctl restarts:
+#     see deploy/README.md).
+#
+# The runners join the server with a join token kept in a Nomad variable:
+#   nomad var put nomad/jobs/emisar-runner server=https://emisar.example.internal join_token=emj_…
+# A joined runner holds no credential of its own yet: after the join token expires, a runner
+# that restarts cannot join again until the variable holds a fresh token.
+#
+#   nomad job run deploy/nomad/emisar-runner.nomad.hcl
+job "emisar-runner" {
+  type        = "system"
+  datacenters = ["*"]
+
+  update {
+    max_parallel = 1
+    stagger      = "30s"
+  }
+
+  group "runner" {
+    network {
+      port "runner" {
+        static = 7701
+      }
+    }
+
+    restart {
+      attempts = 10
+      interval = "5m"
+      delay    = "5s"
+      mode     = "delay"
+    }
+
+    task "runner" {
+      driver = "raw_exec"
+      user   = "emisar-runner"
+
+      config {
+        command = "/usr/bin/emisar"
+        args    = ["runner", "--config", "${NOMAD_TASK_DIR}/runner.toml", "--server", "${EMISAR_SERVER}"]
+      }
+
+      # The join token reaches the runner as EMISAR_JOIN_TOKEN, from the task's secrets
+      # directory, never in argv or in the rendered runner.toml.
+      template {
+        destination = "secrets/join.env"
+        env         = true
+        change_mode = "restart"
+        data        = <<-EOT
+          {{ with nomadVar "nomad/jobs/emisar-runner" -}}
+          EMISAR_SERVER={{ .server }}
+          EMISAR_JOIN_TOKEN={{ .join_token }}
+          {{- end }}
+        EOT
+      }
+
+      # The runner's name is the node's name; agents and policies refer to runners by it.
+      # advertise_url is where the server calls this runner: the node's own address, never
+      # the wildcard it listens on.
+      template {
+        destination = "local/runner.toml"
+        change_mode = "restart"
+        data        = <<-EOT
+          name = "{{ env "node.unique.name" }}"
+          listen = "0.0.0.0:{{ env "NOMAD_PORT_runner" }}"
+          advertise_url = "http://{{ env "attr.unique.network.ip-address" }}:{{ env "NOMAD_PORT_runner" }}"
+
+          [labels]
+          dc = "{{ env "node.datacenter" }}"
+
+          # Restarts allowed on every node; keep it in step with the polkit rule.
+          [allowlists]
+          systemd_units = ["consul", "nomad"]
+        EOT
+      }
+
+      service {
+        name     = "emisar-runner"
+        port     = "runner"
+        provider = "nomad"
+
+        check {
+          type     = "http"
+          path     = "/healthz"
+          interval = "10s"
+          timeout  = "2s"
+        }
+      }
+
+      resources {
+        cpu    = 100
+        memory = 64
+      }
+    }
+  }
+}

@@ -3,7 +3,7 @@
 # The runner must act on the node itself (its FRR, its systemd, its /proc, services on its
 # loopback), so it runs with raw_exec, outside any container, as the unprivileged user
 # emisar-runner. Each node needs, before this job can place there:
-#   - the emisar package (the binary at /usr/bin/emisar and the user emisar-runner): the
+#   - the emisar package (the binary at /usr/bin/emisar-runner and the user emisar-runner): the
 #     runner and the server must load byte-identical packs, so use the version the server runs;
 #   - raw_exec enabled in the client config (plugin "raw_exec" { config { enabled = true } })
 #     and a client that runs as root, so that it can start the task as emisar-runner;
@@ -44,8 +44,8 @@ job "emisar-runner" {
       user   = "emisar-runner"
 
       config {
-        command = "/usr/bin/emisar"
-        args    = ["runner", "--config", "${NOMAD_TASK_DIR}/runner.toml", "--server", "${EMISAR_SERVER}"]
+        command = "/usr/bin/emisar-runner"
+        args    = ["--config", "${NOMAD_TASK_DIR}/runner.toml", "--server", "${EMISAR_SERVER}"]
       }
 
       # The join token reaches the runner as EMISAR_JOIN_TOKEN, from the task's secrets

@@ -157,7 +157,7 @@ pub async fn start(
 }
 
 impl Stack {
-    pub fn db(&self) -> &crate::db::Db {
+    pub fn db(&self) -> &crate::server::db::Db {
         self.app.db()
     }
 

@@ -6,7 +6,6 @@ mod approvals;
 mod audit_log;
 mod cli;
 mod conformance;
-mod emulators;
 mod fleet;
 mod governance;
 mod harness;

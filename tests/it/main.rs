@@ -9,6 +9,7 @@ mod conformance;
 mod fleet;
 mod governance;
 mod harness;
+mod lab;
 mod mcp_calls;
 mod oidc;
 mod ops;

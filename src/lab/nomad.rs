@@ -584,7 +584,7 @@ fn running_life(
 }
 
 /// What the Consul pre-run hook reports when the node's agent cannot issue a token.
-fn consul_hook_failure() -> String {
+pub fn consul_hook_failure() -> String {
     "failed to setup alloc: pre-run hook \"consul\" failed: Post \"http://127.0.0.1:8500/v1/acl/login\": context deadline exceeded".to_owned()
 }
 

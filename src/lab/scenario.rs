@@ -17,7 +17,7 @@ use super::clock::{LabClock, unix_nanos};
 use super::consul::{Consul, Instance, Member, MemberStatus};
 use super::frr::{Bgp, Peer};
 use super::node::{NodeState, Package, Unit};
-use super::nomad::{Alloc, Life, Node, Nomad};
+use super::nomad::{Alloc, Life, Node, Nomad, consul_hook_failure};
 use super::traefik::{App, Site};
 use super::vm::Traffic;
 
@@ -233,7 +233,7 @@ pub fn nomad(token: &str, clock: Arc<LabClock>) -> Arc<Nomad> {
         created: boot_time(start, "nomad-hvn05") + Duration::from_secs(80),
         stopped: None,
         life: Life::SetupFailed {
-            message: "failed to setup alloc: pre-run hook \"consul\" failed: Post \"http://127.0.0.1:8500/v1/acl/login\": context deadline exceeded".into(),
+            message: consul_hook_failure(),
         },
         previous: None,
         next: None,

@@ -727,6 +727,110 @@ async fn lab_agent_reads_the_incident_then_two_approvals_heal_it() {
     client.cancel().await.unwrap();
 }
 
+/// The lab keeps its promise that the packs are the stock ones, unchanged: every stock read
+/// tool, called as its pack's example shows (on all five nodes for node tools), answers on
+/// the lab, except Traefik on hvn05, which refuses; and the BGP writes withdraw and restore
+/// hvn05's advertisement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lab_every_stock_read_answers_and_bgp_shutdown_withdraws_the_vip() {
+    let lab = RunningLab::start().await;
+    let client = lab.agent().await;
+    let packs = emisar::pack::PackSet::load(None).unwrap();
+    let mut tools: Vec<_> = packs
+        .tools()
+        .filter(|t| t.risk == emisar::pack::Risk::Read)
+        .collect();
+    tools.sort_by(|a, b| a.name.cmp(&b.name));
+    let five_minutes_ago = (chrono::Utc::now().timestamp() - 300).to_string();
+    let mut called = Vec::new();
+    for tool in tools {
+        let mut args = tool.example.clone().unwrap_or_else(|| json!({}));
+        // The examples' values that name things the lab does not have.
+        match tool.name.as_str() {
+            "frr.neighbor" => args["neighbor"] = json!("10.0.0.1"),
+            "traefik.service" => args["name"] = json!("match-api@consulcatalog"),
+            "vm.query_range" => args["start"] = json!(five_minutes_ago),
+            _ => {}
+        }
+        let node = tool.scope == emisar::pack::Scope::Node;
+        let obj = args.as_object_mut().unwrap();
+        obj.remove("runners");
+        if node {
+            obj.insert("runners".into(), json!(NODES));
+        }
+        obj.insert(
+            "reason".into(),
+            json!("does the stock pack work on the lab?"),
+        );
+        let res = call(&client, &tool.name, args).await;
+        let s = structured(&res);
+        let results = s["results"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{}: {s}", tool.name));
+        assert_eq!(
+            results.len(),
+            if node { 5 } else { 1 },
+            "{}: {s}",
+            tool.name
+        );
+        for r in results {
+            if tool.name.starts_with("traefik.") && r["runner"] == "nomad-hvn05" {
+                assert!(
+                    r["error"]
+                        .as_str()
+                        .unwrap_or("")
+                        .contains("Connection refused"),
+                    "{}: {r}",
+                    tool.name
+                );
+            } else {
+                assert_eq!(r["ok"], true, "{}: {r}", tool.name);
+                assert!(!r["output"].is_null(), "{}: {r}", tool.name);
+            }
+        }
+        called.push(tool.name.clone());
+    }
+    assert!(called.len() >= 20, "{called:?}");
+
+    // frr.bgp_neighbor_shutdown pulls hvn05 out of the anycast; enable puts it back.
+    let approver = lab.approver().await;
+    let vip_on_hvn05 = |client: &RunningService<RoleClient, ()>| {
+        let peer = client.peer().clone();
+        async move {
+            let args = json!({"runners": ["nomad-hvn05"], "reason": "is hvn05 advertising?"});
+            let res = peer
+                .call_tool(
+                    rmcp::model::CallToolRequestParams::new("frr.bgp_summary")
+                        .with_arguments(args.as_object().unwrap().clone()),
+                )
+                .await
+                .unwrap();
+            structured(&res)["results"][0]["output"]["address_families"][0]["peers"][0].clone()
+        }
+    };
+    for (tool, state, sent) in [
+        ("frr.bgp_neighbor_shutdown", "Idle (Admin)", 0),
+        ("frr.bgp_neighbor_enable", "Established", 1),
+    ] {
+        let write = call_in_background(
+            &client,
+            tool,
+            json!({"neighbor": "10.0.0.1", "runners": ["nomad-hvn05"], "reason": "anycast drill"}),
+        );
+        let pending = wait_for_pending(&approver, 1).await;
+        let (status, body) = approver.approve(pending[0]["id"].as_str().unwrap()).await;
+        assert_eq!(status, 200, "{body}");
+        let out = structured(&finished(write).await);
+        assert_eq!(out["approval"]["state"], "executed", "{out}");
+        assert_eq!(out["results"][0]["output"]["local_as"], 65100, "{out}");
+        let peer = vip_on_hvn05(&client).await;
+        assert_eq!(peer["state"], state, "after {tool}: {peer}");
+        assert_eq!(peer["prefixes_sent"], sent, "after {tool}: {peer}");
+    }
+    lab.verify_with_cli();
+    client.cancel().await.unwrap();
+}
+
 /// The pending requests, once there are `n` of them.
 async fn wait_for_pending(p: &Portal, n: usize) -> Vec<Value> {
     let deadline = Instant::now() + Duration::from_secs(30);

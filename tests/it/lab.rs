@@ -18,12 +18,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use emisar::audit::{self, AuditFilter};
-use emisar::db::Db;
 use emisar::lab::clock::LabClock;
 use emisar::lab::consul::{Consul, MemberStatus};
 use emisar::lab::nomad::Nomad;
 use emisar::lab::run::{LabOptions, start};
+use emisar::server::audit::{self, AuditFilter};
+use emisar::server::db::Db;
 use rmcp::RoleClient;
 use rmcp::model::CallToolResult;
 use rmcp::service::RunningService;

@@ -728,7 +728,7 @@ async fn lab_agent_reads_the_incident_then_two_approvals_heal_it() {
 }
 
 /// The lab keeps its promise that the packs are the stock ones, unchanged: every stock read
-/// tool, called as its pack's example shows (on all five nodes for node tools), answers on
+/// tool of the incident's services (all but Redis), called as its pack's example shows (on all five nodes for node tools), answers on
 /// the lab, except Traefik on hvn05, which refuses; and the BGP writes withdraw and restore
 /// hvn05's advertisement.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -739,6 +739,9 @@ async fn lab_every_stock_read_answers_and_bgp_shutdown_withdraws_the_vip() {
     let mut tools: Vec<_> = packs
         .tools()
         .filter(|t| t.risk == emisar::pack::Risk::Read)
+        // The incident's fleet runs no Redis: the redis pack is tested against real
+        // redis-servers in packs_redis.
+        .filter(|t| !t.name.starts_with("redis."))
         .collect();
     tools.sort_by(|a, b| a.name.cmp(&b.name));
     let five_minutes_ago = (chrono::Utc::now().timestamp() - 300).to_string();

@@ -142,7 +142,7 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     tracing::info!(runner = state.name(), addr = %listener.local_addr()?, "runner listening");
-    axum::serve(listener, router(state))
+    axum::serve(crate::util::net::without_nagle(listener), router(state))
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await
 }

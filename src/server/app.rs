@@ -164,7 +164,7 @@ impl Application {
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
         tracing::info!(addr = %self.local_addr(), "emisar serving MCP at /mcp");
         let shutdown = self.shutdown.clone();
-        axum::serve(self.listener, self.router)
+        axum::serve(crate::util::net::without_nagle(self.listener), self.router)
             .with_graceful_shutdown(shutdown.cancelled_owned())
             .await
     }

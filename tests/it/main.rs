@@ -22,4 +22,5 @@ mod python_client;
 mod replicas;
 mod runner_security;
 mod secrets;
+mod sockets;
 mod tidy;

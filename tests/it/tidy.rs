@@ -1,6 +1,7 @@
 //! The house rules that the compiler does not check by itself: the node and the server never
 //! import each other (only the wire types in `protocol` cross), the shared building blocks
-//! import neither, and every source file says what it is for in a `//!` header.
+//! import neither, every source file says what it is for in a `//!` header, and no product
+//! code allows `unsafe`.
 //!
 //! The `emisar-runner` build (`--no-default-features`, which has no `server` module) makes the
 //! compiler enforce the node's half; these checks cover the server's half and the shared blocks.
@@ -108,4 +109,10 @@ fn every_source_file_says_what_it_is_for() {
         "these files have no `//!` header saying what they are for:\n{}",
         undocumented.join("\n")
     );
+}
+
+#[test]
+fn no_product_code_allows_unsafe() {
+    let found = offenders(".", &["unsafe_code", "unsafe {", "unsafe fn"]);
+    assert!(found.is_empty(), "unsafe code in the product: {found:?}");
 }

@@ -1,0 +1,135 @@
+//! Every TCP connection emisar accepts or opens has `TCP_NODELAY` set: the server's and the
+//! runner's accepted sockets and the server's connections to its runners. An MCP answer is an
+//! SSE stream written in several small pieces; with Nagle's algorithm on, a client that keeps
+//! its connection alive (as every MCP SDK does) waits for its own delayed ACK, ~40 ms per
+//! call. How long a call takes is measured in scripts/bench; this test checks the cause.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::{BorrowedFd, RawFd};
+
+use nix::sys::socket::{SockaddrStorage, getpeername, getsockname, getsockopt, sockopt};
+use serde_json::json;
+
+use crate::harness::tools::free_port;
+use crate::harness::traefik::Traefik;
+use crate::harness::{Backend, RunnerSpec, spawn_app};
+use crate::mcp_calls::{call, two_backend_config};
+
+/// One connected TCP socket of this process.
+#[derive(Debug)]
+struct Connection {
+    local: SocketAddr,
+    peer: SocketAddr,
+    nodelay: bool,
+}
+
+fn socket_addr(addr: &SockaddrStorage) -> Option<SocketAddr> {
+    if let Some(v4) = addr.as_sockaddr_in() {
+        return Some(SocketAddr::from((v4.ip(), v4.port())));
+    }
+    addr.as_sockaddr_in6()
+        .map(|v6| SocketAddr::from((v6.ip(), v6.port())))
+}
+
+/// The connected TCP sockets of this process (listeners, UDP and Unix sockets left out).
+// Reading a socket option needs the descriptor borrowed, which the standard library allows
+// only through `unsafe`; the product itself has none (tidy.rs).
+#[allow(unsafe_code)]
+fn connections() -> Vec<Connection> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        let Ok(fd) = entry.file_name().to_string_lossy().parse::<RawFd>() else {
+            continue;
+        };
+        let is_socket = std::fs::read_link(entry.path())
+            .is_ok_and(|target| target.to_string_lossy().starts_with("socket:"));
+        if !is_socket {
+            continue;
+        }
+        // SAFETY: the descriptor is only read (names and an option); if another thread
+        // closed it since the listing, the calls fail and it is left out.
+        let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
+        let (Ok(local), Ok(peer)) = (
+            getsockname::<SockaddrStorage>(fd),
+            getpeername::<SockaddrStorage>(fd),
+        ) else {
+            continue;
+        };
+        let (Some(local), Some(peer)) = (socket_addr(&local), socket_addr(&peer)) else {
+            continue;
+        };
+        let Ok(nodelay) = getsockopt(&borrowed, sockopt::TcpNoDelay) else {
+            continue;
+        };
+        found.push(Connection {
+            local,
+            peer,
+            nodelay,
+        });
+    }
+    found
+}
+
+fn port_of(url: &str) -> u16 {
+    reqwest::Url::parse(url).unwrap().port().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_connection_emisar_accepts_or_opens_has_nodelay() {
+    let traefik = Traefik::start(&two_backend_config(free_port(), free_port())).await;
+    let app = spawn_app(
+        Backend::Sqlite,
+        vec![RunnerSpec::new("node-1").service("traefik", &traefik.api_url)],
+        Default::default(),
+    )
+    .await;
+    let client = app.mcp_client().await;
+    for _ in 0..2 {
+        let res = call(
+            &client,
+            "traefik.ping",
+            json!({"runners": ["node-1"], "reason": "are the sockets tuned?"}),
+        )
+        .await;
+        assert_eq!(res.is_error, Some(false), "{res:?}");
+    }
+    // A kept-alive connection of our own, open while the sockets are looked at.
+    let server_port = port_of(&app.mcp_url);
+    let mut raw = TcpStream::connect(("127.0.0.1", server_port)).unwrap();
+    raw.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        .unwrap();
+    let mut first = [0u8; 12];
+    raw.read_exact(&mut first).unwrap();
+    assert_eq!(&first, b"HTTP/1.1 200");
+
+    let runner_port = port_of(&app.runner_urls["node-1"]);
+    let all = connections();
+    let accepted_by_server: Vec<_> = all
+        .iter()
+        .filter(|c| c.local.port() == server_port)
+        .collect();
+    let accepted_by_runner: Vec<_> = all
+        .iter()
+        .filter(|c| c.local.port() == runner_port)
+        .collect();
+    let opened_to_runner: Vec<_> = all
+        .iter()
+        .filter(|c| c.peer.port() == runner_port)
+        .collect();
+    for (what, group) in [
+        ("accepted by the server", &accepted_by_server),
+        ("accepted by the runner", &accepted_by_runner),
+        ("opened by the server to its runner", &opened_to_runner),
+    ] {
+        assert!(!group.is_empty(), "no connection {what} is open: {all:?}");
+        for c in group.iter() {
+            assert!(
+                c.nodelay,
+                "a connection {what} has Nagle's algorithm on: {c:?}"
+            );
+        }
+    }
+    drop(raw);
+    client.cancel().await.unwrap();
+}

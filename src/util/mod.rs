@@ -1,7 +1,9 @@
-//! Small helpers both the server and the node use: backoff, error chains, config files.
+//! Small helpers both the server and the node use: backoff, error chains, config files, and
+//! the door's checks on text from outside.
 
 pub mod backoff;
 pub mod config;
+pub mod door;
 mod errors;
 pub mod process;
 

@@ -6,6 +6,7 @@ mod approvals;
 mod audit_log;
 mod cli;
 mod conformance;
+mod door;
 mod emulators;
 mod fleet;
 mod governance;

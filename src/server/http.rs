@@ -423,7 +423,7 @@ fn audit_filter(
         ("outcome", &q.outcome),
     ] {
         if let Some(v) = value {
-            crate::util::door::text(field, v, MAX_FILTER_CHARS)?;
+            crate::util::door::line(field, v, MAX_FILTER_CHARS)?;
         }
     }
     let limit = q.limit.unwrap_or(default_limit);

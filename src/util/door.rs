@@ -52,7 +52,35 @@ pub fn identifier(field: &str, value: &str) -> Result<(), String> {
 /// `value` is text of at most `max_chars` characters without NUL, control or invisible
 /// formatting characters, or the error that names `field` and the rule.
 pub fn text(field: &str, value: &str, max_chars: usize) -> Result<(), String> {
-    let why = if let Some((at, c)) = value.chars().enumerate().find(|&(_, c)| refused_in_text(c)) {
+    checked(
+        field,
+        value,
+        max_chars,
+        refused_in_text,
+        "other than tab and newline",
+    )
+}
+
+/// Like [`text`], and on one line: no tab, newline or carriage return either (a filter, a
+/// URL, anything compared or logged as one line).
+pub fn line(field: &str, value: &str, max_chars: usize) -> Result<(), String> {
+    checked(
+        field,
+        value,
+        max_chars,
+        |c| refused_in_text(c) || c.is_control(),
+        "tab and newline included",
+    )
+}
+
+fn checked(
+    field: &str,
+    value: &str,
+    max_chars: usize,
+    refused: impl Fn(char) -> bool,
+    controls: &str,
+) -> Result<(), String> {
+    let why = if let Some((at, c)) = value.chars().enumerate().find(|&(_, c)| refused(c)) {
         format!("character {} is {}", at + 1, code_point(c))
     } else if too_long(value, max_chars) {
         format!("it is {} bytes long", value.len())
@@ -60,7 +88,7 @@ pub fn text(field: &str, value: &str, max_chars: usize) -> Result<(), String> {
         return Ok(());
     };
     Err(format!(
-        "`{field}` must be at most {max_chars} characters of text without NUL, control characters (other than tab and newline) or invisible formatting characters (bidirectional overrides, zero-width spaces) ({why})"
+        "`{field}` must be at most {max_chars} characters of text without NUL, control characters ({controls}) or invisible formatting characters (bidirectional overrides, zero-width spaces) ({why})"
     ))
 }
 
@@ -261,6 +289,14 @@ mod tests {
             assert!(err.contains("`note`") && err.contains(what), "{err}");
             assert!(!err.contains(bad));
         }
+        assert!(
+            line("tool", "traefik.ping", 10)
+                .unwrap_err()
+                .contains("12 bytes")
+        );
+        let err = line("kind", "tool.called\n", 100).unwrap_err();
+        assert!(err.contains("character 12 is U+000A"), "{err}");
+        assert!(text("kind", "tool.called\n", 100).is_ok());
         let long = "x".repeat(2001);
         let err = text("reason", &long, 2000).unwrap_err();
         assert!(

@@ -11,6 +11,7 @@ mod emulators;
 mod fleet;
 mod governance;
 mod harness;
+mod hostile;
 mod mcp_calls;
 mod ops;
 mod outage;

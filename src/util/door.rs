@@ -7,7 +7,8 @@
 //! call's reason, a denial note) is at most a stated number of characters and holds no NUL,
 //! no other control character but tab, newline and carriage return, and no invisible
 //! formatting character (bidirectional overrides and isolates, zero-width spaces), which
-//! could make what an approver reads differ from what is stored.
+//! could make what an approver reads differ from what is stored. A *line* (a query filter) is
+//! text without tab, newline or carriage return either.
 //!
 //! Invariant: an error never repeats the bytes it refuses. It names the field and the rule,
 //! and says where the first offending character is by its position and code point; the
@@ -57,7 +58,7 @@ pub fn text(field: &str, value: &str, max_chars: usize) -> Result<(), String> {
         value,
         max_chars,
         refused_in_text,
-        "other than tab and newline",
+        "other than tab, newline and carriage return",
     )
 }
 

@@ -13,21 +13,24 @@ pub struct Selector(Vec<(String, String)>);
 pub const PATTERN: &str = "^[A-Za-z0-9][A-Za-z0-9_.@-]{0,62}=[A-Za-z0-9][A-Za-z0-9_.@-]{0,62}(,[A-Za-z0-9][A-Za-z0-9_.@-]{0,62}=[A-Za-z0-9][A-Za-z0-9_.@-]{0,62}){0,15}$";
 
 impl Selector {
+    /// Parses `key=value,key=value`. Errors say which pair breaks which rule and never
+    /// repeat the text (it comes from outside, and may be anything).
     pub fn parse(text: &str) -> Result<Selector, String> {
         let mut pairs = Vec::new();
-        for part in text.split(',') {
+        for (i, part) in text.split(',').enumerate() {
+            if i == 16 {
+                return Err("a selector has at most 16 key=value pairs".into());
+            }
             let Some((k, v)) = part.split_once('=') else {
-                return Err(format!("selector `{text}`: `{part}` must be key=value"));
+                return Err(format!("selector pair {} must be key=value", i + 1));
             };
             if !is_identifier(k) || !is_identifier(v) || k.len() > 63 || v.len() > 63 {
                 return Err(format!(
-                    "selector `{text}`: `{part}` must be key=value of letters, digits and `_ . @ -`"
+                    "selector pair {}: key and value must each be 1 to 63 letters, digits or `_ . @ -`, starting with a letter or digit",
+                    i + 1
                 ));
             }
             pairs.push((k.to_owned(), v.to_owned()));
-        }
-        if pairs.len() > 16 {
-            return Err(format!("selector `{text}` has more than 16 pairs"));
         }
         Ok(Selector(pairs))
     }

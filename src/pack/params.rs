@@ -10,6 +10,7 @@ use std::net::IpAddr;
 use serde_json::{Map, Value, json};
 
 use super::raw::RawParam;
+use crate::util::door::MAX_IDENTIFIER;
 
 /// The longest string any parameter accepts unless the pack sets `max_length`.
 const DEFAULT_MAX_LENGTH: u64 = 256;
@@ -180,7 +181,7 @@ impl Param {
                 json!({"type": "string", "format": "systemd-unit", "maxLength": 255})
             }
             ParamType::Identifier => {
-                json!({"type": "string", "pattern": IDENTIFIER_PATTERN, "maxLength": 128})
+                json!({"type": "string", "pattern": IDENTIFIER_PATTERN, "maxLength": MAX_IDENTIFIER})
             }
             ParamType::Duration => {
                 json!({"type": "string", "pattern": "^[0-9]{1,6}(ms|s|m|h)$", "maxLength": 8})
@@ -196,10 +197,14 @@ impl Param {
 /// The pattern of [`ParamType::Identifier`] (and of pack, tool and runner names).
 pub const IDENTIFIER_PATTERN: &str = "^[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}$";
 
+/// The one definition of an identifier, for every name that comes from outside (tools,
+/// people, agents, runners, labels): 1 to [`MAX_IDENTIFIER`] ASCII letters, digits or
+/// `_ . @ -`, starting with a letter or digit. The length is checked first, so a 2 MB name
+/// costs nothing to refuse.
 pub fn is_identifier(s: &str) -> bool {
     let mut chars = s.chars();
-    matches!(chars.next(), Some(c) if c.is_ascii_alphanumeric())
-        && s.len() <= 128
+    s.len() <= MAX_IDENTIFIER
+        && matches!(chars.next(), Some(c) if c.is_ascii_alphanumeric())
         && chars.all(|c| c.is_ascii_alphanumeric() || "_.@-".contains(c))
 }
 
@@ -243,16 +248,46 @@ pub fn compile_validator(schema: &Value) -> Result<jsonschema::Validator, String
 }
 
 /// Validates `args` and returns every error as "`field`: rule broken".
-pub fn validate(validator: &jsonschema::Validator, args: &Value) -> Result<(), Vec<String>> {
+///
+/// An error quotes the value it refuses only when the value is short printable ASCII and not
+/// one of the `secret` params: a secret never appears (the error text is audited), and a
+/// long or binary value is described by its length instead of being repeated. Property
+/// names that are not in the schema are named only when they are identifiers.
+pub fn validate(
+    validator: &jsonschema::Validator,
+    args: &Value,
+    secret: &[&str],
+) -> Result<(), Vec<String>> {
     let errors: Vec<String> = validator
         .iter_errors(args)
         .map(|e| {
             let path = e.instance_path().to_string();
             let field = path.trim_start_matches('/').replace('/', ".");
+            let param = field.split('.').next().unwrap_or_default();
+            let message = match e.kind() {
+                jsonschema::error::ValidationErrorKind::AdditionalProperties { unexpected } => {
+                    let names: Vec<String> = unexpected
+                        .iter()
+                        .map(|n| crate::util::door::describe(n))
+                        .collect();
+                    format!(
+                        "properties the tool does not take are not allowed: {}",
+                        names.join(", ")
+                    )
+                }
+                _ if secret.contains(&param) => e.masked_with("the value (secret)").to_string(),
+                _ if !quotable(e.instance()) => e
+                    .masked_with(format!(
+                        "the value ({} bytes)",
+                        e.instance().to_string().len()
+                    ))
+                    .to_string(),
+                _ => e.to_string(),
+            };
             if field.is_empty() {
-                e.to_string()
+                message
             } else {
-                format!("`{field}`: {e}")
+                format!("`{field}`: {message}")
             }
         })
         .collect();
@@ -261,6 +296,12 @@ pub fn validate(validator: &jsonschema::Validator, args: &Value) -> Result<(), V
     } else {
         Err(errors)
     }
+}
+
+/// Whether an error message may repeat `value`: short, printable ASCII only.
+fn quotable(value: &Value) -> bool {
+    let text = value.to_string();
+    text.len() <= 64 && text.chars().all(|c| c.is_ascii_graphic() || c == ' ')
 }
 
 fn is_cidr(s: &str) -> bool {
@@ -431,13 +472,63 @@ mod tests {
         .unwrap();
         let schema = Value::Object(object_schema([&unit, &port]));
         let v = compile_validator(&schema).unwrap();
-        assert!(validate(&v, &json!({"unit": "consul", "port": 80})).is_ok());
-        let errs = validate(&v, &json!({"unit": "-x", "port": 0, "extra": 1})).unwrap_err();
+        assert!(validate(&v, &json!({"unit": "consul", "port": 80}), &[]).is_ok());
+        let errs = validate(&v, &json!({"unit": "-x", "port": 0, "extra": 1}), &[]).unwrap_err();
         let all = errs.join("\n");
         assert!(all.contains("`unit`"), "{all}");
         assert!(all.contains("`port`"), "{all}");
         assert!(all.contains("extra"), "{all}");
-        let errs = validate(&v, &json!({})).unwrap_err().join("\n");
+        let errs = validate(&v, &json!({}), &[]).unwrap_err().join("\n");
         assert!(errs.contains("\"unit\" is a required property"), "{errs}");
+    }
+
+    #[test]
+    fn errors_never_repeat_secrets_long_values_or_hostile_names() {
+        let mut password = Param::from_raw(
+            "password",
+            &RawParam {
+                pattern: Some("^[ -~]{1,16}$".into()),
+                ..raw("string")
+            },
+        )
+        .unwrap();
+        password.secret = true;
+        let user = Param::from_raw("user", &raw("identifier")).unwrap();
+        let v = compile_validator(&Value::Object(object_schema([&password, &user]))).unwrap();
+        let secret = "hunter2-but-far-too-long\n";
+        let errs = validate(&v, &json!({"password": secret}), &["password"])
+            .unwrap_err()
+            .join("\n");
+        assert!(
+            errs.contains("`password`: the value (secret) does not match"),
+            "{errs}"
+        );
+        assert!(!errs.contains("hunter2"), "{errs}");
+        let huge = "a".repeat(1_000_000);
+        let errs = validate(&v, &json!({"user": huge}), &[])
+            .unwrap_err()
+            .join("\n");
+        assert!(errs.contains("`user`: the value (1000002 bytes)"), "{errs}");
+        assert!(errs.len() < 500, "{} bytes of errors", errs.len());
+        let errs = validate(&v, &json!({"user": "a\u{202e}b"}), &[])
+            .unwrap_err()
+            .join("\n");
+        assert!(!errs.contains('\u{202e}'), "{errs}");
+        let errs = validate(&v, &json!({"ok_name": 1, "bad\u{0}name": 2}), &[])
+            .unwrap_err()
+            .join("\n");
+        assert!(errs.contains("`ok_name`"), "{errs}");
+        assert!(
+            errs.contains("a name that is not an identifier (8 bytes)"),
+            "{errs}"
+        );
+        assert!(!errs.contains('\0'));
+        let errs = validate(&v, &json!({"user": "-x"}), &[])
+            .unwrap_err()
+            .join("\n");
+        assert!(
+            errs.contains("\"-x\""),
+            "short printable values are quoted: {errs}"
+        );
     }
 }

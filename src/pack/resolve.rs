@@ -107,7 +107,8 @@ pub struct Preview {
 impl Tool {
     /// Checks `args` (pack params only) and returns every broken rule.
     pub fn validate(&self, args: &Value) -> Result<(), Vec<String>> {
-        params::validate(&self.validator, args)
+        let secret: Vec<&str> = self.secret_params().collect();
+        params::validate(&self.validator, args, &secret)
     }
 
     /// Names of the params marked secret.
@@ -518,7 +519,7 @@ mod tests {
         let schema = with_runner_names(input_schema(tool), &["a".into(), "b".into()]);
         let v = input_validator(&schema).unwrap();
         let ok = json!({"runners": ["a"], "reason": "checking the edge"});
-        assert!(params::validate(&v, &ok).is_ok());
+        assert!(params::validate(&v, &ok, &[]).is_ok());
         for bad in [
             json!({"runners": ["a"]}),
             json!({"runners": ["a"], "reason": ""}),
@@ -527,7 +528,7 @@ mod tests {
             json!({"runners": ["zzz"], "reason": "x"}),
             json!({"runners": ["a"], "reason": "x", "selector": "role"}),
         ] {
-            assert!(params::validate(&v, &bad).is_err(), "{bad}");
+            assert!(params::validate(&v, &bad, &[]).is_err(), "{bad}");
         }
     }
 }

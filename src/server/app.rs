@@ -136,6 +136,7 @@ impl Application {
                 .public_url
                 .as_deref()
                 .is_some_and(|u| u.starts_with("https://")),
+            &config.login,
             shutdown.clone(),
         );
         Ok(Application {
@@ -164,7 +165,11 @@ impl Application {
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
         tracing::info!(addr = %self.local_addr(), "emisar serving MCP at /mcp");
         let shutdown = self.shutdown.clone();
-        axum::serve(crate::util::net::without_nagle(self.listener), self.router)
+        // The peer's address reaches handlers as `ConnectInfo` (login limits count by it).
+        let service = self
+            .router
+            .into_make_service_with_connect_info::<SocketAddr>();
+        axum::serve(crate::util::net::without_nagle(self.listener), service)
             .with_graceful_shutdown(shutdown.cancelled_owned())
             .await
     }

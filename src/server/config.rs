@@ -65,6 +65,10 @@ pub struct ServerConfig {
     /// MCP sessions give up on a silent call).
     #[serde(default = "default_progress_ms")]
     pub approval_progress_ms: u64,
+    /// Login attempt limits (per address, per name, for the server) and the proxies whose
+    /// `X-Forwarded-For` is believed.
+    #[serde(default)]
+    pub login: crate::server::login_limits::LoginLimitsConfig,
 }
 
 fn default_approval_ttl() -> u64 {
@@ -140,6 +144,7 @@ impl ServerConfig {
             approval_ttl_secs: default_approval_ttl(),
             approval_wait_secs: default_approval_wait(),
             approval_progress_ms: default_progress_ms(),
+            login: Default::default(),
         }
     }
 
@@ -176,6 +181,7 @@ impl ServerConfig {
             anyhow::bail!("call_timeout_ms must be between 1 and 600000");
         }
         crate::server::webhook::validate(&self.webhooks)?;
+        self.login.check()?;
         if let Some(url) = &self.public_url
             && !(url.starts_with("http://") || url.starts_with("https://"))
         {

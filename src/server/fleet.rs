@@ -12,7 +12,6 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::digest::sha256_hex;
-use crate::pack::is_identifier;
 use crate::protocol::{JoinRequest, JoinResponse};
 use crate::server::audit::{AuditLog, NewEvent, format_at};
 use crate::server::config::RunnerEntry;
@@ -79,6 +78,55 @@ pub async fn issue_join_token(
     Ok((id, token))
 }
 
+/// The most labels and packs a joining runner may declare.
+const MAX_LABELS: usize = 32;
+const MAX_PACKS: usize = 256;
+/// The longest URL a runner may advertise.
+const MAX_URL: usize = 500;
+
+/// Checks a join request at the door, before anything is stored or audited: the name, label
+/// keys and values and pack names are identifiers; each pack digest is a SHA-256 in hex; the
+/// URL is printable ASCII (no space, CR, LF, NUL or bidi control, which a URL parser would
+/// silently drop or encode) that parses as http(s) with a host and no credentials. Errors
+/// name the field and the rule, never the value.
+fn check_request(request: &JoinRequest) -> Result<(), String> {
+    use crate::util::door::identifier;
+    identifier("name", &request.name)?;
+    let url_rule = format!(
+        "`url` must be an http:// or https:// URL of at most {MAX_URL} printable ASCII characters, with a host and no user name or password"
+    );
+    if request.url.len() > MAX_URL || !request.url.chars().all(|c| c.is_ascii_graphic()) {
+        return Err(url_rule);
+    }
+    match reqwest::Url::parse(&request.url) {
+        Ok(u)
+            if matches!(u.scheme(), "http" | "https")
+                && u.host_str().is_some_and(|h| !h.is_empty())
+                && u.username().is_empty()
+                && u.password().is_none() => {}
+        _ => return Err(url_rule),
+    }
+    if request.labels.len() > MAX_LABELS {
+        return Err(format!("`labels`: at most {MAX_LABELS} labels"));
+    }
+    for (k, v) in &request.labels {
+        identifier("labels", k)?;
+        identifier(&format!("labels.{k}"), v)?;
+    }
+    if request.packs.len() > MAX_PACKS {
+        return Err(format!("`packs`: at most {MAX_PACKS} packs"));
+    }
+    for (name, digest) in &request.packs {
+        identifier("packs", name)?;
+        if digest.len() != 64 || !digest.chars().all(|c| matches!(c, '0'..='9' | 'a'..='f')) {
+            return Err(format!(
+                "`packs.{name}` must be the pack's SHA-256: 64 lowercase hex digits"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Checks a join token and registers (or re-registers) the runner.
 pub async fn join(
     db: &Db,
@@ -88,27 +136,7 @@ pub async fn join(
     request: JoinRequest,
     server_public_key: &str,
 ) -> Result<JoinResponse, FleetError> {
-    if !is_identifier(&request.name) {
-        return Err(FleetError::Invalid(format!(
-            "`name` `{}` must be an identifier",
-            request.name
-        )));
-    }
-    if !(request.url.starts_with("http://") || request.url.starts_with("https://"))
-        || request.url.len() > 500
-    {
-        return Err(FleetError::Invalid(format!(
-            "`url` `{}` must be an http(s) URL",
-            request.url
-        )));
-    }
-    for (k, v) in &request.labels {
-        if !is_identifier(k) || !is_identifier(v) {
-            return Err(FleetError::Invalid(format!(
-                "`labels`: `{k}={v}` must be identifiers"
-            )));
-        }
-    }
+    check_request(&request).map_err(FleetError::Invalid)?;
     let now = format_at(chrono::Utc::now());
     let sql = db.sql("SELECT id FROM join_tokens WHERE token_hash = $1 AND revoked_at IS NULL AND expires_at > $2::timestamptz");
     let hash = sha256_hex(join_token.as_bytes());

@@ -32,14 +32,17 @@ use crate::server::tokens::{Principal, Role};
 /// The most session bindings remembered; past it the oldest half is forgotten (a forgotten
 /// session is bound again to the next token that uses it).
 const MAX_SESSIONS: usize = 100_000;
+/// The longest MCP session id accepted (the ones this server issues are UUIDs).
+const MAX_SESSION_ID: usize = 128;
 /// How long a readiness check may wait for the store.
 const READY_TIMEOUT: Duration = Duration::from_secs(2);
 
 #[derive(Clone)]
 pub struct HttpState {
     pub db: Db,
-    /// Login attempts per user name (argon2 is slow on purpose; this keeps a guesser slower).
-    pub logins: Arc<governor::DefaultKeyedRateLimiter<String>>,
+    /// Login attempts per client address, for the server and per user name (argon2 is slow
+    /// on purpose; these keep a guesser slower and a flood from taking the server's CPU).
+    pub logins: Arc<crate::server::login_limits::LoginLimits>,
     /// Cookies get `Secure` when the portal is served over TLS.
     pub secure_cookies: bool,
     pub gateway: Arc<Gateway>,
@@ -51,24 +54,31 @@ pub struct HttpState {
     next_binding: Arc<std::sync::atomic::AtomicU64>,
 }
 
+/// How often idle login buckets are forgotten.
+const LOGIN_SWEEP: Duration = Duration::from_secs(60);
+
+/// The router. Serve it with `into_make_service_with_connect_info::<SocketAddr>()`: login
+/// limits count attempts per client address. Must be called within a tokio runtime (it
+/// starts the login limits' sweeper, which stops with `shutdown`).
 pub fn router(
     gateway: Arc<Gateway>,
     db: Db,
     server_public_key: String,
     allowed_hosts: Vec<String>,
     secure_cookies: bool,
+    login: &crate::server::login_limits::LoginLimitsConfig,
     shutdown: CancellationToken,
 ) -> Router {
+    let logins = Arc::new(crate::server::login_limits::LoginLimits::new(login));
+    logins.spawn_sweeper(LOGIN_SWEEP, shutdown.clone());
     let mcp = crate::server::mcp::service(
         Arc::new(GatewaySource(gateway.clone())),
         allowed_hosts,
         shutdown,
     );
-    let logins = governor::Quota::per_minute(std::num::NonZeroU32::new(10).expect("10 > 0"))
-        .allow_burst(std::num::NonZeroU32::new(10).expect("10 > 0"));
     let state = HttpState {
         db,
-        logins: Arc::new(governor::RateLimiter::keyed(logins)),
+        logins,
         secure_cookies,
         gateway,
         sessions: Arc::default(),
@@ -194,11 +204,21 @@ async fn bearer_auth(State(state): State<HttpState>, mut req: Request, next: Nex
         )
             .into_response();
     }
-    let session = req
-        .headers()
-        .get("mcp-session-id")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
+    let session = match req.headers().get("mcp-session-id") {
+        None => None,
+        // Bound sessions are remembered, so an id is checked at the door: the ids this
+        // server hands out are short and printable, and anything else cannot be one of them.
+        Some(v) => match v.to_str() {
+            Ok(id) if !id.is_empty() && id.len() <= MAX_SESSION_ID => Some(id.to_owned()),
+            _ => {
+                return (
+                    StatusCode::BAD_REQUEST,
+                    Json(json!({"error": format!("`Mcp-Session-Id` must be 1 to {MAX_SESSION_ID} printable ASCII characters, as this server issued it")})),
+                )
+                    .into_response();
+            }
+        },
+    };
     if let Some(id) = &session
         && !state.bind_session(id, &principal)
     {
@@ -271,6 +291,8 @@ pub struct AuditQuery {
     pub limit: Option<i64>,
 }
 
+/// The longest text filter `GET /api/audit` takes.
+const MAX_FILTER_CHARS: usize = 256;
 /// The longest page the API returns.
 const MAX_PAGE: i64 = 1000;
 
@@ -389,6 +411,21 @@ fn audit_filter(
             return Err("`cursor` must be the next_cursor of a previous page".into());
         }
     };
+    // Filters are compared with stored text; one that holds NUL or is longer than anything
+    // stored is refused here rather than by the store (which would answer 503).
+    for (field, value) in [
+        ("tool", &q.tool),
+        ("runner", &q.runner),
+        ("actor", &q.actor),
+        ("kind", &q.kind),
+        ("call_id", &q.call_id),
+        ("approval_id", &q.approval_id),
+        ("outcome", &q.outcome),
+    ] {
+        if let Some(v) = value {
+            crate::util::door::line(field, v, MAX_FILTER_CHARS)?;
+        }
+    }
     let limit = q.limit.unwrap_or(default_limit);
     if !(1..=MAX_PAGE).contains(&limit) {
         return Err(format!("`limit` must be between 1 and {MAX_PAGE}"));

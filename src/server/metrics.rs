@@ -6,8 +6,14 @@
 //! `emisar_runner_breaker_state{runner}` (0 closed, 1 half-open, 2 open),
 //! `emisar_runner_up{runner}`, `emisar_rate_limited_total{agent}`,
 //! `emisar_webhook_deliveries_total{host,outcome}`, `emisar_webhook_dropped_total{host,reason}`.
+//!
+//! Invariant: a label's value never comes straight from outside, so no caller can grow the
+//! number of series. A `tool` label is a tool some gateway of this process offers
+//! ([`known_tools`]) or `unknown`; `agent` and `runner` labels are identifiers (names of
+//! authenticated callers and of registered runners) or `unknown`; outcomes are fixed words.
 
-use std::sync::OnceLock;
+use std::collections::BTreeSet;
+use std::sync::{OnceLock, RwLock};
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
@@ -34,15 +40,44 @@ pub fn handle() -> PrometheusHandle {
         .clone()
 }
 
+/// The tools the gateways of this process offer: the only values a `tool` label takes.
+static KNOWN_TOOLS: RwLock<BTreeSet<String>> = RwLock::new(BTreeSet::new());
+
+/// Adds `names` to the tools a `tool` label may name (a gateway calls it with its tools).
+pub fn known_tools<'a>(names: impl IntoIterator<Item = &'a str>) {
+    let mut known = KNOWN_TOOLS.write().unwrap_or_else(|p| p.into_inner());
+    known.extend(names.into_iter().map(str::to_owned));
+}
+
+/// `tool` if it is a known tool, else `unknown`.
+fn tool_label(tool: &str) -> String {
+    let known = KNOWN_TOOLS.read().unwrap_or_else(|p| p.into_inner());
+    if known.contains(tool) {
+        tool.to_owned()
+    } else {
+        "unknown".to_owned()
+    }
+}
+
+/// `name` if it is an identifier (an authenticated agent's or a registered runner's name),
+/// else `unknown`.
+fn name_label(name: &str) -> String {
+    if crate::pack::is_identifier(name) {
+        name.to_owned()
+    } else {
+        "unknown".to_owned()
+    }
+}
+
 pub fn tool_call(tool: &str, outcome: &'static str) {
-    metrics::counter!("emisar_tool_calls_total", "tool" => tool.to_owned(), "outcome" => outcome)
+    metrics::counter!("emisar_tool_calls_total", "tool" => tool_label(tool), "outcome" => outcome)
         .increment(1);
 }
 
 pub fn runner_call(tool: &str, runner: &str, outcome: &'static str, seconds: f64) {
-    metrics::counter!("emisar_runner_calls_total", "tool" => tool.to_owned(), "runner" => runner.to_owned(), "outcome" => outcome)
+    metrics::counter!("emisar_runner_calls_total", "tool" => tool_label(tool), "runner" => name_label(runner), "outcome" => outcome)
         .increment(1);
-    metrics::histogram!("emisar_runner_call_seconds", "tool" => tool.to_owned(), "runner" => runner.to_owned()).record(seconds);
+    metrics::histogram!("emisar_runner_call_seconds", "tool" => tool_label(tool), "runner" => name_label(runner)).record(seconds);
 }
 
 pub fn audit_batch(size: usize, seconds: f64, ok: bool) {
@@ -59,11 +94,12 @@ pub fn audit_lag(seconds: f64) {
 }
 
 pub fn breaker_state(runner: &str, level: u8) {
-    metrics::gauge!("emisar_runner_breaker_state", "runner" => runner.to_owned()).set(level as f64);
+    metrics::gauge!("emisar_runner_breaker_state", "runner" => name_label(runner))
+        .set(level as f64);
 }
 
 pub fn runner_up(runner: &str, up: bool) {
-    metrics::gauge!("emisar_runner_up", "runner" => runner.to_owned()).set(if up {
+    metrics::gauge!("emisar_runner_up", "runner" => name_label(runner)).set(if up {
         1.0
     } else {
         0.0
@@ -71,7 +107,7 @@ pub fn runner_up(runner: &str, up: bool) {
 }
 
 pub fn rate_limited(agent: &str) {
-    metrics::counter!("emisar_rate_limited_total", "agent" => agent.to_owned()).increment(1);
+    metrics::counter!("emisar_rate_limited_total", "agent" => name_label(agent)).increment(1);
 }
 
 /// A webhook delivery finished: `delivered`, `refused` (4xx) or `failed` (after retries).
@@ -84,4 +120,19 @@ pub fn webhook_delivery(host: &str, outcome: &'static str) {
 pub fn webhook_dropped(host: &str, reason: &'static str) {
     metrics::counter!("emisar_webhook_dropped_total", "host" => host.to_owned(), "reason" => reason)
         .increment(1);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_only_take_known_names() {
+        known_tools(["traefik.ping"]);
+        assert_eq!(tool_label("traefik.ping"), "traefik.ping");
+        assert_eq!(tool_label("traefik.pong"), "unknown");
+        assert_eq!(tool_label(&"x\0".repeat(1000)), "unknown");
+        assert_eq!(name_label("deploy-bot"), "deploy-bot");
+        assert_eq!(name_label("bot\r\nevil 1"), "unknown");
+    }
 }

@@ -9,6 +9,7 @@ pub mod db;
 pub mod fleet;
 pub mod gateway;
 pub mod http;
+pub mod login_limits;
 pub mod mcp;
 pub mod metrics;
 pub mod oidc;

@@ -525,7 +525,7 @@ impl Policy {
                     let tools = patterns(&format!("{path}.tools"), &rule.tools, &mut problems);
                     let runners = rule.runners.and_then(|text| {
                         Selector::parse(&text)
-                            .map_err(|e| problems.push(format!("`{path}.runners`: {e}")))
+                            .map_err(|e| problems.push(format!("`{path}.runners`: `{text}`: {e}")))
                             .ok()
                     });
                     (name, AgentRule { tools, runners })
@@ -1443,7 +1443,7 @@ runners:
                 "bad selector",
                 Yaml,
                 "agents: {bot: {tools: [\"*\"], runners: \"role\"}}",
-                "`agents.bot.runners`: selector `role`: `role` must be key=value",
+                "`agents.bot.runners`: `role`: selector pair 1 must be key=value",
             ),
             (
                 "auditor in roles",

@@ -22,6 +22,9 @@ use crate::server::users::{Session, UserError};
 const COOKIE: &str = "emisar_session";
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
 
+/// The longest denial note, in characters.
+const MAX_NOTE_CHARS: usize = 2000;
+
 const INDEX_HTML: &str = include_str!("../../web/index.html");
 const APP_JS: &str = include_str!("../../web/app.js");
 const APP_CSS: &str = include_str!("../../web/app.css");
@@ -109,28 +112,34 @@ pub struct Login {
     password: String,
 }
 
+/// `POST /api/login`. In order: the body's shape, the name's and password's shape (400,
+/// naming the field; nothing counted, stored or hashed), the limits (429: per address, for
+/// the server, per name), then the store and the hash.
 pub async fn login(
     State(state): State<HttpState>,
+    // Absent when the router is driven without a socket (in-process tests).
+    connect: Option<Extension<axum::extract::ConnectInfo<std::net::SocketAddr>>>,
+    headers: HeaderMap,
     body: Result<Json<Login>, axum::extract::rejection::JsonRejection>,
 ) -> Response {
     let Json(login) = match body {
         Ok(b) => b,
         Err(e) => {
             return error(
-                StatusCode::BAD_REQUEST,
-                format!("invalid login: {}", e.body_text()),
+                e.status(),
+                format!(
+                    "invalid login: {} (send {{\"name\": ..., \"password\": ...}} as JSON)",
+                    e.body_text()
+                ),
             );
         }
     };
-    // The limiter remembers every name tried; forget the ones whose buckets are full again.
-    if state.logins.len() > 10_000 {
-        state.logins.retain_recent();
+    if let Err(e) = crate::server::users::check_login(&login.name, &login.password) {
+        return error(StatusCode::BAD_REQUEST, e.to_string());
     }
-    if state.logins.check_key(&login.name).is_err() {
-        return error(
-            StatusCode::TOO_MANY_REQUESTS,
-            "too many login attempts for this user: wait a minute",
-        );
+    let client = state.logins.client(connect.map(|c| (c.0).0), &headers);
+    if let Err(refusal) = state.logins.check(client, &login.name) {
+        return error(StatusCode::TOO_MANY_REQUESTS, refusal.message());
     }
     match crate::server::users::login(
         &state.db,
@@ -151,6 +160,8 @@ pub async fn login(
         Err(UserError::BadLogin) => {
             error(StatusCode::UNAUTHORIZED, UserError::BadLogin.to_string())
         }
+        Err(e @ UserError::Invalid(_)) => error(StatusCode::BAD_REQUEST, e.to_string()),
+        Err(e @ UserError::Busy) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
         Err(e) => {
             tracing::error!(error = %e, "login failed");
             error(
@@ -260,7 +271,26 @@ pub async fn list(
     }
 }
 
+/// An approval id from a path is checked before it reaches the store: every id this server
+/// hands out is a UUID in its hyphenated lowercase form.
+fn bad_id(id: &str) -> Option<Response> {
+    let is_uuid = id.len() == 36
+        && id.char_indices().all(|(i, c)| match i {
+            8 | 13 | 18 | 23 => c == '-',
+            _ => matches!(c, '0'..='9' | 'a'..='f'),
+        });
+    (!is_uuid).then(|| {
+        error(
+            StatusCode::BAD_REQUEST,
+            "`id` must be an approval id: a UUID such as 0b7e1c2a-5d4f-4e3b-9a8c-1f2e3d4c5b6a",
+        )
+    })
+}
+
 pub async fn show(State(state): State<HttpState>, Path(id): Path<String>) -> Response {
+    if let Some(refused) = bad_id(&id) {
+        return refused;
+    }
     match state.gateway.approvals().get(&id).await {
         Ok(a) => Json(view(&state, &a)).into_response(),
         Err(e) => approval_error(e),
@@ -290,11 +320,11 @@ async fn decide(
             );
         }
     };
-    if note.chars().count() > 2000 {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "`note` must be at most 2000 characters",
-        );
+    if let Some(refused) = bad_id(&id) {
+        return refused;
+    }
+    if let Err(e) = crate::util::door::text("note", &note, MAX_NOTE_CHARS) {
+        return error(StatusCode::BAD_REQUEST, e);
     }
     let verdict = if approve {
         Verdict::Approve

@@ -21,6 +21,19 @@ use crate::with_pool;
 pub const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
 /// The shortest password `emisar user add` accepts.
 pub const MIN_PASSWORD: usize = 12;
+/// The longest password, in bytes, anywhere: checked before hashing, so a 2 MB "password"
+/// costs nothing.
+pub const MAX_PASSWORD: usize = 1024;
+/// The longest a login waits for a turn at password hashing before it is told to retry.
+const HASHING_WAIT: Duration = Duration::from_secs(10);
+
+/// Turns at password hashing. argon2 takes tens of milliseconds of CPU by design; it runs on
+/// the blocking pool, and never on more cores than this, so a flood of logins cannot starve
+/// the async workers that serve everyone else (MCP calls, approvals, health checks).
+static HASHING: std::sync::LazyLock<tokio::sync::Semaphore> = std::sync::LazyLock::new(|| {
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    tokio::sync::Semaphore::new((cores / 2).max(1))
+});
 
 #[derive(Debug, thiserror::Error)]
 pub enum UserError {
@@ -28,6 +41,8 @@ pub enum UserError {
     Invalid(String),
     #[error("the user name or password is wrong")]
     BadLogin,
+    #[error("too many logins are being checked at once: try again in a moment")]
+    Busy,
     #[error(transparent)]
     Store(#[from] sqlx::Error),
     #[error(transparent)]
@@ -63,6 +78,19 @@ fn hash_password(password: &str) -> Result<String, UserError> {
         .map_err(|e| UserError::Invalid(format!("failed to hash the password: {e}")))
 }
 
+/// Runs `work` (argon2) on the blocking pool once a hashing turn is free.
+async fn hashing<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, UserError> {
+    let _turn = tokio::time::timeout(HASHING_WAIT, HASHING.acquire())
+        .await
+        .map_err(|_| UserError::Busy)?
+        .expect("the hashing semaphore is never closed");
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| UserError::Invalid(format!("password hashing failed: {e}")))
+}
+
 fn verify_password(password: &str, hash: &str) -> bool {
     PasswordHash::new(hash).is_ok_and(|h| {
         argon2::Argon2::default()
@@ -80,11 +108,7 @@ pub async fn add(
     password: &str,
     added_by: &str,
 ) -> Result<(), UserError> {
-    if !crate::pack::is_identifier(name) {
-        return Err(UserError::Invalid(format!(
-            "`name` `{name}` must be an identifier (letters, digits, `_ . @ -`)"
-        )));
-    }
+    crate::util::door::identifier("name", name).map_err(UserError::Invalid)?;
     if role == Role::Agent {
         return Err(UserError::Invalid(
             "`role` must be approver, auditor or admin: agents get tokens (`emisar token issue`), not logins".into(),
@@ -95,7 +119,9 @@ pub async fn add(
             "`password` must be at least {MIN_PASSWORD} characters"
         )));
     }
-    let hash = hash_password(password)?;
+    crate::util::door::secret("password", password, MAX_PASSWORD).map_err(UserError::Invalid)?;
+    let owned = password.to_owned();
+    let hash = hashing(move || hash_password(&owned)).await??;
     let exists = with_pool!(db, pool => sqlx::query_scalar::<_, String>("SELECT name FROM users WHERE name = $1")
         .bind(name)
         .fetch_optional(pool)
@@ -166,12 +192,16 @@ pub async fn role_of(db: &Db, name: &str) -> Result<Option<Role>, UserError> {
 
 /// Checks a password and opens a session. Returns the session and its id (for the cookie).
 /// Both outcomes are audited; the password never is.
+///
+/// At the door, before the store or the hash: `name` must be an identifier and `password` at
+/// most [`MAX_PASSWORD`] bytes without NUL ([`UserError::Invalid`], which names the field).
 pub async fn login(
     db: &Db,
     audit: &AuditLog,
     name: &str,
     password: &str,
 ) -> Result<(Session, String), UserError> {
+    check_login(name, password)?;
     let row = db
         .guard(async {
             with_pool!(db, pool => sqlx::query_as::<_, (String, String)>("SELECT role, password_hash FROM users WHERE name = $1")
@@ -181,10 +211,15 @@ pub async fn login(
         })
         .await?;
     // Hash even for an unknown name, so the answer takes as long either way.
-    let (role, ok) = match &row {
-        Some((role, hash)) => (Role::parse(role).ok(), verify_password(password, hash)),
+    let (role, ok) = match row {
+        Some((role, hash)) => {
+            let password = password.to_owned();
+            let ok = hashing(move || verify_password(&password, &hash)).await?;
+            (Role::parse(&role).ok(), ok)
+        }
         None => {
-            let _ = hash_password(password);
+            let password = password.to_owned();
+            let _ = hashing(move || hash_password(&password)).await?;
             (None, false)
         }
     };
@@ -227,6 +262,12 @@ pub async fn login(
         .await
         .map(|_| ())?);
     Ok((session, id))
+}
+
+/// The shape checks of a login, which need neither the store nor a hash.
+pub fn check_login(name: &str, password: &str) -> Result<(), UserError> {
+    crate::util::door::identifier("name", name).map_err(UserError::Invalid)?;
+    crate::util::door::secret("password", password, MAX_PASSWORD).map_err(UserError::Invalid)
 }
 
 /// The live session with this id, if any.

@@ -1,8 +1,9 @@
 //! Small helpers both the server and the node use: backoff, error chains, config files,
-//! sockets.
+//! sockets, and the door's checks on text from outside.
 
 pub mod backoff;
 pub mod config;
+pub mod door;
 mod errors;
 pub mod net;
 pub mod process;

@@ -6,16 +6,17 @@
 //! call instead of ~1 ms. Outgoing connections are reqwest's, which sets `TCP_NODELAY` by
 //! default.
 
-use std::net::SocketAddr;
-
-use axum::serve::{Listener, ListenerExt};
+use axum::serve::{ListenerExt, TapIo};
 use tokio::net::{TcpListener, TcpStream};
 
-/// `listener`, with `TCP_NODELAY` set on every connection it accepts.
-pub fn without_nagle(listener: TcpListener) -> impl Listener<Io = TcpStream, Addr = SocketAddr> {
-    listener.tap_io(|tcp| {
-        if let Err(error) = tcp.set_nodelay(true) {
-            tracing::warn!(%error, "could not turn Nagle's algorithm off on an accepted connection");
-        }
-    })
+/// `listener`, with `TCP_NODELAY` set on every connection it accepts. The type is named (not
+/// `impl Listener`) so that axum's `ConnectInfo<SocketAddr>` still applies to it.
+pub fn without_nagle(listener: TcpListener) -> TapIo<TcpListener, fn(&mut TcpStream)> {
+    listener.tap_io(nodelay)
+}
+
+fn nodelay(tcp: &mut TcpStream) {
+    if let Err(error) = tcp.set_nodelay(true) {
+        tracing::warn!(%error, "could not turn Nagle's algorithm off on an accepted connection");
+    }
 }

@@ -20,6 +20,9 @@ use crate::server::policy::{self, Decision};
 use crate::server::runners::client::Dispatch;
 use crate::server::tokens::Principal;
 
+/// The longest `reason`, in characters (the input schema says the same).
+const REASON_MAX_CHARS: usize = 2000;
+
 /// A call as the MCP adapter hands it over.
 #[derive(Debug, Clone)]
 pub struct ToolCall {
@@ -71,11 +74,13 @@ impl Gateway {
         let actor = call.principal.actor();
         let caller = &call.principal;
 
-        // 1. Find the tool; one the caller may not use is reported as unknown.
-        let offered = self.find(caller, &call.tool, &actor).await?;
+        // 1. Rate limit, per agent, before any work: refusals of unknown names count too, so
+        //    an agent cannot flood the audit log with them.
+        self.rate_limit(caller, &call.tool, &actor).await?;
 
-        // 2. Rate limit, per agent, before any work.
-        self.rate_limit(caller, &offered.name, &actor).await?;
+        // 2. Find the tool. A name that is not an identifier is refused without being
+        //    repeated; a tool the caller may not use is reported as unknown.
+        let offered = self.find(caller, &call.tool, &actor).await?;
 
         // 3. Validate the arguments against the input schema and split off `reason`,
         //    `runners` and `raw`; resolve the runners the call goes to.
@@ -167,8 +172,9 @@ impl Gateway {
         Ok(outcome)
     }
 
-    /// Step 1: the tool, if `caller` may use it. The agent learns nothing about tools it may
-    /// not use; the audit log says which it was.
+    /// Step 2: the tool, if `caller` may use it. The agent learns nothing about tools it may
+    /// not use; the audit log says which it was. A name that is not an identifier cannot be a
+    /// tool: it is refused as unknown, described by its length, never repeated.
     async fn find(
         &self,
         caller: &Principal,
@@ -178,7 +184,9 @@ impl Gateway {
         if let Some(offered) = self.tool_for(caller, name) {
             return Ok(offered);
         }
-        let why = if self.tools.contains_key(name) {
+        let why = if let Err(e) = crate::util::door::identifier("name", name) {
+            format!("unknown tool: {e}")
+        } else if self.tools.contains_key(name) {
             format!(
                 "tool `{name}` is hidden from agent `{}` by the policy (`agents.{}.tools`)",
                 caller.agent, caller.agent
@@ -187,10 +195,16 @@ impl Gateway {
             format!("unknown tool `{name}`")
         };
         self.reject(actor, name, None, None, why).await;
-        Err(CallError::UnknownTool(name.to_owned()))
+        Err(CallError::UnknownTool(
+            if crate::pack::is_identifier(name) {
+                name.to_owned()
+            } else {
+                crate::util::door::describe(name)
+            },
+        ))
     }
 
-    /// Step 2: a token bucket per agent, on a monotonic clock.
+    /// Step 1: a token bucket per agent, on a monotonic clock.
     async fn rate_limit(
         &self,
         caller: &Principal,
@@ -250,7 +264,10 @@ impl Gateway {
         let named = &args.named;
         for name in named {
             match visible(name) {
-                None => errors.push(format!("`runners`: no runner is named `{name}`")),
+                None => errors.push(format!(
+                    "`runners`: no runner is named {}",
+                    crate::util::door::describe(name)
+                )),
                 Some(r) if !r.serves(&tool.pack) => errors.push(format!(
                     "`runners`: runner `{name}` does not serve pack `{}`",
                     tool.pack
@@ -386,6 +403,11 @@ impl Gateway {
 
     /// Records a refused call as `tool.rejected`. The call is refused whether or not the
     /// record could be written.
+    ///
+    /// What came from outside is stored only in a safe form: a tool name that is not an
+    /// identifier, and any argument that is not short text (see
+    /// [`crate::util::door::for_audit`]), are kept as their rendering (escaped preview,
+    /// length, SHA-256).
     pub(super) async fn reject(
         &self,
         actor: &str,
@@ -395,33 +417,68 @@ impl Gateway {
         why: String,
     ) {
         crate::server::metrics::tool_call(tool, "refused");
+        let mut detail = json!({"error": why});
+        let tool = if crate::pack::is_identifier(tool) {
+            Some(tool.to_owned())
+        } else {
+            detail["tool_name"] = crate::util::door::rendering(tool);
+            None
+        };
         let event = NewEvent {
             actor: actor.to_owned(),
             kind: kind::TOOL_REJECTED.into(),
-            tool: Some(tool.to_owned()),
-            args,
+            tool,
+            args: args.map(|a| crate::util::door::for_audit(&a)),
             reason,
             outcome: Some("refused".into()),
-            detail: Some(json!({"error": why})),
+            detail: Some(detail),
             ..Default::default()
         };
+        let logged = event
+            .tool
+            .clone()
+            .unwrap_or_else(|| "(not an identifier)".into());
         if let Err(e) = self.audit.append(event).await {
             // The call is refused either way; the missing record is itself worth an alarm.
-            tracing::error!(error = %e, tool, "could not audit a rejected call");
+            tracing::error!(error = %e, tool = %logged, "could not audit a rejected call");
         }
     }
 }
 
 /// Step 3, first half: schema errors, and the arguments with `reason`, `raw` and `runners`
 /// split off.
+///
+/// At the door, before the schema: no string anywhere in the arguments holds NUL (whatever
+/// a pack's pattern allows), and `reason` is text without control or invisible formatting
+/// characters. A reason that breaks the rule is not kept, so it is never audited.
 fn validate(offered: &OfferedTool, whole: Map<String, Value>) -> (Args, Vec<String>) {
-    let errors = crate::pack::validate_args(&offered.validator, &Value::Object(whole.clone()))
-        .err()
+    let secret: Vec<&str> = offered
+        .tool
+        .as_ref()
+        .map(|t| t.secret_params().collect())
         .unwrap_or_default();
+    let mut errors = crate::util::door::nul_free("arguments", &Value::Object(whole.clone()))
+        .err()
+        .into_iter()
+        .collect::<Vec<_>>();
+    errors.extend(
+        crate::pack::validate_args(&offered.validator, &Value::Object(whole.clone()), &secret)
+            .err()
+            .unwrap_or_default(),
+    );
     let mut params = whole;
     let reason = params
         .remove("reason")
-        .and_then(|v| v.as_str().map(str::to_owned));
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .filter(
+            |r| match crate::util::door::text("reason", r, REASON_MAX_CHARS) {
+                Ok(()) => true,
+                Err(e) => {
+                    errors.push(e);
+                    false
+                }
+            },
+        );
     let raw = params
         .remove("raw")
         .and_then(|v| v.as_bool())

@@ -118,6 +118,7 @@ impl Gateway {
         for builtin in builtin_tools()? {
             tools.insert(builtin.name.clone(), builtin);
         }
+        crate::server::metrics::known_tools(tools.keys().map(String::as_str));
         let quota =
             Quota::per_second(NonZeroU32::new(limits.rate_per_second.max(1)).expect("max(1)"))
                 .allow_burst(NonZeroU32::new(limits.rate_burst.max(1)).expect("max(1)"));

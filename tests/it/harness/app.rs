@@ -135,6 +135,8 @@ pub struct Options {
     pub webhooks: Vec<emisar::server::webhook::WebhookConfig>,
     /// The portal's address, for links in notices.
     pub public_url: Option<String>,
+    /// Login limits (the server's defaults when none).
+    pub login: Option<emisar::server::login_limits::LoginLimitsConfig>,
 }
 
 pub async fn fresh_db(backend: Backend, dir: &std::path::Path) -> (String, Option<PgTestDb>) {
@@ -224,6 +226,7 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
         policy_file: options.policy_file.clone(),
         webhooks: options.webhooks.clone(),
         public_url: options.public_url.clone(),
+        login: options.login.clone().unwrap_or_default(),
         ..ServerConfig::with_signing_key(private_key.clone())
     };
     let app = emisar::server::app::Application::build(config, &database_url)

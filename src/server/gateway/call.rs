@@ -72,10 +72,10 @@ impl Gateway {
         let caller = &call.principal;
 
         // 1. Find the tool; one the caller may not use is reported as unknown.
-        let offered = self.find(caller, &call.tool, &actor).await?;
+        let offered = self.find(caller, &call.tool).await?;
 
         // 2. Rate limit, per agent, before any work.
-        self.rate_limit(caller, &offered.name, &actor).await?;
+        self.rate_limit(caller, &offered.name).await?;
 
         // 3. Validate the arguments against the input schema and split off `reason`,
         //    `runners` and `raw`; resolve the runners the call goes to.
@@ -88,7 +88,7 @@ impl Gateway {
         if !errors.is_empty() {
             errors.dedup();
             self.reject(
-                &actor,
+                caller,
                 &tool.name,
                 Some(audited_args),
                 args.reason.clone(),
@@ -107,7 +107,7 @@ impl Gateway {
             Decision::NeedsApproval { approvers } => Some(approvers.max(1)),
             Decision::Deny(why) => {
                 self.reject(
-                    &actor,
+                    caller,
                     &tool.name,
                     Some(audited_args),
                     args.reason,
@@ -144,6 +144,7 @@ impl Gateway {
             reason: args.reason.as_deref(),
             call_id: &call_id,
             approval_id: None,
+            on_behalf_of: caller.on_behalf_of.as_deref(),
         };
         self.audit_intent(&record, &targets).await?;
 
@@ -169,12 +170,7 @@ impl Gateway {
 
     /// Step 1: the tool, if `caller` may use it. The agent learns nothing about tools it may
     /// not use; the audit log says which it was.
-    async fn find(
-        &self,
-        caller: &Principal,
-        name: &str,
-        actor: &str,
-    ) -> Result<&OfferedTool, CallError> {
+    async fn find(&self, caller: &Principal, name: &str) -> Result<&OfferedTool, CallError> {
         if let Some(offered) = self.tool_for(caller, name) {
             return Ok(offered);
         }
@@ -186,17 +182,12 @@ impl Gateway {
         } else {
             format!("unknown tool `{name}`")
         };
-        self.reject(actor, name, None, None, why).await;
+        self.reject(caller, name, None, None, why).await;
         Err(CallError::UnknownTool(name.to_owned()))
     }
 
     /// Step 2: a token bucket per agent, on a monotonic clock.
-    async fn rate_limit(
-        &self,
-        caller: &Principal,
-        tool: &str,
-        actor: &str,
-    ) -> Result<(), CallError> {
+    async fn rate_limit(&self, caller: &Principal, tool: &str) -> Result<(), CallError> {
         let Err(not_until) = self.limiter.check_key(&caller.agent) else {
             return Ok(());
         };
@@ -210,7 +201,7 @@ impl Gateway {
             burst: self.limits.rate_burst,
             retry_after_ms: wait.as_millis() as u64 + 1,
         };
-        self.reject(actor, tool, None, None, err.to_string()).await;
+        self.reject(caller, tool, None, None, err.to_string()).await;
         Err(err)
     }
 
@@ -348,8 +339,11 @@ impl Gateway {
                 args: Some(record.args.clone()),
                 reason: record.reason.map(str::to_owned),
                 call_id: Some(record.call_id.to_owned()),
-                detail: Some(json!({"runners": targets.runners,
-                                    "runner_chosen_by_server": targets.chosen_by_server})),
+                detail: Some(on_behalf_of(
+                    json!({"runners": targets.runners,
+                           "runner_chosen_by_server": targets.chosen_by_server}),
+                    record.on_behalf_of,
+                )),
                 ..Default::default()
             })
             .await
@@ -388,7 +382,7 @@ impl Gateway {
     /// record could be written.
     pub(super) async fn reject(
         &self,
-        actor: &str,
+        who: &Principal,
         tool: &str,
         args: Option<Value>,
         reason: Option<String>,
@@ -396,13 +390,16 @@ impl Gateway {
     ) {
         crate::server::metrics::tool_call(tool, "refused");
         let event = NewEvent {
-            actor: actor.to_owned(),
+            actor: who.actor(),
             kind: kind::TOOL_REJECTED.into(),
             tool: Some(tool.to_owned()),
             args,
             reason,
             outcome: Some("refused".into()),
-            detail: Some(json!({"error": why})),
+            detail: Some(on_behalf_of(
+                json!({"error": why}),
+                who.on_behalf_of.as_deref(),
+            )),
             ..Default::default()
         };
         if let Err(e) = self.audit.append(event).await {
@@ -410,6 +407,15 @@ impl Gateway {
             tracing::error!(error = %e, tool, "could not audit a rejected call");
         }
     }
+}
+
+/// `detail` with `on_behalf_of` added when the caller is an agent acting for a person, so
+/// every event of its calls names that person.
+pub(super) fn on_behalf_of(mut detail: Value, person: Option<&str>) -> Value {
+    if let (Some(person), Some(map)) = (person, detail.as_object_mut()) {
+        map.insert("on_behalf_of".into(), json!(person));
+    }
+    detail
 }
 
 /// Step 3, first half: schema errors, and the arguments with `reason`, `raw` and `runners`

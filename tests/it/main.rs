@@ -12,6 +12,7 @@ mod governance;
 mod harness;
 mod mcp_calls;
 mod oidc;
+mod oidc_mcp;
 mod oidc_portal;
 mod ops;
 mod outage;

@@ -12,17 +12,15 @@ use std::collections::BTreeMap;
 
 use emisar::server::audit::AuditFilter;
 use emisar::server::oidc::jwt::unix_now;
-use rmcp::ServiceExt;
-use rmcp::service::RunningService;
-use rmcp::transport::StreamableHttpClientTransport;
-use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use emisar::server::tokens::Role;
+use rmcp::model::CallToolRequestParams;
 use serde_json::{Value, json};
 
 use crate::approvals::{call_in_background, finished, restart_args, restarts, wait_for_pending};
 use crate::harness::oidc::TestKey;
-use crate::harness::tools::{free_port, require};
+use crate::harness::tools::{free_port, mcp_client, require};
 use crate::harness::traefik::Traefik;
-use crate::mcp_calls::two_backend_config;
+use crate::mcp_calls::{call, two_backend_config};
 use crate::oidc_portal::{
     DESKTOP_AGENT, DESKTOP_CALLBACK, HEADLESS_AGENT, HEADLESS_SECRET, OTHER_RESOURCE, Spec, World,
 };
@@ -43,6 +41,17 @@ async fn world(traefik_url: Option<String>) -> World {
     .await
 }
 
+/// A client-credentials access token for the headless agent, for emisar.
+async fn headless_token(w: &World) -> String {
+    let mcp = format!("{}/mcp", w.base());
+    w.p()
+        .client_credentials(HEADLESS_AGENT, HEADLESS_SECRET, &mcp, SCOPE)
+        .await["access_token"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
 /// An MCP `initialize` POST to `/mcp`, with `token` as the bearer when given.
 async fn initialize(mcp: &str, token: Option<&str>) -> reqwest::Response {
     let mut req = reqwest::Client::new()
@@ -55,14 +64,6 @@ async fn initialize(mcp: &str, token: Option<&str>) -> reqwest::Response {
         req = req.bearer_auth(t);
     }
     req.send().await.unwrap()
-}
-
-/// An rmcp client whose bearer is `token` (an OAuth access token or an `emt_` token).
-async fn client_with(mcp: &str, token: &str) -> RunningService<rmcp::RoleClient, ()> {
-    let config = StreamableHttpClientTransportConfig::with_uri(mcp.to_owned()).auth_header(token);
-    ().serve(StreamableHttpClientTransport::from_config(config))
-        .await
-        .expect("MCP client connects")
 }
 
 /// An access token for the desktop agent acting for `user` (authorization code + PKCE with
@@ -200,14 +201,8 @@ async fn mcp_is_a_protected_resource_next_to_emisar_tokens() {
     assert_eq!(initialize(&mcp, Some(&good)).await.status(), 200);
 
     // A headless agent with client credentials calls a tool; the audit names it.
-    let cc = w
-        .p()
-        .client_credentials(HEADLESS_AGENT, HEADLESS_SECRET, &mcp, SCOPE)
-        .await["access_token"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let bot = client_with(&mcp, &cc).await;
+    let cc = headless_token(&w).await;
+    let bot = mcp_client(&mcp, &cc).await;
     let tools = bot.list_all_tools().await.unwrap();
     assert!(tools.iter().any(|t| t.name == "linux.systemctl_restart"));
     bot.cancel().await.unwrap();
@@ -346,7 +341,7 @@ async fn a_person_may_not_approve_what_an_agent_asked_for_on_their_behalf() {
     let w = world(None).await;
     let mcp = format!("{}/mcp", w.base());
     let token = desktop_token(&w, "alice", "alice-pw").await;
-    let agent = client_with(&mcp, &token).await;
+    let agent = mcp_client(&mcp, &token).await;
     let call = call_in_background(
         &agent,
         "linux.systemctl_restart",
@@ -383,4 +378,80 @@ async fn a_person_may_not_approve_what_an_agent_asked_for_on_their_behalf() {
     );
     w.app.assert_chain_intact().await;
     agent.cancel().await.unwrap();
+}
+
+/// An OAuth agent is governed exactly like an emisar-token agent of the same name: the
+/// policy's tools for that name (others are unknown to it), and one rate-limit bucket shared
+/// by both ways of presenting the name; refusals are audited under `agent:<name>`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oauth_agent_is_governed_like_a_token_agent_of_its_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(
+        &policy,
+        "agents:\n  deploy-bot:\n    tools: [\"linux.unit_status\"]\n  \"*\":\n    tools: [\"linux.*\", \"traefik.*\"]\n",
+    )
+    .unwrap();
+    let w = World::start(Spec {
+        oidc_extra: OIDC.into(),
+        oauth_extra: Some(OAUTH.into()),
+        policy_file: Some(policy),
+        rate_limit: Some((1, 2)),
+        ..Default::default()
+    })
+    .await;
+    let mcp = format!("{}/mcp", w.base());
+    let bot = mcp_client(&mcp, &headless_token(&w).await).await;
+    let names: Vec<String> = bot
+        .list_all_tools()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .filter(|n| !n.starts_with("emisar."))
+        .collect();
+    assert_eq!(names, ["linux.unit_status"]);
+    let refused = bot
+        .call_tool(
+            CallToolRequestParams::new("linux.systemctl_restart")
+                .with_arguments(restart_args("not for you").as_object().unwrap().clone()),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("unknown tool: linux.systemctl_restart"),
+        "{refused}"
+    );
+
+    // One bucket for the name: a call over OAuth and one over an emt_ token of the same name
+    // use the burst of two; the third is refused, whichever way it comes. The calls lack a
+    // reason, so they stop right after the rate limit, with no runner round trip.
+    let same_name = w.app.issue_token(HEADLESS_AGENT, Role::Agent).await;
+    let token_bot = mcp_client(&mcp, &same_name).await;
+    let no_reason = json!({"unit": "consul", "runners": ["hvn05"]});
+    for client in [&bot, &token_bot] {
+        let res = call(client, "linux.unit_status", no_reason.clone()).await;
+        let text = serde_json::to_string(&res.content).unwrap();
+        assert!(text.contains("reason"), "{text}");
+    }
+    let res = call(&bot, "linux.unit_status", no_reason).await;
+    assert_eq!(res.is_error, Some(true));
+    let text = serde_json::to_string(&res.content).unwrap();
+    assert!(
+        text.contains(
+            "rate limited: agent `deploy-bot` may make 1 calls per second (bursts of 2); retry in"
+        ),
+        "{text}"
+    );
+    let actors: Vec<String> = w
+        .events_of_kind("tool.rejected")
+        .await
+        .into_iter()
+        .map(|e| e.actor)
+        .collect();
+    assert_eq!(actors.len(), 4, "{actors:?}");
+    assert!(actors.iter().all(|a| a == "agent:deploy-bot"), "{actors:?}");
+    bot.cancel().await.unwrap();
+    token_bot.cancel().await.unwrap();
 }

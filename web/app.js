@@ -28,7 +28,7 @@ const AUDIT_FIELDS = ['seq', 'id', 'at', 'actor', 'kind', 'tool', 'runner', 'arg
   'call_id', 'approval_id', 'outcome', 'result_digest', 'detail', 'prev_hash', 'hash'];
 
 const app = {
-  session: null,        // {user, role, csrf} while logged in
+  session: null,        // {user, role, roles, csrf, display_name} while logged in
   events: null,         // the EventSource while logged in
   afterLogin: null,     // hash to return to once logged in
   renderSeq: 0,         // bumped by every render; a slower, older render must not win
@@ -156,10 +156,18 @@ const enc = encodeURIComponent;
 // ------------------------------------------------------------------ session + live events
 
 function loggedIn(session) {
-  app.session = { user: session.user, role: session.role, csrf: session.csrf };
-  $('#whoami').textContent = `${session.user} (${session.role})`;
+  app.session = {
+    user: session.user, role: session.role, roles: session.roles || [session.role],
+    csrf: session.csrf, display_name: session.display_name || null,
+  };
+  // A person from the OpenID provider is shown by name; the audit log names them by identity.
+  const name = session.display_name || session.user;
+  const roles = session.role === 'none' ? 'no role' : (session.roles || [session.role]).join(', ');
+  $('#whoami').textContent = `${name} (${roles})`;
+  if (session.display_name) $('#whoami').setAttribute('title', session.user);
   $('#top').hidden = false;
-  openEvents();
+  // Live updates are about approvals, which a person with no role may not see.
+  if (session.role !== 'none') openEvents();
 }
 
 function loggedOut() {
@@ -268,7 +276,8 @@ async function render(opts = {}) {
   if (!opts.quiet) view.replaceChildren(el('p', { class: 'muted' }, 'Loading…'));
   let node;
   try {
-    if (route.page === 'login') node = viewLogin();
+    if (route.page === 'login') node = await viewLogin();
+    else if (app.session.role === 'none') node = viewNoRole();
     else if (route.page === 'approvals' && route.id) node = await viewApproval(route.id);
     else if (route.page === 'approvals') node = await viewApprovals(route.query);
     else if (route.page === 'audit') node = await viewAudit(route.query);
@@ -285,7 +294,36 @@ async function render(opts = {}) {
 
 // ------------------------------------------------------------------ login
 
-function viewLogin() {
+// What the login page offers: password login, "Sign in with <provider>", or both.
+async function loginOptions() {
+  try {
+    return await api('GET', '/api/login/options');
+  } catch {
+    return { local_login: true, oidc: null };
+  }
+}
+
+async function viewLogin() {
+  const options = await loginOptions();
+  const next = app.afterLogin && !app.afterLogin.startsWith('#/login') ? app.afterLogin : '#/approvals';
+  const parts = [el('h1', {}, 'emisar'), el('p', { class: 'muted' }, 'Sign in to review agent requests.')];
+  const oidc = options && options.oidc;
+  if (oidc && oidc.available) {
+    // The provider sends the browser back to this path (a hash route needs the page first).
+    const href = `${oidc.url}?return_to=${enc(`/${next}`)}`;
+    parts.push(el('a', { id: 'login-oidc', class: 'button', href }, `Sign in with ${oidc.name}`));
+  } else if (oidc) {
+    parts.push(el('p', { id: 'login-oidc-unavailable', class: 'error', role: 'status' },
+      `Signing in with ${oidc.name} is not possible right now: ${oidc.problem}`));
+  }
+  if (options && options.local_login === false) {
+    parts.push(el('p', { id: 'login-local-off', class: 'muted' }, 'Password login is switched off on this server.'));
+    return el('section', { class: 'login-wrap' }, parts);
+  }
+  return el('section', { class: 'login-wrap' }, parts, passwordForm(next, Boolean(oidc)));
+}
+
+function passwordForm(next, afterProvider) {
   const name = el('input', { id: 'login-name', name: 'name', autocomplete: 'username', required: true });
   const password = el('input', {
     id: 'login-password', name: 'password', type: 'password', autocomplete: 'current-password', required: true,
@@ -298,7 +336,6 @@ function viewLogin() {
     try {
       const session = await api('POST', '/api/login', { name: name.value, password: password.value });
       loggedIn(session);
-      const next = app.afterLogin && !app.afterLogin.startsWith('#/login') ? app.afterLogin : '#/approvals';
       app.afterLogin = null;
       location.hash = next;
     } catch (e) {
@@ -309,14 +346,23 @@ function viewLogin() {
       submit.disabled = false;
     }
   } },
-  el('h1', {}, 'emisar'),
-  el('p', { class: 'muted' }, 'Sign in to review agent requests.'),
+  afterProvider ? el('p', { class: 'muted' }, 'Or with a local account:') : '',
   el('label', {}, 'Name', name),
   el('label', {}, 'Password', password),
   errorBox(''),
   submit);
   setTimeout(() => name.focus(), 0);
-  return el('section', { class: 'login-wrap' }, form);
+  return form;
+}
+
+// A person the provider signed in whose groups map to no role: nothing to show them.
+function viewNoRole() {
+  const s = app.session;
+  return el('section', { id: 'no-role', class: 'login-wrap' },
+    el('h1', {}, 'No role'),
+    el('p', {}, `You are signed in as ${s.display_name || s.user} (${s.user}), but none of your groups `
+      + 'at the sign-in provider is mapped to a role in emisar, so there is nothing you may see or decide.'),
+    el('p', { class: 'muted' }, 'Ask an administrator to add you to a group mapped to approver, auditor or admin, then sign in again.'));
 }
 
 // ------------------------------------------------------------------ approvals list
@@ -411,6 +457,7 @@ async function viewApproval(id) {
     field('Risk', badge('risk', a.risk)),
     field('Runners', (a.runners || []).join(', ') || '—'),
     field('Requester', a.requester),
+    a.on_behalf_of != null ? field('On behalf of', el('span', { id: 'on-behalf-of' }, a.on_behalf_of)) : [],
     field('Reason', el('div', { id: 'reason', class: 'reason' }, a.reason ?? '')),
     field('Arguments', pre(a.args, { id: 'args' })),
     field('Created', absTime(a.created_at)),

@@ -94,6 +94,15 @@ impl Application {
             shutdown.clone(),
         )?;
         crate::server::metrics::handle();
+        let identity = Arc::new(
+            crate::server::oidc::identity::Identity::start(
+                config.oidc.as_ref(),
+                config.oauth.as_ref(),
+                config.public_url.as_deref(),
+                &shutdown,
+            )
+            .await?,
+        );
         let listener = TcpListener::bind(&config.listen)
             .await
             .with_context(|| format!("failed to listen on {}", config.listen))?;
@@ -137,6 +146,7 @@ impl Application {
                 .as_deref()
                 .is_some_and(|u| u.starts_with("https://")),
             &config.login,
+            identity,
             shutdown.clone(),
         );
         Ok(Application {

@@ -132,6 +132,9 @@ pub struct Approval {
     /// The requester's name: nobody by this name may approve the request.
     #[serde(skip)]
     pub requester_name: String,
+    /// The person the requesting agent acted for (`person:<id>`, from its OAuth token): they
+    /// may not approve the request either.
+    pub on_behalf_of: Option<String>,
     #[serde(skip)]
     pub pack_sha256: String,
     /// Per runner: `{ok, output, vars, error}` of the preview run at request time.
@@ -246,6 +249,12 @@ pub fn decide(
             "you requested this yourself: someone else must decide".into(),
         ));
     }
+    if row.on_behalf_of.as_deref() == Some(who.name.as_str()) {
+        return Err(ApprovalError::Refused(format!(
+            "agent `{}` asked for this on your behalf: someone else must decide",
+            row.requester_name
+        )));
+    }
     if !who.may_approve {
         return Err(ApprovalError::Refused(format!(
             "`{}` may not decide requests for `{}` (policy roles)",
@@ -349,10 +358,10 @@ pub struct Approvals {
     in_flight: Arc<tokio::sync::Semaphore>,
 }
 
-const PG_COLUMNS: &str = "id, call_id, tool, risk, args::text AS args, shown_args::text AS shown_args, runners::text AS runners, runner_chosen, raw, reason, requester, requester_name, pack_sha256, preview::text AS preview, required_approvals, approvals::text AS approvals, state, note, decided_by, result::text AS result, to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS created_at, to_char(expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS expires_at, to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS updated_at";
-const INSERT: &str = "INSERT INTO approvals (id, call_id, tool, risk, args, shown_args, runners, runner_chosen, raw, reason, requester, requester_name, pack_sha256, preview, required_approvals, approvals, state, note, decided_by, result, created_at, expires_at, updated_at) VALUES ($1,$2,$3,$4,$5::jsonb,$6::jsonb,$7::jsonb,$8,$9,$10,$11,$12,$13,$14::jsonb,$15,$16::jsonb,$17,$18,$19,$20::jsonb,$21::timestamptz,$22::timestamptz,$23::timestamptz)";
+const PG_COLUMNS: &str = "id, call_id, tool, risk, args::text AS args, shown_args::text AS shown_args, runners::text AS runners, runner_chosen, raw, reason, requester, requester_name, on_behalf_of, pack_sha256, preview::text AS preview, required_approvals, approvals::text AS approvals, state, note, decided_by, result::text AS result, to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS created_at, to_char(expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS expires_at, to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS updated_at";
+const INSERT: &str = "INSERT INTO approvals (id, call_id, tool, risk, args, shown_args, runners, runner_chosen, raw, reason, requester, requester_name, pack_sha256, preview, required_approvals, approvals, state, note, decided_by, result, created_at, expires_at, updated_at, on_behalf_of) VALUES ($1,$2,$3,$4,$5::jsonb,$6::jsonb,$7::jsonb,$8,$9,$10,$11,$12,$13,$14::jsonb,$15,$16::jsonb,$17,$18,$19,$20::jsonb,$21::timestamptz,$22::timestamptz,$23::timestamptz,$24)";
 const UPDATE: &str = "UPDATE approvals SET state = $2, approvals = $3::jsonb, note = $4, decided_by = $5, result = $6::jsonb, updated_at = $7::timestamptz WHERE id = $1";
-const SQLITE_COLUMNS: &str = "id, call_id, tool, risk, args, shown_args, runners, runner_chosen, raw, reason, requester, requester_name, pack_sha256, preview, required_approvals, approvals, state, note, decided_by, result, created_at, expires_at, updated_at";
+const SQLITE_COLUMNS: &str = "id, call_id, tool, risk, args, shown_args, runners, runner_chosen, raw, reason, requester, requester_name, on_behalf_of, pack_sha256, preview, required_approvals, approvals, state, note, decided_by, result, created_at, expires_at, updated_at";
 
 fn from_row<R>(row: &R) -> Result<Approval, sqlx::Error>
 where
@@ -388,6 +397,7 @@ where
         reason: row.try_get("reason")?,
         requester: row.try_get("requester")?,
         requester_name: row.try_get("requester_name")?,
+        on_behalf_of: row.try_get("on_behalf_of")?,
         pack_sha256: row.try_get("pack_sha256")?,
         preview: opt_json("preview")?,
         required_approvals: row.try_get::<i32, _>("required_approvals")?.max(1) as u32,
@@ -476,6 +486,7 @@ impl Approvals {
                     .bind(&a.created_at)
                     .bind(&a.expires_at)
                     .bind(&a.updated_at)
+                    .bind(&a.on_behalf_of)
             };
         }
         self.db
@@ -807,6 +818,7 @@ mod tests {
             reason: "r".into(),
             requester: "agent:bot".into(),
             requester_name: "bot".into(),
+            on_behalf_of: Some("person:dana".into()),
             pack_sha256: "p".into(),
             preview: None,
             required_approvals: 1,
@@ -895,6 +907,22 @@ mod tests {
                 deny("x"),
                 now,
                 Err("yourself"),
+            ),
+            (
+                "approval by the person the agent acted for",
+                row(),
+                who("person:dana"),
+                Verdict::Approve,
+                now,
+                Err("on your behalf"),
+            ),
+            (
+                "denial by the person the agent acted for",
+                row(),
+                who("person:dana"),
+                deny("x"),
+                now,
+                Err("on your behalf"),
             ),
             (
                 "expired",

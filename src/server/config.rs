@@ -69,6 +69,14 @@ pub struct ServerConfig {
     /// `X-Forwarded-For` is believed.
     #[serde(default)]
     pub login: crate::server::login_limits::LoginLimitsConfig,
+    /// People sign in to the portal with the organisation's OpenID provider (see
+    /// docs/identity.md). Default: none (local users only).
+    #[serde(default)]
+    pub oidc: Option<crate::server::oidc::config::OidcConfig>,
+    /// `/mcp` is an OAuth 2.1 protected resource: MCP clients bring access tokens from the
+    /// organisation's authorization server, next to emisar's own tokens. Default: none.
+    #[serde(default)]
+    pub oauth: Option<crate::server::oidc::config::OAuthConfig>,
 }
 
 fn default_approval_ttl() -> u64 {
@@ -145,6 +153,8 @@ impl ServerConfig {
             approval_wait_secs: default_approval_wait(),
             approval_progress_ms: default_progress_ms(),
             login: Default::default(),
+            oidc: None,
+            oauth: None,
         }
     }
 
@@ -196,6 +206,34 @@ impl ServerConfig {
         if !(50..=15_000).contains(&self.approval_progress_ms) {
             anyhow::bail!(
                 "approval_progress_ms must be between 50 and 15000 (a silent call is dropped by clients)"
+            );
+        }
+        self.check_identity()
+    }
+
+    /// `[oidc]` and `[oauth]` on their own, and together.
+    fn check_identity(&self) -> anyhow::Result<()> {
+        if let Some(oidc) = &self.oidc {
+            oidc.check()?;
+            if oidc.redirect_url.is_none() && self.public_url.is_none() {
+                anyhow::bail!(
+                    "oidc.redirect_url: set it, or set public_url (the redirect URL is then <public_url>/login/oidc/callback)"
+                );
+            }
+        }
+        if let Some(oauth) = &self.oauth {
+            oauth.check()?;
+        }
+        // Self-approval is refused by comparing the person an agent acted for with the person
+        // who approves: both must be named by the same claim of the same provider.
+        if let (Some(oidc), Some(oauth)) = (&self.oidc, &self.oauth)
+            && oidc.issuer == oauth.issuer
+            && let Some(claim) = &oauth.on_behalf_of_claim
+            && *claim != oidc.identity_claim
+        {
+            anyhow::bail!(
+                "oauth.on_behalf_of_claim is `{claim}` but oidc.identity_claim is `{}`: with one provider they must name the same claim, or a person could approve what an agent asked for on their behalf",
+                oidc.identity_claim
             );
         }
         Ok(())

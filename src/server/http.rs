@@ -3,7 +3,12 @@
 //!
 //! Callers authenticate with a bearer token (agents, and people who live in a terminal) or
 //! with the portal's session cookie. Each role reaches only its paths: agents `/mcp` and
-//! `/api/runners`; people every `/api/*` path but never `/mcp`.
+//! `/api/runners`; people every `/api/*` path but never `/mcp`; a person the OpenID provider
+//! signed in with no role only `/api/session` and `/api/logout`. With `[oauth]`, a bearer
+//! token that is not emisar's own (`emt_…`) is an OAuth access token (`oidc::bearer`), and a
+//! 401 from `/mcp` points to the protected-resource metadata, served unauthenticated at
+//! `/.well-known/oauth-protected-resource` and its path-suffixed form. With `[oidc]`, the
+//! portal's sign-in routes live under `/login/oidc` (`oidc::web`).
 //!
 //! Invariants: an MCP session belongs to the token that opened it; the same session id
 //! presented with another token is answered 404, as if it did not exist (rmcp routes on the
@@ -27,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 use crate::server::db::Db;
 use crate::server::gateway::Gateway;
 use crate::server::mcp::GatewaySource;
+use crate::server::oidc::identity::Identity;
 use crate::server::tokens::{Principal, Role};
 
 /// The most session bindings remembered; past it the oldest half is forgotten (a forgotten
@@ -46,6 +52,9 @@ pub struct HttpState {
     /// Cookies get `Secure` when the portal is served over TLS.
     pub secure_cookies: bool,
     pub gateway: Arc<Gateway>,
+    /// The organisation's identity providers (`[oidc]`, `[oauth]`) and whether password
+    /// login is on.
+    pub identity: Arc<Identity>,
     /// MCP session id → (token id, order of binding).
     sessions: Arc<Mutex<HashMap<String, (String, u64)>>>,
     tokens: Arc<crate::server::tokens::TokenCache>,
@@ -60,6 +69,9 @@ const LOGIN_SWEEP: Duration = Duration::from_secs(60);
 /// The router. Serve it with `into_make_service_with_connect_info::<SocketAddr>()`: login
 /// limits count attempts per client address. Must be called within a tokio runtime (it
 /// starts the login limits' sweeper, which stops with `shutdown`).
+// Each argument is a separate piece the composition root built; a struct would only
+// rename them.
+#[allow(clippy::too_many_arguments)]
 pub fn router(
     gateway: Arc<Gateway>,
     db: Db,
@@ -67,6 +79,7 @@ pub fn router(
     allowed_hosts: Vec<String>,
     secure_cookies: bool,
     login: &crate::server::login_limits::LoginLimitsConfig,
+    identity: Arc<Identity>,
     shutdown: CancellationToken,
 ) -> Router {
     let logins = Arc::new(crate::server::login_limits::LoginLimits::new(login));
@@ -81,6 +94,7 @@ pub fn router(
         logins,
         secure_cookies,
         gateway,
+        identity: identity.clone(),
         sessions: Arc::default(),
         tokens: Arc::default(),
         server_public_key: Arc::new(server_public_key),
@@ -111,7 +125,31 @@ pub fn router(
             state.clone(),
             bearer_auth,
         ));
+    let mut public = Router::new()
+        .route("/api/login/options", get(crate::server::oidc::web::options))
+        .route(
+            crate::server::oidc::web::START_PATH,
+            get(crate::server::oidc::web::start),
+        )
+        .route(
+            crate::server::oidc::web::CALLBACK,
+            get(crate::server::oidc::web::callback),
+        )
+        .route(
+            crate::server::oidc::web::BACKCHANNEL_LOGOUT_PATH,
+            axum::routing::post(crate::server::oidc::web::backchannel_logout),
+        );
+    if let Some(agents) = &identity.agents {
+        // RFC 9728 §3.1: the path-suffixed form for `/mcp` is where MCP clients look first;
+        // the root form serves clients that try it when the challenge names no document.
+        let suffixed = crate::server::oidc::resource::metadata_path(&agents.config.resource);
+        let root = "/.well-known/oauth-protected-resource";
+        for path in std::iter::once(root).chain((suffixed != root).then_some(suffixed.as_str())) {
+            public = public.route(path, get(protected_resource_metadata));
+        }
+    }
     Router::new()
+        .merge(public)
         .route("/", get(crate::server::portal::index))
         .route("/assets/{file}", get(crate::server::portal::asset))
         .route(
@@ -134,17 +172,28 @@ pub fn router(
         .with_state(state)
 }
 
+/// `GET /.well-known/oauth-protected-resource[/…]` (only with `[oauth]`).
+async fn protected_resource_metadata(State(state): State<HttpState>) -> Response {
+    match &state.identity.agents {
+        Some(agents) => agents.metadata(),
+        None => crate::server::portal::not_found().await,
+    }
+}
+
 /// Authenticates the bearer token or the session cookie, attaches its [`Principal`], checks
 /// the role may use the path (and the CSRF token for a cookie's state change), and keeps
 /// MCP sessions bound to the token that opened them.
 async fn bearer_auth(State(state): State<HttpState>, mut req: Request, next: Next) -> Response {
-    let unauthorized = |message: &'static str| {
-        (
+    // With `[oauth]`, a 401 from `/mcp` says where an MCP client can get a token.
+    let oauth_challenge = req.uri().path().starts_with("/mcp");
+    let unauthorized = |message: &'static str| match &state.identity.agents {
+        Some(agents) if oauth_challenge => agents.unauthorized(message),
+        _ => (
             StatusCode::UNAUTHORIZED,
             [(header::WWW_AUTHENTICATE, "Bearer")],
             Json(json!({"error": message})),
         )
-            .into_response()
+            .into_response(),
     };
     let unavailable = |state: &HttpState, e: &dyn std::fmt::Display| {
         tracing::error!(error = %e, "credential lookup failed");
@@ -158,12 +207,20 @@ async fn bearer_auth(State(state): State<HttpState>, mut req: Request, next: Nex
         bearer(req.headers()).map(str::to_owned),
         crate::server::portal::session_cookie(req.headers()),
     ) {
-        (Some(token), _) => match state.tokens.authenticate(&state.db, &token).await {
-            Ok(Some(principal)) => principal,
-            Ok(None) => return unauthorized("the bearer token is unknown, expired or revoked"),
-            Err(e) => return unavailable(&state, &e),
+        (Some(token), _) => match &state.identity.agents {
+            Some(agents) if !crate::server::tokens::is_emisar_token(&token) => {
+                match agents.principal(&token).await {
+                    Ok(principal) => principal,
+                    Err(refusal) => return agents.refused(refusal),
+                }
+            }
+            _ => match state.tokens.authenticate(&state.db, &token).await {
+                Ok(Some(principal)) => principal,
+                Ok(None) => return unauthorized("the bearer token is unknown, expired or revoked"),
+                Err(e) => return unavailable(&state, &e),
+            },
         },
-        (None, Some(cookie)) => match crate::server::users::session(&state.db, &cookie).await {
+        (None, Some(cookie)) => match portal_session(&state, &cookie).await {
             Ok(Some(session)) => {
                 let safe = matches!(*req.method(), Method::GET | Method::HEAD);
                 let csrf_ok = req
@@ -182,7 +239,9 @@ async fn bearer_auth(State(state): State<HttpState>, mut req: Request, next: Nex
                     agent: session.user.clone(),
                     token_id: format!("session:{}", &session.id_hash[..16]),
                     role: session.role,
+                    roles: session.roles.clone(),
                     selector: None,
+                    on_behalf_of: None,
                 };
                 req.extensions_mut().insert(session);
                 principal
@@ -196,7 +255,18 @@ async fn bearer_auth(State(state): State<HttpState>, mut req: Request, next: Nex
     let allowed = match principal.role {
         Role::Agent => path.starts_with("/mcp") || path == "/api/runners",
         Role::Auditor | Role::Approver | Role::Admin => path.starts_with("/api/"),
+        Role::None => path == "/api/session" || path == "/api/logout",
     };
+    if !allowed && principal.role == Role::None {
+        return (
+            StatusCode::FORBIDDEN,
+            Json(json!({"error": format!(
+                "{} is signed in but holds no role in emisar (none of their groups at the provider is mapped to one): ask an administrator",
+                principal.agent
+            )})),
+        )
+            .into_response();
+    }
     if !allowed {
         return (
             StatusCode::FORBIDDEN,
@@ -246,6 +316,20 @@ async fn bearer_auth(State(state): State<HttpState>, mut req: Request, next: Nex
             .remove(&id);
     }
     response
+}
+
+/// The portal session with this id: a local user's, or a provider person's.
+async fn portal_session(
+    state: &HttpState,
+    id: &str,
+) -> Result<Option<crate::server::users::Session>, crate::server::users::UserError> {
+    if let Some(session) = crate::server::users::session(&state.db, id).await? {
+        return Ok(Some(session));
+    }
+    if state.identity.people.is_none() {
+        return Ok(None);
+    }
+    crate::server::oidc::sessions::find(&state.db, id).await
 }
 
 impl HttpState {

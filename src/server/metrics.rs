@@ -122,6 +122,18 @@ pub fn webhook_dropped(host: &str, reason: &'static str) {
         .increment(1);
 }
 
+/// A sign-in through the OpenID provider ended: `ok`, or why it was refused (a stable code
+/// such as `nonce_mismatch`, never text from the request).
+pub fn oidc_sign_in(outcome: &'static str) {
+    metrics::counter!("emisar_oidc_sign_ins_total", "outcome" => outcome).increment(1);
+}
+
+/// A bearer token on `/mcp` that is not emisar's own was refused as an OAuth access token,
+/// by the check it failed (`expired`, `wrong_audience`, `unknown_key`, ...).
+pub fn oauth_refused(code: &'static str) {
+    metrics::counter!("emisar_oauth_refused_total", "check" => code).increment(1);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -730,7 +730,7 @@ impl Policy {
         let may = match role {
             Role::Approver => &self.approver_may,
             Role::Admin => &self.admin_may,
-            Role::Agent | Role::Auditor => return false,
+            Role::Agent | Role::Auditor | Role::None => return false,
         };
         may.iter().any(|p| p.matches(tool))
     }
@@ -934,12 +934,7 @@ mod tests {
     }
 
     fn principal(agent: &str, role: Role) -> Principal {
-        Principal {
-            agent: agent.into(),
-            token_id: "t".into(),
-            role,
-            selector: None,
-        }
+        Principal::new(agent.into(), "t".into(), role, None)
     }
 
     fn labels(text: &str) -> BTreeMap<String, String> {

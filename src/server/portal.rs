@@ -89,7 +89,8 @@ pub fn session_cookie(headers: &HeaderMap) -> Option<String> {
         })
 }
 
-fn cookie(state: &HttpState, value: &str, max_age: u64) -> HeaderValue {
+/// The `Set-Cookie` value of a portal session (an empty value and 0 clear it).
+pub(crate) fn session_cookie_header(state: &HttpState, value: &str, max_age: u64) -> HeaderValue {
     let secure = if state.secure_cookies { "; Secure" } else { "" };
     HeaderValue::from_str(&format!(
         "{COOKIE}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}{secure}"
@@ -102,7 +103,9 @@ fn error(status: StatusCode, message: impl Into<String>) -> Response {
 }
 
 fn session_json(s: &Session) -> Value {
-    json!({"user": s.user, "role": s.role.as_str(), "csrf": s.csrf})
+    json!({"user": s.user, "role": s.role.as_str(), "csrf": s.csrf,
+           "roles": s.roles.iter().map(|r| r.as_str()).collect::<Vec<_>>(),
+           "display_name": s.display_name})
 }
 
 #[derive(serde::Deserialize)]
@@ -122,6 +125,19 @@ pub async fn login(
     headers: HeaderMap,
     body: Result<Json<Login>, axum::extract::rejection::JsonRejection>,
 ) -> Response {
+    if !state.identity.local_login {
+        let provider = state
+            .identity
+            .people
+            .as_ref()
+            .map_or("the OpenID provider", |p| p.config.display_name.as_str());
+        return error(
+            StatusCode::FORBIDDEN,
+            format!(
+                "password login is switched off here (oidc.local_login = false): sign in with {provider}"
+            ),
+        );
+    }
     let Json(login) = match body {
         Ok(b) => b,
         Err(e) => {
@@ -154,7 +170,7 @@ pub async fn login(
             let mut response = Json(session_json(&session)).into_response();
             response
                 .headers_mut()
-                .insert(header::SET_COOKIE, cookie(&state, &id, ttl));
+                .insert(header::SET_COOKIE, session_cookie_header(&state, &id, ttl));
             response
         }
         Err(UserError::BadLogin) => {
@@ -192,7 +208,12 @@ pub async fn logout(
             "this request carries a bearer token, not a portal session",
         );
     };
-    if let Err(e) = crate::server::users::logout(&state.db, state.gateway.audit(), &s).await {
+    let ended = if s.display_name.is_some() {
+        crate::server::oidc::sessions::close(&state.db, state.gateway.audit(), &s).await
+    } else {
+        crate::server::users::logout(&state.db, state.gateway.audit(), &s).await
+    };
+    if let Err(e) = ended {
         tracing::error!(error = %e, "logout failed");
         return error(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -202,7 +223,7 @@ pub async fn logout(
     let mut response = Json(json!({"ok": true})).into_response();
     response
         .headers_mut()
-        .insert(header::SET_COOKIE, cookie(&state, "", 0));
+        .insert(header::SET_COOKIE, session_cookie_header(&state, "", 0));
     response
 }
 

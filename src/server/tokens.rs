@@ -28,6 +28,10 @@ pub enum Role {
     Approver,
     /// A human who may do everything an approver and an auditor may.
     Admin,
+    /// A person signed in through the organisation's OpenID provider whose groups map to no
+    /// role: they may see who they are and log out, nothing else. Never stored for a token or
+    /// a local user ([`Role::parse`] refuses it).
+    None,
 }
 
 impl Role {
@@ -37,7 +41,30 @@ impl Role {
             Role::Auditor => "auditor",
             Role::Approver => "approver",
             Role::Admin => "admin",
+            Role::None => "none",
         }
+    }
+
+    /// How broad a role is, for picking the one that decides which paths a person with
+    /// several roles may use: an admin may do what an approver may, who may do what an
+    /// auditor may.
+    fn breadth(self) -> u8 {
+        match self {
+            Role::None => 0,
+            Role::Agent | Role::Auditor => 1,
+            Role::Approver => 2,
+            Role::Admin => 3,
+        }
+    }
+
+    /// The broadest of `roles` (people only), or [`Role::None`] when there is none.
+    pub fn broadest(roles: &[Role]) -> Role {
+        roles
+            .iter()
+            .copied()
+            .filter(|r| *r != Role::Agent)
+            .max_by_key(|r| r.breadth())
+            .unwrap_or(Role::None)
     }
 
     pub fn parse(s: &str) -> Result<Role, String> {
@@ -56,17 +83,49 @@ impl Role {
 /// The authenticated caller of a request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Principal {
-    /// The name the token was issued to.
+    /// The caller's name: the agent or person a token was issued to, a local user, an OAuth
+    /// agent's name from its access token, or `person:<id>` for a person signed in through
+    /// the OpenID provider. Policies, rate limits and self-approval compare this name. Only
+    /// the provider's people have a `:` in it: every other name is an identifier.
     pub agent: String,
+    /// What an MCP session is bound to: the token (or, for OAuth agents, the client and
+    /// subject, so a refreshed token keeps its session).
     pub token_id: String,
+    /// The broadest role the caller holds: it decides which paths the caller may use.
     pub role: Role,
+    /// Every role the caller holds, `role` among them (empty for [`Role::None`]). A person
+    /// from the provider may hold several, and under the policy an approver and an admin
+    /// may approve different tools.
+    pub roles: Vec<Role>,
     /// Runners outside this selector do not exist for this caller.
     pub selector: Option<Selector>,
+    /// The person an OAuth agent acts for (`person:<id>`, from its access token): audited
+    /// with its calls, and never the approver of a request it made.
+    pub on_behalf_of: Option<String>,
 }
 
 impl Principal {
-    /// How the audit log names this caller.
+    /// A caller with one role, acting for nobody: a token's, or a local user's.
+    pub fn new(agent: String, token_id: String, role: Role, selector: Option<Selector>) -> Self {
+        Principal {
+            agent,
+            token_id,
+            role,
+            roles: vec![role],
+            selector,
+            on_behalf_of: None,
+        }
+    }
+
+    /// How the audit log names this caller: `<role>:<name>`, or a provider person's own
+    /// `person:<id>` (their roles at sign-in are in their `login` event).
     pub fn actor(&self) -> String {
+        if self
+            .agent
+            .starts_with(crate::server::oidc::claims::PERSON_PREFIX)
+        {
+            return self.agent.clone();
+        }
         format!("{}:{}", self.role.as_str(), self.agent)
     }
 }
@@ -148,6 +207,11 @@ pub async fn issue_scoped(
     })
 }
 
+/// Whether `token` is one of emisar's own (as opposed to an OAuth access token).
+pub fn is_emisar_token(token: &str) -> bool {
+    token.starts_with(PREFIX)
+}
+
 /// The principal a bearer token stands for, if it is known, unexpired and not revoked.
 pub async fn authenticate(db: &Db, token: &str) -> Result<Option<Principal>, sqlx::Error> {
     if !token.starts_with(PREFIX) || token.len() > 100 {
@@ -165,12 +229,9 @@ pub async fn authenticate(db: &Db, token: &str) -> Result<Option<Principal>, sql
             None => None,
             Some(text) => Some(Selector::parse(&text).ok()?),
         };
-        Role::parse(&role).ok().map(|role| Principal {
-            agent,
-            token_id,
-            role,
-            selector,
-        })
+        Role::parse(&role)
+            .ok()
+            .map(|role| Principal::new(agent, token_id, role, selector))
     }))
 }
 

@@ -52,11 +52,28 @@ pub enum UserError {
 /// A logged-in person.
 #[derive(Debug, Clone)]
 pub struct Session {
+    /// A local user's name, or `person:<id>` for a person signed in through the provider.
     pub user: String,
+    /// The broadest of `roles` ([`Role::None`] when there is none).
     pub role: Role,
+    /// Every role the person holds: a local user's one, or what the provider's groups granted.
+    pub roles: Vec<Role>,
     pub csrf: String,
     /// The SHA-256 of the session id (the id itself lives only in the cookie).
     pub id_hash: String,
+    /// Set for a person signed in through the OpenID provider: the name to show them.
+    pub display_name: Option<String>,
+}
+
+impl Session {
+    /// How the audit log names the person of this session.
+    pub fn actor(&self) -> String {
+        if self.display_name.is_some() {
+            self.user.clone()
+        } else {
+            format!("{}:{}", self.role.as_str(), self.user)
+        }
+    }
 }
 
 /// 256 random bits, URL-safe.
@@ -238,8 +255,10 @@ pub async fn login(
     let session = Session {
         user: name.to_owned(),
         role,
+        roles: vec![role],
         csrf: random_token()?,
         id_hash: sha256_hex(id.as_bytes()),
+        display_name: None,
     };
     audit
         .append(NewEvent {
@@ -288,8 +307,10 @@ pub async fn session(db: &Db, id: &str) -> Result<Option<Session>, UserError> {
         Role::parse(&role).ok().map(|role| Session {
             user,
             role,
+            roles: vec![role],
             csrf,
             id_hash,
+            display_name: None,
         })
     }))
 }

@@ -3,7 +3,11 @@
 //   .tools/node/bin/node tests/browser/portal_e2e.mjs      (cwd = repo root)
 //
 // Env: PORTAL_URL, PORTAL_USER, PORTAL_PASSWORD, EXPECT_TOOL, EXPECT_REASON_SUBSTRING,
-//      SCREENSHOT_DIR (default target/portal-e2e), CHROMIUM (default /usr/bin/chromium).
+//      SCREENSHOT_DIR (default target/portal-e2e), CHROMIUM (default /usr/bin/chromium),
+//      LOGIN_VIA (`password`, the default: the portal's own form; `oidc`: the portal's
+//      "Sign in with …" button, then the OpenID provider's login form, with PORTAL_USER and
+//      PORTAL_PASSWORD as the person's credentials there), EXPECT_WHOAMI (optional: text the
+//      signed-in header must contain).
 //
 // Protocol on stdout, one line each, in this order:
 //   READY                              logged in, approvals page open, live updates connected;
@@ -77,6 +81,31 @@ function checkProblems(step) {
   if (problems.length) throw new Error(`${step}: browser reported problems:\n  ${problems.join('\n  ')}`);
 }
 
+// The portal's "Sign in with …" button, the provider's own login form, and back: the
+// provider redirects the browser to emisar's callback, which opens the session and sends the
+// browser on to the portal.
+async function signInWithProvider(url, user, password) {
+  await page.locator('#login-oidc').waitFor({ state: 'visible' });
+  await screenshot('01-login.png');
+  await page.click('#login-oidc');
+  const portal = new URL(url).origin;
+  // The provider's login form (on its own origin).
+  await page.locator('#login').waitFor({ state: 'visible', timeout: 15_000 });
+  if (new URL(page.url()).origin === portal) throw new Error(`the sign-in stayed on emisar: ${page.url()}`);
+  await screenshot('01b-provider-login.png');
+  await page.fill('#login', user);
+  await page.fill('#password', password);
+  await page.click('#submit');
+  // Back at the portal, signed in; or a refusal (the provider's or emisar's) to report.
+  const outcome = await Promise.race([
+    page.locator('#whoami').filter({ hasText: /\S/ }).waitFor({ state: 'visible', timeout: 20_000 }).then(() => null),
+    page.locator('#error').waitFor({ state: 'visible', timeout: 20_000 })
+      .then(async () => (await page.locator('#error').textContent()).trim()),
+  ]);
+  if (outcome) throw new Error(`sign-in refused at ${page.url()}: ${outcome}`);
+  if (new URL(page.url()).origin !== portal) throw new Error(`signed in, but the browser is at ${page.url()}`);
+}
+
 async function run() {
   const url = env('PORTAL_URL');
   const user = env('PORTAL_USER');
@@ -116,17 +145,26 @@ async function run() {
   // 1. Login page, log in, empty approvals list with live updates connected.
   const resp = await page.goto(url, { waitUntil: 'load', timeout: 15_000 });
   if (!resp || resp.status() !== 200) throw new Error(`GET ${url} gave ${resp ? resp.status() : 'no response'}`);
-  await page.locator('#login-name').waitFor({ state: 'visible' });
-  await screenshot('01-login.png');
-  await page.fill('#login-name', user);
-  await page.fill('#login-password', password);
-  await page.click('#login-submit');
-  const loginError = await page.waitForFunction(() => {
-    const err = document.querySelector('#error');
-    if (err && !err.hidden && err.textContent.trim()) return { error: err.textContent.trim() };
-    return !document.querySelector('#top').hidden && { error: null };
-  }).then((h) => h.jsonValue());
-  if (loginError.error) throw new Error(`login refused: ${loginError.error}`);
+  if (env('LOGIN_VIA', 'password') === 'oidc') {
+    await signInWithProvider(url, user, password);
+  } else {
+    await page.locator('#login-name').waitFor({ state: 'visible' });
+    await screenshot('01-login.png');
+    await page.fill('#login-name', user);
+    await page.fill('#login-password', password);
+    await page.click('#login-submit');
+    const loginError = await page.waitForFunction(() => {
+      const err = document.querySelector('#error');
+      if (err && !err.hidden && err.textContent.trim()) return { error: err.textContent.trim() };
+      return !document.querySelector('#top').hidden && { error: null };
+    }).then((h) => h.jsonValue());
+    if (loginError.error) throw new Error(`login refused: ${loginError.error}`);
+  }
+  const whoami = (await page.locator('#whoami').textContent()).trim();
+  const expectWhoami = process.env.EXPECT_WHOAMI;
+  if (expectWhoami && !whoami.includes(expectWhoami)) {
+    throw new Error(`the header says ${JSON.stringify(whoami)}, expected it to contain ${JSON.stringify(expectWhoami)}`);
+  }
   await page.locator('#approvals, #empty').first().waitFor({ state: 'visible' });
   await page.locator('#live.live-live').waitFor({ state: 'visible' });
   const before = new Set(await page.locator('.approval-row').evaluateAll(

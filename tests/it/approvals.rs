@@ -57,6 +57,16 @@ pub async fn add_user(app: &TestApp, name: &str, role: Role) -> String {
 }
 
 impl Portal {
+    /// A portal session opened some other way (e.g. a sign-in through an OpenID provider).
+    pub fn with_session(base: String, cookie: String, csrf: String) -> Portal {
+        Portal {
+            base,
+            cookie,
+            csrf,
+            http: reqwest::Client::new(),
+        }
+    }
+
     pub async fn login(app: &TestApp, name: &str, password: &str) -> Portal {
         Portal::login_at(&app.base_url(), name, password).await
     }

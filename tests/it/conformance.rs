@@ -374,3 +374,68 @@ async fn conformance_suite_0_2_passes_every_tools_scenario_of_2026_07_28() {
     .await;
     shutdown.cancel();
 }
+
+/// The scenarios `scripts/conformance [--v02] list <which>` names (`  - name [versions]`).
+async fn listed(v02: bool, which: &str) -> Vec<String> {
+    let mut args = vec![];
+    if v02 {
+        args.push("--v02");
+    }
+    args.extend(["list", which]);
+    let out = tokio::process::Command::new(SCRIPT)
+        .args(&args)
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("could not start {SCRIPT}: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "conformance {args:?} failed ({}); if Node or the suite is missing, run \
+         scripts/install-test-deps\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- "))
+        .map(|l| l.split_whitespace().next().unwrap_or_default().to_owned())
+        .collect()
+}
+
+/// The baselines say no server scenario of either suite tests authorization (its `auth/*`
+/// scenarios test clients, and 0.2's authorization-server scenarios test authorization
+/// servers; emisar is a protected resource, tested in oidc_mcp.rs). This holds the note to
+/// the suites: a server-side authorization scenario in a new suite version fails here, so it
+/// gets run or listed with its reason.
+#[tokio::test]
+async fn the_suites_have_no_server_side_authorization_scenarios() {
+    for (v02, baseline) in [(false, BASELINE_0_1), (true, BASELINE_0_2)] {
+        let note = std::fs::read_to_string(baseline).unwrap();
+        assert!(
+            note.contains(
+                "# Authorization: no server scenario of this suite tests a server's authorization"
+            ),
+            "{baseline} lost its note on authorization scenarios"
+        );
+        let server = listed(v02, "--server").await;
+        assert!(
+            server.len() > 10,
+            "v02={v02}: too few server scenarios: {server:?}"
+        );
+        let auth: Vec<&String> = server
+            .iter()
+            .filter(|s| s.contains("auth") || s.contains("oauth") || s.contains("token"))
+            .collect();
+        assert!(
+            auth.is_empty(),
+            "v02={v02}: the suite now has server-side authorization scenarios {auth:?}: run \
+             them against emisar with [oauth] or list each with its reason in {baseline}"
+        );
+        // The authorization scenarios exist, on the client side.
+        let client = listed(v02, "--client").await;
+        assert!(
+            client.iter().any(|s| s.starts_with("auth/")),
+            "v02={v02}: no auth/ client scenarios: {client:?}"
+        );
+    }
+}

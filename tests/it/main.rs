@@ -14,6 +14,8 @@ mod hostile;
 mod lab;
 mod mcp_calls;
 mod oidc;
+mod oidc_mcp;
+mod oidc_portal;
 mod ops;
 mod outage;
 mod packs_cluster;

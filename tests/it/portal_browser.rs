@@ -29,9 +29,9 @@ use crate::harness::tools::{Proc, require};
 const TOOL: &str = "linux.systemctl_restart";
 /// The agent's reason: markup that must reach the page as text and never run.
 const REASON: &str = "consul on hvn05 wedged <script>window.__xss=1</script> after upgrade";
-const CHROMIUM: &str = "/usr/bin/chromium";
+pub(crate) const CHROMIUM: &str = "/usr/bin/chromium";
 /// The whole browser part, from spawning the driver to its exit (the driver caps itself at 60 s).
-const BROWSER_BUDGET: Duration = Duration::from_secs(90);
+pub(crate) const BROWSER_BUDGET: Duration = Duration::from_secs(90);
 const SCREENSHOTS: [&str; 5] = [
     "01-login.png",
     "02-approvals-empty.png",

@@ -26,18 +26,38 @@
 //                        test (issuer, audience, expiry, nonce) rather than on the key.
 //   ttl:                 { IdToken: s, AccessToken: s, ClientCredentials: s, Session: s }.
 //   registration:        true enables dynamic client registration (RFC 7591) at /reg.
+//   port:                the loopback port to bind (default: a free one). A test that needs
+//                        the issuer URL before the provider runs (to start emisar while the
+//                        provider is still down) picks the port.
 //
 // People log in at /interaction/:uid with a plain HTML form (login + password), which a real
 // browser fills in and which a test can also POST directly; consent is granted automatically
 // (every client here is first-party). devInteractions is off: it accepts any name without a
 // password, and the tests need wrong passwords and unknown people to be refused.
 //
-// Test-only control: `POST /__test/rotate-keys` puts a fresh RSA signing key in front of the
-// old one (which stays published, as a real provider does during a rotation) and answers
-// `{"kids": [...]}`. The provider object is rebuilt around the new key set; sessions, grants
-// and codes live in oidc-provider's in-process memory store, which the new object shares.
+// Clients may register a `backchannel_logout_uri` (with `backchannel_logout_session_required`):
+// when a person signs out at /session/end, the provider posts a logout token there
+// (OpenID Connect Back-Channel Logout 1.0). The sign-out page is a plain form (`xsrf` hidden
+// field, `#logout-yes` button) that a test can POST to /session/end/confirm.
+//
+// Test-only controls:
+//   POST /__test/rotate-keys     puts a fresh RSA signing key in front of the old one (which
+//                                stays published, as a real provider does during a rotation)
+//                                and answers `{"kids": [...]}`. The provider object is rebuilt
+//                                around the new key set; sessions, grants and codes live in
+//                                oidc-provider's in-process memory store, which it shares.
+//   POST /__test/set-claims      `{"sub": ..., "claims": {...}}` replaces a person's claims
+//                                (e.g. their groups), as an administrator at a real provider
+//                                would; the next tokens carry the new ones.
+//   POST /__test/next-id-token   `{"set": {...}, "unset": [...], "sign_with": kid | null}`
+//                                alters the ID token of the NEXT token response (one only): the
+//                                claims are edited, then the token is either left with its
+//                                original signature (sign_with null: a tampered token) or
+//                                re-signed with one of `extra_jwks` (a token whose signature is
+//                                trusted and whose edited claim is the one under test). This
+//                                stands in for a token endpoint that answers with a bad token.
 
-import { generateKeyPairSync, randomBytes } from 'node:crypto';
+import { createPrivateKey, generateKeyPairSync, randomBytes, sign } from 'node:crypto';
 import http from 'node:http';
 
 import Provider from 'oidc-provider';
@@ -117,6 +137,8 @@ function buildProvider(issuer) {
     // OAuth 2.1: every client, confidential or public, must use PKCE.
     pkce: { required: () => true },
     features: {
+      backchannelLogout: { enabled: true },
+      rpInitiatedLogout: { enabled: true, logoutSource },
       devInteractions: { enabled: false },
       clientCredentials: { enabled: true },
       introspection: { enabled: true },
@@ -138,6 +160,13 @@ function buildProvider(issuer) {
           };
         },
       },
+    },
+    // oidc-provider refuses outgoing requests (the back-channel logout) to loopback and other
+    // special-use addresses, a guard against SSRF. Every relying party of this test provider
+    // is on loopback, so its requests go out through the plain global fetch.
+    fetch(url, options) {
+      const { dispatcher, ...rest } = options;
+      return globalThis.fetch(url, rest);
     },
     extraTokenClaims(ctx, token) {
       const extra = { ...(clientTokenClaims[token.clientId] ?? {}) };
@@ -187,6 +216,62 @@ ${error ? `<p id="error" role="alert">${escapeHtml(error)}</p>` : ''}
   <button id="submit" type="submit">Sign in</button>
 </form>
 </body></html>`;
+}
+
+async function logoutSource(ctx, form) {
+  ctx.body = `<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>Sign out of the test provider</title></head>
+<body>
+<h1>Sign out?</h1>
+${form}
+<button id="logout-yes" type="submit" form="op.logoutForm" name="logout" value="yes">Sign out</button>
+</body></html>`;
+}
+
+// The ID token edit asked for by /__test/next-id-token, applied to one token response.
+let idTokenEdit = null;
+
+function b64url(value) {
+  return Buffer.from(JSON.stringify(value)).toString('base64url');
+}
+
+function editIdToken(token, edit) {
+  const [header, payload, signature] = token.split('.');
+  const claims = JSON.parse(Buffer.from(payload, 'base64url').toString('utf8'));
+  Object.assign(claims, edit.set ?? {});
+  for (const name of edit.unset ?? []) delete claims[name];
+  if (!edit.sign_with) return `${header}.${b64url(claims)}.${signature}`;
+  const jwk = extraJwks.find((k) => k.kid === edit.sign_with);
+  if (!jwk) throw new Error(`sign_with: no extra_jwks key has kid ${edit.sign_with}`);
+  if (jwk.kty !== 'OKP' || jwk.crv !== 'Ed25519') throw new Error('sign_with: only Ed25519 test keys');
+  const input = `${b64url({ alg: 'EdDSA', kid: jwk.kid, typ: 'JWT' })}.${b64url(claims)}`;
+  const sig = sign(null, Buffer.from(input), createPrivateKey({ key: jwk, format: 'jwk' }));
+  return `${input}.${sig.toString('base64url')}`;
+}
+
+// Rewrites the body of one token response (Koa ends it with the whole JSON text).
+function alterTokenResponse(res, edit) {
+  const end = res.end.bind(res);
+  const chunks = [];
+  res.write = (chunk) => {
+    if (chunk) chunks.push(Buffer.from(chunk));
+    return true;
+  };
+  res.end = (chunk, ...rest) => {
+    if (chunk && typeof chunk !== 'function') chunks.push(Buffer.from(chunk));
+    let body = Buffer.concat(chunks).toString('utf8');
+    try {
+      const json = JSON.parse(body);
+      if (json.id_token) {
+        json.id_token = editIdToken(json.id_token, edit);
+        body = JSON.stringify(json);
+      }
+    } catch (err) {
+      process.stderr.write(`oidc provider: next-id-token: ${err.stack ?? err}\n`);
+    }
+    if (!res.headersSent) res.setHeader('content-length', Buffer.byteLength(body));
+    return end(body, ...rest.filter((r) => typeof r === 'function'));
+  };
 }
 
 async function autoConsent(provider, req, res, details) {
@@ -253,6 +338,27 @@ const server = http.createServer(async (req, res) => {
       res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ kids: publicKids() }));
       return;
     }
+    if (url.pathname === '/__test/set-claims' && req.method === 'POST') {
+      const { sub, claims } = JSON.parse(await readAll(req, MAX_BODY));
+      const user = users.get(sub);
+      if (!user) {
+        res.writeHead(404, { 'content-type': 'text/plain' }).end(`no user ${sub}`);
+        return;
+      }
+      user.claims = claims;
+      res.writeHead(200, { 'content-type': 'application/json' }).end('{}');
+      return;
+    }
+    if (url.pathname === '/__test/next-id-token' && req.method === 'POST') {
+      idTokenEdit = JSON.parse(await readAll(req, MAX_BODY));
+      res.writeHead(200, { 'content-type': 'application/json' }).end('{}');
+      return;
+    }
+    if (url.pathname === '/token' && req.method === 'POST' && idTokenEdit) {
+      const edit = idTokenEdit;
+      idTokenEdit = null;
+      alterTokenResponse(res, edit);
+    }
     if (url.pathname.startsWith('/interaction/')) {
       await interaction(provider, req, res, url);
       return;
@@ -265,7 +371,7 @@ const server = http.createServer(async (req, res) => {
   }
 });
 
-server.listen(0, '127.0.0.1', () => {
+server.listen(Number(config.port ?? 0), '127.0.0.1', () => {
   const { port } = server.address();
   install(`http://127.0.0.1:${port}`);
   process.stdout.write(`${JSON.stringify({ issuer: provider.issuer, kids: publicKids() })}\n`);

@@ -8,7 +8,7 @@ use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::builtins::{APPROVAL_STATUS_TOOL, APPROVAL_WAIT_TOOL};
-use super::call::CallContext;
+use super::call::{CallContext, on_behalf_of};
 use super::dispatch::Record;
 use super::outcome::{ApprovalInfo, CallError, CallOutcome, RunnerResult};
 use super::state::Gateway;
@@ -49,7 +49,7 @@ impl Gateway {
                 tool.name
             );
             self.reject(
-                &actor,
+                r.principal,
                 &tool.name,
                 Some(r.shown_args),
                 Some(r.reason),
@@ -66,10 +66,11 @@ impl Gateway {
                 args: Some(r.shown_args.clone()),
                 reason: Some(r.reason.clone()),
                 call_id: Some(r.call_id.clone()),
-                detail: Some(
+                detail: Some(on_behalf_of(
                     json!({"runners": r.runners, "runner_chosen_by_server": r.chosen,
-                                    "needs_approval": true, "approvers": r.approvers}),
-                ),
+                           "needs_approval": true, "approvers": r.approvers}),
+                    r.principal.on_behalf_of.as_deref(),
+                )),
                 ..Default::default()
             })
             .await
@@ -152,6 +153,7 @@ impl Gateway {
             reason: r.reason,
             requester: actor.clone(),
             requester_name: r.principal.agent.clone(),
+            on_behalf_of: r.principal.on_behalf_of.clone(),
             pack_sha256,
             preview,
             required_approvals: r.approvers,
@@ -173,10 +175,11 @@ impl Gateway {
             reason: Some(approval.reason.clone()),
             call_id: Some(approval.call_id.clone()),
             approval_id: Some(approval.id.clone()),
-            detail: Some(
+            detail: Some(on_behalf_of(
                 json!({"runners": approval.runners, "required_approvals": approval.required_approvals,
-                                "expires_at": approval.expires_at}),
-            ),
+                       "expires_at": approval.expires_at}),
+                approval.on_behalf_of.as_deref(),
+            )),
             ..Default::default()
         };
         if let Some(p) = &approval.preview {
@@ -323,7 +326,12 @@ impl Gateway {
                 let actor = Actor {
                     name: who.agent.clone(),
                     actor: who.actor(),
-                    may_approve: policy.may_approve(who.role, &r.tool),
+                    // A person from the provider may hold several roles; any one that may
+                    // approve this tool is enough.
+                    may_approve: who
+                        .roles
+                        .iter()
+                        .any(|role| policy.may_approve(*role, &r.tool)),
                 };
                 approvals::decide(r, &actor, &verdict, chrono::Utc::now())
             })
@@ -422,6 +430,7 @@ impl Gateway {
             reason: Some(&row.reason),
             call_id: &row.call_id,
             approval_id: Some(&row.id),
+            on_behalf_of: row.on_behalf_of.as_deref(),
         };
         let results = futures::future::join_all(row.runners.iter().map(|name| {
             let record = &record;

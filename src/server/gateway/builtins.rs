@@ -101,14 +101,8 @@ impl Gateway {
                 if errors.is_empty() {
                     errors.push("`approval_id` is required".into());
                 }
-                self.reject(
-                    &caller.actor(),
-                    &offered.name,
-                    None,
-                    args.reason,
-                    errors.join("; "),
-                )
-                .await;
+                self.reject(caller, &offered.name, None, args.reason, errors.join("; "))
+                    .await;
                 Err(CallError::Invalid {
                     tool: offered.name.clone(),
                     errors,
@@ -127,7 +121,7 @@ impl Gateway {
     ) -> Result<CallOutcome, CallError> {
         let actor = principal.actor();
         if !errors.is_empty() {
-            self.reject(&actor, &offered.name, None, reason, errors.join("; "))
+            self.reject(principal, &offered.name, None, reason, errors.join("; "))
                 .await;
             return Err(CallError::Invalid {
                 tool: offered.name.clone(),
@@ -158,6 +152,10 @@ impl Gateway {
                 call_id: Some(call_id.clone()),
                 outcome: Some("ok".into()),
                 result_digest: Some(json_digest(&output)),
+                detail: principal
+                    .on_behalf_of
+                    .as_ref()
+                    .map(|p| json!({"on_behalf_of": p})),
                 ..Default::default()
             })
             .await
@@ -201,6 +199,10 @@ impl Gateway {
                 reason,
                 approval_id: Some(id.to_owned()),
                 outcome: Some(if row.is_ok() { "ok" } else { "refused" }.into()),
+                detail: principal
+                    .on_behalf_of
+                    .as_ref()
+                    .map(|p| json!({"on_behalf_of": p})),
                 ..Default::default()
             })
             .await

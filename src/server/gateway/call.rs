@@ -76,11 +76,11 @@ impl Gateway {
 
         // 1. Rate limit, per agent, before any work: refusals of unknown names count too, so
         //    an agent cannot flood the audit log with them.
-        self.rate_limit(caller, &call.tool, &actor).await?;
+        self.rate_limit(caller, &call.tool).await?;
 
         // 2. Find the tool. A name that is not an identifier is refused without being
         //    repeated; a tool the caller may not use is reported as unknown.
-        let offered = self.find(caller, &call.tool, &actor).await?;
+        let offered = self.find(caller, &call.tool).await?;
 
         // 3. Validate the arguments against the input schema and split off `reason`,
         //    `runners` and `raw`; resolve the runners the call goes to.
@@ -93,7 +93,7 @@ impl Gateway {
         if !errors.is_empty() {
             errors.dedup();
             self.reject(
-                &actor,
+                caller,
                 &tool.name,
                 Some(audited_args),
                 args.reason.clone(),
@@ -112,7 +112,7 @@ impl Gateway {
             Decision::NeedsApproval { approvers } => Some(approvers.max(1)),
             Decision::Deny(why) => {
                 self.reject(
-                    &actor,
+                    caller,
                     &tool.name,
                     Some(audited_args),
                     args.reason,
@@ -149,6 +149,7 @@ impl Gateway {
             reason: args.reason.as_deref(),
             call_id: &call_id,
             approval_id: None,
+            on_behalf_of: caller.on_behalf_of.as_deref(),
         };
         self.audit_intent(&record, &targets).await?;
 
@@ -175,12 +176,7 @@ impl Gateway {
     /// Step 2: the tool, if `caller` may use it. The agent learns nothing about tools it may
     /// not use; the audit log says which it was. A name that is not an identifier cannot be a
     /// tool: it is refused as unknown, described by its length, never repeated.
-    async fn find(
-        &self,
-        caller: &Principal,
-        name: &str,
-        actor: &str,
-    ) -> Result<&OfferedTool, CallError> {
+    async fn find(&self, caller: &Principal, name: &str) -> Result<&OfferedTool, CallError> {
         if let Some(offered) = self.tool_for(caller, name) {
             return Ok(offered);
         }
@@ -194,7 +190,7 @@ impl Gateway {
         } else {
             format!("unknown tool `{name}`")
         };
-        self.reject(actor, name, None, None, why).await;
+        self.reject(caller, name, None, None, why).await;
         Err(CallError::UnknownTool(
             if crate::pack::is_identifier(name) {
                 name.to_owned()
@@ -205,12 +201,7 @@ impl Gateway {
     }
 
     /// Step 1: a token bucket per agent, on a monotonic clock.
-    async fn rate_limit(
-        &self,
-        caller: &Principal,
-        tool: &str,
-        actor: &str,
-    ) -> Result<(), CallError> {
+    async fn rate_limit(&self, caller: &Principal, tool: &str) -> Result<(), CallError> {
         let Err(not_until) = self.limiter.check_key(&caller.agent) else {
             return Ok(());
         };
@@ -224,7 +215,7 @@ impl Gateway {
             burst: self.limits.rate_burst,
             retry_after_ms: wait.as_millis() as u64 + 1,
         };
-        self.reject(actor, tool, None, None, err.to_string()).await;
+        self.reject(caller, tool, None, None, err.to_string()).await;
         Err(err)
     }
 
@@ -365,8 +356,11 @@ impl Gateway {
                 args: Some(record.args.clone()),
                 reason: record.reason.map(str::to_owned),
                 call_id: Some(record.call_id.to_owned()),
-                detail: Some(json!({"runners": targets.runners,
-                                    "runner_chosen_by_server": targets.chosen_by_server})),
+                detail: Some(on_behalf_of(
+                    json!({"runners": targets.runners,
+                           "runner_chosen_by_server": targets.chosen_by_server}),
+                    record.on_behalf_of,
+                )),
                 ..Default::default()
             })
             .await
@@ -410,7 +404,7 @@ impl Gateway {
     /// length, SHA-256).
     pub(super) async fn reject(
         &self,
-        actor: &str,
+        who: &Principal,
         tool: &str,
         args: Option<Value>,
         reason: Option<String>,
@@ -425,13 +419,13 @@ impl Gateway {
             None
         };
         let event = NewEvent {
-            actor: actor.to_owned(),
+            actor: who.actor(),
             kind: kind::TOOL_REJECTED.into(),
             tool,
             args: args.map(|a| crate::util::door::for_audit(&a)),
             reason,
             outcome: Some("refused".into()),
-            detail: Some(detail),
+            detail: Some(on_behalf_of(detail, who.on_behalf_of.as_deref())),
             ..Default::default()
         };
         let logged = event
@@ -443,6 +437,15 @@ impl Gateway {
             tracing::error!(error = %e, tool = %logged, "could not audit a rejected call");
         }
     }
+}
+
+/// `detail` with `on_behalf_of` added when the caller is an agent acting for a person, so
+/// every event of its calls names that person.
+pub(super) fn on_behalf_of(mut detail: Value, person: Option<&str>) -> Value {
+    if let (Some(person), Some(map)) = (person, detail.as_object_mut()) {
+        map.insert("on_behalf_of".into(), json!(person));
+    }
+    detail
 }
 
 /// Step 3, first half: schema errors, and the arguments with `reason`, `raw` and `runners`

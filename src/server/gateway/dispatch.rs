@@ -111,7 +111,8 @@ impl Gateway {
         } else {
             (kind::CALL_FAILED, "error")
         };
-        let mut detail = json!({"duration_ms": result.duration_ms});
+        let mut detail =
+            super::call::on_behalf_of(json!({"duration_ms": result.duration_ms}), r.on_behalf_of);
         if let Some(e) = &result.error {
             detail["error"] = json!(e);
         }
@@ -171,4 +172,6 @@ pub(super) struct Record<'a> {
     pub(super) reason: Option<&'a str>,
     pub(super) call_id: &'a str,
     pub(super) approval_id: Option<&'a str>,
+    /// The person the calling agent acts for, named in every outcome event.
+    pub(super) on_behalf_of: Option<&'a str>,
 }

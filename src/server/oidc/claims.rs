@@ -13,6 +13,10 @@ use serde_json::Value;
 use super::config::PersonRole;
 use super::jwt::Claims;
 
+/// How every audit identity of a person from the provider begins. Local names and agent names
+/// are identifiers (no `:`), so this prefix can only come from here.
+pub const PERSON_PREFIX: &str = "person:";
+
 /// The longest identity value accepted, in bytes.
 pub const MAX_NAME_LEN: usize = 255;
 /// Groups beyond this many in one claim are ignored.
@@ -95,7 +99,10 @@ fn string_claim<'a>(claims: &'a Claims, claim: &str) -> Result<&'a str, ClaimErr
 
 /// The person's identity in the audit log: `person:<value of identity_claim>`.
 pub fn person_identity(claims: &Claims, identity_claim: &str) -> Result<String, ClaimError> {
-    Ok(format!("person:{}", string_claim(claims, identity_claim)?))
+    Ok(format!(
+        "{PERSON_PREFIX}{}",
+        string_claim(claims, identity_claim)?
+    ))
 }
 
 /// The agent named by `agent_claim`: it must be an agent name the policy can know (an

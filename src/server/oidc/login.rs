@@ -331,6 +331,22 @@ impl OidcLogin {
         &self.pending
     }
 
+    /// Verifies a back-channel logout token from the provider; `now` in Unix seconds.
+    pub async fn verify_logout_token(
+        &self,
+        token: &str,
+        now: i64,
+    ) -> Result<super::logout::LogoutRequest, TokenError> {
+        let claims = super::jwt::verify_signature(token, &self.jwks).await?;
+        super::logout::check_logout_claims(
+            &claims,
+            &self.config.issuer,
+            &self.config.client_id,
+            now,
+            self.config.leeway_secs,
+        )
+    }
+
     /// Starts a sign-in: remembers its state, nonce, PKCE verifier and browser binding, and
     /// returns the URL to send the browser to. `return_to` is kept only if it is a local path.
     pub fn start(&self, return_to: Option<&str>) -> Result<LoginStart, LoginError> {

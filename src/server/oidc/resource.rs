@@ -132,6 +132,27 @@ pub fn www_authenticate(
     v
 }
 
+/// The RFC 9728 document of the resource `config` describes. It needs no discovery, so it is
+/// served even while the authorization server cannot be reached.
+pub fn metadata_document(config: &OAuthConfig) -> ProtectedResourceMetadata {
+    ProtectedResourceMetadata {
+        resource: config.resource.clone(),
+        authorization_servers: vec![config.issuer.clone()],
+        scopes_supported: config.scopes_supported.clone(),
+        bearer_methods_supported: vec!["header".into()],
+        resource_name: Some("emisar".into()),
+    }
+}
+
+/// The challenge of a 401 from the resource `config` describes (no discovery needed).
+pub fn challenge(config: &OAuthConfig, refusal: Option<&AccessError>) -> String {
+    www_authenticate(
+        &metadata_url(&config.resource),
+        refusal,
+        config.required_scope.as_deref(),
+    )
+}
+
 /// The scopes of an access token: `scope` (RFC 9068, space-separated) or `scp` (a string or
 /// an array, as some providers send).
 pub fn token_scopes(claims: &Claims) -> Vec<String> {
@@ -231,13 +252,7 @@ impl ProtectedResource {
 
     /// The RFC 9728 document served at [`metadata_url`].
     pub fn metadata_document(&self) -> ProtectedResourceMetadata {
-        ProtectedResourceMetadata {
-            resource: self.config.resource.clone(),
-            authorization_servers: vec![self.config.issuer.clone()],
-            scopes_supported: self.config.scopes_supported.clone(),
-            bearer_methods_supported: vec!["header".into()],
-            resource_name: Some("emisar".into()),
-        }
+        metadata_document(&self.config)
     }
 
     pub fn metadata_url(&self) -> String {
@@ -246,11 +261,7 @@ impl ProtectedResource {
 
     /// The challenge for a request to `/mcp` without a usable token.
     pub fn challenge(&self, refusal: Option<&AccessError>) -> String {
-        www_authenticate(
-            &self.metadata_url(),
-            refusal,
-            self.config.required_scope.as_deref(),
-        )
+        challenge(&self.config, refusal)
     }
 
     /// Verifies a bearer token (the part after `Bearer `); `now` in Unix seconds.

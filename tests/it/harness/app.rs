@@ -133,10 +133,17 @@ pub struct Options {
     pub policy_file: Option<PathBuf>,
     /// Hooks told about new approval requests.
     pub webhooks: Vec<emisar::server::webhook::WebhookConfig>,
-    /// The portal's address, for links in notices.
+    /// The portal's address, for links in notices (and the OpenID redirect URL).
     pub public_url: Option<String>,
     /// Login limits (the server's defaults when none).
     pub login: Option<emisar::server::login_limits::LoginLimitsConfig>,
+    /// The address to listen on (default `127.0.0.1:0`): a test that registers emisar's URLs
+    /// at an OpenID provider before the server starts picks the port.
+    pub listen: Option<String>,
+    /// `[oidc]`: people sign in through a provider.
+    pub oidc: Option<emisar::server::oidc::config::OidcConfig>,
+    /// `[oauth]`: `/mcp` takes the authorization server's access tokens.
+    pub oauth: Option<emisar::server::oidc::config::OAuthConfig>,
 }
 
 pub async fn fresh_db(backend: Backend, dir: &std::path::Path) -> (String, Option<PgTestDb>) {
@@ -211,7 +218,12 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
     let audit_key = dir.path().join("audit.key");
     emisar::server::secrets::AuditKey::generate(&audit_key).unwrap();
     let config = ServerConfig {
-        listen: "127.0.0.1:0".into(),
+        listen: options
+            .listen
+            .clone()
+            .unwrap_or_else(|| "127.0.0.1:0".into()),
+        oidc: options.oidc.clone(),
+        oauth: options.oauth.clone(),
         packs_dir: options.packs_dir.clone(),
         call_timeout_ms: options.call_timeout_ms.unwrap_or(5_000),
         allowed_hosts: vec!["localhost".into(), "127.0.0.1".into()],

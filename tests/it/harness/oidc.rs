@@ -36,6 +36,8 @@ pub struct ProviderSetup {
     pub resources: BTreeMap<String, Value>,
     pub extra_jwks: Vec<Value>,
     pub registration: bool,
+    /// The port to bind; a free one when `None`.
+    pub port: Option<u16>,
 }
 
 impl ProviderSetup {
@@ -52,6 +54,29 @@ impl ProviderSetup {
         self.clients.push(json!({"client_id": id, "client_secret": secret,
                                  "redirect_uris": [redirect_uri],
                                  "grant_types": ["authorization_code"], "response_types": ["code"]}));
+        self
+    }
+
+    /// A confidential web client that the provider also tells, server to server, when a
+    /// person signs out (back-channel logout with the session id), e.g. emisar's portal.
+    pub fn web_client_with_logout(
+        mut self,
+        id: &str,
+        secret: &str,
+        redirect_uri: &str,
+        logout_uri: &str,
+    ) -> Self {
+        self.clients.push(json!({"client_id": id, "client_secret": secret,
+                                 "redirect_uris": [redirect_uri],
+                                 "backchannel_logout_uri": logout_uri,
+                                 "backchannel_logout_session_required": true,
+                                 "grant_types": ["authorization_code"], "response_types": ["code"]}));
+        self
+    }
+
+    /// Binds `port` instead of a free one (the issuer URL is then known before the start).
+    pub fn on_port(mut self, port: u16) -> Self {
+        self.port = Some(port);
         self
     }
 
@@ -88,7 +113,8 @@ impl ProviderSetup {
     fn to_json(&self) -> Value {
         json!({"users": self.users, "clients": self.clients,
                "client_token_claims": self.client_token_claims, "resources": self.resources,
-               "extra_jwks": self.extra_jwks, "registration": self.registration})
+               "extra_jwks": self.extra_jwks, "registration": self.registration,
+               "port": self.port})
     }
 }
 
@@ -175,6 +201,66 @@ impl OidcProvider {
         serde_json::from_value(v["kids"].clone()).unwrap()
     }
 
+    /// Replaces a person's claims (their groups, say), as an administrator would.
+    pub async fn set_claims(&self, sub: &str, claims: Value) {
+        let res = reqwest::Client::new()
+            .post(format!("{}/__test/set-claims", self.issuer))
+            .json(&json!({"sub": sub, "claims": claims}))
+            .send()
+            .await
+            .unwrap();
+        assert!(res.status().is_success(), "set-claims: {}", res.status());
+    }
+
+    /// Alters the ID token of the next token response: `set` claims, then keep the original
+    /// signature (`sign_with` `None`: a tampered token) or re-sign with a published test key.
+    pub async fn next_id_token(&self, set: Value, sign_with: Option<&TestKey>) {
+        let res = reqwest::Client::new()
+            .post(format!("{}/__test/next-id-token", self.issuer))
+            .json(&json!({"set": set, "sign_with": sign_with.map(|k| k.kid.clone())}))
+            .send()
+            .await
+            .unwrap();
+        assert!(res.status().is_success(), "next-id-token: {}", res.status());
+    }
+
+    /// Signs the person whose provider cookies are in `jar` out at the provider (RP-initiated
+    /// logout, confirmed), which makes the provider post back-channel logout tokens.
+    pub async fn end_session(&self, jar: &mut BTreeMap<String, String>) {
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap();
+        let resp = http
+            .get(format!("{}/session/end", self.issuer))
+            .header("cookie", cookie_header(jar))
+            .send()
+            .await
+            .unwrap();
+        keep_cookies(jar, &resp);
+        let page = resp.text().await.unwrap();
+        let xsrf = page
+            .split("name=\"xsrf\" value=\"")
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+            .unwrap_or_else(|| panic!("no xsrf field on the sign-out page: {page}"));
+        let resp = http
+            .post(format!("{}/session/end/confirm", self.issuer))
+            .header("cookie", cookie_header(jar))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(format!("xsrf={}&logout=yes", form(xsrf)))
+            .send()
+            .await
+            .unwrap();
+        assert!(
+            matches!(resp.status().as_u16(), 302 | 303),
+            "sign-out at the provider: HTTP {}: {}\n{}",
+            resp.status(),
+            resp.text().await.unwrap_or_default(),
+            self.log()
+        );
+    }
+
     /// A client-credentials token for `resource` with `scope` (the whole token response).
     pub async fn client_credentials(
         &self,
@@ -241,11 +327,31 @@ impl OidcProvider {
         password: &str,
         redirect_uri: &str,
     ) -> Result<reqwest::Url, String> {
+        let mut jar = BTreeMap::new();
+        self.login_keeping(
+            &mut jar,
+            authorization_url,
+            username,
+            password,
+            redirect_uri,
+        )
+        .await
+    }
+
+    /// [`OidcProvider::login`] with the person's cookies at the provider kept in `jar` (their
+    /// session there, for [`OidcProvider::end_session`]).
+    pub async fn login_keeping(
+        &self,
+        jar: &mut BTreeMap<String, String>,
+        authorization_url: &str,
+        username: &str,
+        password: &str,
+        redirect_uri: &str,
+    ) -> Result<reqwest::Url, String> {
         let http = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .unwrap();
-        let mut jar: BTreeMap<String, String> = BTreeMap::new();
         let mut url = reqwest::Url::parse(authorization_url).unwrap();
         for _ in 0..20 {
             if url.as_str().starts_with(redirect_uri) {
@@ -253,11 +359,11 @@ impl OidcProvider {
             }
             let resp = http
                 .get(url.clone())
-                .header("cookie", cookie_header(&jar))
+                .header("cookie", cookie_header(jar))
                 .send()
                 .await
                 .map_err(|e| e.to_string())?;
-            keep_cookies(&mut jar, &resp);
+            keep_cookies(jar, &resp);
             let status = resp.status().as_u16();
             if matches!(status, 302 | 303) {
                 url = url.join(location(&resp)).unwrap();
@@ -268,7 +374,7 @@ impl OidcProvider {
                 let action = url.join(&format!("{}/login", url.path())).unwrap();
                 let resp = http
                     .post(action.clone())
-                    .header("cookie", cookie_header(&jar))
+                    .header("cookie", cookie_header(jar))
                     .header("content-type", "application/x-www-form-urlencoded")
                     .body(format!(
                         "login={}&password={}",
@@ -278,7 +384,7 @@ impl OidcProvider {
                     .send()
                     .await
                     .map_err(|e| e.to_string())?;
-                keep_cookies(&mut jar, &resp);
+                keep_cookies(jar, &resp);
                 if !matches!(resp.status().as_u16(), 302 | 303) {
                     return Err(format!(
                         "login refused: HTTP {}: {}",

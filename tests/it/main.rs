@@ -18,6 +18,7 @@ mod packs_node;
 mod portal_browser;
 mod python_client;
 mod replicas;
+mod runner_identity;
 mod runner_security;
 mod secrets;
 mod tidy;

@@ -2,6 +2,7 @@
 
 pub mod app;
 pub mod frr;
+pub mod join;
 pub mod pg;
 pub mod tools;
 pub mod traefik;

@@ -225,6 +225,14 @@ async fn concurrent_joins_share_no_use(backend: Backend) {
     let t = tokens.iter().find(|t| t.id == id).unwrap();
     assert_eq!((t.uses, t.max_uses), (1, 1));
     assert_eq!(refusals(&app).await.len(), 7);
+    // Only the winner is recorded as joined.
+    let joined = app
+        .events(emisar::server::audit::AuditFilter {
+            kind: Some("runner.joined".into()),
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(joined.len(), 1, "{joined:?}");
 }
 crate::both_backends!(concurrent_joins_share_no_use);
 

@@ -17,8 +17,9 @@ struct Args {
     /// The runner's settings (runner.toml: name, listen address, services, allowlists).
     #[arg(long)]
     config: PathBuf,
-    /// Join this server (its base URL) instead of being listed in its config.
-    #[arg(long, requires = "join_token")]
+    /// Join this server (its base URL) instead of being listed in its config. A runner that
+    /// joined before re-registers with its kept credential and needs no join token.
+    #[arg(long)]
     server: Option<String>,
     /// A join token from `emisar join-token issue` (or EMISAR_JOIN_TOKEN).
     #[arg(long, env = "EMISAR_JOIN_TOKEN", hide_env_values = true)]

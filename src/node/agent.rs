@@ -59,6 +59,16 @@ impl RunnerState {
     /// A runner that verifies calls with `server_public_key` (SPKI PEM).
     pub fn with_key(config: RunnerConfig, server_public_key: &str) -> anyhow::Result<Arc<Self>> {
         let packs = PackSet::load(config.packs_dir.as_deref())?;
+        Self::with_key_and_packs(config, server_public_key, packs)
+    }
+
+    /// Like [`RunnerState::with_key`], with the packs already loaded (a joining runner loads
+    /// them first, to announce them).
+    pub fn with_key_and_packs(
+        config: RunnerConfig,
+        server_public_key: &str,
+        packs: PackSet,
+    ) -> anyhow::Result<Arc<Self>> {
         config.check_services(&packs)?;
         let pem = server_public_key;
         let verifier = CallVerifier::from_pem(pem, &config.name)?;

@@ -9,6 +9,7 @@ use anyhow::Context;
 use serde::Deserialize;
 
 use crate::pack::PackSet;
+use crate::protocol::JoinToken;
 use crate::util::config::read_toml;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -18,8 +19,9 @@ pub struct RunnerConfig {
     pub name: String,
     #[serde(default = "default_runner_listen")]
     pub listen: String,
-    /// The server's Ed25519 public key (SPKI PEM). A runner that joins gets it from the
-    /// server instead (over the join token's channel: use https for the server URL).
+    /// The server's Ed25519 public key (SPKI PEM). A runner that joins may leave it out: it
+    /// then takes the key from the join answer, checked against the fingerprint its join
+    /// token carries. When set, it always wins: the join answer's key must be this one.
     #[serde(default)]
     pub server_public_key_file: Option<PathBuf>,
     /// Labels that agents' and tokens' selectors match, e.g. `{ role = "edge" }`.
@@ -31,6 +33,10 @@ pub struct RunnerConfig {
     /// Join a server instead of being listed in its config.
     #[serde(default)]
     pub join: Option<JoinConfig>,
+    /// Where a runner that joined keeps its own credential (`credential.json`), so that it
+    /// re-registers after a restart without a join token. Created with mode 0700.
+    #[serde(default = "default_state_dir")]
+    pub state_dir: PathBuf,
     #[serde(default)]
     pub packs_dir: Option<PathBuf>,
     /// PATH for exec actions (the rest of the environment is cleared).
@@ -57,8 +63,21 @@ pub struct RunnerConfig {
 pub struct JoinConfig {
     /// The server's base URL, e.g. https://emisar.example.internal.
     pub server: String,
-    /// A join token from `emisar join-token issue`.
-    pub token: String,
+    /// A join token from `emisar join-token issue`. Needed once: after joining, the runner
+    /// re-registers with the credential it keeps in `state_dir`.
+    #[serde(default)]
+    pub token: Option<String>,
+}
+
+impl JoinConfig {
+    /// The join token, parsed (a malformed one is an error here, before any network call).
+    pub fn join_token(&self) -> anyhow::Result<Option<JoinToken>> {
+        self.token
+            .as_deref()
+            .map(JoinToken::parse)
+            .transpose()
+            .context("join.token (or --join-token)")
+    }
 }
 
 impl std::fmt::Debug for JoinConfig {
@@ -91,6 +110,9 @@ impl std::fmt::Debug for ServiceConfig {
 fn default_runner_listen() -> String {
     "127.0.0.1:7701".into()
 }
+fn default_state_dir() -> PathBuf {
+    PathBuf::from("/var/lib/emisar-runner")
+}
 fn default_exec_path() -> String {
     "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into()
 }
@@ -116,6 +138,7 @@ impl RunnerConfig {
             labels: BTreeMap::new(),
             advertise_url: None,
             join: None,
+            state_dir: default_state_dir(),
             packs_dir: None,
             exec_path: default_exec_path(),
             max_output_bytes: default_max_output_bytes(),
@@ -128,33 +151,28 @@ impl RunnerConfig {
     }
 
     pub fn load(path: &Path) -> anyhow::Result<Self> {
-        Self::load_for_join(path, false)
+        Self::load_with_join(path, None, None)
     }
 
-    /// Loads runner.toml; a `server` and `token` from the command line replace `[join]`.
+    /// Loads runner.toml; a `server` or `token` from the command line replaces the one in
+    /// `[join]`.
     pub fn load_with_join(
         path: &Path,
         server: Option<String>,
         token: Option<String>,
     ) -> anyhow::Result<Self> {
-        let mut config = Self::load_for_join(path, server.is_some())?;
-        if let (Some(server), Some(token)) = (server, token) {
-            config.join = Some(JoinConfig { server, token });
-        }
-        Ok(config)
-    }
-
-    /// Loads runner.toml; `joining` says the command line supplies the join settings, so
-    /// the server's public key may come from the server.
-    pub fn load_for_join(path: &Path, joining: bool) -> anyhow::Result<Self> {
         let mut c: Self = read_toml(path)?;
-        c.fill_standard_services();
-        if joining && c.join.is_none() {
-            c.join = Some(JoinConfig {
-                server: String::new(),
-                token: String::new(),
-            });
+        if server.is_some() || token.is_some() {
+            let file = c.join.take();
+            let server = server
+                .or_else(|| file.as_ref().map(|j| j.server.clone()))
+                .context(
+                    "a join token needs a server to join: pass --server URL or set [join] server",
+                )?;
+            let token = token.or_else(|| file.and_then(|j| j.token));
+            c.join = Some(JoinConfig { server, token });
         }
+        c.fill_standard_services();
         c.check()?;
         Ok(c)
     }
@@ -177,6 +195,20 @@ impl RunnerConfig {
         if self.server_public_key_file.is_none() && self.join.is_none() {
             anyhow::bail!(
                 "server_public_key_file is required unless the runner joins a server ([join] or --server/--join-token)"
+            );
+        }
+        if let Some(join) = &self.join {
+            let url = reqwest::Url::parse(&join.server)
+                .with_context(|| format!("join.server `{}` is not a URL", join.server))?;
+            if !matches!(url.scheme(), "http" | "https") {
+                anyhow::bail!("join.server must be an http or https URL");
+            }
+            join.join_token()?;
+        }
+        if self.state_dir.as_os_str().is_empty() || !self.state_dir.is_absolute() {
+            anyhow::bail!(
+                "state_dir `{}` must be an absolute path",
+                self.state_dir.display()
             );
         }
         for (k, v) in &self.labels {

@@ -3,10 +3,12 @@
 //!
 //! `agent` is the runner's HTTP server (verifies, re-validates and executes signed calls);
 //! `engine` runs a tool's steps; `exec` and `http_action` are the two kinds of action, and
-//! only `exec` spawns processes; `join` is the runner's side of joining a server.
+//! only `exec` spawns processes; `join` is the runner's side of joining a server and
+//! `credential` keeps what joining earned it, so it re-registers after a restart.
 
 pub mod agent;
 pub mod config;
+pub mod credential;
 mod engine;
 mod exec;
 mod http_action;

@@ -156,6 +156,20 @@ pub fn public_pem_of(private_pem: &str) -> anyhow::Result<String> {
         .context("failed to encode the public key")
 }
 
+/// The fingerprint that pins the server's key: lowercase hex SHA-256 of the Ed25519 public
+/// key in SPKI DER form. The PEM is decoded and the DER re-encoded first, so two PEM texts of
+/// the same key (line endings, wrapping) have the same fingerprint.
+pub fn key_fingerprint(public_pem: &str) -> anyhow::Result<String> {
+    use ed25519_dalek::VerifyingKey;
+    use ed25519_dalek::pkcs8::DecodePublicKey;
+    let key = VerifyingKey::from_public_key_pem(public_pem.trim())
+        .context("failed to read the Ed25519 public key (SPKI PEM)")?;
+    let der = key
+        .to_public_key_der()
+        .context("failed to encode the public key")?;
+    Ok(crate::digest::sha256_hex(der.as_bytes()))
+}
+
 pub fn now() -> u64 {
     jsonwebtoken::get_current_timestamp()
 }
@@ -177,6 +191,17 @@ mod tests {
             pack_sha256: "p".into(),
             approval_id: None,
         }
+    }
+
+    #[test]
+    fn fingerprints_name_the_key_not_its_text() {
+        let (_, public) = generate_keypair().unwrap();
+        let (_, other) = generate_keypair().unwrap();
+        let fp = key_fingerprint(&public).unwrap();
+        assert_eq!(fp.len(), 64);
+        assert_eq!(key_fingerprint(&public.replace('\n', "\r\n")).unwrap(), fp);
+        assert_ne!(key_fingerprint(&other).unwrap(), fp);
+        assert!(key_fingerprint("not a key").is_err());
     }
 
     #[test]

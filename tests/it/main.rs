@@ -20,6 +20,7 @@ mod packs_redis;
 mod portal_browser;
 mod python_client;
 mod replicas;
+mod runner_identity;
 mod runner_security;
 mod secrets;
 mod tidy;

@@ -1,8 +1,9 @@
 //! The server's view of its runners: who they are, which packs they serve, and how healthy
 //! each is (last heartbeat, last call, breaker). Shared by the gateway, the prober and the API.
 //!
-//! Invariant: a runner whose breaker is open is never called; the call fails fast with a
-//! message that says since when and why.
+//! Invariants: a runner whose breaker is open is never called; the call fails fast with a
+//! message that says since when and why. A runner from the server's config is never
+//! replaced or removed by a joined one of the same name; only joined runners come and go.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -31,10 +32,21 @@ struct Health {
     probe_failures: u32,
 }
 
-/// One runner: what it is (replaceable when it re-joins) and how it is doing.
+/// One runner: what it is (replaceable when a joined runner re-registers) and how it is doing.
 struct Slot {
     entry: RwLock<RunnerEntry>,
     health: Mutex<Health>,
+    origin: Origin,
+}
+
+/// Where a runner came from, which decides who may change it.
+enum Origin {
+    /// `[[runners]]` in the server's config: fixed for the life of the process.
+    Configured,
+    /// Joined (through this replica or another): follows the `runners` table. `touched` is
+    /// when this replica last learnt of it, so a sync that read the table before a join
+    /// through this replica committed does not remove the runner that just joined.
+    Joined { touched: Mutex<Instant> },
 }
 
 pub struct Registry {
@@ -54,6 +66,8 @@ struct Prober {
 #[derive(Debug, Clone, Serialize)]
 pub struct RunnerStatus {
     pub name: String,
+    /// `config` (the server's `[[runners]]`) or `joined`.
+    pub origin: &'static str,
     pub url: String,
     pub labels: BTreeMap<String, String>,
     pub packs: Option<Vec<String>>,
@@ -92,6 +106,7 @@ impl Registry {
                     Arc::new(Slot {
                         entry: RwLock::new(r),
                         health: Mutex::new(new_health()),
+                        origin: Origin::Configured,
                     }),
                 )
             })
@@ -119,22 +134,37 @@ impl Registry {
             .collect()
     }
 
-    /// Adds a runner or replaces what is known of it (a re-join); its health is kept.
-    pub fn upsert(self: &Arc<Self>, entry: RunnerEntry) {
+    /// Is `name` a runner from the server's config?
+    pub fn is_configured(&self, name: &str) -> bool {
+        self.slot(name)
+            .is_some_and(|s| matches!(s.origin, Origin::Configured))
+    }
+
+    /// Adds a joined runner or replaces what is known of it (it re-registered); its health is
+    /// kept. A runner from the server's config of the same name is never replaced: returns
+    /// `false` and changes nothing.
+    pub fn upsert_joined(self: &Arc<Self>, entry: RunnerEntry) -> bool {
         let name = entry.name.clone();
         let added = {
             let mut slots = self.slots.write().unwrap_or_else(|p| p.into_inner());
             match slots.get(&name) {
-                Some(slot) => {
-                    *slot.entry.write().unwrap_or_else(|p| p.into_inner()) = entry;
-                    false
-                }
+                Some(slot) => match &slot.origin {
+                    Origin::Configured => return false,
+                    Origin::Joined { touched } => {
+                        *slot.entry.write().unwrap_or_else(|p| p.into_inner()) = entry;
+                        *touched.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+                        false
+                    }
+                },
                 None => {
                     slots.insert(
                         name.clone(),
                         Arc::new(Slot {
                             entry: RwLock::new(entry),
                             health: Mutex::new(new_health()),
+                            origin: Origin::Joined {
+                                touched: Mutex::new(Instant::now()),
+                            },
                         }),
                     );
                     true
@@ -150,6 +180,33 @@ impl Registry {
         {
             self.spawn_probe(name, prober);
         }
+        true
+    }
+
+    /// Forgets the joined runners that are not in `present` (they were removed) and that this
+    /// replica has not learnt of since `read_at`, when `present` was read. Runners from the
+    /// config are never removed. Returns the names removed. Their probes stop on their own.
+    pub fn retain_joined(
+        &self,
+        present: &std::collections::BTreeSet<String>,
+        read_at: Instant,
+    ) -> Vec<String> {
+        let mut slots = self.slots.write().unwrap_or_else(|p| p.into_inner());
+        let gone: Vec<String> = slots
+            .iter()
+            .filter(|(name, slot)| match &slot.origin {
+                Origin::Configured => false,
+                Origin::Joined { touched } => {
+                    !present.contains(*name)
+                        && *touched.lock().unwrap_or_else(|p| p.into_inner()) < read_at
+                }
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in &gone {
+            slots.remove(name);
+        }
+        gone
     }
 
     pub fn get(&self, name: &str) -> Option<RunnerEntry> {
@@ -260,6 +317,10 @@ impl Registry {
                 let h = s.health.lock().unwrap_or_else(|p| p.into_inner());
                 RunnerStatus {
                     name,
+                    origin: match s.origin {
+                        Origin::Configured => "config",
+                        Origin::Joined { .. } => "joined",
+                    },
                     url: e.url,
                     labels: e.labels,
                     packs: e.packs,
@@ -351,4 +412,49 @@ pub fn rejection_message(r: &Rejection) -> String {
         r.reason,
         r.retry_in.as_secs().max(1)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(name: &str, url: &str) -> RunnerEntry {
+        RunnerEntry {
+            name: name.into(),
+            url: url.into(),
+            packs: None,
+            labels: BTreeMap::new(),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn joined_runners_never_replace_configured_ones_and_leave_when_removed() {
+        let registry = Registry::new(vec![entry("local", "http://127.0.0.1:7701")]);
+        assert!(registry.is_configured("local"));
+        assert!(!registry.upsert_joined(entry("local", "http://attacker:1")));
+        assert_eq!(registry.get("local").unwrap().url, "http://127.0.0.1:7701");
+
+        assert!(registry.upsert_joined(entry("edge-1", "http://10.0.0.1:7701")));
+        assert!(!registry.is_configured("edge-1"));
+        assert!(registry.upsert_joined(entry("edge-1", "http://10.0.0.2:7701")));
+        assert_eq!(registry.get("edge-1").unwrap().url, "http://10.0.0.2:7701");
+
+        // A sync that read the table before edge-2 joined here does not forget edge-2.
+        tokio::time::advance(Duration::from_millis(1)).await;
+        let read_at = Instant::now();
+        tokio::time::advance(Duration::from_millis(1)).await;
+        registry.upsert_joined(entry("edge-2", "http://10.0.0.3:7701"));
+        let gone = registry.retain_joined(&Default::default(), read_at);
+        assert_eq!(gone, ["edge-1"]);
+        assert!(registry.get("edge-1").is_none());
+        assert!(registry.get("edge-2").is_some());
+        assert!(registry.get("local").is_some());
+        let later = Instant::now() + Duration::from_millis(1);
+        tokio::time::advance(Duration::from_millis(2)).await;
+        assert_eq!(
+            registry.retain_joined(&Default::default(), later),
+            ["edge-2"]
+        );
+        assert!(registry.get("local").is_some(), "configured runners stay");
+    }
 }

@@ -2,6 +2,7 @@
 
 pub mod app;
 pub mod frr;
+pub mod join;
 pub mod oidc;
 pub mod pg;
 pub mod redis;

@@ -47,9 +47,12 @@ pub enum Command {
         db: DbArg,
     },
     /// Run a node's runner: execute signed calls against local services (runner.toml).
+    #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
     Runner {
-        #[arg(long)]
-        config: PathBuf,
+        #[command(subcommand)]
+        command: Option<RunnerCommand>,
+        #[arg(long, required = true)]
+        config: Option<PathBuf>,
         /// Join this server (its base URL) instead of being listed in its config.
         #[arg(long, requires = "join_token")]
         server: Option<String>,
@@ -132,6 +135,17 @@ pub enum Command {
     },
 }
 
+#[derive(Subcommand)]
+pub enum RunnerCommand {
+    /// Print the fingerprint (sha256:…) of the certificate this runner serves, creating its
+    /// self-signed certificate if it has none yet: the `tls_fingerprint` of its entry in
+    /// emisar.toml.
+    Fingerprint {
+        #[arg(long)]
+        config: PathBuf,
+    },
+}
+
 #[derive(Args, Clone)]
 pub struct DbArg {
     /// `postgres://…` or `sqlite://…`.
@@ -200,10 +214,19 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             app.run_until_stopped().await?;
         }
         Command::Runner {
+            command: Some(RunnerCommand::Fingerprint { config }),
+            ..
+        } => {
+            let config = RunnerConfig::load_for_tls(&config)?;
+            println!("{}", crate::node::tls::fingerprint(&config)?);
+        }
+        Command::Runner {
+            command: None,
             config,
             server,
             join_token,
         } => {
+            let config = config.context("--config is required")?;
             let config = RunnerConfig::load_with_join(&config, server, join_token)?;
             crate::node::start::run(config, stop_on_signal()).await?;
         }

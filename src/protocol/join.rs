@@ -14,6 +14,10 @@ pub struct JoinRequest {
     pub labels: BTreeMap<String, String>,
     /// The packs it serves, with their digests.
     pub packs: BTreeMap<String, String>,
+    /// `sha256:<hex>` of the certificate the runner serves at `url`; the server pins it and
+    /// refuses to call a runner that presents another.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_fingerprint: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

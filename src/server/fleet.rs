@@ -3,6 +3,8 @@
 //!
 //! A runner presents a join token once and gets back its own runner token (for heartbeats)
 //! and the server's public key (to verify calls). Only hashes of both tokens are stored.
+//! The runner's URL must be https (http only with `insecure_http`), and the fingerprint of
+//! the certificate it sends is stored with it and pinned: calls go to that certificate only.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -94,14 +96,31 @@ pub async fn join(
             request.name
         )));
     }
-    if !(request.url.starts_with("http://") || request.url.starts_with("https://"))
-        || request.url.len() > 500
-    {
-        return Err(FleetError::Invalid(format!(
-            "`url` `{}` must be an http(s) URL",
-            request.url
-        )));
+    if request.url.len() > 500 {
+        return Err(FleetError::Invalid(
+            "`url` is longer than 500 characters".into(),
+        ));
     }
+    crate::server::config::check_runner_url(
+        "`url`",
+        &request.url,
+        registry.trust().insecure_http(),
+    )
+    .map_err(|e| FleetError::Invalid(format!("{e} (on the server)")))?;
+    let tls_fingerprint = match &request.tls_fingerprint {
+        None => None,
+        Some(text) => {
+            let pin = crate::util::tls::Fingerprint::parse(text)
+                .map_err(|e| FleetError::Invalid(format!("`tls_fingerprint` {e}")))?;
+            if !request.url.starts_with("https://") {
+                return Err(FleetError::Invalid(format!(
+                    "`tls_fingerprint` pins a certificate, but `url` `{}` is not https://",
+                    request.url
+                )));
+            }
+            Some(pin.to_string())
+        }
+    };
     for (k, v) in &request.labels {
         if !is_identifier(k) || !is_identifier(v) {
             return Err(FleetError::Invalid(format!(
@@ -126,11 +145,11 @@ pub async fn join(
             kind: "runner.joined".into(),
             runner: Some(request.name.clone()),
             outcome: Some("ok".into()),
-            detail: Some(json!({"url": request.url, "labels": request.labels, "packs": request.packs, "join_token_id": join_token_id})),
+            detail: Some(json!({"url": request.url, "labels": request.labels, "packs": request.packs, "join_token_id": join_token_id, "tls_fingerprint": tls_fingerprint})),
             ..Default::default()
         })
         .await?;
-    let sql = db.sql("INSERT INTO runners (name, url, labels, packs, runner_token_hash, joined_at, last_heartbeat) VALUES ($1, $2, $3::jsonb, $4::jsonb, $5, $6::timestamptz, $6::timestamptz) ON CONFLICT (name) DO UPDATE SET url = EXCLUDED.url, labels = EXCLUDED.labels, packs = EXCLUDED.packs, runner_token_hash = EXCLUDED.runner_token_hash, joined_at = EXCLUDED.joined_at, last_heartbeat = EXCLUDED.last_heartbeat");
+    let sql = db.sql("INSERT INTO runners (name, url, labels, packs, runner_token_hash, joined_at, last_heartbeat, tls_fingerprint) VALUES ($1, $2, $3::jsonb, $4::jsonb, $5, $6::timestamptz, $6::timestamptz, $7) ON CONFLICT (name) DO UPDATE SET url = EXCLUDED.url, labels = EXCLUDED.labels, packs = EXCLUDED.packs, runner_token_hash = EXCLUDED.runner_token_hash, joined_at = EXCLUDED.joined_at, last_heartbeat = EXCLUDED.last_heartbeat, tls_fingerprint = EXCLUDED.tls_fingerprint");
     db.guard(async {
         with_pool!(db, pool => {
             sqlx::query(sql)
@@ -140,18 +159,22 @@ pub async fn join(
                 .bind(serde_json::to_string(&packs).expect("packs are JSON"))
                 .bind(sha256_hex(runner_token.as_bytes()))
                 .bind(&now)
+                .bind(&tls_fingerprint)
                 .execute(pool)
                 .await
                 .map(|_| ())
         })
     })
     .await?;
-    registry.upsert(RunnerEntry {
-        name: request.name.clone(),
-        url: request.url,
-        packs: Some(packs),
-        labels: request.labels,
-    });
+    registry
+        .upsert(RunnerEntry {
+            name: request.name.clone(),
+            url: request.url,
+            tls_fingerprint,
+            packs: Some(packs),
+            labels: request.labels,
+        })
+        .map_err(|e| FleetError::Invalid(format!("{e:#}")))?;
     registry.record_heartbeat(&request.name, Ok(()));
     Ok(JoinResponse {
         runner_token,
@@ -189,13 +212,15 @@ pub fn spawn_sync(
 ) {
     tokio::spawn(async move {
         loop {
-            let sql = db.sql("SELECT name, url, labels::text, packs::text FROM runners");
-            let rows: Result<Vec<(String, String, String, String)>, _> = db
+            let sql =
+                db.sql("SELECT name, url, labels::text, packs::text, tls_fingerprint FROM runners");
+            #[expect(clippy::type_complexity, reason = "one row of the runners table")]
+            let rows: Result<Vec<(String, String, String, String, Option<String>)>, _> = db
                 .guard(async { with_pool!(&db, pool => sqlx::query_as(sql).fetch_all(pool).await) })
                 .await;
             match rows {
                 Ok(rows) => {
-                    for (name, url, labels, packs) in rows {
+                    for (name, url, labels, packs, tls_fingerprint) in rows {
                         let (Ok(labels), Ok(packs)) =
                             (serde_json::from_str(&labels), serde_json::from_str(&packs))
                         else {
@@ -203,14 +228,20 @@ pub fn spawn_sync(
                             continue;
                         };
                         if registry.get(&name).is_none_or(|e| {
-                            e.url != url || e.labels != labels || e.packs.as_ref() != Some(&packs)
+                            e.url != url
+                                || e.labels != labels
+                                || e.packs.as_ref() != Some(&packs)
+                                || e.tls_fingerprint != tls_fingerprint
+                        }) && let Err(e) = registry.upsert(RunnerEntry {
+                            name: name.clone(),
+                            url,
+                            tls_fingerprint,
+                            packs: Some(packs),
+                            labels,
                         }) {
-                            registry.upsert(RunnerEntry {
-                                name,
-                                url,
-                                packs: Some(packs),
-                                labels,
-                            });
+                            // A row this replica cannot trust as stored (an http:// URL while
+                            // this replica has no insecure_http) stays out of its registry.
+                            tracing::error!(runner = %name, error = %format!("{e:#}"), "joined runner not loaded");
                         }
                     }
                 }

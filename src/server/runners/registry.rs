@@ -13,6 +13,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::breaker::{Breaker, Rejection};
+use super::tls::RunnerTrust;
 use crate::selector::Selector;
 use crate::server::config::RunnerEntry;
 use crate::util::Backoff;
@@ -33,22 +34,34 @@ struct Health {
 
 /// One runner: what it is (replaceable when it re-joins) and how it is doing.
 struct Slot {
-    entry: RwLock<RunnerEntry>,
+    known: RwLock<Endpoint>,
     health: Mutex<Health>,
+}
+
+/// A runner as the server reaches it: its entry and the HTTP client that trusts exactly that
+/// runner (its pinned certificate, or the runner CA), with its own pool of connections.
+#[derive(Clone)]
+pub struct Endpoint {
+    pub entry: RunnerEntry,
+    pub http: reqwest::Client,
 }
 
 pub struct Registry {
     slots: RwLock<BTreeMap<String, Arc<Slot>>>,
+    /// How runners are trusted: every runner's client is built from it.
+    trust: RunnerTrust,
     /// Set once the prober runs, so runners added later get probed too.
     prober: Mutex<Option<Prober>>,
 }
 
 #[derive(Clone)]
 struct Prober {
-    http: reqwest::Client,
     interval: Duration,
     shutdown: CancellationToken,
 }
+
+/// The longest a health probe waits for its answer.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// One runner's health as the API, the metrics and the `emisar.runners` tool show it.
 #[derive(Debug, Clone, Serialize)]
@@ -82,24 +95,30 @@ fn new_health() -> Health {
 }
 
 impl Registry {
-    pub fn new(runners: Vec<RunnerEntry>) -> Arc<Self> {
-        let slots = runners
-            .into_iter()
-            .map(|r| {
-                let name = r.name.clone();
-                (
-                    name,
-                    Arc::new(Slot {
-                        entry: RwLock::new(r),
-                        health: Mutex::new(new_health()),
-                    }),
-                )
-            })
-            .collect();
-        Arc::new(Registry {
+    /// The configured runners, each with its client; a runner that cannot be trusted as
+    /// configured (plain HTTP without `insecure_http`, a malformed pin) is an error.
+    pub fn new(runners: Vec<RunnerEntry>, trust: RunnerTrust) -> anyhow::Result<Arc<Self>> {
+        let mut slots = BTreeMap::new();
+        for entry in runners {
+            let http = trust.client(&entry)?;
+            slots.insert(
+                entry.name.clone(),
+                Arc::new(Slot {
+                    known: RwLock::new(Endpoint { entry, http }),
+                    health: Mutex::new(new_health()),
+                }),
+            );
+        }
+        Ok(Arc::new(Registry {
             slots: RwLock::new(slots),
+            trust,
             prober: Mutex::new(None),
-        })
+        }))
+    }
+
+    /// How runners are trusted here (join requests are checked against it too).
+    pub fn trust(&self) -> &RunnerTrust {
+        &self.trust
     }
 
     fn slot(&self, name: &str) -> Option<Arc<Slot>> {
@@ -119,21 +138,24 @@ impl Registry {
             .collect()
     }
 
-    /// Adds a runner or replaces what is known of it (a re-join); its health is kept.
-    pub fn upsert(self: &Arc<Self>, entry: RunnerEntry) {
+    /// Adds a runner or replaces what is known of it (a re-join: a new URL or certificate
+    /// gets a new client); its health is kept.
+    pub fn upsert(self: &Arc<Self>, entry: RunnerEntry) -> anyhow::Result<()> {
         let name = entry.name.clone();
+        let http = self.trust.client(&entry)?;
+        let endpoint = Endpoint { entry, http };
         let added = {
             let mut slots = self.slots.write().unwrap_or_else(|p| p.into_inner());
             match slots.get(&name) {
                 Some(slot) => {
-                    *slot.entry.write().unwrap_or_else(|p| p.into_inner()) = entry;
+                    *slot.known.write().unwrap_or_else(|p| p.into_inner()) = endpoint;
                     false
                 }
                 None => {
                     slots.insert(
                         name.clone(),
                         Arc::new(Slot {
-                            entry: RwLock::new(entry),
+                            known: RwLock::new(endpoint),
                             health: Mutex::new(new_health()),
                         }),
                     );
@@ -150,18 +172,30 @@ impl Registry {
         {
             self.spawn_probe(name, prober);
         }
+        Ok(())
     }
 
     pub fn get(&self, name: &str) -> Option<RunnerEntry> {
+        self.endpoint(name).map(|e| e.entry)
+    }
+
+    /// The runner and the client to reach it with.
+    pub fn endpoint(&self, name: &str) -> Option<Endpoint> {
         self.slot(name)
-            .map(|s| s.entry.read().unwrap_or_else(|p| p.into_inner()).clone())
+            .map(|s| s.known.read().unwrap_or_else(|p| p.into_inner()).clone())
     }
 
     /// Every runner, in name order.
     pub fn entries(&self) -> Vec<RunnerEntry> {
         self.slots()
             .into_iter()
-            .map(|(_, s)| s.entry.read().unwrap_or_else(|p| p.into_inner()).clone())
+            .map(|(_, s)| {
+                s.known
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .entry
+                    .clone()
+            })
             .collect()
     }
 
@@ -172,8 +206,8 @@ impl Registry {
             .slots()
             .into_iter()
             .filter(|(_, s)| {
-                let e = s.entry.read().unwrap_or_else(|p| p.into_inner());
-                e.serves(pack) && scope.is_none_or(|sel| sel.matches(&e.labels))
+                let k = s.known.read().unwrap_or_else(|p| p.into_inner());
+                k.entry.serves(pack) && scope.is_none_or(|sel| sel.matches(&k.entry.labels))
             })
             .map(|(name, s)| {
                 let h = s.health.lock().unwrap_or_else(|p| p.into_inner());
@@ -256,7 +290,12 @@ impl Registry {
         self.slots()
             .into_iter()
             .map(|(name, s)| {
-                let e = s.entry.read().unwrap_or_else(|p| p.into_inner()).clone();
+                let e = s
+                    .known
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .entry
+                    .clone();
                 let h = s.health.lock().unwrap_or_else(|p| p.into_inner());
                 RunnerStatus {
                     name,
@@ -278,16 +317,7 @@ impl Registry {
     /// Probes every runner's `/healthz` every `interval` (jittered), backing off per runner
     /// while it fails, until `shutdown`. Runners added later are probed from then on.
     pub fn spawn_prober(self: &Arc<Self>, interval: Duration, shutdown: CancellationToken) {
-        let prober = Prober {
-            http: reqwest::Client::builder()
-                .connect_timeout(Duration::from_secs(2))
-                .timeout(Duration::from_secs(3))
-                .no_proxy()
-                .build()
-                .expect("a plain HTTP client builds"),
-            interval,
-            shutdown,
-        };
+        let prober = Prober { interval, shutdown };
         *self.prober.lock().unwrap_or_else(|p| p.into_inner()) = Some(prober.clone());
         for (name, _) in self.slots() {
             self.spawn_probe(name, prober.clone());
@@ -296,11 +326,7 @@ impl Registry {
 
     fn spawn_probe(self: &Arc<Self>, name: String, prober: Prober) {
         let registry = self.clone();
-        let Prober {
-            http,
-            interval,
-            shutdown,
-        } = prober;
+        let Prober { interval, shutdown } = prober;
         let failing = Backoff::try_new(
             Duration::from_millis(500),
             interval.max(Duration::from_secs(1)),
@@ -314,14 +340,15 @@ impl Registry {
                     _ = shutdown.cancelled() => return,
                     _ = tokio::time::sleep(wait) => {}
                 }
-                let Some(entry) = registry.get(&name) else {
+                let Some(Endpoint { entry, http }) = registry.endpoint(&name) else {
                     return;
                 };
+                // The runner's own client: the probe checks its certificate like a call does.
                 let url = format!("{}/healthz", entry.url.trim_end_matches('/'));
-                let result = match http.get(&url).send().await {
+                let result = match http.get(&url).timeout(PROBE_TIMEOUT).send().await {
                     Ok(r) if r.status().is_success() => Ok(()),
                     Ok(r) => Err(format!("HTTP {}", r.status())),
-                    Err(e) => Err(crate::util::error_chain(&e)),
+                    Err(e) => Err(super::client::describe_send_error(&e)),
                 };
                 let failures = registry.record_heartbeat(&name, result);
                 wait = if failures == 0 {

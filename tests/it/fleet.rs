@@ -17,7 +17,7 @@ fn runner_config(dir: &std::path::Path, name: &str, labels: &str) -> (std::path:
     std::fs::write(
         &path,
         format!(
-            "name = \"{name}\"\nlisten = \"127.0.0.1:{port}\"\npacks_dir = \"{}\"\nexec_path = \"/usr/bin:/bin\"\nlabels = {labels}\n",
+            "name = \"{name}\"\nlisten = \"127.0.0.1:{port}\"\ninsecure_http = true\npacks_dir = \"{}\"\nexec_path = \"/usr/bin:/bin\"\nlabels = {labels}\n",
             fixtures_dir().display()
         ),
     )

@@ -21,3 +21,4 @@ mod replicas;
 mod runner_security;
 mod secrets;
 mod tidy;
+mod tls;

@@ -1,6 +1,8 @@
-//! Test harness: databases, a real Traefik, and the server with runners on free ports.
+//! Test harness: databases, a real Traefik, certificates made at test time, and the server
+//! with runners on free ports.
 
 pub mod app;
+pub mod certs;
 pub mod frr;
 pub mod pg;
 pub mod tools;

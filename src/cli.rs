@@ -47,7 +47,8 @@ pub enum Command {
         db: DbArg,
     },
     /// Run a node's runner: execute signed calls against local services (runner.toml).
-    /// `emisar runner list|remove` administer the runners that joined.
+    /// `emisar runner list|remove` administer the runners that joined; `emisar runner
+    /// fingerprint` prints the certificate fingerprint a runner serves.
     #[command(args_conflicts_with_subcommands = true)]
     Runner {
         #[command(subcommand)]
@@ -216,7 +217,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             join_token,
         } => {
             let config = config.context(
-                "emisar runner needs --config runner.toml (or a subcommand: list, remove)",
+                "emisar runner needs --config runner.toml (or a subcommand: list, remove, fingerprint)",
             )?;
             let config = RunnerConfig::load_with_join(&config, server, join_token)?;
             crate::node::start::run(config, stop_on_signal()).await?;

@@ -1,6 +1,9 @@
 //! `emisar dev`: the quickstart. One process with an embedded SQLite store, a local runner,
 //! a fresh agent token and an approver who can log in to the portal; prints the URLs and
 //! credentials and writes them to `dev.json` (readable by its owner only).
+//!
+//! The local runner speaks plain HTTP (`insecure_http = true`), so it must listen on
+//! loopback: a `runner_config` whose `listen` is not a loopback address is refused.
 
 use std::path::PathBuf;
 
@@ -52,7 +55,13 @@ pub async fn run(opts: DevOptions, shutdown: CancellationToken) -> anyhow::Resul
     let runner_listener = TcpListener::bind(&runner_config.listen)
         .await
         .with_context(|| format!("failed to listen on {}", runner_config.listen))?;
-    let runner_url = format!("http://{}", runner_listener.local_addr()?);
+    let runner_addr = runner_listener.local_addr()?;
+    if !runner_addr.ip().is_loopback() {
+        anyhow::bail!(
+            "the dev runner speaks plain HTTP (insecure_http), so its listen address must be loopback, not {runner_addr}; use `emisar runner` for a runner on the network"
+        );
+    }
+    let runner_url = format!("http://{runner_addr}");
     let runner_state = RunnerState::new(runner_config)?;
     let runner_task = tokio::spawn(agent::run(runner_listener, runner_state, shutdown.clone()));
 
@@ -68,9 +77,12 @@ pub async fn run(opts: DevOptions, shutdown: CancellationToken) -> anyhow::Resul
         runners: vec![RunnerEntry {
             name: runner_name.clone(),
             url: runner_url.clone(),
+            tls_fingerprint: None,
             packs: None,
             labels: Default::default(),
         }],
+        // The local runner is on loopback in this same process: nothing crosses a network.
+        insecure_http: true,
         ..ServerConfig::with_signing_key(private)
     };
     let app = Application::build(config, &database_url).await?;

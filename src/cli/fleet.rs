@@ -201,11 +201,24 @@ pub enum RunnerCommand {
         #[command(flatten)]
         db: DbArg,
     },
+    /// Print the fingerprint (sha256:…) of the certificate this runner serves, creating its
+    /// self-signed certificate if it has none yet: the `tls_fingerprint` of its entry in
+    /// emisar.toml.
+    Fingerprint {
+        /// The runner's settings (runner.toml).
+        #[arg(long)]
+        config: PathBuf,
+    },
 }
 
-/// `emisar runner list|remove`; the exit code is 1 when there was nothing to remove.
+/// `emisar runner list|remove|fingerprint`; the exit code is 1 when there was nothing to
+/// remove.
 pub async fn runner(command: RunnerCommand) -> anyhow::Result<i32> {
     match command {
+        RunnerCommand::Fingerprint { config } => {
+            let config = crate::node::config::RunnerConfig::load_for_tls(&config)?;
+            println!("{}", crate::node::tls::fingerprint(&config)?);
+        }
         RunnerCommand::List { server_config, db } => {
             let config = server_config
                 .as_deref()

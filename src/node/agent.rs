@@ -151,10 +151,21 @@ pub async fn run(
     state: Arc<RunnerState>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    tracing::info!(runner = state.name(), addr = %listener.local_addr()?, "runner listening");
+    tracing::info!(runner = state.name(), addr = %listener.local_addr()?, "runner listening (plain HTTP)");
     axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await
+}
+
+/// Serves signed calls over HTTPS with `tls` on an already-bound listener until `shutdown`.
+pub async fn run_https(
+    listener: TcpListener,
+    state: Arc<RunnerState>,
+    tls: Arc<rustls::ServerConfig>,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    tracing::info!(runner = state.name(), addr = %listener.local_addr()?, "runner listening (HTTPS)");
+    crate::util::tls::serve_https(listener, router(state), tls, shutdown).await
 }
 
 async fn health(State(state): State<Arc<RunnerState>>) -> Json<Value> {

@@ -1,9 +1,13 @@
 //! The runner's side of its identity at a server: join once with a join token (and check
 //! that the answer comes from the server the token names), re-register after a restart with
-//! the credential it kept, and send heartbeats.
+//! the credential it kept, and send heartbeats, all through one client that verifies the
+//! server's TLS certificate.
 //!
-//! Invariant: a join answer whose server key does not match the join token's fingerprint (or,
-//! when one is configured, `server_public_key_file`) is refused before anything is saved.
+//! Invariants: a join answer whose server key does not match the join token's fingerprint
+//! (or, when one is configured, `server_public_key_file`) is refused before anything is
+//! saved. The server's certificate is verified (system roots, or only `server_ca_file`);
+//! plain HTTP is possible only when the config says `insecure_http = true`, which the config
+//! check requires for an `http://` server.
 
 use std::time::Duration;
 
@@ -12,21 +16,45 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
+use super::config::RunnerConfig;
 use crate::protocol::signing::key_fingerprint;
 use crate::protocol::{
     JoinRequest, JoinResponse, JoinToken, RegisterRequest, RegisterResponse, ServerPins,
 };
 use crate::util::{Backoff, error_chain};
 
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
+/// The client that talks to the server (the join or re-registration, then heartbeats). It
+/// verifies the server's TLS certificate with the system's trust store, or with
+/// `server_ca_file` alone when set.
+///
+/// This is where trust in the server's transport is decided; trust in its signing key is
+/// decided by [`check_server_key`] against the join token's fingerprint.
+pub fn server_client(config: &RunnerConfig) -> anyhow::Result<reqwest::Client> {
+    let mut builder = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(3))
         .timeout(Duration::from_secs(10))
         // The answer must come from the server the runner was told to join, not from
-        // wherever that server's address redirects.
+        // wherever that server's address redirects (which could take the join token
+        // somewhere else).
         .redirect(reqwest::redirect::Policy::none())
+        .https_only(!config.insecure_http);
+    if let Some(path) = &config.server_ca_file {
+        let pem = std::fs::read(path)
+            .with_context(|| format!("failed to read server_ca_file {}", path.display()))?;
+        let certs = reqwest::Certificate::from_pem_bundle(&pem).with_context(|| {
+            format!(
+                "server_ca_file {} is not a PEM certificate bundle",
+                path.display()
+            )
+        })?;
+        if certs.is_empty() {
+            anyhow::bail!("server_ca_file {} holds no PEM CERTIFICATE", path.display());
+        }
+        builder = builder.tls_certs_only(certs);
+    }
+    builder
         .build()
-        .expect("a plain HTTP client builds")
+        .context("failed to build the client that joins the server")
 }
 
 /// How a request to the server ended when it did not succeed.
@@ -47,6 +75,7 @@ pub enum ServerRefusal {
 /// POSTs `body` to `server` + `path` with a bearer token, retrying unreachable or unavailable
 /// servers (5xx) with capped exponential backoff and full jitter. A 4xx answer is final.
 async fn post<B: Serialize, R: DeserializeOwned>(
+    http: &reqwest::Client,
     server: &str,
     path: &str,
     bearer: &str,
@@ -54,7 +83,6 @@ async fn post<B: Serialize, R: DeserializeOwned>(
     shutdown: &CancellationToken,
 ) -> Result<R, ServerRefusal> {
     let url = format!("{}{path}", server.trim_end_matches('/'));
-    let http = client();
     let backoff = Backoff::try_new(Duration::from_millis(500), Duration::from_secs(30))
         .expect("valid bounds");
     let mut attempt = 0;
@@ -90,12 +118,14 @@ async fn post<B: Serialize, R: DeserializeOwned>(
 /// Joins `server` with `token` (presenting only its secret). The answer is not checked here:
 /// [`check_server_key`] does that before the caller keeps anything of it.
 pub async fn join(
+    http: &reqwest::Client,
     server: &str,
     token: &JoinToken,
     request: &JoinRequest,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<JoinResponse> {
     post(
+        http,
         server,
         "/api/runners/join",
         token.secret(),
@@ -114,12 +144,14 @@ pub async fn join(
 
 /// Re-registers a runner that joined before, with its own runner token.
 pub async fn register(
+    http: &reqwest::Client,
     server: &str,
     runner_token: &str,
     request: &RegisterRequest,
     shutdown: &CancellationToken,
 ) -> Result<RegisterResponse, ServerRefusal> {
     post(
+        http,
         server,
         "/api/runners/register",
         runner_token,
@@ -164,6 +196,7 @@ pub fn check_server_key(
 /// Sends a heartbeat every `interval` until `shutdown`; failures back off (capped at the
 /// interval, full jitter) and are logged, never fatal.
 pub fn spawn_heartbeats(
+    http: reqwest::Client,
     server: String,
     runner_token: String,
     interval: Duration,
@@ -171,7 +204,6 @@ pub fn spawn_heartbeats(
 ) {
     tokio::spawn(async move {
         let url = format!("{}/api/runners/heartbeat", server.trim_end_matches('/'));
-        let http = client();
         let backoff = Backoff::try_new(
             Duration::from_millis(500),
             interval.max(Duration::from_secs(1)),

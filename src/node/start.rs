@@ -1,13 +1,18 @@
-//! Starting a runner: bind its listener, establish its identity at the server when it joins
-//! one, and serve signed calls until told to stop. `emisar runner` and the `emisar-runner`
-//! binary both start here.
+//! Starting a runner: bind its listener, take its TLS identity (configured, or self-signed in
+//! `state_dir`), establish its identity at the server when it joins one, and serve signed
+//! calls until told to stop. `emisar runner` and the `emisar-runner` binary both start here.
 //!
 //! A runner that joins proves who it is in one of two ways: with the credential it kept from
 //! an earlier join (re-registration: no join token needed, so a runner restarts long after
 //! its join token expired), or, when it has none or the server no longer accepts it, with a
-//! join token, once. Either way the server's key it trusts comes from
-//! `server_public_key_file` when configured, else from the join answer checked against the
-//! join token's fingerprint (and, after that, from the credential that pinned it).
+//! join token, once. Either way it sends the fingerprint of the certificate it serves, which
+//! the server pins, and talks to the server through a client that verifies the server's
+//! certificate. The server's key it trusts comes from `server_public_key_file` when
+//! configured, else from the join answer checked against the join token's fingerprint (and,
+//! after that, from the credential that pinned it).
+//!
+//! Invariant: the runner serves HTTPS unless its config says `insecure_http = true` and names
+//! no certificate.
 
 use std::time::Duration;
 
@@ -25,24 +30,38 @@ use crate::protocol::{JoinRequest, RegisterRequest};
 
 /// Runs the runner described by `config` until `shutdown` is cancelled.
 pub async fn run(config: RunnerConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let tls = super::tls::identity(&config)?;
+    if tls.is_none() {
+        tracing::warn!(
+            "insecure_http = true: this runner serves plain HTTP; calls, arguments and results travel in clear"
+        );
+    }
     let listener = TcpListener::bind(&config.listen)
         .await
         .with_context(|| format!("failed to listen on {}", config.listen))?;
     let state = match config.join.clone() {
         None => RunnerState::new(config)?,
         Some(join) => {
+            let scheme = if tls.is_some() { "https" } else { "http" };
             let url = config
                 .advertise_url
                 .clone()
-                .unwrap_or_else(|| format!("http://{}", listener.local_addr().expect("bound")));
+                .unwrap_or_else(|| format!("{scheme}://{}", listener.local_addr().expect("bound")));
             // Everything slow (loading and checking the packs) happens before the server
             // learns this runner's URL, so the runner serves as soon as the server knows it.
             let packs = PackSet::load(config.packs_dir.as_deref())?;
             config.check_services(&packs)?;
-            let identity = establish(&config, &join, url, &packs, &shutdown).await?;
+            let http = join::server_client(&config)?;
+            let announce = Announce {
+                url,
+                tls_fingerprint: tls.as_ref().map(|t| t.fingerprint.to_string()),
+                packs: &packs,
+            };
+            let identity = establish(&config, &join, &http, announce, &shutdown).await?;
             let state =
                 RunnerState::with_key_and_packs(config, &identity.server_public_key, packs)?;
             join::spawn_heartbeats(
+                http,
                 join.server.clone(),
                 identity.runner_token,
                 identity.heartbeat_interval,
@@ -51,7 +70,13 @@ pub async fn run(config: RunnerConfig, shutdown: CancellationToken) -> anyhow::R
             state
         }
     };
-    agent::run(listener, state, shutdown).await?;
+    match tls {
+        Some(tls) => {
+            tracing::info!(fingerprint = %tls.fingerprint, cert = %tls.cert_file.display(), "serving HTTPS");
+            agent::run_https(listener, state, tls.config, shutdown).await?
+        }
+        None => agent::run(listener, state, shutdown).await?,
+    }
     Ok(())
 }
 
@@ -63,14 +88,29 @@ struct Identity {
     heartbeat_interval: Duration,
 }
 
-/// Re-registers with the kept credential, or joins with the join token; see the module docs.
+/// What the runner tells the server about itself when it joins or re-registers.
+struct Announce<'a> {
+    /// Where the server reaches it.
+    url: String,
+    /// Of the certificate it serves at `url` (none when it serves plain HTTP).
+    tls_fingerprint: Option<String>,
+    packs: &'a PackSet,
+}
+
+/// Re-registers with the kept credential, or joins with the join token, through `http` (the
+/// client that verifies the server's certificate); see the module docs.
 async fn establish(
     config: &RunnerConfig,
     join: &JoinConfig,
-    url: String,
-    packs: &PackSet,
+    http: &reqwest::Client,
+    announce: Announce<'_>,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<Identity> {
+    let Announce {
+        url,
+        tls_fingerprint,
+        packs,
+    } = announce;
     let token = join.join_token()?;
     let configured_key = config
         .server_public_key_file
@@ -104,8 +144,17 @@ async fn establish(
             let request = RegisterRequest {
                 url: url.clone(),
                 packs: packs.clone(),
+                tls_fingerprint: tls_fingerprint.clone(),
             };
-            match join::register(&join.server, &credential.runner_token, &request, shutdown).await {
+            match join::register(
+                http,
+                &join.server,
+                &credential.runner_token,
+                &request,
+                shutdown,
+            )
+            .await
+            {
                 Ok(registered) => {
                     if registered.runner != config.name {
                         anyhow::bail!(
@@ -161,8 +210,9 @@ async fn establish(
         url,
         labels: config.labels.clone(),
         packs,
+        tls_fingerprint,
     };
-    let joined = join::join(&join.server, &token, &request, shutdown).await?;
+    let joined = join::join(http, &join.server, &token, &request, shutdown).await?;
     join::check_server_key(
         &joined.server_public_key,
         &token.pins,

@@ -32,6 +32,10 @@ pub struct JoinRequest {
     pub labels: BTreeMap<String, String>,
     /// The packs it serves, with their digests.
     pub packs: BTreeMap<String, String>,
+    /// `sha256:<hex>` of the certificate the runner serves at `url`; the server pins it and
+    /// refuses to call a runner that presents another.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_fingerprint: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -52,6 +56,10 @@ pub struct JoinResponse {
 pub struct RegisterRequest {
     pub url: String,
     pub packs: BTreeMap<String, String>,
+    /// `sha256:<hex>` of the certificate the runner serves at `url` now, as in
+    /// [`JoinRequest::tls_fingerprint`]: the server pins it in place of the one it had.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_fingerprint: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

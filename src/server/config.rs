@@ -65,6 +65,21 @@ pub struct ServerConfig {
     /// MCP sessions give up on a silent call).
     #[serde(default = "default_progress_ms")]
     pub approval_progress_ms: u64,
+    /// The server's TLS certificate (PEM, chain allowed) and key: with both, the server serves
+    /// HTTPS itself (and the portal's cookie is `Secure`).
+    #[serde(default)]
+    pub tls_cert_file: Option<PathBuf>,
+    #[serde(default)]
+    pub tls_key_file: Option<PathBuf>,
+    /// A CA (PEM) that signs runners' certificates. A runner without `tls_fingerprint` is
+    /// verified against it, its hostname checked against its URL; without it, against the
+    /// system's trust store.
+    #[serde(default)]
+    pub runner_ca_file: Option<PathBuf>,
+    /// Allows `http://` runner URLs, in this file and in join requests. Loopback tests and
+    /// `emisar dev` only: calls, arguments and results would travel in clear.
+    #[serde(default)]
+    pub insecure_http: bool,
 }
 
 fn default_approval_ttl() -> u64 {
@@ -87,12 +102,16 @@ fn default_probe_ms() -> u64 {
     10_000
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RunnerEntry {
     pub name: String,
-    /// Base URL of the runner, e.g. `http://10.0.0.5:7701`.
+    /// Base URL of the runner, e.g. `https://10.0.0.5:7701`.
     pub url: String,
+    /// `sha256:<hex>` of the certificate the runner serves (`emisar runner fingerprint`): the
+    /// server accepts that certificate and no other, whatever names it carries.
+    #[serde(default)]
+    pub tls_fingerprint: Option<String>,
     /// The packs this runner serves; all packs when left out.
     #[serde(default)]
     pub packs: Option<Vec<String>>,
@@ -140,7 +159,16 @@ impl ServerConfig {
             approval_ttl_secs: default_approval_ttl(),
             approval_wait_secs: default_approval_wait(),
             approval_progress_ms: default_progress_ms(),
+            tls_cert_file: None,
+            tls_key_file: None,
+            runner_ca_file: None,
+            insecure_http: false,
         }
+    }
+
+    /// Whether the server serves HTTPS itself.
+    pub fn serves_tls(&self) -> bool {
+        self.tls_cert_file.is_some()
     }
 
     pub fn load(path: &Path) -> anyhow::Result<Self> {
@@ -159,12 +187,20 @@ impl ServerConfig {
             if !seen.insert(&r.name) {
                 anyhow::bail!("runners[{i}].name `{}` appears twice", r.name);
             }
-            if !(r.url.starts_with("http://") || r.url.starts_with("https://")) {
-                anyhow::bail!(
-                    "runners[{i}].url `{}` must start with http:// or https://",
-                    r.url
-                );
+            check_runner_url(&format!("runners[{i}].url"), &r.url, self.insecure_http)?;
+            if let Some(pin) = &r.tls_fingerprint {
+                crate::util::tls::Fingerprint::parse(pin)
+                    .map_err(|e| anyhow::anyhow!("runners[{i}].tls_fingerprint {e}"))?;
+                if !r.url.starts_with("https://") {
+                    anyhow::bail!(
+                        "runners[{i}].tls_fingerprint pins a certificate, but url `{}` is not https://",
+                        r.url
+                    );
+                }
             }
+        }
+        if self.tls_cert_file.is_some() != self.tls_key_file.is_some() {
+            anyhow::bail!("tls_cert_file and tls_key_file go together: set both or neither");
         }
         if self.rate_limit_per_second == 0 || self.rate_limit_burst == 0 {
             anyhow::bail!("rate_limit_per_second and rate_limit_burst must be at least 1");
@@ -194,6 +230,20 @@ impl ServerConfig {
         }
         Ok(())
     }
+}
+
+/// A runner's URL (`what` names where it came from): https, or http only with
+/// `insecure_http`. The message names the setting, so whoever reads it knows the way out.
+pub fn check_runner_url(what: &str, url: &str, insecure_http: bool) -> anyhow::Result<()> {
+    if url.starts_with("https://") || (url.starts_with("http://") && insecure_http) {
+        return Ok(());
+    }
+    if url.starts_with("http://") {
+        anyhow::bail!(
+            "{what} `{url}` is plain HTTP: calls, arguments and results would travel in clear; use https:// (see tls_fingerprint / runner_ca_file) or set insecure_http = true (loopback tests and `emisar dev` only)"
+        );
+    }
+    anyhow::bail!("{what} `{url}` must start with https:// (or http:// with insecure_http = true)")
 }
 
 #[cfg(test)]
@@ -234,6 +284,43 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .contains("runners[0].url")
+        );
+    }
+
+    #[test]
+    fn plain_http_and_bad_pins_are_refused_naming_the_setting() {
+        let mut c: ServerConfig = toml::from_str(
+            "signing_key_file = 'k'\n[[runners]]\nname = 'a'\nurl = 'http://10.0.0.5:7701'",
+        )
+        .unwrap();
+        let err = c.check().unwrap_err().to_string();
+        assert!(
+            err.contains("runners[0].url `http://10.0.0.5:7701` is plain HTTP")
+                && err.contains("insecure_http = true"),
+            "{err}"
+        );
+        c.insecure_http = true;
+        c.check().unwrap();
+        c.runners[0].tls_fingerprint = Some(format!("sha256:{}", "ab".repeat(32)));
+        let err = c.check().unwrap_err().to_string();
+        assert!(
+            err.contains("runners[0].tls_fingerprint pins a certificate"),
+            "{err}"
+        );
+        c.runners[0].url = "https://10.0.0.5:7701".into();
+        c.check().unwrap();
+        c.runners[0].tls_fingerprint = Some("sha256:abc".into());
+        let err = c.check().unwrap_err().to_string();
+        assert!(
+            err.contains("runners[0].tls_fingerprint `sha256:abc` must be"),
+            "{err}"
+        );
+        c.runners[0].tls_fingerprint = None;
+        c.tls_cert_file = Some("cert.pem".into());
+        let err = c.check().unwrap_err().to_string();
+        assert!(
+            err.contains("tls_cert_file and tls_key_file go together"),
+            "{err}"
         );
     }
 }

@@ -494,12 +494,13 @@ async fn join_tokens_and_runners_from_the_cli(backend: Backend) {
         .await;
     assert_eq!(status, 401, "{body}");
 
-    // The server's config is another source of the key (and of the configured runners).
+    // The server's config is another source of the key (and of the configured runners; the
+    // test's runner speaks plain HTTP on loopback, which the config must allow).
     let config = app.dir.path().join("emisar.toml");
     std::fs::write(
         &config,
         format!(
-            "signing_key_file = \"{}\"\n[[runners]]\nname = \"local\"\nurl = \"{}\"\n",
+            "signing_key_file = \"{}\"\ninsecure_http = true\n[[runners]]\nname = \"local\"\nurl = \"{}\"\n",
             app.private_key.display(),
             app.runner_urls["local"]
         ),

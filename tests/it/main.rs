@@ -24,3 +24,4 @@ mod runner_identity;
 mod runner_security;
 mod secrets;
 mod tidy;
+mod tls;

@@ -1,6 +1,10 @@
 //! The server's side of a runner's identity over HTTP: a join with a join token, a
 //! re-registration with the runner's own credential, and heartbeats. See the module
 //! invariants in `fleet`.
+//!
+//! A runner's URL must be https (http only with `insecure_http`), and the fingerprint of the
+//! certificate it sends when it joins or re-registers is stored with it and pinned: calls go
+//! to that certificate only.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -60,7 +64,7 @@ pub struct Fleet {
 }
 
 const CONSUME: &str = "UPDATE join_tokens SET uses = uses + 1 WHERE token_hash = $1 AND revoked_at IS NULL AND expires_at > $2::timestamptz AND uses < max_uses RETURNING id, runner_name, name_pattern, labels::text";
-const INSERT_RUNNER: &str = "INSERT INTO runners (name, url, labels, packs, runner_token_hash, joined_at, last_heartbeat, join_token_id) VALUES ($1, $2, $3::jsonb, $4::jsonb, $5, $6::timestamptz, $6::timestamptz, $7) ON CONFLICT (name) DO NOTHING RETURNING name";
+const INSERT_RUNNER: &str = "INSERT INTO runners (name, url, labels, packs, runner_token_hash, joined_at, last_heartbeat, join_token_id, tls_fingerprint) VALUES ($1, $2, $3::jsonb, $4::jsonb, $5, $6::timestamptz, $6::timestamptz, $7, $8) ON CONFLICT (name) DO NOTHING RETURNING name";
 
 impl Fleet {
     pub fn new(
@@ -86,21 +90,25 @@ impl Fleet {
         secret: &str,
         request: JoinRequest,
     ) -> Result<JoinResponse, FleetError> {
-        if let Err(e) = check_join_request(&request) {
-            let named = is_identifier(&request.name).then(|| request.name.clone());
-            let event = NewEvent {
-                actor: format!("runner:{}", named.as_deref().unwrap_or("unnamed")),
-                kind: kind::RUNNER_JOIN_REFUSED.into(),
-                runner: named,
-                outcome: Some("refused".into()),
-                detail: Some(json!({"reason": e.to_string()})),
-                ..Default::default()
-            };
-            if let Err(audit) = self.audit.append(event).await {
-                tracing::error!(error = %audit, "a refused join could not be audited");
+        let insecure_http = self.registry.trust().insecure_http();
+        let tls_fingerprint = match check_join_request(&request, insecure_http) {
+            Ok(pin) => pin,
+            Err(e) => {
+                let named = is_identifier(&request.name).then(|| request.name.clone());
+                let event = NewEvent {
+                    actor: format!("runner:{}", named.as_deref().unwrap_or("unnamed")),
+                    kind: kind::RUNNER_JOIN_REFUSED.into(),
+                    runner: named,
+                    outcome: Some("refused".into()),
+                    detail: Some(json!({"reason": e.to_string()})),
+                    ..Default::default()
+                };
+                if let Err(audit) = self.audit.append(event).await {
+                    tracing::error!(error = %audit, "a refused join could not be audited");
+                }
+                return Err(e);
             }
-            return Err(e);
-        }
+        };
         let runner_token =
             random_secret(RUNNER_PREFIX).map_err(|e| FleetError::Invalid(e.to_string()))?;
         let hash = sha256_hex(secret.as_bytes());
@@ -142,6 +150,7 @@ impl Fleet {
                                         .bind(&runner_token_hash)
                                         .bind(&now)
                                         .bind(&grant.id)
+                                        .bind(&tls_fingerprint)
                                         .fetch_optional(&mut *$tx)
                                         .await?;
                                 match inserted {
@@ -169,7 +178,9 @@ impl Fleet {
                 let attempt: Result<Grant, Option<Refusal>> = attempt!(tx);
                 match attempt {
                     Ok(grant) => {
-                        self.audit.append(joined_event(&request, &grant)).await?;
+                        self.audit
+                            .append(joined_event(&request, &grant, &tls_fingerprint))
+                            .await?;
                         tx.commit().await?;
                         grant
                     }
@@ -192,7 +203,9 @@ impl Fleet {
                     Ok(grant) => grant,
                     Err(refusal) => return Err(self.refuse(&request, &hash, refusal).await),
                 };
-                self.audit.append(joined_event(&request, &grant)).await?;
+                self.audit
+                    .append(joined_event(&request, &grant, &tls_fingerprint))
+                    .await?;
                 let mut tx = self.db.guard(pool.begin()).await?;
                 let again: Result<Grant, Option<Refusal>> = attempt!(tx);
                 match again {
@@ -209,12 +222,17 @@ impl Fleet {
                 }
             }
         };
-        self.registry.upsert_joined(RunnerEntry {
+        // The URL and pin were checked before the join was written, so this fails only if no
+        // client can be built at all; the row stays and the sync tries again.
+        if let Err(e) = self.registry.upsert_joined(RunnerEntry {
             name: request.name.clone(),
             url: request.url.clone(),
+            tls_fingerprint,
             packs: Some(packs),
             labels: grant.labels.clone(),
-        });
+        }) {
+            tracing::error!(runner = %request.name, error = %format!("{e:#}"), "joined runner not loaded");
+        }
         self.registry.record_heartbeat(&request.name, Ok(()));
         Ok(JoinResponse {
             runner_token,
@@ -346,7 +364,9 @@ impl Fleet {
         runner_token: &str,
         request: RegisterRequest,
     ) -> Result<RegisterResponse, FleetError> {
-        check_url(&request.url)?;
+        let insecure_http = self.registry.trust().insecure_http();
+        check_url(&request.url, insecure_http)?;
+        let tls_fingerprint = check_pin(&request.url, request.tls_fingerprint.as_deref())?;
         check_packs(&request.packs)?;
         let hash = sha256_hex(runner_token.as_bytes());
         let sql = self
@@ -372,12 +392,12 @@ impl Fleet {
                 kind: kind::RUNNER_REGISTERED.into(),
                 runner: Some(name.clone()),
                 outcome: Some("ok".into()),
-                detail: Some(json!({"url": request.url, "packs": request.packs})),
+                detail: Some(json!({"url": request.url, "packs": request.packs, "tls_fingerprint": tls_fingerprint})),
                 ..Default::default()
             })
             .await?;
         let now = format_at(chrono::Utc::now());
-        let sql = self.db.sql("UPDATE runners SET url = $2, packs = $3::jsonb, last_heartbeat = $4::timestamptz WHERE runner_token_hash = $1 RETURNING name");
+        let sql = self.db.sql("UPDATE runners SET url = $2, packs = $3::jsonb, last_heartbeat = $4::timestamptz, tls_fingerprint = $5 WHERE runner_token_hash = $1 RETURNING name");
         let updated: Option<(String,)> = self
             .db
             .guard(async {
@@ -386,6 +406,7 @@ impl Fleet {
                     .bind(&request.url)
                     .bind(serde_json::to_string(&packs).expect("packs are JSON"))
                     .bind(&now)
+                    .bind(&tls_fingerprint)
                     .fetch_optional(pool)
                     .await)
             })
@@ -394,12 +415,15 @@ impl Fleet {
             // Removed between the lookup and the update.
             return Err(unknown_credential());
         }
-        self.registry.upsert_joined(RunnerEntry {
+        if let Err(e) = self.registry.upsert_joined(RunnerEntry {
             name: name.clone(),
             url: request.url,
+            tls_fingerprint,
             packs: Some(packs),
             labels: serde_json::from_str(&labels).unwrap_or_default(),
-        });
+        }) {
+            tracing::error!(runner = %name, error = %format!("{e:#}"), "re-registered runner not loaded");
+        }
         self.registry.record_heartbeat(&name, Ok(()));
         Ok(RegisterResponse {
             runner: name,
@@ -439,7 +463,11 @@ fn already_joined(name: &str) -> FleetError {
     ))
 }
 
-fn joined_event(request: &JoinRequest, grant: &Grant) -> NewEvent {
+fn joined_event(
+    request: &JoinRequest,
+    grant: &Grant,
+    tls_fingerprint: &Option<String>,
+) -> NewEvent {
     NewEvent {
         actor: format!("runner:{}", request.name),
         kind: kind::RUNNER_JOINED.into(),
@@ -450,30 +478,39 @@ fn joined_event(request: &JoinRequest, grant: &Grant) -> NewEvent {
             "labels": grant.labels,
             "packs": request.packs,
             "join_token_id": grant.id,
+            "tls_fingerprint": tls_fingerprint,
         })),
         ..Default::default()
     }
 }
 
-/// The shape checks of a join request. Messages name the field and the rule, and never
-/// echo a value that failed them (it may be anything, of any length).
-fn check_join_request(request: &JoinRequest) -> Result<(), FleetError> {
+/// The shape checks of a join request; returns the certificate pin it carries, normalized.
+/// Messages name the field and the rule, and never echo a value that failed them (it may be
+/// anything, of any length).
+fn check_join_request(
+    request: &JoinRequest,
+    insecure_http: bool,
+) -> Result<Option<String>, FleetError> {
     if !is_identifier(&request.name) {
         return Err(FleetError::Invalid(
             "`name` must be an identifier (letters, digits and `_.@-`, at most 128 characters)"
                 .into(),
         ));
     }
-    check_url(&request.url)?;
+    check_url(&request.url, insecure_http)?;
+    let pin = check_pin(&request.url, request.tls_fingerprint.as_deref())?;
     check_labels("`labels`", &request.labels).map_err(|_| {
         FleetError::Invalid(format!(
             "`labels`: at most {MAX_LABELS}, each key and value an identifier"
         ))
     })?;
-    check_packs(&request.packs)
+    check_packs(&request.packs)?;
+    Ok(pin)
 }
 
-fn check_url(url: &str) -> Result<(), FleetError> {
+/// A runner's URL: http(s) with a host and no credentials; plain `http://` only where this
+/// server allows it (`insecure_http`), since calls would travel in clear.
+fn check_url(url: &str, insecure_http: bool) -> Result<(), FleetError> {
     let bad = || {
         FleetError::Invalid(format!(
             "`url` must be an http(s) URL with a host and no credentials, at most {MAX_URL_LEN} characters"
@@ -490,7 +527,29 @@ fn check_url(url: &str) -> Result<(), FleetError> {
     {
         return Err(bad());
     }
+    if parsed.scheme() == "http" && !insecure_http {
+        return Err(FleetError::Invalid(
+            "`url` is plain HTTP: calls, arguments and results would travel in clear; the runner must serve https:// (or the server must set insecure_http = true, for loopback tests and `emisar dev` only)".into(),
+        ));
+    }
     Ok(())
+}
+
+/// The certificate fingerprint a runner sends (`sha256:<hex>`), which only an https URL can
+/// use. Checked here, before anything is written, so the registry accepts what was stored.
+fn check_pin(url: &str, pin: Option<&str>) -> Result<Option<String>, FleetError> {
+    let Some(text) = pin else {
+        return Ok(None);
+    };
+    let pin = crate::util::tls::Fingerprint::parse(text).map_err(|_| {
+        FleetError::Invalid("`tls_fingerprint` must be `sha256:` followed by 64 hex digits".into())
+    })?;
+    if !url.starts_with("https://") {
+        return Err(FleetError::Invalid(
+            "`tls_fingerprint` pins a certificate, but `url` is not https://".into(),
+        ));
+    }
+    Ok(Some(pin.to_string()))
 }
 
 fn check_packs(packs: &BTreeMap<String, String>) -> Result<(), FleetError> {
@@ -517,8 +576,9 @@ mod tests {
             url: "http://10.0.0.1:7701".into(),
             labels: BTreeMap::new(),
             packs: BTreeMap::from([("traefik".into(), "ab12".into())]),
+            tls_fingerprint: None,
         };
-        check_join_request(&ok).unwrap();
+        check_join_request(&ok, true).unwrap();
         let long = "x".repeat(2_000_000);
         for bad in [
             JoinRequest {
@@ -541,12 +601,42 @@ mod tests {
                 url: "file:///etc/passwd".into(),
                 ..ok.clone()
             },
+            JoinRequest {
+                url: "https://10.0.0.1:7701".into(),
+                tls_fingerprint: Some(long.clone()),
+                ..ok.clone()
+            },
         ] {
-            let err = check_join_request(&bad).unwrap_err().to_string();
+            let err = check_join_request(&bad, true).unwrap_err().to_string();
             assert!(
                 err.len() < 200 && !err.contains("xxxx") && !err.contains("pw"),
                 "{err}"
             );
         }
+
+        // Plain HTTP only where the server allows it; a pin only on an https URL.
+        let err = check_join_request(&ok, false).unwrap_err().to_string();
+        assert!(err.contains("plain HTTP"), "{err}");
+        let pin = format!("sha256:{}", "AB".repeat(32));
+        let err = check_join_request(
+            &JoinRequest {
+                tls_fingerprint: Some(pin.clone()),
+                ..ok.clone()
+            },
+            true,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("not https://"), "{err}");
+        let pinned = JoinRequest {
+            url: "https://10.0.0.1:7701".into(),
+            tls_fingerprint: Some(pin),
+            ..ok.clone()
+        };
+        assert_eq!(
+            check_join_request(&pinned, false).unwrap(),
+            Some(format!("sha256:{}", "ab".repeat(32))),
+            "stored normalized"
+        );
     }
 }

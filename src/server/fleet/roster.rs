@@ -108,14 +108,16 @@ pub fn spawn_sync(
         let mut shadowed = BTreeSet::new();
         loop {
             let read_at = tokio::time::Instant::now();
-            let sql = db.sql("SELECT name, url, labels::text, packs::text FROM runners");
-            let rows: Result<Vec<(String, String, String, String)>, _> = db
+            let sql =
+                db.sql("SELECT name, url, labels::text, packs::text, tls_fingerprint FROM runners");
+            #[expect(clippy::type_complexity, reason = "one row of the runners table")]
+            let rows: Result<Vec<(String, String, String, String, Option<String>)>, _> = db
                 .guard(async { with_pool!(&db, pool => sqlx::query_as(sql).fetch_all(pool).await) })
                 .await;
             match rows {
                 Ok(rows) => {
                     let present: BTreeSet<String> = rows.iter().map(|r| r.0.clone()).collect();
-                    for (name, url, labels, packs) in rows {
+                    for (name, url, labels, packs, tls_fingerprint) in rows {
                         if registry.is_configured(&name) {
                             if shadowed.insert(name.clone()) {
                                 tracing::warn!(runner = %name, "a joined runner has the name of a runner in this server's config and is ignored; remove it with `emisar runner remove {name}`");
@@ -129,14 +131,20 @@ pub fn spawn_sync(
                             continue;
                         };
                         if registry.get(&name).is_none_or(|e| {
-                            e.url != url || e.labels != labels || e.packs.as_ref() != Some(&packs)
+                            e.url != url
+                                || e.labels != labels
+                                || e.packs.as_ref() != Some(&packs)
+                                || e.tls_fingerprint != tls_fingerprint
+                        }) && let Err(e) = registry.upsert_joined(RunnerEntry {
+                            name: name.clone(),
+                            url,
+                            tls_fingerprint,
+                            packs: Some(packs),
+                            labels,
                         }) {
-                            registry.upsert_joined(RunnerEntry {
-                                name,
-                                url,
-                                packs: Some(packs),
-                                labels,
-                            });
+                            // A row this replica cannot trust as stored (an http:// URL while
+                            // this replica has no insecure_http) stays out of its registry.
+                            tracing::error!(runner = %name, error = %format!("{e:#}"), "joined runner not loaded");
                         }
                     }
                     for name in registry.retain_joined(&present, read_at) {

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
+use super::registry::Endpoint;
 use crate::protocol::signing::{CallClaims, CallSigner, ISSUER, TOKEN_LIFETIME, now};
 use crate::protocol::{CallRequest, CallResponse, Mode};
 use crate::util::error_chain;
@@ -16,6 +17,10 @@ const MAX_ANSWER_BYTES: usize = 8 * 1024 * 1024;
 pub enum RunnerError {
     #[error("runner unreachable: {0}")]
     Unreachable(String),
+    /// The runner's TLS identity is not the one it is trusted as (e.g. not its pinned
+    /// certificate). Nothing was sent; retrying would not help.
+    #[error("{0}")]
+    Untrusted(String),
     #[error("runner did not answer within {} ms", .0.as_millis())]
     Timeout(Duration),
     #[error("runner refused the call (HTTP {status}): {message}")]
@@ -49,26 +54,36 @@ pub struct Dispatch<'a> {
     pub approval_id: Option<&'a str>,
 }
 
+/// Signs calls; each runner's own client (in its [`Endpoint`]) sends them.
 #[derive(Clone)]
 pub struct RunnerClient {
-    http: reqwest::Client,
     signer: Arc<CallSigner>,
 }
 
+/// What a failed send says, with a pinned certificate's mismatch spelled out.
+pub fn describe_send_error(e: &reqwest::Error) -> String {
+    match super::tls::pin_mismatch(e) {
+        Some(mismatch) => mismatch.to_string(),
+        None => error_chain(e),
+    }
+}
+
+fn send_error(e: &reqwest::Error) -> RunnerError {
+    match super::tls::pin_mismatch(e) {
+        Some(mismatch) => RunnerError::Untrusted(mismatch.to_string()),
+        None => RunnerError::Unreachable(error_chain(e)),
+    }
+}
+
 impl RunnerClient {
-    pub fn new(signer: Arc<CallSigner>) -> anyhow::Result<Self> {
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(3))
-            .redirect(reqwest::redirect::Policy::none())
-            .no_proxy()
-            .build()?;
-        Ok(RunnerClient { http, signer })
+    pub fn new(signer: Arc<CallSigner>) -> Self {
+        RunnerClient { signer }
     }
 
     pub async fn call(
         &self,
         runner: &str,
-        base_url: &str,
+        endpoint: &Endpoint,
         d: &Dispatch<'_>,
         deadline: Duration,
     ) -> Result<RunnerAnswer, RunnerError> {
@@ -96,16 +111,16 @@ impl RunnerClient {
             .signer
             .sign(&claims)
             .map_err(|e| RunnerError::Unreachable(format!("{e:#}")))?;
-        let url = format!("{}/v1/call", base_url.trim_end_matches('/'));
+        let url = format!("{}/v1/call", endpoint.entry.url.trim_end_matches('/'));
         let send = async {
-            let mut response = self
+            let mut response = endpoint
                 .http
                 .post(&url)
                 .bearer_auth(token)
                 .json(&body)
                 .send()
                 .await
-                .map_err(|e| RunnerError::Unreachable(error_chain(&e)))?;
+                .map_err(|e| send_error(&e))?;
             let status = response.status();
             let mut bytes = Vec::new();
             while let Some(chunk) = response

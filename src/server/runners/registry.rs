@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::breaker::{Breaker, Rejection};
+use super::tls::RunnerTrust;
 use crate::selector::Selector;
 use crate::server::config::RunnerEntry;
 use crate::util::Backoff;
@@ -34,7 +35,7 @@ struct Health {
 
 /// One runner: what it is (replaceable when a joined runner re-registers) and how it is doing.
 struct Slot {
-    entry: RwLock<RunnerEntry>,
+    known: RwLock<Endpoint>,
     health: Mutex<Health>,
     origin: Origin,
 }
@@ -49,18 +50,30 @@ enum Origin {
     Joined { touched: Mutex<Instant> },
 }
 
+/// A runner as the server reaches it: its entry and the HTTP client that trusts exactly that
+/// runner (its pinned certificate, or the runner CA), with its own pool of connections.
+#[derive(Clone)]
+pub struct Endpoint {
+    pub entry: RunnerEntry,
+    pub http: reqwest::Client,
+}
+
 pub struct Registry {
     slots: RwLock<BTreeMap<String, Arc<Slot>>>,
+    /// How runners are trusted: every runner's client is built from it.
+    trust: RunnerTrust,
     /// Set once the prober runs, so runners added later get probed too.
     prober: Mutex<Option<Prober>>,
 }
 
 #[derive(Clone)]
 struct Prober {
-    http: reqwest::Client,
     interval: Duration,
     shutdown: CancellationToken,
 }
+
+/// The longest a health probe waits for its answer.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// One runner's health as the API, the metrics and the `emisar.runners` tool show it.
 #[derive(Debug, Clone, Serialize)]
@@ -96,25 +109,31 @@ fn new_health() -> Health {
 }
 
 impl Registry {
-    pub fn new(runners: Vec<RunnerEntry>) -> Arc<Self> {
-        let slots = runners
-            .into_iter()
-            .map(|r| {
-                let name = r.name.clone();
-                (
-                    name,
-                    Arc::new(Slot {
-                        entry: RwLock::new(r),
-                        health: Mutex::new(new_health()),
-                        origin: Origin::Configured,
-                    }),
-                )
-            })
-            .collect();
-        Arc::new(Registry {
+    /// The configured runners, each with its client; a runner that cannot be trusted as
+    /// configured (plain HTTP without `insecure_http`, a malformed pin) is an error.
+    pub fn new(runners: Vec<RunnerEntry>, trust: RunnerTrust) -> anyhow::Result<Arc<Self>> {
+        let mut slots = BTreeMap::new();
+        for entry in runners {
+            let http = trust.client(&entry)?;
+            slots.insert(
+                entry.name.clone(),
+                Arc::new(Slot {
+                    known: RwLock::new(Endpoint { entry, http }),
+                    health: Mutex::new(new_health()),
+                    origin: Origin::Configured,
+                }),
+            );
+        }
+        Ok(Arc::new(Registry {
             slots: RwLock::new(slots),
+            trust,
             prober: Mutex::new(None),
-        })
+        }))
+    }
+
+    /// How runners are trusted here (join requests are checked against it too).
+    pub fn trust(&self) -> &RunnerTrust {
+        &self.trust
     }
 
     fn slot(&self, name: &str) -> Option<Arc<Slot>> {
@@ -140,18 +159,22 @@ impl Registry {
             .is_some_and(|s| matches!(s.origin, Origin::Configured))
     }
 
-    /// Adds a joined runner or replaces what is known of it (it re-registered); its health is
-    /// kept. A runner from the server's config of the same name is never replaced: returns
-    /// `false` and changes nothing.
-    pub fn upsert_joined(self: &Arc<Self>, entry: RunnerEntry) -> bool {
+    /// Adds a joined runner or replaces what is known of it (it re-registered: a new URL or
+    /// certificate gets a new client); its health is kept. A runner from the server's config
+    /// of the same name is never replaced: returns `Ok(false)` and changes nothing. A runner
+    /// that cannot be trusted as given (plain HTTP without `insecure_http`, a malformed pin)
+    /// is an error and changes nothing.
+    pub fn upsert_joined(self: &Arc<Self>, entry: RunnerEntry) -> anyhow::Result<bool> {
         let name = entry.name.clone();
+        let http = self.trust.client(&entry)?;
+        let endpoint = Endpoint { entry, http };
         let added = {
             let mut slots = self.slots.write().unwrap_or_else(|p| p.into_inner());
             match slots.get(&name) {
                 Some(slot) => match &slot.origin {
-                    Origin::Configured => return false,
+                    Origin::Configured => return Ok(false),
                     Origin::Joined { touched } => {
-                        *slot.entry.write().unwrap_or_else(|p| p.into_inner()) = entry;
+                        *slot.known.write().unwrap_or_else(|p| p.into_inner()) = endpoint;
                         *touched.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
                         false
                     }
@@ -160,7 +183,7 @@ impl Registry {
                     slots.insert(
                         name.clone(),
                         Arc::new(Slot {
-                            entry: RwLock::new(entry),
+                            known: RwLock::new(endpoint),
                             health: Mutex::new(new_health()),
                             origin: Origin::Joined {
                                 touched: Mutex::new(Instant::now()),
@@ -180,7 +203,7 @@ impl Registry {
         {
             self.spawn_probe(name, prober);
         }
-        true
+        Ok(true)
     }
 
     /// Forgets the joined runners that are not in `present` (they were removed) and that this
@@ -210,15 +233,26 @@ impl Registry {
     }
 
     pub fn get(&self, name: &str) -> Option<RunnerEntry> {
+        self.endpoint(name).map(|e| e.entry)
+    }
+
+    /// The runner and the client to reach it with.
+    pub fn endpoint(&self, name: &str) -> Option<Endpoint> {
         self.slot(name)
-            .map(|s| s.entry.read().unwrap_or_else(|p| p.into_inner()).clone())
+            .map(|s| s.known.read().unwrap_or_else(|p| p.into_inner()).clone())
     }
 
     /// Every runner, in name order.
     pub fn entries(&self) -> Vec<RunnerEntry> {
         self.slots()
             .into_iter()
-            .map(|(_, s)| s.entry.read().unwrap_or_else(|p| p.into_inner()).clone())
+            .map(|(_, s)| {
+                s.known
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .entry
+                    .clone()
+            })
             .collect()
     }
 
@@ -229,8 +263,8 @@ impl Registry {
             .slots()
             .into_iter()
             .filter(|(_, s)| {
-                let e = s.entry.read().unwrap_or_else(|p| p.into_inner());
-                e.serves(pack) && scope.is_none_or(|sel| sel.matches(&e.labels))
+                let k = s.known.read().unwrap_or_else(|p| p.into_inner());
+                k.entry.serves(pack) && scope.is_none_or(|sel| sel.matches(&k.entry.labels))
             })
             .map(|(name, s)| {
                 let h = s.health.lock().unwrap_or_else(|p| p.into_inner());
@@ -313,7 +347,12 @@ impl Registry {
         self.slots()
             .into_iter()
             .map(|(name, s)| {
-                let e = s.entry.read().unwrap_or_else(|p| p.into_inner()).clone();
+                let e = s
+                    .known
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .entry
+                    .clone();
                 let h = s.health.lock().unwrap_or_else(|p| p.into_inner());
                 RunnerStatus {
                     name,
@@ -339,16 +378,7 @@ impl Registry {
     /// Probes every runner's `/healthz` every `interval` (jittered), backing off per runner
     /// while it fails, until `shutdown`. Runners added later are probed from then on.
     pub fn spawn_prober(self: &Arc<Self>, interval: Duration, shutdown: CancellationToken) {
-        let prober = Prober {
-            http: reqwest::Client::builder()
-                .connect_timeout(Duration::from_secs(2))
-                .timeout(Duration::from_secs(3))
-                .no_proxy()
-                .build()
-                .expect("a plain HTTP client builds"),
-            interval,
-            shutdown,
-        };
+        let prober = Prober { interval, shutdown };
         *self.prober.lock().unwrap_or_else(|p| p.into_inner()) = Some(prober.clone());
         for (name, _) in self.slots() {
             self.spawn_probe(name, prober.clone());
@@ -357,11 +387,7 @@ impl Registry {
 
     fn spawn_probe(self: &Arc<Self>, name: String, prober: Prober) {
         let registry = self.clone();
-        let Prober {
-            http,
-            interval,
-            shutdown,
-        } = prober;
+        let Prober { interval, shutdown } = prober;
         let failing = Backoff::try_new(
             Duration::from_millis(500),
             interval.max(Duration::from_secs(1)),
@@ -375,14 +401,15 @@ impl Registry {
                     _ = shutdown.cancelled() => return,
                     _ = tokio::time::sleep(wait) => {}
                 }
-                let Some(entry) = registry.get(&name) else {
+                let Some(Endpoint { entry, http }) = registry.endpoint(&name) else {
                     return;
                 };
+                // The runner's own client: the probe checks its certificate like a call does.
                 let url = format!("{}/healthz", entry.url.trim_end_matches('/'));
-                let result = match http.get(&url).send().await {
+                let result = match http.get(&url).timeout(PROBE_TIMEOUT).send().await {
                     Ok(r) if r.status().is_success() => Ok(()),
                     Ok(r) => Err(format!("HTTP {}", r.status())),
-                    Err(e) => Err(crate::util::error_chain(&e)),
+                    Err(e) => Err(super::client::describe_send_error(&e)),
                 };
                 let failures = registry.record_heartbeat(&name, result);
                 wait = if failures == 0 {
@@ -422,6 +449,7 @@ mod tests {
         RunnerEntry {
             name: name.into(),
             url: url.into(),
+            tls_fingerprint: None,
             packs: None,
             labels: BTreeMap::new(),
         }
@@ -429,21 +457,37 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn joined_runners_never_replace_configured_ones_and_leave_when_removed() {
-        let registry = Registry::new(vec![entry("local", "http://127.0.0.1:7701")]);
+        // Plain HTTP URLs keep the test about names; trust has its own tests.
+        let trust = RunnerTrust::new(None, true).unwrap();
+        let registry = Registry::new(vec![entry("local", "http://127.0.0.1:7701")], trust).unwrap();
         assert!(registry.is_configured("local"));
-        assert!(!registry.upsert_joined(entry("local", "http://attacker:1")));
+        assert!(
+            !registry
+                .upsert_joined(entry("local", "http://attacker:1"))
+                .unwrap()
+        );
         assert_eq!(registry.get("local").unwrap().url, "http://127.0.0.1:7701");
 
-        assert!(registry.upsert_joined(entry("edge-1", "http://10.0.0.1:7701")));
+        assert!(
+            registry
+                .upsert_joined(entry("edge-1", "http://10.0.0.1:7701"))
+                .unwrap()
+        );
         assert!(!registry.is_configured("edge-1"));
-        assert!(registry.upsert_joined(entry("edge-1", "http://10.0.0.2:7701")));
+        assert!(
+            registry
+                .upsert_joined(entry("edge-1", "http://10.0.0.2:7701"))
+                .unwrap()
+        );
         assert_eq!(registry.get("edge-1").unwrap().url, "http://10.0.0.2:7701");
 
         // A sync that read the table before edge-2 joined here does not forget edge-2.
         tokio::time::advance(Duration::from_millis(1)).await;
         let read_at = Instant::now();
         tokio::time::advance(Duration::from_millis(1)).await;
-        registry.upsert_joined(entry("edge-2", "http://10.0.0.3:7701"));
+        registry
+            .upsert_joined(entry("edge-2", "http://10.0.0.3:7701"))
+            .unwrap();
         let gone = registry.retain_joined(&Default::default(), read_at);
         assert_eq!(gone, ["edge-1"]);
         assert!(registry.get("edge-1").is_none());
@@ -456,5 +500,13 @@ mod tests {
             ["edge-2"]
         );
         assert!(registry.get("local").is_some(), "configured runners stay");
+
+        // A joined runner this server cannot trust as given is refused and not added.
+        let strict = Registry::new(vec![], RunnerTrust::new(None, false).unwrap()).unwrap();
+        let err = strict
+            .upsert_joined(entry("edge-3", "http://10.0.0.4:7701"))
+            .unwrap_err();
+        assert!(format!("{err:#}").contains("insecure_http"), "{err:#}");
+        assert!(strict.get("edge-3").is_none());
     }
 }

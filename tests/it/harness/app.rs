@@ -18,6 +18,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use super::Backend;
+use super::certs::CertFiles;
 use super::pg::PgTestDb;
 
 pub const TEST_AGENT: &str = "test-agent";
@@ -33,6 +34,9 @@ pub struct RunnerSpec {
     pub allowlists: BTreeMap<String, Vec<String>>,
     /// The labels the server config gives this runner.
     pub labels: BTreeMap<String, String>,
+    /// Serve HTTPS with this certificate; the server pins `pin` when given (else it verifies
+    /// the runner against `Options::runner_ca_file`).
+    pub tls: Option<(CertFiles, Option<String>)>,
 }
 
 impl RunnerSpec {
@@ -45,7 +49,14 @@ impl RunnerSpec {
             programs: BTreeMap::new(),
             allowlists: BTreeMap::new(),
             labels: BTreeMap::new(),
+            tls: None,
         }
+    }
+
+    /// Serves HTTPS with `cert`; the server pins `pin` (a fingerprint) when given.
+    pub fn https(mut self, cert: CertFiles, pin: Option<String>) -> Self {
+        self.tls = Some((cert, pin));
+        self
     }
 
     pub fn label(mut self, key: &str, value: &str) -> Self {
@@ -107,6 +118,8 @@ pub struct TestApp {
     pub private_key: PathBuf,
     pub public_key: PathBuf,
     pub packs_dir: Option<PathBuf>,
+    /// The CA clients must trust to reach this server (when it serves HTTPS).
+    pub ca_file: Option<PathBuf>,
     shutdown: CancellationToken,
     /// Kept for its Drop (drops the PostgreSQL database).
     pub pg: Option<PgTestDb>,
@@ -135,6 +148,15 @@ pub struct Options {
     pub webhooks: Vec<emisar::server::webhook::WebhookConfig>,
     /// The portal's address, for links in notices.
     pub public_url: Option<String>,
+    /// Serve HTTPS with this certificate (clients then trust `client_ca_file`).
+    pub server_tls: Option<CertFiles>,
+    /// The CA that signed `server_tls`, which the test's clients trust.
+    pub client_ca_file: Option<PathBuf>,
+    /// The server's `runner_ca_file`.
+    pub runner_ca_file: Option<PathBuf>,
+    /// The server's `insecure_http`; the harness sets it (its runners listen on loopback and
+    /// speak plain HTTP unless given a certificate) unless a test says otherwise.
+    pub insecure_http: Option<bool>,
 }
 
 pub async fn fresh_db(backend: Backend, dir: &std::path::Path) -> (String, Option<PgTestDb>) {
@@ -193,12 +215,24 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
         config.allowlists = spec.allowlists.clone();
         config.fill_standard_services();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
+        let addr = listener.local_addr().unwrap();
         let state = RunnerState::new(config).unwrap();
-        tokio::spawn(agent::run(listener, state, shutdown.clone()));
+        let (url, tls_fingerprint) = match &spec.tls {
+            None => {
+                tokio::spawn(agent::run(listener, state, shutdown.clone()));
+                (format!("http://{addr}"), None)
+            }
+            Some((cert, pin)) => {
+                let (tls, _) =
+                    emisar::util::tls::server_config_from_files(&cert.cert, &cert.key).unwrap();
+                tokio::spawn(agent::run_https(listener, state, tls, shutdown.clone()));
+                (format!("https://{addr}"), pin.clone())
+            }
+        };
         entries.push(RunnerEntry {
             name: spec.name.clone(),
             url: url.clone(),
+            tls_fingerprint,
             packs: None,
             labels: spec.labels.clone(),
         });
@@ -224,12 +258,18 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
         policy_file: options.policy_file.clone(),
         webhooks: options.webhooks.clone(),
         public_url: options.public_url.clone(),
+        tls_cert_file: options.server_tls.as_ref().map(|c| c.cert.clone()),
+        tls_key_file: options.server_tls.as_ref().map(|c| c.key.clone()),
+        runner_ca_file: options.runner_ca_file.clone(),
+        // Every listener here is on loopback.
+        insecure_http: options.insecure_http.unwrap_or(true),
         ..ServerConfig::with_signing_key(private_key.clone())
     };
     let app = emisar::server::app::Application::build(config, &database_url)
         .await
         .expect("server builds");
     let addr = app.local_addr();
+    let scheme = if app.serves_tls() { "https" } else { "http" };
     let db = app.db().clone();
     let stop = app.shutdown_token();
     let outer = shutdown.clone();
@@ -251,7 +291,7 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
     .unwrap()
     .token;
     TestApp {
-        mcp_url: format!("http://{addr}/mcp"),
+        mcp_url: format!("{scheme}://{addr}/mcp"),
         database_url,
         db,
         audit,
@@ -261,6 +301,7 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
         private_key,
         public_key: public_key.clone(),
         packs_dir: options.packs_dir.clone(),
+        ca_file: options.client_ca_file.clone(),
         shutdown,
         pg,
     }
@@ -303,13 +344,26 @@ impl TestApp {
         self.mcp_url.trim_end_matches("/mcp").to_owned()
     }
 
+    /// An HTTP client for this server: it trusts the test CA when the server serves HTTPS.
+    pub fn http(&self) -> reqwest::Client {
+        let mut builder = reqwest::Client::builder();
+        if let Some(ca) = &self.ca_file {
+            let pem = std::fs::read(ca).unwrap();
+            builder = builder.tls_certs_only(reqwest::Certificate::from_pem_bundle(&pem).unwrap());
+        }
+        builder.build().unwrap()
+    }
+
     /// An rmcp client over streamable HTTP with this app's agent token.
     pub async fn mcp_client(&self) -> RunningService<RoleClient, ()> {
         let config = StreamableHttpClientTransportConfig::with_uri(self.mcp_url.clone())
             .auth_header(self.token.clone());
-        ().serve(StreamableHttpClientTransport::from_config(config))
-            .await
-            .expect("MCP client connects")
+        ().serve(StreamableHttpClientTransport::with_client(
+            self.http(),
+            config,
+        ))
+        .await
+        .expect("MCP client connects")
     }
 
     pub async fn events(&self, filter: AuditFilter) -> Vec<Event> {
@@ -334,7 +388,7 @@ impl TestApp {
 
     /// `GET /api/runners` with the agent's token.
     pub async fn runners_api(&self) -> serde_json::Value {
-        reqwest::Client::new()
+        self.http()
             .get(format!("{}/api/runners", self.base_url()))
             .bearer_auth(&self.token)
             .send()

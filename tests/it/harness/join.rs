@@ -41,7 +41,8 @@ impl TestApp {
         let secret = emisar::protocol::JoinToken::parse(token)
             .map(|t| t.secret().to_owned())
             .unwrap_or_else(|_| token.to_owned());
-        let res = reqwest::Client::new()
+        let res = self
+            .http()
             .post(format!("{}/api/runners/join", self.base_url()))
             .bearer_auth(secret)
             .json(body)
@@ -83,14 +84,15 @@ impl TestApp {
 }
 
 /// A runner.toml for `name` in `dir` on a free port, with its own state dir and the test
-/// fixture packs; `extra` is appended (e.g. `labels = { … }`). Returns (path, port).
+/// fixture packs, serving plain HTTP on loopback (`insecure_http`, as the test server
+/// allows); `extra` is appended (e.g. `labels = { … }`). Returns (path, port).
 pub fn runner_toml(dir: &Path, name: &str, extra: &str) -> (PathBuf, u16) {
     let port = free_port();
     let path = dir.join(format!("{name}.toml"));
     std::fs::write(
         &path,
         format!(
-            "name = \"{name}\"\nlisten = \"127.0.0.1:{port}\"\npacks_dir = \"{}\"\nexec_path = \"/usr/bin:/bin\"\nstate_dir = \"{}\"\n{extra}\n",
+            "name = \"{name}\"\nlisten = \"127.0.0.1:{port}\"\ninsecure_http = true\npacks_dir = \"{}\"\nexec_path = \"/usr/bin:/bin\"\nstate_dir = \"{}\"\n{extra}\n",
             crate::mcp_calls::fixtures_dir().display(),
             state_dir(dir, name).display(),
         ),

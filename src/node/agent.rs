@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::engine::{self, Env};
 use crate::node::config::RunnerConfig;
-use crate::pack::{PackSet, Risk, allowlist_key};
+use crate::pack::{PackSet, Risk, allowlist_admits, template_text};
 use crate::protocol::signing::{CallVerifier, now};
 use crate::protocol::{CallRequest, CallResponse, Mode};
 
@@ -222,22 +222,29 @@ async fn call(
         );
     }
     for param in tool.params.iter() {
-        let (Some(list_name), Some(value)) = (
-            &param.allowlist,
-            request.args.get(&param.name).and_then(Value::as_str),
-        ) else {
+        // Every value is checked, whatever its type: a list on a number holds for numbers.
+        let (Some(list_name), Some(value)) = (&param.allowlist, request.args.get(&param.name))
+        else {
             continue;
         };
-        let key = allowlist_key(&param.kind, value);
-        let allowed = state.config.allowlists.get(list_name).is_some_and(|list| {
-            list.iter()
-                .any(|entry| allowlist_key(&param.kind, entry) == key)
-        });
+        let allowed = state
+            .config
+            .allowlists
+            .get(list_name)
+            .is_some_and(|list| allowlist_admits(&param.kind, value, list));
         if !allowed {
+            let shown = if param.secret {
+                "(secret)".to_owned()
+            } else {
+                format!(
+                    "`{}`",
+                    template_text(value).unwrap_or_else(|| value.to_string())
+                )
+            };
             return refuse(
                 StatusCode::FORBIDDEN,
                 format!(
-                    "`{}` = `{value}` is not in this runner's allowlist `{list_name}` ([allowlists] in runner.toml); nothing was run",
+                    "`{}` = {shown} is not in this runner's allowlist `{list_name}` ([allowlists] in runner.toml); nothing was run",
                     param.name
                 ),
             );

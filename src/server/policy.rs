@@ -19,7 +19,7 @@ use serde::de::{self, Deserializer, IntoDeserializer, MapAccess, Visitor};
 use serde_json::Value;
 
 use crate::digest::{canonical_json, sha256_hex};
-use crate::pack::{PackSet, Risk, Tool, allowlist_key, is_identifier, template_text};
+use crate::pack::{PackSet, Risk, Tool, allowlist_admits, is_identifier, template_text};
 use crate::selector::Selector;
 use crate::server::tokens::{Principal, Role};
 
@@ -811,21 +811,18 @@ impl Policy {
                 continue;
             };
             for (param, list_name) in &checks {
-                let (Some(list), Some(value)) = (
-                    lists.get(*list_name),
-                    req.args.get(&param.name).and_then(template_text),
-                ) else {
+                let (Some(list), Some(value)) = (lists.get(*list_name), req.args.get(&param.name))
+                else {
                     continue;
                 };
-                let wanted = allowlist_key(&param.kind, &value);
-                if !list
-                    .iter()
-                    .any(|entry| allowlist_key(&param.kind, entry) == wanted)
-                {
+                if !allowlist_admits(&param.kind, value, list) {
                     let shown = if param.secret {
                         "(secret)".to_owned()
                     } else {
-                        format!("`{value}`")
+                        format!(
+                            "`{}`",
+                            template_text(value).unwrap_or_else(|| value.to_string())
+                        )
                     };
                     return Some(format!(
                         "runner `{runner}` does not accept `{}` = {shown}: the policy's allowlist `runners.{}.{}` has only [{}]",
@@ -920,7 +917,7 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             std::fs::write(
                 dir.path().join("t.yaml"),
-                "pack: t\ndescription: d\ntools:\n  low_write:\n    description: d\n    risk: low\n    scope: node\n    action: {exec: {argv: [\"true\"]}}\n",
+                "pack: t\ndescription: d\ntools:\n  low_write:\n    description: d\n    risk: low\n    scope: node\n    action: {exec: {argv: [\"true\"]}}\n  port:\n    description: d\n    risk: read\n    scope: node\n    params: {port: {type: integer, allowlist: ports}}\n    action: {exec: {argv: [echo, \"{port}\"]}}\n",
             )
             .unwrap();
             PackSet::load(Some(dir.path())).unwrap()
@@ -1166,6 +1163,28 @@ runners:
                 args: restart("vault"),
                 want: Deny(
                     "runner `hvn05` does not accept `unit` = `vault`: the policy's allowlist `runners.hvn05.systemd_units` has only [consul, nomad.service]",
+                ),
+            },
+            Case {
+                name: "allowlist: a number in the list",
+                format: Yaml,
+                policy: "runners: {hvn05: {ports: [\"8080\"]}}",
+                tool: "t.port",
+                agent: "a",
+                runners: &[("hvn05", "")],
+                args: json!({"port": 8080}),
+                want: Allow,
+            },
+            Case {
+                name: "allowlist: a number not in the list",
+                format: Yaml,
+                policy: "runners: {hvn05: {ports: [\"8080\"]}}",
+                tool: "t.port",
+                agent: "a",
+                runners: &[("hvn05", "")],
+                args: json!({"port": 9090}),
+                want: Deny(
+                    "runner `hvn05` does not accept `port` = `9090`: the policy's allowlist `runners.hvn05.ports` has only [8080]",
                 ),
             },
             Case {
@@ -1580,7 +1599,7 @@ runners:
                 "unknown allowlist name",
                 "runners: {hvn05: {systemd_unit: [consul], nomad_jobs: [x]}}",
                 &[
-                    "`runners.hvn05.systemd_unit`: no loaded tool has a param with `allowlist: systemd_unit` (known lists: nomad_jobs, systemd_units)",
+                    "`runners.hvn05.systemd_unit`: no loaded tool has a param with `allowlist: systemd_unit` (known lists: nomad_jobs, ports, systemd_units)",
                 ],
             ),
         ];

@@ -673,6 +673,32 @@ impl Policy {
                     }
                 }
             }
+            // A tool with a preview executes only with the values its preview captured when
+            // the request was made: a line that lets it run without a request can never work.
+            let without_request: Vec<_> = matched()
+                .filter(|t| {
+                    t.preview.is_some()
+                        && most_specific(&self.risk, &t.name).is_some_and(|r| std::ptr::eq(r, rule))
+                        && (rule.risk == Risk::Read
+                            || (rule.risk == Risk::Low && rule.auto_approve))
+                })
+                .collect();
+            if !without_request.is_empty() {
+                problems.push(format!(
+                    "`{path}`: a tool with a preview cannot run without an approval request (its execution needs the values its preview captures when the request is made){}",
+                    match pattern {
+                        Pattern::Exact(_) => String::new(),
+                        Pattern::Prefix(_) => format!(
+                            " ({})",
+                            without_request
+                                .iter()
+                                .map(|t| t.name.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    }
+                ));
+            }
             if rule.auto_approve {
                 let high: Vec<_> = matched().filter(|t| t.risk == Risk::High).collect();
                 if !high.is_empty() {
@@ -761,13 +787,19 @@ impl Policy {
 
     /// The effective risk, and whether a low write runs without approval. A line that lowers
     /// without `lower: true` does not apply (so an unchecked policy cannot lower by mistake),
-    /// and `auto_approve` never applies to a tool its pack calls high.
+    /// `auto_approve` never applies to a tool its pack calls high, and no line makes a tool
+    /// with a preview run without a request (its execution needs the preview's values).
     fn risk_rule(&self, tool: &Tool) -> (Risk, bool) {
         match most_specific(&self.risk, &tool.name) {
-            Some(rule) if rule.lower || rank(rule.risk) >= rank(tool.risk) => (
-                rule.risk,
-                rule.auto_approve && rule.risk == Risk::Low && tool.risk != Risk::High,
-            ),
+            Some(rule) if rule.lower || rank(rule.risk) >= rank(tool.risk) => {
+                let auto = rule.auto_approve && rule.risk == Risk::Low && tool.risk != Risk::High;
+                let runs_freely = rule.risk == Risk::Read || auto;
+                if runs_freely && tool.preview.is_some() {
+                    (tool.risk, false)
+                } else {
+                    (rule.risk, auto)
+                }
+            }
             _ => (tool.risk, false),
         }
     }
@@ -1260,6 +1292,16 @@ runners:
                 want: Allow,
             },
             Case {
+                name: "unchecked: a tool with a preview lowered to read still needs a request",
+                format: Yaml,
+                policy: "risk: {nomad.task_resources_set: {risk: read, lower: true}}",
+                tool: "nomad.task_resources_set",
+                agent: "a",
+                runners: &[("hvn05", "")],
+                args: resources("traefik"),
+                want: Approval(1),
+            },
+            Case {
                 name: "unchecked: a lowering without `lower: true` is ignored",
                 format: Yaml,
                 policy: "risk: {frr.bgp_neighbor_shutdown: read}",
@@ -1573,6 +1615,20 @@ runners:
                 ],
             ),
             (
+                "lowering a tool with a preview to read",
+                "risk: {nomad.task_resources_set: {risk: read, lower: true}}",
+                &[
+                    "`risk.\"nomad.task_resources_set\"`: a tool with a preview cannot run without an approval request (its execution needs the values its preview captures when the request is made)",
+                ],
+            ),
+            (
+                "a glob that lowers a tool with a preview names it",
+                "risk: {\"nomad.*\": {risk: read, lower: true}}",
+                &[
+                    "`risk.\"nomad.*\"`: a tool with a preview cannot run without an approval request (its execution needs the values its preview captures when the request is made) (nomad.task_resources_set)",
+                ],
+            ),
+            (
                 "lowering low to read without the flag",
                 "risk: {t.low_write: read}",
                 &["`risk.\"t.low_write\"`: lowering a risk:low tool needs `lower: true`"],
@@ -1624,6 +1680,13 @@ runners:
             .check(packs())
             .unwrap();
         Policy::builtin().check(packs()).unwrap();
+        // A closer line keeps the tool with a preview under approval: the glob is fine.
+        let closer =
+            "risk: {\"nomad.*\": {risk: read, lower: true}, nomad.task_resources_set: high}";
+        Policy::parse(closer, Format::Yaml)
+            .unwrap()
+            .check(packs())
+            .unwrap();
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //!
 //! `agent` is the runner's HTTP server (verifies, re-validates and executes signed calls);
 //! `engine` runs a tool's steps; `exec` and `http_action` are the two kinds of action, and
-//! only `exec` spawns processes; `join` is the runner's side of joining a server.
+//! only `exec` spawns processes; `seal` is the runner's own seal on what its previews
+//! captured; `join` is the runner's side of joining a server.
 
 pub mod agent;
 pub mod config;
@@ -11,4 +12,5 @@ mod engine;
 mod exec;
 mod http_action;
 pub mod join;
+mod seal;
 pub mod start;

@@ -33,6 +33,9 @@ pub struct RunnerSpec {
     pub allowlists: BTreeMap<String, Vec<String>>,
     /// The labels the server config gives this runner.
     pub labels: BTreeMap<String, String>,
+    /// The URL the server config gives for this runner instead of its own (something in the
+    /// path between them, such as a proxy that rewrites answers).
+    pub reached_at: Option<String>,
 }
 
 impl RunnerSpec {
@@ -45,7 +48,14 @@ impl RunnerSpec {
             programs: BTreeMap::new(),
             allowlists: BTreeMap::new(),
             labels: BTreeMap::new(),
+            reached_at: None,
         }
+    }
+
+    /// The server reaches this runner at `url` (which forwards to the runner's own URL).
+    pub fn reached_at(mut self, url: &str) -> Self {
+        self.reached_at = Some(url.into());
+        self
     }
 
     pub fn label(mut self, key: &str, value: &str) -> Self {
@@ -127,6 +137,8 @@ pub struct Options {
     pub approval_wait_secs: Option<u64>,
     /// How long a request lives (default 15 minutes).
     pub approval_ttl_secs: Option<u64>,
+    /// The most requests one agent may have pending (default 20).
+    pub max_pending_per_agent: Option<u32>,
     /// Use this key pair instead of a fresh one (a second replica of the same server).
     pub keys: Option<(PathBuf, PathBuf)>,
     /// A policy file to load at start (the built-in policy when none).
@@ -198,7 +210,7 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
         tokio::spawn(agent::run(listener, state, shutdown.clone()));
         entries.push(RunnerEntry {
             name: spec.name.clone(),
-            url: url.clone(),
+            url: spec.reached_at.clone().unwrap_or_else(|| url.clone()),
             packs: None,
             labels: spec.labels.clone(),
         });
@@ -220,6 +232,7 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
         health_probe_interval_ms: options.probe_interval_ms.unwrap_or(10_000),
         approval_wait_secs: options.approval_wait_secs.unwrap_or(30),
         approval_ttl_secs: options.approval_ttl_secs.unwrap_or(15 * 60),
+        max_pending_per_agent: options.max_pending_per_agent.unwrap_or(20),
         approval_progress_ms: 500,
         policy_file: options.policy_file.clone(),
         webhooks: options.webhooks.clone(),
@@ -379,8 +392,8 @@ pub struct DirectAnswer {
 }
 
 impl TestApp {
-    /// Calls a runner directly with a call token signed by this server's key, the way the
-    /// gateway will once approvals exist (writes cannot pass the gateway's policy yet).
+    /// Calls a runner directly with a call token signed by this server's key, standing in
+    /// for the server (an approval id included).
     pub async fn signed_call(
         &self,
         runner: &str,
@@ -389,17 +402,33 @@ impl TestApp {
         mode: emisar::protocol::Mode,
         preview: Option<serde_json::Map<String, serde_json::Value>>,
     ) -> DirectAnswer {
-        use emisar::protocol::CallRequest;
-        use emisar::protocol::signing::{CallClaims, CallSigner, ISSUER, now};
-        let packs = emisar::pack::PackSet::load(self.packs_dir.as_deref()).unwrap();
-        let pack = tool.split('.').next().unwrap();
-        let request = CallRequest {
+        let request = emisar::protocol::CallRequest {
             tool: tool.into(),
             args: args.as_object().unwrap().clone(),
             mode,
             preview,
+            preview_seal: None,
             raw: false,
         };
+        let signed = Signed {
+            call_id: "direct-test-call".into(),
+            approval_id: Some(uuid::Uuid::new_v4().to_string()),
+            lowered_by_policy: None,
+        };
+        self.signed_request(runner, &request, &signed).await
+    }
+
+    /// Sends `request` to `runner` under a call token signed by this server's key, with the
+    /// claims `signed` gives.
+    pub async fn signed_request(
+        &self,
+        runner: &str,
+        request: &emisar::protocol::CallRequest,
+        signed: &Signed,
+    ) -> DirectAnswer {
+        use emisar::protocol::signing::{CallClaims, CallSigner, ISSUER, now};
+        let packs = emisar::pack::PackSet::load(self.packs_dir.as_deref()).unwrap();
+        let pack = request.tool.split('.').next().unwrap();
         let t = now();
         let claims = CallClaims {
             iss: ISSUER.into(),
@@ -407,12 +436,12 @@ impl TestApp {
             iat: t,
             exp: t + 30,
             jti: uuid::Uuid::new_v4().to_string(),
-            call_id: "direct-test-call".into(),
-            tool: tool.into(),
+            call_id: signed.call_id.clone(),
+            tool: request.tool.clone(),
             request_sha256: request.digest(),
             pack_sha256: packs.pack(pack).unwrap().digest.clone(),
-            // The harness stands in for the server here, approvals included.
-            approval_id: Some(uuid::Uuid::new_v4().to_string()),
+            approval_id: signed.approval_id.clone(),
+            lowered_by_policy: signed.lowered_by_policy.clone(),
         };
         let token = CallSigner::from_file(&self.private_key)
             .unwrap()
@@ -421,7 +450,7 @@ impl TestApp {
         let res = reqwest::Client::new()
             .post(format!("{}/v1/call", self.runner_urls[runner]))
             .bearer_auth(token)
-            .json(&request)
+            .json(request)
             .send()
             .await
             .unwrap();
@@ -430,4 +459,11 @@ impl TestApp {
             body: res.json().await.unwrap(),
         }
     }
+}
+
+/// The claims of a hand-made signed call, besides what the request itself determines.
+pub struct Signed {
+    pub call_id: String,
+    pub approval_id: Option<String>,
+    pub lowered_by_policy: Option<String>,
 }

@@ -393,21 +393,22 @@ pub struct DirectAnswer {
 
 impl TestApp {
     /// Calls a runner directly with a call token signed by this server's key, standing in
-    /// for the server (an approval id included).
+    /// for the server (an approval id included). An execution hands back `preview`'s values
+    /// and seal, as the server does with a stored preview.
     pub async fn signed_call(
         &self,
         runner: &str,
         tool: &str,
         args: serde_json::Value,
         mode: emisar::protocol::Mode,
-        preview: Option<serde_json::Map<String, serde_json::Value>>,
+        preview: Option<&DirectAnswer>,
     ) -> DirectAnswer {
         let request = emisar::protocol::CallRequest {
             tool: tool.into(),
             args: args.as_object().unwrap().clone(),
             mode,
-            preview,
-            preview_seal: None,
+            preview: preview.map(|p| p.body["vars"].as_object().unwrap().clone()),
+            preview_seal: preview.map(|p| p.body["seal"].as_str().unwrap().to_owned()),
             raw: false,
         };
         let signed = Signed {

@@ -3,7 +3,8 @@
 //! Invariant: a runner executes only a call whose token verifies with the server's public key,
 //! names this runner as audience, lives at most [`MAX_TOKEN_LIFETIME`] seconds, carries a `jti`
 //! never seen before, and whose tool, argument digest and pack digest match the request and
-//! the runner's own packs.
+//! the runner's own packs; and it executes a risk:high tool only under an approval id (once)
+//! or when the claims say the server's policy lowered it (naming that policy).
 
 use std::path::Path;
 
@@ -40,6 +41,11 @@ pub struct CallClaims {
     /// without one, and refuses a second execution under the same one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval_id: Option<String>,
+    /// Set when the policy in force lowered a risk:high tool to run without approval: the
+    /// SHA-256 of that policy (as audited in `policy.loaded`). Without an approval id, a
+    /// runner executes a risk:high tool only when this is present, and logs which policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lowered_by_policy: Option<String>,
 }
 
 /// Fails fast if jsonwebtoken has no crypto backend (it would panic on first use otherwise).
@@ -190,6 +196,7 @@ mod tests {
             request_sha256: "a".into(),
             pack_sha256: "p".into(),
             approval_id: None,
+            lowered_by_policy: None,
         }
     }
 

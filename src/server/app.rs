@@ -82,6 +82,8 @@ impl Application {
         limits.approval_ttl = Duration::from_secs(config.approval_ttl_secs);
         limits.approval_wait = Duration::from_secs(config.approval_wait_secs);
         limits.progress_every = Duration::from_millis(config.approval_progress_ms);
+        limits.approved_start_within = Duration::from_secs(config.approved_start_within_secs);
+        limits.max_pending_per_agent = config.max_pending_per_agent;
         let mut gateway = Gateway::new(
             packs.clone(),
             registry.clone(),

@@ -80,6 +80,13 @@ pub struct ServerConfig {
     /// `emisar dev` only: calls, arguments and results would travel in clear.
     #[serde(default)]
     pub insecure_http: bool,
+    /// An approved request whose execution has not started this many seconds after the
+    /// deciding approval expires instead, and nothing runs (default 300).
+    #[serde(default = "default_approved_start_within")]
+    pub approved_start_within_secs: u64,
+    /// The most approval requests one agent may have pending at once (default 20).
+    #[serde(default = "default_max_pending")]
+    pub max_pending_per_agent: u32,
 }
 
 fn default_approval_ttl() -> u64 {
@@ -90,6 +97,12 @@ fn default_approval_wait() -> u64 {
 }
 fn default_progress_ms() -> u64 {
     10_000
+}
+fn default_approved_start_within() -> u64 {
+    5 * 60
+}
+fn default_max_pending() -> u32 {
+    20
 }
 
 fn default_rate() -> u32 {
@@ -163,6 +176,8 @@ impl ServerConfig {
             tls_key_file: None,
             runner_ca_file: None,
             insecure_http: false,
+            approved_start_within_secs: default_approved_start_within(),
+            max_pending_per_agent: default_max_pending(),
         }
     }
 
@@ -227,6 +242,12 @@ impl ServerConfig {
             anyhow::bail!(
                 "approval_progress_ms must be between 50 and 15000 (a silent call is dropped by clients)"
             );
+        }
+        if !(1..=3600).contains(&self.approved_start_within_secs) {
+            anyhow::bail!("approved_start_within_secs must be between 1 and 3600");
+        }
+        if !(1..=10_000).contains(&self.max_pending_per_agent) {
+            anyhow::bail!("max_pending_per_agent must be between 1 and 10000");
         }
         Ok(())
     }

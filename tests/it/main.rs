@@ -3,12 +3,15 @@
 
 mod approval_wait;
 mod approvals;
+mod approvals_bounds;
+mod approvals_preview;
 mod audit_log;
 mod cli;
 mod conformance;
 mod emulators;
 mod fleet;
 mod governance;
+mod governance_rules;
 mod harness;
 mod mcp_calls;
 mod oidc;
@@ -22,6 +25,7 @@ mod python_client;
 mod replicas;
 mod runner_identity;
 mod runner_security;
+mod runner_security_allowlists;
 mod secrets;
 mod tidy;
 mod tls;

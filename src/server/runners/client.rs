@@ -39,6 +39,8 @@ pub struct RunnerAnswer {
     pub truncated: bool,
     pub duration_ms: u64,
     pub vars: Map<String, Value>,
+    /// A preview's answer: the runner's seal over `vars`, handed back with them to execute.
+    pub seal: Option<String>,
 }
 
 /// What one call to one runner needs besides the runner itself.
@@ -49,9 +51,14 @@ pub struct Dispatch<'a> {
     pub args: &'a Map<String, Value>,
     pub mode: Mode,
     pub preview: Option<&'a Map<String, Value>>,
+    /// The runner's seal over `preview`, from its preview answer.
+    pub preview_seal: Option<&'a str>,
     pub raw: bool,
     /// Set when this execution carries out an approved request.
     pub approval_id: Option<&'a str>,
+    /// Set when the policy in force (this is its SHA-256) lowered a risk:high tool to run
+    /// without approval.
+    pub lowered_by_policy: Option<&'a str>,
 }
 
 /// Signs calls; each runner's own client (in its [`Endpoint`]) sends them.
@@ -92,6 +99,7 @@ impl RunnerClient {
             args: d.args.clone(),
             mode: d.mode,
             preview: d.preview.cloned(),
+            preview_seal: d.preview_seal.map(str::to_owned),
             raw: d.raw,
         };
         let iat = now();
@@ -106,6 +114,7 @@ impl RunnerClient {
             request_sha256: body.digest(),
             pack_sha256: d.pack_sha256.to_owned(),
             approval_id: d.approval_id.map(str::to_owned),
+            lowered_by_policy: d.lowered_by_policy.map(str::to_owned),
         };
         let token = self
             .signer
@@ -151,11 +160,13 @@ impl RunnerClient {
                     truncated,
                     duration_ms,
                     vars,
+                    seal,
                 }) => Ok(RunnerAnswer {
                     output,
                     truncated,
                     duration_ms,
                     vars,
+                    seal,
                 }),
                 Ok(CallResponse::Failed { error, .. }) => Err(RunnerError::ActionFailed(error)),
                 Err(e) => Err(RunnerError::BadAnswer(e.to_string())),

@@ -37,6 +37,9 @@ pub struct RunnerSpec {
     /// Serve HTTPS with this certificate; the server pins `pin` when given (else it verifies
     /// the runner against `Options::runner_ca_file`).
     pub tls: Option<(CertFiles, Option<String>)>,
+    /// The URL the server config gives for this runner instead of its own (something in the
+    /// path between them, such as a proxy that rewrites answers).
+    pub reached_at: Option<String>,
 }
 
 impl RunnerSpec {
@@ -50,12 +53,19 @@ impl RunnerSpec {
             allowlists: BTreeMap::new(),
             labels: BTreeMap::new(),
             tls: None,
+            reached_at: None,
         }
     }
 
     /// Serves HTTPS with `cert`; the server pins `pin` (a fingerprint) when given.
     pub fn https(mut self, cert: CertFiles, pin: Option<String>) -> Self {
         self.tls = Some((cert, pin));
+        self
+    }
+
+    /// The server reaches this runner at `url` (which forwards to the runner's own URL).
+    pub fn reached_at(mut self, url: &str) -> Self {
+        self.reached_at = Some(url.into());
         self
     }
 
@@ -140,6 +150,8 @@ pub struct Options {
     pub approval_wait_secs: Option<u64>,
     /// How long a request lives (default 15 minutes).
     pub approval_ttl_secs: Option<u64>,
+    /// The most requests one agent may have pending (default 20).
+    pub max_pending_per_agent: Option<u32>,
     /// Use this key pair instead of a fresh one (a second replica of the same server).
     pub keys: Option<(PathBuf, PathBuf)>,
     /// A policy file to load at start (the built-in policy when none).
@@ -231,7 +243,7 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
         };
         entries.push(RunnerEntry {
             name: spec.name.clone(),
-            url: url.clone(),
+            url: spec.reached_at.clone().unwrap_or_else(|| url.clone()),
             tls_fingerprint,
             packs: None,
             labels: spec.labels.clone(),
@@ -254,6 +266,7 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
         health_probe_interval_ms: options.probe_interval_ms.unwrap_or(10_000),
         approval_wait_secs: options.approval_wait_secs.unwrap_or(30),
         approval_ttl_secs: options.approval_ttl_secs.unwrap_or(15 * 60),
+        max_pending_per_agent: options.max_pending_per_agent.unwrap_or(20),
         approval_progress_ms: 500,
         policy_file: options.policy_file.clone(),
         webhooks: options.webhooks.clone(),
@@ -433,27 +446,44 @@ pub struct DirectAnswer {
 }
 
 impl TestApp {
-    /// Calls a runner directly with a call token signed by this server's key, the way the
-    /// gateway will once approvals exist (writes cannot pass the gateway's policy yet).
+    /// Calls a runner directly with a call token signed by this server's key, standing in
+    /// for the server (an approval id included). An execution hands back `preview`'s values
+    /// and seal, as the server does with a stored preview.
     pub async fn signed_call(
         &self,
         runner: &str,
         tool: &str,
         args: serde_json::Value,
         mode: emisar::protocol::Mode,
-        preview: Option<serde_json::Map<String, serde_json::Value>>,
+        preview: Option<&DirectAnswer>,
     ) -> DirectAnswer {
-        use emisar::protocol::CallRequest;
-        use emisar::protocol::signing::{CallClaims, CallSigner, ISSUER, now};
-        let packs = emisar::pack::PackSet::load(self.packs_dir.as_deref()).unwrap();
-        let pack = tool.split('.').next().unwrap();
-        let request = CallRequest {
+        let request = emisar::protocol::CallRequest {
             tool: tool.into(),
             args: args.as_object().unwrap().clone(),
             mode,
-            preview,
+            preview: preview.map(|p| p.body["vars"].as_object().unwrap().clone()),
+            preview_seal: preview.map(|p| p.body["seal"].as_str().unwrap().to_owned()),
             raw: false,
         };
+        let signed = Signed {
+            call_id: "direct-test-call".into(),
+            approval_id: Some(uuid::Uuid::new_v4().to_string()),
+            lowered_by_policy: None,
+        };
+        self.signed_request(runner, &request, &signed).await
+    }
+
+    /// Sends `request` to `runner` under a call token signed by this server's key, with the
+    /// claims `signed` gives.
+    pub async fn signed_request(
+        &self,
+        runner: &str,
+        request: &emisar::protocol::CallRequest,
+        signed: &Signed,
+    ) -> DirectAnswer {
+        use emisar::protocol::signing::{CallClaims, CallSigner, ISSUER, now};
+        let packs = emisar::pack::PackSet::load(self.packs_dir.as_deref()).unwrap();
+        let pack = request.tool.split('.').next().unwrap();
         let t = now();
         let claims = CallClaims {
             iss: ISSUER.into(),
@@ -461,12 +491,12 @@ impl TestApp {
             iat: t,
             exp: t + 30,
             jti: uuid::Uuid::new_v4().to_string(),
-            call_id: "direct-test-call".into(),
-            tool: tool.into(),
+            call_id: signed.call_id.clone(),
+            tool: request.tool.clone(),
             request_sha256: request.digest(),
             pack_sha256: packs.pack(pack).unwrap().digest.clone(),
-            // The harness stands in for the server here, approvals included.
-            approval_id: Some(uuid::Uuid::new_v4().to_string()),
+            approval_id: signed.approval_id.clone(),
+            lowered_by_policy: signed.lowered_by_policy.clone(),
         };
         let token = CallSigner::from_file(&self.private_key)
             .unwrap()
@@ -475,7 +505,7 @@ impl TestApp {
         let res = reqwest::Client::new()
             .post(format!("{}/v1/call", self.runner_urls[runner]))
             .bearer_auth(token)
-            .json(&request)
+            .json(request)
             .send()
             .await
             .unwrap();
@@ -484,4 +514,11 @@ impl TestApp {
             body: res.json().await.unwrap(),
         }
     }
+}
+
+/// The claims of a hand-made signed call, besides what the request itself determines.
+pub struct Signed {
+    pub call_id: String,
+    pub approval_id: Option<String>,
+    pub lowered_by_policy: Option<String>,
 }

@@ -76,6 +76,31 @@ pub enum Command {
         #[arg(long)]
         packs_dir: Option<PathBuf>,
     },
+    /// The case study's fleet-wide 502 incident, replayable: the server, five edge runners
+    /// (nomad-hvn01..05) and the lab's Consul, Nomad, Traefik, FRR and metrics behind them.
+    Lab {
+        #[arg(long, default_value = ".emisar-lab")]
+        state_dir: PathBuf,
+        #[arg(long, default_value = "127.0.0.1:7700")]
+        listen: String,
+        /// How fast lab time runs (1 = real time; 10 makes the OOM restarts ten times as
+        /// frequent; 0 freezes it).
+        #[arg(long, default_value_t = 1.0)]
+        speed: f64,
+        /// The VictoriaMetrics binary (default: `victoria-metrics` on PATH).
+        #[arg(long)]
+        victoria_metrics: Option<PathBuf>,
+    },
+    /// A lab node's stand-in for a command (run by the scripts `emisar lab` writes).
+    #[command(hide = true)]
+    LabExec {
+        #[arg(long)]
+        control: String,
+        #[arg(long)]
+        node: String,
+        #[arg(last = true, required = true)]
+        argv: Vec<String>,
+    },
     /// Inspect and check tool packs.
     Packs {
         #[command(subcommand)]
@@ -237,6 +262,26 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             };
             crate::dev::run(opts, stop).await?;
         }
+        Command::Lab {
+            state_dir,
+            listen,
+            speed,
+            victoria_metrics,
+        } => {
+            let opts = crate::lab::run::LabOptions {
+                state_dir,
+                listen,
+                speed,
+                standin_exe: None,
+                victoria_metrics,
+            };
+            crate::lab::run::run(opts, stop_on_signal()).await?;
+        }
+        Command::LabExec {
+            control,
+            node,
+            argv,
+        } => return Ok(crate::lab::standin::run(&control, &node, &argv).await),
         Command::Packs { command } => return packs::run(command),
         Command::Audit { command } => return audit::run(command).await,
         Command::Token { command } => return people::token(command).await,

@@ -2,13 +2,17 @@
 //! a fresh agent token and an approver who can log in to the portal; prints the URLs and
 //! credentials and writes them to `dev.json` (readable by its owner only).
 //!
-//! The local runner speaks plain HTTP (`insecure_http = true`), so it must listen on
-//! loopback: a `runner_config` whose `listen` is not a loopback address is refused.
+//! `start` is the reusable part (a server on SQLite plus in-process runners from their
+//! configs, the agent token and the approver); `emisar lab` starts its five runners with it.
+//!
+//! The in-process runners speak plain HTTP (`insecure_http = true`), so each must listen on
+//! loopback: a runner config whose `listen` is not a loopback address is refused.
 
-use std::path::PathBuf;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use serde_json::json;
+use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -30,10 +34,35 @@ pub const DEV_RUNNER: &str = "local";
 pub const DEV_AGENT: &str = "dev-agent";
 pub const DEV_APPROVER: &str = "dev-approver";
 
-pub async fn run(opts: DevOptions, shutdown: CancellationToken) -> anyhow::Result<()> {
-    std::fs::create_dir_all(&opts.state_dir)
-        .with_context(|| format!("failed to create {}", opts.state_dir.display()))?;
-    let state_dir = opts.state_dir.canonicalize()?;
+/// A server and its in-process runners, built and listening, not yet serving requests.
+pub struct Stack {
+    app: Application,
+    runner_tasks: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
+    shutdown: CancellationToken,
+    pub state_dir: PathBuf,
+    pub mcp_url: String,
+    pub portal_url: String,
+    pub agent_token: String,
+    pub approver_password: String,
+    pub database_url: String,
+    /// Runner name → base URL.
+    pub runner_urls: BTreeMap<String, String>,
+}
+
+/// Starts a server on SQLite under `state_dir` (keys, audit key and database are created
+/// once and kept) with `runners` running in-process, each listening on its `listen`
+/// address and listed in the server's config with its labels; issues the agent's token and
+/// creates the approver. Cancelling `shutdown` stops them all.
+pub async fn start(
+    state_dir: &Path,
+    listen: &str,
+    packs_dir: Option<PathBuf>,
+    runners: Vec<RunnerConfig>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<Stack> {
+    std::fs::create_dir_all(state_dir)
+        .with_context(|| format!("failed to create {}", state_dir.display()))?;
+    let state_dir = state_dir.canonicalize()?;
     let private = state_dir.join("server.key");
     let public = state_dir.join("server.pub");
     if !private.exists() {
@@ -41,53 +70,59 @@ pub async fn run(opts: DevOptions, shutdown: CancellationToken) -> anyhow::Resul
     }
     let database_url = format!("sqlite://{}", state_dir.join("emisar.db").display());
 
-    let mut runner_config = match &opts.runner_config {
-        Some(path) => RunnerConfig::load(path)?,
-        None => {
-            let mut c = RunnerConfig::with_name(DEV_RUNNER);
-            c.listen = "127.0.0.1:0".into();
-            c.packs_dir = opts.packs_dir.clone();
-            c
+    // Each runner's listener first (the server's config needs their URLs); their states
+    // (loading and compiling the packs, the slow part) are built on the blocking pool, side
+    // by side and alongside the server.
+    let mut entries = Vec::new();
+    let mut runner_urls = BTreeMap::new();
+    let mut pending = Vec::new();
+    for mut runner_config in runners {
+        runner_config.server_public_key_file = Some(public.clone());
+        let name = runner_config.name.clone();
+        let labels = runner_config.labels.clone();
+        let listener = TcpListener::bind(&runner_config.listen)
+            .await
+            .with_context(|| format!("failed to listen on {}", runner_config.listen))?;
+        let addr = listener.local_addr()?;
+        if !addr.ip().is_loopback() {
+            anyhow::bail!(
+                "runner `{name}` speaks plain HTTP here (insecure_http), so its listen address must be loopback, not {addr}; use `emisar runner` for a runner on the network"
+            );
         }
-    };
-    runner_config.server_public_key_file = Some(public.clone());
-    let runner_name = runner_config.name.clone();
-    let runner_listener = TcpListener::bind(&runner_config.listen)
-        .await
-        .with_context(|| format!("failed to listen on {}", runner_config.listen))?;
-    let runner_addr = runner_listener.local_addr()?;
-    if !runner_addr.ip().is_loopback() {
-        anyhow::bail!(
-            "the dev runner speaks plain HTTP (insecure_http), so its listen address must be loopback, not {runner_addr}; use `emisar runner` for a runner on the network"
-        );
+        let url = format!("http://{addr}");
+        let state = tokio::task::spawn_blocking(move || RunnerState::new(runner_config));
+        pending.push((listener, state));
+        entries.push(RunnerEntry {
+            name: name.clone(),
+            url: url.clone(),
+            tls_fingerprint: None,
+            packs: None,
+            labels,
+        });
+        runner_urls.insert(name, url);
     }
-    let runner_url = format!("http://{runner_addr}");
-    let runner_state = RunnerState::new(runner_config)?;
-    let runner_task = tokio::spawn(agent::run(runner_listener, runner_state, shutdown.clone()));
 
     let audit_key = state_dir.join("audit.key");
     if !audit_key.exists() {
         crate::server::secrets::AuditKey::generate(&audit_key)?;
     }
     let config = ServerConfig {
-        listen: opts.listen.clone(),
+        listen: listen.to_owned(),
         database_url: Some(database_url.clone()),
-        packs_dir: opts.packs_dir.clone(),
+        packs_dir,
         audit_key_file: Some(audit_key),
-        runners: vec![RunnerEntry {
-            name: runner_name.clone(),
-            url: runner_url.clone(),
-            tls_fingerprint: None,
-            packs: None,
-            labels: Default::default(),
-        }],
-        // The local runner is on loopback in this same process: nothing crosses a network.
+        runners: entries,
+        // The runners are on loopback in this same process: nothing crosses a network.
         insecure_http: true,
         ..ServerConfig::with_signing_key(private)
     };
     let app = Application::build(config, &database_url).await?;
+    let mut runner_tasks = Vec::new();
+    for (listener, state) in pending {
+        let state = state.await??;
+        runner_tasks.push(tokio::spawn(agent::run(listener, state, shutdown.clone())));
+    }
     let addr = app.local_addr();
-    let mcp_url = format!("http://{addr}/mcp");
     let audit = AuditLog::start(app.db().clone());
     let token = crate::server::tokens::issue(
         app.db(),
@@ -119,44 +154,102 @@ pub async fn run(opts: DevOptions, shutdown: CancellationToken) -> anyhow::Resul
             password
         }
     };
-    let portal_url = format!("http://{addr}/");
-    let info = json!({
-        "portal_url": portal_url,
-        "approver": DEV_APPROVER,
-        "approver_password": password,
-        "mcp_url": mcp_url,
-        "agent_token": token.token,
-        "agent": DEV_AGENT,
-        "database_url": database_url,
-        "runners": [runner_name],
-        "runner_urls": {runner_name.clone(): runner_url},
-    });
-    let dev_json = state_dir.join("dev.json");
-    write_private(&dev_json, &serde_json::to_string_pretty(&info)?)?;
+    Ok(Stack {
+        app,
+        runner_tasks,
+        shutdown,
+        state_dir,
+        mcp_url: format!("http://{addr}/mcp"),
+        portal_url: format!("http://{addr}/"),
+        agent_token: token.token,
+        approver_password: password,
+        database_url,
+        runner_urls,
+    })
+}
+
+impl Stack {
+    pub fn db(&self) -> &crate::server::db::Db {
+        self.app.db()
+    }
+
+    /// What `dev.json` holds.
+    pub fn info(&self) -> Value {
+        json!({
+            "portal_url": self.portal_url,
+            "approver": DEV_APPROVER,
+            "approver_password": self.approver_password,
+            "mcp_url": self.mcp_url,
+            "agent_token": self.agent_token,
+            "agent": DEV_AGENT,
+            "database_url": self.database_url,
+            "runners": self.runner_urls.keys().collect::<Vec<_>>(),
+            "runner_urls": self.runner_urls,
+        })
+    }
+
+    /// Writes `info` to `dev.json` in the state directory (owner-only); returns its path.
+    pub fn write_info(&self, info: &Value) -> anyhow::Result<PathBuf> {
+        let path = self.state_dir.join("dev.json");
+        write_private(&path, &serde_json::to_string_pretty(info)?)?;
+        Ok(path)
+    }
+
+    /// Serves until the shutdown token is cancelled; then waits for the runners to stop.
+    pub async fn run_until_stopped(self) -> anyhow::Result<()> {
+        let app_shutdown = self.app.shutdown_token();
+        let stop = self.shutdown.clone();
+        tokio::spawn(async move {
+            stop.cancelled().await;
+            app_shutdown.cancel();
+        });
+        self.app.run_until_stopped().await?;
+        self.shutdown.cancel();
+        for task in self.runner_tasks {
+            task.await??;
+        }
+        Ok(())
+    }
+}
+
+pub async fn run(opts: DevOptions, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let runner_config = match &opts.runner_config {
+        Some(path) => RunnerConfig::load(path)?,
+        None => {
+            let mut c = RunnerConfig::with_name(DEV_RUNNER);
+            c.listen = "127.0.0.1:0".into();
+            c.packs_dir = opts.packs_dir.clone();
+            c
+        }
+    };
+    let stack = start(
+        &opts.state_dir,
+        &opts.listen,
+        opts.packs_dir.clone(),
+        vec![runner_config],
+        shutdown,
+    )
+    .await?;
+    let dev_json = stack.write_info(&stack.info())?;
     println!("emisar dev is running.");
-    println!("  Portal:       {portal_url}");
-    println!("  Approver:     {DEV_APPROVER} / {password}");
-    println!("  MCP URL:      {mcp_url}");
-    println!("  Agent token:  {}", token.token);
-    println!("  Runner:       {runner_name} at {runner_url}");
-    println!("  Database:     {database_url}");
+    println!("  Portal:       {}", stack.portal_url);
+    println!(
+        "  Approver:     {DEV_APPROVER} / {}",
+        stack.approver_password
+    );
+    println!("  MCP URL:      {}", stack.mcp_url);
+    println!("  Agent token:  {}", stack.agent_token);
+    for (name, url) in &stack.runner_urls {
+        println!("  Runner:       {name} at {url}");
+    }
+    println!("  Database:     {}", stack.database_url);
     println!("  Written to:   {}", dev_json.display());
     println!("Stop with Ctrl-C.");
-
-    let app_shutdown = app.shutdown_token();
-    let stop = shutdown.clone();
-    tokio::spawn(async move {
-        stop.cancelled().await;
-        app_shutdown.cancel();
-    });
-    app.run_until_stopped().await?;
-    shutdown.cancel();
-    runner_task.await??;
-    Ok(())
+    stack.run_until_stopped().await
 }
 
 /// dev.json holds a bearer token: readable by its owner only.
-fn write_private(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
+pub fn write_private(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let mut f = std::fs::OpenOptions::new()

@@ -17,14 +17,17 @@
 //! chains, config files).
 //!
 //! At the top, the composition roots put the rooms together: [`cli`] (every subcommand),
-//! [`dev`] (`emisar dev`: a server and a local runner in one process) and [`stdio_bridge`]
-//! (`emisar mcp-stdio`).
+//! [`dev`] (`emisar dev`: a server and a local runner in one process), [`lab`] (`emisar lab`:
+//! the case study's incident on one machine; nothing in the product imports it) and
+//! [`stdio_bridge`] (`emisar mcp-stdio`).
 
 #[cfg(feature = "server")]
 pub mod cli;
 #[cfg(feature = "server")]
 pub mod dev;
 pub mod digest;
+#[cfg(feature = "server")]
+pub mod lab;
 pub mod node;
 pub mod pack;
 pub mod protocol;

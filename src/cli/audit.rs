@@ -9,10 +9,15 @@ use crate::server::audit::{self, AuditFilter};
 
 #[derive(Subcommand)]
 pub enum AuditCommand {
-    /// Walk the hash chain; names the first broken link and exits 1 if there is one.
+    /// Walk the whole hash chain; lists the broken events (the first 20, and how many) and
+    /// exits 1 if there is any.
     Verify {
+        /// Start at this seq (its predecessor's stored hash is the anchor).
         #[arg(long)]
         since: Option<i64>,
+        /// The report as one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         db: DbArg,
     },
@@ -91,27 +96,15 @@ impl FilterArgs {
 
 pub async fn run(command: AuditCommand) -> anyhow::Result<i32> {
     match command {
-        AuditCommand::Verify { since, db } => {
+        AuditCommand::Verify { since, json, db } => {
             let db = db.connect().await?;
             let report = audit::verify(&db, since).await?;
-            match &report.broken {
-                None => {
-                    println!(
-                        "ok: {} events verified (seq {}..{})",
-                        report.checked,
-                        report.first_seq.map_or("-".into(), |s| s.to_string()),
-                        report.last_seq.map_or("-".into(), |s| s.to_string())
-                    );
-                    Ok(0)
-                }
-                Some(b) => {
-                    println!(
-                        "BROKEN at seq {}: {} ({} events verified before it)",
-                        b.seq, b.problem, report.checked
-                    );
-                    Ok(1)
-                }
+            if json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                print!("{}", verify_text(&report));
             }
+            Ok(if report.is_intact() { 0 } else { 1 })
         }
         AuditCommand::Hash { key_file, value } => {
             let key = crate::server::secrets::AuditKey::from_file(&key_file)?;
@@ -181,6 +174,46 @@ pub async fn run(command: AuditCommand) -> anyhow::Result<i32> {
             Ok(0)
         }
     }
+}
+
+/// The report of `audit verify` as text: one line for the verdict, then one per listed event.
+fn verify_text(r: &audit::VerifyReport) -> String {
+    use std::fmt::Write;
+    let range = match (r.first_seq, r.last_seq) {
+        (Some(a), Some(b)) => format!("seq {a}..{b}"),
+        _ => "no events".to_owned(),
+    };
+    let mut out = String::new();
+    if r.is_intact() {
+        let _ = writeln!(out, "ok: {} events verified ({range})", r.checked);
+    } else {
+        let _ = writeln!(
+            out,
+            "BROKEN: {} of {} events checked ({range}) are broken",
+            r.broken_count, r.checked
+        );
+        for b in &r.broken {
+            let _ = writeln!(out, "BROKEN at seq {}: {}", b.seq, b.problem);
+        }
+        if r.broken_count > r.broken.len() as u64 {
+            let _ = writeln!(
+                out,
+                "... and {} more broken events not listed",
+                r.broken_count - r.broken.len() as u64
+            );
+        }
+    }
+    for w in &r.warnings {
+        let _ = writeln!(out, "warning at seq {}: {}", w.seq, w.problem);
+    }
+    if r.warning_count > r.warnings.len() as u64 {
+        let _ = writeln!(
+            out,
+            "... and {} more warnings not listed",
+            r.warning_count - r.warnings.len() as u64
+        );
+    }
+    out
 }
 
 const CSV_COLUMNS: [&str; 16] = [

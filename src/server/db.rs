@@ -253,7 +253,7 @@ impl Db {
 }
 
 /// Errors that mean the store cannot be reached, as opposed to a bad query.
-fn is_connection_error(e: &sqlx::Error) -> bool {
+pub fn is_connection_error(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::PoolTimedOut => true,
         sqlx::Error::Database(db) => db.code().is_some_and(|code| {

@@ -13,10 +13,11 @@ use rmcp::model::{CallToolRequestParams, CallToolResult};
 use serde_json::{Value, json};
 
 use crate::both_backends;
-use crate::emulators::nomad::Nomad;
-use crate::emulators::serve;
 use crate::harness::app::{Options, TestApp};
 use crate::harness::{Backend, RunnerSpec, spawn_app};
+use emisar::lab::clock::LabClock;
+use emisar::lab::http::serve;
+use emisar::lab::scenario;
 
 /// A fake `systemctl` that records its argv, one call per line.
 pub(crate) fn systemctl_standin(dir: &std::path::Path) -> std::path::PathBuf {
@@ -57,8 +58,13 @@ pub async fn add_user(app: &TestApp, name: &str, role: Role) -> String {
 
 impl Portal {
     pub async fn login(app: &TestApp, name: &str, password: &str) -> Portal {
+        Portal::login_at(&app.base_url(), name, password).await
+    }
+
+    /// Logs in to the portal at `base` (its URL without the trailing slash).
+    pub async fn login_at(base: &str, name: &str, password: &str) -> Portal {
         let http = reqwest::Client::new();
-        let base = app.base_url();
+        let base = base.to_owned();
         let res = http
             .post(format!("{base}/api/login"))
             .json(&json!({"name": name, "password": password}))
@@ -593,7 +599,7 @@ async fn approvals_refuse_what_they_should() {
 /// approval is not written, and the request ends `failed` saying why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nomad_resize_shows_the_plan_and_refuses_a_moved_job() {
-    let nomad = Nomad::case_study("nomad-secret");
+    let nomad = scenario::nomad("nomad-secret", std::sync::Arc::new(LabClock::real()));
     let url = serve(nomad.clone().router()).await;
     let app = spawn_app(
         Backend::Sqlite,

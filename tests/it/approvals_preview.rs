@@ -14,10 +14,10 @@ use serde_json::{Map, Value, json};
 
 use crate::approvals::{Portal, add_user, call_in_background, finished, wait_for_pending};
 use crate::both_backends;
-use crate::emulators::serve;
 use crate::governance_rules::gateway_packs;
 use crate::harness::app::{Options, Signed};
 use crate::harness::{Backend, RunnerSpec, spawn_app};
+use emisar::lab::http::serve;
 
 /// A stand-in for the network between server and runner: forwards every request to the
 /// runner, and rewrites one value in the runner's preview answers when told to.

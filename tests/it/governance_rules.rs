@@ -3,7 +3,11 @@
 //! one refusal from another.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+use emisar::lab::clock::LabClock;
+use emisar::lab::http::serve;
+use emisar::lab::scenario;
 use emisar::protocol::{CallRequest, Mode};
 use emisar::server::policy::Policy;
 use emisar::server::tokens::Role;
@@ -15,8 +19,6 @@ use crate::approvals::{
     systemctl_standin, wait_for_pending,
 };
 use crate::both_backends;
-use crate::emulators::consul::Consul;
-use crate::emulators::serve;
 use crate::harness::app::{Options, Signed};
 use crate::harness::{Backend, RunnerSpec, spawn_app};
 use crate::mcp_calls::call;
@@ -127,7 +129,8 @@ both_backends!(a_policy_lowered_write_runs_over_mcp);
 /// runner the server picks for a cluster-scoped tool are one set: the token's selector and
 /// the policy's, both applied.
 async fn the_runners_a_caller_may_target_are_one_set(backend: Backend) {
-    let consul = serve(Consul::case_study("consul-secret").router()).await;
+    let consul =
+        serve(scenario::consul("consul-secret", Arc::new(LabClock::frozen())).router()).await;
     let policy_dir = tempfile::tempdir().unwrap();
     let policy = write(
         policy_dir.path(),

@@ -1,12 +1,16 @@
-//! The cluster-scoped packs of the case study: Consul and Nomad against their emulators,
-//! VictoriaMetrics for real. The seed calls these without naming runners; the server picks one.
+//! The cluster-scoped packs of the case study: Consul and Nomad against the lab's emulators
+//! (in the incident's state, on a frozen lab clock), VictoriaMetrics for real. The seed calls
+//! these without naming runners; the server picks one.
 
+use std::sync::Arc;
+
+use emisar::lab::clock::LabClock;
+use emisar::lab::consul::Instance;
+use emisar::lab::http::serve;
+use emisar::lab::scenario::{self, OOM_ALLOC, SETUP_FAILED_ALLOC};
 use emisar::protocol::Mode;
 use serde_json::json;
 
-use crate::emulators::consul::Consul;
-use crate::emulators::nomad::{Nomad, OOM_ALLOC, SETUP_FAILED_ALLOC};
-use crate::emulators::serve;
 use crate::harness::app::Options;
 use crate::harness::tools::only_output as output;
 use crate::harness::vm::VictoriaMetrics;
@@ -15,7 +19,19 @@ use crate::mcp_calls::call;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consul_reads_through_a_server_chosen_runner() {
-    let consul = serve(Consul::case_study("consul-secret").router()).await;
+    let consul = scenario::consul("consul-secret", Arc::new(LabClock::frozen()));
+    // A second, failing instance, for the `passing` filter.
+    consul.register(Instance {
+        service: "store-api".into(),
+        id: "store-api-2".into(),
+        node: "nomad-hvn02".into(),
+        port: 23311,
+        tags: vec!["http".into()],
+        check_status: "critical".into(),
+        check_output: "HTTP GET http://10.0.0.102:23311/healthcheck: 503 Service Unavailable"
+            .into(),
+    });
+    let consul = serve(consul.router()).await;
     let app = spawn_app(
         Backend::Sqlite,
         vec![
@@ -122,12 +138,13 @@ async fn consul_reads_through_a_server_chosen_runner() {
         )
         .await,
     );
-    assert!(
-        services
-            .as_array()
-            .unwrap()
-            .contains(&json!({"service": "store-api", "tags": ["http"]}))
-    );
+    let store = services
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["service"] == "store-api")
+        .unwrap_or_else(|| panic!("store-api is not in the catalog: {services}"));
+    assert!(store["tags"].as_array().unwrap().contains(&json!("http")));
 
     // Naming a runner for a cluster tool works too; naming two does not.
     let res = call(
@@ -152,7 +169,8 @@ async fn consul_reads_through_a_server_chosen_runner() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consul_errors_come_back_as_consul_said_them() {
-    let consul = serve(Consul::case_study("consul-secret").router()).await;
+    let consul =
+        serve(scenario::consul("consul-secret", Arc::new(LabClock::frozen())).router()).await;
     let app = spawn_app(
         Backend::Sqlite,
         vec![RunnerSpec::new("n1").service_with_header(
@@ -198,7 +216,7 @@ async fn nomad_app(nomad: &str) -> crate::harness::app::TestApp {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nomad_reads_show_the_case_study_signals() {
-    let nomad = Nomad::case_study("nomad-secret");
+    let nomad = scenario::nomad("nomad-secret", Arc::new(LabClock::frozen()));
     let url = serve(nomad.clone().router()).await;
     let app = nomad_app(&url).await;
     let client = app.mcp_client().await;
@@ -232,7 +250,8 @@ async fn nomad_reads_show_the_case_study_signals() {
     let task = &oom["tasks"][0];
     assert_eq!(task["task"], "traefik");
     assert_eq!(task["restarts"], 23);
-    assert_eq!(task["oom_kills"], 1);
+    // The OOM kills among the events Nomad keeps (the last ten).
+    assert_eq!(task["oom_kills"], 3);
     assert_eq!(task["last_exit"]["exit_code"], "137");
     assert_eq!(task["last_exit"]["oom_killed"], true);
     assert_eq!(
@@ -289,8 +308,14 @@ async fn nomad_reads_show_the_case_study_signals() {
         )
         .await,
     );
-    assert_eq!(allocs.as_array().unwrap().len(), 2);
-    assert_eq!(allocs[0]["tasks"]["traefik"]["restarts"], 23);
+    assert_eq!(allocs.as_array().unwrap().len(), 5);
+    let hvn04 = allocs
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["node"] == "nomad-hvn04")
+        .unwrap();
+    assert_eq!(hvn04["tasks"]["traefik"]["restarts"], 23);
     let status = output(
         &call(
             &client,
@@ -301,7 +326,7 @@ async fn nomad_reads_show_the_case_study_signals() {
     );
     assert_eq!(status["type"], "system");
     let nodes = output(&call(&client, "nomad.node_status", json!({"reason": "r"})).await);
-    assert_eq!(nodes[1]["name"], "nomad-hvn05");
+    assert_eq!(nodes[4]["name"], "nomad-hvn05");
 
     let res = call(
         &client,
@@ -322,7 +347,7 @@ async fn nomad_reads_show_the_case_study_signals() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nomad_task_resources_set_previews_the_plan_and_writes_with_check_and_set() {
-    let nomad = Nomad::case_study("nomad-secret");
+    let nomad = scenario::nomad("nomad-secret", Arc::new(LabClock::frozen()));
     let url = serve(nomad.clone().router()).await;
     let app = nomad_app(&url).await;
     let args = json!({"job": "traefik", "group": "traefik", "task": "traefik", "memory": 4096});
@@ -352,7 +377,8 @@ async fn nomad_task_resources_set_previews_the_plan_and_writes_with_check_and_se
         shown["change"]["cpu_mhz"],
         json!({"from": 1000, "to": 1000})
     );
-    assert_eq!(shown["updates"]["traefik"]["DestructiveUpdate"], 1);
+    // Every node's allocation is replaced (a resources change is destructive).
+    assert_eq!(shown["updates"]["traefik"]["DestructiveUpdate"], 5);
     assert_eq!(shown["job_modify_index"], 93);
     assert_eq!(preview.body["vars"]["job_modify_index"], 93);
     assert_eq!(
@@ -400,7 +426,13 @@ async fn nomad_task_resources_set_previews_the_plan_and_writes_with_check_and_se
     assert_eq!(after["TaskGroups"][0]["Tasks"][0]["Resources"]["CPU"], 1000);
     let mut expected = before.clone();
     expected["TaskGroups"][0]["Tasks"][0]["Resources"]["MemoryMB"] = json!(4096);
-    for moved in ["JobModifyIndex", "ModifyIndex", "Version"] {
+    for moved in [
+        "JobModifyIndex",
+        "ModifyIndex",
+        "Version",
+        "SubmitTime",
+        "Stable",
+    ] {
         expected[moved] = after[moved].clone();
     }
     assert_eq!(

@@ -41,7 +41,7 @@ const SCREENSHOTS: [&str; 5] = [
 ];
 
 /// Like `require`, for what scripts/install-test-deps puts outside `.tools`.
-fn require_path(path: &Path) -> PathBuf {
+pub(crate) fn require_path(path: &Path) -> PathBuf {
     assert!(
         path.exists(),
         "{} is missing: run scripts/install-test-deps (or scripts/test) first",
@@ -51,7 +51,7 @@ fn require_path(path: &Path) -> PathBuf {
 }
 
 /// The driver process, its stdout as lines on a channel and its stderr collected.
-struct Driver {
+pub(crate) struct Driver {
     proc: Proc,
     lines: mpsc::UnboundedReceiver<String>,
     seen: Vec<String>,
@@ -59,9 +59,10 @@ struct Driver {
 }
 
 impl Driver {
-    fn spawn(repo: &Path, node: &Path, env: &[(&str, String)]) -> Driver {
+    /// Runs `script` (relative to the repository) with Node.
+    pub(crate) fn spawn(repo: &Path, node: &Path, script: &str, env: &[(&str, String)]) -> Driver {
         let mut cmd = Command::new(node);
-        cmd.arg("tests/browser/portal_e2e.mjs")
+        cmd.arg(script)
             .current_dir(repo)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -103,7 +104,7 @@ impl Driver {
     }
 
     /// Everything the driver said so far, for a failure message.
-    fn transcript(&self) -> String {
+    pub(crate) fn transcript(&self) -> String {
         // Give the stderr reader a moment to catch up with a driver that just failed.
         std::thread::sleep(Duration::from_millis(200));
         format!(
@@ -121,7 +122,7 @@ impl Driver {
     }
 
     /// The next line, or a failure that says what was expected and what the driver said.
-    async fn expect_line(&mut self, what: &str) -> String {
+    pub(crate) async fn expect_line(&mut self, what: &str) -> String {
         match self.next_line().await {
             Some(line) => line,
             None => {
@@ -134,7 +135,7 @@ impl Driver {
         }
     }
 
-    async fn expect_json(&mut self, what: &str) -> Value {
+    pub(crate) async fn expect_json(&mut self, what: &str) -> Value {
         let line = self.expect_line(what).await;
         serde_json::from_str(&line).unwrap_or_else(|e| {
             panic!(
@@ -144,7 +145,7 @@ impl Driver {
         })
     }
 
-    async fn wait_exit(&mut self) -> std::process::ExitStatus {
+    pub(crate) async fn wait_exit(&mut self) -> std::process::ExitStatus {
         loop {
             if let Some(status) = self.proc.0.try_wait().unwrap() {
                 return status;
@@ -154,7 +155,7 @@ impl Driver {
     }
 }
 
-fn assert_png(path: &Path) {
+pub(crate) fn assert_png(path: &Path) {
     let bytes = std::fs::read(path)
         .unwrap_or_else(|e| panic!("screenshot {} is missing: {e}", path.display()));
     assert!(
@@ -220,6 +221,7 @@ async fn approver_approves_in_a_real_browser() {
     let mut driver = Driver::spawn(
         &repo,
         &node,
+        "tests/browser/portal_e2e.mjs",
         &[
             ("PORTAL_URL", format!("{base}/")),
             ("PORTAL_USER", "alice".into()),

@@ -61,7 +61,7 @@ async fn a_secret_param_never_appears_in_clear() {
             }
         }),
     );
-    let service_url = crate::emulators::serve(service).await;
+    let service_url = emisar::lab::http::serve(service).await;
 
     run(&[
         "keygen",

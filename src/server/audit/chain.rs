@@ -1,13 +1,28 @@
 //! Audit events and the hash chain that links them. Pure: no IO.
 //!
-//! Invariant: `hash = sha256(canonical JSON of every other field, prev_hash included)` and
-//! `prev_hash` is the previous event's `hash` (the genesis event points at 64 zeros), so
-//! changing, removing or reordering any stored event breaks the chain at that event.
+//! Invariant: `hash = sha256(event text)`, where the event text is the canonical JSON of every
+//! other field (`prev_hash` included), and `prev_hash` is the previous event's `hash` (the
+//! genesis event points at 64 zeros), so changing, removing or reordering any stored event
+//! breaks the chain at that event.
+//!
+//! The event text is written directly ([`EventText::write`]): the keys are fixed, so they are
+//! emitted in sorted order into one buffer, strings escaped by serde_json, and `args` and
+//! `detail` spliced in as the canonical JSON text that is *stored*. Hashing the stored text,
+//! not a value in memory, is what keeps a database that normalises JSON (PostgreSQL's JSONB
+//! turns `-0.0` into `0`, rewrites large and long numbers, refuses `\u0000`) from breaking
+//! the chain: the text is stored as TEXT and hashed byte for byte. The result is the same
+//! bytes `canonical_json` gives for the whole event as one JSON object (a property test holds
+//! it to that), so events written before the text was stored still verify: for those rows
+//! (`hash_v` 1) the verifier re-canonicalises the stored JSON first.
+//!
+//! `at` never decreases along `seq` in events of format 2 (the writer stamps it under the
+//! append lock); the verifier reports an event whose `at` is before its predecessor's.
 
 use serde::Serialize;
-use serde_json::{Value, json};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
 
-use crate::digest::{canonical_json, sha256_hex};
+use crate::digest::canonical_json;
 
 pub const GENESIS_HASH: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 
@@ -66,6 +81,17 @@ pub struct NewEvent {
     pub detail: Option<Value>,
 }
 
+/// How an event's hash input was built, stored per row (`hash_v`).
+pub mod hash_v {
+    /// `args` and `detail` were stored as JSONB (PostgreSQL) or as serde_json text (SQLite)
+    /// and are re-canonicalised from what is stored before hashing. Events written before the
+    /// canonical text was stored, and by writers that do not set `hash_v`.
+    pub const VALUE: i16 = 1;
+    /// `args` and `detail` are stored as the canonical JSON text that was hashed, and hashed
+    /// again exactly as stored.
+    pub const TEXT: i16 = 2;
+}
+
 /// A stored event.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Event {
@@ -86,11 +112,23 @@ pub struct Event {
     pub detail: Option<Value>,
     pub prev_hash: String,
     pub hash: String,
+    /// The format of the hash input (see [`hash_v`]).
+    pub hash_v: i16,
+}
+
+/// A sealed event and the text of its JSON columns, exactly as hashed and to be stored.
+#[derive(Debug)]
+pub struct Sealed {
+    pub event: Event,
+    pub args_text: Option<String>,
+    pub detail_text: Option<String>,
 }
 
 impl Event {
-    /// Seals `new` as event number `seq` after `prev_hash`.
-    pub fn seal(new: NewEvent, seq: i64, id: String, at: String, prev_hash: String) -> Event {
+    /// Seals `new` as event number `seq` after `prev_hash`, in the current format.
+    pub fn seal(new: NewEvent, seq: i64, id: String, at: String, prev_hash: String) -> Sealed {
+        let args_text = new.args.as_ref().map(canonical_json);
+        let detail_text = new.detail.as_ref().map(canonical_json);
         let mut event = Event {
             seq,
             id,
@@ -108,31 +146,129 @@ impl Event {
             detail: new.detail,
             prev_hash,
             hash: String::new(),
+            hash_v: hash_v::TEXT,
         };
-        event.hash = event.compute_hash();
-        event
+        event.hash = hex::encode(
+            event
+                .text(args_text.as_deref(), detail_text.as_deref())
+                .hash(&mut Vec::new()),
+        );
+        Sealed {
+            event,
+            args_text,
+            detail_text,
+        }
     }
 
-    /// The hash this event should carry, from its other fields.
+    /// The hash this event should carry, from its other fields (its JSON fields as they are
+    /// in memory, canonicalised).
     pub fn compute_hash(&self) -> String {
-        let body = json!({
-            "seq": self.seq,
-            "id": self.id,
-            "at": self.at,
-            "actor": self.actor,
-            "kind": self.kind,
-            "tool": self.tool,
-            "runner": self.runner,
-            "args": self.args,
-            "reason": self.reason,
-            "call_id": self.call_id,
-            "approval_id": self.approval_id,
-            "outcome": self.outcome,
-            "result_digest": self.result_digest,
-            "detail": self.detail,
-            "prev_hash": self.prev_hash,
-        });
-        sha256_hex(canonical_json(&body).as_bytes())
+        let args = self.args.as_ref().map(canonical_json);
+        let detail = self.detail.as_ref().map(canonical_json);
+        hex::encode(
+            self.text(args.as_deref(), detail.as_deref())
+                .hash(&mut Vec::new()),
+        )
+    }
+
+    fn text<'a>(&'a self, args: Option<&'a str>, detail: Option<&'a str>) -> EventText<'a> {
+        EventText {
+            seq: self.seq,
+            id: &self.id,
+            at: &self.at,
+            actor: &self.actor,
+            kind: &self.kind,
+            tool: self.tool.as_deref(),
+            runner: self.runner.as_deref(),
+            args,
+            reason: self.reason.as_deref(),
+            call_id: self.call_id.as_deref(),
+            approval_id: self.approval_id.as_deref(),
+            outcome: self.outcome.as_deref(),
+            result_digest: self.result_digest.as_deref(),
+            detail,
+            prev_hash: &self.prev_hash,
+        }
+    }
+}
+
+/// Every field an event's hash covers, borrowed; `args` and `detail` as canonical JSON text.
+#[derive(Debug, Clone, Copy)]
+pub struct EventText<'a> {
+    pub seq: i64,
+    pub id: &'a str,
+    pub at: &'a str,
+    pub actor: &'a str,
+    pub kind: &'a str,
+    pub tool: Option<&'a str>,
+    pub runner: Option<&'a str>,
+    pub args: Option<&'a str>,
+    pub reason: Option<&'a str>,
+    pub call_id: Option<&'a str>,
+    pub approval_id: Option<&'a str>,
+    pub outcome: Option<&'a str>,
+    pub result_digest: Option<&'a str>,
+    pub detail: Option<&'a str>,
+    pub prev_hash: &'a str,
+}
+
+impl EventText<'_> {
+    /// Appends the event text to `out`: the canonical JSON object of all fields, written
+    /// directly. The keys are fixed, so they are written in sorted order as literals; this
+    /// replaces building a `json!` object (a dozen cloned strings) and sorting its keys for
+    /// every event, which was most of the cost of verifying a long log.
+    pub fn write(&self, out: &mut Vec<u8>) {
+        fn string(out: &mut Vec<u8>, s: &str) {
+            // serde_json's escaping, the same `canonical_json` uses for every string.
+            serde_json::to_writer(&mut *out, s).expect("writing to a Vec cannot fail");
+        }
+        fn opt(out: &mut Vec<u8>, s: Option<&str>) {
+            match s {
+                Some(s) => string(out, s),
+                None => out.extend_from_slice(b"null"),
+            }
+        }
+        fn raw(out: &mut Vec<u8>, json: Option<&str>) {
+            out.extend_from_slice(json.unwrap_or("null").as_bytes());
+        }
+        out.extend_from_slice(b"{\"actor\":");
+        string(out, self.actor);
+        out.extend_from_slice(b",\"approval_id\":");
+        opt(out, self.approval_id);
+        out.extend_from_slice(b",\"args\":");
+        raw(out, self.args);
+        out.extend_from_slice(b",\"at\":");
+        string(out, self.at);
+        out.extend_from_slice(b",\"call_id\":");
+        opt(out, self.call_id);
+        out.extend_from_slice(b",\"detail\":");
+        raw(out, self.detail);
+        out.extend_from_slice(b",\"id\":");
+        string(out, self.id);
+        out.extend_from_slice(b",\"kind\":");
+        string(out, self.kind);
+        out.extend_from_slice(b",\"outcome\":");
+        opt(out, self.outcome);
+        out.extend_from_slice(b",\"prev_hash\":");
+        string(out, self.prev_hash);
+        out.extend_from_slice(b",\"reason\":");
+        opt(out, self.reason);
+        out.extend_from_slice(b",\"result_digest\":");
+        opt(out, self.result_digest);
+        out.extend_from_slice(b",\"runner\":");
+        opt(out, self.runner);
+        out.extend_from_slice(b",\"seq\":");
+        serde_json::to_writer(&mut *out, &self.seq).expect("writing to a Vec cannot fail");
+        out.extend_from_slice(b",\"tool\":");
+        opt(out, self.tool);
+        out.push(b'}');
+    }
+
+    /// SHA-256 of the event text; `buf` is scratch space, reused across calls.
+    pub fn hash(&self, buf: &mut Vec<u8>) -> [u8; 32] {
+        buf.clear();
+        self.write(buf);
+        Sha256::digest(&buf[..]).into()
     }
 }
 
@@ -140,6 +276,9 @@ impl Event {
 pub fn format_at(t: chrono::DateTime<chrono::Utc>) -> String {
     t.format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
 }
+
+/// How many broken events (and warnings) a report lists; it counts them all.
+pub const MAX_LISTED: usize = 20;
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct BrokenLink {
@@ -149,66 +288,153 @@ pub struct BrokenLink {
 
 #[derive(Debug, Clone, Serialize, PartialEq, Default)]
 pub struct VerifyReport {
+    /// Events read and checked, broken ones included.
     pub checked: u64,
     pub first_seq: Option<i64>,
     pub last_seq: Option<i64>,
-    pub broken: Option<BrokenLink>,
+    /// How many events are broken: altered, out of sequence, not linked to their
+    /// predecessor, or (format 2) stamped before their predecessor.
+    pub broken_count: u64,
+    /// The first [`MAX_LISTED`] broken events, in `seq` order.
+    pub broken: Vec<BrokenLink>,
+    /// How many events of format 1 have an `at` before their predecessor's. Not a break:
+    /// before `at` was stamped under the append lock, replicas could interleave that way.
+    pub warning_count: u64,
+    /// The first [`MAX_LISTED`] of them.
+    pub warnings: Vec<BrokenLink>,
 }
 
-/// Walks events in `seq` order and stops at the first broken link.
+impl VerifyReport {
+    /// Nothing broken (warnings allowed).
+    pub fn is_intact(&self) -> bool {
+        self.broken_count == 0
+    }
+}
+
+/// The event just before the first one a verifier is fed (`verify --since`).
+#[derive(Debug, Clone)]
+pub struct Anchor {
+    pub seq: i64,
+    pub hash: String,
+    pub at: String,
+}
+
+/// One stored event as the verifier sees it: its links, its stored hash, and its event text
+/// as built from the stored columns.
+#[derive(Debug, Clone, Copy)]
+pub struct StoredEvent<'a> {
+    pub seq: i64,
+    pub at: &'a str,
+    pub prev_hash: &'a str,
+    pub hash: &'a str,
+    pub hash_v: i16,
+    pub text: &'a [u8],
+}
+
+/// Walks events in `seq` order and reports every broken one, not only the first: an auditor
+/// needs to know whether one event was altered or everything after it, and a chain broken
+/// once must not hide what follows.
 #[derive(Debug)]
 pub struct Verifier {
     report: VerifyReport,
-    prev: Option<(i64, String)>,
+    prev: Option<Anchor>,
 }
 
 impl Verifier {
-    /// `anchor` is the (seq, hash) of the event before the first one fed, if any.
-    pub fn new(anchor: Option<(i64, String)>) -> Self {
+    pub fn new(anchor: Option<Anchor>) -> Self {
         Verifier {
             report: VerifyReport::default(),
             prev: anchor,
         }
     }
 
-    /// Checks one event; returns false once the chain is broken.
-    pub fn feed(&mut self, e: &Event) -> bool {
-        if self.report.broken.is_some() {
-            return false;
+    /// Checks one event against its predecessor and its stored hash.
+    pub fn feed(&mut self, e: StoredEvent<'_>) {
+        let mut problems = Vec::new();
+        match &self.prev {
+            None => {
+                if e.seq != 1 {
+                    problems.push(format!("the log starts at seq {} instead of 1", e.seq));
+                }
+                if e.prev_hash != GENESIS_HASH {
+                    problems.push("the first event does not point at the genesis hash".into());
+                }
+            }
+            Some(prev) => {
+                if e.seq != prev.seq + 1 {
+                    problems.push(format!(
+                        "seq {} follows seq {}: events are missing",
+                        e.seq, prev.seq
+                    ));
+                }
+                if e.prev_hash != prev.hash {
+                    problems.push(format!(
+                        "prev_hash {} does not match the hash of seq {} ({})",
+                        e.prev_hash, prev.seq, prev.hash
+                    ));
+                }
+                if e.at < prev.at.as_str() {
+                    let what = format!(
+                        "at {} is before the at of seq {} ({})",
+                        e.at, prev.seq, prev.at
+                    );
+                    if e.hash_v >= hash_v::TEXT {
+                        problems.push(format!("{what}: time went backwards along seq"));
+                    } else {
+                        self.report.warning_count += 1;
+                        if self.report.warnings.len() < MAX_LISTED {
+                            self.report.warnings.push(BrokenLink {
+                                seq: e.seq,
+                                problem: format!(
+                                    "{what} (written before at was ordered along seq; \
+                                     time-filtered searches near it may be inexact)"
+                                ),
+                            });
+                        }
+                    }
+                }
+            }
         }
-        let problem = match &self.prev {
-            None if e.seq != 1 => Some(format!("the log starts at seq {} instead of 1", e.seq)),
-            None if e.prev_hash != GENESIS_HASH => {
-                Some("the first event does not point at the genesis hash".to_owned())
+        let expected: [u8; 32] = Sha256::digest(e.text).into();
+        let mut expected_hex = [0u8; 64];
+        hex::encode_to_slice(expected, &mut expected_hex).expect("64 bytes hold 32 in hex");
+        if e.hash.as_bytes() != expected_hex {
+            problems.push(format!(
+                "stored hash {} does not match its contents (expected {}): the event was altered",
+                e.hash,
+                String::from_utf8_lossy(&expected_hex)
+            ));
+        }
+        if !problems.is_empty() {
+            self.report.broken_count += 1;
+            if self.report.broken.len() < MAX_LISTED {
+                self.report.broken.push(BrokenLink {
+                    seq: e.seq,
+                    problem: problems.join("; "),
+                });
             }
-            Some((seq, _)) if e.seq != seq + 1 => Some(format!(
-                "seq {} follows seq {seq}: events are missing",
-                e.seq
-            )),
-            Some((_, hash)) if &e.prev_hash != hash => Some(format!(
-                "prev_hash {} does not match the hash of seq {} ({hash})",
-                e.prev_hash,
-                e.seq - 1
-            )),
-            _ => {
-                let expected = e.compute_hash();
-                (expected != e.hash).then(|| {
-                    format!("stored hash {} does not match its contents (expected {expected}): the event was altered", e.hash)
-                })
-            }
-        };
-        if let Some(problem) = problem {
-            self.report.broken = Some(BrokenLink {
-                seq: e.seq,
-                problem,
-            });
-            return false;
         }
         self.report.checked += 1;
         self.report.first_seq.get_or_insert(e.seq);
         self.report.last_seq = Some(e.seq);
-        self.prev = Some((e.seq, e.hash.clone()));
-        true
+        // The next event links to what is stored, so one altered event is reported once,
+        // not again at every event after it.
+        match &mut self.prev {
+            Some(prev) => {
+                prev.seq = e.seq;
+                prev.hash.clear();
+                prev.hash.push_str(e.hash);
+                prev.at.clear();
+                prev.at.push_str(e.at);
+            }
+            None => {
+                self.prev = Some(Anchor {
+                    seq: e.seq,
+                    hash: e.hash.to_owned(),
+                    at: e.at.to_owned(),
+                })
+            }
+        }
     }
 
     pub fn finish(self) -> VerifyReport {
@@ -219,6 +445,8 @@ impl Verifier {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
 
     fn chain(n: i64) -> Vec<Event> {
         let mut prev = GENESIS_HASH.to_owned();
@@ -233,9 +461,10 @@ mod tests {
                     },
                     seq,
                     format!("id-{seq}"),
-                    "2026-11-30T00:00:00.000000Z".into(),
+                    format!("2026-11-30T00:00:{:02}.000000Z", seq % 60),
                     prev.clone(),
-                );
+                )
+                .event;
                 prev = e.hash.clone();
                 e
             })
@@ -244,42 +473,236 @@ mod tests {
 
     fn verify(events: &[Event]) -> VerifyReport {
         let mut v = Verifier::new(None);
+        let mut buf = Vec::new();
         for e in events {
-            if !v.feed(e) {
-                break;
-            }
+            let args = e.args.as_ref().map(canonical_json);
+            let detail = e.detail.as_ref().map(canonical_json);
+            buf.clear();
+            e.text(args.as_deref(), detail.as_deref()).write(&mut buf);
+            v.feed(StoredEvent {
+                seq: e.seq,
+                at: &e.at,
+                prev_hash: &e.prev_hash,
+                hash: &e.hash,
+                hash_v: e.hash_v,
+                text: &buf,
+            });
         }
         v.finish()
+    }
+
+    fn broken_seqs(r: &VerifyReport) -> Vec<i64> {
+        r.broken.iter().map(|b| b.seq).collect()
     }
 
     #[test]
     fn an_intact_chain_verifies() {
         let r = verify(&chain(5));
         assert_eq!(r.checked, 5);
-        assert_eq!(r.broken, None);
+        assert!(r.is_intact(), "{r:?}");
+        assert_eq!((r.first_seq, r.last_seq), (Some(1), Some(5)));
     }
 
     #[test]
-    fn tampering_is_found_at_the_right_event() {
+    fn tampering_is_found_at_the_right_event_and_every_break_is_reported() {
         let mut events = chain(5);
         events[2].reason = Some("edited".into());
-        assert_eq!(verify(&events).broken.unwrap().seq, 3);
+        let r = verify(&events);
+        assert_eq!(broken_seqs(&r), [3]);
+        assert!(r.broken[0].problem.contains("was altered"));
+        assert_eq!(r.checked, 5, "verification goes on past the break");
+
+        let mut events = chain(5);
+        events[1].reason = Some("edited".into());
+        events[3].actor = "agent:b".into();
+        let r = verify(&events);
+        assert_eq!(broken_seqs(&r), [2, 4], "{r:?}");
+        assert_eq!(r.broken_count, 2);
 
         let mut events = chain(5);
         events.remove(3);
-        let b = verify(&events).broken.unwrap();
-        assert_eq!(b.seq, 5);
-        assert!(b.problem.contains("missing"));
+        let r = verify(&events);
+        assert_eq!(broken_seqs(&r), [5]);
+        assert!(r.broken[0].problem.contains("missing"));
 
+        // A resealed event has a valid hash of its own; its successor no longer links to it.
         let mut events = chain(5);
         let resealed = Event::seal(
             NewEvent::default(),
             2,
             "x".into(),
-            "t".into(),
+            events[1].at.clone(),
             events[0].hash.clone(),
-        );
+        )
+        .event;
         events[1] = resealed;
-        assert_eq!(verify(&events).broken.unwrap().seq, 3);
+        assert_eq!(broken_seqs(&verify(&events)), [3]);
+    }
+
+    #[test]
+    fn the_list_is_capped_but_the_count_is_not() {
+        let mut events = chain(60);
+        for e in &mut events {
+            e.reason = Some("edited".into());
+        }
+        let r = verify(&events);
+        assert_eq!(r.broken_count, 60);
+        assert_eq!(r.broken.len(), MAX_LISTED);
+        assert_eq!(r.broken[0].seq, 1);
+    }
+
+    #[test]
+    fn time_going_backwards_is_a_break_in_the_current_format_and_a_warning_before_it() {
+        let mut prev = GENESIS_HASH.to_owned();
+        let mut events = Vec::new();
+        for (seq, at) in [
+            (1, "2026-11-30T00:00:02.000000Z"),
+            (2, "2026-11-30T00:00:01.000000Z"),
+        ] {
+            let e = Event::seal(
+                NewEvent::default(),
+                seq,
+                format!("id-{seq}"),
+                at.into(),
+                prev.clone(),
+            )
+            .event;
+            prev = e.hash.clone();
+            events.push(e);
+        }
+        let r = verify(&events);
+        assert_eq!(broken_seqs(&r), [2]);
+        assert!(r.broken[0].problem.contains("time went backwards"), "{r:?}");
+
+        // The same two events, as rows of the older format: a warning, not a break.
+        for e in &mut events {
+            e.hash_v = hash_v::VALUE;
+        }
+        let r = verify(&events);
+        assert!(r.is_intact(), "{r:?}");
+        assert_eq!(r.warning_count, 1);
+        assert_eq!(r.warnings[0].seq, 2);
+    }
+
+    #[test]
+    fn the_direct_text_of_a_known_event_is_its_canonical_json() {
+        let e = chain(1).remove(0);
+        let mut buf = Vec::new();
+        let args = canonical_json(e.args.as_ref().unwrap());
+        e.text(Some(&args), None).write(&mut buf);
+        assert_eq!(
+            String::from_utf8(buf).unwrap(),
+            format!(
+                r#"{{"actor":"agent:a","approval_id":null,"args":{{"a":[1],"b":1}},"at":"2026-11-30T00:00:01.000000Z","call_id":null,"detail":null,"id":"id-1","kind":"tool.called","outcome":null,"prev_hash":"{GENESIS_HASH}","reason":null,"result_digest":null,"runner":null,"seq":1,"tool":null}}"#
+            )
+        );
+    }
+
+    /// Arbitrary JSON, including what databases tend to rewrite: -0.0, integers and floats
+    /// at the edges of their types, long fractions, NUL and other control characters,
+    /// non-ASCII text, and nesting.
+    fn arb_json() -> impl Strategy<Value = Value> {
+        let float = |f: f64| Value::Number(serde_json::Number::from_f64(f).expect("finite"));
+        let tricky = prop::sample::select(vec![
+            -0.0,
+            0.1 + 0.2,
+            1e300,
+            5e-324,
+            f64::MAX,
+            1e29,
+            1e21,
+            1e-7,
+            9_007_199_254_740_993.0,
+        ])
+        .prop_map(float);
+        let string = prop_oneof![
+            any::<String>(),
+            prop::sample::select(vec![
+                "\u{0}",
+                "a\u{0}b",
+                "\"\\",
+                "\u{1}\u{7f}",
+                "\u{2028}",
+                "😀"
+            ])
+            .prop_map(str::to_owned),
+        ];
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<f64>().prop_filter_map("finite", |f| serde_json::Number::from_f64(f)
+                .map(Value::Number)),
+            tricky,
+            string.clone().prop_map(Value::String),
+        ];
+        leaf.prop_recursive(10, 96, 6, move |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                prop::collection::btree_map(string.clone(), inner, 0..6)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    fn opt_string() -> impl Strategy<Value = Option<String>> {
+        prop::option::of(any::<String>())
+    }
+
+    proptest! {
+        /// The direct writer gives byte for byte what `canonical_json` of the whole event as
+        /// one `json!` object gives (the format events were always hashed in), for every
+        /// event: so the hashes of events written before it are unchanged.
+        #[test]
+        fn the_direct_text_is_the_canonical_json_of_the_event(
+            seq in any::<i64>(),
+            strings in prop::collection::vec(any::<String>(), 5),
+            opts in prop::collection::vec(opt_string(), 7),
+            args in prop::option::of(arb_json()),
+            detail in prop::option::of(arb_json()),
+        ) {
+            let e = Event {
+                seq,
+                id: strings[0].clone(),
+                at: strings[1].clone(),
+                actor: strings[2].clone(),
+                kind: strings[3].clone(),
+                tool: opts[0].clone(),
+                runner: opts[1].clone(),
+                args,
+                reason: opts[2].clone(),
+                call_id: opts[3].clone(),
+                approval_id: opts[4].clone(),
+                outcome: opts[5].clone(),
+                result_digest: opts[6].clone(),
+                detail,
+                prev_hash: strings[4].clone(),
+                hash: String::new(),
+                hash_v: hash_v::TEXT,
+            };
+            let whole = serde_json::json!({
+                "seq": e.seq,
+                "id": e.id,
+                "at": e.at,
+                "actor": e.actor,
+                "kind": e.kind,
+                "tool": e.tool,
+                "runner": e.runner,
+                "args": e.args,
+                "reason": e.reason,
+                "call_id": e.call_id,
+                "approval_id": e.approval_id,
+                "outcome": e.outcome,
+                "result_digest": e.result_digest,
+                "detail": e.detail,
+                "prev_hash": e.prev_hash,
+            });
+            let args = e.args.as_ref().map(canonical_json);
+            let detail = e.detail.as_ref().map(canonical_json);
+            let mut direct = Vec::new();
+            e.text(args.as_deref(), detail.as_deref()).write(&mut direct);
+            prop_assert_eq!(String::from_utf8(direct).unwrap(), canonical_json(&whole));
+        }
     }
 }

@@ -1,26 +1,49 @@
 //! Per-backend SQL of the audit log: append a sealed batch, query with filters, verify.
 //!
-//! Both backends hand back the same text for every column (PostgreSQL's JSONB and TIMESTAMPTZ
-//! are cast to text in a fixed format), so one row type and one hash serve both.
+//! `args` and `detail` are stored as the canonical JSON text that was hashed (TEXT on both
+//! backends), and every column is read back as the same text on both (PostgreSQL's
+//! TIMESTAMPTZ is formatted in the fixed `at` format), so one hash serves both.
+//!
+//! Invariants: a batch is appended in one transaction under the append lock (PostgreSQL
+//! advisory lock, SQLite `BEGIN IMMEDIATE`), with one INSERT statement; its `at` is stamped
+//! under that lock as `max(now, at of the last event)`, so `at` never decreases along `seq`,
+//! whichever replica writes and whatever its clock does. Time filters rely on that.
+
+use std::ops::Range;
 
 use futures::TryStreamExt;
 use serde_json::Value;
 use sqlx::AssertSqlSafe;
 
-use super::chain::{Event, GENESIS_HASH, NewEvent, Verifier, VerifyReport, format_at};
+use super::chain::{
+    Anchor, BrokenLink, Event, EventText, GENESIS_HASH, NewEvent, StoredEvent, Verifier,
+    VerifyReport, format_at, hash_v,
+};
+use crate::digest::canonical_json;
 use crate::server::db::{Db, Pool};
 use crate::with_pool;
 
 /// An advisory lock key that serializes appends across every `emisar serve` replica.
 const PG_AUDIT_LOCK: i64 = 0x656d_6973_6172; // "emisar"
 
-const PG_COLUMNS: &str = "seq, id, to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS at, actor, kind, tool, runner, args::text AS args, reason, call_id, approval_id, outcome, result_digest, detail::text AS detail, prev_hash, hash";
-const SQLITE_COLUMNS: &str = "seq, id, at, actor, kind, tool, runner, args, reason, call_id, approval_id, outcome, result_digest, detail, prev_hash, hash";
+/// `at` as the fixed-width text that is hashed (TIMESTAMPTZ keeps microseconds, so this is
+/// exactly the text that was written).
+const PG_AT: &str = "to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')";
+const PG_COLUMNS: &str = "seq, id, to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS at, actor, kind, tool, runner, args, reason, call_id, approval_id, outcome, result_digest, detail, prev_hash, hash, hash_v";
+const SQLITE_COLUMNS: &str = "seq, id, at, actor, kind, tool, runner, args, reason, call_id, approval_id, outcome, result_digest, detail, prev_hash, hash, hash_v";
 
-const PG_INSERT: &str = "INSERT INTO audit_events (seq, id, at, actor, kind, tool, runner, args, reason, call_id, approval_id, outcome, result_digest, detail, prev_hash, hash) VALUES ($1, $2, $3::timestamptz, $4, $5, $6, $7, $8::jsonb, $9, $10, $11, $12, $13, $14::jsonb, $15, $16)";
-const SQLITE_INSERT: &str = "INSERT INTO audit_events (seq, id, at, actor, kind, tool, runner, args, reason, call_id, approval_id, outcome, result_digest, detail, prev_hash, hash) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)";
+/// One statement per batch: a round trip per event was what bounded the append rate. The
+/// batch shares one `at`, bound once; every other column is an array, one element per event.
+const PG_INSERT: &str = "INSERT INTO audit_events (seq, id, at, actor, kind, tool, runner, args, reason, call_id, approval_id, outcome, result_digest, detail, prev_hash, hash, hash_v) \
+     SELECT seq, id, $3::timestamptz, actor, kind, tool, runner, args, reason, call_id, approval_id, outcome, result_digest, detail, prev_hash, hash, $17::smallint \
+     FROM UNNEST($1::bigint[], $2::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::text[], $15::text[], $16::text[]) \
+     AS t(seq, id, actor, kind, tool, runner, args, reason, call_id, approval_id, outcome, result_digest, detail, prev_hash, hash)";
+const SQLITE_INSERT: &str = "INSERT INTO audit_events (seq, id, at, actor, kind, tool, runner, args, reason, call_id, approval_id, outcome, result_digest, detail, prev_hash, hash, hash_v) VALUES ";
+/// Rows per SQLite INSERT: 17 parameters each stays well under SQLite's 32,766 limit.
+const SQLITE_ROWS_PER_INSERT: usize = 500;
 
-const LAST: &str = "SELECT seq, hash FROM audit_events ORDER BY seq DESC LIMIT 1";
+const PG_LAST: &str = "SELECT seq, hash, to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') FROM audit_events ORDER BY seq DESC LIMIT 1";
+const SQLITE_LAST: &str = "SELECT seq, hash, at FROM audit_events ORDER BY seq DESC LIMIT 1";
 
 #[derive(sqlx::FromRow)]
 struct Row {
@@ -40,6 +63,7 @@ struct Row {
     detail: Option<String>,
     prev_hash: String,
     hash: String,
+    hash_v: i16,
 }
 
 impl Row {
@@ -66,76 +90,256 @@ impl Row {
             detail: json(self.detail)?,
             prev_hash: self.prev_hash,
             hash: self.hash,
+            hash_v: self.hash_v,
         })
     }
 }
 
-/// Appends `batch` in one transaction, chained after the current last event. All or nothing.
-pub(super) async fn append_batch(db: &Db, batch: Vec<NewEvent>) -> Result<Vec<Event>, sqlx::Error> {
-    let now = format_at(chrono::Utc::now());
-    macro_rules! append {
-        ($tx:ident, $insert:expr) => {{
-            let last: Option<(i64, String)> =
-                sqlx::query_as(LAST).fetch_optional(&mut *$tx).await?;
-            let (mut seq, mut prev) = last.unwrap_or((0, GENESIS_HASH.to_owned()));
-            let mut sealed = Vec::with_capacity(batch.len());
-            for new in batch {
-                seq += 1;
-                let e = Event::seal(
-                    new,
-                    seq,
-                    uuid::Uuid::new_v4().to_string(),
-                    now.clone(),
-                    prev,
-                );
-                prev = e.hash.clone();
-                sqlx::query($insert)
-                    .bind(e.seq)
-                    .bind(&e.id)
-                    .bind(&e.at)
-                    .bind(&e.actor)
-                    .bind(&e.kind)
-                    .bind(&e.tool)
-                    .bind(&e.runner)
-                    .bind(e.args.as_ref().map(Value::to_string))
-                    .bind(&e.reason)
-                    .bind(&e.call_id)
-                    .bind(&e.approval_id)
-                    .bind(&e.outcome)
-                    .bind(&e.result_digest)
-                    .bind(e.detail.as_ref().map(Value::to_string))
-                    .bind(&e.prev_hash)
-                    .bind(&e.hash)
-                    .execute(&mut *$tx)
-                    .await?;
-                sealed.push(e);
-            }
-            $tx.commit().await?;
-            Ok(sealed)
-        }};
+/// What the chain assigned to one appended event.
+#[derive(Debug, Clone)]
+pub(super) struct Receipt {
+    pub seq: i64,
+    pub id: String,
+    pub at: String,
+    pub prev_hash: String,
+    pub hash: String,
+}
+
+impl Receipt {
+    pub fn into_event(self, new: NewEvent) -> Event {
+        Event {
+            seq: self.seq,
+            id: self.id,
+            at: self.at,
+            actor: new.actor,
+            kind: new.kind,
+            tool: new.tool,
+            runner: new.runner,
+            args: new.args,
+            reason: new.reason,
+            call_id: new.call_id,
+            approval_id: new.approval_id,
+            outcome: new.outcome,
+            result_digest: new.result_digest,
+            detail: new.detail,
+            prev_hash: self.prev_hash,
+            hash: self.hash,
+            hash_v: hash_v::TEXT,
+        }
     }
-    db.guard(async move {
+}
+
+/// An event ready to be chained: its JSON columns already in their stored text.
+struct Prepared<'a> {
+    new: &'a NewEvent,
+    args: Option<String>,
+    detail: Option<String>,
+}
+
+/// Chains `batch` after the last event (`last`: its seq, hash and at) at time `now`: the seq,
+/// id, `at` and hashes of each event, in order.
+fn chain_after(
+    last: Option<(i64, String, String)>,
+    now: String,
+    batch: &[Prepared<'_>],
+) -> Vec<Receipt> {
+    let (mut seq, mut prev, last_at) = last.unwrap_or((0, GENESIS_HASH.to_owned(), String::new()));
+    // `at` text is fixed width, so text order is time order.
+    let at = if now < last_at { last_at } else { now };
+    let mut scratch = Vec::with_capacity(1024);
+    batch
+        .iter()
+        .map(|p| {
+            seq += 1;
+            let id = uuid::Uuid::new_v4().to_string();
+            let new = p.new;
+            let hash = hex::encode(
+                EventText {
+                    seq,
+                    id: &id,
+                    at: &at,
+                    actor: &new.actor,
+                    kind: &new.kind,
+                    tool: new.tool.as_deref(),
+                    runner: new.runner.as_deref(),
+                    args: p.args.as_deref(),
+                    reason: new.reason.as_deref(),
+                    call_id: new.call_id.as_deref(),
+                    approval_id: new.approval_id.as_deref(),
+                    outcome: new.outcome.as_deref(),
+                    result_digest: new.result_digest.as_deref(),
+                    detail: p.detail.as_deref(),
+                    prev_hash: &prev,
+                }
+                .hash(&mut scratch),
+            );
+            Receipt {
+                seq,
+                id,
+                at: at.clone(),
+                prev_hash: std::mem::replace(&mut prev, hash.clone()),
+                hash,
+            }
+        })
+        .collect()
+}
+
+/// Appends `batch` in one transaction, chained after the current last event. All or nothing.
+pub(super) async fn append_batch(db: &Db, batch: &[NewEvent]) -> Result<Vec<Receipt>, sqlx::Error> {
+    // Everything that does not depend on the chain is done before taking the lock.
+    let prepared: Vec<Prepared<'_>> = batch
+        .iter()
+        .map(|new| Prepared {
+            new,
+            args: new.args.as_ref().map(canonical_json),
+            detail: new.detail.as_ref().map(canonical_json),
+        })
+        .collect();
+    db.guard(async {
         match db.pool() {
             Pool::Pg(pool) => {
                 let mut tx = pool.begin().await?;
-                sqlx::query("SELECT pg_advisory_xact_lock($1)")
-                    .bind(PG_AUDIT_LOCK)
-                    .execute(&mut *tx)
-                    .await?;
-                append!(tx, PG_INSERT)
+                let result = async {
+                    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                        .bind(PG_AUDIT_LOCK)
+                        .execute(&mut *tx)
+                        .await?;
+                    let last = sqlx::query_as(PG_LAST).fetch_optional(&mut *tx).await?;
+                    let receipts = chain_after(last, format_at(chrono::Utc::now()), &prepared);
+                    pg_insert(&mut tx, &prepared, &receipts).await?;
+                    Ok::<_, sqlx::Error>(receipts)
+                }
+                .await;
+                finish(tx, result).await
             }
             Pool::Sqlite(pool) => {
                 // IMMEDIATE takes the write lock up front, so reading the last hash and
                 // appending after it cannot interleave with another writer.
                 let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-                append!(tx, SQLITE_INSERT)
+                let result = async {
+                    let last = sqlx::query_as(SQLITE_LAST).fetch_optional(&mut *tx).await?;
+                    let receipts = chain_after(last, format_at(chrono::Utc::now()), &prepared);
+                    sqlite_insert(&mut tx, &prepared, &receipts).await?;
+                    Ok::<_, sqlx::Error>(receipts)
+                }
+                .await;
+                finish(tx, result).await
             }
         }
     })
     .await
 }
 
-/// Filters of `emisar audit query` (and later the HTTP API). Every filter is optional.
+/// Commits on success; on failure rolls back at once, so that the append lock a refused
+/// batch holds is released now, not whenever its connection is next used.
+async fn finish<DB: sqlx::Database, T>(
+    tx: sqlx::Transaction<'_, DB>,
+    result: Result<T, sqlx::Error>,
+) -> Result<T, sqlx::Error> {
+    match result {
+        Ok(v) => {
+            tx.commit().await?;
+            Ok(v)
+        }
+        Err(e) => {
+            let _ = tx.rollback().await;
+            Err(e)
+        }
+    }
+}
+
+async fn pg_insert(
+    tx: &mut sqlx::PgConnection,
+    batch: &[Prepared<'_>],
+    receipts: &[Receipt],
+) -> Result<(), sqlx::Error> {
+    fn text<'a>(
+        batch: &'a [Prepared<'a>],
+        f: impl Fn(&'a Prepared<'a>) -> Option<&'a str>,
+    ) -> Vec<Option<&'a str>> {
+        batch.iter().map(f).collect()
+    }
+    let at = receipts.first().map_or("", |r| r.at.as_str());
+    sqlx::query(PG_INSERT)
+        .bind(receipts.iter().map(|r| r.seq).collect::<Vec<_>>())
+        .bind(receipts.iter().map(|r| r.id.as_str()).collect::<Vec<_>>())
+        .bind(at)
+        .bind(
+            batch
+                .iter()
+                .map(|p| p.new.actor.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            batch
+                .iter()
+                .map(|p| p.new.kind.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(text(batch, |p| p.new.tool.as_deref()))
+        .bind(text(batch, |p| p.new.runner.as_deref()))
+        .bind(text(batch, |p| p.args.as_deref()))
+        .bind(text(batch, |p| p.new.reason.as_deref()))
+        .bind(text(batch, |p| p.new.call_id.as_deref()))
+        .bind(text(batch, |p| p.new.approval_id.as_deref()))
+        .bind(text(batch, |p| p.new.outcome.as_deref()))
+        .bind(text(batch, |p| p.new.result_digest.as_deref()))
+        .bind(text(batch, |p| p.detail.as_deref()))
+        .bind(
+            receipts
+                .iter()
+                .map(|r| r.prev_hash.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(receipts.iter().map(|r| r.hash.as_str()).collect::<Vec<_>>())
+        .bind(hash_v::TEXT)
+        .execute(tx)
+        .await?;
+    Ok(())
+}
+
+async fn sqlite_insert(
+    tx: &mut sqlx::SqliteConnection,
+    batch: &[Prepared<'_>],
+    receipts: &[Receipt],
+) -> Result<(), sqlx::Error> {
+    for (rows, receipts) in batch
+        .chunks(SQLITE_ROWS_PER_INSERT)
+        .zip(receipts.chunks(SQLITE_ROWS_PER_INSERT))
+    {
+        let one = format!(
+            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {})",
+            hash_v::TEXT
+        );
+        let sql = format!("{SQLITE_INSERT}{}", vec![one; rows.len()].join(", "));
+        // Only placeholders and a constant are formatted into the SQL; every value is bound.
+        let mut q = sqlx::query(AssertSqlSafe(sql));
+        for (p, r) in rows.iter().zip(receipts) {
+            let new = p.new;
+            q = q
+                .bind(r.seq)
+                .bind(&r.id)
+                .bind(&r.at)
+                .bind(&new.actor)
+                .bind(&new.kind)
+                .bind(&new.tool)
+                .bind(&new.runner)
+                .bind(&p.args)
+                .bind(&new.reason)
+                .bind(&new.call_id)
+                .bind(&new.approval_id)
+                .bind(&new.outcome)
+                .bind(&new.result_digest)
+                .bind(&p.detail)
+                .bind(&r.prev_hash)
+                .bind(&r.hash);
+        }
+        q.execute(&mut *tx).await?;
+    }
+    Ok(())
+}
+
+/// Filters of `emisar audit query` and `GET /api/audit`. Every filter is optional.
 #[derive(Debug, Clone, Default)]
 pub struct AuditFilter {
     pub tool: Option<String>,
@@ -172,14 +376,27 @@ pub async fn query(db: &Db, filter: &AuditFilter) -> Result<Vec<Event>, sqlx::Er
     text_filter("call_id", &filter.call_id);
     text_filter("approval_id", &filter.approval_id);
     text_filter("outcome", &filter.outcome);
+    // Time bounds become seq bounds: the first event at or after the time, found through the
+    // `at` index. Exact because `at` never decreases along `seq`. Filtering on `at` itself
+    // made the planner walk the primary key from seq 1 (it assumes matching rows are spread
+    // evenly, while in a log they all sit at the end), reading the whole log up to `since`;
+    // keeping the `at` predicates next to the seq bounds makes it combine both indexes and
+    // sort the whole window.
     let cast = if pg { "::timestamptz" } else { "" };
+    let first_seq_at = |n: usize| {
+        format!("(SELECT seq FROM audit_events WHERE at >= ${n}{cast} ORDER BY at, seq LIMIT 1)")
+    };
     if let Some(since) = filter.since {
         binds.push(format_at(since));
-        clauses.push(format!("at >= ${}{cast}", binds.len()));
+        clauses.push(format!("seq >= {}", first_seq_at(binds.len())));
     }
     if let Some(until) = filter.until {
         binds.push(format_at(until));
-        clauses.push(format!("at < ${}{cast}", binds.len()));
+        clauses.push(format!(
+            "seq < COALESCE({}, {})",
+            first_seq_at(binds.len()),
+            i64::MAX
+        ));
     }
     let after = filter.after_seq.unwrap_or(0);
     clauses.push(format!("seq > {after}"));
@@ -204,33 +421,215 @@ pub async fn query(db: &Db, filter: &AuditFilter) -> Result<Vec<Event>, sqlx::Er
     rows.into_iter().map(Row::into_event).collect()
 }
 
-/// Walks the chain from `since` (or the start) and reports the first broken link.
+/// Events per chunk handed from the reading task to the hashing thread.
+const VERIFY_CHUNK: usize = 1024;
+/// Chunks in flight between them: enough to keep both busy, bounded so a fast reader does not
+/// buffer the whole log.
+const VERIFY_CHUNKS_IN_FLIGHT: usize = 4;
+
+/// Events as the verifier needs them: each event's text (built from its stored columns) and
+/// its links, packed into one buffer per chunk rather than a few strings per event.
+struct Chunk {
+    bytes: Vec<u8>,
+    events: Vec<Packed>,
+}
+
+struct Packed {
+    seq: i64,
+    hash_v: i16,
+    text: Range<usize>,
+    at: Range<usize>,
+    prev_hash: Range<usize>,
+    hash: Range<usize>,
+}
+
+impl Chunk {
+    fn new() -> Chunk {
+        Chunk {
+            // ≈ 600 bytes of text and links per event.
+            bytes: Vec::with_capacity(VERIFY_CHUNK * 768),
+            events: Vec::with_capacity(VERIFY_CHUNK),
+        }
+    }
+
+    fn push_str(&mut self, s: &str) -> Range<usize> {
+        let start = self.bytes.len();
+        self.bytes.extend_from_slice(s.as_bytes());
+        start..self.bytes.len()
+    }
+}
+
+/// Column positions of the verify query.
+mod col {
+    pub const SEQ: usize = 0;
+    pub const ID: usize = 1;
+    pub const AT: usize = 2;
+    pub const ACTOR: usize = 3;
+    pub const KIND: usize = 4;
+    pub const TOOL: usize = 5;
+    pub const RUNNER: usize = 6;
+    pub const ARGS: usize = 7;
+    pub const REASON: usize = 8;
+    pub const CALL_ID: usize = 9;
+    pub const APPROVAL_ID: usize = 10;
+    pub const OUTCOME: usize = 11;
+    pub const RESULT_DIGEST: usize = 12;
+    pub const DETAIL: usize = 13;
+    pub const PREV_HASH: usize = 14;
+    pub const HASH: usize = 15;
+    pub const HASH_V: usize = 16;
+}
+
+/// Adds one row to `chunk`, reading its columns in place (no string per column).
+fn pack_row<R>(row: &R, chunk: &mut Chunk) -> Result<(), sqlx::Error>
+where
+    R: sqlx::Row,
+    usize: sqlx::ColumnIndex<R>,
+    for<'r> &'r str: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    i16: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    let s = |i: usize| row.try_get::<&str, _>(i);
+    let o = |i: usize| row.try_get::<Option<&str>, _>(i);
+    let seq: i64 = row.try_get(col::SEQ)?;
+    let hash_v: i16 = row.try_get(col::HASH_V)?;
+    let (mut args, mut detail) = (o(col::ARGS)?, o(col::DETAIL)?);
+    // Rows of the first format hashed their JSON re-canonicalised from the value; what the
+    // database hands back is JSON with its own spacing (and numbers as it stored them).
+    let recanonical = |text: Option<&str>| -> Result<Option<String>, sqlx::Error> {
+        text.map(|t| {
+            serde_json::from_str::<Value>(t)
+                .map(|v| canonical_json(&v))
+                .map_err(|e| sqlx::Error::Decode(Box::new(e)))
+        })
+        .transpose()
+    };
+    let (legacy_args, legacy_detail);
+    if hash_v < hash_v::TEXT {
+        legacy_args = recanonical(args)?;
+        legacy_detail = recanonical(detail)?;
+        args = legacy_args.as_deref();
+        detail = legacy_detail.as_deref();
+    }
+    let at = s(col::AT)?;
+    let prev_hash = s(col::PREV_HASH)?;
+    let start = chunk.bytes.len();
+    EventText {
+        seq,
+        id: s(col::ID)?,
+        at,
+        actor: s(col::ACTOR)?,
+        kind: s(col::KIND)?,
+        tool: o(col::TOOL)?,
+        runner: o(col::RUNNER)?,
+        args,
+        reason: o(col::REASON)?,
+        call_id: o(col::CALL_ID)?,
+        approval_id: o(col::APPROVAL_ID)?,
+        outcome: o(col::OUTCOME)?,
+        result_digest: o(col::RESULT_DIGEST)?,
+        detail,
+        prev_hash,
+    }
+    .write(&mut chunk.bytes);
+    let text = start..chunk.bytes.len();
+    let at = chunk.push_str(at);
+    let prev_hash = chunk.push_str(prev_hash);
+    let hash = chunk.push_str(s(col::HASH)?);
+    chunk.events.push(Packed {
+        seq,
+        hash_v,
+        text,
+        at,
+        prev_hash,
+        hash,
+    });
+    Ok(())
+}
+
+/// Hashes and checks the chunks in order, on a blocking thread.
+fn check_chunks(
+    mut verifier: Verifier,
+    mut chunks: tokio::sync::mpsc::Receiver<Chunk>,
+) -> VerifyReport {
+    while let Some(chunk) = chunks.blocking_recv() {
+        let text = |r: &Range<usize>| {
+            std::str::from_utf8(&chunk.bytes[r.clone()]).expect("packed from a &str")
+        };
+        for e in &chunk.events {
+            verifier.feed(StoredEvent {
+                seq: e.seq,
+                at: text(&e.at),
+                prev_hash: text(&e.prev_hash),
+                hash: text(&e.hash),
+                hash_v: e.hash_v,
+                text: &chunk.bytes[e.text.clone()],
+            });
+        }
+    }
+    verifier.finish()
+}
+
+/// Walks the chain from `since` (or the start) and reports every broken event.
+///
+/// Reading and hashing overlap: this task reads rows and writes each event's text into
+/// chunks, a blocking thread hashes them and checks the links. Only the link to the previous
+/// hash is sequential, and the checker keeps it.
 pub async fn verify(db: &Db, since: Option<i64>) -> Result<VerifyReport, sqlx::Error> {
     let since = since.unwrap_or(1).max(1);
     let pg = db.is_postgres();
     let columns = if pg { PG_COLUMNS } else { SQLITE_COLUMNS };
-    let anchor_sql = "SELECT seq, hash FROM audit_events WHERE seq = $1";
+    let at = if pg { PG_AT } else { "at" };
+    let anchor_sql = format!("SELECT seq, hash, {at} FROM audit_events WHERE seq = $1");
     let sql = format!("SELECT {columns} FROM audit_events WHERE seq >= $1 ORDER BY seq");
     with_pool!(db, pool => {
-        let anchor: Option<(i64, String)> = if since > 1 {
-            let a = sqlx::query_as(anchor_sql).bind(since - 1).fetch_optional(pool).await?;
-            if a.is_none() {
-                return Ok(VerifyReport {
-                    broken: Some(super::BrokenLink { seq: since - 1, problem: "the event before --since does not exist".into() }),
-                    ..Default::default()
-                });
+        let anchor = if since > 1 {
+            let a: Option<(i64, String, String)> = sqlx::query_as(AssertSqlSafe(anchor_sql))
+                .bind(since - 1)
+                .fetch_optional(pool)
+                .await?;
+            match a {
+                Some((seq, hash, at)) => Some(Anchor { seq, hash, at }),
+                None => {
+                    return Ok(VerifyReport {
+                        broken_count: 1,
+                        broken: vec![BrokenLink {
+                            seq: since - 1,
+                            problem: "the event before --since does not exist".into(),
+                        }],
+                        ..Default::default()
+                    });
+                }
             }
-            a
         } else {
             None
         };
-        let mut verifier = Verifier::new(anchor);
-        let mut rows = sqlx::query_as::<_, Row>(AssertSqlSafe(sql)).bind(since).fetch(pool);
-        while let Some(row) = rows.try_next().await? {
-            if !verifier.feed(&row.into_event()?) {
-                break;
+        let (tx, rx) = tokio::sync::mpsc::channel(VERIFY_CHUNKS_IN_FLIGHT);
+        let checker = tokio::task::spawn_blocking(move || check_chunks(Verifier::new(anchor), rx));
+        let mut rows = sqlx::query(AssertSqlSafe(sql)).bind(since).fetch(pool);
+        let mut chunk = Chunk::new();
+        let read = async {
+            while let Some(row) = rows.try_next().await? {
+                pack_row(&row, &mut chunk)?;
+                if chunk.events.len() == VERIFY_CHUNK {
+                    let full = std::mem::replace(&mut chunk, Chunk::new());
+                    if tx.send(full).await.is_err() {
+                        break;
+                    }
+                }
             }
+            if !chunk.events.is_empty() {
+                let _ = tx.send(std::mem::replace(&mut chunk, Chunk::new())).await;
+            }
+            Ok::<_, sqlx::Error>(())
         }
-        Ok(verifier.finish())
+        .await;
+        drop(tx);
+        let report = match checker.await {
+            Ok(report) => report,
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        };
+        read?;
+        Ok(report)
     })
 }

@@ -5,7 +5,7 @@
 //! that gets an error must treat the event as not written (the gateway then runs nothing).
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 
@@ -19,6 +19,8 @@ const MAX_BATCH: usize = 256;
 const QUEUE_DEPTH: usize = 4096;
 /// The longest a caller waits for its event to become durable.
 const APPEND_DEADLINE: Duration = Duration::from_secs(10);
+/// While writes keep failing, one log line per this interval.
+const FAILURE_SUMMARY_INTERVAL: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum AuditError {
@@ -34,7 +36,7 @@ pub enum AuditError {
 
 type Reply = oneshot::Sender<Result<Event, AuditError>>;
 /// An event waiting for the writer, with when it was handed over (for the lag metric).
-type Queued = (NewEvent, Reply, std::time::Instant);
+type Queued = (NewEvent, Reply, Instant);
 
 /// A handle to the writer task. Cheap to clone.
 #[derive(Clone, Debug)]
@@ -72,7 +74,7 @@ impl AuditLog {
     pub async fn append(&self, event: NewEvent) -> Result<Event, AuditError> {
         let (reply, wait) = oneshot::channel();
         self.tx
-            .try_send((event, reply, std::time::Instant::now()))
+            .try_send((event, reply, Instant::now()))
             .map_err(|e| match e {
                 mpsc::error::TrySendError::Full(_) => AuditError::QueueFull,
                 mpsc::error::TrySendError::Closed(_) => AuditError::WriterGone,
@@ -86,40 +88,269 @@ impl AuditLog {
 }
 
 async fn run(db: Db, mut rx: mpsc::Receiver<Queued>, health: Arc<Mutex<Option<String>>>) {
-    let mut batch = Vec::with_capacity(MAX_BATCH);
-    while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
-        let mut events = Vec::with_capacity(batch.len());
-        let mut replies = Vec::with_capacity(batch.len());
-        let oldest = batch.first().map(|(_, _, at)| *at);
-        for (event, reply, _) in batch.drain(..) {
+    let mut queued = Vec::with_capacity(MAX_BATCH);
+    let mut failures = FailureLog::new(FAILURE_SUMMARY_INTERVAL);
+    while rx.recv_many(&mut queued, MAX_BATCH).await > 0 {
+        let mut events = Vec::with_capacity(queued.len());
+        let mut replies = Vec::with_capacity(queued.len());
+        let oldest = queued.first().map(|(_, _, at)| *at);
+        for (event, reply, _) in queued.drain(..) {
             events.push(event);
             replies.push(reply);
         }
         let size = events.len();
-        let started = std::time::Instant::now();
-        let result = store::append_batch(&db, events).await;
+        let started = Instant::now();
+        let result = store::append_batch(&db, &events).await;
         crate::server::metrics::audit_batch(size, started.elapsed().as_secs_f64(), result.is_ok());
         if let Some(oldest) = oldest {
             crate::server::metrics::audit_lag(oldest.elapsed().as_secs_f64());
         }
-        *health.lock().unwrap_or_else(|p| p.into_inner()) = result
-            .as_ref()
-            .err()
-            .map(|e| format!("the last audit batch failed: {e}"));
-        match result {
-            Ok(sealed) => {
-                for (reply, event) in replies.into_iter().zip(sealed) {
+        let written = match result {
+            Ok(receipts) => {
+                for ((reply, event), receipt) in replies.into_iter().zip(events).zip(receipts) {
                     // The caller may have given up waiting; its event is durable all the same.
-                    let _ = reply.send(Ok(event));
+                    let _ = reply.send(Ok(receipt.into_event(event)));
                 }
+                Ok(())
+            }
+            Err(e) if size > 1 && refused_by_the_database(&e) => {
+                // Most likely one event the database cannot store (a NUL byte in a text
+                // column, a value too long for an index). Each event is retried in its own
+                // transaction, so the poison fails only its own caller and every other
+                // caller's event is written and acknowledged.
+                tracing::debug!(error = %e, events = size, "audit batch refused; retrying its events one at a time");
+                one_at_a_time(&db, events, replies).await
             }
             Err(e) => {
-                tracing::error!(error = %e, "audit batch not written");
                 let err = AuditError::Store(e.to_string());
                 for reply in replies {
                     let _ = reply.send(Err(err.clone()));
                 }
+                Err(e.to_string())
             }
+        };
+        *health.lock().unwrap_or_else(|p| p.into_inner()) = written
+            .as_ref()
+            .err()
+            .map(|e| format!("the last audit batch failed: {e}"));
+        let line = match &written {
+            Ok(()) => failures.written(Instant::now()),
+            Err(_) => failures.failed(Instant::now(), size),
+        };
+        if let Some(line) = line {
+            let error = written.err().unwrap_or_default();
+            line.log(&error);
         }
+    }
+}
+
+/// Appends each event in its own transaction and answers its caller. `Err` when no event
+/// could be written (the store refuses everything: a full disk, a read-only database) or
+/// when the store went away meanwhile; then the outage log speaks for the refusals.
+async fn one_at_a_time(db: &Db, events: Vec<NewEvent>, replies: Vec<Reply>) -> Result<(), String> {
+    let mut written = 0;
+    let mut refused = Vec::new();
+    let mut outage = None;
+    for (event, reply) in events.into_iter().zip(replies) {
+        let outcome = match store::append_batch(db, std::slice::from_ref(&event)).await {
+            Ok(mut receipts) => {
+                written += 1;
+                Ok(receipts.remove(0).into_event(event))
+            }
+            Err(e) => {
+                let message = e.to_string();
+                if refused_by_the_database(&e) {
+                    refused.push((event.actor, event.kind, message.clone()));
+                } else {
+                    outage = Some(message.clone());
+                }
+                Err(AuditError::Store(message))
+            }
+        };
+        let _ = reply.send(outcome);
+    }
+    if let Some(e) = outage {
+        return Err(e);
+    }
+    if written == 0 {
+        return Err(refused.pop().map(|(_, _, e)| e).unwrap_or_default());
+    }
+    for (actor, kind, error) in refused {
+        tracing::error!(
+            error,
+            actor,
+            kind,
+            "audit event refused by the database; the other events of its batch were written"
+        );
+    }
+    Ok(())
+}
+
+/// The database refused a statement (bad data), as opposed to being unreachable.
+fn refused_by_the_database(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(_)) && !crate::server::db::is_connection_error(e)
+}
+
+/// Keeps a store outage to a few log lines instead of one per batch: the first failed batch
+/// with its error, then one summary per interval while failures go on, then one line when a
+/// batch is written again.
+#[derive(Debug)]
+struct FailureLog {
+    interval: Duration,
+    outage: Option<Outage>,
+}
+
+#[derive(Debug)]
+struct Outage {
+    since: Instant,
+    last_line: Instant,
+    batches: u64,
+    events: u64,
+    /// Failed since the last line was logged.
+    recent_batches: u64,
+    recent_events: u64,
+}
+
+#[derive(Debug, PartialEq)]
+enum Line {
+    /// The first failed batch of an outage.
+    Failed,
+    StillFailing {
+        batches: u64,
+        events: u64,
+        for_secs: u64,
+    },
+    Recovered {
+        batches: u64,
+        events: u64,
+        after_secs: u64,
+    },
+}
+
+impl FailureLog {
+    fn new(interval: Duration) -> Self {
+        FailureLog {
+            interval,
+            outage: None,
+        }
+    }
+
+    fn failed(&mut self, now: Instant, events: usize) -> Option<Line> {
+        let events = events as u64;
+        let Some(o) = &mut self.outage else {
+            self.outage = Some(Outage {
+                since: now,
+                last_line: now,
+                batches: 1,
+                events,
+                recent_batches: 0,
+                recent_events: 0,
+            });
+            return Some(Line::Failed);
+        };
+        o.batches += 1;
+        o.events += events;
+        o.recent_batches += 1;
+        o.recent_events += events;
+        if now.duration_since(o.last_line) < self.interval {
+            return None;
+        }
+        let line = Line::StillFailing {
+            batches: o.recent_batches,
+            events: o.recent_events,
+            for_secs: now.duration_since(o.since).as_secs(),
+        };
+        o.last_line = now;
+        o.recent_batches = 0;
+        o.recent_events = 0;
+        Some(line)
+    }
+
+    fn written(&mut self, now: Instant) -> Option<Line> {
+        self.outage.take().map(|o| Line::Recovered {
+            batches: o.batches,
+            events: o.events,
+            after_secs: now.duration_since(o.since).as_secs(),
+        })
+    }
+}
+
+impl Line {
+    fn log(&self, error: &str) {
+        match self {
+            Line::Failed => tracing::error!(
+                error,
+                "audit batch not written; while writes keep failing, one summary every {}s",
+                FAILURE_SUMMARY_INTERVAL.as_secs()
+            ),
+            Line::StillFailing {
+                batches,
+                events,
+                for_secs,
+            } => tracing::error!(
+                error,
+                batches,
+                events,
+                "audit writes still failing for {for_secs}s: {batches} more batches ({events} events) not written"
+            ),
+            Line::Recovered {
+                batches,
+                events,
+                after_secs,
+            } => tracing::warn!(
+                batches,
+                events,
+                "audit writes recovered after {after_secs}s; {batches} batches ({events} events) were not written meanwhile"
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_outage_is_logged_once_then_summarised_then_closed() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut log = FailureLog::new(s(10));
+        assert_eq!(log.written(t0), None, "nothing to say while all is well");
+        assert_eq!(log.failed(t0, 3), Some(Line::Failed));
+        // A thousand failed batches within the interval: silence.
+        for i in 0..1000 {
+            assert_eq!(log.failed(t0 + Duration::from_millis(i * 9), 2), None);
+        }
+        assert_eq!(
+            log.failed(t0 + s(10), 1),
+            Some(Line::StillFailing {
+                batches: 1001,
+                events: 2001,
+                for_secs: 10
+            })
+        );
+        assert_eq!(log.failed(t0 + s(15), 1), None);
+        assert_eq!(
+            log.failed(t0 + s(20), 1),
+            Some(Line::StillFailing {
+                batches: 2,
+                events: 2,
+                for_secs: 20
+            })
+        );
+        assert_eq!(
+            log.written(t0 + s(21)),
+            Some(Line::Recovered {
+                batches: 1004,
+                events: 2006,
+                after_secs: 21
+            })
+        );
+        assert_eq!(log.written(t0 + s(22)), None);
+        assert_eq!(
+            log.failed(t0 + s(30), 1),
+            Some(Line::Failed),
+            "a new outage"
+        );
     }
 }

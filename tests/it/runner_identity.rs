@@ -512,6 +512,17 @@ async fn a_runner_restarts_with_its_credential(backend: Backend) {
     app.wait_for_runner("edge-1", &log).await;
     let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
     let credential_path = state.join("credential.json");
+    // The server lists the runner as soon as it has answered the join; the runner saves its
+    // credential only after it has checked that answer, a moment later.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !credential_path.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "edge-1 joined but saved no credential: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert_eq!(mode(&state), 0o700);
     assert_eq!(mode(&credential_path), 0o600);
     let credential: Value =
@@ -612,9 +623,22 @@ async fn a_runner_restarts_with_its_credential(backend: Backend) {
     let log = dir.path().join("third.log");
     let _runner = spawn_runner(&base, &config, Some(&again), &log);
     app.wait_for_runner("edge-1", &log).await;
-    let renewed: Value =
-        serde_json::from_str(&std::fs::read_to_string(&credential_path).unwrap()).unwrap();
-    assert_ne!(renewed["runner_token"], runner_token.as_str());
+    // As above, the runner replaces its credential a moment after the server lists it (the
+    // file is replaced whole, by a rename).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let renewed: Value =
+            serde_json::from_str(&std::fs::read_to_string(&credential_path).unwrap()).unwrap();
+        if renewed["runner_token"] != runner_token.as_str() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "edge-1 joined again but kept its old credential: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert_eq!(
         only_output(&call(&client, "testkit.echo", echo).await),
         json!({"said": "hi"})

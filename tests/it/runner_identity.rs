@@ -2,7 +2,9 @@
 //! (once, or N times) and two joins never share a use; a join never takes over a runner (one
 //! from the config, or one that joined) nor gets labels its token does not grant; a join
 //! answer with another server's key is refused by the runner and nothing is saved; a runner
-//! restarts with its own credential after its join token expired, and not after removal.
+//! restarts with its own credential after its join token expired, and not after removal; a
+//! runner serving HTTPS is pinned to its certificate at join and re-pinned when it
+//! re-registers with another.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -647,3 +649,87 @@ async fn a_runner_restarts_with_its_credential(backend: Backend) {
     app.assert_chain_intact().await;
 }
 crate::both_backends!(a_runner_restarts_with_its_credential);
+
+/// The stored pin of runner `name` (NULL: none), straight from the store.
+async fn stored_pin(app: &TestApp, name: &str) -> Option<String> {
+    let sql = app
+        .db
+        .sql("SELECT tls_fingerprint FROM runners WHERE name = $1");
+    let row: Option<(Option<String>,)> = emisar::with_pool!(&app.db, pool => {
+        sqlx::query_as(sql).bind(name).fetch_optional(pool).await.unwrap()
+    });
+    row.and_then(|(pin,)| pin)
+}
+
+/// Identity and TLS together: a runner that serves HTTPS joins with its token and is pinned
+/// to its certificate; restarted with another certificate and no token, it re-registers with
+/// its credential, the server pins the new certificate, and calls reach it.
+async fn a_runner_keeps_its_identity_over_tls(backend: Backend) {
+    let app = fixture_app(backend, vec![], None).await;
+    let base = app.base_url();
+    let (_, token) = app
+        .join_token(JoinTokenSpec {
+            name: NameRule::Exact("edge-tls".into()),
+            ..once()
+        })
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let tls_toml = |cert: &crate::harness::certs::CertFiles| {
+        format!(
+            "tls_cert_file = \"{}\"\ntls_key_file = \"{}\"",
+            cert.cert.display(),
+            cert.key.display()
+        )
+    };
+    let echo = json!({"runners": ["edge-tls"], "reason": "over TLS?", "word": "hi"});
+
+    let first = crate::harness::certs::self_signed(dir.path(), "first");
+    let (config, port) = runner_toml(dir.path(), "edge-tls", &tls_toml(&first));
+    let log = dir.path().join("first.log");
+    let runner = spawn_runner(&base, &config, Some(&token), &log);
+    app.wait_for_runner("edge-tls", &log).await;
+    let status = app.runner_status("edge-tls").await.unwrap();
+    assert_eq!(status["url"], format!("https://127.0.0.1:{port}"));
+    assert_eq!(
+        stored_pin(&app, "edge-tls").await,
+        Some(first.fingerprint.to_string())
+    );
+    let client = app.mcp_client().await;
+    assert_eq!(
+        only_output(&call(&client, "testkit.echo", echo.clone()).await),
+        json!({"said": "hi"})
+    );
+    drop(runner);
+
+    let second = crate::harness::certs::self_signed(dir.path(), "second");
+    let (config, _) = runner_toml(dir.path(), "edge-tls", &tls_toml(&second));
+    let log = dir.path().join("second.log");
+    let _runner = spawn_runner(&base, &config, None, &log);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while stored_pin(&app, "edge-tls").await != Some(second.fingerprint.to_string()) {
+        assert!(
+            Instant::now() < deadline,
+            "the runner did not re-register with its new certificate: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The registry follows the table at once on this replica (the re-registration upserts).
+    assert_eq!(
+        only_output(&call(&client, "testkit.echo", echo).await),
+        json!({"said": "hi"})
+    );
+    let registered = app
+        .events(emisar::server::audit::AuditFilter {
+            kind: Some("runner.registered".into()),
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(
+        registered[0].detail.as_ref().unwrap()["tls_fingerprint"],
+        json!(second.fingerprint.to_string())
+    );
+    client.cancel().await.unwrap();
+    app.assert_chain_intact().await;
+}
+crate::both_backends!(a_runner_keeps_its_identity_over_tls);

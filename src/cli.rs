@@ -1,7 +1,7 @@
 //! The `emisar` command line: one binary, one subcommand per job. This file holds the
 //! command tree and the dispatch; each family of subcommands lives in its own file under
-//! `cli/` (`audit`, `people` for users and tokens, `fleet` for join tokens, `approvals`,
-//! `packs`).
+//! `cli/` (`audit`, `people` for users and tokens, `fleet` for join tokens and joined
+//! runners, `approvals`, `packs`).
 
 use std::path::PathBuf;
 
@@ -22,7 +22,7 @@ mod people;
 
 pub use approvals::ApprovalsCommand;
 pub use audit::{AuditCommand, FilterArgs};
-pub use fleet::JoinTokenCommand;
+pub use fleet::{JoinTokenCommand, RunnerCommand};
 pub use packs::PacksCommand;
 pub use people::{TokenCommand, UserCommand};
 
@@ -47,11 +47,18 @@ pub enum Command {
         db: DbArg,
     },
     /// Run a node's runner: execute signed calls against local services (runner.toml).
+    /// `emisar runner list|remove` administer the runners that joined; `emisar runner
+    /// fingerprint` prints the certificate fingerprint a runner serves.
+    #[command(args_conflicts_with_subcommands = true)]
     Runner {
+        #[command(subcommand)]
+        command: Option<RunnerCommand>,
+        /// The runner's settings (runner.toml).
         #[arg(long)]
-        config: PathBuf,
-        /// Join this server (its base URL) instead of being listed in its config.
-        #[arg(long, requires = "join_token")]
+        config: Option<PathBuf>,
+        /// Join this server (its base URL) instead of being listed in its config. A runner
+        /// that joined before re-registers with its kept credential and needs no join token.
+        #[arg(long)]
         server: Option<String>,
         /// A join token from `emisar join-token issue` (or EMISAR_JOIN_TOKEN).
         #[arg(long, env = "EMISAR_JOIN_TOKEN", hide_env_values = true)]
@@ -126,7 +133,7 @@ pub enum Command {
         #[command(subcommand)]
         command: ApprovalsCommand,
     },
-    /// Join tokens, with which runners register themselves.
+    /// Join tokens, with which runners join: issue, list, revoke.
     JoinToken {
         #[command(subcommand)]
         command: JoinTokenCommand,
@@ -225,10 +232,18 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             app.run_until_stopped().await?;
         }
         Command::Runner {
+            command: Some(command),
+            ..
+        } => return fleet::runner(command).await,
+        Command::Runner {
+            command: None,
             config,
             server,
             join_token,
         } => {
+            let config = config.context(
+                "emisar runner needs --config runner.toml (or a subcommand: list, remove, fingerprint)",
+            )?;
             let config = RunnerConfig::load_with_join(&config, server, join_token)?;
             crate::node::start::run(config, stop_on_signal()).await?;
         }
@@ -279,7 +294,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             println!("ok: {} (sha256 {})", file.display(), policy.digest());
         }
         Command::Approvals { server, command } => approvals::run(server, command).await?,
-        Command::JoinToken { command } => fleet::join_token(command).await?,
+        Command::JoinToken { command } => return fleet::join_token(command).await,
         Command::Keygen {
             private,
             public,

@@ -4,6 +4,9 @@
 //!
 //! `start` is the reusable part (a server on SQLite plus in-process runners from their
 //! configs, the agent token and the approver); `emisar lab` starts its five runners with it.
+//!
+//! The in-process runners speak plain HTTP (`insecure_http = true`), so each must listen on
+//! loopback: a runner config whose `listen` is not a loopback address is refused.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -80,12 +83,19 @@ pub async fn start(
         let listener = TcpListener::bind(&runner_config.listen)
             .await
             .with_context(|| format!("failed to listen on {}", runner_config.listen))?;
-        let url = format!("http://{}", listener.local_addr()?);
+        let addr = listener.local_addr()?;
+        if !addr.ip().is_loopback() {
+            anyhow::bail!(
+                "runner `{name}` speaks plain HTTP here (insecure_http), so its listen address must be loopback, not {addr}; use `emisar runner` for a runner on the network"
+            );
+        }
+        let url = format!("http://{addr}");
         let state = tokio::task::spawn_blocking(move || RunnerState::new(runner_config));
         pending.push((listener, state));
         entries.push(RunnerEntry {
             name: name.clone(),
             url: url.clone(),
+            tls_fingerprint: None,
             packs: None,
             labels,
         });
@@ -102,6 +112,8 @@ pub async fn start(
         packs_dir,
         audit_key_file: Some(audit_key),
         runners: entries,
+        // The runners are on loopback in this same process: nothing crosses a network.
+        insecure_http: true,
         ..ServerConfig::with_signing_key(private)
     };
     let app = Application::build(config, &database_url).await?;

@@ -444,6 +444,11 @@ function runnerOutput(runner, r, extra) {
   return box;
 }
 
+function hasKeys(value) {
+  return value != null && typeof value === 'object' && Object.values(value).some(
+    (v) => v != null && typeof v === 'object' && Object.keys(v).length > 0);
+}
+
 function field(label, ...value) {
   return [el('dt', {}, label), el('dd', {}, ...value)];
 }
@@ -460,6 +465,11 @@ async function viewApproval(id) {
     a.on_behalf_of != null ? field('On behalf of', el('span', { id: 'on-behalf-of' }, a.on_behalf_of)) : [],
     field('Reason', el('div', { id: 'reason', class: 'reason' }, a.reason ?? '')),
     field('Arguments', pre(a.args, { id: 'args' })),
+    // What the preview captured, per runner: the execution fills these in beside the
+    // arguments (e.g. the index Nomad's check-and-set holds the job to), so they are approved too.
+    hasKeys(a.execution_vars)
+      ? field('Preview values', pre(a.execution_vars, { id: 'execution-vars' }))
+      : [],
     field('Created', absTime(a.created_at)),
     field('Expires', absTime(a.expires_at)),
     field('Updated', absTime(a.updated_at)),

@@ -10,10 +10,15 @@
 #   - whatever its packs need (group frrvty for vtysh, the polkit rule for systemctl restarts:
 #     see deploy/README.md).
 #
-# The runners join the server with a join token kept in a Nomad variable:
+# The runners join the server with a join token kept in a Nomad variable. One token admits
+# as many runners as its --uses, and grants them exactly its labels (a runner cannot ask for
+# others), so issue one per datacenter or leave labels out:
+#   emisar join-token issue --server-config emisar.toml --uses 50 --ttl 24h --label dc=dc1
 #   nomad var put nomad/jobs/emisar-runner server=https://emisar.example.internal join_token=emj_…
-# A joined runner holds no credential of its own yet: after the join token expires, a runner
-# that restarts cannot join again until the variable holds a fresh token.
+# A runner that joined keeps its own credential in /var/lib/emisar-runner (made by the
+# package, mode 0700) and re-registers with it on every restart, so the token is needed once
+# per node: after it expires, only new nodes need a fresh one. The server must have a
+# certificate the node trusts (system roots; or set server_ca_file in runner.toml below).
 #
 #   nomad job run deploy/nomad/emisar-runner.nomad.hcl
 job "emisar-runner" {
@@ -64,17 +69,17 @@ job "emisar-runner" {
 
       # The runner's name is the node's name; agents and policies refer to runners by it.
       # advertise_url is where the server calls this runner: the node's own address, never
-      # the wildcard it listens on.
+      # the wildcard it listens on. The runner serves HTTPS with a self-signed certificate it
+      # makes once in its state_dir; it sends the fingerprint when it joins and the server
+      # pins it. Its labels are the join token's.
       template {
         destination = "local/runner.toml"
         change_mode = "restart"
         data        = <<-EOT
           name = "{{ env "node.unique.name" }}"
           listen = "0.0.0.0:{{ env "NOMAD_PORT_runner" }}"
-          advertise_url = "http://{{ env "attr.unique.network.ip-address" }}:{{ env "NOMAD_PORT_runner" }}"
-
-          [labels]
-          dc = "{{ env "node.datacenter" }}"
+          advertise_url = "https://{{ env "attr.unique.network.ip-address" }}:{{ env "NOMAD_PORT_runner" }}"
+          state_dir = "/var/lib/emisar-runner"
 
           # Restarts allowed on every node; keep it in step with the polkit rule.
           [allowlists]
@@ -87,11 +92,15 @@ job "emisar-runner" {
         port     = "runner"
         provider = "nomad"
 
+        # Liveness only: the runner's certificate is self-signed, and the server (not this
+        # check) verifies it, by its pinned fingerprint.
         check {
-          type     = "http"
-          path     = "/healthz"
-          interval = "10s"
-          timeout  = "2s"
+          type            = "http"
+          protocol        = "https"
+          tls_skip_verify = true
+          path            = "/healthz"
+          interval        = "10s"
+          timeout         = "2s"
         }
       }
 

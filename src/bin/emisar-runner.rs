@@ -4,25 +4,41 @@
 
 use std::path::PathBuf;
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
 
 /// Run a node's runner: execute calls the emisar server signed, against local services.
 #[derive(Parser)]
 #[command(
     name = "emisar-runner",
     version,
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true,
     after_help = "Example: emisar-runner --config /etc/emisar/runner.toml"
 )]
 struct Args {
+    #[command(subcommand)]
+    command: Option<Command>,
     /// The runner's settings (runner.toml: name, listen address, services, allowlists).
+    #[arg(long, required = true)]
+    config: Option<PathBuf>,
+    /// Join this server (its base URL) instead of being listed in its config. A runner that
+    /// joined before re-registers with its kept credential and needs no join token.
     #[arg(long)]
-    config: PathBuf,
-    /// Join this server (its base URL) instead of being listed in its config.
-    #[arg(long, requires = "join_token")]
     server: Option<String>,
     /// A join token from `emisar join-token issue` (or EMISAR_JOIN_TOKEN).
     #[arg(long, env = "EMISAR_JOIN_TOKEN", hide_env_values = true)]
     join_token: Option<String>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print the fingerprint (sha256:…) of the certificate this runner serves, creating its
+    /// self-signed certificate if it has none yet: the `tls_fingerprint` of its entry in
+    /// emisar.toml.
+    Fingerprint {
+        #[arg(long)]
+        config: PathBuf,
+    },
 }
 
 #[tokio::main]
@@ -30,12 +46,21 @@ async fn main() -> std::process::ExitCode {
     emisar::util::process::init_logging();
     let args = Args::parse();
     let result = async {
-        let config = emisar::node::config::RunnerConfig::load_with_join(
-            &args.config,
-            args.server,
-            args.join_token,
-        )?;
-        emisar::node::start::run(config, emisar::util::process::stop_on_signal()).await
+        match args.command {
+            Some(Command::Fingerprint { config }) => {
+                let config = emisar::node::config::RunnerConfig::load_for_tls(&config)?;
+                println!("{}", emisar::node::tls::fingerprint(&config)?);
+                Ok(())
+            }
+            None => {
+                let config = emisar::node::config::RunnerConfig::load_with_join(
+                    args.config.as_deref().expect("clap requires --config"),
+                    args.server,
+                    args.join_token,
+                )?;
+                emisar::node::start::run(config, emisar::util::process::stop_on_signal()).await
+            }
+        }
     }
     .await;
     match result {

@@ -12,7 +12,8 @@ pub enum ApprovalsCommand {
         #[arg(long, default_value = "pending")]
         state: String,
     },
-    /// One request in full: args, reason, requester, preview, votes, result.
+    /// One request in full: args, reason, requester, preview and the values its execution
+    /// will use, votes, result.
     Show { id: String },
     /// Approve a request.
     Approve {

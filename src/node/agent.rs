@@ -3,8 +3,12 @@
 //! Order of checks for `POST /v1/call`, each refusing with a clear error before anything runs:
 //! signature, audience, expiry and lifetime → single-use id → the token matches this request
 //! (tool, argument digest) → the tool is in this runner's own packs with the same pack digest
-//! → the arguments validate against this runner's own schema → an execution of a risk:high
-//! tool carries an approval id never used before. Only then does the action run.
+//! → the arguments validate against this runner's own schema → every allowlisted value is in
+//! this runner's allowlist → an execution's preview values are ones the tool's preview
+//! captures, none named like a param, under this runner's own seal for this call and these
+//! arguments → an execution of a risk:high tool carries an approval id never used before, or
+//! the policy's lowering. Only then does the action run. A preview's answer carries the seal
+//! over what it captured.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -20,9 +24,10 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use super::engine::{self, Env};
+use super::seal::{SealKey, Sealed};
 use crate::node::config::RunnerConfig;
-use crate::pack::{PackSet, Risk, allowlist_key};
-use crate::protocol::signing::{CallVerifier, now};
+use crate::pack::{PackSet, Risk, Tool, allowlist_admits, template_text};
+use crate::protocol::signing::{CallClaims, CallVerifier, now};
 use crate::protocol::{CallRequest, CallResponse, Mode};
 
 /// The most single-use ids remembered at once. Ids are forgotten when their token expires,
@@ -40,6 +45,8 @@ pub struct RunnerState {
     seen: Mutex<HashMap<String, u64>>,
     /// Approval ids already executed here, with when they stop mattering.
     used_approvals: Mutex<HashMap<String, u64>>,
+    /// Seals what previews capture, so an execution runs only with values this runner made.
+    seal_key: SealKey,
     http: reqwest::Client,
 }
 
@@ -59,6 +66,16 @@ impl RunnerState {
     /// A runner that verifies calls with `server_public_key` (SPKI PEM).
     pub fn with_key(config: RunnerConfig, server_public_key: &str) -> anyhow::Result<Arc<Self>> {
         let packs = PackSet::load(config.packs_dir.as_deref())?;
+        Self::with_key_and_packs(config, server_public_key, packs)
+    }
+
+    /// Like [`RunnerState::with_key`], with the packs already loaded (a joining runner loads
+    /// them first, to announce them).
+    pub fn with_key_and_packs(
+        config: RunnerConfig,
+        server_public_key: &str,
+        packs: PackSet,
+    ) -> anyhow::Result<Arc<Self>> {
         config.check_services(&packs)?;
         let pem = server_public_key;
         let verifier = CallVerifier::from_pem(pem, &config.name)?;
@@ -74,6 +91,7 @@ impl RunnerState {
             verifier,
             seen: Mutex::new(HashMap::new()),
             used_approvals: Mutex::new(HashMap::new()),
+            seal_key: SealKey::generate()?,
             http,
         }))
     }
@@ -141,10 +159,21 @@ pub async fn run(
     state: Arc<RunnerState>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    tracing::info!(runner = state.name(), addr = %listener.local_addr()?, "runner listening");
+    tracing::info!(runner = state.name(), addr = %listener.local_addr()?, "runner listening (plain HTTP)");
     axum::serve(crate::util::net::without_nagle(listener), router(state))
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await
+}
+
+/// Serves signed calls over HTTPS with `tls` on an already-bound listener until `shutdown`.
+pub async fn run_https(
+    listener: TcpListener,
+    state: Arc<RunnerState>,
+    tls: Arc<rustls::ServerConfig>,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    tracing::info!(runner = state.name(), addr = %listener.local_addr()?, "runner listening (HTTPS)");
+    crate::util::tls::serve_https(listener, router(state), tls, shutdown).await
 }
 
 async fn health(State(state): State<Arc<RunnerState>>) -> Json<Value> {
@@ -222,42 +251,65 @@ async fn call(
         );
     }
     for param in tool.params.iter() {
-        let (Some(list_name), Some(value)) = (
-            &param.allowlist,
-            request.args.get(&param.name).and_then(Value::as_str),
-        ) else {
+        // Every value is checked, whatever its type: a list on a number holds for numbers.
+        let (Some(list_name), Some(value)) = (&param.allowlist, request.args.get(&param.name))
+        else {
             continue;
         };
-        let key = allowlist_key(&param.kind, value);
-        let allowed = state.config.allowlists.get(list_name).is_some_and(|list| {
-            list.iter()
-                .any(|entry| allowlist_key(&param.kind, entry) == key)
-        });
+        let allowed = state
+            .config
+            .allowlists
+            .get(list_name)
+            .is_some_and(|list| allowlist_admits(&param.kind, value, list));
         if !allowed {
+            let shown = if param.secret {
+                "(secret)".to_owned()
+            } else {
+                format!(
+                    "`{}`",
+                    template_text(value).unwrap_or_else(|| value.to_string())
+                )
+            };
             return refuse(
                 StatusCode::FORBIDDEN,
                 format!(
-                    "`{}` = `{value}` is not in this runner's allowlist `{list_name}` ([allowlists] in runner.toml); nothing was run",
+                    "`{}` = {shown} is not in this runner's allowlist `{list_name}` ([allowlists] in runner.toml); nothing was run",
                     param.name
                 ),
             );
         }
     }
+    if let Err(why) = check_preview_values(&state, tool, &claims, &request) {
+        return refuse(StatusCode::FORBIDDEN, why);
+    }
     if tool.risk == Risk::High && request.mode == Mode::Execute {
-        let Some(approval_id) = claims.approval_id.as_deref() else {
-            return refuse(
-                StatusCode::FORBIDDEN,
-                format!(
-                    "`{}` is risk:high: this runner executes it only under a human's approval, and the call carries none",
-                    tool.name
-                ),
-            );
-        };
-        if let Err(why) = state.first_execution(approval_id) {
-            return refuse(
-                StatusCode::CONFLICT,
-                format!("approval {approval_id}: {why}"),
-            );
+        match (
+            claims.approval_id.as_deref(),
+            claims.lowered_by_policy.as_deref(),
+        ) {
+            (Some(approval_id), _) => {
+                if let Err(why) = state.first_execution(approval_id) {
+                    return refuse(
+                        StatusCode::CONFLICT,
+                        format!("approval {approval_id}: {why}"),
+                    );
+                }
+            }
+            (None, Some(policy)) => {
+                // The server's policy says this tool runs without a human; the log names the
+                // policy, which the server's audit log holds as `policy.loaded`.
+                tracing::warn!(tool = %tool.name, call_id = %claims.call_id, policy_sha256 = %policy,
+                    "executing a risk:high tool without approval: the server's policy lowered it");
+            }
+            (None, None) => {
+                return refuse(
+                    StatusCode::FORBIDDEN,
+                    format!(
+                        "`{}` is risk:high: this runner executes it only under a human's approval or the server policy's lowering, and the call carries neither",
+                        tool.name
+                    ),
+                );
+            }
         }
     }
 
@@ -285,13 +337,82 @@ async fn call(
     .await;
     let duration_ms = started.elapsed().as_millis() as u64;
     let response = match outcome {
-        Ok(o) => CallResponse::Ok {
-            output: o.output,
-            truncated: o.truncated,
-            duration_ms,
-            vars: o.vars,
-        },
+        Ok(o) => {
+            let seal = (request.mode == Mode::Preview).then(|| {
+                state.seal_key.seal(&Sealed {
+                    runner: &state.config.name,
+                    call_id: &claims.call_id,
+                    tool: &tool.name,
+                    pack_sha256: &claims.pack_sha256,
+                    args: &request.args,
+                    vars: &o.vars,
+                })
+            });
+            CallResponse::Ok {
+                output: o.output,
+                truncated: o.truncated,
+                duration_ms,
+                vars: o.vars,
+                seal,
+            }
+        }
         Err(error) => CallResponse::Failed { error, duration_ms },
     };
     Json(response).into_response()
+}
+
+/// The preview values an execution brings must be ones the tool's preview captures, never
+/// named like a param (a value would stand in for the approved argument in a template), and
+/// exactly the ones this runner sealed for this call and these arguments.
+fn check_preview_values(
+    state: &RunnerState,
+    tool: &Tool,
+    claims: &CallClaims,
+    request: &CallRequest,
+) -> Result<(), String> {
+    let given = match (request.mode, &request.preview) {
+        (_, None) => return Ok(()),
+        (Mode::Preview, Some(_)) => {
+            return Err("a preview call carries no preview values; nothing was run".into());
+        }
+        (Mode::Execute, Some(given)) => given,
+    };
+    let Some(preview) = &tool.preview else {
+        return Err(format!(
+            "`{}` has no preview, so its execution takes no preview values; nothing was run",
+            tool.name
+        ));
+    };
+    for name in given.keys() {
+        if tool.params.iter().any(|p| &p.name == name) {
+            return Err(format!(
+                "the preview value `{name}` is named like a param of `{}`: a preview value never stands in for an argument; nothing was run",
+                tool.name
+            ));
+        }
+        if !preview.vars.contains(name) {
+            return Err(format!(
+                "the preview value `{name}` is not one the preview of `{}` captures (it captures: {}); nothing was run",
+                tool.name,
+                preview.vars.join(", ")
+            ));
+        }
+    }
+    let sealed = Sealed {
+        runner: &state.config.name,
+        call_id: &claims.call_id,
+        tool: &tool.name,
+        pack_sha256: &claims.pack_sha256,
+        args: &request.args,
+        vars: given,
+    };
+    match &request.preview_seal {
+        Some(seal) if state.seal_key.verify(&sealed, seal) => Ok(()),
+        Some(_) => Err(
+            "the preview values differ from the ones this runner sealed at request time for this call and these arguments (changed on the way, or sealed before this runner restarted); nothing was run: request the change again".into(),
+        ),
+        None => Err(
+            "the preview values carry no seal from this runner; nothing was run: request the change again".into(),
+        ),
+    }
 }

@@ -9,6 +9,7 @@ use anyhow::Context;
 use serde::Deserialize;
 
 use crate::pack::PackSet;
+use crate::protocol::JoinToken;
 use crate::util::config::read_toml;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -18,16 +19,39 @@ pub struct RunnerConfig {
     pub name: String,
     #[serde(default = "default_runner_listen")]
     pub listen: String,
-    /// The server's Ed25519 public key (SPKI PEM). A runner that joins gets it from the
-    /// server instead (over the join token's channel: use https for the server URL).
+    /// The server's Ed25519 public key (SPKI PEM). A runner that joins may leave it out: it
+    /// then takes the key from the join answer, checked against the fingerprint its join
+    /// token carries. When set, it always wins: the join answer's key must be this one.
     #[serde(default)]
     pub server_public_key_file: Option<PathBuf>,
     /// Labels that agents' and tokens' selectors match, e.g. `{ role = "edge" }`.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
-    /// The URL the server reaches this runner at, when it joins (default: `http://LISTEN`).
+    /// The URL the server reaches this runner at, when it joins (default: `https://LISTEN`,
+    /// or `http://LISTEN` when the runner serves plain HTTP).
     #[serde(default)]
     pub advertise_url: Option<String>,
+    /// Where the runner keeps what it creates for itself: the credential a runner that joined
+    /// re-registers with after a restart, without a join token (`credential.json`), and its
+    /// self-signed TLS certificate and key (`tls/`). Created mode 0700 when first needed.
+    #[serde(default = "default_state_dir")]
+    pub state_dir: PathBuf,
+    /// The runner's TLS certificate (PEM, chain allowed) and key. Without them the runner
+    /// serves a self-signed certificate it creates once in `state_dir`; the server pins it by
+    /// fingerprint (`emisar runner fingerprint`, or sent when the runner joins).
+    #[serde(default)]
+    pub tls_cert_file: Option<PathBuf>,
+    #[serde(default)]
+    pub tls_key_file: Option<PathBuf>,
+    /// The CA (PEM) that signed the server's certificate, when it is not in the system's
+    /// trust store. When set, it is the only CA the join client trusts.
+    #[serde(default)]
+    pub server_ca_file: Option<PathBuf>,
+    /// Allows plain HTTP: serving calls without TLS (when no certificate is configured) and
+    /// joining an `http://` server. Loopback tests and `emisar dev` only: calls, arguments,
+    /// results and tokens would travel in clear.
+    #[serde(default)]
+    pub insecure_http: bool,
     /// Join a server instead of being listed in its config.
     #[serde(default)]
     pub join: Option<JoinConfig>,
@@ -57,8 +81,21 @@ pub struct RunnerConfig {
 pub struct JoinConfig {
     /// The server's base URL, e.g. https://emisar.example.internal.
     pub server: String,
-    /// A join token from `emisar join-token issue`.
-    pub token: String,
+    /// A join token from `emisar join-token issue`. Needed once: after joining, the runner
+    /// re-registers with the credential it keeps in `state_dir`.
+    #[serde(default)]
+    pub token: Option<String>,
+}
+
+impl JoinConfig {
+    /// The join token, parsed (a malformed one is an error here, before any network call).
+    pub fn join_token(&self) -> anyhow::Result<Option<JoinToken>> {
+        self.token
+            .as_deref()
+            .map(JoinToken::parse)
+            .transpose()
+            .context("join.token (or --join-token)")
+    }
 }
 
 impl std::fmt::Debug for JoinConfig {
@@ -88,6 +125,9 @@ impl std::fmt::Debug for ServiceConfig {
     }
 }
 
+fn default_state_dir() -> PathBuf {
+    PathBuf::from("/var/lib/emisar-runner")
+}
 fn default_runner_listen() -> String {
     "127.0.0.1:7701".into()
 }
@@ -115,6 +155,11 @@ impl RunnerConfig {
             server_public_key_file: None,
             labels: BTreeMap::new(),
             advertise_url: None,
+            state_dir: default_state_dir(),
+            tls_cert_file: None,
+            tls_key_file: None,
+            server_ca_file: None,
+            insecure_http: false,
             join: None,
             packs_dir: None,
             exec_path: default_exec_path(),
@@ -128,35 +173,49 @@ impl RunnerConfig {
     }
 
     pub fn load(path: &Path) -> anyhow::Result<Self> {
-        Self::load_for_join(path, false)
+        Self::load_with_join(path, None, None)
     }
 
-    /// Loads runner.toml; a `server` and `token` from the command line replace `[join]`.
+    /// Loads runner.toml; a `server` or `token` from the command line replaces the one in
+    /// `[join]` (and is checked like it: an `http://` server needs `insecure_http`).
     pub fn load_with_join(
         path: &Path,
         server: Option<String>,
         token: Option<String>,
     ) -> anyhow::Result<Self> {
-        let mut config = Self::load_for_join(path, server.is_some())?;
-        if let (Some(server), Some(token)) = (server, token) {
-            config.join = Some(JoinConfig { server, token });
-        }
-        Ok(config)
-    }
-
-    /// Loads runner.toml; `joining` says the command line supplies the join settings, so
-    /// the server's public key may come from the server.
-    pub fn load_for_join(path: &Path, joining: bool) -> anyhow::Result<Self> {
-        let mut c: Self = read_toml(path)?;
-        c.fill_standard_services();
-        if joining && c.join.is_none() {
-            c.join = Some(JoinConfig {
-                server: String::new(),
-                token: String::new(),
-            });
+        let mut c = Self::read(path)?;
+        if server.is_some() || token.is_some() {
+            let file = c.join.take();
+            let server = server
+                .or_else(|| file.as_ref().map(|j| j.server.clone()))
+                .context(
+                    "a join token needs a server to join: pass --server URL or set [join] server",
+                )?;
+            let token = token.or_else(|| file.and_then(|j| j.token));
+            c.join = Some(JoinConfig { server, token });
         }
         c.check()?;
         Ok(c)
+    }
+
+    /// Reads runner.toml and checks only its TLS settings: enough for `emisar runner
+    /// fingerprint`, which runs before the runner has joined or has a server key.
+    pub fn load_for_tls(path: &Path) -> anyhow::Result<Self> {
+        let c = Self::read(path)?;
+        c.check_tls()?;
+        Ok(c)
+    }
+
+    fn read(path: &Path) -> anyhow::Result<Self> {
+        let mut c: Self = read_toml(path)?;
+        c.fill_standard_services();
+        Ok(c)
+    }
+
+    /// Whether the runner serves HTTPS: with its configured certificate, or else with its
+    /// self-signed one unless `insecure_http` says plain HTTP.
+    pub fn serves_tls(&self) -> bool {
+        self.tls_cert_file.is_some() || !self.insecure_http
     }
 
     pub fn fill_standard_services(&mut self) {
@@ -184,6 +243,38 @@ impl RunnerConfig {
                 anyhow::bail!("labels: `{k} = {v}` must be identifiers");
             }
         }
+        self.check_tls()?;
+        if let Some(join) = &self.join {
+            let url = reqwest::Url::parse(&join.server)
+                .with_context(|| format!("join.server `{}` is not a URL", join.server))?;
+            match url.scheme() {
+                "https" => {}
+                "http" if self.insecure_http => {}
+                "http" => anyhow::bail!(
+                    "join.server `{}` is plain HTTP: the join token, this runner's token and the server's public key would travel in clear; use https:// (see server_ca_file) or set insecure_http = true (loopback tests and `emisar dev` only)",
+                    join.server
+                ),
+                _ => anyhow::bail!("join.server `{}` must be an http(s) URL", join.server),
+            }
+            join.join_token()?;
+        }
+        if let Some(advertised) = &self.advertise_url {
+            let scheme = if self.serves_tls() {
+                "https://"
+            } else {
+                "http://"
+            };
+            if !advertised.starts_with(scheme) {
+                anyhow::bail!(
+                    "advertise_url `{advertised}` must start with {scheme}: this runner serves {} (tls_cert_file, insecure_http)",
+                    if self.serves_tls() {
+                        "HTTPS"
+                    } else {
+                        "plain HTTP"
+                    }
+                );
+            }
+        }
         for (name, s) in &self.services {
             let url = reqwest::Url::parse(&s.base_url).with_context(|| {
                 format!("services.{name}.base_url `{}` is not a URL", s.base_url)
@@ -201,6 +292,21 @@ impl RunnerConfig {
         }
         if self.max_output_bytes < 1024 || self.max_output_bytes > 64 * 1024 * 1024 {
             anyhow::bail!("max_output_bytes must be between 1024 and 67108864");
+        }
+        Ok(())
+    }
+
+    /// The settings the runner's TLS identity needs (its self-signed certificate lives in
+    /// `state_dir`, next to the credential).
+    fn check_tls(&self) -> anyhow::Result<()> {
+        if self.tls_cert_file.is_some() != self.tls_key_file.is_some() {
+            anyhow::bail!("tls_cert_file and tls_key_file go together: set both or neither");
+        }
+        if self.state_dir.as_os_str().is_empty() || !self.state_dir.is_absolute() {
+            anyhow::bail!(
+                "state_dir `{}` must be an absolute path",
+                self.state_dir.display()
+            );
         }
         Ok(())
     }

@@ -50,6 +50,12 @@ pub async fn run(
             let vars = match (&tool.preview, preview_vars) {
                 (None, _) => Map::new(),
                 (Some(p), Some(given)) => {
+                    if let Some(extra) = given.keys().find(|k| !p.vars.contains(k)) {
+                        return Err(format!(
+                            "the preview value `{extra}` is not one the preview of `{}` captures",
+                            tool.name
+                        ));
+                    }
                     let missing: Vec<&str> = p
                         .vars
                         .iter()
@@ -141,11 +147,13 @@ enum StepError {
     Failed(String),
 }
 
-/// Template values: the args, then the vars captured so far (names never collide; packs check).
+/// Template values: the vars captured so far, then the args over them. Names never collide
+/// (the pack loader refuses a capture named like a param, the agent a preview value), and
+/// should one ever, the argument wins: a var never stands in for an approved argument.
 fn fill_values(context: &Value) -> Map<String, Value> {
-    let mut values = context["args"].as_object().cloned().unwrap_or_default();
-    if let Some(vars) = context["vars"].as_object() {
-        values.extend(vars.clone());
+    let mut values = context["vars"].as_object().cloned().unwrap_or_default();
+    if let Some(args) = context["args"].as_object() {
+        values.extend(args.clone());
     }
     values
 }

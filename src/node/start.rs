@@ -1,49 +1,238 @@
-//! Starting a runner: bind its listener, join the server when configured to (presenting the
-//! join token once, then sending heartbeats), and serve signed calls until told to stop.
-//! `emisar runner` and the `emisar-runner` binary both start here.
+//! Starting a runner: bind its listener, take its TLS identity (configured, or self-signed in
+//! `state_dir`), establish its identity at the server when it joins one, and serve signed
+//! calls until told to stop. `emisar runner` and the `emisar-runner` binary both start here.
+//!
+//! A runner that joins proves who it is in one of two ways: with the credential it kept from
+//! an earlier join (re-registration: no join token needed, so a runner restarts long after
+//! its join token expired), or, when it has none or the server no longer accepts it, with a
+//! join token, once. Either way it sends the fingerprint of the certificate it serves, which
+//! the server pins, and talks to the server through a client that verifies the server's
+//! certificate. The server's key it trusts comes from `server_public_key_file` when
+//! configured, else from the join answer checked against the join token's fingerprint (and,
+//! after that, from the credential that pinned it).
+//!
+//! Invariant: the runner serves HTTPS unless its config says `insecure_http = true` and names
+//! no certificate.
+
+use std::time::Duration;
 
 use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use super::agent::{self, RunnerState};
-use super::config::RunnerConfig;
+use super::config::{JoinConfig, RunnerConfig};
+use super::credential::{Credential, CredentialStore};
+use super::join::{self, ServerRefusal};
 use crate::pack::PackSet;
-use crate::protocol::JoinRequest;
+use crate::protocol::signing::key_fingerprint;
+use crate::protocol::{JoinRequest, RegisterRequest};
 
 /// Runs the runner described by `config` until `shutdown` is cancelled.
 pub async fn run(config: RunnerConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let tls = super::tls::identity(&config)?;
+    if tls.is_none() {
+        tracing::warn!(
+            "insecure_http = true: this runner serves plain HTTP; calls, arguments and results travel in clear"
+        );
+    }
     let listener = TcpListener::bind(&config.listen)
         .await
         .with_context(|| format!("failed to listen on {}", config.listen))?;
     let state = match config.join.clone() {
         None => RunnerState::new(config)?,
         Some(join) => {
-            let packs = PackSet::load(config.packs_dir.as_deref())?;
+            let scheme = if tls.is_some() { "https" } else { "http" };
             let url = config
                 .advertise_url
                 .clone()
-                .unwrap_or_else(|| format!("http://{}", listener.local_addr().expect("bound")));
-            let request = JoinRequest {
-                name: config.name.clone(),
+                .unwrap_or_else(|| format!("{scheme}://{}", listener.local_addr().expect("bound")));
+            // Everything slow (loading and checking the packs) happens before the server
+            // learns this runner's URL, so the runner serves as soon as the server knows it.
+            let packs = PackSet::load(config.packs_dir.as_deref())?;
+            config.check_services(&packs)?;
+            let http = join::server_client(&config)?;
+            let announce = Announce {
                 url,
-                labels: config.labels.clone(),
-                packs: packs
-                    .packs()
-                    .map(|p| (p.name.clone(), p.digest.clone()))
-                    .collect(),
+                tls_fingerprint: tls.as_ref().map(|t| t.fingerprint.to_string()),
+                packs: &packs,
             };
-            let joined = super::join::join(&join.server, &join.token, &request, &shutdown).await?;
-            tracing::info!(server = %join.server, runner = %request.name, "joined");
-            super::join::spawn_heartbeats(
+            let identity = establish(&config, &join, &http, announce, &shutdown).await?;
+            let state =
+                RunnerState::with_key_and_packs(config, &identity.server_public_key, packs)?;
+            join::spawn_heartbeats(
+                http,
                 join.server.clone(),
-                joined.runner_token,
-                std::time::Duration::from_millis(joined.heartbeat_interval_ms.max(1000)),
+                identity.runner_token,
+                identity.heartbeat_interval,
                 shutdown.clone(),
             );
-            RunnerState::with_key(config, &joined.server_public_key)?
+            state
         }
     };
-    agent::run(listener, state, shutdown).await?;
+    match tls {
+        Some(tls) => {
+            tracing::info!(fingerprint = %tls.fingerprint, cert = %tls.cert_file.display(), "serving HTTPS");
+            agent::run_https(listener, state, tls.config, shutdown).await?
+        }
+        None => agent::run(listener, state, shutdown).await?,
+    }
     Ok(())
+}
+
+/// What a runner needs from its server to serve: the key that verifies calls, and the token
+/// its heartbeats carry.
+struct Identity {
+    server_public_key: String,
+    runner_token: String,
+    heartbeat_interval: Duration,
+}
+
+/// What the runner tells the server about itself when it joins or re-registers.
+struct Announce<'a> {
+    /// Where the server reaches it.
+    url: String,
+    /// Of the certificate it serves at `url` (none when it serves plain HTTP).
+    tls_fingerprint: Option<String>,
+    packs: &'a PackSet,
+}
+
+/// Re-registers with the kept credential, or joins with the join token, through `http` (the
+/// client that verifies the server's certificate); see the module docs.
+async fn establish(
+    config: &RunnerConfig,
+    join: &JoinConfig,
+    http: &reqwest::Client,
+    announce: Announce<'_>,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<Identity> {
+    let Announce {
+        url,
+        tls_fingerprint,
+        packs,
+    } = announce;
+    let token = join.join_token()?;
+    let configured_key = config
+        .server_public_key_file
+        .as_deref()
+        .map(|path| {
+            std::fs::read_to_string(path)
+                .with_context(|| format!("failed to read server public key {}", path.display()))
+        })
+        .transpose()?;
+    // A token issued by a server with another key than the configured one can only lead to a
+    // refused answer; say so before spending it.
+    if let (Some(token), Some(configured)) = (&token, &configured_key) {
+        let fingerprint =
+            key_fingerprint(configured).context("server_public_key_file is not a key")?;
+        if fingerprint != token.pins.key_sha256 {
+            anyhow::bail!(
+                "the join token was issued by a server whose key (sha256 {}) is not server_public_key_file (sha256 {fingerprint}): issue a token on the server this runner trusts",
+                token.pins.key_sha256
+            );
+        }
+    }
+    let store = CredentialStore::new(&config.state_dir);
+    store.prepare()?;
+    let packs: std::collections::BTreeMap<String, String> = packs
+        .packs()
+        .map(|p| (p.name.clone(), p.digest.clone()))
+        .collect();
+
+    match store.load()? {
+        Some(credential) if credential.is_for(&join.server, &config.name) => {
+            let request = RegisterRequest {
+                url: url.clone(),
+                packs: packs.clone(),
+                tls_fingerprint: tls_fingerprint.clone(),
+            };
+            match join::register(
+                http,
+                &join.server,
+                &credential.runner_token,
+                &request,
+                shutdown,
+            )
+            .await
+            {
+                Ok(registered) => {
+                    if registered.runner != config.name {
+                        anyhow::bail!(
+                            "the server knows this runner's credential as `{}`, not `{}`: remove {} and join again",
+                            registered.runner,
+                            config.name,
+                            store.path().display()
+                        );
+                    }
+                    tracing::info!(server = %join.server, runner = %config.name, "re-registered with the kept credential");
+                    return Ok(Identity {
+                        server_public_key: configured_key.unwrap_or(credential.server_public_key),
+                        runner_token: credential.runner_token,
+                        heartbeat_interval: interval(registered.heartbeat_interval_ms),
+                    });
+                }
+                Err(ServerRefusal::Refused { status, body }) => {
+                    let why = format!(
+                        "the server refused the credential of runner `{}` in {} (HTTP {status}: {body})",
+                        config.name,
+                        store.path().display()
+                    );
+                    if token.is_none() {
+                        anyhow::bail!(
+                            "{why}. It no longer knows this runner (was it removed with `emisar runner remove {}`?). Issue a new join token (`emisar join-token issue --name {}`) and start the runner with --join-token: the credential is replaced when the join succeeds",
+                            config.name,
+                            config.name
+                        );
+                    }
+                    tracing::warn!("{why}; joining with the join token instead");
+                }
+                Err(e) => anyhow::bail!("failed to re-register at {}: {e}", join.server),
+            }
+        }
+        Some(other) => tracing::info!(
+            credential_server = %other.server,
+            credential_runner = %other.runner,
+            "the kept credential is for another server or name; joining"
+        ),
+        None => {}
+    }
+
+    let Some(token) = token else {
+        anyhow::bail!(
+            "runner `{}` has no credential for {} in {} and no join token: pass --join-token (from `emisar join-token issue`) or set [join] token",
+            config.name,
+            join.server,
+            config.state_dir.display()
+        );
+    };
+    let request = JoinRequest {
+        name: config.name.clone(),
+        url,
+        labels: config.labels.clone(),
+        packs,
+        tls_fingerprint,
+    };
+    let joined = join::join(http, &join.server, &token, &request, shutdown).await?;
+    join::check_server_key(
+        &joined.server_public_key,
+        &token.pins,
+        configured_key.as_deref(),
+    )?;
+    store.save(&Credential {
+        server: join.server.clone(),
+        runner: config.name.clone(),
+        runner_token: joined.runner_token.clone(),
+        server_public_key: joined.server_public_key.clone(),
+    })?;
+    tracing::info!(server = %join.server, runner = %config.name, labels = ?joined.labels, credential = %store.path().display(), "joined");
+    Ok(Identity {
+        server_public_key: configured_key.unwrap_or(joined.server_public_key),
+        runner_token: joined.runner_token,
+        heartbeat_interval: interval(joined.heartbeat_interval_ms),
+    })
+}
+
+/// The server's heartbeat interval, never below a second whatever it says.
+fn interval(ms: u64) -> Duration {
+    Duration::from_millis(ms.max(1000))
 }

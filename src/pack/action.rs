@@ -188,11 +188,56 @@ pub(super) fn resolve_exec(e: &RawExec, scope: &Scope<'_>) -> Result<ExecAction,
     })
 }
 
+/// Whether steps run at request time, before anyone approved anything (a preview), or as
+/// the tool's own action.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Phase {
+    Preview,
+    Action,
+}
+
+/// A preview runs before any human said yes, so each of its steps must be read-only: an http
+/// GET or HEAD; a POST only when the pack marks the step `read_only` (some services answer
+/// read-only questions with a POST, such as Nomad's job plan); never PUT or DELETE; a command
+/// only when marked `read_only`. The mark is the pack author's word, reviewed with the pack;
+/// what the loader can check, it checks.
+fn check_read_only(step: &RawStep, phase: Phase) -> Result<(), String> {
+    if phase == Phase::Action {
+        if step.read_only {
+            return Err("only a preview step takes `read_only`".into());
+        }
+        return Ok(());
+    }
+    if let Some(h) = &step.http {
+        match h.method.to_ascii_uppercase().as_str() {
+            "GET" | "HEAD" => {}
+            "POST" if step.read_only => {}
+            "POST" => {
+                return Err(
+                    "a preview step runs before anyone approved: a POST must be marked `read_only: true` (only for an endpoint that changes nothing)".into(),
+                );
+            }
+            other => {
+                return Err(format!(
+                    "a preview step runs before anyone approved: it may not {other}"
+                ));
+            }
+        }
+    }
+    if step.exec.is_some() && !step.read_only {
+        return Err(
+            "a preview step runs before anyone approved: a command must be marked `read_only: true` (only for one that changes nothing)".into(),
+        );
+    }
+    Ok(())
+}
+
 /// Resolves steps in order; each step's captures become vars for the steps after it.
 pub(super) fn resolve_steps(
     raw: &[RawStep],
     scope: &mut Scope<'_>,
     service: bool,
+    phase: Phase,
 ) -> Result<Vec<Step>, String> {
     if raw.is_empty() {
         return Err("steps must not be empty".into());
@@ -207,6 +252,7 @@ pub(super) fn resolve_steps(
         if !names.insert(s.name.clone()) {
             return Err(at("the name is used twice".into()));
         }
+        check_read_only(s, phase).map_err(at)?;
         let kind = match (&s.http, &s.exec, &s.check) {
             (Some(h), None, None) => {
                 if !service {

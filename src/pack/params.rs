@@ -364,11 +364,28 @@ pub fn is_systemd_unit(s: &str) -> bool {
 
 /// The form in which a value is compared with a runner's allowlist: systemd units without a
 /// type suffix are services, so `consul` and `consul.service` are the same entry.
-pub fn allowlist_key(kind: &ParamType, value: &str) -> String {
+fn allowlist_key(kind: &ParamType, value: &str) -> String {
     if *kind == ParamType::SystemdUnit && !value.contains('.') {
         return format!("{value}.service");
     }
     value.to_owned()
+}
+
+/// Whether an allowlist (a runner's `[allowlists]`, or the policy's per-runner lists) admits
+/// `value` of a param of type `kind`. The one comparison both the policy and the runner make,
+/// so neither can admit what the other refuses.
+///
+/// A value is compared as the text it fills a template with ([`template_text`]), numbers and
+/// booleans included, in the form [`allowlist_key`] gives it: what is compared is exactly
+/// what would run. A value that fills no template (an array, an object, null) is never
+/// admitted.
+pub fn allowlist_admits(kind: &ParamType, value: &Value, list: &[String]) -> bool {
+    let Some(text) = template_text(value) else {
+        return false;
+    };
+    let wanted = allowlist_key(kind, &text);
+    list.iter()
+        .any(|entry| allowlist_key(kind, entry) == wanted)
 }
 
 /// The text a JSON value becomes inside a template. Only scalars can fill a template.
@@ -455,6 +472,41 @@ mod tests {
         assert!(!is_cidr("10.0.0.0/33"));
         assert!(!is_cidr("10.0.0.0"));
         assert!(!is_cidr("x/8"));
+    }
+
+    #[test]
+    fn allowlists_compare_what_would_run() {
+        let list = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let unit = ParamType::SystemdUnit;
+        let units = list(&["consul", "nomad.service"]);
+        assert!(allowlist_admits(&unit, &json!("consul"), &units));
+        assert!(allowlist_admits(&unit, &json!("consul.service"), &units));
+        assert!(allowlist_admits(&unit, &json!("nomad"), &units));
+        assert!(!allowlist_admits(&unit, &json!("vault"), &units));
+        // Numbers are compared too, by the text they fill a template with.
+        let port = ParamType::Integer {
+            min: None,
+            max: None,
+        };
+        let ports = list(&["8080", "8443"]);
+        assert!(allowlist_admits(&port, &json!(8080), &ports));
+        assert!(!allowlist_admits(&port, &json!(9090), &ports));
+        assert!(!allowlist_admits(&port, &json!(8080.5), &ports));
+        assert!(allowlist_admits(
+            &ParamType::Boolean,
+            &json!(true),
+            &list(&["true"])
+        ));
+        assert!(!allowlist_admits(
+            &ParamType::Boolean,
+            &json!(false),
+            &list(&["true"])
+        ));
+        // What fills no template is never admitted, whatever the list holds.
+        for odd in [json!(null), json!(["8080"]), json!({"p": 8080})] {
+            assert!(!allowlist_admits(&port, &odd, &ports), "{odd}");
+        }
+        assert!(!allowlist_admits(&port, &json!(8080), &[]));
     }
 
     #[test]

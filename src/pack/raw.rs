@@ -110,6 +110,10 @@ pub struct RawStep {
     /// A failed optional step records its error and the steps go on.
     #[serde(default)]
     pub optional: bool,
+    /// The pack's word that this step changes nothing: required of a preview step that runs a
+    /// command, or that POSTs to an endpoint which only reads (such as Nomad's job plan).
+    #[serde(default)]
+    pub read_only: bool,
 }
 
 #[derive(Debug, Deserialize)]

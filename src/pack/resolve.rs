@@ -11,7 +11,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value, json};
 
 use super::action::{
-    Action, Scope as StepScope, Step, StepKind, resolve_exec, resolve_http, resolve_steps,
+    Action, Phase, Scope as StepScope, Step, StepKind, resolve_exec, resolve_http, resolve_steps,
 };
 use super::jq::JqProgram;
 use super::params::{self, Param, is_identifier};
@@ -277,7 +277,7 @@ fn resolve_tool(pack: &RawPack, name: &str, raw: &RawTool) -> Result<Tool, Strin
                     "a read needs no preview: previews are for writes an approver looks at".into(),
                 );
             }
-            let steps = resolve_steps(&p.steps, &mut scope, has_service)
+            let steps = resolve_steps(&p.steps, &mut scope, has_service, Phase::Preview)
                 .map_err(|e| format!("preview: {e}"))?;
             Some(Preview {
                 steps,
@@ -296,6 +296,7 @@ fn resolve_tool(pack: &RawPack, name: &str, raw: &RawTool) -> Result<Tool, Strin
                 message: None,
                 capture: Default::default(),
                 optional: false,
+                read_only: false,
             };
             let kind = match (&action.http, &action.exec) {
                 (Some(h), None) => {
@@ -315,7 +316,10 @@ fn resolve_tool(pack: &RawPack, name: &str, raw: &RawTool) -> Result<Tool, Strin
             };
             (vec![step], true)
         }
-        (None, Some(steps)) => (resolve_steps(steps, &mut scope, has_service)?, false),
+        (None, Some(steps)) => (
+            resolve_steps(steps, &mut scope, has_service, Phase::Action)?,
+            false,
+        ),
         _ => return Err("a tool has exactly one of `action` or `steps`".into()),
     };
     let output = raw.output.as_deref().map(JqProgram::compile).transpose()?;
@@ -503,6 +507,53 @@ mod tests {
             let err = load_one(&pack(steps)).unwrap_err().to_string();
             assert!(err.contains(want), "{want}: {err}");
         }
+        let preview = |steps: &str| {
+            format!(
+                "pack: t\ndescription: d\nservice: s\ntools:\n  x:\n    description: d\n    risk: high\n    scope: node\n    params:\n      job: {{type: identifier}}\n    preview:\n      steps:\n{steps}    action: {{http: {{method: POST, path: '/v1/{{job}}'}}}}\n"
+            )
+        };
+        for fine in [
+            "        - {name: a, http: {method: GET, path: '/v1/{job}'}}\n",
+            "        - {name: a, http: {method: head, path: '/v1/{job}'}}\n",
+            "        - {name: a, read_only: true, http: {method: POST, path: '/v1/{job}/plan'}}\n",
+            "        - {name: a, read_only: true, exec: {argv: [systemctl, show, '{job}']}}\n",
+            "        - {name: a, check: 'true', message: m}\n",
+        ] {
+            assert!(load_one(&preview(fine)).is_ok(), "{fine}");
+        }
+        for (bad, want) in [
+            (
+                "        - {name: a, http: {method: POST, path: '/v1/{job}'}}\n",
+                "a POST must be marked `read_only: true`",
+            ),
+            (
+                "        - {name: a, read_only: true, http: {method: PUT, path: '/v1/{job}'}}\n",
+                "it may not PUT",
+            ),
+            (
+                "        - {name: a, read_only: true, http: {method: DELETE, path: '/v1/{job}'}}\n",
+                "it may not DELETE",
+            ),
+            (
+                "        - {name: a, exec: {argv: [rm, '{job}']}}\n",
+                "a command must be marked `read_only: true`",
+            ),
+        ] {
+            let err = load_one(&preview(bad)).unwrap_err().to_string();
+            assert!(
+                err.contains("preview: step `a`") && err.contains(want),
+                "{want}: {err}"
+            );
+        }
+        let err = load_one(&pack(
+            "      - {name: a, read_only: true, http: {method: GET, path: '/'}}\n",
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("only a preview step takes `read_only`"),
+            "{err}"
+        );
         let read_with_preview = "pack: t\ndescription: d\nservice: s\ntools:\n  x:\n    description: d\n    risk: read\n    scope: node\n    preview: {steps: [{name: p, http: {method: GET, path: '/'}}]}\n    action: {http: {method: GET, path: '/'}}\n";
         assert!(
             load_one(read_with_preview)

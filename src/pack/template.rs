@@ -1,12 +1,13 @@
 //! `{param}` templates for HTTP paths, query values and argv elements.
 //!
 //! Invariant: a template never builds a shell string, a header, a host or a scheme. A filled
-//! path has each value percent-encoded as one path segment; an argv template yields exactly
-//! one argv element however the value looks.
+//! path has each value percent-encoded as one path segment, and never a `.` or `..` segment
+//! (nor one that percent-decodes to them), whatever the pack's pattern admits; an argv
+//! template yields exactly one argv element however the value looks.
 
 use std::collections::BTreeSet;
 
-use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
 use serde_json::{Map, Value};
 
 use super::params::template_text;
@@ -120,16 +121,56 @@ impl Template {
         Ok(Some(out))
     }
 
-    /// Fills a URL path: every value is percent-encoded as a single path segment.
+    /// Fills a URL path: every value is percent-encoded as a single path segment. A value
+    /// that is `.` or `..` (or decodes to one) is refused: encoding leaves dots alone, and a
+    /// dot segment would climb out of the template on the service's side.
     pub fn fill_path(&self, args: &Map<String, Value>) -> Result<String, String> {
-        self.fill(args, |v| utf8_percent_encode(v, SEGMENT).to_string())?
-            .ok_or_else(|| format!("path `{}` refers to an absent argument", self.source))
+        for name in self.params() {
+            if let Some(text) = args.get(name).and_then(template_text)
+                && is_dot_segment(&text)
+            {
+                return Err(format!(
+                    "argument `{name}` = `{text}` would be a `.` or `..` path segment in `{}`: refused",
+                    self.source
+                ));
+            }
+        }
+        let filled = self
+            .fill(args, |v| utf8_percent_encode(v, SEGMENT).to_string())?
+            .ok_or_else(|| format!("path `{}` refers to an absent argument", self.source))?;
+        // Two values side by side (`{a}{b}`) can make a dot segment neither makes alone.
+        if let Some(segment) = filled.split('/').find(|s| is_dot_segment(s)) {
+            return Err(format!(
+                "path `{}` filled to a `{segment}` segment, which would climb out of it: refused",
+                self.source
+            ));
+        }
+        Ok(filled)
     }
 
     /// Fills a query value or an argv element verbatim; `None` if a referenced param is absent.
     pub fn fill_raw(&self, args: &Map<String, Value>) -> Result<Option<String>, String> {
         self.fill(args, str::to_owned)
     }
+}
+
+/// `.` or `..`, as such or once percent-decoding (repeated, as a lenient service might) is
+/// done with it.
+fn is_dot_segment(segment: &str) -> bool {
+    let mut text = segment.to_owned();
+    // Each round strips one layer of encoding; a few rounds cover anything a service would
+    // plausibly decode, and a value that still decodes further is not a dot segment yet.
+    for _ in 0..8 {
+        if text == "." || text == ".." {
+            return true;
+        }
+        let decoded = percent_decode_str(&text).decode_utf8_lossy().into_owned();
+        if decoded == text {
+            return false;
+        }
+        text = decoded;
+    }
+    false
 }
 
 #[cfg(test)]
@@ -179,17 +220,74 @@ mod tests {
         }
     }
 
+    #[test]
+    fn dot_segments_are_refused() {
+        let t = Template::parse("/v1/job/{job}/plan").unwrap();
+        for bad in [".", "..", "%2e", "%2E%2e", ".%2e", "%252e%252E", "%25252e"] {
+            let err = t.fill_path(&args(json!({"job": bad}))).unwrap_err();
+            assert!(
+                err.contains("`job`") && err.contains("refused"),
+                "{bad}: {err}"
+            );
+        }
+        for fine in ["...", "a..b", ".hidden", "%2e%2e%2e", "..."] {
+            assert!(t.fill_path(&args(json!({"job": fine}))).is_ok(), "{fine}");
+        }
+        // Two values that make a dot segment only together (`%2` and `e` make `%2e`).
+        let t = Template::parse("/a/{x}{y}").unwrap();
+        let err = t
+            .fill_path(&args(json!({"x": "%2", "y": "e"})))
+            .unwrap_err();
+        assert!(err.contains("climb out"), "{err}");
+    }
+
+    /// Values made only of dots and their percent-encodings, at any depth.
+    fn dotty() -> impl Strategy<Value = String> {
+        let piece = prop_oneof![
+            Just(".".to_owned()),
+            Just("%2e".to_owned()),
+            Just("%2E".to_owned()),
+            Just("%252e".to_owned()),
+        ];
+        prop::collection::vec(piece, 1..=2).prop_map(|p| p.concat())
+    }
+
     proptest! {
-        /// Whatever the value, a filled path segment never contains a `/`, `?`, `#` or `%`
-        /// that the value brought in, and decodes back to the value.
+        /// Whatever the value, a filled path segment never contains a `/`, `?` or `#` that
+        /// the value brought in, is never a dot segment, and decodes back to the value.
         #[test]
         fn path_values_stay_one_segment(value in ".*") {
             let t = Template::parse("/a/{v}").unwrap();
-            let filled = t.fill_path(&args(json!({"v": value.clone()}))).unwrap();
-            let seg = filled.strip_prefix("/a/").unwrap();
-            prop_assert!(!seg.contains('/') && !seg.contains('?') && !seg.contains('#'));
-            let decoded = percent_encoding::percent_decode_str(seg).decode_utf8().unwrap();
-            prop_assert_eq!(decoded, value);
+            match t.fill_path(&args(json!({"v": value.clone()}))) {
+                Ok(filled) => {
+                    let seg = filled.strip_prefix("/a/").unwrap();
+                    prop_assert!(!seg.contains('/') && !seg.contains('?') && !seg.contains('#'));
+                    prop_assert!(!is_dot_segment(seg));
+                    let decoded = percent_encoding::percent_decode_str(seg).decode_utf8().unwrap();
+                    prop_assert_eq!(decoded, value);
+                }
+                Err(_) => prop_assert!(is_dot_segment(&value)),
+            }
+        }
+
+        /// A value that is, or decodes to, `.` or `..` never fills a path, alone or beside
+        /// another value.
+        #[test]
+        fn dot_values_never_fill_a_path(a in dotty(), b in dotty()) {
+            let one = Template::parse("/a/{v}/b").unwrap();
+            let decoded = percent_encoding::percent_decode_str(&a).decode_utf8().unwrap();
+            let climbs = is_dot_segment(&a);
+            let refused = one.fill_path(&args(json!({"v": a.clone()}))).is_err();
+            prop_assert_eq!(refused, climbs);
+            if decoded.len() <= 2 && decoded.chars().all(|c| c == '.') {
+                prop_assert!(climbs, "{} decodes to {}", a, decoded);
+            }
+            let two = Template::parse("/a/{x}{y}/b").unwrap();
+            let joined = format!("{a}{b}");
+            if is_dot_segment(&joined) {
+                let refused = two.fill_path(&args(json!({"x": a, "y": b}))).is_err();
+                prop_assert!(refused);
+            }
         }
     }
 }

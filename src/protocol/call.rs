@@ -28,6 +28,10 @@ pub struct CallRequest {
     /// that has a preview.
     #[serde(default)]
     pub preview: Option<Map<String, Value>>,
+    /// The runner's own seal over `preview`, from its preview answer: the runner executes
+    /// with preview values only when it finds its seal on exactly them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preview_seal: Option<String>,
     /// Return the unshaped result instead of the pack's output program.
     #[serde(default)]
     pub raw: bool,
@@ -54,6 +58,10 @@ pub enum CallResponse {
         /// The vars the steps captured (a preview's are bound into the approval).
         #[serde(default, skip_serializing_if = "Map::is_empty")]
         vars: Map<String, Value>,
+        /// A preview's answer only: the runner's seal over `vars` for this call and these
+        /// arguments, which the execution must hand back with them.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        seal: Option<String>,
     },
     /// A step failed (the service was down or answered an error, a command exited non-zero
     /// or timed out) or a precondition did not hold; the steps after it did not run.

@@ -3,7 +3,8 @@
 //! Invariant: a runner executes only a call whose token verifies with the server's public key,
 //! names this runner as audience, lives at most [`MAX_TOKEN_LIFETIME`] seconds, carries a `jti`
 //! never seen before, and whose tool, argument digest and pack digest match the request and
-//! the runner's own packs.
+//! the runner's own packs; and it executes a risk:high tool only under an approval id (once)
+//! or when the claims say the server's policy lowered it (naming that policy).
 
 use std::path::Path;
 
@@ -40,6 +41,11 @@ pub struct CallClaims {
     /// without one, and refuses a second execution under the same one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval_id: Option<String>,
+    /// Set when the policy in force lowered a risk:high tool to run without approval: the
+    /// SHA-256 of that policy (as audited in `policy.loaded`). Without an approval id, a
+    /// runner executes a risk:high tool only when this is present, and logs which policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lowered_by_policy: Option<String>,
 }
 
 /// Fails fast if jsonwebtoken has no crypto backend (it would panic on first use otherwise).
@@ -156,6 +162,20 @@ pub fn public_pem_of(private_pem: &str) -> anyhow::Result<String> {
         .context("failed to encode the public key")
 }
 
+/// The fingerprint that pins the server's key: lowercase hex SHA-256 of the Ed25519 public
+/// key in SPKI DER form. The PEM is decoded and the DER re-encoded first, so two PEM texts of
+/// the same key (line endings, wrapping) have the same fingerprint.
+pub fn key_fingerprint(public_pem: &str) -> anyhow::Result<String> {
+    use ed25519_dalek::VerifyingKey;
+    use ed25519_dalek::pkcs8::DecodePublicKey;
+    let key = VerifyingKey::from_public_key_pem(public_pem.trim())
+        .context("failed to read the Ed25519 public key (SPKI PEM)")?;
+    let der = key
+        .to_public_key_der()
+        .context("failed to encode the public key")?;
+    Ok(crate::digest::sha256_hex(der.as_bytes()))
+}
+
 pub fn now() -> u64 {
     jsonwebtoken::get_current_timestamp()
 }
@@ -176,7 +196,19 @@ mod tests {
             request_sha256: "a".into(),
             pack_sha256: "p".into(),
             approval_id: None,
+            lowered_by_policy: None,
         }
+    }
+
+    #[test]
+    fn fingerprints_name_the_key_not_its_text() {
+        let (_, public) = generate_keypair().unwrap();
+        let (_, other) = generate_keypair().unwrap();
+        let fp = key_fingerprint(&public).unwrap();
+        assert_eq!(fp.len(), 64);
+        assert_eq!(key_fingerprint(&public.replace('\n', "\r\n")).unwrap(), fp);
+        assert_ne!(key_fingerprint(&other).unwrap(), fp);
+        assert!(key_fingerprint("not a key").is_err());
     }
 
     #[test]

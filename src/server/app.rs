@@ -1,4 +1,7 @@
 //! `emisar serve`: build everything from settings, bind, serve until told to stop.
+//!
+//! With `tls_cert_file` and `tls_key_file` the server serves HTTPS itself (rustls, through
+//! `util::tls::serve_https`); without them, plain HTTP for a TLS-terminating proxy in front.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -25,6 +28,8 @@ use crate::server::webhook::Notifier;
 pub struct Application {
     listener: TcpListener,
     router: Router,
+    /// Set when the server serves HTTPS itself.
+    tls: Option<Arc<rustls::ServerConfig>>,
     db: Db,
     shutdown: CancellationToken,
 }
@@ -32,6 +37,20 @@ pub struct Application {
 impl Application {
     pub async fn build(config: ServerConfig, database_url: &str) -> anyhow::Result<Self> {
         config.check()?;
+        // Read the certificate before anything else starts, so a bad one stops the server at once.
+        let tls = match (&config.tls_cert_file, &config.tls_key_file) {
+            (Some(cert), Some(key)) => {
+                let (tls, fingerprint) = crate::util::tls::server_config_from_files(cert, key)?;
+                tracing::info!(%fingerprint, cert = %cert.display(), "serving HTTPS");
+                Some(tls)
+            }
+            _ => None,
+        };
+        if config.insecure_http {
+            tracing::warn!(
+                "insecure_http = true: runners may be reached over plain HTTP, with calls, arguments and results in clear"
+            );
+        }
         let packs = Arc::new(PackSet::load(config.packs_dir.as_deref())?);
         let signing_pem = std::fs::read_to_string(&config.signing_key_file).with_context(|| {
             format!(
@@ -48,7 +67,11 @@ impl Application {
             .as_deref()
             .map(AuditKey::from_file)
             .transpose()?;
-        let registry = Registry::new(config.runners.clone());
+        let trust = crate::server::runners::tls::RunnerTrust::new(
+            config.runner_ca_file.as_deref(),
+            config.insecure_http,
+        )?;
+        let registry = Registry::new(config.runners.clone(), trust)?;
         let shutdown = CancellationToken::new();
         let approvals = Approvals::new(db.clone(), audit.clone(), shutdown.clone());
         let mut limits = Limits::new(
@@ -59,11 +82,13 @@ impl Application {
         limits.approval_ttl = Duration::from_secs(config.approval_ttl_secs);
         limits.approval_wait = Duration::from_secs(config.approval_wait_secs);
         limits.progress_every = Duration::from_millis(config.approval_progress_ms);
+        limits.approved_start_within = Duration::from_secs(config.approved_start_within_secs);
+        limits.max_pending_per_agent = config.max_pending_per_agent;
         let mut gateway = Gateway::new(
             packs.clone(),
             registry.clone(),
             audit.clone(),
-            RunnerClient::new(signer)?,
+            RunnerClient::new(signer),
             limits,
             audit_key,
             approvals,
@@ -115,6 +140,7 @@ impl Application {
                 detail: Some(json!({
                     "version": env!("CARGO_PKG_VERSION"),
                     "listen": addr.to_string(),
+                    "tls": tls.is_some(),
                     "packs": packs.packs().map(|p| json!({"name": p.name, "sha256": p.digest, "origin": p.origin})).collect::<Vec<_>>(),
                     "runners": config.runners.iter().map(|r| r.name.clone()).collect::<Vec<_>>(),
                 })),
@@ -141,10 +167,11 @@ impl Application {
             db.clone(),
             public_pem,
             hosts,
-            config
-                .public_url
-                .as_deref()
-                .is_some_and(|u| u.starts_with("https://")),
+            tls.is_some()
+                || config
+                    .public_url
+                    .as_deref()
+                    .is_some_and(|u| u.starts_with("https://")),
             &config.login,
             identity,
             shutdown.clone(),
@@ -152,6 +179,7 @@ impl Application {
         Ok(Application {
             listener,
             router,
+            tls,
             db,
             shutdown,
         })
@@ -172,16 +200,30 @@ impl Application {
         self.shutdown.clone()
     }
 
+    /// Whether the server serves HTTPS (its URLs are `https://`).
+    pub fn serves_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
-        tracing::info!(addr = %self.local_addr(), "emisar serving MCP at /mcp");
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        tracing::info!(addr = %self.local_addr(), "emisar serving MCP at {scheme}://…/mcp");
         let shutdown = self.shutdown.clone();
-        // The peer's address reaches handlers as `ConnectInfo` (login limits count by it).
-        let service = self
-            .router
-            .into_make_service_with_connect_info::<SocketAddr>();
-        axum::serve(crate::util::net::without_nagle(self.listener), service)
-            .with_graceful_shutdown(shutdown.cancelled_owned())
-            .await
+        match self.tls {
+            Some(tls) => {
+                crate::util::tls::serve_https(self.listener, self.router, tls, shutdown).await
+            }
+            None => {
+                // The peer's address reaches handlers as `ConnectInfo` (login limits count
+                // by it); `serve_https` hands it on the same way.
+                let service = self
+                    .router
+                    .into_make_service_with_connect_info::<SocketAddr>();
+                axum::serve(crate::util::net::without_nagle(self.listener), service)
+                    .with_graceful_shutdown(shutdown.cancelled_owned())
+                    .await
+            }
+        }
     }
 }
 

@@ -137,7 +137,9 @@ pub struct Approval {
     pub on_behalf_of: Option<String>,
     #[serde(skip)]
     pub pack_sha256: String,
-    /// Per runner: `{ok, output, vars, error}` of the preview run at request time.
+    /// Per runner: `{ok, output, vars, seal, sealed_vars}` of the preview run at request
+    /// time; `sealed_vars` is the canonical JSON text of the vars exactly as the runner sealed
+    /// them (text, so no store can renormalise a number in it).
     pub preview: Option<Value>,
     pub required_approvals: u32,
     pub approvals: Vec<Vote>,
@@ -160,14 +162,34 @@ impl Approval {
             .unwrap_or(true)
     }
 
-    /// The vars of `runner`'s preview, which its execution needs.
-    pub fn preview_vars(&self, runner: &str) -> Option<Map<String, Value>> {
-        self.preview
-            .as_ref()?
-            .get(runner)?
-            .get("vars")?
-            .as_object()
-            .cloned()
+    /// The vars `runner`'s execution will use (exactly as the runner sealed them) and the
+    /// runner's seal over them.
+    pub fn preview_vars(&self, runner: &str) -> Option<(Map<String, Value>, Option<String>)> {
+        let answer = self.preview.as_ref()?.get(runner)?;
+        let vars = match answer.get("sealed_vars").and_then(Value::as_str) {
+            Some(text) => serde_json::from_str(text).ok()?,
+            None => answer.get("vars")?.as_object()?.clone(),
+        };
+        let seal = answer
+            .get("seal")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        Some((vars, seal))
+    }
+
+    /// Per runner, the preview values its execution will use: what people see before they
+    /// approve.
+    pub fn execution_vars(&self) -> Option<Value> {
+        let preview = self.preview.as_ref()?.as_object()?;
+        Some(Value::Object(
+            preview
+                .keys()
+                .filter_map(|runner| {
+                    let (vars, _) = self.preview_vars(runner)?;
+                    Some((runner.clone(), Value::Object(vars)))
+                })
+                .collect(),
+        ))
     }
 
     /// An audit event about this request.
@@ -558,6 +580,28 @@ impl Approvals {
             })
             .await?;
         Ok(rows)
+    }
+
+    /// How many requests of agent `name` are pending and not yet past their expiry.
+    pub async fn pending_of(&self, name: &str) -> Result<u64, ApprovalError> {
+        let sql = self.db.sql(
+            "SELECT COUNT(*) FROM approvals WHERE state = $1 AND requester_name = $2 AND expires_at > $3::timestamptz",
+        );
+        let now = format_at(Utc::now());
+        let n = self
+            .db
+            .guard(async {
+                with_pool!(self.db, pool => {
+                    sqlx::query_scalar::<_, i64>(sql)
+                        .bind(State::Pending.as_str())
+                        .bind(name)
+                        .bind(&now)
+                        .fetch_one(pool)
+                        .await
+                })
+            })
+            .await?;
+        Ok(u64::try_from(n).unwrap_or(0))
     }
 
     /// Ids in `state` last changed (or, `by_expiry`, expiring) before `before`, for the

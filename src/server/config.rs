@@ -77,6 +77,28 @@ pub struct ServerConfig {
     /// organisation's authorization server, next to emisar's own tokens. Default: none.
     #[serde(default)]
     pub oauth: Option<crate::server::oidc::config::OAuthConfig>,
+    /// The server's TLS certificate (PEM, chain allowed) and key: with both, the server serves
+    /// HTTPS itself (and the portal's cookie is `Secure`).
+    #[serde(default)]
+    pub tls_cert_file: Option<PathBuf>,
+    #[serde(default)]
+    pub tls_key_file: Option<PathBuf>,
+    /// A CA (PEM) that signs runners' certificates. A runner without `tls_fingerprint` is
+    /// verified against it, its hostname checked against its URL; without it, against the
+    /// system's trust store.
+    #[serde(default)]
+    pub runner_ca_file: Option<PathBuf>,
+    /// Allows `http://` runner URLs, in this file and in join requests. Loopback tests and
+    /// `emisar dev` only: calls, arguments and results would travel in clear.
+    #[serde(default)]
+    pub insecure_http: bool,
+    /// An approved request whose execution has not started this many seconds after the
+    /// deciding approval expires instead, and nothing runs (default 300).
+    #[serde(default = "default_approved_start_within")]
+    pub approved_start_within_secs: u64,
+    /// The most approval requests one agent may have pending at once (default 20).
+    #[serde(default = "default_max_pending")]
+    pub max_pending_per_agent: u32,
 }
 
 fn default_approval_ttl() -> u64 {
@@ -87,6 +109,12 @@ fn default_approval_wait() -> u64 {
 }
 fn default_progress_ms() -> u64 {
     10_000
+}
+fn default_approved_start_within() -> u64 {
+    5 * 60
+}
+fn default_max_pending() -> u32 {
+    20
 }
 
 fn default_rate() -> u32 {
@@ -99,12 +127,16 @@ fn default_probe_ms() -> u64 {
     10_000
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RunnerEntry {
     pub name: String,
-    /// Base URL of the runner, e.g. `http://10.0.0.5:7701`.
+    /// Base URL of the runner, e.g. `https://10.0.0.5:7701`.
     pub url: String,
+    /// `sha256:<hex>` of the certificate the runner serves (`emisar runner fingerprint`): the
+    /// server accepts that certificate and no other, whatever names it carries.
+    #[serde(default)]
+    pub tls_fingerprint: Option<String>,
     /// The packs this runner serves; all packs when left out.
     #[serde(default)]
     pub packs: Option<Vec<String>>,
@@ -155,7 +187,18 @@ impl ServerConfig {
             login: Default::default(),
             oidc: None,
             oauth: None,
+            tls_cert_file: None,
+            tls_key_file: None,
+            runner_ca_file: None,
+            insecure_http: false,
+            approved_start_within_secs: default_approved_start_within(),
+            max_pending_per_agent: default_max_pending(),
         }
+    }
+
+    /// Whether the server serves HTTPS itself.
+    pub fn serves_tls(&self) -> bool {
+        self.tls_cert_file.is_some()
     }
 
     pub fn load(path: &Path) -> anyhow::Result<Self> {
@@ -174,12 +217,20 @@ impl ServerConfig {
             if !seen.insert(&r.name) {
                 anyhow::bail!("runners[{i}].name `{}` appears twice", r.name);
             }
-            if !(r.url.starts_with("http://") || r.url.starts_with("https://")) {
-                anyhow::bail!(
-                    "runners[{i}].url `{}` must start with http:// or https://",
-                    r.url
-                );
+            check_runner_url(&format!("runners[{i}].url"), &r.url, self.insecure_http)?;
+            if let Some(pin) = &r.tls_fingerprint {
+                crate::util::tls::Fingerprint::parse(pin)
+                    .map_err(|e| anyhow::anyhow!("runners[{i}].tls_fingerprint {e}"))?;
+                if !r.url.starts_with("https://") {
+                    anyhow::bail!(
+                        "runners[{i}].tls_fingerprint pins a certificate, but url `{}` is not https://",
+                        r.url
+                    );
+                }
             }
+        }
+        if self.tls_cert_file.is_some() != self.tls_key_file.is_some() {
+            anyhow::bail!("tls_cert_file and tls_key_file go together: set both or neither");
         }
         if self.rate_limit_per_second == 0 || self.rate_limit_burst == 0 {
             anyhow::bail!("rate_limit_per_second and rate_limit_burst must be at least 1");
@@ -207,6 +258,12 @@ impl ServerConfig {
             anyhow::bail!(
                 "approval_progress_ms must be between 50 and 15000 (a silent call is dropped by clients)"
             );
+        }
+        if !(1..=3600).contains(&self.approved_start_within_secs) {
+            anyhow::bail!("approved_start_within_secs must be between 1 and 3600");
+        }
+        if !(1..=10_000).contains(&self.max_pending_per_agent) {
+            anyhow::bail!("max_pending_per_agent must be between 1 and 10000");
         }
         self.check_identity()
     }
@@ -238,6 +295,20 @@ impl ServerConfig {
         }
         Ok(())
     }
+}
+
+/// A runner's URL (`what` names where it came from): https, or http only with
+/// `insecure_http`. The message names the setting, so whoever reads it knows the way out.
+pub fn check_runner_url(what: &str, url: &str, insecure_http: bool) -> anyhow::Result<()> {
+    if url.starts_with("https://") || (url.starts_with("http://") && insecure_http) {
+        return Ok(());
+    }
+    if url.starts_with("http://") {
+        anyhow::bail!(
+            "{what} `{url}` is plain HTTP: calls, arguments and results would travel in clear; use https:// (see tls_fingerprint / runner_ca_file) or set insecure_http = true (loopback tests and `emisar dev` only)"
+        );
+    }
+    anyhow::bail!("{what} `{url}` must start with https:// (or http:// with insecure_http = true)")
 }
 
 #[cfg(test)]
@@ -278,6 +349,43 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .contains("runners[0].url")
+        );
+    }
+
+    #[test]
+    fn plain_http_and_bad_pins_are_refused_naming_the_setting() {
+        let mut c: ServerConfig = toml::from_str(
+            "signing_key_file = 'k'\n[[runners]]\nname = 'a'\nurl = 'http://10.0.0.5:7701'",
+        )
+        .unwrap();
+        let err = c.check().unwrap_err().to_string();
+        assert!(
+            err.contains("runners[0].url `http://10.0.0.5:7701` is plain HTTP")
+                && err.contains("insecure_http = true"),
+            "{err}"
+        );
+        c.insecure_http = true;
+        c.check().unwrap();
+        c.runners[0].tls_fingerprint = Some(format!("sha256:{}", "ab".repeat(32)));
+        let err = c.check().unwrap_err().to_string();
+        assert!(
+            err.contains("runners[0].tls_fingerprint pins a certificate"),
+            "{err}"
+        );
+        c.runners[0].url = "https://10.0.0.5:7701".into();
+        c.check().unwrap();
+        c.runners[0].tls_fingerprint = Some("sha256:abc".into());
+        let err = c.check().unwrap_err().to_string();
+        assert!(
+            err.contains("runners[0].tls_fingerprint `sha256:abc` must be"),
+            "{err}"
+        );
+        c.runners[0].tls_fingerprint = None;
+        c.tls_cert_file = Some("cert.pem".into());
+        let err = c.check().unwrap_err().to_string();
+        assert!(
+            err.contains("tls_cert_file and tls_key_file go together"),
+            "{err}"
         );
     }
 }

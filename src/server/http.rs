@@ -58,8 +58,8 @@ pub struct HttpState {
     /// MCP session id → (token id, order of binding).
     sessions: Arc<Mutex<HashMap<String, (String, u64)>>>,
     tokens: Arc<crate::server::tokens::TokenCache>,
-    /// Handed to runners that join, so they can verify the calls this server signs.
-    server_public_key: Arc<String>,
+    /// Joins, re-registrations and heartbeats of runners.
+    fleet: Arc<crate::server::fleet::Fleet>,
     next_binding: Arc<std::sync::atomic::AtomicU64>,
 }
 
@@ -89,6 +89,12 @@ pub fn router(
         allowed_hosts,
         shutdown,
     );
+    let fleet = Arc::new(crate::server::fleet::Fleet::new(
+        db.clone(),
+        gateway.audit().clone(),
+        gateway.runners().clone(),
+        server_public_key,
+    ));
     let state = HttpState {
         db,
         logins,
@@ -97,7 +103,7 @@ pub fn router(
         identity: identity.clone(),
         sessions: Arc::default(),
         tokens: Arc::default(),
-        server_public_key: Arc::new(server_public_key),
+        fleet,
         next_binding: Arc::default(),
     };
     let protected = Router::new()
@@ -159,6 +165,10 @@ pub fn router(
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/readyz", get(readyz))
         .route("/api/runners/join", axum::routing::post(runner_join))
+        .route(
+            "/api/runners/register",
+            axum::routing::post(runner_register),
+        )
         .route(
             "/api/runners/heartbeat",
             axum::routing::post(runner_heartbeat),
@@ -353,8 +363,25 @@ impl HttpState {
     }
 }
 
-async fn api_runners(State(state): State<HttpState>) -> Json<serde_json::Value> {
-    Json(json!({"runners": state.gateway.runners().snapshot()}))
+/// `GET /api/runners`: the runners the caller may see. A token limited to a selector sees
+/// only the runners it matches, as in `emisar.runners` and everywhere else.
+async fn api_runners(
+    State(state): State<HttpState>,
+    axum::Extension(principal): axum::Extension<Principal>,
+) -> Json<serde_json::Value> {
+    let visible: Vec<_> = state
+        .gateway
+        .runners()
+        .snapshot()
+        .into_iter()
+        .filter(|r| {
+            principal
+                .selector
+                .as_ref()
+                .is_none_or(|s| s.matches(&r.labels))
+        })
+        .collect();
+    Json(json!({"runners": visible}))
 }
 
 /// The query string of `GET /api/audit`. Every filter is optional; `cursor` is the
@@ -540,38 +567,61 @@ fn fleet_error(e: crate::server::fleet::FleetError) -> Response {
     use crate::server::fleet::FleetError;
     let status = match &e {
         FleetError::Invalid(_) => StatusCode::BAD_REQUEST,
-        FleetError::Unauthorized => StatusCode::UNAUTHORIZED,
+        FleetError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+        FleetError::Forbidden(_) => StatusCode::FORBIDDEN,
+        FleetError::Conflict(_) => StatusCode::CONFLICT,
         FleetError::Store(_) | FleetError::Audit(_) => StatusCode::SERVICE_UNAVAILABLE,
     };
     if status == StatusCode::SERVICE_UNAVAILABLE {
-        tracing::error!(error = %e, "runner join or heartbeat failed");
+        tracing::error!(error = %e, "a runner's join, registration or heartbeat failed");
+        let why = match e {
+            FleetError::Audit(_) => "the audit log cannot record this; try again later",
+            _ => "the store is unavailable; try again later",
+        };
+        return (status, Json(json!({"error": why}))).into_response();
     }
     (status, Json(json!({"error": e.to_string()}))).into_response()
 }
 
-/// `POST /api/runners/join` with a join token: registers the runner.
+fn no_bearer(what: &str) -> Response {
+    fleet_error(crate::server::fleet::FleetError::Unauthorized(format!(
+        "{what} is required as `Authorization: Bearer …`"
+    )))
+}
+
+/// `POST /api/runners/join` with a join token's secret: registers a new runner.
 async fn runner_join(
     State(state): State<HttpState>,
     headers: axum::http::HeaderMap,
     body: Result<Json<crate::protocol::JoinRequest>, axum::extract::rejection::JsonRejection>,
 ) -> Response {
     let Some(token) = bearer(&headers) else {
-        return fleet_error(crate::server::fleet::FleetError::Unauthorized);
+        return no_bearer("a join token");
     };
     let request = match body {
         Ok(Json(r)) => r,
         Err(e) => return fleet_error(crate::server::fleet::FleetError::Invalid(e.body_text())),
     };
-    match crate::server::fleet::join(
-        &state.db,
-        state.gateway.audit(),
-        state.gateway.runners(),
-        token,
-        request,
-        &state.server_public_key,
-    )
-    .await
-    {
+    match state.fleet.join(token, request).await {
+        Ok(r) => Json(r).into_response(),
+        Err(e) => fleet_error(e),
+    }
+}
+
+/// `POST /api/runners/register` with a runner token: a runner that joined before is back.
+async fn runner_register(
+    State(state): State<HttpState>,
+    headers: axum::http::HeaderMap,
+    body: Result<Json<crate::protocol::RegisterRequest>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    let Some(token) = bearer(&headers) else {
+        return no_bearer("the runner's credential");
+    };
+    let request = match body {
+        Ok(Json(r)) => r,
+        Err(e) => return fleet_error(crate::server::fleet::FleetError::Invalid(e.body_text())),
+    };
+    match state.fleet.register(token, request).await {
         Ok(r) => Json(r).into_response(),
         Err(e) => fleet_error(e),
     }
@@ -583,9 +633,9 @@ async fn runner_heartbeat(
     headers: axum::http::HeaderMap,
 ) -> Response {
     let Some(token) = bearer(&headers) else {
-        return fleet_error(crate::server::fleet::FleetError::Unauthorized);
+        return no_bearer("the runner's credential");
     };
-    match crate::server::fleet::heartbeat(&state.db, state.gateway.runners(), token).await {
+    match state.fleet.heartbeat(token).await {
         Ok(name) => Json(json!({"runner": name})).into_response(),
         Err(e) => fleet_error(e),
     }

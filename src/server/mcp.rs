@@ -3,7 +3,9 @@
 //! asks the gateway.
 //!
 //! Tool failures the agent should read (bad arguments, refusals, a runner that is down) come
-//! back as a tool result with `isError`; an unknown tool is a JSON-RPC invalid-params error.
+//! back as a tool result with `isError`; a refusal's `structuredContent` is
+//! `{"error": {"kind", "message", ...}}` with a stable kind. An unknown tool is a JSON-RPC
+//! invalid-params error whose data is `{"kind": "unknown_tool"}`.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -199,13 +201,13 @@ impl ToolSource for GatewaySource {
                 }
                 .into())
             }
-            Err(CallError::UnknownTool(name)) => Err(McpError::invalid_params(
-                format!("unknown tool: {name}"),
-                None,
+            Err(e @ CallError::UnknownTool(_)) => Err(McpError::invalid_params(
+                e.to_string(),
+                Some(json!({"kind": e.kind()})),
             )),
             Err(e) => {
                 let mut result = CallToolResult::error(vec![ContentBlock::text(e.to_string())]);
-                result.structured_content = Some(json!({"error": e.to_string()}));
+                result.structured_content = Some(json!({"error": e.to_json()}));
                 Ok(result.into())
             }
         }

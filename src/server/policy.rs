@@ -19,7 +19,7 @@ use serde::de::{self, Deserializer, IntoDeserializer, MapAccess, Visitor};
 use serde_json::Value;
 
 use crate::digest::{canonical_json, sha256_hex};
-use crate::pack::{PackSet, Risk, Tool, allowlist_key, is_identifier, template_text};
+use crate::pack::{PackSet, Risk, Tool, allowlist_admits, is_identifier, template_text};
 use crate::selector::Selector;
 use crate::server::tokens::{Principal, Role};
 
@@ -673,6 +673,32 @@ impl Policy {
                     }
                 }
             }
+            // A tool with a preview executes only with the values its preview captured when
+            // the request was made: a line that lets it run without a request can never work.
+            let without_request: Vec<_> = matched()
+                .filter(|t| {
+                    t.preview.is_some()
+                        && most_specific(&self.risk, &t.name).is_some_and(|r| std::ptr::eq(r, rule))
+                        && (rule.risk == Risk::Read
+                            || (rule.risk == Risk::Low && rule.auto_approve))
+                })
+                .collect();
+            if !without_request.is_empty() {
+                problems.push(format!(
+                    "`{path}`: a tool with a preview cannot run without an approval request (its execution needs the values its preview captures when the request is made){}",
+                    match pattern {
+                        Pattern::Exact(_) => String::new(),
+                        Pattern::Prefix(_) => format!(
+                            " ({})",
+                            without_request
+                                .iter()
+                                .map(|t| t.name.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    }
+                ));
+            }
             if rule.auto_approve {
                 let high: Vec<_> = matched().filter(|t| t.risk == Risk::High).collect();
                 if !high.is_empty() {
@@ -761,13 +787,19 @@ impl Policy {
 
     /// The effective risk, and whether a low write runs without approval. A line that lowers
     /// without `lower: true` does not apply (so an unchecked policy cannot lower by mistake),
-    /// and `auto_approve` never applies to a tool its pack calls high.
+    /// `auto_approve` never applies to a tool its pack calls high, and no line makes a tool
+    /// with a preview run without a request (its execution needs the preview's values).
     fn risk_rule(&self, tool: &Tool) -> (Risk, bool) {
         match most_specific(&self.risk, &tool.name) {
-            Some(rule) if rule.lower || rank(rule.risk) >= rank(tool.risk) => (
-                rule.risk,
-                rule.auto_approve && rule.risk == Risk::Low && tool.risk != Risk::High,
-            ),
+            Some(rule) if rule.lower || rank(rule.risk) >= rank(tool.risk) => {
+                let auto = rule.auto_approve && rule.risk == Risk::Low && tool.risk != Risk::High;
+                let runs_freely = rule.risk == Risk::Read || auto;
+                if runs_freely && tool.preview.is_some() {
+                    (tool.risk, false)
+                } else {
+                    (rule.risk, auto)
+                }
+            }
             _ => (tool.risk, false),
         }
     }
@@ -811,21 +843,18 @@ impl Policy {
                 continue;
             };
             for (param, list_name) in &checks {
-                let (Some(list), Some(value)) = (
-                    lists.get(*list_name),
-                    req.args.get(&param.name).and_then(template_text),
-                ) else {
+                let (Some(list), Some(value)) = (lists.get(*list_name), req.args.get(&param.name))
+                else {
                     continue;
                 };
-                let wanted = allowlist_key(&param.kind, &value);
-                if !list
-                    .iter()
-                    .any(|entry| allowlist_key(&param.kind, entry) == wanted)
-                {
+                if !allowlist_admits(&param.kind, value, list) {
                     let shown = if param.secret {
                         "(secret)".to_owned()
                     } else {
-                        format!("`{value}`")
+                        format!(
+                            "`{}`",
+                            template_text(value).unwrap_or_else(|| value.to_string())
+                        )
                     };
                     return Some(format!(
                         "runner `{runner}` does not accept `{}` = {shown}: the policy's allowlist `runners.{}.{}` has only [{}]",
@@ -920,7 +949,7 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             std::fs::write(
                 dir.path().join("t.yaml"),
-                "pack: t\ndescription: d\ntools:\n  low_write:\n    description: d\n    risk: low\n    scope: node\n    action: {exec: {argv: [\"true\"]}}\n",
+                "pack: t\ndescription: d\ntools:\n  low_write:\n    description: d\n    risk: low\n    scope: node\n    action: {exec: {argv: [\"true\"]}}\n  port:\n    description: d\n    risk: read\n    scope: node\n    params: {port: {type: integer, allowlist: ports}}\n    action: {exec: {argv: [echo, \"{port}\"]}}\n",
             )
             .unwrap();
             PackSet::load(Some(dir.path())).unwrap()
@@ -1164,6 +1193,28 @@ runners:
                 ),
             },
             Case {
+                name: "allowlist: a number in the list",
+                format: Yaml,
+                policy: "runners: {hvn05: {ports: [\"8080\"]}}",
+                tool: "t.port",
+                agent: "a",
+                runners: &[("hvn05", "")],
+                args: json!({"port": 8080}),
+                want: Allow,
+            },
+            Case {
+                name: "allowlist: a number not in the list",
+                format: Yaml,
+                policy: "runners: {hvn05: {ports: [\"8080\"]}}",
+                tool: "t.port",
+                agent: "a",
+                runners: &[("hvn05", "")],
+                args: json!({"port": 9090}),
+                want: Deny(
+                    "runner `hvn05` does not accept `port` = `9090`: the policy's allowlist `runners.hvn05.ports` has only [8080]",
+                ),
+            },
+            Case {
                 name: "allowlist: a runner not listed is unrestricted",
                 format: Yaml,
                 policy: ALLOWLISTS,
@@ -1234,6 +1285,16 @@ runners:
                 runners: &[("r1", "")],
                 args: json!({"neighbor": "10.0.0.1"}),
                 want: Allow,
+            },
+            Case {
+                name: "unchecked: a tool with a preview lowered to read still needs a request",
+                format: Yaml,
+                policy: "risk: {nomad.task_resources_set: {risk: read, lower: true}}",
+                tool: "nomad.task_resources_set",
+                agent: "a",
+                runners: &[("hvn05", "")],
+                args: resources("traefik"),
+                want: Approval(1),
             },
             Case {
                 name: "unchecked: a lowering without `lower: true` is ignored",
@@ -1549,6 +1610,20 @@ runners:
                 ],
             ),
             (
+                "lowering a tool with a preview to read",
+                "risk: {nomad.task_resources_set: {risk: read, lower: true}}",
+                &[
+                    "`risk.\"nomad.task_resources_set\"`: a tool with a preview cannot run without an approval request (its execution needs the values its preview captures when the request is made)",
+                ],
+            ),
+            (
+                "a glob that lowers a tool with a preview names it",
+                "risk: {\"nomad.*\": {risk: read, lower: true}}",
+                &[
+                    "`risk.\"nomad.*\"`: a tool with a preview cannot run without an approval request (its execution needs the values its preview captures when the request is made) (nomad.task_resources_set)",
+                ],
+            ),
+            (
                 "lowering low to read without the flag",
                 "risk: {t.low_write: read}",
                 &["`risk.\"t.low_write\"`: lowering a risk:low tool needs `lower: true`"],
@@ -1575,7 +1650,7 @@ runners:
                 "unknown allowlist name",
                 "runners: {hvn05: {systemd_unit: [consul], nomad_jobs: [x]}}",
                 &[
-                    "`runners.hvn05.systemd_unit`: no loaded tool has a param with `allowlist: systemd_unit` (known lists: nomad_jobs, systemd_units)",
+                    "`runners.hvn05.systemd_unit`: no loaded tool has a param with `allowlist: systemd_unit` (known lists: nomad_jobs, ports, systemd_units)",
                 ],
             ),
         ];
@@ -1600,6 +1675,13 @@ runners:
             .check(packs())
             .unwrap();
         Policy::builtin().check(packs()).unwrap();
+        // A closer line keeps the tool with a preview under approval: the glob is fine.
+        let closer =
+            "risk: {\"nomad.*\": {risk: read, lower: true}, nomad.task_resources_set: high}";
+        Policy::parse(closer, Format::Yaml)
+            .unwrap()
+            .check(packs())
+            .unwrap();
     }
 
     #[test]

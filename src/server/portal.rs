@@ -249,6 +249,8 @@ fn view(state: &HttpState, a: &crate::server::approvals::Approval) -> Value {
         .tool(&a.tool)
         .map(|t| t.description.clone());
     v["tool_description"] = json!(description);
+    // The values each runner's execution will use, which people approve along with the args.
+    v["execution_vars"] = json!(a.execution_vars());
     v
 }
 

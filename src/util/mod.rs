@@ -1,5 +1,6 @@
 //! Small helpers both the server and the node use: backoff, error chains, config files,
-//! sockets, and the door's checks on text from outside.
+//! sockets, TLS (fingerprints, PEM files, serving HTTPS), and the door's checks on text from
+//! outside.
 
 pub mod backoff;
 pub mod config;
@@ -7,6 +8,7 @@ pub mod door;
 mod errors;
 pub mod net;
 pub mod process;
+pub mod tls;
 
 pub use backoff::Backoff;
 pub use errors::error_chain;

@@ -510,6 +510,7 @@ async fn approvals_refuse_what_they_should() {
         args: json!({"unit": unit}).as_object().unwrap().clone(),
         mode: Mode::Execute,
         preview: None,
+        preview_seal: None,
         raw: false,
     };
     let claims = |aud: &str, req: &CallRequest, approval: Option<&str>| {
@@ -525,6 +526,7 @@ async fn approvals_refuse_what_they_should() {
             request_sha256: req.digest(),
             pack_sha256: pack_sha256.clone(),
             approval_id: approval.map(str::to_owned),
+            lowered_by_policy: None,
         }
     };
     let http = reqwest::Client::new();

@@ -385,3 +385,188 @@ async fn mcp_inspector_lists_and_calls_tools_of_emisar_dev() {
     .unwrap();
     child.wait().unwrap();
 }
+
+/// `emisar join-token issue|list|revoke` and `emisar runner list|remove`, as an operator runs
+/// them, on both stores.
+async fn join_tokens_and_runners_from_the_cli(backend: Backend) {
+    let app = spawn_app(backend, vec![RunnerSpec::new("local")], Options::default()).await;
+    let db = app.database_url.as_str();
+    let key = app.public_key.to_str().unwrap();
+    let issue = |extra: &[&str]| {
+        let mut args = vec!["join-token", "issue", "--database", db];
+        args.extend_from_slice(extra);
+        emisar(&args)
+    };
+
+    // Bad input names the flag and the rule.
+    for (extra, why) in [
+        (vec!["--uses", "0"], "--uses must be between 1 and"),
+        (vec!["--ttl", "31d"], "--ttl must be between 1s and 30d"),
+        (vec!["--label", "role"], "--label `role` must be key=value"),
+        (vec!["--name", "a b"], "--name `a b` must be an identifier"),
+        (
+            vec!["--name-pattern", "edge/*"],
+            "--name-pattern `edge/*` may hold only",
+        ),
+        (
+            vec!["--name", "a", "--name-pattern", "b"],
+            "cannot be used with",
+        ),
+    ] {
+        let mut args = extra.clone();
+        args.extend(["--server-public-key", key]);
+        let (code, out, err) = issue(&args);
+        assert_eq!(code, 2, "{extra:?}: {out}{err}");
+        assert!(err.contains(why), "{extra:?}: {err}");
+    }
+    let (code, _, err) = issue(&[]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("--server-config") && err.contains("--server-public-key"),
+        "{err}"
+    );
+
+    // Issued: the token carries this server's key fingerprint.
+    let (code, out, err) = issue(&[
+        "--uses",
+        "2",
+        "--name-pattern",
+        "edge-*",
+        "--label",
+        "role=edge",
+        "--server-public-key",
+        key,
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    let field = |out: &str, name: &str| {
+        out.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .unwrap_or_else(|| panic!("no {name} in {out}"))
+            .trim()
+            .to_owned()
+    };
+    let id = field(&out, "join token id:");
+    let token = field(&out, "join token:");
+    assert!(
+        token.ends_with(&format!(".key={}", app.server_pins().key_sha256)),
+        "{token}"
+    );
+    let secret = emisar::protocol::JoinToken::parse(&token)
+        .unwrap()
+        .secret()
+        .to_owned();
+
+    let list = || {
+        let (code, out, err) = emisar(&["join-token", "list", "--database", db]);
+        assert_eq!(code, 0, "{err}");
+        assert!(!out.contains(&secret), "the token itself is never listed");
+        out.lines()
+            .find(|l| l.starts_with(&id))
+            .unwrap_or_else(|| panic!("{id} not in {out}"))
+            .to_owned()
+    };
+    let line = list();
+    for part in ["0/2", "pattern edge-*", "role=edge", "live"] {
+        assert!(line.contains(part), "{part}: {line}");
+    }
+    let (status, body) = app
+        .raw_join(
+            &token,
+            &serde_json::json!({"name": "edge-1", "url": "http://127.0.0.1:9/", "packs": {}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(list().contains("1/2"));
+
+    // Revoked: no more joins; revoking again has nothing to do.
+    let (code, out, err) = emisar(&["join-token", "revoke", &id, "--database", db]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains(&format!("revoked join token {id}")), "{out}");
+    let (code, _, err) = emisar(&["join-token", "revoke", &id, "--database", db]);
+    assert_eq!(code, 1);
+    assert!(err.contains("no unrevoked join token"), "{err}");
+    assert!(list().ends_with("revoked"));
+    let (status, body) = app
+        .raw_join(
+            &token,
+            &serde_json::json!({"name": "edge-2", "url": "http://127.0.0.1:9/", "packs": {}}),
+        )
+        .await;
+    assert_eq!(status, 401, "{body}");
+
+    // The server's config is another source of the key (and of the configured runners; the
+    // test's runner speaks plain HTTP on loopback, which the config must allow).
+    let config = app.dir.path().join("emisar.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "signing_key_file = \"{}\"\ninsecure_http = true\n[[runners]]\nname = \"local\"\nurl = \"{}\"\n",
+            app.private_key.display(),
+            app.runner_urls["local"]
+        ),
+    )
+    .unwrap();
+    let (code, out, err) = issue(&["--server-config", config.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        field(&out, "join token:").ends_with(&format!(".key={}", app.server_pins().key_sha256))
+    );
+
+    // Runners: configured and joined; only joined ones can be removed.
+    let (code, out, err) = emisar(&[
+        "runner",
+        "list",
+        "--server-config",
+        config.to_str().unwrap(),
+        "--database",
+        db,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let row = |out: &str, name: &str| {
+        out.lines()
+            .find(|l| l.starts_with(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no {name} in {out}"))
+            .to_owned()
+    };
+    assert!(row(&out, "local").contains("config"), "{out}");
+    let edge = row(&out, "edge-1");
+    assert!(
+        edge.contains("joined")
+            && edge.contains("http://127.0.0.1:9/")
+            && edge.contains("role=edge"),
+        "{edge}"
+    );
+    let (code, out, err) = emisar(&["runner", "list", "--database", db]);
+    assert_eq!(code, 0);
+    assert!(!out.contains("local "), "{out}");
+    assert!(err.contains("--server-config"), "{err}");
+    let (code, _, err) = emisar(&["runner", "remove", "local", "--database", db]);
+    assert_eq!(code, 1);
+    assert!(err.contains("no joined runner is named local"), "{err}");
+    let (code, out, err) = emisar(&["runner", "remove", "edge-1", "--database", db]);
+    assert_eq!(code, 0, "{out}{err}");
+    let (_, out, _) = emisar(&["runner", "list", "--database", db]);
+    assert!(!out.contains("edge-1"), "{out}");
+    let (code, _, _) = emisar(&["runner", "remove", "edge-1", "--database", db]);
+    assert_eq!(code, 1);
+    let (code, _, err) = emisar(&["runner"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--config runner.toml"), "{err}");
+
+    // What changed is audited, by the CLI user.
+    for (kind, count) in [
+        ("join_token.issued", 2),
+        ("join_token.revoked", 1),
+        ("runner.removed", 1),
+    ] {
+        let events = app
+            .events(emisar::server::audit::AuditFilter {
+                kind: Some(kind.into()),
+                ..Default::default()
+            })
+            .await;
+        assert_eq!(events.len(), count, "{kind}");
+        assert!(events.iter().all(|e| e.actor.starts_with("cli:")), "{kind}");
+    }
+}
+crate::both_backends!(join_tokens_and_runners_from_the_cli);

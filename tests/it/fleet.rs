@@ -1,52 +1,26 @@
 //! Runners that join with a join token, carry labels, and are targeted by selector; tokens
 //! limited to a selector see only those runners.
 
-use std::process::{Command, Stdio};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use emisar::server::fleet::JoinTokenSpec;
 use serde_json::json;
 
-use crate::harness::app::{Options, TestApp};
-use crate::harness::tools::{Proc, free_port};
-use crate::harness::{Backend, spawn_app};
+use crate::harness::app::Options;
+use crate::harness::join::{run_runner_to_end, runner_toml, spawn_runner};
+use crate::harness::{Backend, RunnerSpec, spawn_app};
 use crate::mcp_calls::{call, fixtures_dir};
 
-fn runner_config(dir: &std::path::Path, name: &str, labels: &str) -> (std::path::PathBuf, u16) {
-    let port = free_port();
-    let path = dir.join(format!("{name}.toml"));
-    std::fs::write(
-        &path,
-        format!(
-            "name = \"{name}\"\nlisten = \"127.0.0.1:{port}\"\npacks_dir = \"{}\"\nexec_path = \"/usr/bin:/bin\"\nlabels = {labels}\n",
-            fixtures_dir().display()
-        ),
-    )
-    .unwrap();
-    (path, port)
-}
-
-fn start_runner(
-    app: &TestApp,
-    config: &std::path::Path,
-    join_token: &str,
-    log: &std::path::Path,
-) -> Proc {
-    Proc(
-        Command::new(env!("CARGO_BIN_EXE_emisar"))
-            .args([
-                "runner",
-                "--config",
-                config.to_str().unwrap(),
-                "--server",
-                &app.base_url(),
-            ])
-            .env("EMISAR_JOIN_TOKEN", join_token)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(log).unwrap())
-            .spawn()
-            .unwrap(),
-    )
+/// A one-use join token for runners that get exactly `labels`.
+fn labelled(labels: &[(&str, &str)]) -> JoinTokenSpec {
+    JoinTokenSpec {
+        labels: labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect::<BTreeMap<_, _>>(),
+        ..JoinTokenSpec::once(Duration::from_secs(600))
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -60,24 +34,33 @@ async fn runners_join_with_a_token_and_are_chosen_by_label() {
         },
     )
     .await;
-    let (_, join_token) = emisar::server::fleet::issue_join_token(
-        &app.db,
-        &app.audit,
-        Duration::from_secs(600),
-        "test",
-    )
-    .await
-    .unwrap();
+    // Each runner's labels come from its join token; the edge runner's config asks for
+    // them too (which the token grants), the db runner's leaves them to the token.
+    let (_, edge_token) = app
+        .join_token(labelled(&[("role", "edge"), ("dc", "dc1")]))
+        .await;
+    let (_, db_token) = app
+        .join_token(labelled(&[("role", "db"), ("dc", "dc1")]))
+        .await;
     let dir = tempfile::tempdir().unwrap();
-    let (edge_config, _) = runner_config(dir.path(), "edge-1", "{ role = \"edge\", dc = \"dc1\" }");
-    let (db_config, _) = runner_config(dir.path(), "db-1", "{ role = \"db\", dc = \"dc1\" }");
-    let _edge = start_runner(
-        &app,
+    let (edge_config, _) = runner_toml(
+        dir.path(),
+        "edge-1",
+        "labels = { role = \"edge\", dc = \"dc1\" }",
+    );
+    let (db_config, _) = runner_toml(dir.path(), "db-1", "");
+    let _edge = spawn_runner(
+        &app.base_url(),
         &edge_config,
-        &join_token,
+        Some(&edge_token),
         &dir.path().join("edge.log"),
     );
-    let _db = start_runner(&app, &db_config, &join_token, &dir.path().join("db.log"));
+    let _db = spawn_runner(
+        &app.base_url(),
+        &db_config,
+        Some(&db_token),
+        &dir.path().join("db.log"),
+    );
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let r = app.runners_api().await;
@@ -185,25 +168,16 @@ async fn runners_join_with_a_token_and_are_chosen_by_label() {
     assert_eq!(listed[0]["name"], "db-1");
     scoped.cancel().await.unwrap();
 
-    // A bad join token: the runner says so and stops.
-    let (bad_config, _) = runner_config(dir.path(), "rogue", "{ role = \"edge\" }");
-    let out = Command::new(env!("CARGO_BIN_EXE_emisar"))
-        .args([
-            "runner",
-            "--config",
-            bad_config.to_str().unwrap(),
-            "--server",
-            &app.base_url(),
-            "--join-token",
-            "emj_forged",
-        ])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
+    // A well-formed join token this server never issued: the runner says so and stops.
+    let forged =
+        emisar::protocol::JoinToken::new(format!("emj_{}", "A".repeat(43)), app.server_pins())
+            .unwrap()
+            .render();
+    let (bad_config, _) = runner_toml(dir.path(), "rogue", "labels = { role = \"edge\" }");
+    let (code, err) = run_runner_to_end(&app.base_url(), &bad_config, Some(&forged)).await;
+    assert_eq!(code, 2, "{err}");
     assert!(
-        err.contains("refused to let `rogue` join (HTTP 401"),
+        err.contains("refused to let `rogue` join (HTTP 401") && err.contains("unknown"),
         "{err}"
     );
     assert_eq!(
@@ -211,3 +185,49 @@ async fn runners_join_with_a_token_and_are_chosen_by_label() {
         2
     );
 }
+
+/// `GET /api/runners` shows a token limited to a selector only the runners it matches.
+async fn the_runners_api_honours_the_token_selector(backend: Backend) {
+    let app = spawn_app(
+        backend,
+        vec![
+            RunnerSpec::new("edge-a").label("role", "edge"),
+            RunnerSpec::new("db-a").label("role", "db"),
+        ],
+        Options::default(),
+    )
+    .await;
+    let names = |v: serde_json::Value| -> Vec<String> {
+        v["runners"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(names(app.runners_api().await), ["db-a", "edge-a"]);
+    let edge = emisar::selector::Selector::parse("role=edge").unwrap();
+    let limited = emisar::server::tokens::issue_scoped(
+        &app.db,
+        &app.audit,
+        "edge-bot",
+        emisar::server::tokens::Role::Agent,
+        Some(&edge),
+        Duration::from_secs(600),
+        "test",
+    )
+    .await
+    .unwrap()
+    .token;
+    let seen: serde_json::Value = reqwest::Client::new()
+        .get(format!("{}/api/runners", app.base_url()))
+        .bearer_auth(&limited)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(names(seen), ["edge-a"]);
+}
+crate::both_backends!(the_runners_api_honours_the_token_selector);

@@ -1224,14 +1224,18 @@ async fn portal(app: &TestApp, report: &mut Report) {
 /// The join and heartbeat endpoints, with and without a real join token.
 async fn join(app: &TestApp, report: &mut Report) {
     const S: &str = "join";
-    let (_, token) = emisar::server::fleet::issue_join_token(
-        &app.db,
-        &app.audit,
-        Duration::from_secs(600),
-        "test",
-    )
-    .await
-    .unwrap();
+    // A real token granting the label the good body asks for, so the cases reach the
+    // request checks; a refused join spends none of its uses.
+    let (_, whole) = app
+        .join_token(emisar::server::fleet::JoinTokenSpec {
+            labels: BTreeMap::from([("role".to_owned(), "edge".to_owned())]),
+            ..emisar::server::fleet::JoinTokenSpec::once(Duration::from_secs(600))
+        })
+        .await;
+    let token = emisar::protocol::JoinToken::parse(&whole)
+        .unwrap()
+        .secret()
+        .to_owned();
     let http = reqwest::Client::new();
     let url = format!("{}/api/runners/join", app.base_url());
     let packs: BTreeMap<String, String> = emisar::pack::PackSet::load(None)
@@ -1400,6 +1404,7 @@ async fn runner(app: &TestApp, report: &mut Report, exec_log: &Path) {
         args: args.as_object().unwrap().clone(),
         mode: Mode::Execute,
         preview: None,
+        preview_seal: None,
         raw: false,
     };
     let claims_for = |req: &CallRequest| {
@@ -1415,6 +1420,7 @@ async fn runner(app: &TestApp, report: &mut Report, exec_log: &Path) {
             request_sha256: req.digest(),
             pack_sha256: digest.clone(),
             approval_id: None,
+            lowered_by_policy: None,
         }
     };
     let other = tempfile::tempdir().unwrap();

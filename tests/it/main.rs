@@ -3,12 +3,15 @@
 
 mod approval_wait;
 mod approvals;
+mod approvals_bounds;
+mod approvals_preview;
 mod audit_log;
 mod cli;
 mod conformance;
 mod door;
 mod fleet;
 mod governance;
+mod governance_rules;
 mod harness;
 mod hostile;
 mod lab;
@@ -24,7 +27,10 @@ mod packs_redis;
 mod portal_browser;
 mod python_client;
 mod replicas;
+mod runner_identity;
 mod runner_security;
+mod runner_security_allowlists;
 mod secrets;
 mod sockets;
 mod tidy;
+mod tls;

@@ -244,6 +244,7 @@ async fn a_dead_runner_fails_alone(backend: Backend) {
             extra_runners: vec![RunnerEntry {
                 name: "node-2".into(),
                 url: dead_url,
+                tls_fingerprint: None,
                 packs: None,
                 labels: Default::default(),
             }],

@@ -72,6 +72,7 @@ fn entry(name: &str, addr: std::net::SocketAddr) -> RunnerEntry {
     RunnerEntry {
         name: name.into(),
         url: format!("http://{addr}"),
+        tls_fingerprint: None,
         packs: None,
         labels: Default::default(),
     }

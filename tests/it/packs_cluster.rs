@@ -380,8 +380,7 @@ async fn nomad_task_resources_set_previews_the_plan_and_writes_with_check_and_se
     // Every node's allocation is replaced (a resources change is destructive).
     assert_eq!(shown["updates"]["traefik"]["DestructiveUpdate"], 5);
     assert_eq!(shown["job_modify_index"], 93);
-    let vars = preview.body["vars"].as_object().unwrap().clone();
-    assert_eq!(vars["job_modify_index"], 93);
+    assert_eq!(preview.body["vars"]["job_modify_index"], 93);
     assert_eq!(
         nomad.job("traefik")["JobModifyIndex"],
         93,
@@ -414,7 +413,7 @@ async fn nomad_task_resources_set_previews_the_plan_and_writes_with_check_and_se
             "nomad.task_resources_set",
             args.clone(),
             Mode::Execute,
-            Some(vars),
+            Some(&preview),
         )
         .await;
     assert_eq!(done.body["status"], "ok", "{}", done.body);
@@ -451,8 +450,7 @@ async fn nomad_task_resources_set_previews_the_plan_and_writes_with_check_and_se
             None,
         )
         .await;
-    let vars = preview.body["vars"].as_object().unwrap().clone();
-    let seen = vars["job_modify_index"].as_u64().unwrap();
+    let seen = preview.body["vars"]["job_modify_index"].as_u64().unwrap();
     let moved_to = nomad.bump_job("traefik");
     let refused = app
         .signed_call(
@@ -460,7 +458,7 @@ async fn nomad_task_resources_set_previews_the_plan_and_writes_with_check_and_se
             "nomad.task_resources_set",
             json!({"job": "traefik", "group": "traefik", "task": "traefik", "memory": 8192}),
             Mode::Execute,
-            Some(vars),
+            Some(&preview),
         )
         .await;
     assert_eq!(refused.body["status"], "failed", "{}", refused.body);

@@ -4,14 +4,43 @@
 use emisar::server::audit::AuditFilter;
 use serde_json::{Value, json};
 
-use crate::harness::app::{Options, TEST_AGENT};
+use crate::harness::app::{Options, TEST_AGENT, TestApp};
 use crate::harness::tools::{free_port, require};
 use crate::harness::traefik::Traefik;
 use crate::harness::{Backend, RunnerSpec, spawn_app};
 use crate::mcp_calls::two_backend_config;
 
-async fn python_sdk_calls_traefik_ping(backend: Backend) {
+/// Runs tests/mcp_python_client.py against `app` (over https when it serves TLS: the SDK's
+/// HTTP client then trusts the test CA through `SSL_CERT_FILE`) and returns what it printed.
+pub async fn python_call(app: &TestApp, tool: &str, args: &Value) -> Value {
     let python = require("venv/bin/python");
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp_python_client.py");
+    let mut command = tokio::process::Command::new(python);
+    command.arg(script).args([
+        "--url",
+        &app.mcp_url,
+        "--token",
+        &app.token,
+        "--tool",
+        tool,
+        "--args",
+        &args.to_string(),
+    ]);
+    if let Some(ca) = &app.ca_file {
+        command.env("SSL_CERT_FILE", ca);
+    }
+    let out = command.output().await.unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "python client failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(stdout.trim()).unwrap()
+}
+
+async fn python_sdk_calls_traefik_ping(backend: Backend) {
     let traefik = Traefik::start(&two_backend_config(free_port(), free_port())).await;
     let app = spawn_app(
         backend,
@@ -19,32 +48,13 @@ async fn python_sdk_calls_traefik_ping(backend: Backend) {
         Options::default(),
     )
     .await;
-    let script =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp_python_client.py");
     let reason = "python sdk: is node-1's edge up?";
-    let args = json!({"runners": ["node-1"], "reason": reason}).to_string();
-    let out = tokio::process::Command::new(python)
-        .arg(script)
-        .args([
-            "--url",
-            &app.mcp_url,
-            "--token",
-            &app.token,
-            "--tool",
-            "traefik.ping",
-            "--args",
-            &args,
-        ])
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "python client failed: {stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_str(stdout.trim()).unwrap();
+    let v = python_call(
+        &app,
+        "traefik.ping",
+        &json!({"runners": ["node-1"], "reason": reason}),
+    )
+    .await;
     assert!(
         v["tools"]
             .as_array()

@@ -34,11 +34,13 @@ impl Fixture {
                 args: args.as_object().unwrap().clone(),
                 mode: Mode::Execute,
                 preview: None,
+                preview_seal: None,
                 raw: false,
             }
             .digest(),
             pack_sha256: self.pack_sha256.clone(),
             approval_id: None,
+            lowered_by_policy: None,
         }
     }
 

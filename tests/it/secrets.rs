@@ -76,7 +76,7 @@ async fn a_secret_param_never_appears_in_clear() {
     std::fs::write(
         d.join("runner.toml"),
         format!(
-            "name = \"node-1\"\nlisten = \"127.0.0.1:{runner_port}\"\nserver_public_key_file = \"{}\"\npacks_dir = \"{}\"\n[services.vault]\nbase_url = \"{service_url}\"\n",
+            "name = \"node-1\"\nlisten = \"127.0.0.1:{runner_port}\"\ninsecure_http = true\nserver_public_key_file = \"{}\"\npacks_dir = \"{}\"\n[services.vault]\nbase_url = \"{service_url}\"\n",
             d.join("server.pub").display(),
             packs.display()
         ),
@@ -85,7 +85,7 @@ async fn a_secret_param_never_appears_in_clear() {
     std::fs::write(
         d.join("emisar.toml"),
         format!(
-            "listen = \"127.0.0.1:{server_port}\"\ndatabase_url = \"{}\"\nsigning_key_file = \"{}\"\naudit_key_file = \"{}\"\npacks_dir = \"{}\"\n[[runners]]\nname = \"node-1\"\nurl = \"http://127.0.0.1:{runner_port}\"\n",
+            "listen = \"127.0.0.1:{server_port}\"\ninsecure_http = true\ndatabase_url = \"{}\"\nsigning_key_file = \"{}\"\naudit_key_file = \"{}\"\npacks_dir = \"{}\"\n[[runners]]\nname = \"node-1\"\nurl = \"http://127.0.0.1:{runner_port}\"\n",
             pg.url,
             d.join("server.key").display(),
             d.join("audit.key").display(),

@@ -12,7 +12,7 @@ use super::call::{CallContext, on_behalf_of};
 use super::dispatch::Record;
 use super::outcome::{ApprovalInfo, CallError, CallOutcome, RunnerResult};
 use super::state::Gateway;
-use crate::digest::json_digest;
+use crate::digest::{canonical_json, json_digest};
 use crate::pack::ToolRef;
 use crate::protocol::Mode;
 use crate::server::approvals::{self, Actor, Approval, ApprovalError, State, Verdict};
@@ -44,19 +44,38 @@ impl Gateway {
         if tool.secret_params().next().is_some() {
             // A request keeps the args its execution will use; a secret would sit in the
             // approvals table in clear. Refuse until requests can hold secrets sealed.
-            let why = format!(
-                "`{}` has secret params and needs approval: emisar cannot yet keep a secret in a pending request, so it refuses the call",
-                tool.name
-            );
+            let err = CallError::NeedsApprovalSecret {
+                tool: tool.name.clone(),
+            };
             self.reject(
                 r.principal,
                 &tool.name,
                 Some(r.shown_args),
                 Some(r.reason),
-                why.clone(),
+                err.to_string(),
             )
             .await;
-            return Err(CallError::Denied(why));
+            return Err(err);
+        }
+        // Checked before the preview runs, so a flood of requests runs no previews. Requests
+        // made at the same moment can pass together and overshoot by their number.
+        let max = self.limits.max_pending_per_agent;
+        let pending = self.approvals.pending_of(&r.principal.agent).await?;
+        if pending >= u64::from(max) {
+            let err = CallError::TooManyPending {
+                agent: r.principal.agent.clone(),
+                pending,
+                max,
+            };
+            self.reject(
+                r.principal,
+                &tool.name,
+                Some(r.shown_args),
+                Some(r.reason),
+                err.to_string(),
+            )
+            .await;
+            return Err(err);
         }
         self.audit
             .append(NewEvent {
@@ -91,8 +110,10 @@ impl Gateway {
                     args: &r.params,
                     mode: Mode::Preview,
                     preview: None,
+                    preview_seal: None,
                     raw: false,
                     approval_id: None,
+                    lowered_by_policy: None,
                 };
                 let answers = futures::future::join_all(
                     r.runners
@@ -104,10 +125,15 @@ impl Gateway {
                 let mut failures = Vec::new();
                 for (name, answer) in r.runners.iter().zip(answers) {
                     match answer {
+                        Ok(a) if a.seal.is_none() => failures.push(format!(
+                            "preview on `{name}`: the runner did not seal the values it captured, so its execution could not use them (is it an older runner?)"
+                        )),
                         Ok(a) => {
+                            let sealed = canonical_json(&Value::Object(a.vars.clone()));
                             per_runner.insert(
                                 name.clone(),
-                                json!({"ok": true, "output": a.output, "vars": a.vars}),
+                                json!({"ok": true, "output": a.output, "vars": a.vars,
+                                       "seal": a.seal, "sealed_vars": sealed}),
                             );
                         }
                         Err(e) => failures.push(format!("preview on `{name}`: {e}")),
@@ -130,9 +156,7 @@ impl Gateway {
                         .append(event)
                         .await
                         .map_err(CallError::AuditUnavailable)?;
-                    return Err(CallError::Denied(format!(
-                        "the preview failed, so no approval was requested: {why}"
-                    )));
+                    return Err(CallError::PreviewFailed(why));
                 }
                 Some(Value::Object(per_runner))
             }
@@ -348,9 +372,17 @@ impl Gateway {
     /// Claims an approved request (exactly once across replicas), audits `executing`,
     /// calls its runners with the approval id and the preview's vars, records the outcome.
     pub async fn execute_approved(&self, id: &str) {
+        let start_within = self.limits.approved_start_within;
         let claimed = self
             .approvals
             .transition(id, true, |r| {
+                if r.state == State::Approved && too_late_to_start(r, start_within) {
+                    // Left for the sweeper, which expires it and says why.
+                    return Err(ApprovalError::WrongState {
+                        state: r.state,
+                        wanted: "approved recently enough to start",
+                    });
+                }
                 let by = r.decided_by.clone().unwrap_or_else(|| "system".into());
                 approvals::moved(
                     r,
@@ -435,16 +467,18 @@ impl Gateway {
         let results = futures::future::join_all(row.runners.iter().map(|name| {
             let record = &record;
             async move {
-                let vars = row.preview_vars(name);
+                let preview = row.preview_vars(name);
                 let dispatch = Dispatch {
                     call_id: &row.call_id,
                     tool: &row.tool,
                     pack_sha256: &row.pack_sha256,
                     args: &row.args,
                     mode: Mode::Execute,
-                    preview: vars.as_ref(),
+                    preview: preview.as_ref().map(|(vars, _)| vars),
+                    preview_seal: preview.as_ref().and_then(|(_, seal)| seal.as_deref()),
                     raw: row.raw,
                     approval_id: Some(&row.id),
+                    lowered_by_policy: None,
                 };
                 self.run_on(name, tool, &dispatch, record).await
             }
@@ -453,7 +487,45 @@ impl Gateway {
         (results, None)
     }
 
-    /// Expires overdue requests, executes approved ones nobody claimed (their replica
+    /// Expires an approved request whose execution never started within
+    /// `approved_start_within` of its approval; nothing runs.
+    async fn expire_approved(&self, id: &str) {
+        let start_within = self.limits.approved_start_within;
+        let result = self
+            .approvals
+            .transition(id, true, |r| {
+                if r.state == State::Approved && !too_late_to_start(r, start_within) {
+                    return Err(ApprovalError::WrongState {
+                        state: r.state,
+                        wanted: "expired",
+                    });
+                }
+                let why = format!(
+                    "was approved at {}, but its execution did not start within {} s of the approval; nothing ran: ask again",
+                    r.updated_at,
+                    start_within.as_secs()
+                );
+                let mut change = approvals::moved(
+                    r,
+                    &[State::Approved],
+                    State::Expired,
+                    "system",
+                    kind::APPROVAL_EXPIRED,
+                    json!({"approved_at": r.updated_at, "why": why}),
+                    chrono::Utc::now(),
+                )?;
+                change.row.note = Some(why);
+                Ok(change)
+            })
+            .await;
+        match result {
+            Ok(_) | Err(ApprovalError::WrongState { .. }) => {}
+            Err(e) => tracing::error!(error = %e, approval_id = %id, "could not expire"),
+        }
+    }
+
+    /// Expires overdue requests (pending past their expiry, approved but never started
+    /// within `approved_start_within`), executes approved ones nobody claimed (their replica
     /// stopped between the decision and the claim), and marks executions that outlived
     /// every deadline `unknown`: a crash interrupted them, and they are never re-run.
     pub async fn sweep(&self) {
@@ -469,6 +541,21 @@ impl Gateway {
                 }
             }
             Err(e) => tracing::warn!(error = %e, "approval sweep could not list pending requests"),
+        }
+        let stale = now
+            - chrono::Duration::from_std(self.limits.approved_start_within)
+                .unwrap_or(chrono::Duration::minutes(5));
+        match self
+            .approvals
+            .ids_in(State::Approved, &format_at(stale), false)
+            .await
+        {
+            Ok(ids) => {
+                for id in ids {
+                    self.expire_approved(&id).await;
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "approval sweep could not list approved requests"),
         }
         let orphaned = now - chrono::Duration::seconds(10);
         if let Ok(ids) = self
@@ -530,6 +617,16 @@ impl Gateway {
     }
 }
 
+/// Whether an approved request's execution may no longer start: more than `within` since
+/// the approval that settled it (an unreadable time counts as too late).
+fn too_late_to_start(row: &Approval, within: Duration) -> bool {
+    let Ok(approved) = chrono::DateTime::parse_from_rfc3339(&row.updated_at) else {
+        return true;
+    };
+    let within = chrono::Duration::from_std(within).unwrap_or(chrono::Duration::minutes(5));
+    approved.with_timezone(&chrono::Utc) + within <= chrono::Utc::now()
+}
+
 /// Returns when request `id` changed, or when changes were missed (a lagging receiver):
 /// other requests' changes do not wake a waiter to re-read its own row.
 async fn changed(changes: &mut tokio::sync::broadcast::Receiver<approvals::Changed>, id: &str) {
@@ -557,20 +654,27 @@ pub(super) fn settled(row: &Approval) -> Result<Option<CallOutcome>, CallError> 
     };
     match row.state {
         State::Pending | State::Approved | State::Executing => Ok(None),
-        State::Denied => Err(CallError::Denied(format!(
-            "approval request {} was denied by {}: {}",
-            row.id,
-            row.decided_by.as_deref().unwrap_or("an approver"),
-            row.note.as_deref().unwrap_or("")
-        ))),
-        State::Expired => Err(CallError::Denied(format!(
-            "approval request {} expired at {} before enough humans approved it; nothing ran",
-            row.id, row.expires_at
-        ))),
-        State::Withdrawn => Err(CallError::Denied(format!(
-            "approval request {} was withdrawn (its call was cancelled); nothing ran",
-            row.id
-        ))),
+        State::Denied => Err(CallError::DeniedByHuman {
+            approval_id: row.id.clone(),
+            by: row
+                .decided_by
+                .clone()
+                .unwrap_or_else(|| "an approver".into()),
+            note: row.note.clone().unwrap_or_default(),
+        }),
+        State::Expired => Err(CallError::Expired {
+            approval_id: row.id.clone(),
+            why: match &row.note {
+                Some(note) => note.clone(),
+                None => format!(
+                    "expired at {} before enough humans approved it; nothing ran",
+                    row.expires_at
+                ),
+            },
+        }),
+        State::Withdrawn => Err(CallError::Withdrawn {
+            approval_id: row.id.clone(),
+        }),
         State::Executed | State::Failed | State::Unknown => {
             // The stored outcome is one this code wrote; an unreadable one still settles
             // the call, without results, and says so in the log.

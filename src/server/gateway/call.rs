@@ -12,11 +12,11 @@ use super::approval_flow::Request;
 use super::dispatch::Record;
 use super::outcome::{CallError, CallOutcome, RunnerResult};
 use super::state::{Gateway, OfferedTool};
-use crate::pack::{Scope, ToolRef};
+use crate::pack::{Risk, Scope, ToolRef};
 use crate::protocol::Mode;
 use crate::selector::Selector;
 use crate::server::audit::{NewEvent, kind};
-use crate::server::policy::{self, Decision};
+use crate::server::policy::{self, Decision, Policy};
 use crate::server::runners::client::Dispatch;
 use crate::server::tokens::Principal;
 
@@ -83,12 +83,14 @@ impl Gateway {
         let offered = self.find(caller, &call.tool).await?;
 
         // 3. Validate the arguments against the input schema and split off `reason`,
-        //    `runners` and `raw`; resolve the runners the call goes to.
+        //    `runners` and `raw`; resolve the runners the call goes to. The call decides
+        //    under one version of the policy, from here on.
         let (mut args, mut errors) = validate(offered, call.args);
         let Some(tool) = &offered.tool else {
             return self.builtin_call(caller, offered, args, errors, ctx).await;
         };
-        let targets = self.resolve_targets(caller, tool, &mut args, &mut errors);
+        let policy = self.policy();
+        let targets = self.resolve_targets(caller, &policy, tool, &mut args, &mut errors);
         let audited_args = self.redact(tool, &args.params);
         if !errors.is_empty() {
             errors.dedup();
@@ -106,8 +108,11 @@ impl Gateway {
             });
         }
 
-        // 4. Policy: allow, deny (audited), or needs approval.
-        let approvers = match self.decide_policy(caller, tool, &targets.runners, &args.params) {
+        // 4. Policy: allow, deny (audited), or needs approval. A risk:high tool the policy
+        //    lets run without approval carries the policy's digest to the runner, which
+        //    otherwise executes risk:high tools only under an approval.
+        let decision = self.decide_policy(&policy, caller, tool, &targets.runners, &args.params);
+        let approvers = match decision {
             Decision::Allow => None,
             Decision::NeedsApproval { approvers } => Some(approvers.max(1)),
             Decision::Deny(why) => {
@@ -119,9 +124,11 @@ impl Gateway {
                     why.clone(),
                 )
                 .await;
-                return Err(CallError::Denied(why));
+                return Err(CallError::DeniedByPolicy(why));
             }
         };
+        let lowered_by_policy =
+            (approvers.is_none() && tool.risk == Risk::High).then(|| policy.digest());
 
         // 5. Audit the intent, durably, before anything runs (fail closed). A call that needs
         //    approval becomes a pending request instead, and waits for people.
@@ -151,11 +158,18 @@ impl Gateway {
             approval_id: None,
             on_behalf_of: caller.on_behalf_of.as_deref(),
         };
-        self.audit_intent(&record, &targets).await?;
+        self.audit_intent(&record, &targets, lowered_by_policy.as_deref())
+            .await?;
 
         // 6. Dispatch to every runner in parallel; 7. audit each outcome as it lands.
         let results = self
-            .dispatch_all(tool, &args, &targets.runners, &record)
+            .dispatch_all(
+                tool,
+                &args,
+                &targets.runners,
+                &record,
+                lowered_by_policy.as_deref(),
+            )
             .await;
 
         // 8. Hand the per-runner results back.
@@ -220,11 +234,13 @@ impl Gateway {
     }
 
     /// Step 3, second half: the runners a pack tool's call goes to, from `runners`, a
-    /// `selector`, or (for a cluster-scoped tool) the server's choice. Problems are added to
+    /// `selector`, or (for a cluster-scoped tool) the server's choice; every one of them a
+    /// runner the caller may target ([`Gateway::may_target`]). Problems are added to
     /// `errors`; the targets are only meaningful when there are none.
     fn resolve_targets(
         &self,
         caller: &Principal,
+        policy: &Policy,
         tool: &ToolRef,
         args: &mut Args,
         errors: &mut Vec<String>,
@@ -243,18 +259,9 @@ impl Gateway {
                 }
             },
         };
-        // The runners this caller may target: a token limited to a selector sees only those.
-        let visible = |name: &str| {
-            self.runners.get(name).filter(|r| {
-                caller
-                    .selector
-                    .as_ref()
-                    .is_none_or(|s| s.matches(&r.labels))
-            })
-        };
         let named = &args.named;
         for name in named {
-            match visible(name) {
+            match self.may_target(caller, policy, name) {
                 None => errors.push(format!(
                     "`runners`: no runner is named {}",
                     crate::util::door::describe(name)
@@ -277,10 +284,9 @@ impl Gateway {
             (Some(_), false, _) => errors.push("give `runners` or `selector`, not both".into()),
             (Some(sel), true, scope) => {
                 let matched: Vec<String> = self
-                    .runners
-                    .serving(&tool.pack, Some(sel))
+                    .targetable(caller, policy, &tool.pack)
                     .into_iter()
-                    .filter(|n| visible(n).is_some())
+                    .filter(|n| self.runners.get(n).is_some_and(|r| sel.matches(&r.labels)))
                     .collect();
                 if matched.is_empty() {
                     errors.push(format!(
@@ -300,8 +306,7 @@ impl Gateway {
             ),
             (None, true, Scope::Cluster) => {
                 match self
-                    .runners
-                    .serving(&tool.pack, caller.selector.as_ref())
+                    .targetable(caller, policy, &tool.pack)
                     .into_iter()
                     .next()
                 {
@@ -321,6 +326,7 @@ impl Gateway {
     /// labels and the arguments.
     fn decide_policy(
         &self,
+        policy: &Policy,
         caller: &Principal,
         tool: &ToolRef,
         targets: &[String],
@@ -343,11 +349,21 @@ impl Gateway {
             runners: &runners,
             args: params,
         };
-        policy::decide(&self.policy(), &request)
+        policy::decide(policy, &request)
     }
 
     /// Step 5: `tool.called`, durable, or the call fails and nothing runs.
-    async fn audit_intent(&self, record: &Record<'_>, targets: &Targets) -> Result<(), CallError> {
+    async fn audit_intent(
+        &self,
+        record: &Record<'_>,
+        targets: &Targets,
+        lowered_by_policy: Option<&str>,
+    ) -> Result<(), CallError> {
+        let mut detail = json!({"runners": targets.runners,
+                                "runner_chosen_by_server": targets.chosen_by_server});
+        if let Some(policy) = lowered_by_policy {
+            detail["lowered_by_policy"] = json!(policy);
+        }
         self.audit
             .append(NewEvent {
                 actor: record.actor.to_owned(),
@@ -356,11 +372,7 @@ impl Gateway {
                 args: Some(record.args.clone()),
                 reason: record.reason.map(str::to_owned),
                 call_id: Some(record.call_id.to_owned()),
-                detail: Some(on_behalf_of(
-                    json!({"runners": targets.runners,
-                           "runner_chosen_by_server": targets.chosen_by_server}),
-                    record.on_behalf_of,
-                )),
+                detail: Some(on_behalf_of(detail, record.on_behalf_of)),
                 ..Default::default()
             })
             .await
@@ -375,6 +387,7 @@ impl Gateway {
         args: &Args,
         targets: &[String],
         record: &Record<'_>,
+        lowered_by_policy: Option<&str>,
     ) -> Vec<RunnerResult> {
         let pack_sha256 = &self.packs.pack(&tool.pack).expect("tool has a pack").digest;
         let dispatch = Dispatch {
@@ -384,8 +397,10 @@ impl Gateway {
             args: &args.params,
             mode: Mode::Execute,
             preview: None,
+            preview_seal: None,
             raw: args.raw,
             approval_id: None,
+            lowered_by_policy,
         };
         futures::future::join_all(
             targets

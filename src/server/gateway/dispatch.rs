@@ -23,7 +23,7 @@ impl Gateway {
         tool: &ToolRef,
         d: &Dispatch<'_>,
     ) -> Result<RunnerAnswer, RunnerError> {
-        let Some(entry) = self.runners.get(name) else {
+        let Some(endpoint) = self.runners.endpoint(name) else {
             return Err(RunnerError::Unreachable(format!(
                 "runner `{name}` is not configured"
             )));
@@ -41,11 +41,12 @@ impl Gateway {
                 .expect("the semaphore is never closed");
             let answer = self
                 .client
-                .call(name, &entry.url, d, self.limits.call_timeout)
+                .call(name, &endpoint, d, self.limits.call_timeout)
                 .await;
             let runner_failure = match &answer {
                 Err(
                     e @ (RunnerError::Unreachable(_)
+                    | RunnerError::Untrusted(_)
                     | RunnerError::Timeout(_)
                     | RunnerError::BadAnswer(_)),
                 ) => Some(e.to_string()),

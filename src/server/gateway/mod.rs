@@ -3,13 +3,17 @@
 //! 1. **find** the tool (a tool the caller may not use is reported as unknown);
 //! 2. **rate limit** the agent (a token bucket on a monotonic clock);
 //! 3. **validate** the arguments against the tool's input schema, and `runners` against the
-//!    runners that serve the tool's pack (rejections are audited as `tool.rejected`);
-//! 4. **policy** (`policy::decide`, pure): allow, deny (audited), or needs approval;
+//!    runners that serve the tool's pack and that the caller may target (the token's and the
+//!    policy's selectors; rejections are audited as `tool.rejected`);
+//! 4. **policy** (`policy::decide`, pure): allow, deny (audited), or needs approval; a
+//!    risk:high tool the policy lowered carries the policy's digest in the signed call;
 //! 5. **audit intent** (`tool.called`): durable before anything runs, or nothing runs;
 //!    a call that needs approval then runs its read-only *preview* on the runners, becomes a
-//!    pending request (`approval.requested`) and waits for humans ([`Gateway::wait`], with
-//!    progress); once approved, [`Gateway::execute_approved`] claims it exactly once
-//!    (`approval.executing`) and carries on at step 6 with the approval id in the signed call;
+//!    pending request (`approval.requested`, at most `max_pending_per_agent` per agent) and
+//!    waits for humans ([`Gateway::wait`], with progress); once approved,
+//!    [`Gateway::execute_approved`] claims it exactly once (`approval.executing`, within
+//!    `approved_start_within` of the approval) and carries on at step 6 with the approval id
+//!    and the preview's values under their runner's seal in the signed call;
 //! 6. **dispatch** to every named runner in parallel, each with its own deadline, through its
 //!    circuit breaker; a read that could not reach its runner may be retried once, within
 //!    the retry budget; writes never are;

@@ -2,19 +2,49 @@
 //! why it was refused.
 
 use serde::Serialize;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::server::approvals::{ApprovalError, State};
 use crate::server::audit::AuditError;
 
+/// Why a call was refused. Each refusal an agent could act on differently has its own
+/// variant and a stable [`CallError::kind`] (documented for agents in docs/agent-guide.md):
+/// wait and call again, rephrase, ask for approval again, or stop.
 #[derive(Debug, thiserror::Error)]
 pub enum CallError {
     #[error("unknown tool: {0}")]
     UnknownTool(String),
     #[error("invalid arguments for `{tool}`: {}", .errors.join("; "))]
     Invalid { tool: String, errors: Vec<String> },
+    /// The policy says no (the agent's tools or runners, a runner's allowlist).
     #[error("refused: {0}")]
-    Denied(String),
+    DeniedByPolicy(String),
+    #[error(
+        "refused: `{tool}` has secret params and needs approval: emisar cannot yet keep a secret in a pending request, so it refuses the call"
+    )]
+    NeedsApprovalSecret { tool: String },
+    #[error("refused: the preview failed, so no approval was requested: {0}")]
+    PreviewFailed(String),
+    #[error("refused: approval request {approval_id} was denied by {by}: {note}")]
+    DeniedByHuman {
+        approval_id: String,
+        by: String,
+        note: String,
+    },
+    #[error("refused: approval request {approval_id} {why}")]
+    Expired { approval_id: String, why: String },
+    #[error(
+        "refused: approval request {approval_id} was withdrawn (its call was cancelled); nothing ran"
+    )]
+    Withdrawn { approval_id: String },
+    #[error(
+        "refused: agent `{agent}` already has {pending} approval requests pending, the most allowed (max_pending_per_agent = {max}); wait for them to be decided, or withdraw one"
+    )]
+    TooManyPending {
+        agent: String,
+        pending: u64,
+        max: u32,
+    },
     #[error(
         "rate limited: agent `{agent}` may make {per_second} calls per second (bursts of {burst}); retry in {retry_after_ms} ms"
     )]
@@ -30,6 +60,54 @@ pub enum CallError {
     Approval(#[from] ApprovalError),
     #[error("cancelled by the client{0}")]
     Cancelled(String),
+}
+
+impl CallError {
+    /// A stable, machine-readable name for this refusal. Agents branch on it; the text
+    /// beside it is for people and may change.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            CallError::UnknownTool(_) => "unknown_tool",
+            CallError::Invalid { .. } => "invalid_arguments",
+            CallError::DeniedByPolicy(_) => "denied_by_policy",
+            CallError::NeedsApprovalSecret { .. } => "needs_approval_secret",
+            CallError::PreviewFailed(_) => "preview_failed",
+            CallError::DeniedByHuman { .. } => "denied_by_human",
+            CallError::Expired { .. } => "expired",
+            CallError::Withdrawn { .. } => "withdrawn",
+            CallError::TooManyPending { .. } => "too_many_pending",
+            CallError::RateLimited { .. } => "rate_limited",
+            CallError::AuditUnavailable(_) => "audit_unavailable",
+            CallError::Approval(ApprovalError::NotFound(_)) => "unknown_approval",
+            CallError::Approval(ApprovalError::Audit(_)) => "audit_unavailable",
+            CallError::Approval(ApprovalError::Store(_)) => "store_unavailable",
+            CallError::Approval(ApprovalError::Refused(_) | ApprovalError::WrongState { .. }) => {
+                "approval_refused"
+            }
+            CallError::Cancelled(_) => "cancelled",
+        }
+    }
+
+    /// The refusal as an agent reads it: `{kind, message}` and the facts it may act on (the
+    /// request id, when to retry, which arguments were wrong).
+    pub fn to_json(&self) -> Value {
+        let mut error = json!({"kind": self.kind(), "message": self.to_string()});
+        match self {
+            CallError::Invalid { errors, .. } => error["errors"] = json!(errors),
+            CallError::DeniedByHuman { approval_id, .. }
+            | CallError::Expired { approval_id, .. }
+            | CallError::Withdrawn { approval_id } => error["approval_id"] = json!(approval_id),
+            CallError::RateLimited { retry_after_ms, .. } => {
+                error["retry_after_ms"] = json!(retry_after_ms);
+            }
+            CallError::TooManyPending { pending, max, .. } => {
+                error["pending"] = json!(pending);
+                error["max"] = json!(max);
+            }
+            _ => {}
+        }
+        error
+    }
 }
 
 /// Where an approval request stands, as the agent sees it.

@@ -50,6 +50,12 @@ pub struct Limits {
     pub approval_wait: Duration,
     /// How often a waiting call sends progress (below the MCP session idle timeout).
     pub progress_every: Duration,
+    /// An approved request whose execution has not started this long after the deciding
+    /// approval expires instead: people approved a change for now, not for whenever a
+    /// replica gets to it (say, after an outage of the store).
+    pub approved_start_within: Duration,
+    /// The most approval requests one agent may have pending at once.
+    pub max_pending_per_agent: u32,
 }
 
 impl Limits {
@@ -61,6 +67,8 @@ impl Limits {
             approval_ttl: Duration::from_secs(15 * 60),
             approval_wait: Duration::from_secs(120),
             progress_every: Duration::from_secs(10),
+            approved_start_within: Duration::from_secs(5 * 60),
+            max_pending_per_agent: 20,
         }
     }
 }
@@ -200,27 +208,53 @@ impl Gateway {
     }
 
     /// The input schema `caller` sees for `offered`: pack tools list the runners it may name.
-    /// The token's selector and the policy's both narrow the list.
     pub fn schema_for(&self, caller: &Principal, offered: &OfferedTool) -> Map<String, Value> {
         match &offered.tool {
             Some(tool) => {
-                let policy = self.policy();
-                let names: Vec<String> = self
-                    .runners
-                    .serving_sorted(&tool.pack, caller.selector.as_ref())
-                    .into_iter()
-                    .filter(|name| match policy.runner_selector(caller) {
-                        None => true,
-                        Some(sel) => self
-                            .runners
-                            .get(name)
-                            .is_some_and(|r| sel.matches(&r.labels)),
-                    })
-                    .collect();
+                let mut names = self.targetable(caller, &self.policy(), &tool.pack);
+                names.sort();
                 crate::pack::with_runner_names(offered.input_schema.clone(), &names)
             }
             None => offered.input_schema.clone(),
         }
+    }
+
+    /// The runner `name`, if `caller` may target it: the token's selector and the policy's
+    /// runner selector for the agent both admit its labels. The one notion of "runners this
+    /// caller may target", behind the runners a tool's schema lists ([`Gateway::schema_for`]),
+    /// the runners a call may name or select, and the runner the server picks for a
+    /// cluster-scoped tool: a runner outside it is as unknown to the caller as one that does
+    /// not exist.
+    pub(super) fn may_target(
+        &self,
+        caller: &Principal,
+        policy: &Policy,
+        name: &str,
+    ) -> Option<crate::server::config::RunnerEntry> {
+        self.runners.get(name).filter(|r| {
+            caller
+                .selector
+                .as_ref()
+                .is_none_or(|s| s.matches(&r.labels))
+                && policy
+                    .runner_selector(caller)
+                    .is_none_or(|s| s.matches(&r.labels))
+        })
+    }
+
+    /// The runners serving `pack` that `caller` may target, healthiest first (the order the
+    /// server picks in).
+    pub(super) fn targetable(
+        &self,
+        caller: &Principal,
+        policy: &Policy,
+        pack: &str,
+    ) -> Vec<String> {
+        self.runners
+            .serving(pack, None)
+            .into_iter()
+            .filter(|name| self.may_target(caller, policy, name).is_some())
+            .collect()
     }
 
     /// A tool by name, whoever asks (for schema lookups, not for authorization).

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
+use super::registry::Endpoint;
 use crate::protocol::signing::{CallClaims, CallSigner, ISSUER, TOKEN_LIFETIME, now};
 use crate::protocol::{CallRequest, CallResponse, Mode};
 use crate::util::error_chain;
@@ -16,6 +17,10 @@ const MAX_ANSWER_BYTES: usize = 8 * 1024 * 1024;
 pub enum RunnerError {
     #[error("runner unreachable: {0}")]
     Unreachable(String),
+    /// The runner's TLS identity is not the one it is trusted as (e.g. not its pinned
+    /// certificate). Nothing was sent; retrying would not help.
+    #[error("{0}")]
+    Untrusted(String),
     #[error("runner did not answer within {} ms", .0.as_millis())]
     Timeout(Duration),
     #[error("runner refused the call (HTTP {status}): {message}")]
@@ -34,6 +39,8 @@ pub struct RunnerAnswer {
     pub truncated: bool,
     pub duration_ms: u64,
     pub vars: Map<String, Value>,
+    /// A preview's answer: the runner's seal over `vars`, handed back with them to execute.
+    pub seal: Option<String>,
 }
 
 /// What one call to one runner needs besides the runner itself.
@@ -44,31 +51,46 @@ pub struct Dispatch<'a> {
     pub args: &'a Map<String, Value>,
     pub mode: Mode,
     pub preview: Option<&'a Map<String, Value>>,
+    /// The runner's seal over `preview`, from its preview answer.
+    pub preview_seal: Option<&'a str>,
     pub raw: bool,
     /// Set when this execution carries out an approved request.
     pub approval_id: Option<&'a str>,
+    /// Set when the policy in force (this is its SHA-256) lowered a risk:high tool to run
+    /// without approval.
+    pub lowered_by_policy: Option<&'a str>,
 }
 
+/// Signs calls; each runner's own client (in its [`Endpoint`]) sends them.
 #[derive(Clone)]
 pub struct RunnerClient {
-    http: reqwest::Client,
     signer: Arc<CallSigner>,
 }
 
+/// What a failed send says, with a pinned certificate's mismatch spelled out.
+pub fn describe_send_error(e: &reqwest::Error) -> String {
+    match super::tls::pin_mismatch(e) {
+        Some(mismatch) => mismatch.to_string(),
+        None => error_chain(e),
+    }
+}
+
+fn send_error(e: &reqwest::Error) -> RunnerError {
+    match super::tls::pin_mismatch(e) {
+        Some(mismatch) => RunnerError::Untrusted(mismatch.to_string()),
+        None => RunnerError::Unreachable(error_chain(e)),
+    }
+}
+
 impl RunnerClient {
-    pub fn new(signer: Arc<CallSigner>) -> anyhow::Result<Self> {
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(3))
-            .redirect(reqwest::redirect::Policy::none())
-            .no_proxy()
-            .build()?;
-        Ok(RunnerClient { http, signer })
+    pub fn new(signer: Arc<CallSigner>) -> Self {
+        RunnerClient { signer }
     }
 
     pub async fn call(
         &self,
         runner: &str,
-        base_url: &str,
+        endpoint: &Endpoint,
         d: &Dispatch<'_>,
         deadline: Duration,
     ) -> Result<RunnerAnswer, RunnerError> {
@@ -77,6 +99,7 @@ impl RunnerClient {
             args: d.args.clone(),
             mode: d.mode,
             preview: d.preview.cloned(),
+            preview_seal: d.preview_seal.map(str::to_owned),
             raw: d.raw,
         };
         let iat = now();
@@ -91,21 +114,22 @@ impl RunnerClient {
             request_sha256: body.digest(),
             pack_sha256: d.pack_sha256.to_owned(),
             approval_id: d.approval_id.map(str::to_owned),
+            lowered_by_policy: d.lowered_by_policy.map(str::to_owned),
         };
         let token = self
             .signer
             .sign(&claims)
             .map_err(|e| RunnerError::Unreachable(format!("{e:#}")))?;
-        let url = format!("{}/v1/call", base_url.trim_end_matches('/'));
+        let url = format!("{}/v1/call", endpoint.entry.url.trim_end_matches('/'));
         let send = async {
-            let mut response = self
+            let mut response = endpoint
                 .http
                 .post(&url)
                 .bearer_auth(token)
                 .json(&body)
                 .send()
                 .await
-                .map_err(|e| RunnerError::Unreachable(error_chain(&e)))?;
+                .map_err(|e| send_error(&e))?;
             let status = response.status();
             let mut bytes = Vec::new();
             while let Some(chunk) = response
@@ -136,11 +160,13 @@ impl RunnerClient {
                     truncated,
                     duration_ms,
                     vars,
+                    seal,
                 }) => Ok(RunnerAnswer {
                     output,
                     truncated,
                     duration_ms,
                     vars,
+                    seal,
                 }),
                 Ok(CallResponse::Failed { error, .. }) => Err(RunnerError::ActionFailed(error)),
                 Err(e) => Err(RunnerError::BadAnswer(e.to_string())),

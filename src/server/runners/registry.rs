@@ -1,8 +1,9 @@
 //! The server's view of its runners: who they are, which packs they serve, and how healthy
 //! each is (last heartbeat, last call, breaker). Shared by the gateway, the prober and the API.
 //!
-//! Invariant: a runner whose breaker is open is never called; the call fails fast with a
-//! message that says since when and why.
+//! Invariants: a runner whose breaker is open is never called; the call fails fast with a
+//! message that says since when and why. A runner from the server's config is never
+//! replaced or removed by a joined one of the same name; only joined runners come and go.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -13,6 +14,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::breaker::{Breaker, Rejection};
+use super::tls::RunnerTrust;
 use crate::selector::Selector;
 use crate::server::config::RunnerEntry;
 use crate::util::Backoff;
@@ -31,29 +33,54 @@ struct Health {
     probe_failures: u32,
 }
 
-/// One runner: what it is (replaceable when it re-joins) and how it is doing.
+/// One runner: what it is (replaceable when a joined runner re-registers) and how it is doing.
 struct Slot {
-    entry: RwLock<RunnerEntry>,
+    known: RwLock<Endpoint>,
     health: Mutex<Health>,
+    origin: Origin,
+}
+
+/// Where a runner came from, which decides who may change it.
+enum Origin {
+    /// `[[runners]]` in the server's config: fixed for the life of the process.
+    Configured,
+    /// Joined (through this replica or another): follows the `runners` table. `touched` is
+    /// when this replica last learnt of it, so a sync that read the table before a join
+    /// through this replica committed does not remove the runner that just joined.
+    Joined { touched: Mutex<Instant> },
+}
+
+/// A runner as the server reaches it: its entry and the HTTP client that trusts exactly that
+/// runner (its pinned certificate, or the runner CA), with its own pool of connections.
+#[derive(Clone)]
+pub struct Endpoint {
+    pub entry: RunnerEntry,
+    pub http: reqwest::Client,
 }
 
 pub struct Registry {
     slots: RwLock<BTreeMap<String, Arc<Slot>>>,
+    /// How runners are trusted: every runner's client is built from it.
+    trust: RunnerTrust,
     /// Set once the prober runs, so runners added later get probed too.
     prober: Mutex<Option<Prober>>,
 }
 
 #[derive(Clone)]
 struct Prober {
-    http: reqwest::Client,
     interval: Duration,
     shutdown: CancellationToken,
 }
+
+/// The longest a health probe waits for its answer.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// One runner's health as the API, the metrics and the `emisar.runners` tool show it.
 #[derive(Debug, Clone, Serialize)]
 pub struct RunnerStatus {
     pub name: String,
+    /// `config` (the server's `[[runners]]`) or `joined`.
+    pub origin: &'static str,
     pub url: String,
     pub labels: BTreeMap<String, String>,
     pub packs: Option<Vec<String>>,
@@ -82,24 +109,31 @@ fn new_health() -> Health {
 }
 
 impl Registry {
-    pub fn new(runners: Vec<RunnerEntry>) -> Arc<Self> {
-        let slots = runners
-            .into_iter()
-            .map(|r| {
-                let name = r.name.clone();
-                (
-                    name,
-                    Arc::new(Slot {
-                        entry: RwLock::new(r),
-                        health: Mutex::new(new_health()),
-                    }),
-                )
-            })
-            .collect();
-        Arc::new(Registry {
+    /// The configured runners, each with its client; a runner that cannot be trusted as
+    /// configured (plain HTTP without `insecure_http`, a malformed pin) is an error.
+    pub fn new(runners: Vec<RunnerEntry>, trust: RunnerTrust) -> anyhow::Result<Arc<Self>> {
+        let mut slots = BTreeMap::new();
+        for entry in runners {
+            let http = trust.client(&entry)?;
+            slots.insert(
+                entry.name.clone(),
+                Arc::new(Slot {
+                    known: RwLock::new(Endpoint { entry, http }),
+                    health: Mutex::new(new_health()),
+                    origin: Origin::Configured,
+                }),
+            );
+        }
+        Ok(Arc::new(Registry {
             slots: RwLock::new(slots),
+            trust,
             prober: Mutex::new(None),
-        })
+        }))
+    }
+
+    /// How runners are trusted here (join requests are checked against it too).
+    pub fn trust(&self) -> &RunnerTrust {
+        &self.trust
     }
 
     fn slot(&self, name: &str) -> Option<Arc<Slot>> {
@@ -119,22 +153,41 @@ impl Registry {
             .collect()
     }
 
-    /// Adds a runner or replaces what is known of it (a re-join); its health is kept.
-    pub fn upsert(self: &Arc<Self>, entry: RunnerEntry) {
+    /// Is `name` a runner from the server's config?
+    pub fn is_configured(&self, name: &str) -> bool {
+        self.slot(name)
+            .is_some_and(|s| matches!(s.origin, Origin::Configured))
+    }
+
+    /// Adds a joined runner or replaces what is known of it (it re-registered: a new URL or
+    /// certificate gets a new client); its health is kept. A runner from the server's config
+    /// of the same name is never replaced: returns `Ok(false)` and changes nothing. A runner
+    /// that cannot be trusted as given (plain HTTP without `insecure_http`, a malformed pin)
+    /// is an error and changes nothing.
+    pub fn upsert_joined(self: &Arc<Self>, entry: RunnerEntry) -> anyhow::Result<bool> {
         let name = entry.name.clone();
+        let http = self.trust.client(&entry)?;
+        let endpoint = Endpoint { entry, http };
         let added = {
             let mut slots = self.slots.write().unwrap_or_else(|p| p.into_inner());
             match slots.get(&name) {
-                Some(slot) => {
-                    *slot.entry.write().unwrap_or_else(|p| p.into_inner()) = entry;
-                    false
-                }
+                Some(slot) => match &slot.origin {
+                    Origin::Configured => return Ok(false),
+                    Origin::Joined { touched } => {
+                        *slot.known.write().unwrap_or_else(|p| p.into_inner()) = endpoint;
+                        *touched.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+                        false
+                    }
+                },
                 None => {
                     slots.insert(
                         name.clone(),
                         Arc::new(Slot {
-                            entry: RwLock::new(entry),
+                            known: RwLock::new(endpoint),
                             health: Mutex::new(new_health()),
+                            origin: Origin::Joined {
+                                touched: Mutex::new(Instant::now()),
+                            },
                         }),
                     );
                     true
@@ -150,18 +203,56 @@ impl Registry {
         {
             self.spawn_probe(name, prober);
         }
+        Ok(true)
+    }
+
+    /// Forgets the joined runners that are not in `present` (they were removed) and that this
+    /// replica has not learnt of since `read_at`, when `present` was read. Runners from the
+    /// config are never removed. Returns the names removed. Their probes stop on their own.
+    pub fn retain_joined(
+        &self,
+        present: &std::collections::BTreeSet<String>,
+        read_at: Instant,
+    ) -> Vec<String> {
+        let mut slots = self.slots.write().unwrap_or_else(|p| p.into_inner());
+        let gone: Vec<String> = slots
+            .iter()
+            .filter(|(name, slot)| match &slot.origin {
+                Origin::Configured => false,
+                Origin::Joined { touched } => {
+                    !present.contains(*name)
+                        && *touched.lock().unwrap_or_else(|p| p.into_inner()) < read_at
+                }
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in &gone {
+            slots.remove(name);
+        }
+        gone
     }
 
     pub fn get(&self, name: &str) -> Option<RunnerEntry> {
+        self.endpoint(name).map(|e| e.entry)
+    }
+
+    /// The runner and the client to reach it with.
+    pub fn endpoint(&self, name: &str) -> Option<Endpoint> {
         self.slot(name)
-            .map(|s| s.entry.read().unwrap_or_else(|p| p.into_inner()).clone())
+            .map(|s| s.known.read().unwrap_or_else(|p| p.into_inner()).clone())
     }
 
     /// Every runner, in name order.
     pub fn entries(&self) -> Vec<RunnerEntry> {
         self.slots()
             .into_iter()
-            .map(|(_, s)| s.entry.read().unwrap_or_else(|p| p.into_inner()).clone())
+            .map(|(_, s)| {
+                s.known
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .entry
+                    .clone()
+            })
             .collect()
     }
 
@@ -172,8 +263,8 @@ impl Registry {
             .slots()
             .into_iter()
             .filter(|(_, s)| {
-                let e = s.entry.read().unwrap_or_else(|p| p.into_inner());
-                e.serves(pack) && scope.is_none_or(|sel| sel.matches(&e.labels))
+                let k = s.known.read().unwrap_or_else(|p| p.into_inner());
+                k.entry.serves(pack) && scope.is_none_or(|sel| sel.matches(&k.entry.labels))
             })
             .map(|(name, s)| {
                 let h = s.health.lock().unwrap_or_else(|p| p.into_inner());
@@ -256,10 +347,19 @@ impl Registry {
         self.slots()
             .into_iter()
             .map(|(name, s)| {
-                let e = s.entry.read().unwrap_or_else(|p| p.into_inner()).clone();
+                let e = s
+                    .known
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .entry
+                    .clone();
                 let h = s.health.lock().unwrap_or_else(|p| p.into_inner());
                 RunnerStatus {
                     name,
+                    origin: match s.origin {
+                        Origin::Configured => "config",
+                        Origin::Joined { .. } => "joined",
+                    },
                     url: e.url,
                     labels: e.labels,
                     packs: e.packs,
@@ -278,16 +378,7 @@ impl Registry {
     /// Probes every runner's `/healthz` every `interval` (jittered), backing off per runner
     /// while it fails, until `shutdown`. Runners added later are probed from then on.
     pub fn spawn_prober(self: &Arc<Self>, interval: Duration, shutdown: CancellationToken) {
-        let prober = Prober {
-            http: reqwest::Client::builder()
-                .connect_timeout(Duration::from_secs(2))
-                .timeout(Duration::from_secs(3))
-                .no_proxy()
-                .build()
-                .expect("a plain HTTP client builds"),
-            interval,
-            shutdown,
-        };
+        let prober = Prober { interval, shutdown };
         *self.prober.lock().unwrap_or_else(|p| p.into_inner()) = Some(prober.clone());
         for (name, _) in self.slots() {
             self.spawn_probe(name, prober.clone());
@@ -296,11 +387,7 @@ impl Registry {
 
     fn spawn_probe(self: &Arc<Self>, name: String, prober: Prober) {
         let registry = self.clone();
-        let Prober {
-            http,
-            interval,
-            shutdown,
-        } = prober;
+        let Prober { interval, shutdown } = prober;
         let failing = Backoff::try_new(
             Duration::from_millis(500),
             interval.max(Duration::from_secs(1)),
@@ -314,14 +401,15 @@ impl Registry {
                     _ = shutdown.cancelled() => return,
                     _ = tokio::time::sleep(wait) => {}
                 }
-                let Some(entry) = registry.get(&name) else {
+                let Some(Endpoint { entry, http }) = registry.endpoint(&name) else {
                     return;
                 };
+                // The runner's own client: the probe checks its certificate like a call does.
                 let url = format!("{}/healthz", entry.url.trim_end_matches('/'));
-                let result = match http.get(&url).send().await {
+                let result = match http.get(&url).timeout(PROBE_TIMEOUT).send().await {
                     Ok(r) if r.status().is_success() => Ok(()),
                     Ok(r) => Err(format!("HTTP {}", r.status())),
-                    Err(e) => Err(crate::util::error_chain(&e)),
+                    Err(e) => Err(super::client::describe_send_error(&e)),
                 };
                 let failures = registry.record_heartbeat(&name, result);
                 wait = if failures == 0 {
@@ -351,4 +439,74 @@ pub fn rejection_message(r: &Rejection) -> String {
         r.reason,
         r.retry_in.as_secs().max(1)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(name: &str, url: &str) -> RunnerEntry {
+        RunnerEntry {
+            name: name.into(),
+            url: url.into(),
+            tls_fingerprint: None,
+            packs: None,
+            labels: BTreeMap::new(),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn joined_runners_never_replace_configured_ones_and_leave_when_removed() {
+        // Plain HTTP URLs keep the test about names; trust has its own tests.
+        let trust = RunnerTrust::new(None, true).unwrap();
+        let registry = Registry::new(vec![entry("local", "http://127.0.0.1:7701")], trust).unwrap();
+        assert!(registry.is_configured("local"));
+        assert!(
+            !registry
+                .upsert_joined(entry("local", "http://attacker:1"))
+                .unwrap()
+        );
+        assert_eq!(registry.get("local").unwrap().url, "http://127.0.0.1:7701");
+
+        assert!(
+            registry
+                .upsert_joined(entry("edge-1", "http://10.0.0.1:7701"))
+                .unwrap()
+        );
+        assert!(!registry.is_configured("edge-1"));
+        assert!(
+            registry
+                .upsert_joined(entry("edge-1", "http://10.0.0.2:7701"))
+                .unwrap()
+        );
+        assert_eq!(registry.get("edge-1").unwrap().url, "http://10.0.0.2:7701");
+
+        // A sync that read the table before edge-2 joined here does not forget edge-2.
+        tokio::time::advance(Duration::from_millis(1)).await;
+        let read_at = Instant::now();
+        tokio::time::advance(Duration::from_millis(1)).await;
+        registry
+            .upsert_joined(entry("edge-2", "http://10.0.0.3:7701"))
+            .unwrap();
+        let gone = registry.retain_joined(&Default::default(), read_at);
+        assert_eq!(gone, ["edge-1"]);
+        assert!(registry.get("edge-1").is_none());
+        assert!(registry.get("edge-2").is_some());
+        assert!(registry.get("local").is_some());
+        let later = Instant::now() + Duration::from_millis(1);
+        tokio::time::advance(Duration::from_millis(2)).await;
+        assert_eq!(
+            registry.retain_joined(&Default::default(), later),
+            ["edge-2"]
+        );
+        assert!(registry.get("local").is_some(), "configured runners stay");
+
+        // A joined runner this server cannot trust as given is refused and not added.
+        let strict = Registry::new(vec![], RunnerTrust::new(None, false).unwrap()).unwrap();
+        let err = strict
+            .upsert_joined(entry("edge-3", "http://10.0.0.4:7701"))
+            .unwrap_err();
+        assert!(format!("{err:#}").contains("insecure_http"), "{err:#}");
+        assert!(strict.get("edge-3").is_none());
+    }
 }

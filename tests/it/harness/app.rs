@@ -18,6 +18,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use super::Backend;
+use super::certs::CertFiles;
 use super::pg::PgTestDb;
 
 pub const TEST_AGENT: &str = "test-agent";
@@ -33,6 +34,12 @@ pub struct RunnerSpec {
     pub allowlists: BTreeMap<String, Vec<String>>,
     /// The labels the server config gives this runner.
     pub labels: BTreeMap<String, String>,
+    /// Serve HTTPS with this certificate; the server pins `pin` when given (else it verifies
+    /// the runner against `Options::runner_ca_file`).
+    pub tls: Option<(CertFiles, Option<String>)>,
+    /// The URL the server config gives for this runner instead of its own (something in the
+    /// path between them, such as a proxy that rewrites answers).
+    pub reached_at: Option<String>,
 }
 
 impl RunnerSpec {
@@ -45,7 +52,21 @@ impl RunnerSpec {
             programs: BTreeMap::new(),
             allowlists: BTreeMap::new(),
             labels: BTreeMap::new(),
+            tls: None,
+            reached_at: None,
         }
+    }
+
+    /// Serves HTTPS with `cert`; the server pins `pin` (a fingerprint) when given.
+    pub fn https(mut self, cert: CertFiles, pin: Option<String>) -> Self {
+        self.tls = Some((cert, pin));
+        self
+    }
+
+    /// The server reaches this runner at `url` (which forwards to the runner's own URL).
+    pub fn reached_at(mut self, url: &str) -> Self {
+        self.reached_at = Some(url.into());
+        self
     }
 
     pub fn label(mut self, key: &str, value: &str) -> Self {
@@ -107,6 +128,8 @@ pub struct TestApp {
     pub private_key: PathBuf,
     pub public_key: PathBuf,
     pub packs_dir: Option<PathBuf>,
+    /// The CA clients must trust to reach this server (when it serves HTTPS).
+    pub ca_file: Option<PathBuf>,
     shutdown: CancellationToken,
     /// Kept for its Drop (drops the PostgreSQL database).
     pub pg: Option<PgTestDb>,
@@ -127,6 +150,8 @@ pub struct Options {
     pub approval_wait_secs: Option<u64>,
     /// How long a request lives (default 15 minutes).
     pub approval_ttl_secs: Option<u64>,
+    /// The most requests one agent may have pending (default 20).
+    pub max_pending_per_agent: Option<u32>,
     /// Use this key pair instead of a fresh one (a second replica of the same server).
     pub keys: Option<(PathBuf, PathBuf)>,
     /// A policy file to load at start (the built-in policy when none).
@@ -144,6 +169,15 @@ pub struct Options {
     pub oidc: Option<emisar::server::oidc::config::OidcConfig>,
     /// `[oauth]`: `/mcp` takes the authorization server's access tokens.
     pub oauth: Option<emisar::server::oidc::config::OAuthConfig>,
+    /// Serve HTTPS with this certificate (clients then trust `client_ca_file`).
+    pub server_tls: Option<CertFiles>,
+    /// The CA that signed `server_tls`, which the test's clients trust.
+    pub client_ca_file: Option<PathBuf>,
+    /// The server's `runner_ca_file`.
+    pub runner_ca_file: Option<PathBuf>,
+    /// The server's `insecure_http`; the harness sets it (its runners listen on loopback and
+    /// speak plain HTTP unless given a certificate) unless a test says otherwise.
+    pub insecure_http: Option<bool>,
 }
 
 pub async fn fresh_db(backend: Backend, dir: &std::path::Path) -> (String, Option<PgTestDb>) {
@@ -202,12 +236,24 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
         config.allowlists = spec.allowlists.clone();
         config.fill_standard_services();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
+        let addr = listener.local_addr().unwrap();
         let state = RunnerState::new(config).unwrap();
-        tokio::spawn(agent::run(listener, state, shutdown.clone()));
+        let (url, tls_fingerprint) = match &spec.tls {
+            None => {
+                tokio::spawn(agent::run(listener, state, shutdown.clone()));
+                (format!("http://{addr}"), None)
+            }
+            Some((cert, pin)) => {
+                let (tls, _) =
+                    emisar::util::tls::server_config_from_files(&cert.cert, &cert.key).unwrap();
+                tokio::spawn(agent::run_https(listener, state, tls, shutdown.clone()));
+                (format!("https://{addr}"), pin.clone())
+            }
+        };
         entries.push(RunnerEntry {
             name: spec.name.clone(),
-            url: url.clone(),
+            url: spec.reached_at.clone().unwrap_or_else(|| url.clone()),
+            tls_fingerprint,
             packs: None,
             labels: spec.labels.clone(),
         });
@@ -234,17 +280,24 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
         health_probe_interval_ms: options.probe_interval_ms.unwrap_or(10_000),
         approval_wait_secs: options.approval_wait_secs.unwrap_or(30),
         approval_ttl_secs: options.approval_ttl_secs.unwrap_or(15 * 60),
+        max_pending_per_agent: options.max_pending_per_agent.unwrap_or(20),
         approval_progress_ms: 500,
         policy_file: options.policy_file.clone(),
         webhooks: options.webhooks.clone(),
         public_url: options.public_url.clone(),
         login: options.login.clone().unwrap_or_default(),
+        tls_cert_file: options.server_tls.as_ref().map(|c| c.cert.clone()),
+        tls_key_file: options.server_tls.as_ref().map(|c| c.key.clone()),
+        runner_ca_file: options.runner_ca_file.clone(),
+        // Every listener here is on loopback.
+        insecure_http: options.insecure_http.unwrap_or(true),
         ..ServerConfig::with_signing_key(private_key.clone())
     };
     let app = emisar::server::app::Application::build(config, &database_url)
         .await
         .expect("server builds");
     let addr = app.local_addr();
+    let scheme = if app.serves_tls() { "https" } else { "http" };
     let db = app.db().clone();
     let stop = app.shutdown_token();
     let outer = shutdown.clone();
@@ -266,7 +319,7 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
     .unwrap()
     .token;
     TestApp {
-        mcp_url: format!("http://{addr}/mcp"),
+        mcp_url: format!("{scheme}://{addr}/mcp"),
         database_url,
         db,
         audit,
@@ -276,6 +329,7 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
         private_key,
         public_key: public_key.clone(),
         packs_dir: options.packs_dir.clone(),
+        ca_file: options.client_ca_file.clone(),
         shutdown,
         pg,
     }
@@ -318,13 +372,26 @@ impl TestApp {
         self.mcp_url.trim_end_matches("/mcp").to_owned()
     }
 
+    /// An HTTP client for this server: it trusts the test CA when the server serves HTTPS.
+    pub fn http(&self) -> reqwest::Client {
+        let mut builder = reqwest::Client::builder();
+        if let Some(ca) = &self.ca_file {
+            let pem = std::fs::read(ca).unwrap();
+            builder = builder.tls_certs_only(reqwest::Certificate::from_pem_bundle(&pem).unwrap());
+        }
+        builder.build().unwrap()
+    }
+
     /// An rmcp client over streamable HTTP with this app's agent token.
     pub async fn mcp_client(&self) -> RunningService<RoleClient, ()> {
         let config = StreamableHttpClientTransportConfig::with_uri(self.mcp_url.clone())
             .auth_header(self.token.clone());
-        ().serve(StreamableHttpClientTransport::from_config(config))
-            .await
-            .expect("MCP client connects")
+        ().serve(StreamableHttpClientTransport::with_client(
+            self.http(),
+            config,
+        ))
+        .await
+        .expect("MCP client connects")
     }
 
     pub async fn events(&self, filter: AuditFilter) -> Vec<Event> {
@@ -349,7 +416,7 @@ impl TestApp {
 
     /// `GET /api/runners` with the agent's token.
     pub async fn runners_api(&self) -> serde_json::Value {
-        reqwest::Client::new()
+        self.http()
             .get(format!("{}/api/runners", self.base_url()))
             .bearer_auth(&self.token)
             .send()
@@ -394,27 +461,44 @@ pub struct DirectAnswer {
 }
 
 impl TestApp {
-    /// Calls a runner directly with a call token signed by this server's key, the way the
-    /// gateway will once approvals exist (writes cannot pass the gateway's policy yet).
+    /// Calls a runner directly with a call token signed by this server's key, standing in
+    /// for the server (an approval id included). An execution hands back `preview`'s values
+    /// and seal, as the server does with a stored preview.
     pub async fn signed_call(
         &self,
         runner: &str,
         tool: &str,
         args: serde_json::Value,
         mode: emisar::protocol::Mode,
-        preview: Option<serde_json::Map<String, serde_json::Value>>,
+        preview: Option<&DirectAnswer>,
     ) -> DirectAnswer {
-        use emisar::protocol::CallRequest;
-        use emisar::protocol::signing::{CallClaims, CallSigner, ISSUER, now};
-        let packs = emisar::pack::PackSet::load(self.packs_dir.as_deref()).unwrap();
-        let pack = tool.split('.').next().unwrap();
-        let request = CallRequest {
+        let request = emisar::protocol::CallRequest {
             tool: tool.into(),
             args: args.as_object().unwrap().clone(),
             mode,
-            preview,
+            preview: preview.map(|p| p.body["vars"].as_object().unwrap().clone()),
+            preview_seal: preview.map(|p| p.body["seal"].as_str().unwrap().to_owned()),
             raw: false,
         };
+        let signed = Signed {
+            call_id: "direct-test-call".into(),
+            approval_id: Some(uuid::Uuid::new_v4().to_string()),
+            lowered_by_policy: None,
+        };
+        self.signed_request(runner, &request, &signed).await
+    }
+
+    /// Sends `request` to `runner` under a call token signed by this server's key, with the
+    /// claims `signed` gives.
+    pub async fn signed_request(
+        &self,
+        runner: &str,
+        request: &emisar::protocol::CallRequest,
+        signed: &Signed,
+    ) -> DirectAnswer {
+        use emisar::protocol::signing::{CallClaims, CallSigner, ISSUER, now};
+        let packs = emisar::pack::PackSet::load(self.packs_dir.as_deref()).unwrap();
+        let pack = request.tool.split('.').next().unwrap();
         let t = now();
         let claims = CallClaims {
             iss: ISSUER.into(),
@@ -422,12 +506,12 @@ impl TestApp {
             iat: t,
             exp: t + 30,
             jti: uuid::Uuid::new_v4().to_string(),
-            call_id: "direct-test-call".into(),
-            tool: tool.into(),
+            call_id: signed.call_id.clone(),
+            tool: request.tool.clone(),
             request_sha256: request.digest(),
             pack_sha256: packs.pack(pack).unwrap().digest.clone(),
-            // The harness stands in for the server here, approvals included.
-            approval_id: Some(uuid::Uuid::new_v4().to_string()),
+            approval_id: signed.approval_id.clone(),
+            lowered_by_policy: signed.lowered_by_policy.clone(),
         };
         let token = CallSigner::from_file(&self.private_key)
             .unwrap()
@@ -436,7 +520,7 @@ impl TestApp {
         let res = reqwest::Client::new()
             .post(format!("{}/v1/call", self.runner_urls[runner]))
             .bearer_auth(token)
-            .json(&request)
+            .json(request)
             .send()
             .await
             .unwrap();
@@ -445,4 +529,11 @@ impl TestApp {
             body: res.json().await.unwrap(),
         }
     }
+}
+
+/// The claims of a hand-made signed call, besides what the request itself determines.
+pub struct Signed {
+    pub call_id: String,
+    pub approval_id: Option<String>,
+    pub lowered_by_policy: Option<String>,
 }

@@ -1,7 +1,10 @@
-//! Test harness: databases, real Traefik and Redis, and the server with runners on free ports.
+//! Test harness: databases, real Traefik and Redis, certificates made at test time, and the
+//! server with runners on free ports.
 
 pub mod app;
+pub mod certs;
 pub mod frr;
+pub mod join;
 pub mod oidc;
 pub mod pg;
 pub mod redis;

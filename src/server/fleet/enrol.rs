@@ -1,0 +1,660 @@
+//! The server's side of a runner's identity over HTTP: a join with a join token, a
+//! re-registration with the runner's own credential, and heartbeats. See the module
+//! invariants in `fleet`.
+//!
+//! A runner's URL must be https (http only with `insecure_http`), and the fingerprint of the
+//! certificate it sends when it joins or re-registers is stored with it and pinned: calls go
+//! to that certificate only.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde_json::json;
+
+use super::join_tokens::check_labels;
+use super::{
+    FleetError, HEARTBEAT_INTERVAL, MAX_LABELS, MAX_PACKS, MAX_URL_LEN, NameRule, RUNNER_PREFIX,
+    at_text, kind, random_secret,
+};
+use crate::digest::sha256_hex;
+use crate::pack::is_identifier;
+use crate::protocol::{JoinRequest, JoinResponse, RegisterRequest, RegisterResponse};
+use crate::server::audit::{AuditLog, NewEvent, format_at};
+use crate::server::config::RunnerEntry;
+use crate::server::db::{Db, Pool};
+use crate::server::runners::registry::Registry;
+use crate::with_pool;
+
+/// What a usable join token grants, as the consuming `UPDATE` returned it.
+struct Grant {
+    id: String,
+    name: NameRule,
+    labels: BTreeMap<String, String>,
+}
+
+/// A join the server will not make: the status it answers with and why.
+struct Refusal {
+    error: FleetError,
+    join_token_id: Option<String>,
+}
+
+impl Refusal {
+    fn new(error: FleetError, grant: Option<&Grant>) -> Self {
+        Refusal {
+            error,
+            join_token_id: grant.map(|g| g.id.clone()),
+        }
+    }
+}
+
+/// The server's side of runners' identity. One per process, shared by the HTTP handlers.
+pub struct Fleet {
+    db: Db,
+    audit: AuditLog,
+    registry: Arc<Registry>,
+    /// Handed to runners that join, so they can verify the calls this server signs.
+    server_public_key: String,
+    /// SQLite only (a single replica): joins one at a time, so the decision made in a
+    /// rolled-back transaction still holds when it is repeated after the audit event.
+    local: tokio::sync::Mutex<()>,
+    /// PostgreSQL: joins in flight, each holding a pooled connection (and the token's row
+    /// lock) while its audit event is written through another. Kept well below the pool
+    /// size so the audit writer always finds a connection.
+    in_flight: tokio::sync::Semaphore,
+}
+
+const CONSUME: &str = "UPDATE join_tokens SET uses = uses + 1 WHERE token_hash = $1 AND revoked_at IS NULL AND expires_at > $2::timestamptz AND uses < max_uses RETURNING id, runner_name, name_pattern, labels::text";
+const INSERT_RUNNER: &str = "INSERT INTO runners (name, url, labels, packs, runner_token_hash, joined_at, last_heartbeat, join_token_id, tls_fingerprint) VALUES ($1, $2, $3::jsonb, $4::jsonb, $5, $6::timestamptz, $6::timestamptz, $7, $8) ON CONFLICT (name) DO NOTHING RETURNING name";
+
+impl Fleet {
+    pub fn new(
+        db: Db,
+        audit: AuditLog,
+        registry: Arc<Registry>,
+        server_public_key: String,
+    ) -> Self {
+        Fleet {
+            db,
+            audit,
+            registry,
+            server_public_key,
+            local: tokio::sync::Mutex::new(()),
+            in_flight: tokio::sync::Semaphore::new(4),
+        }
+    }
+
+    /// Joins a runner with the join token whose secret is `secret`; see the module's
+    /// invariants.
+    pub async fn join(
+        &self,
+        secret: &str,
+        request: JoinRequest,
+    ) -> Result<JoinResponse, FleetError> {
+        let insecure_http = self.registry.trust().insecure_http();
+        let tls_fingerprint = match check_join_request(&request, insecure_http) {
+            Ok(pin) => pin,
+            Err(e) => {
+                let named = is_identifier(&request.name).then(|| request.name.clone());
+                let event = NewEvent {
+                    actor: format!("runner:{}", named.as_deref().unwrap_or("unnamed")),
+                    kind: kind::RUNNER_JOIN_REFUSED.into(),
+                    runner: named,
+                    outcome: Some("refused".into()),
+                    detail: Some(json!({"reason": e.to_string()})),
+                    ..Default::default()
+                };
+                if let Err(audit) = self.audit.append(event).await {
+                    tracing::error!(error = %audit, "a refused join could not be audited");
+                }
+                return Err(e);
+            }
+        };
+        let runner_token =
+            random_secret(RUNNER_PREFIX).map_err(|e| FleetError::Invalid(e.to_string()))?;
+        let hash = sha256_hex(secret.as_bytes());
+        let now = format_at(chrono::Utc::now());
+        let packs: Vec<String> = request.packs.keys().cloned().collect();
+        let packs_json = serde_json::to_string(&packs).expect("packs are JSON");
+        let runner_token_hash = sha256_hex(runner_token.as_bytes());
+
+        // One attempt: consume a use, decide, insert the runner; the caller commits or rolls
+        // back. Written once for both backends' transactions.
+        macro_rules! attempt {
+            ($tx:expr) => {{
+                let row: Option<(String, Option<String>, Option<String>, String)> =
+                    sqlx::query_as(self.db.sql(CONSUME))
+                        .bind(&hash)
+                        .bind(&now)
+                        .fetch_optional(&mut *$tx)
+                        .await?;
+                match row {
+                    None => Err(None),
+                    Some((id, name, pattern, labels)) => {
+                        let grant = Grant {
+                            id,
+                            name: NameRule::from_columns(name, pattern),
+                            labels: serde_json::from_str(&labels).unwrap_or_default(),
+                        };
+                        match self.decide(&grant, &request) {
+                            Err(e) => Err(Some(Refusal::new(e, Some(&grant)))),
+                            Ok(()) => {
+                                let inserted: Option<(String,)> =
+                                    sqlx::query_as(self.db.sql(INSERT_RUNNER))
+                                        .bind(&request.name)
+                                        .bind(&request.url)
+                                        .bind(
+                                            serde_json::to_string(&grant.labels)
+                                                .expect("labels are JSON"),
+                                        )
+                                        .bind(&packs_json)
+                                        .bind(&runner_token_hash)
+                                        .bind(&now)
+                                        .bind(&grant.id)
+                                        .bind(&tls_fingerprint)
+                                        .fetch_optional(&mut *$tx)
+                                        .await?;
+                                match inserted {
+                                    Some(_) => Ok(grant),
+                                    None => Err(Some(Refusal::new(
+                                        already_joined(&request.name),
+                                        Some(&grant),
+                                    ))),
+                                }
+                            }
+                        }
+                    }
+                }
+            }};
+        }
+
+        let grant = match self.db.pool() {
+            Pool::Pg(pool) => {
+                let _slot = self
+                    .in_flight
+                    .acquire()
+                    .await
+                    .expect("the semaphore is never closed");
+                let mut tx = self.db.guard(pool.begin()).await?;
+                let attempt: Result<Grant, Option<Refusal>> = attempt!(tx);
+                match attempt {
+                    Ok(grant) => {
+                        self.audit
+                            .append(joined_event(&request, &grant, &tls_fingerprint))
+                            .await?;
+                        tx.commit().await?;
+                        grant
+                    }
+                    Err(refusal) => {
+                        tx.rollback().await?;
+                        return Err(self.refuse(&request, &hash, refusal).await);
+                    }
+                }
+            }
+            Pool::Sqlite(pool) => {
+                // SQLite cannot keep its write lock while the audit writer commits, so the
+                // decision is made in a transaction that is rolled back, the event made
+                // durable, and the same statements repeated and committed; the mutex keeps
+                // other joins out in between.
+                let _lock = self.local.lock().await;
+                let mut tx = self.db.guard(pool.begin()).await?;
+                let attempt: Result<Grant, Option<Refusal>> = attempt!(tx);
+                tx.rollback().await?;
+                let grant = match attempt {
+                    Ok(grant) => grant,
+                    Err(refusal) => return Err(self.refuse(&request, &hash, refusal).await),
+                };
+                self.audit
+                    .append(joined_event(&request, &grant, &tls_fingerprint))
+                    .await?;
+                let mut tx = self.db.guard(pool.begin()).await?;
+                let again: Result<Grant, Option<Refusal>> = attempt!(tx);
+                match again {
+                    Ok(_) => {
+                        tx.commit().await?;
+                        grant
+                    }
+                    Err(refusal) => {
+                        // Another process (the CLI) changed the token or the runner
+                        // between the two attempts.
+                        tx.rollback().await?;
+                        return Err(self.refuse(&request, &hash, refusal).await);
+                    }
+                }
+            }
+        };
+        // The URL and pin were checked before the join was written, so this fails only if no
+        // client can be built at all; the row stays and the sync tries again.
+        if let Err(e) = self.registry.upsert_joined(RunnerEntry {
+            name: request.name.clone(),
+            url: request.url.clone(),
+            tls_fingerprint,
+            packs: Some(packs),
+            labels: grant.labels.clone(),
+        }) {
+            tracing::error!(runner = %request.name, error = %format!("{e:#}"), "joined runner not loaded");
+        }
+        self.registry.record_heartbeat(&request.name, Ok(()));
+        Ok(JoinResponse {
+            runner_token,
+            server_public_key: self.server_public_key.clone(),
+            heartbeat_interval_ms: HEARTBEAT_INTERVAL.as_millis() as u64,
+            labels: grant.labels,
+        })
+    }
+
+    /// May a runner named and labelled as `request` join with `grant`? The last check (no
+    /// runner of that name joined before) is the insert itself.
+    fn decide(&self, grant: &Grant, request: &JoinRequest) -> Result<(), FleetError> {
+        if !grant.name.matches(&request.name) {
+            return Err(FleetError::Forbidden(match &grant.name {
+                NameRule::Exact(n) => format!(
+                    "this join token is for runner `{n}`, not `{}`",
+                    request.name
+                ),
+                other => format!(
+                    "this join token admits runners by {other}; `{}` does not match",
+                    request.name
+                ),
+            }));
+        }
+        let not_granted: Vec<String> = request
+            .labels
+            .iter()
+            .filter(|(k, v)| grant.labels.get(*k) != Some(*v))
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        if !not_granted.is_empty() {
+            let granted: Vec<String> = grant
+                .labels
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            return Err(FleetError::Forbidden(format!(
+                "this join token does not grant the labels {} (it grants {}): a runner gets exactly its join token's labels; leave `labels` out of the runner's config or issue a token with them",
+                not_granted.join(", "),
+                if granted.is_empty() {
+                    "none".into()
+                } else {
+                    granted.join(", ")
+                }
+            )));
+        }
+        if self.registry.is_configured(&request.name) {
+            return Err(FleetError::Conflict(format!(
+                "`{}` is a runner in the server's config; a join cannot replace it: give the joining runner another name",
+                request.name
+            )));
+        }
+        Ok(())
+    }
+
+    /// Audits a refused join and returns the error to answer with. A refusal the audit log
+    /// cannot record is still a refusal (and logged).
+    async fn refuse(
+        &self,
+        request: &JoinRequest,
+        hash: &str,
+        refusal: Option<Refusal>,
+    ) -> FleetError {
+        let refusal = match refusal {
+            Some(r) => r,
+            None => match self.why_unusable(hash).await {
+                Ok(r) => r,
+                Err(e) => return e,
+            },
+        };
+        let event = NewEvent {
+            actor: format!("runner:{}", request.name),
+            kind: kind::RUNNER_JOIN_REFUSED.into(),
+            runner: Some(request.name.clone()),
+            outcome: Some("refused".into()),
+            detail: Some(json!({
+                "reason": refusal.error.to_string(),
+                "join_token_id": refusal.join_token_id,
+                "url": request.url,
+                "labels": request.labels,
+            })),
+            ..Default::default()
+        };
+        if let Err(e) = self.audit.append(event).await {
+            tracing::error!(error = %e, runner = %request.name, "a refused join could not be audited");
+        }
+        refusal.error
+    }
+
+    /// Why the consuming `UPDATE` found no usable token with this hash.
+    async fn why_unusable(&self, hash: &str) -> Result<Refusal, FleetError> {
+        let now = format_at(chrono::Utc::now());
+        let sql = self.db.sql(format!(
+            "SELECT id, revoked_at IS NOT NULL, expires_at <= $2::timestamptz, uses, max_uses, {} FROM join_tokens WHERE token_hash = $1",
+            at_text(&self.db, "expires_at")
+        ));
+        let row: Option<(String, bool, bool, i32, i32, String)> = self
+            .db
+            .guard(async { with_pool!(self.db, pool => sqlx::query_as(sql).bind(hash).bind(&now).fetch_optional(pool).await) })
+            .await?;
+        let Some((id, revoked, expired, uses, max_uses, expires_at)) = row else {
+            return Ok(Refusal {
+                error: FleetError::Unauthorized("the join token is unknown".into()),
+                join_token_id: None,
+            });
+        };
+        let why = if revoked {
+            format!("join token {id} was revoked")
+        } else if expired {
+            format!("join token {id} expired at {expires_at}")
+        } else if uses >= max_uses {
+            format!(
+                "join token {id} is used up ({uses} of {max_uses} joins): a restarting runner re-registers with its own credential; a new runner needs a new join token"
+            )
+        } else {
+            // Usable after all: it was in use by a concurrent join that gave it back.
+            format!("join token {id} was busy with another join: try again")
+        };
+        Ok(Refusal {
+            error: FleetError::Unauthorized(why),
+            join_token_id: Some(id),
+        })
+    }
+
+    /// Re-registers the runner that holds `runner_token`: its URL and packs may change, its
+    /// name and labels never do. Audited (`runner.registered`) before it is written.
+    pub async fn register(
+        &self,
+        runner_token: &str,
+        request: RegisterRequest,
+    ) -> Result<RegisterResponse, FleetError> {
+        let insecure_http = self.registry.trust().insecure_http();
+        check_url(&request.url, insecure_http)?;
+        let tls_fingerprint = check_pin(&request.url, request.tls_fingerprint.as_deref())?;
+        check_packs(&request.packs)?;
+        let hash = sha256_hex(runner_token.as_bytes());
+        let sql = self
+            .db
+            .sql("SELECT name, labels::text FROM runners WHERE runner_token_hash = $1");
+        let row: Option<(String, String)> = self
+            .db
+            .guard(async { with_pool!(self.db, pool => sqlx::query_as(sql).bind(&hash).fetch_optional(pool).await) })
+            .await?;
+        let Some((name, labels)) = row else {
+            tracing::warn!("a runner presented an unknown credential to re-register");
+            return Err(unknown_credential());
+        };
+        if self.registry.is_configured(&name) {
+            return Err(FleetError::Conflict(format!(
+                "`{name}` is a runner in the server's config; a joined runner of that name is ignored: `emisar runner remove {name}` and join under another name"
+            )));
+        }
+        let packs: Vec<String> = request.packs.keys().cloned().collect();
+        self.audit
+            .append(NewEvent {
+                actor: format!("runner:{name}"),
+                kind: kind::RUNNER_REGISTERED.into(),
+                runner: Some(name.clone()),
+                outcome: Some("ok".into()),
+                detail: Some(json!({"url": request.url, "packs": request.packs, "tls_fingerprint": tls_fingerprint})),
+                ..Default::default()
+            })
+            .await?;
+        let now = format_at(chrono::Utc::now());
+        let sql = self.db.sql("UPDATE runners SET url = $2, packs = $3::jsonb, last_heartbeat = $4::timestamptz, tls_fingerprint = $5 WHERE runner_token_hash = $1 RETURNING name");
+        let updated: Option<(String,)> = self
+            .db
+            .guard(async {
+                with_pool!(self.db, pool => sqlx::query_as(sql)
+                    .bind(&hash)
+                    .bind(&request.url)
+                    .bind(serde_json::to_string(&packs).expect("packs are JSON"))
+                    .bind(&now)
+                    .bind(&tls_fingerprint)
+                    .fetch_optional(pool)
+                    .await)
+            })
+            .await?;
+        if updated.is_none() {
+            // Removed between the lookup and the update.
+            return Err(unknown_credential());
+        }
+        if let Err(e) = self.registry.upsert_joined(RunnerEntry {
+            name: name.clone(),
+            url: request.url,
+            tls_fingerprint,
+            packs: Some(packs),
+            labels: serde_json::from_str(&labels).unwrap_or_default(),
+        }) {
+            tracing::error!(runner = %name, error = %format!("{e:#}"), "re-registered runner not loaded");
+        }
+        self.registry.record_heartbeat(&name, Ok(()));
+        Ok(RegisterResponse {
+            runner: name,
+            heartbeat_interval_ms: HEARTBEAT_INTERVAL.as_millis() as u64,
+        })
+    }
+
+    /// Records a heartbeat from the runner that holds `runner_token`; returns its name.
+    pub async fn heartbeat(&self, runner_token: &str) -> Result<String, FleetError> {
+        let now = format_at(chrono::Utc::now());
+        let sql = self.db.sql("UPDATE runners SET last_heartbeat = $2::timestamptz WHERE runner_token_hash = $1 RETURNING name");
+        let hash = sha256_hex(runner_token.as_bytes());
+        let name: Option<(String,)> = self
+            .db
+            .guard(async { with_pool!(self.db, pool => sqlx::query_as(sql).bind(&hash).bind(&now).fetch_optional(pool).await) })
+            .await?;
+        let Some((name,)) = name else {
+            return Err(unknown_credential());
+        };
+        // A joined runner never vouches for the health of a configured one of the same name.
+        if !self.registry.is_configured(&name) {
+            self.registry.record_heartbeat(&name, Ok(()));
+        }
+        Ok(name)
+    }
+}
+
+fn unknown_credential() -> FleetError {
+    FleetError::Unauthorized(
+        "the runner credential is unknown: the runner was removed (`emisar runner remove`) or never joined; join again with a new join token".into(),
+    )
+}
+
+fn already_joined(name: &str) -> FleetError {
+    FleetError::Conflict(format!(
+        "runner `{name}` already joined; a restarting runner re-registers with its own credential; to replace it run `emisar runner remove {name}` first"
+    ))
+}
+
+fn joined_event(
+    request: &JoinRequest,
+    grant: &Grant,
+    tls_fingerprint: &Option<String>,
+) -> NewEvent {
+    NewEvent {
+        actor: format!("runner:{}", request.name),
+        kind: kind::RUNNER_JOINED.into(),
+        runner: Some(request.name.clone()),
+        outcome: Some("ok".into()),
+        detail: Some(json!({
+            "url": request.url,
+            "labels": grant.labels,
+            "packs": request.packs,
+            "join_token_id": grant.id,
+            "tls_fingerprint": tls_fingerprint,
+        })),
+        ..Default::default()
+    }
+}
+
+/// The shape checks of a join request; returns the certificate pin it carries, normalized.
+/// Messages name the field and the rule, and never echo a value that failed them (it may be
+/// anything, of any length).
+fn check_join_request(
+    request: &JoinRequest,
+    insecure_http: bool,
+) -> Result<Option<String>, FleetError> {
+    if !is_identifier(&request.name) {
+        return Err(FleetError::Invalid(
+            "`name` must be an identifier (letters, digits and `_.@-`, at most 128 characters)"
+                .into(),
+        ));
+    }
+    check_url(&request.url, insecure_http)?;
+    let pin = check_pin(&request.url, request.tls_fingerprint.as_deref())?;
+    check_labels("`labels`", &request.labels).map_err(|_| {
+        FleetError::Invalid(format!(
+            "`labels`: at most {MAX_LABELS}, each key and value an identifier"
+        ))
+    })?;
+    check_packs(&request.packs)?;
+    Ok(pin)
+}
+
+/// A runner's URL: http(s) with a host and no credentials; plain `http://` only where this
+/// server allows it (`insecure_http`), since calls would travel in clear.
+fn check_url(url: &str, insecure_http: bool) -> Result<(), FleetError> {
+    let bad = || {
+        FleetError::Invalid(format!(
+            "`url` must be an http(s) URL of at most {MAX_URL_LEN} printable ASCII characters, with a host and no credentials"
+        ))
+    };
+    // Printable ASCII only: a URL parser silently drops tabs and line breaks and encodes
+    // spaces, so what was checked would not be what is stored and dialled.
+    if url.len() > MAX_URL_LEN || !url.chars().all(|c| c.is_ascii_graphic()) {
+        return Err(bad());
+    }
+    let parsed = reqwest::Url::parse(url).map_err(|_| bad())?;
+    if !matches!(parsed.scheme(), "http" | "https")
+        || parsed.host_str().is_none()
+        || !parsed.username().is_empty()
+        || parsed.password().is_some()
+    {
+        return Err(bad());
+    }
+    if parsed.scheme() == "http" && !insecure_http {
+        return Err(FleetError::Invalid(
+            "`url` is plain HTTP: calls, arguments and results would travel in clear; the runner must serve https:// (or the server must set insecure_http = true, for loopback tests and `emisar dev` only)".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The certificate fingerprint a runner sends (`sha256:<hex>`), which only an https URL can
+/// use. Checked here, before anything is written, so the registry accepts what was stored.
+fn check_pin(url: &str, pin: Option<&str>) -> Result<Option<String>, FleetError> {
+    let Some(text) = pin else {
+        return Ok(None);
+    };
+    let pin = crate::util::tls::Fingerprint::parse(text).map_err(|_| {
+        FleetError::Invalid("`tls_fingerprint` must be `sha256:` followed by 64 hex digits".into())
+    })?;
+    if !url.starts_with("https://") {
+        return Err(FleetError::Invalid(
+            "`tls_fingerprint` pins a certificate, but `url` is not https://".into(),
+        ));
+    }
+    Ok(Some(pin.to_string()))
+}
+
+fn check_packs(packs: &BTreeMap<String, String>) -> Result<(), FleetError> {
+    if packs.len() > MAX_PACKS
+        || !packs
+            .iter()
+            .all(|(name, digest)| is_identifier(name) && is_sha256_hex(digest))
+    {
+        return Err(FleetError::Invalid(format!(
+            "`packs`: at most {MAX_PACKS}, each a pack name and its SHA-256 (64 lowercase hex digits)"
+        )));
+    }
+    Ok(())
+}
+
+fn is_sha256_hex(digest: &str) -> bool {
+    digest.len() == 64 && digest.chars().all(|c| matches!(c, '0'..='9' | 'a'..='f'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn join_requests_are_checked_without_echoing_values() {
+        let ok = JoinRequest {
+            name: "edge-1".into(),
+            url: "http://10.0.0.1:7701".into(),
+            labels: BTreeMap::new(),
+            packs: BTreeMap::from([("traefik".into(), "ab12".repeat(16))]),
+            tls_fingerprint: None,
+        };
+        check_join_request(&ok, true).unwrap();
+        let long = "x".repeat(2_000_000);
+        for bad in [
+            JoinRequest {
+                name: long.clone(),
+                ..ok.clone()
+            },
+            JoinRequest {
+                name: "a\0b".into(),
+                ..ok.clone()
+            },
+            JoinRequest {
+                url: format!("http://{long}"),
+                ..ok.clone()
+            },
+            JoinRequest {
+                url: "http://user:pw@host".into(),
+                ..ok.clone()
+            },
+            JoinRequest {
+                url: "file:///etc/passwd".into(),
+                ..ok.clone()
+            },
+            JoinRequest {
+                url: "http://10.0.0.1:7701/\r\nX: y".into(),
+                ..ok.clone()
+            },
+            JoinRequest {
+                url: "http://10.0.0.\t1:7701".into(),
+                ..ok.clone()
+            },
+            JoinRequest {
+                packs: BTreeMap::from([("traefik".into(), "not-a-digest".into())]),
+                ..ok.clone()
+            },
+            JoinRequest {
+                url: "https://10.0.0.1:7701".into(),
+                tls_fingerprint: Some(long.clone()),
+                ..ok.clone()
+            },
+        ] {
+            let err = check_join_request(&bad, true).unwrap_err().to_string();
+            assert!(
+                err.len() < 200 && !err.contains("xxxx") && !err.contains("pw"),
+                "{err}"
+            );
+        }
+
+        // Plain HTTP only where the server allows it; a pin only on an https URL.
+        let err = check_join_request(&ok, false).unwrap_err().to_string();
+        assert!(err.contains("plain HTTP"), "{err}");
+        let pin = format!("sha256:{}", "AB".repeat(32));
+        let err = check_join_request(
+            &JoinRequest {
+                tls_fingerprint: Some(pin.clone()),
+                ..ok.clone()
+            },
+            true,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("not https://"), "{err}");
+        let pinned = JoinRequest {
+            url: "https://10.0.0.1:7701".into(),
+            tls_fingerprint: Some(pin),
+            ..ok.clone()
+        };
+        assert_eq!(
+            check_join_request(&pinned, false).unwrap(),
+            Some(format!("sha256:{}", "ab".repeat(32))),
+            "stored normalized"
+        );
+    }
+}

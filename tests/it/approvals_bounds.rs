@@ -1,0 +1,167 @@
+//! The bounds on approval requests: one agent has at most `max_pending_per_agent` pending,
+//! and an approved request whose execution never started (its replica stopped between the
+//! decision and the claim) runs only within `approved_start_within_secs` of the approval;
+//! later, it expires and nothing runs.
+
+use std::time::{Duration, Instant};
+
+use emisar::server::audit::AuditFilter;
+use emisar::server::tokens::Role;
+use serde_json::{Value, json};
+
+use crate::approvals::{
+    Portal, add_user, kinds_of, restart_app, restart_args, restarts, systemctl_standin,
+};
+use crate::both_backends;
+use crate::harness::Backend;
+use crate::harness::app::{Options, TestApp};
+use crate::mcp_calls::call;
+
+/// Asks for a restart; the call returns the pending request's id once its short wait ends.
+async fn ask(
+    client: &rmcp::service::RunningService<rmcp::RoleClient, ()>,
+    reason: &str,
+) -> rmcp::model::CallToolResult {
+    call(client, "linux.systemctl_restart", restart_args(reason)).await
+}
+
+fn approval_id(res: &rmcp::model::CallToolResult) -> String {
+    let s = res.structured_content.clone().unwrap();
+    assert_eq!(s["approval"]["state"], "pending", "{s}");
+    s["approval"]["approval_id"].as_str().unwrap().to_owned()
+}
+
+async fn an_agent_has_at_most_max_pending_requests(backend: Backend) {
+    let bin = tempfile::tempdir().unwrap();
+    let record = systemctl_standin(bin.path());
+    let app = restart_app(
+        backend,
+        bin.path(),
+        Options {
+            max_pending_per_agent: Some(2),
+            approval_wait_secs: Some(1),
+            ..Default::default()
+        },
+    )
+    .await;
+    let client = app.mcp_client().await;
+    let first = approval_id(&ask(&client, "one").await);
+    approval_id(&ask(&client, "two").await);
+
+    let res = ask(&client, "three").await;
+    assert_eq!(res.is_error, Some(true), "{res:?}");
+    let error = &res.structured_content.as_ref().unwrap()["error"];
+    assert_eq!(error["kind"], "too_many_pending", "{error}");
+    assert_eq!(
+        (error["pending"].clone(), error["max"].clone()),
+        (json!(2), json!(2))
+    );
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_pending_per_agent = 2"),
+        "{error}"
+    );
+    let rejected = app
+        .events(AuditFilter {
+            kind: Some("tool.rejected".into()),
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(rejected.len(), 1, "{rejected:?}");
+    assert_eq!(rejected[0].reason.as_deref(), Some("three"));
+
+    // Once one is decided, there is room again.
+    let password = add_user(&app, "bob", Role::Approver).await;
+    let bob = Portal::login(&app, "bob", &password).await;
+    let (status, body) = bob
+        .post(
+            &format!("/api/approvals/{first}/deny"),
+            json!({"note": "one at a time"}),
+            true,
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    approval_id(&ask(&client, "four").await);
+    assert_eq!(restarts(&record), 0);
+    app.assert_chain_intact().await;
+    client.cancel().await.unwrap();
+}
+both_backends!(an_agent_has_at_most_max_pending_requests);
+
+/// Moves request `id` to `approved`, decided by alice `ago` in the past, the way a replica
+/// that stopped right after recording the approval leaves it.
+async fn approved_long_ago(app: &TestApp, id: &str, ago: chrono::Duration) {
+    let at = emisar::server::audit::format_at(chrono::Utc::now() - ago);
+    emisar::with_pool!(&app.db, pool => sqlx::query(app.db.sql(
+        "UPDATE approvals SET state = 'approved', decided_by = 'approver:alice', updated_at = $1::timestamptz WHERE id = $2",
+    ))
+    .bind(&at)
+    .bind(id)
+    .execute(pool)
+    .await
+    .map(|_| ()))
+    .unwrap();
+}
+
+async fn state_settles(p: &Portal, id: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, row) = p.get(&format!("/api/approvals/{id}")).await;
+        if row["state"] != "approved" && row["state"] != "executing" {
+            return row;
+        }
+        assert!(Instant::now() < deadline, "{id} did not settle: {row}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn an_approval_that_never_started_expires(backend: Backend) {
+    let bin = tempfile::tempdir().unwrap();
+    let record = systemctl_standin(bin.path());
+    let app = restart_app(
+        backend,
+        bin.path(),
+        Options {
+            approval_wait_secs: Some(1),
+            ..Default::default()
+        },
+    )
+    .await;
+    let password = add_user(&app, "carol", Role::Auditor).await;
+    let carol = Portal::login(&app, "carol", &password).await;
+    let client = app.mcp_client().await;
+
+    // Approved ten minutes ago and never started: it expires, and nothing runs.
+    let stale = approval_id(&ask(&client, "approved, then the replica died").await);
+    approved_long_ago(&app, &stale, chrono::Duration::minutes(10)).await;
+    let row = state_settles(&carol, &stale).await;
+    assert_eq!(row["state"], "expired", "{row}");
+    let note = row["note"].as_str().unwrap();
+    assert!(note.contains("did not start within 300 s"), "{note}");
+    assert_eq!(restarts(&record), 0);
+    assert_eq!(
+        kinds_of(&app, &stale).await,
+        ["approval.requested", "approval.expired"]
+    );
+    let res = call(
+        &client,
+        "emisar.approval_status",
+        json!({"approval_id": stale, "reason": "did it run?"}),
+    )
+    .await;
+    assert_eq!(res.is_error, Some(true), "{res:?}");
+    let error = &res.structured_content.as_ref().unwrap()["error"];
+    assert_eq!(error["kind"], "expired", "{error}");
+
+    // Approved twenty seconds ago and never started: still in time, so the sweeper runs it.
+    let recent = approval_id(&ask(&client, "approved, then the replica restarted").await);
+    approved_long_ago(&app, &recent, chrono::Duration::seconds(20)).await;
+    let row = state_settles(&carol, &recent).await;
+    assert_eq!(row["state"], "executed", "{row}");
+    assert_eq!(restarts(&record), 1);
+    app.assert_chain_intact().await;
+    client.cancel().await.unwrap();
+}
+both_backends!(an_approval_that_never_started_expires);

@@ -1,0 +1,996 @@
+//! MCP path load generator: a governed read through a running `emisar serve` → `emisar runner`
+//! → a real Traefik, side by side with the same generator calling Traefik's `/ping` directly.
+//!
+//!   cargo bench --bench mcp_path          # with the environment below; scripts/bench runs it
+//!
+//! It talks to processes over HTTP only and links nothing of emisar, so it measures whatever
+//! binary scripts/bench started and keeps working while the code inside moves.
+//!
+//! Each simulated client behaves as an MCP SDK does: it owns ONE HTTP/1.1 connection (its own
+//! hyper connection, not a shared pool, so "one connection per client" holds by construction
+//! and every reconnect is counted), sends `initialize`, then `notifications/initialized` with
+//! the `Mcp-Session-Id` and `Mcp-Protocol-Version` the server handed back, then calls the tool
+//! in a loop, reading each SSE (or JSON) answer to its end and checking it is a success in
+//! which every named runner answered `ok`. At the end it ends its session with `DELETE`. The
+//! direct client keeps one connection to Traefik the same way. Client sockets set
+//! TCP_NODELAY, as reqwest, undici and most SDK transports do by default, so what is measured
+//! is the server side. With `keep-alive` off (the "fresh connection" rows) each call opens its
+//! own connection, and the connect is part of the call's time.
+//!
+//! Environment (scripts/bench sets the addresses and the token):
+//! - `BENCH_MCP_URL`: the server's MCP endpoint, e.g. `http://127.0.0.1:7700/mcp` (required).
+//! - `BENCH_MCP_TOKEN`: an agent bearer token (required).
+//! - `BENCH_MCP_RUNNERS`: comma-separated runner names the call names (required).
+//! - `BENCH_MCP_TOOL` (`traefik.ping`): the tool; its arguments are
+//!   `{"runners": [...], "reason": "bench"}`.
+//! - `BENCH_MCP_PROTOCOL` (`2025-11-25`): the protocol version asked for in `initialize`.
+//! - `BENCH_DIRECT_URL`: Traefik's ping URL, e.g. `http://127.0.0.1:8080/ping` (required
+//!   unless fan-out).
+//! - `BENCH_MCP_CLIENTS` (`1,50,200`): concurrent clients per level.
+//! - `BENCH_MCP_SECS` (10) measured seconds per configuration, after `BENCH_MCP_WARMUP_SECS`
+//!   (2) of the same load that is not recorded.
+//! - `BENCH_MCP_FRESH_SECS` (5): measured seconds of the one-client, fresh-connection-per-call
+//!   rows (0 skips them).
+//! - `BENCH_MCP_FANOUT` (0): 1 measures a fan-out instead: one client, one call naming every
+//!   runner in `BENCH_MCP_RUNNERS`, `BENCH_MCP_FANOUT_CALLS` (50) times after 3 warm-up
+//!   calls; then each runner alone `BENCH_MCP_FANOUT_SOLO_CALLS` (5) times after one warm-up
+//!   call (0 skips that).
+//! - `BENCH_MCP_LABEL` (`PostgreSQL`): the heading of this run's section; `BENCH_MCP_PREFIX`
+//!   (`pg`): the prefix of its summary keys.
+//! - `BENCH_SUMMARY`: a file to append `key=value` lines to (for scripts/bench's budget table).
+//!
+//! Progress goes to stderr; the results go to stdout as Markdown. Calls that fail are counted
+//! per configuration; a run with any error says so in bold and in the summary (`.errors`).
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::{Out, env_num, log, ms};
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper::{Method, Request, StatusCode, header};
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+
+/// A required setting.
+fn env_str(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name} must be set (see benches/mcp_path.rs)"))
+}
+
+fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_owned())
+}
+
+/// `http://HOST:PORT/PATH` → the socket address, the Host header and the path. Only plain
+/// HTTP on an IP literal: the generator measures loopback and resolves nothing.
+fn split_url(url: &str) -> (SocketAddr, String, String) {
+    let rest = url
+        .strip_prefix("http://")
+        .unwrap_or_else(|| panic!("`{url}` must start with http://"));
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    let addr = authority
+        .parse()
+        .unwrap_or_else(|e| panic!("`{authority}` in `{url}` must be IP:PORT: {e}"));
+    (addr, authority.to_owned(), path.to_owned())
+}
+
+/// One HTTP/1.1 connection that a client keeps (or, with `keep_alive` off, opens anew for
+/// each request). Written on hyper's connection API rather than a pooled client so that the
+/// number of connections is exactly what the client does, and visible.
+struct Conn {
+    addr: SocketAddr,
+    keep_alive: bool,
+    sender: Option<SendRequest<Full<Bytes>>>,
+    /// Connections opened so far (1 for a client that kept its connection throughout).
+    connects: u64,
+}
+
+struct Answer {
+    status: StatusCode,
+    headers: header::HeaderMap,
+    body: Bytes,
+}
+
+impl Conn {
+    fn new(addr: SocketAddr, keep_alive: bool) -> Conn {
+        Conn {
+            addr,
+            keep_alive,
+            sender: None,
+            connects: 0,
+        }
+    }
+
+    async fn open(&mut self) -> Result<SendRequest<Full<Bytes>>, String> {
+        let tcp = tokio::net::TcpStream::connect(self.addr)
+            .await
+            .map_err(|e| format!("connect {}: {e}", self.addr))?;
+        tcp.set_nodelay(true)
+            .map_err(|e| format!("TCP_NODELAY: {e}"))?;
+        let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+            .await
+            .map_err(|e| format!("HTTP handshake: {e}"))?;
+        // The connection task ends when the sender is dropped or the peer closes.
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        self.connects += 1;
+        Ok(sender)
+    }
+
+    async fn send(&mut self, request: Request<Full<Bytes>>) -> Result<Answer, String> {
+        // A kept connection the peer has closed is replaced (and counted in `connects`).
+        let kept = match self.sender.take() {
+            Some(mut s) => s.ready().await.ok().map(|()| s),
+            None => None,
+        };
+        let mut sender = match kept {
+            Some(s) => s,
+            None => self.open().await?,
+        };
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|e| format!("request: {e}"))?;
+        let (parts, body) = response.into_parts();
+        let body = body
+            .collect()
+            .await
+            .map_err(|e| format!("reading the body: {e}"))?
+            .to_bytes();
+        if self.keep_alive {
+            self.sender = Some(sender);
+        }
+        Ok(Answer {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        })
+    }
+}
+
+/// Where the generator sends its requests.
+#[derive(Clone)]
+struct Target {
+    addr: SocketAddr,
+    host: String,
+    path: String,
+}
+
+impl Target {
+    fn parse(url: &str) -> Target {
+        let (addr, host, path) = split_url(url);
+        Target { addr, host, path }
+    }
+}
+
+/// What the MCP clients share.
+struct McpSettings {
+    target: Target,
+    token: String,
+    protocol: String,
+    tool: String,
+}
+
+/// An MCP client over streamable HTTP: one session on one connection.
+struct McpClient {
+    settings: Arc<McpSettings>,
+    conn: Conn,
+    session: Option<String>,
+    protocol: String,
+    next_id: u64,
+}
+
+/// The one JSON-RPC message in an answer: the JSON body, or the SSE event whose data is the
+/// response to `id` (the priming event and any notifications are skipped).
+fn jsonrpc_answer(a: &Answer, id: u64) -> Result<Value, String> {
+    let content_type = a
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let text = std::str::from_utf8(&a.body).map_err(|_| "the answer is not UTF-8".to_owned())?;
+    if !a.status.is_success() {
+        return Err(format!(
+            "HTTP {}: {}",
+            a.status,
+            text.chars().take(300).collect::<String>()
+        ));
+    }
+    let is_ours = |v: &Value| v.get("id").and_then(Value::as_u64) == Some(id);
+    if content_type.starts_with("application/json") {
+        let v: Value = serde_json::from_str(text).map_err(|e| format!("JSON answer: {e}"))?;
+        return if is_ours(&v) {
+            Ok(v)
+        } else {
+            Err(format!("answer to another request: {v}"))
+        };
+    }
+    if !content_type.starts_with("text/event-stream") {
+        return Err(format!("unexpected content-type `{content_type}`"));
+    }
+    // SSE: events are separated by a blank line; an event's data is its `data:` lines joined.
+    let mut data = String::new();
+    for line in text.lines().chain(std::iter::once("")) {
+        if line.is_empty() {
+            if !data.trim().is_empty() {
+                let v: Value =
+                    serde_json::from_str(&data).map_err(|e| format!("SSE data `{data}`: {e}"))?;
+                if is_ours(&v) {
+                    return Ok(v);
+                }
+            }
+            data.clear();
+        } else if let Some(d) = line.strip_prefix("data:") {
+            if !data.is_empty() {
+                data.push('\n');
+            }
+            data.push_str(d.strip_prefix(' ').unwrap_or(d));
+        }
+    }
+    Err(format!(
+        "the event stream ended without the answer to request {id}: {}",
+        text.chars().take(300).collect::<String>()
+    ))
+}
+
+impl McpClient {
+    fn new(settings: Arc<McpSettings>, keep_alive: bool) -> McpClient {
+        let conn = Conn::new(settings.target.addr, keep_alive);
+        let protocol = settings.protocol.clone();
+        McpClient {
+            settings,
+            conn,
+            session: None,
+            protocol,
+            next_id: 1,
+        }
+    }
+
+    fn request(&self, method: Method, body: Option<&Value>) -> Request<Full<Bytes>> {
+        let s = &self.settings;
+        let mut r = Request::builder()
+            .method(method)
+            .uri(&s.target.path)
+            .header(header::HOST, &s.target.host)
+            .header(header::AUTHORIZATION, format!("Bearer {}", s.token))
+            .header(header::ACCEPT, "application/json, text/event-stream")
+            .header("mcp-protocol-version", &self.protocol);
+        if let Some(session) = &self.session {
+            r = r.header("mcp-session-id", session);
+        }
+        let body = match body {
+            Some(v) => {
+                r = r.header(header::CONTENT_TYPE, "application/json");
+                Bytes::from(serde_json::to_vec(v).expect("JSON"))
+            }
+            None => Bytes::new(),
+        };
+        r.body(Full::new(body)).expect("a well-formed request")
+    }
+
+    /// `initialize`, then `notifications/initialized`, as an SDK opens a session.
+    async fn initialize(&mut self) -> Result<(), String> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let init = json!({
+            "jsonrpc": "2.0", "id": id, "method": "initialize",
+            "params": {
+                "protocolVersion": self.settings.protocol,
+                "capabilities": {},
+                "clientInfo": {"name": "emisar-bench", "version": "0"},
+            },
+        });
+        // The first request carries no protocol header yet, as SDKs send it.
+        let mut request = self.request(Method::POST, Some(&init));
+        request.headers_mut().remove("mcp-protocol-version");
+        let answer = self.conn.send(request).await?;
+        self.session = answer
+            .headers
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let v = jsonrpc_answer(&answer, id)?;
+        let version = v["result"]["protocolVersion"]
+            .as_str()
+            .ok_or_else(|| format!("initialize failed: {v}"))?;
+        self.protocol = version.to_owned();
+        let note = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+        let answer = self
+            .conn
+            .send(self.request(Method::POST, Some(&note)))
+            .await?;
+        if answer.status != StatusCode::ACCEPTED {
+            return Err(format!(
+                "notifications/initialized: HTTP {} {}",
+                answer.status,
+                String::from_utf8_lossy(&answer.body)
+            ));
+        }
+        Ok(())
+    }
+
+    /// One `tools/call`; on success, the slowest runner's `duration_ms` in the answer.
+    async fn call(&mut self, runners: &[String]) -> Result<u64, String> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let body = json!({
+            "jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {
+                "name": self.settings.tool,
+                "arguments": {"runners": runners, "reason": "bench"},
+            },
+        });
+        let answer = self
+            .conn
+            .send(self.request(Method::POST, Some(&body)))
+            .await?;
+        let v = jsonrpc_answer(&answer, id)?;
+        let result = v
+            .get("result")
+            .ok_or_else(|| format!("JSON-RPC error: {}", v["error"]))?;
+        if result["isError"].as_bool() == Some(true) {
+            return Err(format!("tool error: {}", result["content"]));
+        }
+        let results = result["structuredContent"]["results"]
+            .as_array()
+            .ok_or_else(|| format!("no structuredContent.results in {result}"))?;
+        if results.len() != runners.len() {
+            return Err(format!(
+                "{} runner results for {} runners",
+                results.len(),
+                runners.len()
+            ));
+        }
+        let mut slowest = 0;
+        for r in results {
+            if r["ok"].as_bool() != Some(true) {
+                return Err(format!("runner failed: {r}"));
+            }
+            slowest = slowest.max(r["duration_ms"].as_u64().unwrap_or(0));
+        }
+        Ok(slowest)
+    }
+
+    /// Ends the session (`DELETE`), as an SDK does when it closes; not timed.
+    async fn close(&mut self) {
+        if self.session.is_some() {
+            let request = self.request(Method::DELETE, None);
+            let _ = self.conn.send(request).await;
+        }
+    }
+}
+
+/// The direct client: `GET /ping` on Traefik over its own connection.
+struct DirectClient {
+    target: Target,
+    conn: Conn,
+}
+
+impl DirectClient {
+    async fn call(&mut self) -> Result<u64, String> {
+        let request = Request::builder()
+            .method(Method::GET)
+            .uri(&self.target.path)
+            .header(header::HOST, &self.target.host)
+            .body(Full::new(Bytes::new()))
+            .expect("a well-formed request");
+        let a = self.conn.send(request).await?;
+        if a.status != StatusCode::OK || a.body.as_ref() != b"OK" {
+            return Err(format!(
+                "HTTP {}: {}",
+                a.status,
+                String::from_utf8_lossy(&a.body)
+            ));
+        }
+        Ok(0)
+    }
+}
+
+enum Client {
+    Direct(DirectClient),
+    Mcp(McpClient, Arc<Vec<String>>),
+}
+
+impl Client {
+    async fn call(&mut self) -> Result<u64, String> {
+        match self {
+            Client::Direct(c) => c.call().await,
+            Client::Mcp(c, runners) => c.call(runners).await,
+        }
+    }
+
+    fn connects(&self) -> u64 {
+        match self {
+            Client::Direct(c) => c.conn.connects,
+            Client::Mcp(c, _) => c.conn.connects,
+        }
+    }
+}
+
+/// Latencies in milliseconds.
+#[derive(Default)]
+struct Samples(Vec<f64>);
+
+impl Samples {
+    fn sorted(mut self) -> Sorted {
+        self.0.sort_unstable_by(f64::total_cmp);
+        Sorted(self.0)
+    }
+}
+
+struct Sorted(Vec<f64>);
+
+impl Sorted {
+    /// Nearest-rank percentile (`NaN` without samples).
+    fn pct(&self, p: f64) -> f64 {
+        if self.0.is_empty() {
+            return f64::NAN;
+        }
+        let i = ((p / 100.0) * (self.0.len() - 1) as f64).round() as usize;
+        self.0[i]
+    }
+}
+
+/// One configuration's outcome.
+struct Level {
+    what: &'static str,
+    clients: usize,
+    keep_alive: bool,
+    /// Successful calls that started in the measured window (their latencies are in
+    /// `latency`).
+    calls: usize,
+    /// Successful calls that completed inside the measured window, per second.
+    per_second: f64,
+    latency: Sorted,
+    /// Failed calls, warm-up included.
+    errors: u64,
+    first_errors: Vec<String>,
+    connections: u64,
+}
+
+struct Window {
+    warmup: Duration,
+    measured: Duration,
+}
+
+/// Runs `clients` (already set up) for the warm-up and the measured window, all at once.
+async fn drive(
+    what: &'static str,
+    clients: Vec<Client>,
+    keep_alive: bool,
+    w: &Window,
+) -> (Level, Vec<Client>) {
+    let n = clients.len();
+    let start = Instant::now();
+    let from = start + w.warmup;
+    let until = from + w.measured;
+    let tasks: Vec<_> = clients
+        .into_iter()
+        .map(|mut client| {
+            tokio::spawn(async move {
+                let mut samples = Vec::new();
+                let mut completed = 0usize;
+                let mut errors = 0u64;
+                let mut first_errors = Vec::new();
+                loop {
+                    let t0 = Instant::now();
+                    if t0 >= until {
+                        break;
+                    }
+                    let r = client.call().await;
+                    let t1 = Instant::now();
+                    match r {
+                        // Only successful calls count: a failure is not a governed read.
+                        Ok(_) => {
+                            if t0 >= from {
+                                samples.push((t1 - t0).as_secs_f64() * 1e3);
+                            }
+                            if t1 >= from && t1 <= until {
+                                completed += 1;
+                            }
+                        }
+                        Err(e) => {
+                            errors += 1;
+                            if first_errors.len() < 3 {
+                                first_errors.push(e);
+                            }
+                        }
+                    }
+                }
+                (client, samples, completed, errors, first_errors)
+            })
+        })
+        .collect();
+    let mut all = Samples::default();
+    let mut completed = 0;
+    let mut errors = 0;
+    let mut first_errors: Vec<String> = Vec::new();
+    let mut back = Vec::with_capacity(n);
+    for t in tasks {
+        let (client, samples, done, errs, firsts) = t.await.expect("a client task panicked");
+        all.0.extend(samples);
+        completed += done;
+        errors += errs;
+        for e in firsts {
+            if first_errors.len() < 3 && !first_errors.contains(&e) {
+                first_errors.push(e);
+            }
+        }
+        back.push(client);
+    }
+    let connections = back.iter().map(Client::connects).sum();
+    let calls = all.0.len();
+    let level = Level {
+        what,
+        clients: n,
+        keep_alive,
+        calls,
+        per_second: completed as f64 / w.measured.as_secs_f64(),
+        latency: all.sorted(),
+        errors,
+        first_errors,
+        connections,
+    };
+    (level, back)
+}
+
+async fn direct_clients(url: &Target, n: usize, keep_alive: bool) -> Vec<Client> {
+    (0..n)
+        .map(|_| {
+            Client::Direct(DirectClient {
+                target: url.clone(),
+                conn: Conn::new(url.addr, keep_alive),
+            })
+        })
+        .collect()
+}
+
+/// `n` MCP clients, each with its session open; a client that cannot open one stops the run.
+async fn mcp_clients(
+    settings: &Arc<McpSettings>,
+    runners: &Arc<Vec<String>>,
+    n: usize,
+    keep_alive: bool,
+) -> Vec<Client> {
+    let opened = futures::future::join_all((0..n).map(|_| async {
+        let mut c = McpClient::new(settings.clone(), keep_alive);
+        c.initialize().await.map(|()| c)
+    }))
+    .await;
+    opened
+        .into_iter()
+        .map(|r| match r {
+            Ok(c) => Client::Mcp(c, runners.clone()),
+            Err(e) => {
+                eprintln!("[bench] ERROR: an MCP client could not open its session: {e}");
+                std::process::exit(1);
+            }
+        })
+        .collect()
+}
+
+async fn close_all(clients: Vec<Client>) {
+    futures::future::join_all(clients.into_iter().map(|c| async move {
+        if let Client::Mcp(mut c, _) = c {
+            c.close().await;
+        }
+    }))
+    .await;
+}
+
+fn level_row(l: &Level) -> String {
+    let errors = if l.errors == 0 {
+        "0".to_owned()
+    } else {
+        format!("**{}**", l.errors)
+    };
+    format!(
+        "| {} | {} | {} | {} | {:.0} | {} | {} | {} | {} | {} |",
+        l.what,
+        l.clients,
+        if l.keep_alive {
+            "kept alive"
+        } else {
+            "fresh per call"
+        },
+        l.calls,
+        l.per_second,
+        ms(l.latency.pct(50.0)),
+        ms(l.latency.pct(99.0)),
+        ms(l.latency.pct(100.0)),
+        errors,
+        l.connections,
+    )
+}
+
+/// A ratio with two significant digits below 1 (0.0031, 0.21), two decimals above.
+fn ratio_text(r: f64) -> String {
+    if r.is_nan() || r >= 1.0 || r == 0.0 {
+        format!("{r:.2}")
+    } else {
+        let decimals = (1 - r.log10().floor() as i32).max(2) as usize;
+        format!("{r:.decimals$}")
+    }
+}
+
+fn summarise(out: &mut Out, prefix: &str, key: &str, l: &Level) {
+    out.kv(
+        prefix,
+        &format!("{key}.p50_ms"),
+        format!("{:.3}", l.latency.pct(50.0)),
+    );
+    out.kv(
+        prefix,
+        &format!("{key}.p99_ms"),
+        format!("{:.3}", l.latency.pct(99.0)),
+    );
+    out.kv(
+        prefix,
+        &format!("{key}.calls_per_s"),
+        format!("{:.0}", l.per_second),
+    );
+    out.kv(prefix, &format!("{key}.calls"), l.calls);
+    out.kv(prefix, &format!("{key}.errors"), l.errors);
+    out.kv(prefix, &format!("{key}.connections"), l.connections);
+}
+
+async fn path_run(out: &mut Out, prefix: &str, label: &str) {
+    let direct = Target::parse(&env_str("BENCH_DIRECT_URL"));
+    let settings = Arc::new(McpSettings {
+        target: Target::parse(&env_str("BENCH_MCP_URL")),
+        token: env_str("BENCH_MCP_TOKEN"),
+        protocol: env_or("BENCH_MCP_PROTOCOL", "2025-11-25"),
+        tool: env_or("BENCH_MCP_TOOL", "traefik.ping"),
+    });
+    let runners: Arc<Vec<String>> = Arc::new(
+        env_str("BENCH_MCP_RUNNERS")
+            .split(',')
+            .map(str::to_owned)
+            .collect(),
+    );
+    let levels: Vec<usize> = env_or("BENCH_MCP_CLIENTS", "1,50,200")
+        .split(',')
+        .map(|s| {
+            s.trim()
+                .parse()
+                .unwrap_or_else(|_| panic!("BENCH_MCP_CLIENTS: `{s}` is not a number"))
+        })
+        .collect();
+    let window = Window {
+        warmup: Duration::from_secs(env_num("BENCH_MCP_WARMUP_SECS", 2)),
+        measured: Duration::from_secs(env_num("BENCH_MCP_SECS", 10)),
+    };
+    let fresh_secs = env_num("BENCH_MCP_FRESH_SECS", 5);
+
+    let mut rows: Vec<Level> = Vec::new();
+    let mut pairs: Vec<(usize, bool, usize)> = Vec::new(); // (clients, kept alive, index of direct)
+    let mut configs: Vec<(usize, bool, Window)> = levels
+        .iter()
+        .map(|&n| {
+            (
+                n,
+                true,
+                Window {
+                    warmup: window.warmup,
+                    measured: window.measured,
+                },
+            )
+        })
+        .collect();
+    if fresh_secs > 0 {
+        configs.push((
+            1,
+            false,
+            Window {
+                warmup: Duration::from_secs(1),
+                measured: Duration::from_secs(fresh_secs),
+            },
+        ));
+    }
+    for (n, keep_alive, w) in &configs {
+        let conn = if *keep_alive { "kept alive" } else { "fresh" };
+        log(format!(
+            "{label}: {n} client(s), {conn} connection: direct /ping for {:?} + {:?}",
+            w.warmup, w.measured
+        ));
+        let clients = direct_clients(&direct, *n, *keep_alive).await;
+        let (d, _) = drive("direct: Traefik `/ping`", clients, *keep_alive, w).await;
+        log(format!(
+            "  direct p50 {} ms, p99 {} ms, {:.0}/s, {} errors",
+            ms(d.latency.pct(50.0)),
+            ms(d.latency.pct(99.0)),
+            d.per_second,
+            d.errors
+        ));
+        log(format!(
+            "{label}: {n} client(s), {conn} connection: through emisar"
+        ));
+        let clients = mcp_clients(&settings, &runners, *n, *keep_alive).await;
+        let (e, clients) = drive("through emisar: `traefik.ping`", clients, *keep_alive, w).await;
+        close_all(clients).await;
+        log(format!(
+            "  emisar p50 {} ms, p99 {} ms, {:.0}/s, {} errors",
+            ms(e.latency.pct(50.0)),
+            ms(e.latency.pct(99.0)),
+            e.per_second,
+            e.errors
+        ));
+        pairs.push((*n, *keep_alive, rows.len()));
+        rows.push(d);
+        rows.push(e);
+    }
+
+    use std::fmt::Write;
+    let mut report = String::new();
+    let r = &mut report;
+    let total_errors: u64 = rows.iter().map(|l| l.errors).sum();
+    let _ = writeln!(r, "\n#### {label}\n");
+    if total_errors > 0 {
+        let _ = writeln!(
+            r,
+            "**{total_errors} calls failed in this run; the figures below are not a clean measurement.** First errors:\n"
+        );
+        for l in rows.iter().filter(|l| l.errors > 0) {
+            for e in &l.first_errors {
+                let _ = writeln!(
+                    r,
+                    "- {} × {} clients: `{}`",
+                    l.what,
+                    l.clients,
+                    e.replace('`', "'")
+                );
+            }
+        }
+        let _ = writeln!(r);
+    }
+    let _ = writeln!(
+        r,
+        "| path | clients | connection | calls | calls/s | p50 ms | p99 ms | max ms | errors | connections opened (warm-up included) |"
+    );
+    let _ = writeln!(r, "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|");
+    for l in &rows {
+        let _ = writeln!(r, "{}", level_row(l));
+    }
+    let _ = writeln!(
+        r,
+        "\n| clients | connection | p50 overhead (emisar − direct) | p50 ratio (emisar ÷ direct) | calls/s ratio (emisar ÷ direct) |"
+    );
+    let _ = writeln!(r, "|---:|---|---:|---:|---:|");
+    for &(n, keep_alive, i) in &pairs {
+        let (d, e) = (&rows[i], &rows[i + 1]);
+        let over = e.latency.pct(50.0) - d.latency.pct(50.0);
+        let ratio = e.latency.pct(50.0) / d.latency.pct(50.0);
+        let tput = e.per_second / d.per_second;
+        let _ = writeln!(
+            r,
+            "| {n} | {} | {} ms | {ratio:.1}× | {} |",
+            if keep_alive {
+                "kept alive"
+            } else {
+                "fresh per call"
+            },
+            ms(over),
+            ratio_text(tput),
+        );
+        let key = if keep_alive {
+            format!("c{n}")
+        } else {
+            "fresh".to_owned()
+        };
+        summarise(out, prefix, &format!("{key}.direct"), d);
+        summarise(out, prefix, &format!("{key}.emisar"), e);
+        out.kv(
+            prefix,
+            &format!("{key}.overhead_p50_ms"),
+            format!("{over:.3}"),
+        );
+        out.kv(
+            prefix,
+            &format!("{key}.ratio_calls_per_s"),
+            ratio_text(tput),
+        );
+        out.kv(prefix, &format!("{key}.ratio_p50"), format!("{ratio:.2}"));
+    }
+    out.report.push_str(&report);
+    out.kv(prefix, "errors", total_errors);
+    if total_errors > 0 {
+        log(format!(
+            "ERROR: {total_errors} calls failed in the {label} run; see the report"
+        ));
+    }
+}
+
+async fn fanout_run(out: &mut Out) {
+    let settings = Arc::new(McpSettings {
+        target: Target::parse(&env_str("BENCH_MCP_URL")),
+        token: env_str("BENCH_MCP_TOKEN"),
+        protocol: env_or("BENCH_MCP_PROTOCOL", "2025-11-25"),
+        tool: env_or("BENCH_MCP_TOOL", "traefik.ping"),
+    });
+    let runners: Vec<String> = env_str("BENCH_MCP_RUNNERS")
+        .split(',')
+        .map(str::to_owned)
+        .collect();
+    let calls = env_num("BENCH_MCP_FANOUT_CALLS", 50) as usize;
+    let solo_calls = env_num("BENCH_MCP_FANOUT_SOLO_CALLS", 5) as usize;
+
+    let mut client = McpClient::new(settings.clone(), true);
+    if let Err(e) = client.initialize().await {
+        eprintln!("[bench] ERROR: the fan-out client could not open its session: {e}");
+        std::process::exit(1);
+    }
+    log(format!(
+        "fan-out: {} runners in one call, {calls} calls after 3 warm-up",
+        runners.len()
+    ));
+    let mut errors = 0u64;
+    let mut first_errors: Vec<String> = Vec::new();
+    let mut note = |e: String, errors: &mut u64| {
+        *errors += 1;
+        if first_errors.len() < 3 {
+            first_errors.push(e);
+        }
+    };
+    for _ in 0..3 {
+        if let Err(e) = client.call(&runners).await {
+            note(e, &mut errors);
+        }
+    }
+    let (mut e2e, mut slowest, mut over) =
+        (Samples::default(), Samples::default(), Samples::default());
+    let started = Instant::now();
+    for _ in 0..calls {
+        let t0 = Instant::now();
+        let r = client.call(&runners).await;
+        let took = t0.elapsed().as_secs_f64() * 1e3;
+        match r {
+            Ok(max_ms) => {
+                e2e.0.push(took);
+                slowest.0.push(max_ms as f64);
+                over.0.push(took - max_ms as f64);
+            }
+            Err(e) => note(e, &mut errors),
+        }
+    }
+    let wall = started.elapsed();
+
+    // Each runner alone, through the same server and session: the slowest runner's own call.
+    let mut solo_medians = Vec::new();
+    if solo_calls > 0 {
+        log(format!(
+            "fan-out: each runner alone, {solo_calls} calls after one warm-up"
+        ));
+        for name in &runners {
+            let one = [name.clone()];
+            if let Err(e) = client.call(&one).await {
+                note(e, &mut errors);
+            }
+            let mut s = Samples::default();
+            for _ in 0..solo_calls {
+                let t0 = Instant::now();
+                match client.call(&one).await {
+                    Ok(_) => s.0.push(t0.elapsed().as_secs_f64() * 1e3),
+                    Err(e) => note(e, &mut errors),
+                }
+            }
+            let s = s.sorted();
+            if !s.0.is_empty() {
+                solo_medians.push((s.pct(50.0), name.clone()));
+            }
+        }
+    }
+    client.close().await;
+
+    let (e2e, slowest, over) = (e2e.sorted(), slowest.sorted(), over.sorted());
+    use std::fmt::Write;
+    let r = &mut out.report;
+    let _ = writeln!(r, "\n#### Fan-out to {} runners\n", runners.len());
+    if errors > 0 {
+        let _ = writeln!(
+            r,
+            "**{errors} calls failed in this run; the figures below are not a clean measurement.** First errors:\n"
+        );
+        for e in &first_errors {
+            let _ = writeln!(r, "- `{}`", e.replace('`', "'"));
+        }
+        let _ = writeln!(r);
+    }
+    let _ = writeln!(
+        r,
+        "{} calls naming all {} runners, one after another on one kept-alive connection ({:.1} s), after 3 warm-up calls. \"Slowest runner\" is the largest `duration_ms` in the call's own answer (the server's time for that runner: signing, the HTTP call, the runner's work; whole milliseconds, rounded down).\n",
+        e2e.0.len(),
+        runners.len(),
+        wall.as_secs_f64()
+    );
+    let _ = writeln!(r, "| per call | p50 ms | p99 ms | max ms |");
+    let _ = writeln!(r, "|---|---:|---:|---:|");
+    for (name, s) in [
+        ("fan-out call, end to end at the client", &e2e),
+        ("slowest runner in that call (`duration_ms`)", &slowest),
+        ("**fan-out time − slowest runner**", &over),
+    ] {
+        let _ = writeln!(
+            r,
+            "| {name} | {} | {} | {} |",
+            ms(s.pct(50.0)),
+            ms(s.pct(99.0)),
+            ms(s.pct(100.0))
+        );
+    }
+    out.kv("fanout", "runners", runners.len());
+    out.kv("fanout", "calls", e2e.0.len());
+    out.kv("fanout", "errors", errors);
+    out.kv("fanout", "e2e_p50_ms", format!("{:.3}", e2e.pct(50.0)));
+    out.kv("fanout", "e2e_p99_ms", format!("{:.3}", e2e.pct(99.0)));
+    out.kv(
+        "fanout",
+        "slowest_p50_ms",
+        format!("{:.3}", slowest.pct(50.0)),
+    );
+    out.kv(
+        "fanout",
+        "over_slowest_p50_ms",
+        format!("{:.3}", over.pct(50.0)),
+    );
+    out.kv(
+        "fanout",
+        "over_slowest_p99_ms",
+        format!("{:.3}", over.pct(99.0)),
+    );
+    if let Some((worst, name)) = solo_medians
+        .iter()
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .cloned()
+    {
+        let mut medians: Vec<f64> = solo_medians.iter().map(|m| m.0).collect();
+        medians.sort_unstable_by(f64::total_cmp);
+        let typical = medians[medians.len() / 2];
+        let r = &mut out.report;
+        let _ = writeln!(
+            r,
+            "\nEach runner alone ({solo_calls} calls each through the same server, end to end at the client): the median runner's p50 is {} ms, the slowest runner's (`{name}`) p50 is {} ms; the fan-out's p50 is {} ms, so fanning out costs {} ms over calling the slowest runner alone.",
+            ms(typical),
+            ms(worst),
+            ms(e2e.pct(50.0)),
+            ms(e2e.pct(50.0) - worst)
+        );
+        out.kv("fanout", "solo_slowest_p50_ms", format!("{worst:.3}"));
+        out.kv("fanout", "solo_median_p50_ms", format!("{typical:.3}"));
+    }
+    if errors > 0 {
+        log(format!(
+            "ERROR: {errors} fan-out calls failed; see the report"
+        ));
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let mut out = Out::default();
+    if env_num("BENCH_MCP_FANOUT", 0) == 1 {
+        fanout_run(&mut out).await;
+    } else {
+        let label = env_or("BENCH_MCP_LABEL", "PostgreSQL");
+        let prefix = env_or("BENCH_MCP_PREFIX", "pg");
+        path_run(&mut out, &prefix, &label).await;
+    }
+    print!("{}", out.report);
+    if let Ok(path) = std::env::var("BENCH_SUMMARY") {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .unwrap_or_else(|e| panic!("open {path}: {e}"));
+        f.write_all(out.summary.as_bytes())
+            .unwrap_or_else(|e| panic!("write {path}: {e}"));
+    }
+}

@@ -166,8 +166,9 @@ pub enum Command {
 
 #[derive(Args, Clone)]
 pub struct DbArg {
-    /// `postgres://…` or `sqlite://…`.
-    #[arg(long = "database", env = "DATABASE_URL")]
+    /// `postgres://…` or `sqlite://…`. From the environment its value is never shown (it
+    /// may hold a password).
+    #[arg(long = "database", env = "DATABASE_URL", hide_env_values = true)]
     pub database: Option<String>,
 }
 
@@ -196,12 +197,26 @@ pub enum PolicyCommand {
 
 #[derive(Args, Clone)]
 pub struct ServerArg {
-    /// The server's base URL, e.g. http://127.0.0.1:7700.
-    #[arg(long, env = "EMISAR_SERVER", global = true)]
+    /// The server's base URL with its scheme, e.g. https://emisar.example:7700.
+    #[arg(long, env = "EMISAR_SERVER", global = true, value_parser = server_url)]
     pub server: Option<String>,
     /// Your API token from `emisar user token` (or EMISAR_TOKEN).
     #[arg(long, env = "EMISAR_TOKEN", hide_env_values = true, global = true)]
     pub token: Option<String>,
+}
+
+/// `--server`: an http(s) URL with a host. `127.0.0.1:7700` would otherwise reach reqwest as
+/// a URL whose scheme is `127.0.0.1` and fail with "relative URL without a base".
+fn server_url(value: &str) -> Result<String, String> {
+    match reqwest::Url::parse(value) {
+        Ok(url) if matches!(url.scheme(), "http" | "https") && url.host_str().is_some() => {
+            Ok(value.trim_end_matches('/').to_owned())
+        }
+        _ => Err(
+            "must be the server's URL with its scheme, e.g. https://emisar.example:7700 or http://127.0.0.1:7700"
+                .into(),
+        ),
+    }
 }
 
 /// Who the CLI acts as in the audit log.

@@ -22,6 +22,32 @@ fn emisar(args: &[&str]) -> (i32, String, String) {
     )
 }
 
+/// A password in DATABASE_URL never reaches a help text; a server address without its scheme
+/// is explained, not passed on to the HTTP client.
+#[test]
+fn the_cli_keeps_secrets_out_of_help_and_explains_a_bare_address() {
+    let out = Command::new(env!("CARGO_BIN_EXE_emisar"))
+        .args(["audit", "verify", "--help"])
+        .env(
+            "DATABASE_URL",
+            "postgres://emisar:hunter2@db.example/emisar",
+        )
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{help}");
+    assert!(help.contains("DATABASE_URL"), "{help}");
+    assert!(!help.contains("hunter2"), "{help}");
+
+    for bare in ["127.0.0.1:7900", "localhost:7900", "ftp://127.0.0.1:7900"] {
+        let (code, out, err) = emisar(&["approvals", "list", "--server", bare, "--token", "x"]);
+        assert_eq!(code, 2, "{out}{err}");
+        assert!(err.contains("--server"), "{err}");
+        assert!(err.contains("with its scheme, e.g."), "{err}");
+        assert!(!err.contains("relative URL"), "{err}");
+    }
+}
+
 #[test]
 fn packs_check_list_and_show() {
     let (code, out, err) = emisar(&["packs", "check"]);

@@ -127,6 +127,13 @@ pub async fn run(command: AuditCommand) -> anyhow::Result<i32> {
         } => {
             let db = db.connect().await?;
             let events = audit::query(&db, &filter.into_filter(limit)).await?;
+            if !json {
+                // `at` is fixed-width RFC 3339 with microseconds: 27 characters.
+                println!(
+                    "{:>6} {:<27} {:<15} {:<20} {:<22} {:<12} {:<8} reason",
+                    "seq", "at", "kind", "actor", "tool", "runner", "outcome"
+                );
+            }
             for e in &events {
                 if json {
                     println!("{}", serde_json::to_string(e)?);

@@ -154,6 +154,25 @@ async fn a_token_issued_by_the_cli_works_and_is_audited() {
     assert_eq!(code, 0);
     assert!(out.contains("\"agent\":\"cli-agent\""), "{out}");
     assert!(!out.contains(&token), "the token itself is never audited");
+    let (code, out, _) = emisar(&[
+        "audit",
+        "query",
+        "--kind",
+        "token.issued",
+        "--database",
+        &app.database_url,
+    ]);
+    assert_eq!(code, 0);
+    let mut lines = out.lines();
+    let header: Vec<&str> = lines.next().unwrap_or("").split_whitespace().collect();
+    assert_eq!(
+        header,
+        [
+            "seq", "at", "kind", "actor", "tool", "runner", "outcome", "reason"
+        ],
+        "{out}"
+    );
+    assert!(lines.any(|l| l.contains("token.issued")), "{out}");
 
     let (code, _, err) = emisar(&[
         "token",

@@ -735,7 +735,7 @@ const ACCEPT: &str = "application/json, text/event-stream";
 
 impl Raw {
     async fn open(app: &TestApp) -> Raw {
-        let http = reqwest::Client::new();
+        let http = one_connection_per_request();
         let res = http
             .post(&app.mcp_url)
             .bearer_auth(&app.token)
@@ -1026,7 +1026,7 @@ async fn portal(app: &TestApp, report: &mut Report) {
     const S: &str = "portal";
     let password = add_user(app, "hostile-approver", Role::Approver).await;
     let person = Portal::login(app, "hostile-approver", &password).await;
-    let http = reqwest::Client::new();
+    let http = one_connection_per_request();
     let base = app.base_url();
     // Login bodies, from no one in particular.
     let logins: Vec<(&str, Vec<u8>, &str)> = vec![
@@ -1236,7 +1236,7 @@ async fn join(app: &TestApp, report: &mut Report) {
         .unwrap()
         .secret()
         .to_owned();
-    let http = reqwest::Client::new();
+    let http = one_connection_per_request();
     let url = format!("{}/api/runners/join", app.base_url());
     let packs: BTreeMap<String, String> = emisar::pack::PackSet::load(None)
         .unwrap()
@@ -1366,6 +1366,17 @@ async fn join(app: &TestApp, report: &mut Report) {
     }
 }
 
+/// A client that opens a connection per request. The corpus sends bodies the server refuses
+/// before reading them all (a 3 MB login, a 10 MB JSON-RPC body); the server then closes that
+/// connection, and a pooled client that picks it up again for the next case in that instant
+/// fails to send, which would count a held case as failed.
+fn one_connection_per_request() -> reqwest::Client {
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap()
+}
+
 /// The status and body of `req`'s answer; status 0 when there was none (the error says
 /// whether the connection was closed while the request was being sent).
 async fn answer(req: reqwest::RequestBuilder) -> (u16, String) {
@@ -1396,7 +1407,7 @@ fn sign(key: &Path, claims: &CallClaims) -> String {
 async fn runner(app: &TestApp, report: &mut Report, exec_log: &Path) {
     const S: &str = "runner";
     let url = format!("{}/v1/call", app.runner_urls["node-1"]);
-    let http = reqwest::Client::new();
+    let http = one_connection_per_request();
     let packs = emisar::pack::PackSet::load(None).unwrap();
     let digest = packs.pack("linux").unwrap().digest.clone();
     let request = |args: Value| CallRequest {

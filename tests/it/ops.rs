@@ -3,7 +3,7 @@
 //! readiness, rate limits and session binding.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use emisar::server::config::RunnerEntry;
@@ -59,10 +59,12 @@ impl IntoParts for (reqwest::StatusCode, bytes::Bytes) {
 }
 
 /// Accepts TCP connections and never answers.
-async fn black_hole(listener: TcpListener) {
+/// Accepts connections and never answers them, counting each in `accepted`.
+async fn black_hole(listener: TcpListener, accepted: Arc<AtomicUsize>) {
     let mut held = Vec::new();
     loop {
         if let Ok((socket, _)) = listener.accept().await {
+            accepted.fetch_add(1, Ordering::SeqCst);
             held.push(socket);
         }
     }
@@ -120,7 +122,8 @@ async fn dead_black_holed_and_slow_runners_do_not_hold_up_the_healthy_one() {
     let stop = app.start_runner("killed", killed).await;
     stop.cancel();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let hole_task = tokio::spawn(black_hole(hole));
+    let hole_accepted = Arc::new(AtomicUsize::new(0));
+    let hole_task = tokio::spawn(black_hole(hole, hole_accepted.clone()));
     let slow_backend = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let slow_backend_url = format!("http://{}", slow_backend.local_addr().unwrap());
     let _slow_runner = app.start_runner("slow", slow_backend).await;
@@ -133,8 +136,10 @@ async fn dead_black_holed_and_slow_runners_do_not_hold_up_the_healthy_one() {
         let started = Instant::now();
         let res = call(&client, "testkit.echo", args.clone()).await;
         let elapsed = started.elapsed();
+        // That the healthy answer did not wait for the others shows in their errors below
+        // (each gave up at the deadline); this bound is liveness only.
         assert!(
-            elapsed < Duration::from_millis(deadline_ms + 1000),
+            elapsed < Duration::from_secs(30),
             "round {round}: the healthy answer came after {elapsed:?}"
         );
         let r = res.structured_content.unwrap()["results"].clone();
@@ -164,12 +169,16 @@ async fn dead_black_holed_and_slow_runners_do_not_hold_up_the_healthy_one() {
     }
 
     // Three failures in a row: the breakers are open and fail fast, saying since when and why.
-    let started = Instant::now();
+    // Failing fast means not trying: the black hole is not even connected to again.
+    let hole_before = hole_accepted.load(Ordering::SeqCst);
     let res = call(&client, "testkit.echo", args.clone()).await;
-    assert!(
-        started.elapsed() < Duration::from_millis(500),
-        "open breakers fail fast: {:?}",
-        started.elapsed()
+    // A connection the call made would be in the hole's accept queue by now; give its
+    // accept loop a moment to count it.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        hole_accepted.load(Ordering::SeqCst),
+        hole_before,
+        "an open breaker still let a call connect to the black-holed runner"
     );
     let r = res.structured_content.unwrap()["results"].clone();
     assert_eq!(r[0]["ok"], true);

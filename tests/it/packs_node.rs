@@ -234,7 +234,7 @@ async fn frr_bgp_summary_shutdown_and_enable_on_real_routers() {
     );
     let id = wait_for_pending(&alice).await;
     assert_eq!(
-        frr.a.vtysh_json("show bgp neighbors 10.255.0.2 json")["10.255.0.2"]["bgpState"],
+        frr.a.vtysh_json("show bgp summary json")["ipv4Unicast"]["peers"]["10.255.0.2"]["state"],
         "Established",
         "nothing is configured before the approval"
     );

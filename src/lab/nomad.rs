@@ -88,6 +88,12 @@ struct NomadState {
     oom_period: Duration,
     /// The memory a task starts with after a restart (it grows to its limit by the kill).
     base_mib: u64,
+    /// Every register request body received, in order (refused ones included), so a test
+    /// can check what a client actually sent.
+    registers: Vec<Value>,
+    /// Jobs to re-register as someone else right after their next read is answered: the
+    /// race between a client's read and its write, on demand.
+    bump_after_read: Vec<String>,
 }
 
 impl Nomad {
@@ -103,6 +109,8 @@ impl Nomad {
                 demand_mib: HashMap::new(),
                 oom_period,
                 base_mib,
+                registers: Vec::new(),
+                bump_after_read: Vec::new(),
             }),
             changed: watch::channel(0).0,
         }
@@ -141,20 +149,40 @@ impl Nomad {
 
     /// Someone else re-registers the job (its spec moved): JobModifyIndex changes.
     pub fn bump_job(&self, id: &str) -> u64 {
+        self.state.lock().expect("nomad state").bump(id)
+    }
+
+    /// Someone else re-registers job `id` right after the next `GET /v1/job/{id}` is
+    /// answered, so a client's write that follows its read finds the index moved.
+    pub fn bump_after_next_read(&self, id: &str) {
         let mut s = self.state.lock().expect("nomad state");
-        s.index += 1;
-        let index = s.index;
-        let job = s.jobs.get_mut(id).expect("the job exists");
-        job["JobModifyIndex"] = json!(index);
-        job["ModifyIndex"] = json!(index);
-        job["Version"] = json!(job["Version"].as_u64().unwrap_or(0) + 1);
-        index
+        s.bump_after_read.push(id.to_owned());
+    }
+
+    /// The body of every register request received, in order.
+    pub fn registers(&self) -> Vec<Value> {
+        self.state.lock().expect("nomad state").registers.clone()
     }
 
     pub fn job(&self, id: &str) -> Value {
         self.state.lock().expect("nomad state").jobs[id].clone()
     }
+}
 
+impl NomadState {
+    /// Someone else re-registers job `id`: its indexes and version move, its spec stays.
+    fn bump(&mut self, id: &str) -> u64 {
+        self.index += 1;
+        let index = self.index;
+        let job = self.jobs.get_mut(id).expect("the job exists");
+        job["JobModifyIndex"] = json!(index);
+        job["ModifyIndex"] = json!(index);
+        job["Version"] = json!(job["Version"].as_u64().unwrap_or(0) + 1);
+        index
+    }
+}
+
+impl Nomad {
     /// The node's Consul agent can issue tokens again: its failed allocation is replaced now
     /// by one of the current job version (superseding a replacement a rolling update had
     /// scheduled for later), and allocations scheduled for later will start.
@@ -614,11 +642,16 @@ async fn read_job(State(n): State<Arc<Nomad>>, Path(id): Path<String>, h: Header
     if let Some(e) = n.refusal(&h) {
         return e;
     }
-    let s = n.state.lock().expect("nomad state");
-    match s.jobs.get(&id) {
+    let mut s = n.state.lock().expect("nomad state");
+    let answer = match s.jobs.get(&id) {
         Some(job) => ok(job["ModifyIndex"].as_u64().unwrap_or(s.index), job.clone()),
         None => text_error(404, "job not found"),
+    };
+    if let Some(at) = s.bump_after_read.iter().position(|j| *j == id) {
+        s.bump_after_read.remove(at);
+        s.bump(&id);
     }
+    answer
 }
 
 /// `POST /v1/job/:id` with `nomad/structs/job.go` EnforceIndex semantics; a new version of
@@ -647,6 +680,7 @@ async fn register(
     }
     let now = n.clock.now();
     let mut s = n.state.lock().expect("nomad state");
+    s.registers.push(req.clone());
     if req["EnforceIndex"] == json!(true) {
         let want = req["JobModifyIndex"].as_u64().unwrap_or(0);
         let prefix = format!("Enforcing job modify index {want}");

@@ -19,6 +19,7 @@ use crate::approvals::{
     Portal, add_user, call_in_background, finished, kinds_and_actors, restart_app, restart_args,
     restarts, systemctl_standin, wait_for_pending,
 };
+use crate::both_backends;
 use crate::harness::Backend;
 use crate::harness::app::{Options, TestApp};
 use crate::mcp_calls::call;
@@ -61,12 +62,11 @@ async fn state_of(p: &Portal, id: &str) -> Value {
     p.get(&format!("/api/approvals/{id}")).await.1["state"].clone()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waiting_call_sends_progress_until_the_decision() {
+async fn a_waiting_call_sends_progress_until_the_decision(backend: Backend) {
     let bin = tempfile::tempdir().unwrap();
     let record = systemctl_standin(bin.path());
     // The harness sends progress every 500 ms (production: 10 s, at most 15 s).
-    let app = restart_app(Backend::Sqlite, bin.path(), Options::default()).await;
+    let app = restart_app(backend, bin.path(), Options::default()).await;
     let password = add_user(&app, "alice", Role::Approver).await;
     let alice = Portal::login(&app, "alice", &password).await;
     let watcher = Watcher::default();
@@ -105,13 +105,13 @@ async fn a_waiting_call_sends_progress_until_the_decision() {
     );
     client.cancel().await.unwrap();
 }
+both_backends!(a_waiting_call_sends_progress_until_the_decision);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_agent_checks_and_waits_again_on_its_own_requests_only() {
+async fn an_agent_checks_and_waits_again_on_its_own_requests_only(backend: Backend) {
     let bin = tempfile::tempdir().unwrap();
     let record = systemctl_standin(bin.path());
     let app = restart_app(
-        Backend::Sqlite,
+        backend,
         bin.path(),
         Options {
             approval_wait_secs: Some(1),
@@ -204,12 +204,12 @@ async fn an_agent_checks_and_waits_again_on_its_own_requests_only() {
     other.cancel().await.unwrap();
     client.cancel().await.unwrap();
 }
+both_backends!(an_agent_checks_and_waits_again_on_its_own_requests_only);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cancelled_call_withdraws_its_pending_request() {
+async fn a_cancelled_call_withdraws_its_pending_request(backend: Backend) {
     let bin = tempfile::tempdir().unwrap();
     let record = systemctl_standin(bin.path());
-    let app = restart_app(Backend::Sqlite, bin.path(), Options::default()).await;
+    let app = restart_app(backend, bin.path(), Options::default()).await;
     let password = add_user(&app, "alice", Role::Approver).await;
     let alice = Portal::login(&app, "alice", &password).await;
     let client = app.mcp_client().await;
@@ -245,3 +245,4 @@ async fn a_cancelled_call_withdraws_its_pending_request() {
     );
     client.cancel().await.unwrap();
 }
+both_backends!(a_cancelled_call_withdraws_its_pending_request);

@@ -259,19 +259,15 @@ async fn approved_restart_runs_once_and_returns_its_result(backend: Backend) {
     let mut buf = String::new();
 
     let client = app.mcp_client().await;
-    let asked = Instant::now();
     let call = call_in_background(
         &client,
         "linux.systemctl_restart",
         restart_args("consul on hvn05 is wedged after the upgrade"),
     );
+    // The event arrives on the portal's open stream (no reload); how fast is measured in
+    // scripts/bench, and `next_approval_event` bounds only liveness.
     let event = next_approval_event(&mut events, &mut buf).await;
-    let seen_after = asked.elapsed();
     assert_eq!(event["state"], "pending", "{event}");
-    assert!(
-        seen_after < Duration::from_secs(1),
-        "event after {seen_after:?}"
-    );
     let id = event["id"].as_str().unwrap().to_owned();
 
     let (status, request) = alice.get(&format!("/api/approvals/{id}")).await;
@@ -412,12 +408,11 @@ async fn denied_request_tells_the_agent_why(backend: Backend) {
 both_backends!(denied_request_tells_the_agent_why);
 
 /// Acceptance 3: every way to get a write without a fresh, matching human approval fails.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn approvals_refuse_what_they_should() {
+async fn approvals_refuse_what_they_should(backend: Backend) {
     let bin = tempfile::tempdir().unwrap();
     let record = systemctl_standin(bin.path());
     let app = spawn_app(
-        Backend::Sqlite,
+        backend,
         vec![
             RunnerSpec::new("hvn05")
                 .path_first(bin.path())
@@ -470,7 +465,7 @@ async fn approvals_refuse_what_they_should() {
 
     // After expiry: refused, and the sweeper records the expiry.
     let past = emisar::server::audit::format_at(chrono::Utc::now() - chrono::Duration::seconds(1));
-    emisar::with_pool!(&app.db, pool => sqlx::query("UPDATE approvals SET expires_at = $1 WHERE id = $2")
+    emisar::with_pool!(&app.db, pool => sqlx::query(app.db.sql("UPDATE approvals SET expires_at = $1::timestamptz WHERE id = $2"))
         .bind(&past).bind(&id).execute(pool).await.map(|_| ())).unwrap();
     let (status, body) = carol.approve(&id).await;
     assert_eq!(status, 403, "{body}");
@@ -604,15 +599,15 @@ async fn approvals_refuse_what_they_should() {
     app.assert_chain_intact().await;
     client.cancel().await.unwrap();
 }
+both_backends!(approvals_refuse_what_they_should);
 
 /// Acceptance 4: the approver sees Nomad's plan diff; a job that moved between request and
 /// approval is not written, and the request ends `failed` saying why.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nomad_resize_shows_the_plan_and_refuses_a_moved_job() {
+async fn nomad_resize_shows_the_plan_and_refuses_a_moved_job(backend: Backend) {
     let nomad = scenario::nomad("nomad-secret", std::sync::Arc::new(LabClock::real()));
     let url = serve(nomad.clone().router()).await;
     let app = spawn_app(
-        Backend::Sqlite,
+        backend,
         vec![RunnerSpec::new("hvn01").service_with_header(
             "nomad",
             &url,
@@ -691,6 +686,7 @@ async fn nomad_resize_shows_the_plan_and_refuses_a_moved_job() {
     app.assert_chain_intact().await;
     client.cancel().await.unwrap();
 }
+both_backends!(nomad_resize_shows_the_plan_and_refuses_a_moved_job);
 
 /// Acceptance 5: two replicas on one PostgreSQL, two approvers clicking at once on the
 /// same request (one through each replica): one execution.
@@ -750,6 +746,180 @@ async fn two_replicas_two_approvers_one_execution() {
             "call.executed"
         ]
     );
+    a.assert_chain_intact().await;
+    client.cancel().await.unwrap();
+}
+
+/// A `systemctl` stand-in whose `restart` records its run and then blocks until the test
+/// creates `release` (other verbs answer at once, as `systemctl_standin` does).
+fn blocking_systemctl(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let runs = dir.join("runs");
+    let release = dir.join("release");
+    let script = format!(
+        "#!/bin/sh\nif [ \"$1\" = restart ]; then\n  echo run >> '{runs}'\n  while [ ! -e '{release}' ]; do sleep 0.1; done\nfi\nif [ \"$1\" = show ]; then printf 'ActiveState=active\\nSubState=running\\nMainPID=4242\\n'; fi\nexit 0\n",
+        runs = runs.display(),
+        release = release.display()
+    );
+    let path = dir.join("systemctl");
+    std::fs::write(&path, script).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    (runs, release)
+}
+
+fn runs(file: &std::path::Path) -> usize {
+    std::fs::read_to_string(file)
+        .unwrap_or_default()
+        .lines()
+        .count()
+}
+
+/// A replica stopped (killed) in the middle of an execution: the request is never re-run;
+/// another replica's sweeper marks it `unknown`, which the API shows and the audit log
+/// records. The replica that executes is a real `emisar serve` process, so stopping it
+/// stops everything it was doing, as a crash would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_stopped_mid_execution_leaves_the_request_unknown_and_never_reruns_it() {
+    let bin = tempfile::tempdir().unwrap();
+    let (run_file, release) = blocking_systemctl(bin.path());
+    // Replica A hosts the runner (in-process) and lives on; its call wait is short, so the
+    // agent gets the request id back and the approval goes to replica B.
+    let a = restart_app(
+        Backend::Postgres,
+        bin.path(),
+        Options {
+            approval_wait_secs: Some(1),
+            ..Default::default()
+        },
+    )
+    .await;
+    let d = a.dir.path();
+    let config = d.join("replica-b.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:0\"\ninsecure_http = true\ndatabase_url = \"{}\"\nsigning_key_file = \"{}\"\n[[runners]]\nname = \"hvn05\"\nurl = \"{}\"\n",
+            a.database_url,
+            a.private_key.display(),
+            a.runner_urls["hvn05"]
+        ),
+    )
+    .unwrap();
+    let log = d.join("replica-b.log");
+    let mut b = crate::harness::tools::Proc(
+        std::process::Command::new(env!("CARGO_BIN_EXE_emisar"))
+            .args(["serve", "--config", config.to_str().unwrap()])
+            .env_remove("DATABASE_URL")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let b_url = format!(
+        "http://{}",
+        crate::harness::tools::bound_addr(&mut b, &log, "emisar serving MCP").await
+    );
+
+    let client = a.mcp_client().await;
+    let res = crate::mcp_calls::call(
+        &client,
+        "linux.systemctl_restart",
+        restart_args("consul on hvn05 is wedged"),
+    )
+    .await;
+    let id = res.structured_content.clone().unwrap()["approval"]["approval_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a pending request: {res:?}"))
+        .to_owned();
+    let approver = a.issue_token("alice", Role::Approver).await;
+    let http = reqwest::Client::new();
+    let approved = http
+        .post(format!("{b_url}/api/approvals/{id}/approve"))
+        .bearer_auth(&approver)
+        .json(&json!({"note": "go"}))
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        approved.status().is_success(),
+        "{}",
+        approved.text().await.unwrap()
+    );
+    // Replica B is executing: the stand-in has started and blocks.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while runs(&run_file) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the execution never reached the runner; replica B's log:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let row = |id: String| {
+        let (http, base, token) = (http.clone(), a.base_url(), approver.clone());
+        async move {
+            http.get(format!("{base}/api/approvals/{id}"))
+                .bearer_auth(token)
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(row(id.clone()).await["state"], "executing");
+    drop(b);
+
+    // A lost execution is declared after the call deadline twice plus a minute; the row is
+    // dated back past that instead of the test waiting it out (the sweeper reads the time
+    // of the row's last change).
+    let long_ago =
+        emisar::server::audit::format_at(chrono::Utc::now() - chrono::Duration::minutes(10));
+    emisar::with_pool!(&a.db, pool => sqlx::query(a.db.sql(
+        "UPDATE approvals SET updated_at = $1::timestamptz WHERE id = $2 AND state = 'executing'",
+    ))
+    .bind(&long_ago)
+    .bind(&id)
+    .execute(pool)
+    .await
+    .map(|_| ()))
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let unknown = loop {
+        let r = row(id.clone()).await;
+        if r["state"] != "executing" {
+            break r;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "replica A's sweeper never settled the interrupted execution: {r}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(unknown["state"], "unknown", "{unknown}");
+    assert!(
+        unknown["note"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("it is not re-run"),
+        "{unknown}"
+    );
+    let events = kinds_and_actors(&a, &id).await;
+    assert!(
+        events.contains(&("call.unknown".to_owned(), "system".to_owned())),
+        "{events:?}"
+    );
+
+    // Let the stand-in go, and give several sweeps the chance to (wrongly) run it again.
+    std::fs::write(&release, "").unwrap();
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(
+        runs(&run_file),
+        1,
+        "the interrupted execution was run again"
+    );
+    assert_eq!(row(id.clone()).await["state"], "unknown");
     a.assert_chain_intact().await;
     client.cancel().await.unwrap();
 }

@@ -43,12 +43,12 @@ async fn runners_join_with_a_token_and_are_chosen_by_label() {
         .join_token(labelled(&[("role", "db"), ("dc", "dc1")]))
         .await;
     let dir = tempfile::tempdir().unwrap();
-    let (edge_config, _) = runner_toml(
+    let edge_config = runner_toml(
         dir.path(),
         "edge-1",
         "labels = { role = \"edge\", dc = \"dc1\" }",
     );
-    let (db_config, _) = runner_toml(dir.path(), "db-1", "");
+    let db_config = runner_toml(dir.path(), "db-1", "");
     let _edge = spawn_runner(
         &app.base_url(),
         &edge_config,
@@ -173,7 +173,7 @@ async fn runners_join_with_a_token_and_are_chosen_by_label() {
         emisar::protocol::JoinToken::new(format!("emj_{}", "A".repeat(43)), app.server_pins())
             .unwrap()
             .render();
-    let (bad_config, _) = runner_toml(dir.path(), "rogue", "labels = { role = \"edge\" }");
+    let bad_config = runner_toml(dir.path(), "rogue", "labels = { role = \"edge\" }");
     let (code, err) = run_runner_to_end(&app.base_url(), &bad_config, Some(&forged)).await;
     assert_eq!(code, 2, "{err}");
     assert!(

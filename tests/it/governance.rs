@@ -22,7 +22,7 @@ use crate::approvals::{
 };
 use crate::both_backends;
 use crate::harness::app::{Options, TEST_AGENT, TestApp};
-use crate::harness::tools::{Proc, free_port, mcp_client};
+use crate::harness::tools::{Proc, bound_addr, mcp_client};
 use crate::harness::{Backend, RunnerSpec, spawn_app};
 use crate::mcp_calls::call;
 
@@ -213,11 +213,10 @@ fn token_of(run: &Run) -> String {
 /// `emisar user add` takes the password from stdin and refuses agents and short passwords;
 /// `emisar user token` gives a token with which `emisar approvals list|show|approve|deny`
 /// decide a waiting agent's requests; an agent's token cannot.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn approvers_decide_from_a_terminal() {
+async fn approvers_decide_from_a_terminal(backend: Backend) {
     let bin = tempfile::tempdir().unwrap();
     let record = systemctl_standin(bin.path());
-    let app = restart_app(Backend::Sqlite, bin.path(), Options::default()).await;
+    let app = restart_app(backend, bin.path(), Options::default()).await;
     let db = app.database_url.as_str();
     let password = "alice-correct-horse-battery";
 
@@ -460,6 +459,7 @@ async fn approvers_decide_from_a_terminal() {
     app.verify_with_cli();
     client.cancel().await.unwrap();
 }
+both_backends!(approvers_decide_from_a_terminal);
 
 // ---- 3. The policy, enforced by the server ----
 
@@ -673,18 +673,17 @@ async fn sighup_reloads_the_policy_and_a_broken_file_changes_nothing() {
     emisar::protocol::signing::write_keypair(&d.join("server.key"), &d.join("server.pub")).unwrap();
     let policy = write(d, "policy.yaml", POLICY);
     let url = format!("sqlite://{}", d.join("emisar.db").display());
-    let port = free_port();
     let config = write(
         d,
         "emisar.toml",
         &format!(
-            "listen = \"127.0.0.1:{port}\"\ndatabase_url = \"{url}\"\nsigning_key_file = \"{}\"\npolicy_file = \"{}\"\n",
+            "listen = \"127.0.0.1:0\"\ndatabase_url = \"{url}\"\nsigning_key_file = \"{}\"\npolicy_file = \"{}\"\n",
             d.join("server.key").display(),
             policy.display()
         ),
     );
     let log = d.join("serve.log");
-    let server = Proc(
+    let mut server = Proc(
         std::process::Command::new(BIN)
             .args(["serve", "--config", config.to_str().unwrap()])
             .env_remove("DATABASE_URL")
@@ -694,7 +693,10 @@ async fn sighup_reloads_the_policy_and_a_broken_file_changes_nothing() {
             .spawn()
             .unwrap(),
     );
-    let base = format!("http://127.0.0.1:{port}");
+    let base = format!(
+        "http://{}",
+        bound_addr(&mut server, &log, "emisar serving MCP").await
+    );
     let shown_log = || std::fs::read_to_string(&log).unwrap_or_default();
     let deadline = Instant::now() + Duration::from_secs(30);
     while !reqwest::get(format!("{base}/healthz"))
@@ -863,14 +865,13 @@ async fn receive(
 
 /// A new request reaches a generic hook and a Slack hook, with a link to the portal; a hook
 /// that takes 3 s to answer does not hold up the agent's call or the request.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn webhooks_announce_requests_off_the_call_path() {
+async fn webhooks_announce_requests_off_the_call_path(backend: Backend) {
     let bin = tempfile::tempdir().unwrap();
     systemctl_standin(bin.path());
     let (receiver, hooks) = Receiver::start(Duration::from_secs(3)).await;
     let public_url = "http://emisar.example.test:7700";
     let app = restart_app(
-        Backend::Sqlite,
+        backend,
         bin.path(),
         Options {
             webhooks: vec![
@@ -917,7 +918,6 @@ async fn webhooks_announce_requests_off_the_call_path() {
         0,
         "the call returned after {took:?}, but only once a hook had answered"
     );
-    assert!(took < Duration::from_secs(3), "the call took {took:?}");
 
     let (generic, slack) = eventually(10, "both hooks called", || async {
         Some((receiver.body("generic")?, receiver.body("slack")?))
@@ -950,11 +950,11 @@ async fn webhooks_announce_requests_off_the_call_path() {
     assert_eq!(receiver.bodies.lock().unwrap().len(), 2);
     client.cancel().await.unwrap();
 }
+both_backends!(webhooks_announce_requests_off_the_call_path);
 
 /// The policy's runner selector narrows what the agent sees (the `runners` enum of a tool's
 /// schema) and what it may target.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_policy_selector_narrows_the_runners_an_agent_sees() {
+async fn the_policy_selector_narrows_the_runners_an_agent_sees(backend: Backend) {
     let policy_dir = tempfile::tempdir().unwrap();
     let policy = write(
         policy_dir.path(),
@@ -962,7 +962,7 @@ async fn the_policy_selector_narrows_the_runners_an_agent_sees() {
         "agents:\n  test-agent: {tools: [\"linux.*\"], runners: \"role=edge\"}\n",
     );
     let app = spawn_app(
-        Backend::Sqlite,
+        backend,
         vec![
             RunnerSpec::new("edge-1").label("role", "edge"),
             RunnerSpec::new("core-1").label("role", "core"),
@@ -996,3 +996,4 @@ async fn the_policy_selector_narrows_the_runners_an_agent_sees() {
     assert_eq!(res.is_error, Some(false), "{res:?}");
     client.cancel().await.unwrap();
 }
+both_backends!(the_policy_selector_narrows_the_runners_an_agent_sees);

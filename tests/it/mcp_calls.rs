@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use crate::both_backends;
 use crate::harness::app::{Options, TEST_AGENT};
 use crate::harness::traefik::Traefik;
-use crate::harness::{Backend, RunnerSpec, spawn_app, tools::free_port};
+use crate::harness::{Backend, RunnerSpec, spawn_app, tools::DeadEndpoint};
 
 pub fn fixtures_dir() -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/it/fixtures")
@@ -62,6 +62,14 @@ fn text_of(res: &CallToolResult) -> String {
         .join("\n")
 }
 
+/// A Traefik whose load balancer has two dead backends (endpoints held closed for as long as
+/// the returned guards live).
+pub async fn traefik_with_dead_backends() -> (Traefik, [DeadEndpoint; 2]) {
+    let dead = [DeadEndpoint::bind(), DeadEndpoint::bind()];
+    let traefik = Traefik::start(&two_backend_config(dead[0].port, dead[1].port)).await;
+    (traefik, dead)
+}
+
 /// A tiny HTTP backend that answers 200 on every path.
 async fn live_backend() -> u16 {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -72,7 +80,7 @@ async fn live_backend() -> u16 {
 }
 
 async fn traefik_ping_over_mcp_is_audited(backend: Backend) {
-    let traefik = Traefik::start(&two_backend_config(free_port(), free_port())).await;
+    let (traefik, _dead) = traefik_with_dead_backends().await;
     let app = spawn_app(
         backend,
         vec![RunnerSpec::new("node-1").service("traefik", &traefik.api_url)],
@@ -160,7 +168,8 @@ both_backends!(traefik_ping_over_mcp_is_audited);
 
 async fn traefik_services_show_up_and_down(backend: Backend) {
     let live = live_backend().await;
-    let traefik = Traefik::start(&two_backend_config(live, free_port())).await;
+    let dead = DeadEndpoint::bind();
+    let traefik = Traefik::start(&two_backend_config(live, dead.port)).await;
     let app = spawn_app(
         backend,
         vec![RunnerSpec::new("edge-1").service("traefik", &traefik.api_url)],
@@ -235,8 +244,9 @@ async fn traefik_services_show_up_and_down(backend: Backend) {
 both_backends!(traefik_services_show_up_and_down);
 
 async fn a_dead_runner_fails_alone(backend: Backend) {
-    let traefik = Traefik::start(&two_backend_config(free_port(), free_port())).await;
-    let dead_url = format!("http://127.0.0.1:{}", free_port());
+    let (traefik, _dead) = traefik_with_dead_backends().await;
+    let dead = DeadEndpoint::bind();
+    let dead_url = dead.url();
     let app = spawn_app(
         backend,
         vec![RunnerSpec::new("node-1").service("traefik", &traefik.api_url)],
@@ -309,10 +319,10 @@ async fn a_dead_runner_fails_alone(backend: Backend) {
 both_backends!(a_dead_runner_fails_alone);
 
 async fn a_service_that_is_down_is_a_clear_error(backend: Backend) {
-    let closed = free_port();
+    let closed = DeadEndpoint::bind();
     let app = spawn_app(
         backend,
-        vec![RunnerSpec::new("node-1").service("traefik", &format!("http://127.0.0.1:{closed}"))],
+        vec![RunnerSpec::new("node-1").service("traefik", &closed.url())],
         Options::default(),
     )
     .await;
@@ -337,7 +347,7 @@ both_backends!(a_service_that_is_down_is_a_clear_error);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_answers_are_cut_with_a_marker() {
-    let traefik = Traefik::start(&two_backend_config(free_port(), free_port())).await;
+    let (traefik, _dead) = traefik_with_dead_backends().await;
     let app = spawn_app(
         Backend::Sqlite,
         vec![
@@ -556,3 +566,81 @@ async fn requests_without_a_valid_token_get_401(backend: Backend) {
     );
 }
 both_backends!(requests_without_a_valid_token_get_401);
+
+/// A token revoked with `emisar token revoke` is refused on `/mcp` within the server's token
+/// cache lifetime (plus generous slack for a loaded machine), and it opened `/mcp` right
+/// before the revoke, from that same cache.
+async fn a_revoked_token_is_refused_on_mcp_within_the_cache_lifetime(backend: Backend) {
+    let app = spawn_app(backend, vec![RunnerSpec::new("node-1")], Options::default()).await;
+    let issued = emisar::server::tokens::issue(
+        &app.db,
+        &app.audit,
+        "soon-revoked",
+        emisar::server::tokens::Role::Agent,
+        Duration::from_secs(3600),
+        "test",
+    )
+    .await
+    .unwrap();
+    let http = reqwest::Client::new();
+    let initialize = |token: String| {
+        let req = http
+            .post(&app.mcp_url)
+            .header("accept", "application/json, text/event-stream")
+            .bearer_auth(token)
+            .json(
+                &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-06-18", "capabilities": {},
+                "clientInfo": {"name": "revocation-test", "version": "0"}}}),
+            );
+        async move { req.send().await.unwrap().status().as_u16() }
+    };
+    // It works, and is now in the server's cache.
+    let client = crate::harness::tools::mcp_client(&app.mcp_url, &issued.token).await;
+    let tools = client.list_all_tools().await.unwrap();
+    assert!(
+        tools.iter().any(|t| t.name == "emisar.runners"),
+        "{tools:?}"
+    );
+    client.cancel().await.unwrap();
+    assert_eq!(initialize(issued.token.clone()).await, 200);
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_emisar"))
+        .args([
+            "token",
+            "revoke",
+            &issued.id,
+            "--database",
+            &app.database_url,
+        ])
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let revoked = Instant::now();
+    let bound = emisar::server::tokens::CACHE_TTL + Duration::from_secs(20);
+    loop {
+        let status = initialize(issued.token.clone()).await;
+        if status == 401 {
+            break;
+        }
+        assert!(
+            revoked.elapsed() < bound,
+            "the revoked token still opens /mcp ({status}) {:?} after `emisar token revoke` \
+             (the token cache keeps a token for {:?})",
+            revoked.elapsed(),
+            emisar::server::tokens::CACHE_TTL
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    eprintln!(
+        "revocation: refused {:?} after the revoke",
+        revoked.elapsed()
+    );
+}
+both_backends!(a_revoked_token_is_refused_on_mcp_within_the_cache_lifetime);

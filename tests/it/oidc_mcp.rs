@@ -18,9 +18,8 @@ use serde_json::{Value, json};
 
 use crate::approvals::{call_in_background, finished, restart_args, restarts, wait_for_pending};
 use crate::harness::oidc::TestKey;
-use crate::harness::tools::{free_port, mcp_client, require};
-use crate::harness::traefik::Traefik;
-use crate::mcp_calls::{call, two_backend_config};
+use crate::harness::tools::{mcp_client, require};
+use crate::mcp_calls::{call, traefik_with_dead_backends};
 use crate::oidc_portal::{
     DESKTOP_AGENT, DESKTOP_CALLBACK, HEADLESS_AGENT, HEADLESS_SECRET, OTHER_RESOURCE, Spec, World,
 };
@@ -233,7 +232,7 @@ async fn mcp_is_a_protected_resource_next_to_emisar_tokens() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_sdk_calls_traefik_ping_with_an_oauth_token() {
     let python = require("venv/bin/python");
-    let traefik = Traefik::start(&two_backend_config(free_port(), free_port())).await;
+    let (traefik, _dead) = traefik_with_dead_backends().await;
     let w = world(Some(traefik.api_url.clone())).await;
     let mcp = format!("{}/mcp", w.base());
     let script =

@@ -23,7 +23,7 @@ use crate::approvals::{
 };
 use crate::harness::app::{Options, TestApp};
 use crate::harness::oidc::{OidcProvider, ProviderSetup, TestKey, with_param};
-use crate::harness::tools::{free_port, require};
+use crate::harness::tools::{DeadEndpoint, require};
 use crate::harness::{Backend, RunnerSpec, spawn_app};
 use crate::portal_browser::{BROWSER_BUDGET, CHROMIUM, Driver, assert_png, require_path};
 
@@ -60,6 +60,8 @@ pub(crate) struct Spec {
 /// `systemctl` stand-in).
 pub(crate) struct World {
     pub provider: Option<OidcProvider>,
+    /// The provider's port, held closed while the provider is down.
+    provider_hold: Option<DeadEndpoint>,
     pub setup: ProviderSetup,
     pub app: TestApp,
     pub trusted: TestKey,
@@ -71,10 +73,14 @@ pub(crate) struct World {
 
 impl World {
     pub async fn start(spec: Spec) -> World {
-        let port = free_port();
-        let base = format!("http://127.0.0.1:{port}");
-        let provider_port = free_port();
-        let issuer = format!("http://127.0.0.1:{provider_port}");
+        // Both addresses are registered before their owners start (the server's URLs at the
+        // provider, the provider's issuer in the server's config, possibly before the
+        // provider is even up), so both are held on reserved ports until each binds.
+        let server_hold = DeadEndpoint::bind_reserved();
+        let base = server_hold.url();
+        let provider_hold = DeadEndpoint::bind_reserved();
+        let issuer = provider_hold.url();
+        let provider_port = provider_hold.port;
         let trusted = TestKey::new("test-trusted");
         let setup = ProviderSetup::default()
             .user("u-alice", "alice", "alice-pw", json!({"preferred_username": "alice", "name": "Alice Approver", "groups": ["approvers", "staff"]}))
@@ -92,10 +98,11 @@ impl World {
             .resource(OTHER_RESOURCE, "other:read")
             .publish(&trusted)
             .on_port(provider_port);
-        let provider = if spec.provider_down {
-            None
+        let (provider, provider_hold) = if spec.provider_down {
+            (None, Some(provider_hold))
         } else {
-            Some(OidcProvider::start(&setup).await)
+            provider_hold.release();
+            (Some(OidcProvider::start(&setup).await), None)
         };
         let secret = tempfile::tempdir().unwrap();
         let secret_file = secret.path().join("client-secret");
@@ -135,7 +142,7 @@ impl World {
             spec.backend.unwrap_or(Backend::Sqlite),
             vec![runner],
             Options {
-                listen: Some(format!("127.0.0.1:{port}")),
+                listen: Some(format!("127.0.0.1:{}", server_hold.release())),
                 public_url: Some(base),
                 oidc: Some(oidc),
                 oauth,
@@ -147,6 +154,7 @@ impl World {
         .await;
         World {
             provider,
+            provider_hold,
             setup,
             app,
             trusted,
@@ -155,6 +163,14 @@ impl World {
             _bin: bin,
             _secret: secret,
         }
+    }
+
+    /// Starts the provider that was down at the start, on the port emisar was told.
+    pub async fn start_provider(&mut self) {
+        if let Some(hold) = self.provider_hold.take() {
+            hold.release();
+        }
+        self.provider = Some(OidcProvider::start(&self.setup).await);
     }
 
     pub fn p(&self) -> &OidcProvider {
@@ -806,7 +822,7 @@ async fn a_provider_down_at_start_is_found_later() {
     let dave = Portal::login(&w.app, "dave", &password).await;
     assert_eq!(dave.get("/api/session").await.1["user"], "dave");
 
-    w.provider = Some(OidcProvider::start(&w.setup).await);
+    w.start_provider().await;
     // Liveness bound only: the retry waits at most 30 s between attempts.
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {

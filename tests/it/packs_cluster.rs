@@ -418,6 +418,17 @@ async fn nomad_task_resources_set_previews_the_plan_and_writes_with_check_and_se
         .await;
     assert_eq!(done.body["status"], "ok", "{}", done.body);
     assert_eq!(done.body["output"]["job_modify_index"]["before"], 93);
+    // What reached Nomad: one register, with check-and-set at the preview's index.
+    let registers = nomad.registers();
+    assert_eq!(registers.len(), 1, "{registers:?}");
+    assert_eq!(
+        (
+            &registers[0]["EnforceIndex"],
+            &registers[0]["JobModifyIndex"]
+        ),
+        (&json!(true), &json!(93)),
+        "the register must ask Nomad for check-and-set at the preview's JobModifyIndex"
+    );
     let after = nomad.job("traefik");
     assert_eq!(
         after["TaskGroups"][0]["Tasks"][0]["Resources"]["MemoryMB"],
@@ -474,6 +485,58 @@ async fn nomad_task_resources_set_previews_the_plan_and_writes_with_check_and_se
         4096,
         "nothing was written"
     );
+
+    // The job moves after the pack's own check has passed (right after the execution's read,
+    // before its write): only Nomad's check-and-set can refuse now, and it does.
+    let preview = app
+        .signed_call(
+            "nomad-hvn01",
+            "nomad.task_resources_set",
+            json!({"job": "traefik", "group": "traefik", "task": "traefik", "memory": 8192}),
+            Mode::Preview,
+            None,
+        )
+        .await;
+    assert_eq!(preview.body["status"], "ok", "{}", preview.body);
+    let raced = preview.body["vars"]["job_modify_index"].as_u64().unwrap();
+    nomad.bump_after_next_read("traefik");
+    let refused = app
+        .signed_call(
+            "nomad-hvn01",
+            "nomad.task_resources_set",
+            json!({"job": "traefik", "group": "traefik", "task": "traefik", "memory": 8192}),
+            Mode::Execute,
+            Some(&preview),
+        )
+        .await;
+    let moved_to = nomad.job("traefik")["JobModifyIndex"].as_u64().unwrap();
+    assert_eq!(
+        refused.body["status"], "failed",
+        "a write racing another must be refused by Nomad's check-and-set: {}",
+        refused.body
+    );
+    let err = refused.body["error"].as_str().unwrap();
+    assert!(
+        err.contains(&format!(
+            "Enforcing job modify index {raced}: job exists with conflicting job modify index: {moved_to}"
+        )),
+        "the refusal is Nomad's own: {err}"
+    );
+    assert!(
+        !err.contains("changed since the preview"),
+        "the pack's check passed; the refusal must come from Nomad: {err}"
+    );
+    assert_eq!(
+        nomad.job("traefik")["TaskGroups"][0]["Tasks"][0]["Resources"]["MemoryMB"],
+        4096,
+        "nothing was written"
+    );
+    let last = nomad.registers().pop().unwrap();
+    assert_eq!(
+        (&last["EnforceIndex"], &last["JobModifyIndex"]),
+        (&json!(true), &json!(raced))
+    );
+    let seen = raced;
 
     // Nomad's own check-and-set, as its API answers it: plain-text HTTP 500.
     let mut stale = nomad.job("traefik");

@@ -4,7 +4,11 @@
 use emisar::protocol::Mode;
 use serde_json::json;
 
-use crate::approvals::systemctl_standin;
+use emisar::server::tokens::Role;
+
+use crate::approvals::{
+    Portal, add_user, call_in_background, finished, kinds_of, systemctl_standin, wait_for_pending,
+};
 use crate::harness::app::Options;
 use crate::harness::frr::FrrPair;
 use crate::harness::tools::only_output as output;
@@ -218,22 +222,37 @@ async fn frr_bgp_summary_shutdown_and_enable_on_real_routers() {
     assert!(peer["prefixes_sent"].as_u64().unwrap() >= 1, "{summary}");
     assert!(frr.b.has_route("192.0.2.0/24"));
 
-    // Shut the neighbor down: rA goes Idle (Admin), rB loses rA's prefix.
-    let r = app
-        .signed_call(
-            "rA",
-            "frr.bgp_neighbor_shutdown",
-            json!({"neighbor": "10.255.0.2"}),
-            Mode::Execute,
-            None,
-        )
-        .await;
-    assert_eq!(r.body["status"], "ok", "{}", r.body);
-    assert_eq!(
-        r.body["output"]["local_as"], 65001,
-        "the ASN was read from bgpd"
+    // Shut the neighbor down, the whole way: an agent asks over MCP, the write waits for a
+    // person, who approves it in the portal over HTTP; the server has the runner run it on
+    // the real router. rA goes Idle (Admin), rB loses rA's prefix.
+    let password = add_user(&app, "alice", Role::Approver).await;
+    let alice = Portal::login(&app, "alice", &password).await;
+    let asked = call_in_background(
+        &client,
+        "frr.bgp_neighbor_shutdown",
+        json!({"neighbor": "10.255.0.2", "runners": ["rA"], "reason": "drain rA before maintenance"}),
     );
-    assert_eq!(r.body["output"]["after"]["admin_shutdown"], true);
+    let id = wait_for_pending(&alice).await;
+    assert_eq!(
+        frr.a.vtysh_json("show bgp summary json")["ipv4Unicast"]["peers"]["10.255.0.2"]["state"],
+        "Established",
+        "nothing is configured before the approval"
+    );
+    let (status, body) = alice.approve(&id).await;
+    assert_eq!(status, 200, "{body}");
+    let res = finished(asked).await;
+    let r = output(&res);
+    assert_eq!(r["local_as"], 65001, "the ASN was read from bgpd: {r}");
+    assert_eq!(r["after"]["admin_shutdown"], true, "{r}");
+    assert_eq!(
+        kinds_of(&app, &id).await,
+        [
+            "approval.requested",
+            "approval.approved",
+            "approval.executing",
+            "call.executed"
+        ]
+    );
     frr.a.wait_peer_state("10.255.0.2", "Idle (Admin)").await;
     let s = output(
         &call(

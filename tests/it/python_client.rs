@@ -5,10 +5,9 @@ use emisar::server::audit::AuditFilter;
 use serde_json::{Value, json};
 
 use crate::harness::app::{Options, TEST_AGENT, TestApp};
-use crate::harness::tools::{free_port, require};
-use crate::harness::traefik::Traefik;
+use crate::harness::tools::require;
 use crate::harness::{Backend, RunnerSpec, spawn_app};
-use crate::mcp_calls::two_backend_config;
+use crate::mcp_calls::traefik_with_dead_backends;
 
 /// Runs tests/mcp_python_client.py against `app` (over https when it serves TLS: the SDK's
 /// HTTP client then trusts the test CA through `SSL_CERT_FILE`) and returns what it printed.
@@ -41,7 +40,7 @@ pub async fn python_call(app: &TestApp, tool: &str, args: &Value) -> Value {
 }
 
 async fn python_sdk_calls_traefik_ping(backend: Backend) {
-    let traefik = Traefik::start(&two_backend_config(free_port(), free_port())).await;
+    let (traefik, _dead) = traefik_with_dead_backends().await;
     let app = spawn_app(
         backend,
         vec![RunnerSpec::new("node-1").service("traefik", &traefik.api_url)],

@@ -9,7 +9,7 @@ use rmcp::model::CallToolRequestParams;
 use serde_json::json;
 
 use crate::harness::pg::PgTestDb;
-use crate::harness::tools::{Proc, free_port};
+use crate::harness::tools::{Proc, bound_addr};
 
 const EVENTS: usize = 10_000;
 const CLIENTS_PER_REPLICA: usize = 20;
@@ -23,28 +23,30 @@ async fn two_replicas_write_one_unbroken_chain() {
     let mut replicas = Vec::new();
     let mut urls = Vec::new();
     for i in 0..2 {
-        let port = free_port();
         let config = d.join(format!("emisar-{i}.toml"));
         std::fs::write(
             &config,
             format!(
-                "listen = \"127.0.0.1:{port}\"\ndatabase_url = \"{}\"\nsigning_key_file = \"{}\"\nrate_limit_per_second = 100000\nrate_limit_burst = 100000\n",
+                "listen = \"127.0.0.1:0\"\ndatabase_url = \"{}\"\nsigning_key_file = \"{}\"\nrate_limit_per_second = 100000\nrate_limit_burst = 100000\n",
                 pg.url,
                 d.join("server.key").display()
             ),
         )
         .unwrap();
-        replicas.push(Proc(
+        let log = d.join(format!("replica-{i}.log"));
+        let mut replica = Proc(
             Command::new(env!("CARGO_BIN_EXE_emisar"))
                 .args(["serve", "--config", config.to_str().unwrap()])
                 .env_remove("DATABASE_URL")
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
-                .stderr(std::fs::File::create(d.join(format!("replica-{i}.log"))).unwrap())
+                .stderr(std::fs::File::create(&log).unwrap())
                 .spawn()
                 .unwrap(),
-        ));
-        urls.push(format!("http://127.0.0.1:{port}"));
+        );
+        let addr = bound_addr(&mut replica, &log, "emisar serving MCP").await;
+        replicas.push(replica);
+        urls.push(format!("http://{addr}"));
     }
     for url in &urls {
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -77,6 +79,7 @@ async fn two_replicas_write_one_unbroken_chain() {
         for _ in 0..CLIENTS_PER_REPLICA {
             let client = crate::harness::tools::mcp_client(&format!("{url}/mcp"), &token).await;
             tasks.push(tokio::spawn(async move {
+                let mut call_ids = Vec::new();
                 for _ in 0..per_client {
                     let args = json!({"reason": "load"}).as_object().unwrap().clone();
                     let r = client
@@ -86,18 +89,25 @@ async fn two_replicas_write_one_unbroken_chain() {
                         .await
                         .unwrap();
                     assert_eq!(r.is_error, Some(false));
+                    let s = r.structured_content.expect("a structured answer");
+                    call_ids.push(s["call_id"].as_str().expect("a call_id").to_owned());
                 }
                 client.cancel().await.ok();
+                call_ids
             }));
         }
     }
     let started = Instant::now();
+    // The call ids the agents were given, one per answered call, all distinct.
+    let mut answered = std::collections::BTreeSet::new();
     for t in tasks {
-        t.await.unwrap();
+        for id in t.await.unwrap() {
+            assert!(answered.insert(id.clone()), "call id {id} given twice");
+        }
     }
     let elapsed = started.elapsed();
-    let written = per_client * 2 * CLIENTS_PER_REPLICA;
-    assert_eq!(written, EVENTS);
+    let written = answered.len();
+    assert_eq!(written, EVENTS, "every agent call was answered");
 
     let calls = emisar::server::audit::query(
         &db,
@@ -110,6 +120,16 @@ async fn two_replicas_write_one_unbroken_chain() {
     .await
     .unwrap();
     assert_eq!(calls.len(), written);
+    // Exactly the calls the agents were answered for are on the record, each once.
+    let recorded: std::collections::BTreeSet<String> =
+        calls.iter().filter_map(|e| e.call_id.clone()).collect();
+    assert_eq!(recorded.len(), calls.len(), "a call id recorded twice");
+    assert!(
+        recorded == answered,
+        "{} answered calls are missing from the log, {} logged calls were never answered",
+        answered.difference(&recorded).count(),
+        recorded.difference(&answered).count()
+    );
     let report = emisar::server::audit::verify(&db, None).await.unwrap();
     assert!(report.is_intact(), "{report:?}");
     // Everything else in the log: two server.started and one token.issued.

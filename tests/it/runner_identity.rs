@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 
 use crate::harness::app::{Options, TestApp};
 use crate::harness::join::{run_runner_to_end, runner_toml, spawn_runner, state_dir};
-use crate::harness::tools::only_output;
+use crate::harness::tools::{bound_addr, only_output};
 use crate::harness::{Backend, RunnerSpec, spawn_app};
 use crate::mcp_calls::{call, fixtures_dir};
 
@@ -442,7 +442,7 @@ async fn a_substituted_key_is_refused(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
 
     // The token's fingerprint names the real server's key: the answer is refused.
-    let (config, _) = runner_toml(dir.path(), "edge-1", "");
+    let config = runner_toml(dir.path(), "edge-1", "");
     let (code, err) = run_runner_to_end(&fake, &config, Some(&token)).await;
     assert_eq!(code, 2, "{err}");
     assert!(
@@ -455,7 +455,7 @@ async fn a_substituted_key_is_refused(backend: Backend) {
     assert!(files_in(&state_dir(dir.path(), "edge-1")).is_empty());
 
     // With server_public_key_file configured, the file is what the answer must match.
-    let (config, _) = runner_toml(
+    let config = runner_toml(
         dir.path(),
         "edge-2",
         &format!("server_public_key_file = \"{}\"", app.public_key.display()),
@@ -471,7 +471,7 @@ async fn a_substituted_key_is_refused(backend: Backend) {
     assert!(files_in(&state_dir(dir.path(), "edge-2")).is_empty());
 
     // A malformed token is refused before anything is sent.
-    let (config, _) = runner_toml(dir.path(), "edge-3", "");
+    let config = runner_toml(dir.path(), "edge-3", "");
     let secret_only = emisar::protocol::JoinToken::parse(&token)
         .unwrap()
         .secret()
@@ -508,7 +508,7 @@ async fn a_runner_restarts_with_its_credential(backend: Backend) {
     let state = state_dir(dir.path(), "edge-1");
     let echo = json!({"runners": ["edge-1"], "reason": "is it there?", "word": "hi"});
 
-    let (config, _) = runner_toml(dir.path(), "edge-1", "");
+    let config = runner_toml(dir.path(), "edge-1", "");
     let log = dir.path().join("first.log");
     let runner = spawn_runner(&base, &config, Some(&token), &log);
     app.wait_for_runner("edge-1", &log).await;
@@ -541,10 +541,13 @@ async fn a_runner_restarts_with_its_credential(backend: Backend) {
 
     // The join token expires; the runner restarts on another port without it.
     expire(&app, &token_id).await;
-    let (config, port) = runner_toml(dir.path(), "edge-1", "");
+    let config = runner_toml(dir.path(), "edge-1", "");
     let log = dir.path().join("second.log");
-    let runner = spawn_runner(&base, &config, None, &log);
-    let new_url = format!("http://127.0.0.1:{port}");
+    let mut runner = spawn_runner(&base, &config, None, &log);
+    let new_url = format!(
+        "http://{}",
+        bound_addr(&mut runner, &log, "runner listening").await
+    );
     let deadline = Instant::now() + Duration::from_secs(60);
     while app.runner_status("edge-1").await.unwrap()["url"] != new_url.as_str() {
         assert!(
@@ -684,12 +687,13 @@ async fn a_runner_keeps_its_identity_over_tls(backend: Backend) {
     let echo = json!({"runners": ["edge-tls"], "reason": "over TLS?", "word": "hi"});
 
     let first = crate::harness::certs::self_signed(dir.path(), "first");
-    let (config, port) = runner_toml(dir.path(), "edge-tls", &tls_toml(&first));
+    let config = runner_toml(dir.path(), "edge-tls", &tls_toml(&first));
     let log = dir.path().join("first.log");
-    let runner = spawn_runner(&base, &config, Some(&token), &log);
+    let mut runner = spawn_runner(&base, &config, Some(&token), &log);
     app.wait_for_runner("edge-tls", &log).await;
     let status = app.runner_status("edge-tls").await.unwrap();
-    assert_eq!(status["url"], format!("https://127.0.0.1:{port}"));
+    let bound = bound_addr(&mut runner, &log, "runner listening").await;
+    assert_eq!(status["url"], format!("https://{bound}"));
     assert_eq!(
         stored_pin(&app, "edge-tls").await,
         Some(first.fingerprint.to_string())
@@ -702,7 +706,7 @@ async fn a_runner_keeps_its_identity_over_tls(backend: Backend) {
     drop(runner);
 
     let second = crate::harness::certs::self_signed(dir.path(), "second");
-    let (config, _) = runner_toml(dir.path(), "edge-tls", &tls_toml(&second));
+    let config = runner_toml(dir.path(), "edge-tls", &tls_toml(&second));
     let log = dir.path().join("second.log");
     let _runner = spawn_runner(&base, &config, None, &log);
     let deadline = Instant::now() + Duration::from_secs(60);

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::harness::pg::PgTestDb;
-use crate::harness::tools::{Proc, free_port};
+use crate::harness::tools::{Proc, bound_addr};
 use crate::mcp_calls::call;
 
 const SECRET: &str = "s3cr3t-Pa55w0rd-XYZ";
@@ -72,29 +72,18 @@ async fn a_secret_param_never_appears_in_clear() {
         "--audit-key",
         d.join("audit.key").to_str().unwrap(),
     ]);
-    let (server_port, runner_port) = (free_port(), free_port());
+    // The runner first, on port 0: the server's config names the address it bound.
     std::fs::write(
         d.join("runner.toml"),
         format!(
-            "name = \"node-1\"\nlisten = \"127.0.0.1:{runner_port}\"\ninsecure_http = true\nserver_public_key_file = \"{}\"\npacks_dir = \"{}\"\n[services.vault]\nbase_url = \"{service_url}\"\n",
+            "name = \"node-1\"\nlisten = \"127.0.0.1:0\"\ninsecure_http = true\nserver_public_key_file = \"{}\"\npacks_dir = \"{}\"\n[services.vault]\nbase_url = \"{service_url}\"\n",
             d.join("server.pub").display(),
             packs.display()
         ),
     )
     .unwrap();
-    std::fs::write(
-        d.join("emisar.toml"),
-        format!(
-            "listen = \"127.0.0.1:{server_port}\"\ninsecure_http = true\ndatabase_url = \"{}\"\nsigning_key_file = \"{}\"\naudit_key_file = \"{}\"\npacks_dir = \"{}\"\n[[runners]]\nname = \"node-1\"\nurl = \"http://127.0.0.1:{runner_port}\"\n",
-            pg.url,
-            d.join("server.key").display(),
-            d.join("audit.key").display(),
-            packs.display()
-        ),
-    )
-    .unwrap();
     let log = |name: &str| std::fs::File::create(d.join(name)).unwrap();
-    let _runner = Proc(
+    let mut runner = Proc(
         emisar()
             .args([
                 "runner",
@@ -106,7 +95,22 @@ async fn a_secret_param_never_appears_in_clear() {
             .spawn()
             .unwrap(),
     );
-    let _server = Proc(
+    let runner_url = format!(
+        "http://{}",
+        bound_addr(&mut runner, &d.join("runner.log"), "runner listening").await
+    );
+    std::fs::write(
+        d.join("emisar.toml"),
+        format!(
+            "listen = \"127.0.0.1:0\"\ninsecure_http = true\ndatabase_url = \"{}\"\nsigning_key_file = \"{}\"\naudit_key_file = \"{}\"\npacks_dir = \"{}\"\n[[runners]]\nname = \"node-1\"\nurl = \"{runner_url}\"\n",
+            pg.url,
+            d.join("server.key").display(),
+            d.join("audit.key").display(),
+            packs.display()
+        ),
+    )
+    .unwrap();
+    let mut server = Proc(
         emisar()
             .args(["serve", "--config", d.join("emisar.toml").to_str().unwrap()])
             .stdin(Stdio::null())
@@ -115,8 +119,9 @@ async fn a_secret_param_never_appears_in_clear() {
             .spawn()
             .unwrap(),
     );
-    wait_healthy(&format!("http://127.0.0.1:{runner_port}/healthz")).await;
-    wait_healthy(&format!("http://127.0.0.1:{server_port}/healthz")).await;
+    let server_addr = bound_addr(&mut server, &d.join("server.log"), "emisar serving MCP").await;
+    wait_healthy(&format!("{runner_url}/healthz")).await;
+    wait_healthy(&format!("http://{server_addr}/healthz")).await;
     let token_of = |out: &str| {
         out.lines()
             .find_map(|l| l.strip_prefix("token:"))
@@ -144,8 +149,7 @@ async fn a_secret_param_never_appears_in_clear() {
     ]));
 
     let client =
-        crate::harness::tools::mcp_client(&format!("http://127.0.0.1:{server_port}/mcp"), &agent)
-            .await;
+        crate::harness::tools::mcp_client(&format!("http://{server_addr}/mcp"), &agent).await;
     let res = call(
         &client,
         "vault.login",
@@ -194,19 +198,58 @@ async fn a_secret_param_never_appears_in_clear() {
     let sealed = sealed.trim();
     assert!(sealed.starts_with("hmac-sha256:"));
 
-    // The database, every table, as text.
-    let dump = pg
-        .superuser_sql("SELECT string_agg(t::text, E'\\n') FROM (SELECT a::text AS t FROM audit_events a UNION ALL SELECT k::text FROM agent_tokens k UNION ALL SELECT p::text FROM approvals p) s")
+    // The database: every table, whatever it is called, as PostgreSQL's own dump prints it.
+    let pg_dump = std::path::Path::new("/usr/lib/postgresql/15/bin/pg_dump");
+    assert!(
+        pg_dump.exists(),
+        "{} is missing: run scripts/install-test-deps",
+        pg_dump.display()
+    );
+    let dumped = Command::new(pg_dump)
+        .args(["--data-only", "--no-owner", "--dbname", &pg.url])
+        .output()
         .unwrap();
+    assert!(
+        dumped.status.success(),
+        "pg_dump failed: {}",
+        String::from_utf8_lossy(&dumped.stderr)
+    );
+    let dump = String::from_utf8_lossy(&dumped.stdout).into_owned();
+    assert!(
+        dump.contains("COPY public.audit_events") && dump.contains("COPY public.agent_tokens"),
+        "the dump holds the tables: {}",
+        &dump[..dump.len().min(2000)]
+    );
     assert!(
         dump.contains(sealed),
         "the audit log holds the MAC of the value"
     );
+    // The rejected call (no reason) is on the record, with the value sealed.
+    let db = emisar::server::db::Db::connect(&pg.url).await.unwrap();
+    let rejected = emisar::server::audit::query(
+        &db,
+        &emisar::server::audit::AuditFilter {
+            kind: Some("tool.rejected".into()),
+            tool: Some("vault.login".into()),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        rejected.len(),
+        1,
+        "the rejected vault.login is audited once: {rejected:#?}"
+    );
+    let args = rejected[0].args.clone().unwrap_or_default();
+    assert_eq!(
+        args["password"],
+        json!(sealed),
+        "the rejected call's event carries the sealed value: {args}"
+    );
     // The HTTP API.
     let api = reqwest::Client::new()
-        .get(format!(
-            "http://127.0.0.1:{server_port}/api/audit?tool=vault.login"
-        ))
+        .get(format!("http://{server_addr}/api/audit?tool=vault.login"))
         .bearer_auth(&auditor)
         .send()
         .await

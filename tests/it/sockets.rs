@@ -11,10 +11,8 @@ use std::os::fd::{BorrowedFd, RawFd};
 use nix::sys::socket::{SockaddrStorage, getpeername, getsockname, getsockopt, sockopt};
 use serde_json::json;
 
-use crate::harness::tools::free_port;
-use crate::harness::traefik::Traefik;
 use crate::harness::{Backend, RunnerSpec, spawn_app};
-use crate::mcp_calls::{call, two_backend_config};
+use crate::mcp_calls::{call, traefik_with_dead_backends};
 
 /// One connected TCP socket of this process.
 #[derive(Debug)]
@@ -77,7 +75,7 @@ fn port_of(url: &str) -> u16 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_connection_emisar_accepts_or_opens_has_nodelay() {
-    let traefik = Traefik::start(&two_backend_config(free_port(), free_port())).await;
+    let (traefik, _dead) = traefik_with_dead_backends().await;
     let app = spawn_app(
         Backend::Sqlite,
         vec![RunnerSpec::new("node-1").service("traefik", &traefik.api_url)],

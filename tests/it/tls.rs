@@ -15,10 +15,9 @@ use serde_json::{Value, json};
 use crate::both_backends;
 use crate::harness::app::{Options, TestApp};
 use crate::harness::certs::{TestCa, self_signed};
-use crate::harness::tools::{Proc, free_port, only_output};
-use crate::harness::traefik::Traefik;
+use crate::harness::tools::{DeadEndpoint, Proc, only_output};
 use crate::harness::{Backend, RunnerSpec, spawn_app};
-use crate::mcp_calls::{call, fixtures_dir, two_backend_config};
+use crate::mcp_calls::{call, fixtures_dir, traefik_with_dead_backends};
 
 const PING: &str = "traefik.ping";
 
@@ -61,7 +60,7 @@ async fn the_whole_stack_runs_over_tls(backend: Backend) {
     let server_cert = server_ca.issue(d, "server", &["localhost", "127.0.0.1"]);
     let pinned = self_signed(d, "node-pin");
     let by_ca = runner_ca.issue(d, "node-ca", &["127.0.0.1"]);
-    let traefik = Traefik::start(&two_backend_config(free_port(), free_port())).await;
+    let (traefik, _dead) = traefik_with_dead_backends().await;
     let app = spawn_app(
         backend,
         vec![
@@ -126,8 +125,7 @@ async fn the_whole_stack_runs_over_tls(backend: Backend) {
     std::fs::write(
         &runner_toml,
         format!(
-            "name = \"node-join\"\nlisten = \"127.0.0.1:{}\"\nstate_dir = \"{}\"\nserver_ca_file = \"{}\"\n[services.traefik]\nbase_url = \"{}\"\n",
-            free_port(),
+            "name = \"node-join\"\nlisten = \"127.0.0.1:0\"\nstate_dir = \"{}\"\nserver_ca_file = \"{}\"\n[services.traefik]\nbase_url = \"{}\"\n",
             d.join("node-join-state").display(),
             server_ca.file.display(),
             traefik.api_url,
@@ -290,7 +288,8 @@ async fn plain_http_is_refused_unless_the_config_says_so(backend: Backend) {
         },
     )
     .await;
-    let runner_url = format!("http://127.0.0.1:{}", free_port());
+    let dead = DeadEndpoint::bind();
+    let runner_url = dead.url();
     let config = d.join("emisar.toml");
     std::fs::write(
         &config,
@@ -333,8 +332,7 @@ async fn plain_http_is_refused_unless_the_config_says_so(backend: Backend) {
     std::fs::write(
         &runner_toml,
         format!(
-            "name = \"node-2\"\nlisten = \"127.0.0.1:{}\"\nstate_dir = \"{}\"\n",
-            free_port(),
+            "name = \"node-2\"\nlisten = \"127.0.0.1:0\"\nstate_dir = \"{}\"\n",
             d.join("state").display()
         ),
     )

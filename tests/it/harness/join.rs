@@ -10,7 +10,7 @@ use emisar::server::fleet::JoinTokenSpec;
 use serde_json::Value;
 
 use super::app::TestApp;
-use super::tools::{Proc, free_port};
+use super::tools::Proc;
 
 impl TestApp {
     /// The fingerprints a join token of this server carries.
@@ -83,22 +83,22 @@ impl TestApp {
     }
 }
 
-/// A runner.toml for `name` in `dir` on a free port, with its own state dir and the test
-/// fixture packs, serving plain HTTP on loopback (`insecure_http`, as the test server
-/// allows); `extra` is appended (e.g. `labels = { … }`). Returns (path, port).
-pub fn runner_toml(dir: &Path, name: &str, extra: &str) -> (PathBuf, u16) {
-    let port = free_port();
+/// A runner.toml for `name` in `dir` listening on loopback port 0 (the runner reports the
+/// bound address when it joins, and logs it: [`super::tools::bound_addr`]), with its own state
+/// dir and the test fixture packs, serving plain HTTP on loopback (`insecure_http`, as the
+/// test server allows); `extra` is appended (e.g. `labels = { … }`).
+pub fn runner_toml(dir: &Path, name: &str, extra: &str) -> PathBuf {
     let path = dir.join(format!("{name}.toml"));
     std::fs::write(
         &path,
         format!(
-            "name = \"{name}\"\nlisten = \"127.0.0.1:{port}\"\ninsecure_http = true\npacks_dir = \"{}\"\nexec_path = \"/usr/bin:/bin\"\nstate_dir = \"{}\"\n{extra}\n",
+            "name = \"{name}\"\nlisten = \"127.0.0.1:0\"\ninsecure_http = true\npacks_dir = \"{}\"\nexec_path = \"/usr/bin:/bin\"\nstate_dir = \"{}\"\n{extra}\n",
             crate::mcp_calls::fixtures_dir().display(),
             state_dir(dir, name).display(),
         ),
     )
     .unwrap();
-    (path, port)
+    path
 }
 
 /// Where the runner.toml of [`runner_toml`] keeps the runner's credential.

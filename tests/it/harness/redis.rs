@@ -6,7 +6,6 @@
 //! handed a listening socket, so the server binds the port itself and the harness checks, by
 //! the process id the port answers with, that the port belongs to the server it started.
 
-use std::hash::{BuildHasher, RandomState};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -42,7 +41,9 @@ impl Redis {
     /// A server that also listens on a loopback TCP port (for replication).
     pub async fn start_tcp(extra: &[&str]) -> Redis {
         for _ in 0..20 {
-            if let Started::Up(r) = Self::try_start(Some(random_port()), extra).await {
+            if let Started::Up(r) =
+                Self::try_start(Some(super::tools::reserved_port()), extra).await
+            {
                 return r;
             }
         }
@@ -201,12 +202,4 @@ impl Drop for Redis {
         );
         let _ = self.child.wait();
     }
-}
-
-/// A port below Linux's default ephemeral range (32768–60999), so outgoing connections rarely
-/// hold it; a clash is detected and retried by the caller. `RandomState` is seeded randomly per
-/// process and per call, which is all the randomness this needs.
-fn random_port() -> u16 {
-    let r = RandomState::new().hash_one(Instant::now());
-    20_000 + (r % 12_000) as u16
 }

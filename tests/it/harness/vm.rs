@@ -1,10 +1,10 @@
-//! A real VictoriaMetrics (Debian's victoria-metrics) on a free loopback port with its own
-//! data directory, stopped by PID on drop.
+//! A real VictoriaMetrics (Debian's victoria-metrics) on a loopback port it is checked to
+//! hold, with its own data directory, stopped by PID on drop.
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::tools::free_port;
+use super::tools::{listens_on, reserved_port};
 
 pub struct VictoriaMetrics {
     child: Child,
@@ -13,15 +13,28 @@ pub struct VictoriaMetrics {
 }
 
 impl VictoriaMetrics {
+    /// VictoriaMetrics cannot be handed a listening socket nor report a port it chose, so it
+    /// gets a [`reserved_port`]; one that could not bind it, or whose port answers for another
+    /// process, is stopped and started again on another.
     pub async fn start() -> VictoriaMetrics {
         let bin = std::path::Path::new("/usr/bin/victoria-metrics");
         assert!(
             bin.exists(),
             "victoria-metrics is missing: run scripts/install-test-deps"
         );
+        for _ in 0..20 {
+            if let Some(vm) = Self::try_start(bin).await {
+                return vm;
+            }
+        }
+        panic!("no free loopback port for victoria-metrics in 20 attempts");
+    }
+
+    async fn try_start(bin: &std::path::Path) -> Option<VictoriaMetrics> {
         let dir = tempfile::tempdir().unwrap();
-        let port = free_port();
-        let log = std::fs::File::create(dir.path().join("vm.log")).unwrap();
+        let port = reserved_port();
+        let log_path = dir.path().join("vm.log");
+        let log = std::fs::File::create(&log_path).unwrap();
         let child = Command::new(bin)
             .arg(format!("-httpListenAddr=127.0.0.1:{port}"))
             .arg(format!(
@@ -34,7 +47,7 @@ impl VictoriaMetrics {
             .stderr(log)
             .spawn()
             .expect("failed to start victoria-metrics");
-        let vm = VictoriaMetrics {
+        let mut vm = VictoriaMetrics {
             child,
             url: format!("http://127.0.0.1:{port}"),
             _dir: dir,
@@ -42,10 +55,18 @@ impl VictoriaMetrics {
         let deadline = Instant::now() + Duration::from_secs(30);
         let http = reqwest::Client::new();
         loop {
+            if vm.child.try_wait().unwrap().is_some() {
+                let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+                assert!(
+                    text.contains("address already in use"),
+                    "victoria-metrics exited:\n{text}"
+                );
+                return None;
+            }
             if let Ok(r) = http.get(format!("{}/health", vm.url)).send().await
                 && r.status().is_success()
             {
-                return vm;
+                return listens_on(vm.child.id(), port).then_some(vm);
             }
             assert!(
                 Instant::now() < deadline,

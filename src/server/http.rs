@@ -246,7 +246,7 @@ async fn bearer_auth(State(state): State<HttpState>, mut req: Request, next: Nex
                         .into_response();
                 }
                 let principal = Principal {
-                    agent: session.user.clone(),
+                    name: session.user.clone(),
                     token_id: format!("session:{}", &session.id_hash[..16]),
                     role: session.role,
                     roles: session.roles.clone(),
@@ -272,7 +272,7 @@ async fn bearer_auth(State(state): State<HttpState>, mut req: Request, next: Nex
             StatusCode::FORBIDDEN,
             Json(json!({"error": format!(
                 "{} is signed in but holds no role in emisar (none of their groups at the provider is mapped to one): ask an administrator",
-                principal.agent
+                principal.name
             )})),
         )
             .into_response();

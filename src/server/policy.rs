@@ -763,7 +763,7 @@ impl Policy {
 
     /// May `caller` use `tool` at all (whatever the runners and arguments)? For `tools/list`.
     pub fn may_use_tool(&self, caller: &Principal, tool: &str) -> bool {
-        match self.access(&caller.agent) {
+        match self.access(&caller.name) {
             Access::Everything => true,
             Access::Unlisted => false,
             Access::Entry(_, rule) => rule.tools.iter().any(|p| p.matches(tool)),
@@ -773,7 +773,7 @@ impl Policy {
     /// The runner selector the policy limits `caller` to, if any (for the runner names a
     /// tool's schema lists).
     pub fn runner_selector(&self, caller: &Principal) -> Option<&Selector> {
-        match self.access(&caller.agent) {
+        match self.access(&caller.name) {
             Access::Entry(_, rule) => rule.runners.as_ref(),
             _ => None,
         }
@@ -897,7 +897,7 @@ pub fn check_file(path: &Path, packs: &PackSet) -> Result<Policy, PolicyError> {
 /// approval).
 pub fn decide(policy: &Policy, req: &Request) -> Decision {
     let tool = &req.tool.name;
-    let agent = &req.caller.agent;
+    let agent = &req.caller.name;
     match policy.access(agent) {
         Access::Everything => {}
         Access::Unlisted => {

@@ -87,7 +87,7 @@ pub struct Principal {
     /// agent's name from its access token, or `person:<id>` for a person signed in through
     /// the OpenID provider. Policies, rate limits and self-approval compare this name. Only
     /// the provider's people have a `:` in it: every other name is an identifier.
-    pub agent: String,
+    pub name: String,
     /// What an MCP session is bound to: the token (or, for OAuth agents, the client and
     /// subject, so a refreshed token keeps its session).
     pub token_id: String,
@@ -106,9 +106,9 @@ pub struct Principal {
 
 impl Principal {
     /// A caller with one role, acting for nobody: a token's, or a local user's.
-    pub fn new(agent: String, token_id: String, role: Role, selector: Option<Selector>) -> Self {
+    pub fn new(name: String, token_id: String, role: Role, selector: Option<Selector>) -> Self {
         Principal {
-            agent,
+            name,
             token_id,
             role,
             roles: vec![role],
@@ -121,12 +121,12 @@ impl Principal {
     /// `person:<id>` (their roles at sign-in are in their `login` event).
     pub fn actor(&self) -> String {
         if self
-            .agent
+            .name
             .starts_with(crate::server::oidc::claims::PERSON_PREFIX)
         {
-            return self.agent.clone();
+            return self.name.clone();
         }
-        format!("{}:{}", self.role.as_str(), self.agent)
+        format!("{}:{}", self.role.as_str(), self.name)
     }
 }
 
@@ -223,7 +223,7 @@ pub async fn authenticate(db: &Db, token: &str) -> Result<Option<Principal>, sql
     let row: Option<(String, String, String, Option<String>)> = db
         .guard(async { with_pool!(db, pool => sqlx::query_as(sql).bind(&hash).bind(&now).fetch_optional(pool).await) })
         .await?;
-    Ok(row.and_then(|(token_id, agent, role, selector)| {
+    Ok(row.and_then(|(token_id, name, role, selector)| {
         // A role or selector this version cannot read grants nothing.
         let selector = match selector {
             None => None,
@@ -231,7 +231,7 @@ pub async fn authenticate(db: &Db, token: &str) -> Result<Option<Principal>, sql
         };
         Role::parse(&role)
             .ok()
-            .map(|role| Principal::new(agent, token_id, role, selector))
+            .map(|role| Principal::new(name, token_id, role, selector))
     }))
 }
 

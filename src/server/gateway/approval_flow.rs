@@ -60,10 +60,10 @@ impl Gateway {
         // Checked before the preview runs, so a flood of requests runs no previews. Requests
         // made at the same moment can pass together and overshoot by their number.
         let max = self.limits.max_pending_per_agent;
-        let pending = self.approvals.pending_of(&r.principal.agent).await?;
+        let pending = self.approvals.pending_of(&r.principal.name).await?;
         if pending >= u64::from(max) {
             let err = CallError::TooManyPending {
-                agent: r.principal.agent.clone(),
+                agent: r.principal.name.clone(),
                 pending,
                 max,
             };
@@ -176,7 +176,7 @@ impl Gateway {
             raw: r.raw,
             reason: r.reason,
             requester: actor.clone(),
-            requester_name: r.principal.agent.clone(),
+            requester_name: r.principal.name.clone(),
             on_behalf_of: r.principal.on_behalf_of.clone(),
             pack_sha256,
             preview,
@@ -348,7 +348,7 @@ impl Gateway {
             .transition(id, false, |r| {
                 // The tool comes from the locked row: no second read to learn it.
                 let actor = Actor {
-                    name: who.agent.clone(),
+                    name: who.name.clone(),
                     actor: who.actor(),
                     // A person from the provider may hold several roles; any one that may
                     // approve this tool is enough.

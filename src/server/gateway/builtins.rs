@@ -186,7 +186,7 @@ impl Gateway {
         ctx: &CallContext,
     ) -> Result<CallOutcome, CallError> {
         let row = match self.approvals.get(id).await {
-            Ok(row) if row.requester_name == principal.agent => Ok(row),
+            Ok(row) if row.requester_name == principal.name => Ok(row),
             Ok(_) | Err(ApprovalError::NotFound(_)) => Err(ApprovalError::NotFound(id.into())),
             Err(e) => Err(e),
         };

@@ -199,7 +199,7 @@ impl Gateway {
         } else if self.tools.contains_key(name) {
             format!(
                 "tool `{name}` is hidden from agent `{}` by the policy (`agents.{}.tools`)",
-                caller.agent, caller.agent
+                caller.name, caller.name
             )
         } else {
             format!("unknown tool `{name}`")
@@ -216,15 +216,15 @@ impl Gateway {
 
     /// Step 1: a token bucket per agent, on a monotonic clock.
     async fn rate_limit(&self, caller: &Principal, tool: &str) -> Result<(), CallError> {
-        let Err(not_until) = self.limiter.check_key(&caller.agent) else {
+        let Err(not_until) = self.limiter.check_key(&caller.name) else {
             return Ok(());
         };
         let wait = not_until.wait_time_from(governor::clock::Clock::now(
             &governor::clock::DefaultClock::default(),
         ));
-        crate::server::metrics::rate_limited(&caller.agent);
+        crate::server::metrics::rate_limited(&caller.name);
         let err = CallError::RateLimited {
-            agent: caller.agent.clone(),
+            agent: caller.name.clone(),
             per_second: self.limits.rate_per_second,
             burst: self.limits.rate_burst,
             retry_after_ms: wait.as_millis() as u64 + 1,

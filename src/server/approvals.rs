@@ -142,7 +142,10 @@ pub struct Approval {
     /// them (text, so no store can renormalise a number in it).
     pub preview: Option<Value>,
     pub required_approvals: u32,
-    pub approvals: Vec<Vote>,
+    /// The approvers' votes so far (one per person). Serialized as `approvals`, the name
+    /// the API and the portal have always read.
+    #[serde(rename = "approvals")]
+    pub votes: Vec<Vote>,
     pub state: State,
     /// The denial note, or why execution failed.
     pub note: Option<String>,
@@ -307,16 +310,16 @@ pub fn decide(
             })
         }
         Verdict::Approve => {
-            if row.approvals.iter().any(|v| v.user == who.name) {
+            if row.votes.iter().any(|v| v.user == who.name) {
                 return Err(ApprovalError::Refused(
                     "you approved this already: another approver must add theirs".into(),
                 ));
             }
-            next.approvals.push(Vote {
+            next.votes.push(Vote {
                 user: who.name.clone(),
                 at,
             });
-            let votes = next.approvals.len() as u32;
+            let votes = next.votes.len() as u32;
             if votes >= row.required_approvals {
                 next.state = State::Approved;
                 next.decided_by = Some(who.actor.clone());
@@ -423,7 +426,7 @@ where
         pack_sha256: row.try_get("pack_sha256")?,
         preview: opt_json("preview")?,
         required_approvals: row.try_get::<i32, _>("required_approvals")?.max(1) as u32,
-        approvals: json("approvals", &row.try_get::<String, _>("approvals")?)?,
+        votes: json("approvals", &row.try_get::<String, _>("approvals")?)?,
         state: State::parse(&state).map_err(|e| sqlx::Error::ColumnDecode {
             index: "state".into(),
             source: e.into(),
@@ -500,7 +503,7 @@ impl Approvals {
                     .bind(&a.pack_sha256)
                     .bind(a.preview.as_ref().map(text))
                     .bind(a.required_approvals as i32)
-                    .bind(text(&a.approvals))
+                    .bind(text(&a.votes))
                     .bind(a.state.as_str())
                     .bind(&a.note)
                     .bind(&a.decided_by)
@@ -653,7 +656,7 @@ impl Approvals {
                 sqlx::query(self.db.sql(UPDATE))
                     .bind(&$a.id)
                     .bind($a.state.as_str())
-                    .bind(text(&$a.approvals))
+                    .bind(text(&$a.votes))
                     .bind(&$a.note)
                     .bind(&$a.decided_by)
                     .bind($a.result.as_ref().map(text))
@@ -866,7 +869,7 @@ mod tests {
             pack_sha256: "p".into(),
             preview: None,
             required_approvals: 1,
-            approvals: vec![],
+            votes: vec![],
             state: State::Pending,
             note: None,
             decided_by: None,
@@ -1006,7 +1009,7 @@ mod tests {
             (
                 "same approver twice",
                 Approval {
-                    approvals: vec![Vote {
+                    votes: vec![Vote {
                         user: "alice".into(),
                         at: "x".into(),
                     }],
@@ -1020,7 +1023,7 @@ mod tests {
             (
                 "second of two",
                 Approval {
-                    approvals: vec![Vote {
+                    votes: vec![Vote {
                         user: "alice".into(),
                         at: "x".into(),
                     }],

@@ -181,7 +181,7 @@ impl Gateway {
             pack_sha256,
             preview,
             required_approvals: r.approvers,
-            approvals: Vec::new(),
+            votes: Vec::new(),
             state: State::Pending,
             note: None,
             decided_by: None,
@@ -265,7 +265,7 @@ impl Gateway {
                         row.id,
                         row.tool,
                         row.state.as_str(),
-                        row.approvals.len(),
+                        row.votes.len(),
                         row.required_approvals,
                         row.expires_at
                     ))
@@ -324,7 +324,7 @@ impl Gateway {
                     State::Expired,
                     "system",
                     kind::APPROVAL_EXPIRED,
-                    json!({"expires_at": r.expires_at, "votes": r.approvals.len()}),
+                    json!({"expires_at": r.expires_at, "votes": r.votes.len()}),
                     now,
                 )
             })
@@ -390,7 +390,7 @@ impl Gateway {
                     State::Executing,
                     &by,
                     kind::APPROVAL_EXECUTING,
-                    json!({"runners": r.runners, "approvals": r.approvals}),
+                    json!({"runners": r.runners, "approvals": r.votes}),
                     chrono::Utc::now(),
                 )
             })
@@ -718,7 +718,7 @@ pub(super) fn pending_outcome(row: &Approval, waited: Duration) -> CallOutcome {
             expires_at: row.expires_at.clone(),
             message: format!(
                 "waiting for a human to approve ({} of {} approvals) after {} s; call {APPROVAL_WAIT_TOOL} with this approval_id to wait again, or {APPROVAL_STATUS_TOOL} to check",
-                row.approvals.len(),
+                row.votes.len(),
                 row.required_approvals,
                 waited.as_secs()
             ),

@@ -123,7 +123,10 @@ pub struct Approval {
     #[serde(rename = "args")]
     pub shown_args: Value,
     pub runners: Vec<String>,
-    pub runner_chosen: bool,
+    /// True when the server chose the runner. Serialized as `runner_chosen`, the name the
+    /// approvals API has always given it.
+    #[serde(rename = "runner_chosen")]
+    pub runner_chosen_by_server: bool,
     #[serde(skip)]
     pub raw: bool,
     pub reason: String,
@@ -417,7 +420,7 @@ where
         args: json("args", &row.try_get::<String, _>("args")?)?,
         shown_args: json("shown_args", &row.try_get::<String, _>("shown_args")?)?,
         runners: json("runners", &row.try_get::<String, _>("runners")?)?,
-        runner_chosen: row.try_get("runner_chosen")?,
+        runner_chosen_by_server: row.try_get("runner_chosen")?,
         raw: row.try_get("raw")?,
         reason: row.try_get("reason")?,
         requester: row.try_get("requester")?,
@@ -495,7 +498,7 @@ impl Approvals {
                     .bind(text(&a.args))
                     .bind(text(&a.shown_args))
                     .bind(text(&a.runners))
-                    .bind(a.runner_chosen)
+                    .bind(a.runner_chosen_by_server)
                     .bind(a.raw)
                     .bind(&a.reason)
                     .bind(&a.requester)
@@ -860,7 +863,7 @@ mod tests {
             args: Map::new(),
             shown_args: json!({"unit": "consul"}),
             runners: vec!["hvn05".into()],
-            runner_chosen: false,
+            runner_chosen_by_server: false,
             raw: false,
             reason: "r".into(),
             requester: "agent:bot".into(),

@@ -29,7 +29,7 @@ pub(super) struct Request<'a> {
     pub(super) params: Map<String, Value>,
     pub(super) shown_args: Value,
     pub(super) runners: Vec<String>,
-    pub(super) chosen: bool,
+    pub(super) runner_chosen_by_server: bool,
     pub(super) raw: bool,
     pub(super) reason: String,
     pub(super) approvers: u32,
@@ -86,7 +86,7 @@ impl Gateway {
                 reason: Some(r.reason.clone()),
                 call_id: Some(r.call_id.clone()),
                 detail: Some(on_behalf_of(
-                    json!({"runners": r.runners, "runner_chosen_by_server": r.chosen,
+                    json!({"runners": r.runners, "runner_chosen_by_server": r.runner_chosen_by_server,
                            "needs_approval": true, "approvers": r.approvers}),
                     r.principal.on_behalf_of.as_deref(),
                 )),
@@ -172,7 +172,7 @@ impl Gateway {
             args: r.params,
             shown_args: r.shown_args,
             runners: r.runners,
-            runner_chosen: r.chosen,
+            runner_chosen_by_server: r.runner_chosen_by_server,
             raw: r.raw,
             reason: r.reason,
             requester: actor.clone(),
@@ -415,7 +415,7 @@ impl Gateway {
         let outcome = CallOutcome {
             call_id: row.call_id.clone(),
             tool: row.tool.clone(),
-            runner_chosen_by_server: row.runner_chosen,
+            runner_chosen_by_server: row.runner_chosen_by_server,
             results,
             approval: None,
         };
@@ -688,7 +688,7 @@ pub(super) fn settled(row: &Approval) -> Result<Option<CallOutcome>, CallError> 
             let mut outcome = stored.and_then(Result::ok).unwrap_or_else(|| CallOutcome {
                 call_id: row.call_id.clone(),
                 tool: row.tool.clone(),
-                runner_chosen_by_server: row.runner_chosen,
+                runner_chosen_by_server: row.runner_chosen_by_server,
                 results: Vec::new(),
                 approval: None,
             });
@@ -710,7 +710,7 @@ pub(super) fn pending_outcome(row: &Approval, waited: Duration) -> CallOutcome {
     CallOutcome {
         call_id: row.call_id.clone(),
         tool: row.tool.clone(),
-        runner_chosen_by_server: row.runner_chosen,
+        runner_chosen_by_server: row.runner_chosen_by_server,
         results: Vec::new(),
         approval: Some(ApprovalInfo {
             approval_id: row.id.clone(),

@@ -56,7 +56,7 @@ pub(super) struct Args {
 struct Targets {
     runners: Vec<String>,
     /// True when the server chose the runner (a cluster-scoped tool called without `runners`).
-    chosen_by_server: bool,
+    runner_chosen_by_server: bool,
 }
 
 impl Gateway {
@@ -91,13 +91,13 @@ impl Gateway {
         };
         let policy = self.policy();
         let targets = self.resolve_targets(caller, &policy, tool, &mut args, &mut errors);
-        let audited_args = self.redact(tool, &args.params);
+        let shown_args = self.redact(tool, &args.params);
         if !errors.is_empty() {
             errors.dedup();
             self.reject(
                 caller,
                 &tool.name,
-                Some(audited_args),
+                Some(shown_args),
                 args.reason.clone(),
                 errors.join("; "),
             )
@@ -119,7 +119,7 @@ impl Gateway {
                 self.reject(
                     caller,
                     &tool.name,
-                    Some(audited_args),
+                    Some(shown_args),
                     args.reason,
                     why.clone(),
                 )
@@ -139,9 +139,9 @@ impl Gateway {
                 tool,
                 principal: caller,
                 params: args.params,
-                shown_args: audited_args,
+                shown_args,
                 runners: targets.runners,
-                chosen: targets.chosen_by_server,
+                runner_chosen_by_server: targets.runner_chosen_by_server,
                 raw: args.raw,
                 reason: args.reason.unwrap_or_default(),
                 approvers,
@@ -152,7 +152,7 @@ impl Gateway {
         let record = Record {
             actor: &actor,
             tool: &tool.name,
-            args: &audited_args,
+            args: &shown_args,
             reason: args.reason.as_deref(),
             call_id: &call_id,
             approval_id: None,
@@ -176,7 +176,7 @@ impl Gateway {
         let outcome = CallOutcome {
             call_id,
             tool: tool.name.clone(),
-            runner_chosen_by_server: targets.chosen_by_server,
+            runner_chosen_by_server: targets.runner_chosen_by_server,
             results,
             approval: None,
         };
@@ -275,7 +275,7 @@ impl Gateway {
         }
         let mut targets = Targets {
             runners: named.clone(),
-            chosen_by_server: false,
+            runner_chosen_by_server: false,
         };
         if !errors.is_empty() {
             return targets;
@@ -295,7 +295,7 @@ impl Gateway {
                     ));
                 } else if scope == Scope::Cluster {
                     targets.runners = matched.into_iter().take(1).collect();
-                    targets.chosen_by_server = true;
+                    targets.runner_chosen_by_server = true;
                 } else {
                     targets.runners = matched;
                 }
@@ -312,7 +312,7 @@ impl Gateway {
                 {
                     Some(best) => {
                         targets.runners = vec![best];
-                        targets.chosen_by_server = true;
+                        targets.runner_chosen_by_server = true;
                     }
                     None => errors.push(format!("no runner serves pack `{}`", tool.pack)),
                 }
@@ -360,7 +360,7 @@ impl Gateway {
         lowered_by_policy: Option<&str>,
     ) -> Result<(), CallError> {
         let mut detail = json!({"runners": targets.runners,
-                                "runner_chosen_by_server": targets.chosen_by_server});
+                                "runner_chosen_by_server": targets.runner_chosen_by_server});
         if let Some(policy) = lowered_by_policy {
             detail["lowered_by_policy"] = json!(policy);
         }

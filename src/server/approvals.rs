@@ -226,6 +226,25 @@ pub struct Actor {
     pub may_approve: bool,
 }
 
+/// How [`Approvals::transition`] takes a request's row lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lock {
+    /// Wait for whoever holds it: a decision, a withdrawal or an outcome must be recorded.
+    Wait,
+    /// Give up at once if another replica holds it: sweeps and claims, where another
+    /// replica already doing the work is as good as doing it here.
+    SkipLocked,
+}
+
+/// Which of a request's times [`Approvals::ids_in`] compares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Due {
+    /// When the request expires.
+    Expiry,
+    /// When the request last changed state.
+    LastChange,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum Verdict {
     Approve,
@@ -610,18 +629,16 @@ impl Approvals {
         Ok(u64::try_from(n).unwrap_or(0))
     }
 
-    /// Ids in `state` last changed (or, `by_expiry`, expiring) before `before`, for the
-    /// sweeper.
+    /// Ids in `state` whose `due` time is before `before`, for the sweeper.
     pub async fn ids_in(
         &self,
         state: State,
         before: &str,
-        by_expiry: bool,
+        due: Due,
     ) -> Result<Vec<String>, ApprovalError> {
-        let column = if by_expiry {
-            "expires_at"
-        } else {
-            "updated_at"
+        let column = match due {
+            Due::Expiry => "expires_at",
+            Due::LastChange => "updated_at",
         };
         let sql = self.db.sql(format!(
             "SELECT id FROM approvals WHERE state = $1 AND {column} <= $2::timestamptz LIMIT 100"
@@ -641,13 +658,13 @@ impl Approvals {
         Ok(ids)
     }
 
-    /// The one way a request changes: lock the row (`skip_locked`: give up at once if
-    /// another replica holds it, returning `Ok(None)`), let `change` decide from the locked
-    /// row, make the audit event durable, write the row, announce it.
+    /// The one way a request changes: lock the row (with [`Lock::SkipLocked`], give up at
+    /// once if another replica holds it, returning `Ok(None)`), let `change` decide from the
+    /// locked row, make the audit event durable, write the row, announce it.
     pub async fn transition<F>(
         &self,
         id: &str,
-        skip_locked: bool,
+        lock: Lock,
         change: F,
     ) -> Result<Option<Approval>, ApprovalError>
     where
@@ -674,18 +691,17 @@ impl Approvals {
                     .await
                     .expect("the semaphore is never closed");
                 let mut tx = self.db.guard(pool.begin()).await?;
-                let lock = if skip_locked {
-                    "FOR UPDATE SKIP LOCKED"
-                } else {
-                    "FOR UPDATE"
+                let clause = match lock {
+                    Lock::SkipLocked => "FOR UPDATE SKIP LOCKED",
+                    Lock::Wait => "FOR UPDATE",
                 };
-                let sql = format!("SELECT {PG_COLUMNS} FROM approvals WHERE id = $1 {lock}");
+                let sql = format!("SELECT {PG_COLUMNS} FROM approvals WHERE id = $1 {clause}");
                 let Some(row) = sqlx::query(AssertSqlSafe(sql))
                     .bind(id)
                     .fetch_optional(&mut *tx)
                     .await?
                 else {
-                    if skip_locked && self.exists(id).await? {
+                    if lock == Lock::SkipLocked && self.exists(id).await? {
                         return Ok(None);
                     }
                     return Err(ApprovalError::NotFound(id.to_owned()));
@@ -701,13 +717,12 @@ impl Approvals {
                 row
             }
             Pool::Sqlite(_) => {
-                let _lock = if skip_locked {
-                    match self.local.try_lock() {
+                let _held = match lock {
+                    Lock::SkipLocked => match self.local.try_lock() {
                         Ok(g) => g,
                         Err(_) => return Ok(None),
-                    }
-                } else {
-                    self.local.lock().await
+                    },
+                    Lock::Wait => self.local.lock().await,
                 };
                 let current = self.get(id).await?;
                 let Change { row, event } = change(&current)?;
@@ -735,7 +750,7 @@ impl Approvals {
         result: Value,
         note: Option<String>,
     ) -> Result<(), ApprovalError> {
-        self.transition(id, false, |r| {
+        self.transition(id, Lock::Wait, |r| {
             if r.state != State::Executing {
                 return Err(ApprovalError::WrongState {
                     state: r.state,

@@ -327,12 +327,19 @@ pub struct Decision {
     note: Option<String>,
 }
 
+/// Which button the person pressed; the note only matters for a denial.
+#[derive(Clone, Copy)]
+enum Choice {
+    Approve,
+    Deny,
+}
+
 async fn decide(
     state: HttpState,
     who: Principal,
     id: String,
     body: Result<Json<Decision>, axum::extract::rejection::JsonRejection>,
-    approve: bool,
+    choice: Choice,
 ) -> Response {
     let note = match body {
         Ok(Json(d)) => d.note.unwrap_or_default(),
@@ -349,10 +356,9 @@ async fn decide(
     if let Err(e) = crate::util::door::text("note", &note, MAX_NOTE_CHARS) {
         return error(StatusCode::BAD_REQUEST, e);
     }
-    let verdict = if approve {
-        Verdict::Approve
-    } else {
-        Verdict::Deny { note }
+    let verdict = match choice {
+        Choice::Approve => Verdict::Approve,
+        Choice::Deny => Verdict::Deny { note },
     };
     match state.gateway.decide(&who, &id, verdict).await {
         Ok(a) => Json(view(&state, &a)).into_response(),
@@ -366,7 +372,7 @@ pub async fn approve(
     Path(id): Path<String>,
     body: Result<Json<Decision>, axum::extract::rejection::JsonRejection>,
 ) -> Response {
-    decide(state, who, id, body, true).await
+    decide(state, who, id, body, Choice::Approve).await
 }
 
 pub async fn deny(
@@ -375,7 +381,7 @@ pub async fn deny(
     Path(id): Path<String>,
     body: Result<Json<Decision>, axum::extract::rejection::JsonRejection>,
 ) -> Response {
-    decide(state, who, id, body, false).await
+    decide(state, who, id, body, Choice::Deny).await
 }
 
 /// `GET /api/events`: every approval creation and state change, as server-sent events.

@@ -15,7 +15,9 @@ use super::state::Gateway;
 use crate::digest::{canonical_json, json_digest};
 use crate::pack::ToolRef;
 use crate::protocol::Mode;
-use crate::server::approvals::{self, Actor, Approval, ApprovalError, State, Verdict};
+use crate::server::approvals::{
+    self, Actor, Approval, ApprovalError, Due, Lock, State, Verdict,
+};
 use crate::server::audit::{NewEvent, format_at, kind};
 use crate::server::runners::client::Dispatch;
 use crate::server::tokens::Principal;
@@ -289,7 +291,7 @@ impl Gateway {
         let actor = row.requester.clone();
         let result = self
             .approvals
-            .transition(&row.id, false, |r| {
+            .transition(&row.id, Lock::Wait, |r| {
                 approvals::moved(
                     r,
                     &[State::Pending],
@@ -310,7 +312,7 @@ impl Gateway {
     async fn expire(&self, id: &str) {
         let result = self
             .approvals
-            .transition(id, true, |r| {
+            .transition(id, Lock::SkipLocked, |r| {
                 let now = chrono::Utc::now();
                 if !r.expired_at(now) {
                     return Err(ApprovalError::WrongState {
@@ -345,7 +347,7 @@ impl Gateway {
         let policy = self.policy();
         let row = self
             .approvals
-            .transition(id, false, |r| {
+            .transition(id, Lock::Wait, |r| {
                 // The tool comes from the locked row: no second read to learn it.
                 let actor = Actor {
                     name: who.name.clone(),
@@ -360,7 +362,7 @@ impl Gateway {
                 approvals::decide(r, &actor, &verdict, chrono::Utc::now())
             })
             .await?
-            .expect("a transition without skip_locked always returns the row");
+            .expect("a transition that waits for the lock always returns the row");
         if row.state == State::Approved {
             let me = self.clone();
             let id = row.id.clone();
@@ -375,7 +377,7 @@ impl Gateway {
         let start_within = self.limits.approved_start_within;
         let claimed = self
             .approvals
-            .transition(id, true, |r| {
+            .transition(id, Lock::SkipLocked, |r| {
                 if r.state == State::Approved && too_late_to_start(r, start_within) {
                     // Left for the sweeper, which expires it and says why.
                     return Err(ApprovalError::WrongState {
@@ -493,7 +495,7 @@ impl Gateway {
         let start_within = self.limits.approved_start_within;
         let result = self
             .approvals
-            .transition(id, true, |r| {
+            .transition(id, Lock::SkipLocked, |r| {
                 if r.state == State::Approved && !too_late_to_start(r, start_within) {
                     return Err(ApprovalError::WrongState {
                         state: r.state,
@@ -532,7 +534,7 @@ impl Gateway {
         let now = chrono::Utc::now();
         match self
             .approvals
-            .ids_in(State::Pending, &format_at(now), true)
+            .ids_in(State::Pending, &format_at(now), Due::Expiry)
             .await
         {
             Ok(ids) => {
@@ -547,7 +549,7 @@ impl Gateway {
                 .unwrap_or(chrono::Duration::minutes(5));
         match self
             .approvals
-            .ids_in(State::Approved, &format_at(stale), false)
+            .ids_in(State::Approved, &format_at(stale), Due::LastChange)
             .await
         {
             Ok(ids) => {
@@ -560,7 +562,7 @@ impl Gateway {
         let orphaned = now - chrono::Duration::seconds(10);
         if let Ok(ids) = self
             .approvals
-            .ids_in(State::Approved, &format_at(orphaned), false)
+            .ids_in(State::Approved, &format_at(orphaned), Due::LastChange)
             .await
         {
             for id in ids {
@@ -572,13 +574,13 @@ impl Gateway {
                 .unwrap_or(chrono::Duration::minutes(5));
         if let Ok(ids) = self
             .approvals
-            .ids_in(State::Executing, &format_at(lost), false)
+            .ids_in(State::Executing, &format_at(lost), Due::LastChange)
             .await
         {
             for id in ids {
                 let result = self
                     .approvals
-                    .transition(&id, true, |r| {
+                    .transition(&id, Lock::SkipLocked, |r| {
                         let mut change = approvals::moved(
                             r,
                             &[State::Executing],

@@ -1,4 +1,5 @@
-//! Approval requests: the queue that risk:high calls wait in until humans decide.
+//! Approval requests: the queue that calls the policy sends to humans (risk:high, and
+//! risk:low unless lowered) wait in until they decide.
 //!
 //! A request is bound at creation to the exact call (tool, args, runners, reason, requester,
 //! pack digest and the preview captured then). Its states:

@@ -62,7 +62,9 @@ pub mod kind {
 /// An event as a caller hands it to the writer.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct NewEvent {
-    /// Who: `agent:NAME`, `user:NAME`, `cli:USER` or `system`.
+    /// Who: a caller's `ROLE:NAME` (`agent:`, `auditor:`, `approver:`, `admin:`), a provider
+    /// person's `person:ID`, `user:NAME` (a failed local login), `runner:NAME`, `cli:USER`,
+    /// or `system` / `system:WHAT`.
     pub actor: String,
     pub kind: String,
     pub tool: Option<String>,

@@ -15,9 +15,7 @@ use super::state::Gateway;
 use crate::digest::{canonical_json, json_digest};
 use crate::pack::ToolRef;
 use crate::protocol::Mode;
-use crate::server::approvals::{
-    self, Actor, Approval, ApprovalError, Due, Lock, State, Verdict,
-};
+use crate::server::approvals::{self, Actor, Approval, ApprovalError, Due, Lock, State, Verdict};
 use crate::server::audit::{NewEvent, format_at, kind};
 use crate::server::runners::client::Dispatch;
 use crate::server::tokens::Principal;

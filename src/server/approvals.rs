@@ -199,8 +199,9 @@ impl Approval {
         ))
     }
 
-    /// An audit event about this request.
-    fn event(&self, actor: &str, kind: &str, detail: Value) -> NewEvent {
+    /// An audit event about this request: every event about one carries its tool, runner
+    /// (when there is one), shown arguments, reason, call id and approval id.
+    pub(crate) fn event(&self, actor: &str, kind: &str, detail: Value) -> NewEvent {
         NewEvent {
             actor: actor.to_owned(),
             kind: kind.to_owned(),

@@ -190,22 +190,15 @@ impl Gateway {
             expires_at: format_at(now + ttl),
             updated_at: format_at(now),
         };
-        let mut event = NewEvent {
-            actor,
-            kind: kind::APPROVAL_REQUESTED.into(),
-            tool: Some(approval.tool.clone()),
-            runner: (approval.runners.len() == 1).then(|| approval.runners[0].clone()),
-            args: Some(approval.shown_args.clone()),
-            reason: Some(approval.reason.clone()),
-            call_id: Some(approval.call_id.clone()),
-            approval_id: Some(approval.id.clone()),
-            detail: Some(on_behalf_of(
+        let mut event = approval.event(
+            &actor,
+            kind::APPROVAL_REQUESTED,
+            on_behalf_of(
                 json!({"runners": approval.runners, "required_approvals": approval.required_approvals,
                        "expires_at": approval.expires_at}),
                 approval.on_behalf_of.as_deref(),
-            )),
-            ..Default::default()
-        };
+            ),
+        );
         if let Some(p) = &approval.preview {
             event.result_digest = Some(json_digest(p));
         }

@@ -405,13 +405,7 @@ impl Gateway {
                 .iter()
                 .find_map(|r| r.error.as_ref().map(|e| format!("{}: {e}", r.runner)))
         });
-        let outcome = CallOutcome {
-            call_id: row.call_id.clone(),
-            tool: row.tool.clone(),
-            runner_chosen_by_server: row.runner_chosen_by_server,
-            results,
-            approval: None,
-        };
+        let outcome = CallOutcome::of_approval(&row, results);
         crate::server::metrics::tool_call(&row.tool, if ok { "ok" } else { "error" });
         let result = serde_json::to_value(&outcome).expect("outcomes are JSON");
         let finished = self
@@ -678,13 +672,9 @@ pub(super) fn settled(row: &Approval) -> Result<Option<CallOutcome>, CallError> 
             if let Some(Err(e)) = &stored {
                 tracing::error!(error = %e, approval_id = %row.id, "stored outcome unreadable");
             }
-            let mut outcome = stored.and_then(Result::ok).unwrap_or_else(|| CallOutcome {
-                call_id: row.call_id.clone(),
-                tool: row.tool.clone(),
-                runner_chosen_by_server: row.runner_chosen_by_server,
-                results: Vec::new(),
-                approval: None,
-            });
+            let mut outcome = stored
+                .and_then(Result::ok)
+                .unwrap_or_else(|| CallOutcome::of_approval(row, Vec::new()));
             let message = match row.state {
                 State::Executed => "approved and executed".to_owned(),
                 State::Failed => format!(
@@ -701,10 +691,6 @@ pub(super) fn settled(row: &Approval) -> Result<Option<CallOutcome>, CallError> 
 
 pub(super) fn pending_outcome(row: &Approval, waited: Duration) -> CallOutcome {
     CallOutcome {
-        call_id: row.call_id.clone(),
-        tool: row.tool.clone(),
-        runner_chosen_by_server: row.runner_chosen_by_server,
-        results: Vec::new(),
         approval: Some(ApprovalInfo {
             approval_id: row.id.clone(),
             state: row.state,
@@ -718,5 +704,6 @@ pub(super) fn pending_outcome(row: &Approval, waited: Duration) -> CallOutcome {
             decided_by: row.decided_by.clone(),
             note: row.note.clone(),
         }),
+        ..CallOutcome::of_approval(row, Vec::new())
     }
 }

@@ -20,4 +20,6 @@ pub use resolve::{PackError, PackInfo, PackSet, Preview, Risk, Scope, Tool, Tool
 pub use template::Template;
 
 pub use params::validate as validate_args;
-pub use resolve::{input_schema, input_validator, reason_schema, with_runner_names};
+pub use resolve::{
+    REASON_MAX_CHARS, input_schema, input_validator, reason_schema, with_runner_names,
+};

@@ -20,9 +20,6 @@ use crate::server::policy::{self, Decision, Policy};
 use crate::server::runners::client::Dispatch;
 use crate::server::tokens::Principal;
 
-/// The longest `reason`, in characters (the input schema says the same).
-const REASON_MAX_CHARS: usize = 2000;
-
 /// A call as the MCP adapter hands it over.
 #[derive(Debug, Clone)]
 pub struct ToolCall {
@@ -489,7 +486,7 @@ fn validate(offered: &OfferedTool, whole: Map<String, Value>) -> (Args, Vec<Stri
         .remove("reason")
         .and_then(|v| v.as_str().map(str::to_owned))
         .filter(
-            |r| match crate::util::door::text("reason", r, REASON_MAX_CHARS) {
+            |r| match crate::util::door::text("reason", r, crate::pack::REASON_MAX_CHARS) {
                 Ok(()) => true,
                 Err(e) => {
                     errors.push(e);

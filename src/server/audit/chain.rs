@@ -127,11 +127,18 @@ pub struct Sealed {
 }
 
 impl Event {
-    /// Seals `new` as event number `seq` after `prev_hash`, in the current format.
-    pub fn seal(new: NewEvent, seq: i64, id: String, at: String, prev_hash: String) -> Sealed {
-        let args_text = new.args.as_ref().map(canonical_json);
-        let detail_text = new.detail.as_ref().map(canonical_json);
-        let mut event = Event {
+    /// `new` as event number `seq` after `prev_hash`, carrying `hash` in the current format:
+    /// the one place a caller's event becomes a stored one, for sealing and for handing the
+    /// appended event back.
+    pub fn from_new(
+        new: NewEvent,
+        seq: i64,
+        id: String,
+        at: String,
+        prev_hash: String,
+        hash: String,
+    ) -> Event {
+        Event {
             seq,
             id,
             at,
@@ -147,9 +154,16 @@ impl Event {
             result_digest: new.result_digest,
             detail: new.detail,
             prev_hash,
-            hash: String::new(),
+            hash,
             hash_v: hash_v::TEXT,
-        };
+        }
+    }
+
+    /// Seals `new` as event number `seq` after `prev_hash`, in the current format.
+    pub fn seal(new: NewEvent, seq: i64, id: String, at: String, prev_hash: String) -> Sealed {
+        let args_text = new.args.as_ref().map(canonical_json);
+        let detail_text = new.detail.as_ref().map(canonical_json);
+        let mut event = Event::from_new(new, seq, id, at, prev_hash, String::new());
         event.hash = hex::encode(
             event
                 .text(args_text.as_deref(), detail_text.as_deref())

@@ -369,18 +369,7 @@ async fn api_runners(
     State(state): State<HttpState>,
     axum::Extension(principal): axum::Extension<Principal>,
 ) -> Json<serde_json::Value> {
-    let visible: Vec<_> = state
-        .gateway
-        .runners()
-        .snapshot()
-        .into_iter()
-        .filter(|r| {
-            principal
-                .selector
-                .as_ref()
-                .is_none_or(|s| s.matches(&r.labels))
-        })
-        .collect();
+    let visible = state.gateway.runners_visible_to(&principal);
     Json(json!({"runners": visible}))
 }
 

@@ -16,8 +16,7 @@
 //! the session's CSRF token in `X-CSRF-Token`. Every response carries a strict
 //! Content-Security-Policy; the portal inserts all data as text, never as HTML.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Request, State};
@@ -32,37 +31,15 @@ use tokio_util::sync::CancellationToken;
 use crate::server::api_error::ApiError;
 use crate::server::db::Db;
 use crate::server::gateway::Gateway;
+use crate::server::http_state::HttpState;
 use crate::server::mcp::GatewaySource;
 use crate::server::oidc::identity::Identity;
 use crate::server::tokens::{Principal, Role};
 
-/// The most session bindings remembered; past it the oldest half is forgotten (a forgotten
-/// session is bound again to the next token that uses it).
-const MAX_SESSIONS: usize = 100_000;
 /// The longest MCP session id accepted (the ones this server issues are UUIDs).
 const MAX_SESSION_ID: usize = 128;
 /// How long a readiness check may wait for the store.
 const READY_TIMEOUT: Duration = Duration::from_secs(2);
-
-#[derive(Clone)]
-pub struct HttpState {
-    pub db: Db,
-    /// Login attempts per client address, for the server and per user name (argon2 is slow
-    /// on purpose; these keep a guesser slower and a flood from taking the server's CPU).
-    pub logins: Arc<crate::server::login_limits::LoginLimits>,
-    /// Cookies get `Secure` when the portal is served over TLS.
-    pub secure_cookies: bool,
-    pub gateway: Arc<Gateway>,
-    /// The organisation's identity providers (`[oidc]`, `[oauth]`) and whether password
-    /// login is on.
-    pub identity: Arc<Identity>,
-    /// MCP session id → (token id, order of binding).
-    sessions: Arc<Mutex<HashMap<String, (String, u64)>>>,
-    tokens: Arc<crate::server::tokens::TokenCache>,
-    /// Joins, re-registrations and heartbeats of runners.
-    fleet: Arc<crate::server::fleet::Fleet>,
-    next_binding: Arc<std::sync::atomic::AtomicU64>,
-}
 
 /// How often idle login buckets are forgotten.
 const LOGIN_SWEEP: Duration = Duration::from_secs(60);
@@ -96,17 +73,7 @@ pub fn router(
         gateway.runners().clone(),
         server_public_key,
     ));
-    let state = HttpState {
-        db,
-        logins,
-        secure_cookies,
-        gateway,
-        identity: identity.clone(),
-        sessions: Arc::default(),
-        tokens: Arc::default(),
-        fleet,
-        next_binding: Arc::default(),
-    };
+    let state = HttpState::new(db, logins, secure_cookies, gateway, identity.clone(), fleet);
     let protected = Router::new()
         .nest_service("/mcp", mcp)
         .route("/api/runners", get(api_runners))
@@ -367,11 +334,7 @@ fn remember_mcp_session(
         state.bind_session(id, principal);
     }
     if let Some(id) = closed {
-        state
-            .sessions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&id);
+        state.forget_session(&id);
     }
 }
 
@@ -387,27 +350,6 @@ async fn portal_session(
         return Ok(None);
     }
     crate::server::oidc::sessions::find(&state.db, id).await
-}
-
-impl HttpState {
-    /// Binds `session` to the principal's token, or checks it is bound to it already.
-    fn bind_session(&self, session: &str, principal: &Principal) -> bool {
-        let mut map = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((token_id, _)) = map.get(session) {
-            return *token_id == principal.token_id;
-        }
-        if map.len() >= MAX_SESSIONS {
-            let mut orders: Vec<u64> = map.values().map(|(_, o)| *o).collect();
-            orders.sort_unstable();
-            let cutoff = orders[orders.len() / 2];
-            map.retain(|_, (_, o)| *o > cutoff);
-        }
-        let order = self
-            .next_binding
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        map.insert(session.to_owned(), (principal.token_id.clone(), order));
-        true
-    }
 }
 
 /// `GET /api/runners`: the runners the caller may see. A token limited to a selector sees

@@ -10,6 +10,7 @@ pub mod db;
 pub mod fleet;
 pub mod gateway;
 pub mod http;
+pub mod http_state;
 pub mod login_limits;
 pub mod mcp;
 pub mod metrics;

@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 
 use crate::server::api_error::ApiError;
 use crate::server::approvals::{State as ApprovalState, Verdict};
-use crate::server::http::HttpState;
+use crate::server::http_state::HttpState;
 use crate::server::tokens::Principal;
 use crate::server::users::{Session, UserError};
 

@@ -15,7 +15,7 @@ pub use action::{AcceptStatus, Action, ExecAction, HttpAction, Step, StepKind};
 pub use jq::JqProgram;
 pub use params::is_identifier;
 pub use params::{Param, ParamType};
-pub use params::{allowlist_admits, template_text};
+pub use params::{allowlist_admits, shown_value, template_text};
 pub use resolve::{PackError, PackInfo, PackSet, Preview, Risk, Scope, Tool, ToolRef};
 pub use template::Template;
 

@@ -19,7 +19,7 @@ use serde::de::{self, Deserializer, IntoDeserializer, MapAccess, Visitor};
 use serde_json::Value;
 
 use crate::digest::{canonical_json, sha256_hex};
-use crate::pack::{PackSet, Risk, Tool, allowlist_admits, is_identifier, template_text};
+use crate::pack::{PackSet, Risk, Tool, allowlist_admits, is_identifier, shown_value};
 use crate::selector::Selector;
 use crate::server::tokens::{Principal, Role};
 
@@ -848,14 +848,7 @@ impl Policy {
                     continue;
                 };
                 if !allowlist_admits(&param.kind, value, list) {
-                    let shown = if param.secret {
-                        "(secret)".to_owned()
-                    } else {
-                        format!(
-                            "`{}`",
-                            template_text(value).unwrap_or_else(|| value.to_string())
-                        )
-                    };
+                    let shown = shown_value(param, value);
                     return Some(format!(
                         "runner `{runner}` does not accept `{}` = {shown}: the policy's allowlist `runners.{}.{}` has only [{}]",
                         param.name,

@@ -51,7 +51,7 @@ pub async fn asset(Path(file): Path<String>) -> Response {
 }
 
 pub async fn not_found() -> Response {
-    (StatusCode::NOT_FOUND, Json(json!({"error": "not found"}))).into_response()
+    ApiError::new(StatusCode::NOT_FOUND, "not found").into_response()
 }
 
 /// Headers every response carries.

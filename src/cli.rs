@@ -76,7 +76,7 @@ pub enum Command {
         #[arg(long)]
         packs_dir: Option<PathBuf>,
     },
-    /// The case study's fleet-wide 502 incident, replayable: the server, five edge runners
+    /// A fleet-wide 502 incident, replayable: the server, five edge runners
     /// (nomad-hvn01..05) and the lab's Consul, Nomad, Traefik, FRR and metrics behind them.
     Lab {
         #[arg(long, default_value = ".emisar-lab")]
@@ -153,7 +153,7 @@ pub enum Command {
         /// The server's MCP endpoint, e.g. http://127.0.0.1:7700/mcp.
         #[arg(long)]
         url: String,
-        /// The agent bearer token (or EMISAR_TOKEN).
+        /// An emisar bearer token, usually an agent's (or EMISAR_TOKEN).
         #[arg(long, env = "EMISAR_TOKEN", hide_env_values = true)]
         token: String,
     },

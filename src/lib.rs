@@ -18,7 +18,7 @@
 //!
 //! At the top, the composition roots put the rooms together: [`cli`] (every subcommand),
 //! [`dev`] (`emisar dev`: a server and a local runner in one process), [`lab`] (`emisar lab`:
-//! the case study's incident on one machine; nothing in the product imports it) and
+//! a fleet-wide 502 incident on one machine; nothing in the product imports it) and
 //! [`stdio_bridge`] (`emisar mcp-stdio`).
 
 #[cfg(feature = "server")]

@@ -1,4 +1,4 @@
-//! `emisar lab`: the fleet-wide 502 incident of the case study, replayable on one machine.
+//! `emisar lab`: a fleet-wide 502 incident (told in [`scenario`]), replayable on one machine.
 //!
 //! Five runners named `nomad-hvn01` … `nomad-hvn05` run the stock packs unchanged; what
 //! stands behind them is the lab's: emulated Consul and Nomad cluster APIs, a Traefik API per

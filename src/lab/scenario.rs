@@ -1,4 +1,4 @@
-//! The incident at its start, as the case study tells it: five edge nodes behind an anycast
+//! The incident at its start: five edge nodes behind an anycast
 //! VIP; hvn02 and hvn05 rebooted around 02:00 in an unattended-upgrades wave; hvn05's Consul
 //! agent left the gossip and never rejoined, so its Traefik allocation fails its Consul
 //! pre-run hook and nothing listens there, while its BGP session still advertises the VIP;
@@ -28,7 +28,7 @@ pub const NODES: [&str; 5] = [
     "nomad-hvn04",
     "nomad-hvn05",
 ];
-/// hvn04's Traefik allocation, OOM-looping (the case study reads it by this prefix).
+/// hvn04's Traefik allocation, OOM-looping (an investigation reads it by this prefix).
 pub const OOM_ALLOC: &str = "1c11be31-6a2e-4c1b-9d7e-1f2a3b4c5d6e";
 /// hvn05's Traefik allocation, failed in its Consul pre-run hook.
 pub const SETUP_FAILED_ALLOC: &str = "f746f2a3-0b1c-4d2e-8f3a-4b5c6d7e8f90";

@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 use super::engine::{self, Env};
 use super::seal::{SealKey, Sealed};
 use crate::node::config::RunnerConfig;
-use crate::pack::{PackSet, Risk, Tool, allowlist_admits, template_text};
+use crate::pack::{PackSet, Risk, Tool, allowlist_admits, shown_value};
 use crate::protocol::signing::{CallClaims, CallVerifier, now};
 use crate::protocol::{CallRequest, CallResponse, Mode};
 
@@ -262,14 +262,7 @@ async fn call(
             .get(list_name)
             .is_some_and(|list| allowlist_admits(&param.kind, value, list));
         if !allowed {
-            let shown = if param.secret {
-                "(secret)".to_owned()
-            } else {
-                format!(
-                    "`{}`",
-                    template_text(value).unwrap_or_else(|| value.to_string())
-                )
-            };
+            let shown = shown_value(param, value);
             return refuse(
                 StatusCode::FORBIDDEN,
                 format!(

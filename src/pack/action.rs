@@ -89,8 +89,17 @@ pub(super) struct Scope<'a> {
     pub vars: BTreeSet<String>,
 }
 
+/// Whether a template may use params the caller may leave out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Optional {
+    /// Query values and check messages: a missing value is simply left out.
+    Allowed,
+    /// Paths and argv: a missing value would change what is called.
+    Refused,
+}
+
 impl Scope<'_> {
-    fn check_refs(&self, t: &Template, must_be_present: bool) -> Result<(), String> {
+    fn check_refs(&self, t: &Template, optional: Optional) -> Result<(), String> {
         for n in t.params() {
             if self.vars.contains(n) {
                 continue;
@@ -102,7 +111,7 @@ impl Scope<'_> {
                         t.source()
                     ));
                 }
-                Some(p) if must_be_present && !p.required => {
+                Some(p) if optional == Optional::Refused && !p.required => {
                     return Err(format!(
                         "template `{}` uses optional param `{n}`: only query values may",
                         t.source()
@@ -130,11 +139,11 @@ pub(super) fn resolve_http(h: &RawHttp, scope: &Scope<'_>) -> Result<HttpAction,
         return Err(format!("http path `{}` must start with /", h.path));
     }
     let path = Template::parse(&h.path)?;
-    scope.check_refs(&path, true)?;
+    scope.check_refs(&path, Optional::Refused)?;
     let mut query = Vec::new();
     for (k, v) in &h.query {
         let t = Template::parse(v)?;
-        scope.check_refs(&t, false)?;
+        scope.check_refs(&t, Optional::Allowed)?;
         query.push((k.clone(), t));
     }
     let accept = match &h.accept_status {
@@ -179,7 +188,7 @@ pub(super) fn resolve_exec(e: &RawExec, scope: &Scope<'_>) -> Result<ExecAction,
         .map(|a| Template::parse(a))
         .collect::<Result<Vec<_>, _>>()?;
     for t in &argv {
-        scope.check_refs(t, true)?;
+        scope.check_refs(t, Optional::Refused)?;
     }
     Ok(ExecAction {
         argv,
@@ -270,7 +279,7 @@ pub(super) fn resolve_steps(
                         .ok_or_else(|| at("a check needs a `message`".into()))?,
                 )
                 .map_err(at)?;
-                scope.check_refs(&message, false).map_err(at)?;
+                scope.check_refs(&message, Optional::Allowed).map_err(at)?;
                 StepKind::Check {
                     check: JqProgram::compile(c).map_err(at)?,
                     message,

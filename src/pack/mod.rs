@@ -15,9 +15,11 @@ pub use action::{AcceptStatus, Action, ExecAction, HttpAction, Step, StepKind};
 pub use jq::JqProgram;
 pub use params::is_identifier;
 pub use params::{Param, ParamType};
-pub use params::{allowlist_admits, template_text};
+pub use params::{allowlist_admits, shown_value, template_text};
 pub use resolve::{PackError, PackInfo, PackSet, Preview, Risk, Scope, Tool, ToolRef};
 pub use template::Template;
 
 pub use params::validate as validate_args;
-pub use resolve::{input_schema, input_validator, reason_schema, with_runner_names};
+pub use resolve::{
+    REASON_MAX_CHARS, input_schema, input_validator, reason_schema, with_runner_names,
+};

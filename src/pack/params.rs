@@ -388,6 +388,19 @@ pub fn allowlist_admits(kind: &ParamType, value: &Value, list: &[String]) -> boo
         .any(|entry| allowlist_key(kind, entry) == wanted)
 }
 
+/// How a refusal names `param`'s `value`: in backquotes as it would fill a template, or
+/// `(secret)` for a secret param, whose value no refusal may echo. The policy and the runner
+/// word their allowlist refusals with it.
+pub fn shown_value(param: &Param, value: &Value) -> String {
+    if param.secret {
+        return "(secret)".to_owned();
+    }
+    format!(
+        "`{}`",
+        template_text(value).unwrap_or_else(|| value.to_string())
+    )
+}
+
 /// The text a JSON value becomes inside a template. Only scalars can fill a template.
 pub fn template_text(value: &Value) -> Option<String> {
     match value {

@@ -342,13 +342,17 @@ fn resolve_tool(pack: &RawPack, name: &str, raw: &RawTool) -> Result<Tool, Strin
     })
 }
 
+/// The most characters a call's `reason` may have: the schema says so, and the gateway
+/// checks it again on what arrives.
+pub const REASON_MAX_CHARS: usize = 2000;
+
 /// The schema of `reason`, which every tool takes: recorded in the audit log, so it must say
 /// something (not only whitespace) and stay short.
 pub fn reason_schema(description: &str) -> Value {
     json!({
         "type": "string",
         "minLength": 1,
-        "maxLength": 2000,
+        "maxLength": REASON_MAX_CHARS,
         "pattern": "\\S",
         "description": description,
     })

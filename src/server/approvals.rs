@@ -1,4 +1,5 @@
-//! Approval requests: the queue that risk:high calls wait in until humans decide.
+//! Approval requests: the queue that calls the policy sends to humans (risk:high, and
+//! risk:low unless lowered) wait in until they decide.
 //!
 //! A request is bound at creation to the exact call (tool, args, runners, reason, requester,
 //! pack digest and the preview captured then). Its states:
@@ -123,7 +124,10 @@ pub struct Approval {
     #[serde(rename = "args")]
     pub shown_args: Value,
     pub runners: Vec<String>,
-    pub runner_chosen: bool,
+    /// True when the server chose the runner. Serialized as `runner_chosen`, the name the
+    /// approvals API has always given it.
+    #[serde(rename = "runner_chosen")]
+    pub runner_chosen_by_server: bool,
     #[serde(skip)]
     pub raw: bool,
     pub reason: String,
@@ -142,7 +146,10 @@ pub struct Approval {
     /// them (text, so no store can renormalise a number in it).
     pub preview: Option<Value>,
     pub required_approvals: u32,
-    pub approvals: Vec<Vote>,
+    /// The approvers' votes so far (one per person). Serialized as `approvals`, the name
+    /// the API and the portal have always read.
+    #[serde(rename = "approvals")]
+    pub votes: Vec<Vote>,
     pub state: State,
     /// The denial note, or why execution failed.
     pub note: Option<String>,
@@ -192,8 +199,9 @@ impl Approval {
         ))
     }
 
-    /// An audit event about this request.
-    fn event(&self, actor: &str, kind: &str, detail: Value) -> NewEvent {
+    /// An audit event about this request: every event about one carries its tool, runner
+    /// (when there is one), shown arguments, reason, call id and approval id.
+    pub(crate) fn event(&self, actor: &str, kind: &str, detail: Value) -> NewEvent {
         NewEvent {
             actor: actor.to_owned(),
             kind: kind.to_owned(),
@@ -218,6 +226,25 @@ pub struct Actor {
     pub actor: String,
     /// The human role may approve this tool (from the policy).
     pub may_approve: bool,
+}
+
+/// How [`Approvals::transition`] takes a request's row lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lock {
+    /// Wait for whoever holds it: a decision, a withdrawal or an outcome must be recorded.
+    Wait,
+    /// Give up at once if another replica holds it: sweeps and claims, where another
+    /// replica already doing the work is as good as doing it here.
+    SkipLocked,
+}
+
+/// Which of a request's times [`Approvals::ids_in`] compares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Due {
+    /// When the request expires.
+    Expiry,
+    /// When the request last changed state.
+    LastChange,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -307,16 +334,16 @@ pub fn decide(
             })
         }
         Verdict::Approve => {
-            if row.approvals.iter().any(|v| v.user == who.name) {
+            if row.votes.iter().any(|v| v.user == who.name) {
                 return Err(ApprovalError::Refused(
                     "you approved this already: another approver must add theirs".into(),
                 ));
             }
-            next.approvals.push(Vote {
+            next.votes.push(Vote {
                 user: who.name.clone(),
                 at,
             });
-            let votes = next.approvals.len() as u32;
+            let votes = next.votes.len() as u32;
             if votes >= row.required_approvals {
                 next.state = State::Approved;
                 next.decided_by = Some(who.actor.clone());
@@ -414,7 +441,7 @@ where
         args: json("args", &row.try_get::<String, _>("args")?)?,
         shown_args: json("shown_args", &row.try_get::<String, _>("shown_args")?)?,
         runners: json("runners", &row.try_get::<String, _>("runners")?)?,
-        runner_chosen: row.try_get("runner_chosen")?,
+        runner_chosen_by_server: row.try_get("runner_chosen")?,
         raw: row.try_get("raw")?,
         reason: row.try_get("reason")?,
         requester: row.try_get("requester")?,
@@ -423,7 +450,7 @@ where
         pack_sha256: row.try_get("pack_sha256")?,
         preview: opt_json("preview")?,
         required_approvals: row.try_get::<i32, _>("required_approvals")?.max(1) as u32,
-        approvals: json("approvals", &row.try_get::<String, _>("approvals")?)?,
+        votes: json("approvals", &row.try_get::<String, _>("approvals")?)?,
         state: State::parse(&state).map_err(|e| sqlx::Error::ColumnDecode {
             index: "state".into(),
             source: e.into(),
@@ -492,7 +519,7 @@ impl Approvals {
                     .bind(text(&a.args))
                     .bind(text(&a.shown_args))
                     .bind(text(&a.runners))
-                    .bind(a.runner_chosen)
+                    .bind(a.runner_chosen_by_server)
                     .bind(a.raw)
                     .bind(&a.reason)
                     .bind(&a.requester)
@@ -500,7 +527,7 @@ impl Approvals {
                     .bind(&a.pack_sha256)
                     .bind(a.preview.as_ref().map(text))
                     .bind(a.required_approvals as i32)
-                    .bind(text(&a.approvals))
+                    .bind(text(&a.votes))
                     .bind(a.state.as_str())
                     .bind(&a.note)
                     .bind(&a.decided_by)
@@ -604,18 +631,16 @@ impl Approvals {
         Ok(u64::try_from(n).unwrap_or(0))
     }
 
-    /// Ids in `state` last changed (or, `by_expiry`, expiring) before `before`, for the
-    /// sweeper.
+    /// Ids in `state` whose `due` time is before `before`, for the sweeper.
     pub async fn ids_in(
         &self,
         state: State,
         before: &str,
-        by_expiry: bool,
+        due: Due,
     ) -> Result<Vec<String>, ApprovalError> {
-        let column = if by_expiry {
-            "expires_at"
-        } else {
-            "updated_at"
+        let column = match due {
+            Due::Expiry => "expires_at",
+            Due::LastChange => "updated_at",
         };
         let sql = self.db.sql(format!(
             "SELECT id FROM approvals WHERE state = $1 AND {column} <= $2::timestamptz LIMIT 100"
@@ -635,13 +660,13 @@ impl Approvals {
         Ok(ids)
     }
 
-    /// The one way a request changes: lock the row (`skip_locked`: give up at once if
-    /// another replica holds it, returning `Ok(None)`), let `change` decide from the locked
-    /// row, make the audit event durable, write the row, announce it.
+    /// The one way a request changes: lock the row (with [`Lock::SkipLocked`], give up at
+    /// once if another replica holds it, returning `Ok(None)`), let `change` decide from the
+    /// locked row, make the audit event durable, write the row, announce it.
     pub async fn transition<F>(
         &self,
         id: &str,
-        skip_locked: bool,
+        lock: Lock,
         change: F,
     ) -> Result<Option<Approval>, ApprovalError>
     where
@@ -653,7 +678,7 @@ impl Approvals {
                 sqlx::query(self.db.sql(UPDATE))
                     .bind(&$a.id)
                     .bind($a.state.as_str())
-                    .bind(text(&$a.approvals))
+                    .bind(text(&$a.votes))
                     .bind(&$a.note)
                     .bind(&$a.decided_by)
                     .bind($a.result.as_ref().map(text))
@@ -668,18 +693,17 @@ impl Approvals {
                     .await
                     .expect("the semaphore is never closed");
                 let mut tx = self.db.guard(pool.begin()).await?;
-                let lock = if skip_locked {
-                    "FOR UPDATE SKIP LOCKED"
-                } else {
-                    "FOR UPDATE"
+                let clause = match lock {
+                    Lock::SkipLocked => "FOR UPDATE SKIP LOCKED",
+                    Lock::Wait => "FOR UPDATE",
                 };
-                let sql = format!("SELECT {PG_COLUMNS} FROM approvals WHERE id = $1 {lock}");
+                let sql = format!("SELECT {PG_COLUMNS} FROM approvals WHERE id = $1 {clause}");
                 let Some(row) = sqlx::query(AssertSqlSafe(sql))
                     .bind(id)
                     .fetch_optional(&mut *tx)
                     .await?
                 else {
-                    if skip_locked && self.exists(id).await? {
+                    if lock == Lock::SkipLocked && self.exists(id).await? {
                         return Ok(None);
                     }
                     return Err(ApprovalError::NotFound(id.to_owned()));
@@ -695,13 +719,12 @@ impl Approvals {
                 row
             }
             Pool::Sqlite(_) => {
-                let _lock = if skip_locked {
-                    match self.local.try_lock() {
+                let _held = match lock {
+                    Lock::SkipLocked => match self.local.try_lock() {
                         Ok(g) => g,
                         Err(_) => return Ok(None),
-                    }
-                } else {
-                    self.local.lock().await
+                    },
+                    Lock::Wait => self.local.lock().await,
                 };
                 let current = self.get(id).await?;
                 let Change { row, event } = change(&current)?;
@@ -729,7 +752,7 @@ impl Approvals {
         result: Value,
         note: Option<String>,
     ) -> Result<(), ApprovalError> {
-        self.transition(id, false, |r| {
+        self.transition(id, Lock::Wait, |r| {
             if r.state != State::Executing {
                 return Err(ApprovalError::WrongState {
                     state: r.state,
@@ -857,7 +880,7 @@ mod tests {
             args: Map::new(),
             shown_args: json!({"unit": "consul"}),
             runners: vec!["hvn05".into()],
-            runner_chosen: false,
+            runner_chosen_by_server: false,
             raw: false,
             reason: "r".into(),
             requester: "agent:bot".into(),
@@ -866,7 +889,7 @@ mod tests {
             pack_sha256: "p".into(),
             preview: None,
             required_approvals: 1,
-            approvals: vec![],
+            votes: vec![],
             state: State::Pending,
             note: None,
             decided_by: None,
@@ -1006,7 +1029,7 @@ mod tests {
             (
                 "same approver twice",
                 Approval {
-                    approvals: vec![Vote {
+                    votes: vec![Vote {
                         user: "alice".into(),
                         at: "x".into(),
                     }],
@@ -1020,7 +1043,7 @@ mod tests {
             (
                 "second of two",
                 Approval {
-                    approvals: vec![Vote {
+                    votes: vec![Vote {
                         user: "alice".into(),
                         at: "x".into(),
                     }],

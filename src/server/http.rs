@@ -16,8 +16,7 @@
 //! the session's CSRF token in `X-CSRF-Token`. Every response carries a strict
 //! Content-Security-Policy; the portal inserts all data as text, never as HTML.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Request, State};
@@ -29,39 +28,18 @@ use axum::{Json, Router};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use crate::server::api_error::ApiError;
 use crate::server::db::Db;
 use crate::server::gateway::Gateway;
+use crate::server::http_state::HttpState;
 use crate::server::mcp::GatewaySource;
 use crate::server::oidc::identity::Identity;
 use crate::server::tokens::{Principal, Role};
 
-/// The most session bindings remembered; past it the oldest half is forgotten (a forgotten
-/// session is bound again to the next token that uses it).
-const MAX_SESSIONS: usize = 100_000;
 /// The longest MCP session id accepted (the ones this server issues are UUIDs).
 const MAX_SESSION_ID: usize = 128;
 /// How long a readiness check may wait for the store.
 const READY_TIMEOUT: Duration = Duration::from_secs(2);
-
-#[derive(Clone)]
-pub struct HttpState {
-    pub db: Db,
-    /// Login attempts per client address, for the server and per user name (argon2 is slow
-    /// on purpose; these keep a guesser slower and a flood from taking the server's CPU).
-    pub logins: Arc<crate::server::login_limits::LoginLimits>,
-    /// Cookies get `Secure` when the portal is served over TLS.
-    pub secure_cookies: bool,
-    pub gateway: Arc<Gateway>,
-    /// The organisation's identity providers (`[oidc]`, `[oauth]`) and whether password
-    /// login is on.
-    pub identity: Arc<Identity>,
-    /// MCP session id → (token id, order of binding).
-    sessions: Arc<Mutex<HashMap<String, (String, u64)>>>,
-    tokens: Arc<crate::server::tokens::TokenCache>,
-    /// Joins, re-registrations and heartbeats of runners.
-    fleet: Arc<crate::server::fleet::Fleet>,
-    next_binding: Arc<std::sync::atomic::AtomicU64>,
-}
 
 /// How often idle login buckets are forgotten.
 const LOGIN_SWEEP: Duration = Duration::from_secs(60);
@@ -95,17 +73,7 @@ pub fn router(
         gateway.runners().clone(),
         server_public_key,
     ));
-    let state = HttpState {
-        db,
-        logins,
-        secure_cookies,
-        gateway,
-        identity: identity.clone(),
-        sessions: Arc::default(),
-        tokens: Arc::default(),
-        fleet,
-        next_binding: Arc::default(),
-    };
+    let state = HttpState::new(db, logins, secure_cookies, gateway, identity.clone(), fleet);
     let protected = Router::new()
         .nest_service("/mcp", mcp)
         .route("/api/runners", get(api_runners))
@@ -190,11 +158,37 @@ async fn protected_resource_metadata(State(state): State<HttpState>) -> Response
     }
 }
 
-/// Authenticates the bearer token or the session cookie, attaches its [`Principal`], checks
-/// the role may use the path (and the CSRF token for a cookie's state change), and keeps
-/// MCP sessions bound to the token that opened them.
+/// The door of `/mcp` and `/api/*`, one step a function: who is calling
+/// ([`authenticate`]), whether a cookie's change carries its CSRF token ([`check_csrf`]),
+/// whether the caller's role may use the path ([`check_role`]), and whether the MCP session
+/// is the caller's own ([`check_mcp_session`], [`remember_mcp_session`]).
 async fn bearer_auth(State(state): State<HttpState>, mut req: Request, next: Next) -> Response {
-    // With `[oauth]`, a 401 from `/mcp` says where an MCP client can get a token.
+    let principal = match authenticate(&state, &mut req).await {
+        Ok(principal) => principal,
+        Err(refusal) => return refusal,
+    };
+    if let Err(refusal) = check_csrf(&req) {
+        return refusal.into_response();
+    }
+    if let Err(refusal) = check_role(&principal, req.uri().path()) {
+        return refusal.into_response();
+    }
+    let session = match check_mcp_session(&state, &req, &principal) {
+        Ok(session) => session,
+        Err(refusal) => return refusal.into_response(),
+    };
+    let closing = req.method() == Method::DELETE;
+    req.extensions_mut().insert(principal.clone());
+    let response = next.run(req).await;
+    remember_mcp_session(&state, &response, &principal, session.filter(|_| closing));
+    response
+}
+
+/// Who the request comes from: its bearer token (emisar's own, or with `[oauth]` an OAuth
+/// access token) or its portal session cookie, whose [`Session`](crate::server::users::Session)
+/// is attached to the request. The refusal is a whole response: with `[oauth]`, a 401 from
+/// `/mcp` says where an MCP client can get a token.
+async fn authenticate(state: &HttpState, req: &mut Request) -> Result<Principal, Response> {
     let oauth_challenge = req.uri().path().starts_with("/mcp");
     let unauthorized = |message: &'static str| match &state.identity.agents {
         Some(agents) if oauth_challenge => agents.unauthorized(message),
@@ -205,48 +199,34 @@ async fn bearer_auth(State(state): State<HttpState>, mut req: Request, next: Nex
         )
             .into_response(),
     };
-    let unavailable = |state: &HttpState, e: &dyn std::fmt::Display| {
-        tracing::error!(error = %e, "credential lookup failed");
+    let unavailable = |e: &dyn std::fmt::Display| {
         let why = state
             .db
             .outage()
             .unwrap_or_else(|| "the token store is unavailable".into());
-        (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"error": why}))).into_response()
+        ApiError::unavailable("credential lookup failed", e, why).into_response()
     };
-    let principal = match (
+    match (
         bearer(req.headers()).map(str::to_owned),
         crate::server::portal::session_cookie(req.headers()),
     ) {
         (Some(token), _) => match &state.identity.agents {
-            Some(agents) if !crate::server::tokens::is_emisar_token(&token) => {
-                match agents.principal(&token).await {
-                    Ok(principal) => principal,
-                    Err(refusal) => return agents.refused(refusal),
-                }
-            }
+            Some(agents) if !crate::server::tokens::is_emisar_token(&token) => agents
+                .principal(&token)
+                .await
+                .map_err(|r| agents.refused(r)),
             _ => match state.tokens.authenticate(&state.db, &token).await {
-                Ok(Some(principal)) => principal,
-                Ok(None) => return unauthorized("the bearer token is unknown, expired or revoked"),
-                Err(e) => return unavailable(&state, &e),
+                Ok(Some(principal)) => Ok(principal),
+                Ok(None) => Err(unauthorized(
+                    "the bearer token is unknown, expired or revoked",
+                )),
+                Err(e) => Err(unavailable(&e)),
             },
         },
-        (None, Some(cookie)) => match portal_session(&state, &cookie).await {
+        (None, Some(cookie)) => match portal_session(state, &cookie).await {
             Ok(Some(session)) => {
-                let safe = matches!(*req.method(), Method::GET | Method::HEAD);
-                let csrf_ok = req
-                    .headers()
-                    .get("x-csrf-token")
-                    .and_then(|v| v.to_str().ok())
-                    .is_some_and(|t| crate::server::users::same_secret(t, &session.csrf));
-                if !safe && !csrf_ok {
-                    return (
-                        StatusCode::FORBIDDEN,
-                        Json(json!({"error": "refused: a change made with the portal's session needs its CSRF token (X-CSRF-Token); reload the page"})),
-                    )
-                        .into_response();
-                }
                 let principal = Principal {
-                    agent: session.user.clone(),
+                    name: session.user.clone(),
                     token_id: format!("session:{}", &session.id_hash[..16]),
                     role: session.role,
                     roles: session.roles.clone(),
@@ -254,78 +234,108 @@ async fn bearer_auth(State(state): State<HttpState>, mut req: Request, next: Nex
                     on_behalf_of: None,
                 };
                 req.extensions_mut().insert(session);
-                principal
+                Ok(principal)
             }
-            Ok(None) => return unauthorized("the session has ended: log in again"),
-            Err(e) => return unavailable(&state, &e),
+            Ok(None) => Err(unauthorized("the session has ended: log in again")),
+            Err(e) => Err(unavailable(&e)),
         },
-        (None, None) => return unauthorized("a bearer token or a portal session is required"),
+        (None, None) => Err(unauthorized(
+            "a bearer token or a portal session is required",
+        )),
+    }
+}
+
+/// A request authenticated by the portal's cookie changes nothing unless it carries the
+/// session's CSRF token; a bearer token's request needs none (no browser sends it by itself).
+fn check_csrf(req: &Request) -> Result<(), ApiError> {
+    let Some(session) = req.extensions().get::<crate::server::users::Session>() else {
+        return Ok(());
     };
-    let path = req.uri().path();
+    let safe = matches!(*req.method(), Method::GET | Method::HEAD);
+    let csrf_ok = req
+        .headers()
+        .get("x-csrf-token")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| crate::server::users::same_secret(t, &session.csrf));
+    if safe || csrf_ok {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        StatusCode::FORBIDDEN,
+        "refused: a change made with the portal's session needs its CSRF token (X-CSRF-Token); reload the page",
+    ))
+}
+
+/// Each role reaches only its paths: agents `/mcp` and `/api/runners`; people every `/api/*`
+/// path; a person with no role only `/api/session` and `/api/logout`.
+fn check_role(principal: &Principal, path: &str) -> Result<(), ApiError> {
     let allowed = match principal.role {
         Role::Agent => path.starts_with("/mcp") || path == "/api/runners",
         Role::Auditor | Role::Approver | Role::Admin => path.starts_with("/api/"),
         Role::None => path == "/api/session" || path == "/api/logout",
     };
-    if !allowed && principal.role == Role::None {
-        return (
-            StatusCode::FORBIDDEN,
-            Json(json!({"error": format!(
-                "{} is signed in but holds no role in emisar (none of their groups at the provider is mapped to one): ask an administrator",
-                principal.agent
-            )})),
-        )
-            .into_response();
+    if allowed {
+        return Ok(());
     }
-    if !allowed {
-        return (
-            StatusCode::FORBIDDEN,
-            Json(json!({"error": format!("a token with role `{}` may not use {path}", principal.role.as_str())})),
+    let why = if principal.role == Role::None {
+        format!(
+            "{} is signed in but holds no role in emisar (none of their groups at the provider is mapped to one): ask an administrator",
+            principal.name
         )
-            .into_response();
-    }
-    let session = match req.headers().get("mcp-session-id") {
-        None => None,
-        // Bound sessions are remembered, so an id is checked at the door: the ids this
-        // server hands out are short and printable, and anything else cannot be one of them.
-        Some(v) => match v.to_str() {
-            Ok(id) if !id.is_empty() && id.len() <= MAX_SESSION_ID => Some(id.to_owned()),
-            _ => {
-                return (
-                    StatusCode::BAD_REQUEST,
-                    Json(json!({"error": format!("`Mcp-Session-Id` must be 1 to {MAX_SESSION_ID} printable ASCII characters, as this server issued it")})),
-                )
-                    .into_response();
-            }
-        },
+    } else {
+        format!(
+            "a token with role `{}` may not use {path}",
+            principal.role.as_str()
+        )
     };
-    if let Some(id) = &session
-        && !state.bind_session(id, &principal)
-    {
-        return (
-            StatusCode::NOT_FOUND,
-            Json(json!({"error": "session not found"})),
-        )
-            .into_response();
+    Err(ApiError::new(StatusCode::FORBIDDEN, why))
+}
+
+/// The request's MCP session id, if it has one, once it is known to belong to `principal`'s
+/// token (binding it now if this server has not seen it); another token's session is
+/// answered 404, as if it did not exist.
+fn check_mcp_session(
+    state: &HttpState,
+    req: &Request,
+    principal: &Principal,
+) -> Result<Option<String>, ApiError> {
+    let Some(v) = req.headers().get("mcp-session-id") else {
+        return Ok(None);
+    };
+    // Bound sessions are remembered, so an id is checked at the door: the ids this server
+    // hands out are short and printable, and anything else cannot be one of them.
+    let id = match v.to_str() {
+        Ok(id) if !id.is_empty() && id.len() <= MAX_SESSION_ID => id.to_owned(),
+        _ => {
+            return Err(ApiError::bad_request(format!(
+                "`Mcp-Session-Id` must be 1 to {MAX_SESSION_ID} printable ASCII characters, as this server issued it"
+            )));
+        }
+    };
+    if !state.bind_session(&id, principal) {
+        return Err(ApiError::new(StatusCode::NOT_FOUND, "session not found"));
     }
-    let closing = req.method() == Method::DELETE;
-    req.extensions_mut().insert(principal.clone());
-    let response = next.run(req).await;
+    Ok(Some(id))
+}
+
+/// After the MCP answer: a session the server just opened is bound to `principal`'s token,
+/// and a session the request `closed` is forgotten.
+fn remember_mcp_session(
+    state: &HttpState,
+    response: &Response,
+    principal: &Principal,
+    closed: Option<String>,
+) {
     if let Some(id) = response
         .headers()
         .get("mcp-session-id")
         .and_then(|v| v.to_str().ok())
     {
-        state.bind_session(id, &principal);
+        state.bind_session(id, principal);
     }
-    if closing && let Some(id) = session {
-        state
-            .sessions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&id);
+    if let Some(id) = closed {
+        state.forget_session(&id);
     }
-    response
 }
 
 /// The portal session with this id: a local user's, or a provider person's.
@@ -342,45 +352,13 @@ async fn portal_session(
     crate::server::oidc::sessions::find(&state.db, id).await
 }
 
-impl HttpState {
-    /// Binds `session` to the principal's token, or checks it is bound to it already.
-    fn bind_session(&self, session: &str, principal: &Principal) -> bool {
-        let mut map = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((token_id, _)) = map.get(session) {
-            return *token_id == principal.token_id;
-        }
-        if map.len() >= MAX_SESSIONS {
-            let mut orders: Vec<u64> = map.values().map(|(_, o)| *o).collect();
-            orders.sort_unstable();
-            let cutoff = orders[orders.len() / 2];
-            map.retain(|_, (_, o)| *o > cutoff);
-        }
-        let order = self
-            .next_binding
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        map.insert(session.to_owned(), (principal.token_id.clone(), order));
-        true
-    }
-}
-
 /// `GET /api/runners`: the runners the caller may see. A token limited to a selector sees
 /// only the runners it matches, as in `emisar.runners` and everywhere else.
 async fn api_runners(
     State(state): State<HttpState>,
     axum::Extension(principal): axum::Extension<Principal>,
 ) -> Json<serde_json::Value> {
-    let visible: Vec<_> = state
-        .gateway
-        .runners()
-        .snapshot()
-        .into_iter()
-        .filter(|r| {
-            principal
-                .selector
-                .as_ref()
-                .is_none_or(|s| s.matches(&r.labels))
-        })
-        .collect();
+    let visible = state.gateway.runners_visible_to(&principal);
     Json(json!({"runners": visible}))
 }
 
@@ -407,17 +385,13 @@ const MAX_FILTER_CHARS: usize = 256;
 /// The longest page the API returns.
 const MAX_PAGE: i64 = 1000;
 
-fn bad_request(message: String) -> Response {
-    (StatusCode::BAD_REQUEST, Json(json!({"error": message}))).into_response()
-}
-
 type AuditQueryResult =
     Result<axum::extract::Query<AuditQuery>, axum::extract::rejection::QueryRejection>;
 
 async fn api_audit(State(state): State<HttpState>, query: AuditQueryResult) -> Response {
     let filter = match audit_filter(query, 100) {
         Ok(f) => f,
-        Err(e) => return bad_request(e),
+        Err(e) => return ApiError::bad_request(e).into_response(),
     };
     let limit = filter.limit;
     match crate::server::audit::query(&state.db, &filter).await {
@@ -438,7 +412,7 @@ const MAX_EXPORT: usize = 100_000;
 async fn api_audit_export(State(state): State<HttpState>, query: AuditQueryResult) -> Response {
     let mut filter = match audit_filter(query, MAX_PAGE) {
         Ok(f) => f,
-        Err(e) => return bad_request(e),
+        Err(e) => return ApiError::bad_request(e).into_response(),
     };
     filter.limit = MAX_PAGE;
     let mut out = String::new();
@@ -460,9 +434,10 @@ async fn api_audit_export(State(state): State<HttpState>, query: AuditQueryResul
             break;
         }
         if count >= MAX_EXPORT {
-            return bad_request(format!(
+            return ApiError::bad_request(format!(
                 "more than {MAX_EXPORT} events match: narrow the filters (since/until, kind, tool)"
-            ));
+            ))
+            .into_response();
         }
     }
     (
@@ -479,11 +454,7 @@ async fn api_audit_export(State(state): State<HttpState>, query: AuditQueryResul
 }
 
 fn audit_unavailable(e: impl std::fmt::Display) -> Response {
-    tracing::error!(error = %e, "audit query failed");
-    (
-        StatusCode::SERVICE_UNAVAILABLE,
-        Json(json!({"error": "the audit store is unavailable"})),
-    )
+    ApiError::unavailable("audit query failed", &e, "the audit store is unavailable")
         .into_response()
 }
 
@@ -563,30 +534,11 @@ fn bearer(headers: &axum::http::HeaderMap) -> Option<&str> {
         .and_then(|v| v.strip_prefix("Bearer "))
 }
 
-fn fleet_error(e: crate::server::fleet::FleetError) -> Response {
-    use crate::server::fleet::FleetError;
-    let status = match &e {
-        FleetError::Invalid(_) => StatusCode::BAD_REQUEST,
-        FleetError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
-        FleetError::Forbidden(_) => StatusCode::FORBIDDEN,
-        FleetError::Conflict(_) => StatusCode::CONFLICT,
-        FleetError::Store(_) | FleetError::Audit(_) => StatusCode::SERVICE_UNAVAILABLE,
-    };
-    if status == StatusCode::SERVICE_UNAVAILABLE {
-        tracing::error!(error = %e, "a runner's join, registration or heartbeat failed");
-        let why = match e {
-            FleetError::Audit(_) => "the audit log cannot record this; try again later",
-            _ => "the store is unavailable; try again later",
-        };
-        return (status, Json(json!({"error": why}))).into_response();
-    }
-    (status, Json(json!({"error": e.to_string()}))).into_response()
-}
-
-fn no_bearer(what: &str) -> Response {
-    fleet_error(crate::server::fleet::FleetError::Unauthorized(format!(
+fn no_bearer(what: &str) -> ApiError {
+    crate::server::fleet::FleetError::Unauthorized(format!(
         "{what} is required as `Authorization: Bearer …`"
-    )))
+    ))
+    .into()
 }
 
 /// `POST /api/runners/join` with a join token's secret: registers a new runner.
@@ -594,18 +546,10 @@ async fn runner_join(
     State(state): State<HttpState>,
     headers: axum::http::HeaderMap,
     body: Result<Json<crate::protocol::JoinRequest>, axum::extract::rejection::JsonRejection>,
-) -> Response {
-    let Some(token) = bearer(&headers) else {
-        return no_bearer("a join token");
-    };
-    let request = match body {
-        Ok(Json(r)) => r,
-        Err(e) => return fleet_error(crate::server::fleet::FleetError::Invalid(e.body_text())),
-    };
-    match state.fleet.join(token, request).await {
-        Ok(r) => Json(r).into_response(),
-        Err(e) => fleet_error(e),
-    }
+) -> Result<Json<crate::protocol::JoinResponse>, ApiError> {
+    let token = bearer(&headers).ok_or_else(|| no_bearer("a join token"))?;
+    let Json(request) = body.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    Ok(Json(state.fleet.join(token, request).await?))
 }
 
 /// `POST /api/runners/register` with a runner token: a runner that joined before is back.
@@ -613,32 +557,20 @@ async fn runner_register(
     State(state): State<HttpState>,
     headers: axum::http::HeaderMap,
     body: Result<Json<crate::protocol::RegisterRequest>, axum::extract::rejection::JsonRejection>,
-) -> Response {
-    let Some(token) = bearer(&headers) else {
-        return no_bearer("the runner's credential");
-    };
-    let request = match body {
-        Ok(Json(r)) => r,
-        Err(e) => return fleet_error(crate::server::fleet::FleetError::Invalid(e.body_text())),
-    };
-    match state.fleet.register(token, request).await {
-        Ok(r) => Json(r).into_response(),
-        Err(e) => fleet_error(e),
-    }
+) -> Result<Json<crate::protocol::RegisterResponse>, ApiError> {
+    let token = bearer(&headers).ok_or_else(|| no_bearer("the runner's credential"))?;
+    let Json(request) = body.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    Ok(Json(state.fleet.register(token, request).await?))
 }
 
 /// `POST /api/runners/heartbeat` with a runner token.
 async fn runner_heartbeat(
     State(state): State<HttpState>,
     headers: axum::http::HeaderMap,
-) -> Response {
-    let Some(token) = bearer(&headers) else {
-        return no_bearer("the runner's credential");
-    };
-    match state.fleet.heartbeat(token).await {
-        Ok(name) => Json(json!({"runner": name})).into_response(),
-        Err(e) => fleet_error(e),
-    }
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let token = bearer(&headers).ok_or_else(|| no_bearer("the runner's credential"))?;
+    let name = state.fleet.heartbeat(token).await?;
+    Ok(Json(json!({"runner": name})))
 }
 
 /// Ready when the store answers and the audit writer is writing; otherwise 503 with reasons.

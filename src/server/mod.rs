@@ -1,6 +1,7 @@
 //! The server: `emisar serve`. Everything here runs on the server's host and nothing here
 //! runs on a node; it reaches runners only through [`crate::protocol`] on the wire.
 
+pub mod api_error;
 pub mod app;
 pub mod approvals;
 pub mod audit;
@@ -9,6 +10,7 @@ pub mod db;
 pub mod fleet;
 pub mod gateway;
 pub mod http;
+pub mod http_state;
 pub mod login_limits;
 pub mod mcp;
 pub mod metrics;

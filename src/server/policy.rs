@@ -19,7 +19,7 @@ use serde::de::{self, Deserializer, IntoDeserializer, MapAccess, Visitor};
 use serde_json::Value;
 
 use crate::digest::{canonical_json, sha256_hex};
-use crate::pack::{PackSet, Risk, Tool, allowlist_admits, is_identifier, template_text};
+use crate::pack::{PackSet, Risk, Tool, allowlist_admits, is_identifier, shown_value};
 use crate::selector::Selector;
 use crate::server::tokens::{Principal, Role};
 
@@ -763,7 +763,7 @@ impl Policy {
 
     /// May `caller` use `tool` at all (whatever the runners and arguments)? For `tools/list`.
     pub fn may_use_tool(&self, caller: &Principal, tool: &str) -> bool {
-        match self.access(&caller.agent) {
+        match self.access(&caller.name) {
             Access::Everything => true,
             Access::Unlisted => false,
             Access::Entry(_, rule) => rule.tools.iter().any(|p| p.matches(tool)),
@@ -773,7 +773,7 @@ impl Policy {
     /// The runner selector the policy limits `caller` to, if any (for the runner names a
     /// tool's schema lists).
     pub fn runner_selector(&self, caller: &Principal) -> Option<&Selector> {
-        match self.access(&caller.agent) {
+        match self.access(&caller.name) {
             Access::Entry(_, rule) => rule.runners.as_ref(),
             _ => None,
         }
@@ -848,14 +848,7 @@ impl Policy {
                     continue;
                 };
                 if !allowlist_admits(&param.kind, value, list) {
-                    let shown = if param.secret {
-                        "(secret)".to_owned()
-                    } else {
-                        format!(
-                            "`{}`",
-                            template_text(value).unwrap_or_else(|| value.to_string())
-                        )
-                    };
+                    let shown = shown_value(param, value);
                     return Some(format!(
                         "runner `{runner}` does not accept `{}` = {shown}: the policy's allowlist `runners.{}.{}` has only [{}]",
                         param.name,
@@ -897,7 +890,7 @@ pub fn check_file(path: &Path, packs: &PackSet) -> Result<Policy, PolicyError> {
 /// approval).
 pub fn decide(policy: &Policy, req: &Request) -> Decision {
     let tool = &req.tool.name;
-    let agent = &req.caller.agent;
+    let agent = &req.caller.name;
     match policy.access(agent) {
         Access::Everything => {}
         Access::Unlisted => {

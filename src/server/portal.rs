@@ -14,8 +14,9 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde_json::{Value, json};
 
-use crate::server::approvals::{ApprovalError, State as ApprovalState, Verdict};
-use crate::server::http::HttpState;
+use crate::server::api_error::ApiError;
+use crate::server::approvals::{State as ApprovalState, Verdict};
+use crate::server::http_state::HttpState;
 use crate::server::tokens::Principal;
 use crate::server::users::{Session, UserError};
 
@@ -50,7 +51,7 @@ pub async fn asset(Path(file): Path<String>) -> Response {
 }
 
 pub async fn not_found() -> Response {
-    (StatusCode::NOT_FOUND, Json(json!({"error": "not found"}))).into_response()
+    ApiError::new(StatusCode::NOT_FOUND, "not found").into_response()
 }
 
 /// Headers every response carries.
@@ -98,10 +99,6 @@ pub(crate) fn session_cookie_header(state: &HttpState, value: &str, max_age: u64
     .expect("cookie values are URL-safe base64")
 }
 
-fn error(status: StatusCode, message: impl Into<String>) -> Response {
-    (status, Json(json!({"error": message.into()}))).into_response()
-}
-
 fn session_json(s: &Session) -> Value {
     json!({"user": s.user, "role": s.role.as_str(), "csrf": s.csrf,
            "roles": s.roles.iter().map(|r| r.as_str()).collect::<Vec<_>>(),
@@ -131,31 +128,32 @@ pub async fn login(
             .people
             .as_ref()
             .map_or("the OpenID provider", |p| p.config.display_name.as_str());
-        return error(
+        return ApiError::new(
             StatusCode::FORBIDDEN,
             format!(
                 "password login is switched off here (oidc.local_login = false): sign in with {provider}"
             ),
-        );
+        ).into_response();
     }
     let Json(login) = match body {
         Ok(b) => b,
         Err(e) => {
-            return error(
+            return ApiError::new(
                 e.status(),
                 format!(
                     "invalid login: {} (send {{\"name\": ..., \"password\": ...}} as JSON)",
                     e.body_text()
                 ),
-            );
+            )
+            .into_response();
         }
     };
     if let Err(e) = crate::server::users::check_login(&login.name, &login.password) {
-        return error(StatusCode::BAD_REQUEST, e.to_string());
+        return ApiError::bad_request(e.to_string()).into_response();
     }
     let client = state.logins.client(connect.map(|c| (c.0).0), &headers);
     if let Err(refusal) = state.logins.check(client, &login.name) {
-        return error(StatusCode::TOO_MANY_REQUESTS, refusal.message());
+        return ApiError::new(StatusCode::TOO_MANY_REQUESTS, refusal.message()).into_response();
     }
     match crate::server::users::login(
         &state.db,
@@ -174,27 +172,22 @@ pub async fn login(
             response
         }
         Err(UserError::BadLogin) => {
-            error(StatusCode::UNAUTHORIZED, UserError::BadLogin.to_string())
+            ApiError::new(StatusCode::UNAUTHORIZED, UserError::BadLogin.to_string()).into_response()
         }
-        Err(e @ UserError::Invalid(_)) => error(StatusCode::BAD_REQUEST, e.to_string()),
-        Err(e @ UserError::Busy) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
-        Err(e) => {
-            tracing::error!(error = %e, "login failed");
-            error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "the user store is unavailable",
-            )
+        Err(e @ UserError::Invalid(_)) => ApiError::bad_request(e.to_string()).into_response(),
+        Err(e @ UserError::Busy) => {
+            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response()
         }
+        Err(e) => ApiError::unavailable("login failed", &e, "the user store is unavailable")
+            .into_response(),
     }
 }
 
 pub async fn session(session: Option<Extension<Session>>) -> Response {
     match session {
         Some(Extension(s)) => Json(session_json(&s)).into_response(),
-        None => error(
-            StatusCode::BAD_REQUEST,
-            "this request carries a bearer token, not a portal session",
-        ),
+        None => ApiError::bad_request("this request carries a bearer token, not a portal session")
+            .into_response(),
     }
 }
 
@@ -203,10 +196,8 @@ pub async fn logout(
     session: Option<Extension<Session>>,
 ) -> Response {
     let Some(Extension(s)) = session else {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "this request carries a bearer token, not a portal session",
-        );
+        return ApiError::bad_request("this request carries a bearer token, not a portal session")
+            .into_response();
     };
     let ended = if s.display_name.is_some() {
         crate::server::oidc::sessions::close(&state.db, state.gateway.audit(), &s).await
@@ -214,30 +205,14 @@ pub async fn logout(
         crate::server::users::logout(&state.db, state.gateway.audit(), &s).await
     };
     if let Err(e) = ended {
-        tracing::error!(error = %e, "logout failed");
-        return error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the user store is unavailable",
-        );
+        return ApiError::unavailable("logout failed", &e, "the user store is unavailable")
+            .into_response();
     }
     let mut response = Json(json!({"ok": true})).into_response();
     response
         .headers_mut()
         .insert(header::SET_COOKIE, session_cookie_header(&state, "", 0));
     response
-}
-
-fn approval_error(e: ApprovalError) -> Response {
-    let status = match &e {
-        ApprovalError::NotFound(_) => StatusCode::NOT_FOUND,
-        ApprovalError::Refused(_) => StatusCode::FORBIDDEN,
-        ApprovalError::WrongState { .. } => StatusCode::CONFLICT,
-        ApprovalError::Audit(_) | ApprovalError::Store(_) => {
-            tracing::error!(error = %e, "approval request failed");
-            StatusCode::SERVICE_UNAVAILABLE
-        }
-    };
-    error(status, e.to_string())
 }
 
 /// An approval as people see it: the request plus its tool's description.
@@ -268,29 +243,24 @@ pub async fn list(
     let q = match query {
         Ok(axum::extract::Query(q)) => q,
         Err(e) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                format!("invalid query: {}", e.body_text()),
-            );
+            return ApiError::bad_request(format!("invalid query: {}", e.body_text()))
+                .into_response();
         }
     };
     let wanted = match q.state.as_deref().map(ApprovalState::parse).transpose() {
         Ok(s) => s,
-        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+        Err(e) => return ApiError::bad_request(e).into_response(),
     };
     let limit = q.limit.unwrap_or(200);
     if !(1..=1000).contains(&limit) {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "`limit` must be between 1 and 1000",
-        );
+        return ApiError::bad_request("`limit` must be between 1 and 1000").into_response();
     }
     match state.gateway.approvals().list(wanted, None, limit).await {
         Ok(rows) => {
             let rows: Vec<Value> = rows.iter().map(|a| view(&state, a)).collect();
             Json(json!({"approvals": rows})).into_response()
         }
-        Err(e) => approval_error(e),
+        Err(e) => ApiError::from(e).into_response(),
     }
 }
 
@@ -303,10 +273,10 @@ fn bad_id(id: &str) -> Option<Response> {
             _ => matches!(c, '0'..='9' | 'a'..='f'),
         });
     (!is_uuid).then(|| {
-        error(
-            StatusCode::BAD_REQUEST,
+        ApiError::bad_request(
             "`id` must be an approval id: a UUID such as 0b7e1c2a-5d4f-4e3b-9a8c-1f2e3d4c5b6a",
         )
+        .into_response()
     })
 }
 
@@ -316,7 +286,7 @@ pub async fn show(State(state): State<HttpState>, Path(id): Path<String>) -> Res
     }
     match state.gateway.approvals().get(&id).await {
         Ok(a) => Json(view(&state, &a)).into_response(),
-        Err(e) => approval_error(e),
+        Err(e) => ApiError::from(e).into_response(),
     }
 }
 
@@ -327,36 +297,40 @@ pub struct Decision {
     note: Option<String>,
 }
 
+/// Which button the person pressed; the note only matters for a denial.
+#[derive(Clone, Copy)]
+enum Choice {
+    Approve,
+    Deny,
+}
+
 async fn decide(
     state: HttpState,
     who: Principal,
     id: String,
     body: Result<Json<Decision>, axum::extract::rejection::JsonRejection>,
-    approve: bool,
+    choice: Choice,
 ) -> Response {
     let note = match body {
         Ok(Json(d)) => d.note.unwrap_or_default(),
         Err(e) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                format!("invalid decision: {}", e.body_text()),
-            );
+            return ApiError::bad_request(format!("invalid decision: {}", e.body_text()))
+                .into_response();
         }
     };
     if let Some(refused) = bad_id(&id) {
         return refused;
     }
     if let Err(e) = crate::util::door::text("note", &note, MAX_NOTE_CHARS) {
-        return error(StatusCode::BAD_REQUEST, e);
+        return ApiError::bad_request(e).into_response();
     }
-    let verdict = if approve {
-        Verdict::Approve
-    } else {
-        Verdict::Deny { note }
+    let verdict = match choice {
+        Choice::Approve => Verdict::Approve,
+        Choice::Deny => Verdict::Deny { note },
     };
     match state.gateway.decide(&who, &id, verdict).await {
         Ok(a) => Json(view(&state, &a)).into_response(),
-        Err(e) => approval_error(e),
+        Err(e) => ApiError::from(e).into_response(),
     }
 }
 
@@ -366,7 +340,7 @@ pub async fn approve(
     Path(id): Path<String>,
     body: Result<Json<Decision>, axum::extract::rejection::JsonRejection>,
 ) -> Response {
-    decide(state, who, id, body, true).await
+    decide(state, who, id, body, Choice::Approve).await
 }
 
 pub async fn deny(
@@ -375,7 +349,7 @@ pub async fn deny(
     Path(id): Path<String>,
     body: Result<Json<Decision>, axum::extract::rejection::JsonRejection>,
 ) -> Response {
-    decide(state, who, id, body, false).await
+    decide(state, who, id, body, Choice::Deny).await
 }
 
 /// `GET /api/events`: every approval creation and state change, as server-sent events.

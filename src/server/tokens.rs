@@ -1,4 +1,5 @@
-//! Agent bearer tokens: issue, authenticate, revoke.
+//! Bearer tokens (`emt_…`) for agents and for people of any role: issue, authenticate,
+//! revoke. They live in the `agent_tokens` table, a name kept from when only agents held them.
 //!
 //! Invariant: a token is shown once, at issue, and only its SHA-256 is stored. Tokens are 256
 //! random bits, so a fast hash is safe here (argon2 is for guessable secrets like passwords).
@@ -87,7 +88,7 @@ pub struct Principal {
     /// agent's name from its access token, or `person:<id>` for a person signed in through
     /// the OpenID provider. Policies, rate limits and self-approval compare this name. Only
     /// the provider's people have a `:` in it: every other name is an identifier.
-    pub agent: String,
+    pub name: String,
     /// What an MCP session is bound to: the token (or, for OAuth agents, the client and
     /// subject, so a refreshed token keeps its session).
     pub token_id: String,
@@ -106,9 +107,9 @@ pub struct Principal {
 
 impl Principal {
     /// A caller with one role, acting for nobody: a token's, or a local user's.
-    pub fn new(agent: String, token_id: String, role: Role, selector: Option<Selector>) -> Self {
+    pub fn new(name: String, token_id: String, role: Role, selector: Option<Selector>) -> Self {
         Principal {
-            agent,
+            name,
             token_id,
             role,
             roles: vec![role],
@@ -121,12 +122,12 @@ impl Principal {
     /// `person:<id>` (their roles at sign-in are in their `login` event).
     pub fn actor(&self) -> String {
         if self
-            .agent
+            .name
             .starts_with(crate::server::oidc::claims::PERSON_PREFIX)
         {
-            return self.agent.clone();
+            return self.name.clone();
         }
-        format!("{}:{}", self.role.as_str(), self.agent)
+        format!("{}:{}", self.role.as_str(), self.name)
     }
 }
 
@@ -139,30 +140,31 @@ pub struct IssuedToken {
     pub expires_at: String,
 }
 
-/// Issues a token for `agent` valid for `ttl`, and audits it (the token itself never is).
+/// Issues a token for the agent or person `name` valid for `ttl`, and audits it (the token
+/// itself never is).
 pub async fn issue(
     db: &Db,
     audit: &AuditLog,
-    agent: &str,
+    name: &str,
     role: Role,
     ttl: Duration,
     issued_by: &str,
 ) -> anyhow::Result<IssuedToken> {
-    issue_scoped(db, audit, agent, role, None, ttl, issued_by).await
+    issue_scoped(db, audit, name, role, None, ttl, issued_by).await
 }
 
 /// Issues a token whose calls may target only the runners `selector` matches.
 pub async fn issue_scoped(
     db: &Db,
     audit: &AuditLog,
-    agent: &str,
+    name: &str,
     role: Role,
     selector: Option<&Selector>,
     ttl: Duration,
     issued_by: &str,
 ) -> anyhow::Result<IssuedToken> {
-    if !crate::pack::is_identifier(agent) {
-        anyhow::bail!("agent name `{agent}` must be an identifier (letters, digits, `_ . @ -`)");
+    if !crate::pack::is_identifier(name) {
+        anyhow::bail!("agent name `{name}` must be an identifier (letters, digits, `_ . @ -`)");
     }
     let mut secret = [0u8; 32];
     getrandom::fill(&mut secret).map_err(|e| anyhow::anyhow!("failed to get random bytes: {e}"))?;
@@ -181,7 +183,7 @@ pub async fn issue_scoped(
         .append(NewEvent {
             actor: issued_by.to_owned(),
             kind: kind::TOKEN_ISSUED.into(),
-            detail: Some(json!({"token_id": id, "agent": agent, "role": role.as_str(),
+            detail: Some(json!({"token_id": id, "agent": name, "role": role.as_str(),
                                 "selector": selector.map(|s| s.to_string()), "expires_at": expires_at})),
             outcome: Some("ok".into()),
             ..Default::default()
@@ -190,7 +192,7 @@ pub async fn issue_scoped(
     with_pool!(db, pool => {
         sqlx::query(sql)
             .bind(&id)
-            .bind(agent)
+            .bind(name)
             .bind(sha256_hex(token.as_bytes()))
             .bind(&created_at)
             .bind(&expires_at)
@@ -202,7 +204,7 @@ pub async fn issue_scoped(
     Ok(IssuedToken {
         id,
         token,
-        agent: agent.to_owned(),
+        agent: name.to_owned(),
         expires_at,
     })
 }
@@ -223,7 +225,7 @@ pub async fn authenticate(db: &Db, token: &str) -> Result<Option<Principal>, sql
     let row: Option<(String, String, String, Option<String>)> = db
         .guard(async { with_pool!(db, pool => sqlx::query_as(sql).bind(&hash).bind(&now).fetch_optional(pool).await) })
         .await?;
-    Ok(row.and_then(|(token_id, agent, role, selector)| {
+    Ok(row.and_then(|(token_id, name, role, selector)| {
         // A role or selector this version cannot read grants nothing.
         let selector = match selector {
             None => None,
@@ -231,7 +233,7 @@ pub async fn authenticate(db: &Db, token: &str) -> Result<Option<Principal>, sql
         };
         Role::parse(&role)
             .ok()
-            .map(|role| Principal::new(agent, token_id, role, selector))
+            .map(|role| Principal::new(name, token_id, role, selector))
     }))
 }
 

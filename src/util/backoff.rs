@@ -3,7 +3,7 @@
 //!
 //! Written here rather than taken from `backon`: backon's jitter adds a random amount on top
 //! of the exponential delay, while full jitter (the AWS architecture blog's variant) spreads
-//! retries over the whole window, which is what keeps a fleet from retrying in step (seed 004).
+//! retries over the whole window, which is what keeps a fleet from retrying in step.
 
 use std::time::Duration;
 

@@ -247,7 +247,7 @@ pub(crate) fn restart_args(reason: &str) -> Value {
     json!({"unit": "consul", "runners": ["hvn05"], "reason": reason})
 }
 
-/// Acceptance 1: request → live in the portal → approved → executed once → result to the
+/// Request → live in the portal → approved → executed once → result to the
 /// agent; the audit log names everyone and verifies.
 async fn approved_restart_runs_once_and_returns_its_result(backend: Backend) {
     let bin = tempfile::tempdir().unwrap();
@@ -354,7 +354,7 @@ async fn approved_restart_runs_once_and_returns_its_result(backend: Backend) {
 }
 both_backends!(approved_restart_runs_once_and_returns_its_result);
 
-/// Acceptance 2: a denial's note reaches the agent; nothing executes.
+/// A denial's note reaches the agent; nothing executes.
 async fn denied_request_tells_the_agent_why(backend: Backend) {
     let bin = tempfile::tempdir().unwrap();
     let record = systemctl_standin(bin.path());
@@ -407,7 +407,7 @@ async fn denied_request_tells_the_agent_why(backend: Backend) {
 }
 both_backends!(denied_request_tells_the_agent_why);
 
-/// Acceptance 3: every way to get a write without a fresh, matching human approval fails.
+/// Every way to get a write without a fresh, matching human approval fails.
 async fn approvals_refuse_what_they_should(backend: Backend) {
     let bin = tempfile::tempdir().unwrap();
     let record = systemctl_standin(bin.path());
@@ -601,7 +601,7 @@ async fn approvals_refuse_what_they_should(backend: Backend) {
 }
 both_backends!(approvals_refuse_what_they_should);
 
-/// Acceptance 4: the approver sees Nomad's plan diff; a job that moved between request and
+/// The approver sees Nomad's plan diff; a job that moved between request and
 /// approval is not written, and the request ends `failed` saying why.
 async fn nomad_resize_shows_the_plan_and_refuses_a_moved_job(backend: Backend) {
     let nomad = scenario::nomad("nomad-secret", std::sync::Arc::new(LabClock::real()));
@@ -688,7 +688,7 @@ async fn nomad_resize_shows_the_plan_and_refuses_a_moved_job(backend: Backend) {
 }
 both_backends!(nomad_resize_shows_the_plan_and_refuses_a_moved_job);
 
-/// Acceptance 5: two replicas on one PostgreSQL, two approvers clicking at once on the
+/// Two replicas on one PostgreSQL, two approvers clicking at once on the
 /// same request (one through each replica): one execution.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_two_approvers_one_execution() {

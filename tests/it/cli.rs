@@ -140,7 +140,7 @@ async fn a_token_issued_by_the_cli_works_and_is_audited() {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(principal.agent, "cli-agent");
+    assert_eq!(principal.name, "cli-agent");
 
     let (code, out, _) = emisar(&[
         "audit",

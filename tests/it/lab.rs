@@ -1,7 +1,7 @@
-//! `emisar lab`: the case study's incident, replayed end to end with the stock packs and
-//! runners. A real MCP client plays the agent through the case study's reads (in its order,
-//! with its arguments) and checks each signal; it then requests the two writes with the case
-//! study's reasons, an approver approves them through the portal's HTTP API (and, in the
+//! `emisar lab`: the fleet-wide 502 incident, replayed end to end with the stock packs and
+//! runners. A real MCP client plays the agent through an operator's reads (in their
+//! order, with their arguments) and checks each signal; it then requests the two writes with
+//! an operator's reasons, an approver approves them through the portal's HTTP API (and, in the
 //! browser test, in headless Chromium), and the reads come back healthy. The audit log holds
 //! every read with its reason and each approval's transitions, and `emisar audit verify`
 //! passes.
@@ -253,7 +253,7 @@ async fn current_allocs(
         .collect()
 }
 
-/// Acceptance 1–3: the agent reads down to the faults; two approved writes heal the fleet;
+/// The agent reads down to the faults; two approved writes heal the fleet;
 /// the audit log holds it all and verifies.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lab_agent_reads_the_incident_then_two_approvals_heal_it() {
@@ -504,7 +504,7 @@ async fn lab_agent_reads_the_incident_then_two_approvals_heal_it() {
         .await;
     assert_eq!(later["tasks"][0]["restarts"], 33, "{later}");
 
-    // The two writes, with the case study's reasons: both wait for a person.
+    // The two writes, with an operator's reasons: both wait for a person.
     let approver = lab.approver().await;
     let restart = call_in_background(
         &client,
@@ -680,7 +680,7 @@ async fn lab_agent_reads_the_incident_then_two_approvals_heal_it() {
         .await;
     assert_eq!(old["tasks"][0]["restarts"], old_restarts, "{old}");
 
-    // Acceptance 3: every read is in the audit log with its reason and its outcome per runner.
+    // Every read is in the audit log with its reason and its outcome per runner.
     for (call_id, tool, reason, runners) in &reads.0 {
         let events = lab
             .events(AuditFilter {
@@ -852,7 +852,7 @@ async fn wait_for_pending(p: &Portal, n: usize) -> Vec<Value> {
     }
 }
 
-/// Acceptance 4: the portal in a real browser on the lab: both requests listed live, each
+/// The portal in a real browser on the lab: both requests listed live, each
 /// detail with its reason (the Nomad one with its plan diff), approved there, executed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lab_portal_in_a_real_browser_shows_and_approves_both_requests() {

@@ -1,5 +1,5 @@
-//! The cluster-scoped packs of the case study: Consul and Nomad against the lab's emulators
-//! (in the incident's state, on a frozen lab clock), VictoriaMetrics for real. The seed calls
+//! The cluster-scoped packs of the lab's incident: Consul and Nomad against the lab's emulators
+//! (in the incident's state, on a frozen lab clock), VictoriaMetrics for real. An agent calls
 //! these without naming runners; the server picks one.
 
 use std::sync::Arc;
@@ -236,7 +236,7 @@ async fn nomad_reads_show_the_case_study_signals() {
                "cores": 0, "memory_mib": 1024, "memory_max_mib": 0}]})
     );
 
-    // A short prefix, as the seed uses it.
+    // A short prefix, as an operator types it.
     let oom = output(
         &call(
             &client,

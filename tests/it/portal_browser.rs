@@ -1,4 +1,4 @@
-//! The portal in a real browser (issue 5, acceptance 6): headless Chromium, driven by
+//! The portal in a real browser: headless Chromium, driven by
 //! tests/browser/portal_e2e.mjs over playwright-core, logs in as an approver, sees the
 //! agent's risk:high request appear live (no reload), reads the reason as text (a `<script>`
 //! in it stays inert), approves it, and sees the result arrive live. The Rust side makes the

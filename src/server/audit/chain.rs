@@ -62,7 +62,9 @@ pub mod kind {
 /// An event as a caller hands it to the writer.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct NewEvent {
-    /// Who: `agent:NAME`, `user:NAME`, `cli:USER` or `system`.
+    /// Who: a caller's `ROLE:NAME` (`agent:`, `auditor:`, `approver:`, `admin:`), a provider
+    /// person's `person:ID`, `user:NAME` (a failed local login), `runner:NAME`, `cli:USER`,
+    /// or `system` / `system:WHAT`.
     pub actor: String,
     pub kind: String,
     pub tool: Option<String>,
@@ -125,11 +127,18 @@ pub struct Sealed {
 }
 
 impl Event {
-    /// Seals `new` as event number `seq` after `prev_hash`, in the current format.
-    pub fn seal(new: NewEvent, seq: i64, id: String, at: String, prev_hash: String) -> Sealed {
-        let args_text = new.args.as_ref().map(canonical_json);
-        let detail_text = new.detail.as_ref().map(canonical_json);
-        let mut event = Event {
+    /// `new` as event number `seq` after `prev_hash`, carrying `hash` in the current format:
+    /// the one place a caller's event becomes a stored one, for sealing and for handing the
+    /// appended event back.
+    pub fn from_new(
+        new: NewEvent,
+        seq: i64,
+        id: String,
+        at: String,
+        prev_hash: String,
+        hash: String,
+    ) -> Event {
+        Event {
             seq,
             id,
             at,
@@ -145,9 +154,16 @@ impl Event {
             result_digest: new.result_digest,
             detail: new.detail,
             prev_hash,
-            hash: String::new(),
+            hash,
             hash_v: hash_v::TEXT,
-        };
+        }
+    }
+
+    /// Seals `new` as event number `seq` after `prev_hash`, in the current format.
+    pub fn seal(new: NewEvent, seq: i64, id: String, at: String, prev_hash: String) -> Sealed {
+        let args_text = new.args.as_ref().map(canonical_json);
+        let detail_text = new.detail.as_ref().map(canonical_json);
+        let mut event = Event::from_new(new, seq, id, at, prev_hash, String::new());
         event.hash = hex::encode(
             event
                 .text(args_text.as_deref(), detail_text.as_deref())

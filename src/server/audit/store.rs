@@ -107,25 +107,7 @@ pub(super) struct Receipt {
 
 impl Receipt {
     pub fn into_event(self, new: NewEvent) -> Event {
-        Event {
-            seq: self.seq,
-            id: self.id,
-            at: self.at,
-            actor: new.actor,
-            kind: new.kind,
-            tool: new.tool,
-            runner: new.runner,
-            args: new.args,
-            reason: new.reason,
-            call_id: new.call_id,
-            approval_id: new.approval_id,
-            outcome: new.outcome,
-            result_digest: new.result_digest,
-            detail: new.detail,
-            prev_hash: self.prev_hash,
-            hash: self.hash,
-            hash_v: hash_v::TEXT,
-        }
+        Event::from_new(new, self.seq, self.id, self.at, self.prev_hash, self.hash)
     }
 }
 

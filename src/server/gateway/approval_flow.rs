@@ -15,7 +15,7 @@ use super::state::Gateway;
 use crate::digest::{canonical_json, json_digest};
 use crate::pack::ToolRef;
 use crate::protocol::Mode;
-use crate::server::approvals::{self, Actor, Approval, ApprovalError, State, Verdict};
+use crate::server::approvals::{self, Actor, Approval, ApprovalError, Due, Lock, State, Verdict};
 use crate::server::audit::{NewEvent, format_at, kind};
 use crate::server::runners::client::Dispatch;
 use crate::server::tokens::Principal;
@@ -29,7 +29,7 @@ pub(super) struct Request<'a> {
     pub(super) params: Map<String, Value>,
     pub(super) shown_args: Value,
     pub(super) runners: Vec<String>,
-    pub(super) chosen: bool,
+    pub(super) runner_chosen_by_server: bool,
     pub(super) raw: bool,
     pub(super) reason: String,
     pub(super) approvers: u32,
@@ -60,10 +60,10 @@ impl Gateway {
         // Checked before the preview runs, so a flood of requests runs no previews. Requests
         // made at the same moment can pass together and overshoot by their number.
         let max = self.limits.max_pending_per_agent;
-        let pending = self.approvals.pending_of(&r.principal.agent).await?;
+        let pending = self.approvals.pending_of(&r.principal.name).await?;
         if pending >= u64::from(max) {
             let err = CallError::TooManyPending {
-                agent: r.principal.agent.clone(),
+                agent: r.principal.name.clone(),
                 pending,
                 max,
             };
@@ -86,7 +86,7 @@ impl Gateway {
                 reason: Some(r.reason.clone()),
                 call_id: Some(r.call_id.clone()),
                 detail: Some(on_behalf_of(
-                    json!({"runners": r.runners, "runner_chosen_by_server": r.chosen,
+                    json!({"runners": r.runners, "runner_chosen_by_server": r.runner_chosen_by_server,
                            "needs_approval": true, "approvers": r.approvers}),
                     r.principal.on_behalf_of.as_deref(),
                 )),
@@ -172,16 +172,16 @@ impl Gateway {
             args: r.params,
             shown_args: r.shown_args,
             runners: r.runners,
-            runner_chosen: r.chosen,
+            runner_chosen_by_server: r.runner_chosen_by_server,
             raw: r.raw,
             reason: r.reason,
             requester: actor.clone(),
-            requester_name: r.principal.agent.clone(),
+            requester_name: r.principal.name.clone(),
             on_behalf_of: r.principal.on_behalf_of.clone(),
             pack_sha256,
             preview,
             required_approvals: r.approvers,
-            approvals: Vec::new(),
+            votes: Vec::new(),
             state: State::Pending,
             note: None,
             decided_by: None,
@@ -190,22 +190,15 @@ impl Gateway {
             expires_at: format_at(now + ttl),
             updated_at: format_at(now),
         };
-        let mut event = NewEvent {
-            actor,
-            kind: kind::APPROVAL_REQUESTED.into(),
-            tool: Some(approval.tool.clone()),
-            runner: (approval.runners.len() == 1).then(|| approval.runners[0].clone()),
-            args: Some(approval.shown_args.clone()),
-            reason: Some(approval.reason.clone()),
-            call_id: Some(approval.call_id.clone()),
-            approval_id: Some(approval.id.clone()),
-            detail: Some(on_behalf_of(
+        let mut event = approval.event(
+            &actor,
+            kind::APPROVAL_REQUESTED,
+            on_behalf_of(
                 json!({"runners": approval.runners, "required_approvals": approval.required_approvals,
                        "expires_at": approval.expires_at}),
                 approval.on_behalf_of.as_deref(),
-            )),
-            ..Default::default()
-        };
+            ),
+        );
         if let Some(p) = &approval.preview {
             event.result_digest = Some(json_digest(p));
         }
@@ -265,7 +258,7 @@ impl Gateway {
                         row.id,
                         row.tool,
                         row.state.as_str(),
-                        row.approvals.len(),
+                        row.votes.len(),
                         row.required_approvals,
                         row.expires_at
                     ))
@@ -289,7 +282,7 @@ impl Gateway {
         let actor = row.requester.clone();
         let result = self
             .approvals
-            .transition(&row.id, false, |r| {
+            .transition(&row.id, Lock::Wait, |r| {
                 approvals::moved(
                     r,
                     &[State::Pending],
@@ -310,7 +303,7 @@ impl Gateway {
     async fn expire(&self, id: &str) {
         let result = self
             .approvals
-            .transition(id, true, |r| {
+            .transition(id, Lock::SkipLocked, |r| {
                 let now = chrono::Utc::now();
                 if !r.expired_at(now) {
                     return Err(ApprovalError::WrongState {
@@ -324,7 +317,7 @@ impl Gateway {
                     State::Expired,
                     "system",
                     kind::APPROVAL_EXPIRED,
-                    json!({"expires_at": r.expires_at, "votes": r.approvals.len()}),
+                    json!({"expires_at": r.expires_at, "votes": r.votes.len()}),
                     now,
                 )
             })
@@ -345,10 +338,10 @@ impl Gateway {
         let policy = self.policy();
         let row = self
             .approvals
-            .transition(id, false, |r| {
+            .transition(id, Lock::Wait, |r| {
                 // The tool comes from the locked row: no second read to learn it.
                 let actor = Actor {
-                    name: who.agent.clone(),
+                    name: who.name.clone(),
                     actor: who.actor(),
                     // A person from the provider may hold several roles; any one that may
                     // approve this tool is enough.
@@ -360,7 +353,7 @@ impl Gateway {
                 approvals::decide(r, &actor, &verdict, chrono::Utc::now())
             })
             .await?
-            .expect("a transition without skip_locked always returns the row");
+            .expect("a transition that waits for the lock always returns the row");
         if row.state == State::Approved {
             let me = self.clone();
             let id = row.id.clone();
@@ -375,7 +368,7 @@ impl Gateway {
         let start_within = self.limits.approved_start_within;
         let claimed = self
             .approvals
-            .transition(id, true, |r| {
+            .transition(id, Lock::SkipLocked, |r| {
                 if r.state == State::Approved && too_late_to_start(r, start_within) {
                     // Left for the sweeper, which expires it and says why.
                     return Err(ApprovalError::WrongState {
@@ -390,7 +383,7 @@ impl Gateway {
                     State::Executing,
                     &by,
                     kind::APPROVAL_EXECUTING,
-                    json!({"runners": r.runners, "approvals": r.approvals}),
+                    json!({"runners": r.runners, "approvals": r.votes}),
                     chrono::Utc::now(),
                 )
             })
@@ -412,13 +405,7 @@ impl Gateway {
                 .iter()
                 .find_map(|r| r.error.as_ref().map(|e| format!("{}: {e}", r.runner)))
         });
-        let outcome = CallOutcome {
-            call_id: row.call_id.clone(),
-            tool: row.tool.clone(),
-            runner_chosen_by_server: row.runner_chosen,
-            results,
-            approval: None,
-        };
+        let outcome = CallOutcome::of_approval(&row, results);
         crate::server::metrics::tool_call(&row.tool, if ok { "ok" } else { "error" });
         let result = serde_json::to_value(&outcome).expect("outcomes are JSON");
         let finished = self
@@ -493,7 +480,7 @@ impl Gateway {
         let start_within = self.limits.approved_start_within;
         let result = self
             .approvals
-            .transition(id, true, |r| {
+            .transition(id, Lock::SkipLocked, |r| {
                 if r.state == State::Approved && !too_late_to_start(r, start_within) {
                     return Err(ApprovalError::WrongState {
                         state: r.state,
@@ -530,74 +517,67 @@ impl Gateway {
     /// every deadline `unknown`: a crash interrupted them, and they are never re-run.
     pub async fn sweep(&self) {
         let now = chrono::Utc::now();
-        match self
-            .approvals
-            .ids_in(State::Pending, &format_at(now), true)
-            .await
-        {
-            Ok(ids) => {
-                for id in ids {
-                    self.expire(&id).await;
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "approval sweep could not list pending requests"),
+        for id in self.due(State::Pending, now, Due::Expiry).await {
+            self.expire(&id).await;
         }
         let stale = now
             - chrono::Duration::from_std(self.limits.approved_start_within)
                 .unwrap_or(chrono::Duration::minutes(5));
-        match self
-            .approvals
-            .ids_in(State::Approved, &format_at(stale), false)
-            .await
-        {
-            Ok(ids) => {
-                for id in ids {
-                    self.expire_approved(&id).await;
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "approval sweep could not list approved requests"),
+        for id in self.due(State::Approved, stale, Due::LastChange).await {
+            self.expire_approved(&id).await;
         }
         let orphaned = now - chrono::Duration::seconds(10);
-        if let Ok(ids) = self
-            .approvals
-            .ids_in(State::Approved, &format_at(orphaned), false)
-            .await
-        {
-            for id in ids {
-                self.execute_approved(&id).await;
-            }
+        for id in self.due(State::Approved, orphaned, Due::LastChange).await {
+            self.execute_approved(&id).await;
         }
         let lost = now
             - chrono::Duration::from_std(self.limits.call_timeout * 2 + Duration::from_secs(60))
                 .unwrap_or(chrono::Duration::minutes(5));
-        if let Ok(ids) = self
-            .approvals
-            .ids_in(State::Executing, &format_at(lost), false)
-            .await
-        {
-            for id in ids {
-                let result = self
-                    .approvals
-                    .transition(&id, true, |r| {
-                        let mut change = approvals::moved(
-                            r,
-                            &[State::Executing],
-                            State::Unknown,
-                            "system",
-                            kind::CALL_UNKNOWN,
-                            json!({"why": "execution was interrupted (the server stopped); it is not re-run: check the runners"}),
-                            chrono::Utc::now(),
-                        )?;
-                        change.row.note = Some(
-                            "execution was interrupted before its outcome was recorded; it is not re-run: check the runners".into(),
-                        );
-                        Ok(change)
-                    })
-                    .await;
-                if let Err(e) = result {
-                    tracing::warn!(error = %e, approval_id = %id, "could not mark an interrupted execution");
-                }
+        for id in self.due(State::Executing, lost, Due::LastChange).await {
+            self.mark_interrupted(&id).await;
+        }
+    }
+
+    /// The requests in `state` whose `due` time is before `before`. A failure to list them is
+    /// logged and leaves this part of the sweep empty: the next sweep tries again.
+    async fn due(
+        &self,
+        state: State,
+        before: chrono::DateTime<chrono::Utc>,
+        due: Due,
+    ) -> Vec<String> {
+        match self.approvals.ids_in(state, &format_at(before), due).await {
+            Ok(ids) => ids,
+            Err(e) => {
+                tracing::warn!(error = %e, state = state.as_str(), "approval sweep could not list requests");
+                Vec::new()
             }
+        }
+    }
+
+    /// `executing` → `unknown` for an execution that outlived every deadline: a crash
+    /// interrupted it, and it is never re-run.
+    async fn mark_interrupted(&self, id: &str) {
+        let result = self
+            .approvals
+            .transition(id, Lock::SkipLocked, |r| {
+                let mut change = approvals::moved(
+                    r,
+                    &[State::Executing],
+                    State::Unknown,
+                    "system",
+                    kind::CALL_UNKNOWN,
+                    json!({"why": "execution was interrupted (the server stopped); it is not re-run: check the runners"}),
+                    chrono::Utc::now(),
+                )?;
+                change.row.note = Some(
+                    "execution was interrupted before its outcome was recorded; it is not re-run: check the runners".into(),
+                );
+                Ok(change)
+            })
+            .await;
+        if let Err(e) = result {
+            tracing::warn!(error = %e, approval_id = %id, "could not mark an interrupted execution");
         }
     }
 
@@ -685,13 +665,9 @@ pub(super) fn settled(row: &Approval) -> Result<Option<CallOutcome>, CallError> 
             if let Some(Err(e)) = &stored {
                 tracing::error!(error = %e, approval_id = %row.id, "stored outcome unreadable");
             }
-            let mut outcome = stored.and_then(Result::ok).unwrap_or_else(|| CallOutcome {
-                call_id: row.call_id.clone(),
-                tool: row.tool.clone(),
-                runner_chosen_by_server: row.runner_chosen,
-                results: Vec::new(),
-                approval: None,
-            });
+            let mut outcome = stored
+                .and_then(Result::ok)
+                .unwrap_or_else(|| CallOutcome::of_approval(row, Vec::new()));
             let message = match row.state {
                 State::Executed => "approved and executed".to_owned(),
                 State::Failed => format!(
@@ -708,22 +684,19 @@ pub(super) fn settled(row: &Approval) -> Result<Option<CallOutcome>, CallError> 
 
 pub(super) fn pending_outcome(row: &Approval, waited: Duration) -> CallOutcome {
     CallOutcome {
-        call_id: row.call_id.clone(),
-        tool: row.tool.clone(),
-        runner_chosen_by_server: row.runner_chosen,
-        results: Vec::new(),
         approval: Some(ApprovalInfo {
             approval_id: row.id.clone(),
             state: row.state,
             expires_at: row.expires_at.clone(),
             message: format!(
                 "waiting for a human to approve ({} of {} approvals) after {} s; call {APPROVAL_WAIT_TOOL} with this approval_id to wait again, or {APPROVAL_STATUS_TOOL} to check",
-                row.approvals.len(),
+                row.votes.len(),
                 row.required_approvals,
                 waited.as_secs()
             ),
             decided_by: row.decided_by.clone(),
             note: row.note.clone(),
         }),
+        ..CallOutcome::of_approval(row, Vec::new())
     }
 }

@@ -130,17 +130,7 @@ impl Gateway {
         }
         let call_id = uuid::Uuid::new_v4().to_string();
         // A token limited to a selector sees only its runners, here as everywhere.
-        let visible: Vec<_> = self
-            .runners
-            .snapshot()
-            .into_iter()
-            .filter(|r| {
-                principal
-                    .selector
-                    .as_ref()
-                    .is_none_or(|s| s.matches(&r.labels))
-            })
-            .collect();
+        let visible = self.runners_visible_to(principal);
         let output = serde_json::to_value(visible).expect("runner status is JSON");
         self.audit
             .append(NewEvent {
@@ -186,7 +176,7 @@ impl Gateway {
         ctx: &CallContext,
     ) -> Result<CallOutcome, CallError> {
         let row = match self.approvals.get(id).await {
-            Ok(row) if row.requester_name == principal.agent => Ok(row),
+            Ok(row) if row.requester_name == principal.name => Ok(row),
             Ok(_) | Err(ApprovalError::NotFound(_)) => Err(ApprovalError::NotFound(id.into())),
             Err(e) => Err(e),
         };

@@ -20,9 +20,6 @@ use crate::server::policy::{self, Decision, Policy};
 use crate::server::runners::client::Dispatch;
 use crate::server::tokens::Principal;
 
-/// The longest `reason`, in characters (the input schema says the same).
-const REASON_MAX_CHARS: usize = 2000;
-
 /// A call as the MCP adapter hands it over.
 #[derive(Debug, Clone)]
 pub struct ToolCall {
@@ -56,7 +53,7 @@ pub(super) struct Args {
 struct Targets {
     runners: Vec<String>,
     /// True when the server chose the runner (a cluster-scoped tool called without `runners`).
-    chosen_by_server: bool,
+    runner_chosen_by_server: bool,
 }
 
 impl Gateway {
@@ -91,13 +88,13 @@ impl Gateway {
         };
         let policy = self.policy();
         let targets = self.resolve_targets(caller, &policy, tool, &mut args, &mut errors);
-        let audited_args = self.redact(tool, &args.params);
+        let shown_args = self.redact(tool, &args.params);
         if !errors.is_empty() {
             errors.dedup();
             self.reject(
                 caller,
                 &tool.name,
-                Some(audited_args),
+                Some(shown_args),
                 args.reason.clone(),
                 errors.join("; "),
             )
@@ -119,7 +116,7 @@ impl Gateway {
                 self.reject(
                     caller,
                     &tool.name,
-                    Some(audited_args),
+                    Some(shown_args),
                     args.reason,
                     why.clone(),
                 )
@@ -139,9 +136,9 @@ impl Gateway {
                 tool,
                 principal: caller,
                 params: args.params,
-                shown_args: audited_args,
+                shown_args,
                 runners: targets.runners,
-                chosen: targets.chosen_by_server,
+                runner_chosen_by_server: targets.runner_chosen_by_server,
                 raw: args.raw,
                 reason: args.reason.unwrap_or_default(),
                 approvers,
@@ -152,7 +149,7 @@ impl Gateway {
         let record = Record {
             actor: &actor,
             tool: &tool.name,
-            args: &audited_args,
+            args: &shown_args,
             reason: args.reason.as_deref(),
             call_id: &call_id,
             approval_id: None,
@@ -176,7 +173,7 @@ impl Gateway {
         let outcome = CallOutcome {
             call_id,
             tool: tool.name.clone(),
-            runner_chosen_by_server: targets.chosen_by_server,
+            runner_chosen_by_server: targets.runner_chosen_by_server,
             results,
             approval: None,
         };
@@ -199,7 +196,7 @@ impl Gateway {
         } else if self.tools.contains_key(name) {
             format!(
                 "tool `{name}` is hidden from agent `{}` by the policy (`agents.{}.tools`)",
-                caller.agent, caller.agent
+                caller.name, caller.name
             )
         } else {
             format!("unknown tool `{name}`")
@@ -216,15 +213,15 @@ impl Gateway {
 
     /// Step 1: a token bucket per agent, on a monotonic clock.
     async fn rate_limit(&self, caller: &Principal, tool: &str) -> Result<(), CallError> {
-        let Err(not_until) = self.limiter.check_key(&caller.agent) else {
+        let Err(not_until) = self.limiter.check_key(&caller.name) else {
             return Ok(());
         };
         let wait = not_until.wait_time_from(governor::clock::Clock::now(
             &governor::clock::DefaultClock::default(),
         ));
-        crate::server::metrics::rate_limited(&caller.agent);
+        crate::server::metrics::rate_limited(&caller.name);
         let err = CallError::RateLimited {
-            agent: caller.agent.clone(),
+            agent: caller.name.clone(),
             per_second: self.limits.rate_per_second,
             burst: self.limits.rate_burst,
             retry_after_ms: wait.as_millis() as u64 + 1,
@@ -275,7 +272,7 @@ impl Gateway {
         }
         let mut targets = Targets {
             runners: named.clone(),
-            chosen_by_server: false,
+            runner_chosen_by_server: false,
         };
         if !errors.is_empty() {
             return targets;
@@ -295,7 +292,7 @@ impl Gateway {
                     ));
                 } else if scope == Scope::Cluster {
                     targets.runners = matched.into_iter().take(1).collect();
-                    targets.chosen_by_server = true;
+                    targets.runner_chosen_by_server = true;
                 } else {
                     targets.runners = matched;
                 }
@@ -312,7 +309,7 @@ impl Gateway {
                 {
                     Some(best) => {
                         targets.runners = vec![best];
-                        targets.chosen_by_server = true;
+                        targets.runner_chosen_by_server = true;
                     }
                     None => errors.push(format!("no runner serves pack `{}`", tool.pack)),
                 }
@@ -360,7 +357,7 @@ impl Gateway {
         lowered_by_policy: Option<&str>,
     ) -> Result<(), CallError> {
         let mut detail = json!({"runners": targets.runners,
-                                "runner_chosen_by_server": targets.chosen_by_server});
+                                "runner_chosen_by_server": targets.runner_chosen_by_server});
         if let Some(policy) = lowered_by_policy {
             detail["lowered_by_policy"] = json!(policy);
         }
@@ -489,7 +486,7 @@ fn validate(offered: &OfferedTool, whole: Map<String, Value>) -> (Args, Vec<Stri
         .remove("reason")
         .and_then(|v| v.as_str().map(str::to_owned))
         .filter(
-            |r| match crate::util::door::text("reason", r, REASON_MAX_CHARS) {
+            |r| match crate::util::door::text("reason", r, crate::pack::REASON_MAX_CHARS) {
                 Ok(()) => true,
                 Err(e) => {
                     errors.push(e);

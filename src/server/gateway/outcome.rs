@@ -4,7 +4,7 @@
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::server::approvals::{ApprovalError, State};
+use crate::server::approvals::{Approval, ApprovalError, State};
 use crate::server::audit::AuditError;
 
 /// Why a call was refused. Each refusal an agent could act on differently has its own
@@ -136,6 +136,18 @@ pub struct CallOutcome {
 }
 
 impl CallOutcome {
+    /// The outcome of the call an approval request stands for, with `results` and no
+    /// approval information yet.
+    pub(super) fn of_approval(row: &Approval, results: Vec<RunnerResult>) -> Self {
+        CallOutcome {
+            call_id: row.call_id.clone(),
+            tool: row.tool.clone(),
+            runner_chosen_by_server: row.runner_chosen_by_server,
+            results,
+            approval: None,
+        }
+    }
+
     pub fn all_failed(&self) -> bool {
         !self.results.is_empty() && self.results.iter().all(|r| !r.ok)
     }

@@ -257,6 +257,24 @@ impl Gateway {
             .collect()
     }
 
+    /// The status of every runner `caller`'s token may see (its selector admits the labels),
+    /// for the `emisar.runners` tool and `GET /api/runners`.
+    pub fn runners_visible_to(
+        &self,
+        caller: &Principal,
+    ) -> Vec<crate::server::runners::registry::RunnerStatus> {
+        self.runners
+            .snapshot()
+            .into_iter()
+            .filter(|r| {
+                caller
+                    .selector
+                    .as_ref()
+                    .is_none_or(|s| s.matches(&r.labels))
+            })
+            .collect()
+    }
+
     /// A tool by name, whoever asks (for schema lookups, not for authorization).
     pub fn tool(&self, name: &str) -> Option<&OfferedTool> {
         self.tools.get(name)

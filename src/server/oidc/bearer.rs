@@ -49,7 +49,7 @@ fn binding(issuer: &str, agent: &OAuthAgent) -> String {
 pub fn principal_of(issuer: &str, agent: OAuthAgent) -> Principal {
     Principal {
         token_id: binding(issuer, &agent),
-        agent: agent.agent,
+        name: agent.agent,
         role: Role::Agent,
         roles: vec![Role::Agent],
         selector: None,

@@ -26,7 +26,7 @@ use super::config::OidcConfig;
 use super::jwt::unix_now;
 use super::login::{CALLBACK_PATH, Callback, LoginError};
 use crate::server::audit::{NewEvent, kind};
-use crate::server::http::HttpState;
+use crate::server::http_state::HttpState;
 
 /// Where a sign-in starts.
 pub const START_PATH: &str = "/login/oidc";

@@ -1,7 +1,7 @@
 //! A retry budget: retries may be at most a small share of calls. Each call deposits
 //! `ratio` of a token (up to `cap`); each retry withdraws a whole one. When the budget is
-//! empty, failures are returned as they are instead of being retried (seeds 003 and 004:
-//! retries must never multiply the load on something already failing).
+//! empty, failures are returned as they are instead of being retried: retries
+//! must never multiply the load on something already failing.
 
 use std::sync::Mutex;
 

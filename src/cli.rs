@@ -16,6 +16,7 @@ use crate::util::process::stop_on_signal;
 
 mod approvals;
 mod audit;
+mod config_check;
 mod fleet;
 mod packs;
 mod people;
@@ -121,6 +122,11 @@ pub enum Command {
         #[command(subcommand)]
         command: UserCommand,
     },
+    /// Check a server or runner config file without starting anything.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
     /// Check a policy file against the packs (what a SIGHUP reload would load).
     Policy {
         #[command(subcommand)]
@@ -182,6 +188,23 @@ impl DbArg {
     async fn connect(&self) -> anyhow::Result<Db> {
         Db::connect(self.url()?).await
     }
+}
+
+#[derive(Subcommand)]
+pub enum ConfigCommand {
+    /// Run every check `emisar serve` or `emisar runner` runs at start on FILE (keys, files
+    /// it names, keys and certificates, packs, policy, listen and advertise addresses),
+    /// without binding a port or connecting anywhere. Prints `ok`, or every problem naming
+    /// its key and exits 1.
+    #[command(after_help = "Example: emisar config check /etc/emisar/runner.toml")]
+    Check {
+        /// The config file (emisar.toml or runner.toml).
+        file: PathBuf,
+        /// Which config FILE is; without it, told from its keys (signing_key_file: server,
+        /// name: runner).
+        #[arg(long, value_enum)]
+        kind: Option<config_check::ConfigKind>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -301,6 +324,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Audit { command } => return audit::run(command).await,
         Command::Token { command } => return people::token(command).await,
         Command::User { command } => people::user(command).await?,
+        Command::Config {
+            command: ConfigCommand::Check { file, kind },
+        } => return config_check::run(&file, kind),
         Command::Policy {
             command: PolicyCommand::Check { file, packs_dir },
         } => {
@@ -328,8 +354,19 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::McpStdio { url, token } => crate::stdio_bridge::run(&url, &token).await?,
         Command::Migrate { db } => {
-            let db = db.connect().await?;
-            println!("{} schema is up to date", db.backend());
+            let (db, applied) = Db::connect_and_migrate(db.url()?).await?;
+            if applied.is_empty() {
+                println!("{} schema is up to date", db.backend());
+            } else {
+                println!(
+                    "applied {} migration(s) to {}:",
+                    applied.len(),
+                    db.backend()
+                );
+                for m in &applied {
+                    println!("  {m}");
+                }
+            }
         }
     }
     Ok(0)

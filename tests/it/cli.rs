@@ -891,3 +891,119 @@ fn config_check_reports_every_problem_by_key() {
     assert_eq!(code, 2);
     assert!(err.contains("server") && err.contains("runner"), "{err}");
 }
+
+/// `emisar audit query|export` against a server's API with an auditor token read what the
+/// database holds; `audit verify` there says it needs the database; a kind or outcome that
+/// does not exist is an error listing the valid ones; `migrate` on an empty database lists
+/// what it applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_audit_cli_reads_a_server_with_an_auditor_token() {
+    let app = spawn_app(
+        Backend::Postgres,
+        vec![RunnerSpec::new("node-1")],
+        Options::default(),
+    )
+    .await;
+    let db = app.database_url.as_str();
+    let (code, out, err) = emisar(&[
+        "token",
+        "issue",
+        "--agent",
+        "auditor1",
+        "--role",
+        "auditor",
+        "--database",
+        db,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let token = out
+        .lines()
+        .find_map(|l| l.strip_prefix("token:"))
+        .unwrap()
+        .trim()
+        .to_owned();
+    let server = app.mcp_url.trim_end_matches("/mcp").to_owned();
+    let api = |args: &[&str]| {
+        let mut a = args.to_vec();
+        a.extend(["--server", &server, "--token", &token]);
+        emisar(&a)
+    };
+    let (code, by_api, err) = api(&["audit", "query", "--kind", "token.issued", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let (_, by_db, _) = emisar(&[
+        "audit",
+        "query",
+        "--kind",
+        "token.issued",
+        "--json",
+        "--database",
+        db,
+    ]);
+    assert_eq!(by_api, by_db);
+    assert!(by_api.contains("\"agent\":\"auditor1\""), "{by_api}");
+    let (code, by_api, err) = api(&["audit", "export", "--format", "csv"]);
+    assert_eq!(code, 0, "{err}");
+    let (_, by_db, _) = emisar(&["audit", "export", "--format", "csv", "--database", db]);
+    assert_eq!(by_api, by_db);
+    assert!(by_api.lines().count() >= 3, "{by_api}");
+    // A token that is not an auditor's is refused by the server, and the CLI says so.
+    let (code, _, err) = emisar(&["audit", "query", "--server", &server, "--token", &app.token]);
+    assert_eq!(code, 2);
+    assert!(err.contains("/api/audit"), "{err}");
+
+    let (code, _, err) = api(&["audit", "verify"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("audit verify needs the database"), "{err}");
+    let (code, out, err) = emisar(&[
+        "audit",
+        "verify",
+        "--since",
+        "2000-01-01T00:00:00Z",
+        "--database",
+        db,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("ok: "), "{out}");
+    let (code, _, err) = emisar(&["audit", "verify", "--since", "5", "--database", db]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--since"), "{err}");
+
+    for args in [
+        ["audit", "query", "--kind", "bogus"],
+        ["audit", "export", "--kind", "bogus"],
+    ] {
+        let (code, _, err) = emisar(&[&args[..], &["--database", db]].concat());
+        assert_eq!(code, 2);
+        assert!(
+            err.contains("`kind` `bogus` is not an event kind") && err.contains("tool.rejected"),
+            "{err}"
+        );
+        let (code, _, err) = api(&args);
+        assert_eq!(code, 2);
+        assert!(err.contains("`kind` `bogus` is not an event kind"), "{err}");
+    }
+    let (code, _, err) = emisar(&["audit", "query", "--outcome", "fine", "--database", db]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("the outcomes are: ok, refused, error"),
+        "{err}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let fresh = format!("sqlite://{}", dir.path().join("fresh.db").display());
+    let (code, out, err) = emisar(&["migrate", "--database", &fresh]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.starts_with("applied ") && out.contains("approvals"),
+        "{out}"
+    );
+    let (_, out, _) = emisar(&["migrate", "--database", &fresh]);
+    assert_eq!(out.trim(), "sqlite schema is up to date");
+    let (code, out, err) = emisar(&["migrate", "--database", db]);
+    assert_eq!(code, 0);
+    assert!(out.contains("up to date"), "{out}");
+    assert!(
+        !err.contains("already exists"),
+        "PostgreSQL's notice is not logged: {err}"
+    );
+}

@@ -36,6 +36,9 @@ pub enum AuditCommand {
         server: ServerArg,
     },
     /// The HMAC the audit log stores for a secret value: compare it with a stored event.
+    #[command(
+        after_help = "Example: printf '%s' \"$VALUE\" | emisar audit hash --key-file /etc/emisar/audit.key"
+    )]
     Hash {
         /// The server's audit_key_file.
         #[arg(long)]

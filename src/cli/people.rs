@@ -9,7 +9,11 @@ use crate::server::audit::AuditLog;
 #[derive(Subcommand)]
 pub enum UserCommand {
     /// Add a person. The password comes from stdin (one line), or is generated and printed.
+    #[command(
+        after_help = "Example: emisar user add alice --role approver --password-stdin < alice.pw"
+    )]
     Add {
+        /// The person's user name (letters, digits, `_ . @ -`).
         name: String,
         /// approver, auditor or admin.
         #[arg(long)]
@@ -21,7 +25,9 @@ pub enum UserCommand {
         db: DbArg,
     },
     /// Remove a person: their sessions end and their API tokens are revoked.
+    #[command(after_help = "Example: emisar user remove alice")]
     Remove {
+        /// The person's user name.
         name: String,
         #[command(flatten)]
         db: DbArg,
@@ -56,8 +62,11 @@ pub enum UserCommand {
         db: DbArg,
     },
     /// Issue an API token that acts as this person (for `emisar approvals` and scripts).
+    #[command(after_help = "Example: emisar user token alice --ttl 12h")]
     Token {
+        /// The person's user name.
         name: String,
+        /// Lifetime: 90s, 30m, 12h, 30d.
         #[arg(long, default_value = "30d")]
         ttl: String,
         #[command(flatten)]
@@ -68,6 +77,9 @@ pub enum UserCommand {
 #[derive(Subcommand)]
 pub enum TokenCommand {
     /// Issue a bearer token. The token is printed once.
+    #[command(
+        after_help = "Example: emisar token issue --agent claude --selector role=edge --ttl 30d"
+    )]
     Issue {
         /// The name the token is issued to (an agent, or an auditor with --role auditor).
         #[arg(long)]
@@ -92,7 +104,9 @@ pub enum TokenCommand {
         db: DbArg,
     },
     /// Revoke a token by its id.
+    #[command(after_help = "Example: emisar token revoke 6d1e…")]
     Revoke {
+        /// The token's id (from `emisar token list`).
         id: String,
         #[command(flatten)]
         db: DbArg,

@@ -84,6 +84,34 @@ pub fn stop_on_signal() -> CancellationToken {
     stop
 }
 
+/// Whether `e` is stdout's reader having gone away.
+pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// Ends the process quietly, with status 0, when `println!` finds stdout's reader gone
+/// (`emisar approvals list | head -1`): Rust ignores SIGPIPE, so the write fails, and
+/// `println!` panics on a failed write. Every other panic is reported as before. A hook
+/// rather than a `writeln!` at every print, because one missed print would still panic.
+pub fn quiet_on_broken_pipe() {
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if message.starts_with("failed printing to stdout") && message.contains("Broken pipe") {
+            std::process::exit(0);
+        }
+        previous(info);
+    }));
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::{Arc, Mutex};
@@ -124,32 +152,4 @@ mod tests {
         assert!(text.contains("fail to close sink"), "{text}");
         assert!(text.contains(" emisar: failed to send pending"), "{text}");
     }
-}
-
-/// Whether `e` is stdout's reader having gone away.
-pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
-        c.downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-    })
-}
-
-/// Ends the process quietly, with status 0, when `println!` finds stdout's reader gone
-/// (`emisar approvals list | head -1`): Rust ignores SIGPIPE, so the write fails, and
-/// `println!` panics on a failed write. Every other panic is reported as before. A hook
-/// rather than a `writeln!` at every print, because one missed print would still panic.
-pub fn quiet_on_broken_pipe() {
-    let previous = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        let message = info
-            .payload()
-            .downcast_ref::<String>()
-            .map(String::as_str)
-            .or_else(|| info.payload().downcast_ref::<&str>().copied())
-            .unwrap_or("");
-        if message.starts_with("failed printing to stdout") && message.contains("Broken pipe") {
-            std::process::exit(0);
-        }
-        previous(info);
-    }));
 }

@@ -1007,3 +1007,35 @@ async fn the_audit_cli_reads_a_server_with_an_auditor_token() {
         "PostgreSQL's notice is not logged: {err}"
     );
 }
+
+/// `emisar packs list | head -1` and `emisar audit export | head -1`: the reader goes away
+/// first, and the command ends quietly with status 0 instead of panicking.
+#[test]
+fn a_reader_that_goes_away_ends_the_command_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("a.db").display());
+    let (code, _, err) = emisar(&["migrate", "--database", &db]);
+    assert_eq!(code, 0, "{err}");
+    for args in [
+        vec!["packs", "list"],
+        vec!["audit", "export", "--format", "csv", "--database", &db],
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_emisar"))
+            .args(&args)
+            .env_remove("DATABASE_URL")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Close the reading end before the command can write: its first write finds the
+        // pipe broken.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
+        assert!(
+            !err.contains("panicked") && !err.contains("error"),
+            "{args:?}: {err}"
+        );
+    }
+}

@@ -16,6 +16,7 @@ use crate::util::process::stop_on_signal;
 
 mod approvals;
 mod audit;
+mod config_check;
 mod fleet;
 mod packs;
 mod people;
@@ -40,7 +41,9 @@ pub struct Cli {
 #[derive(Subcommand)]
 pub enum Command {
     /// Serve MCP at /mcp, dispatching calls to runners (emisar.toml).
+    #[command(after_help = "Example: emisar serve --config /etc/emisar/emisar.toml")]
     Serve {
+        /// The server's settings (emisar.toml).
         #[arg(long)]
         config: PathBuf,
         #[command(flatten)]
@@ -49,7 +52,10 @@ pub enum Command {
     /// Run a node's runner: execute signed calls against local services (runner.toml).
     /// `emisar runner list|remove` administer the runners that joined; `emisar runner
     /// fingerprint` prints the certificate fingerprint a runner serves.
-    #[command(args_conflicts_with_subcommands = true)]
+    #[command(
+        args_conflicts_with_subcommands = true,
+        after_help = "Example: emisar runner --config /etc/emisar/runner.toml --server https://emisar.example:7700 --join-token emj_…"
+    )]
     Runner {
         #[command(subcommand)]
         command: Option<RunnerCommand>,
@@ -65,22 +71,29 @@ pub enum Command {
         join_token: Option<String>,
     },
     /// Quickstart: server + local runner + SQLite in one process; prints URL and token.
+    #[command(after_help = "Example: emisar dev --listen 127.0.0.1:7700")]
     Dev {
+        /// Where the SQLite database, keys and dev.json (URL and token) are kept.
         #[arg(long, default_value = ".emisar-dev")]
         state_dir: PathBuf,
+        /// The server's address (`:0` picks a free port).
         #[arg(long, default_value = "127.0.0.1:7700")]
         listen: String,
         /// A runner.toml for the local runner (services, listen address, packs).
         #[arg(long)]
         runner_config: Option<PathBuf>,
+        /// A directory of pack files that add to or replace the stock packs.
         #[arg(long)]
         packs_dir: Option<PathBuf>,
     },
     /// A fleet-wide 502 incident, replayable: the server, five edge runners
     /// (nomad-hvn01..05) and the lab's Consul, Nomad, Traefik, FRR and metrics behind them.
+    #[command(after_help = "Example: emisar lab --speed 10")]
     Lab {
+        /// Where the lab keeps its database, keys and the services' state.
         #[arg(long, default_value = ".emisar-lab")]
         state_dir: PathBuf,
+        /// The server's address (`:0` picks a free port).
         #[arg(long, default_value = "127.0.0.1:7700")]
         listen: String,
         /// How fast lab time runs (1 = real time; 10 makes the OOM restarts ten times as
@@ -121,6 +134,11 @@ pub enum Command {
         #[command(subcommand)]
         command: UserCommand,
     },
+    /// Check a server or runner config file without starting anything.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
     /// Check a policy file against the packs (what a SIGHUP reload would load).
     Policy {
         #[command(subcommand)]
@@ -139,9 +157,15 @@ pub enum Command {
         command: JoinTokenCommand,
     },
     /// Generate the server's Ed25519 signing key pair (and, optionally, the audit HMAC key).
+    #[command(
+        after_help = "Example: emisar keygen --private /etc/emisar/server.key --public /etc/emisar/server.pub --audit-key /etc/emisar/audit.key"
+    )]
     Keygen {
+        /// Where to write the private key (PKCS#8 PEM, mode 0600): emisar.toml's
+        /// signing_key_file.
         #[arg(long)]
         private: PathBuf,
+        /// Where to write the public key (SPKI PEM): runner.toml's server_public_key_file.
         #[arg(long)]
         public: PathBuf,
         /// Also write a fresh key for sealing secret params in the audit log.
@@ -149,6 +173,9 @@ pub enum Command {
         audit_key: Option<PathBuf>,
     },
     /// Bridge a stdio-only MCP client (Claude Desktop style) to an emisar server.
+    #[command(
+        after_help = "Example: EMISAR_TOKEN=emt_… emisar mcp-stdio --url https://emisar.example:7700/mcp"
+    )]
     McpStdio {
         /// The server's MCP endpoint, e.g. http://127.0.0.1:7700/mcp.
         #[arg(long)]
@@ -158,6 +185,7 @@ pub enum Command {
         token: String,
     },
     /// Create or update the database schema.
+    #[command(after_help = "Example: emisar migrate --database postgres://emisar@db/emisar")]
     Migrate {
         #[command(flatten)]
         db: DbArg,
@@ -185,9 +213,30 @@ impl DbArg {
 }
 
 #[derive(Subcommand)]
+pub enum ConfigCommand {
+    /// Run every check `emisar serve` or `emisar runner` runs at start on FILE (keys, files
+    /// it names, keys and certificates, packs, policy, listen and advertise addresses),
+    /// without binding a port or connecting anywhere. Prints `ok`, or every problem naming
+    /// its key and exits 1.
+    #[command(after_help = "Example: emisar config check /etc/emisar/runner.toml")]
+    Check {
+        /// The config file (emisar.toml or runner.toml).
+        file: PathBuf,
+        /// Which config FILE is; without it, told from its keys (signing_key_file: server,
+        /// name: runner).
+        #[arg(long, value_enum)]
+        kind: Option<config_check::ConfigKind>,
+    },
+}
+
+#[derive(Subcommand)]
 pub enum PolicyCommand {
     /// Parse and check FILE; prints its digest, or every problem with the field it is in.
+    #[command(
+        after_help = "Example: emisar policy check /etc/emisar/policy.yaml --packs-dir /etc/emisar/packs"
+    )]
     Check {
+        /// The policy file (TOML or YAML).
         file: PathBuf,
         /// The packs the server loads (stock packs plus this directory).
         #[arg(long)]
@@ -301,6 +350,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Audit { command } => return audit::run(command).await,
         Command::Token { command } => return people::token(command).await,
         Command::User { command } => people::user(command).await?,
+        Command::Config {
+            command: ConfigCommand::Check { file, kind },
+        } => return config_check::run(&file, kind),
         Command::Policy {
             command: PolicyCommand::Check { file, packs_dir },
         } => {
@@ -328,9 +380,68 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::McpStdio { url, token } => crate::stdio_bridge::run(&url, &token).await?,
         Command::Migrate { db } => {
-            let db = db.connect().await?;
-            println!("{} schema is up to date", db.backend());
+            let (db, applied) = Db::connect_and_migrate(db.url()?).await?;
+            if applied.is_empty() {
+                println!("{} schema is up to date", db.backend());
+            } else {
+                println!(
+                    "applied {} migration(s) to {}:",
+                    applied.len(),
+                    db.backend()
+                );
+                for m in &applied {
+                    println!("  {m}");
+                }
+            }
         }
     }
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    /// Every option says what it is for, and every command one runs (a leaf) shows a one-line
+    /// example in its help.
+    #[test]
+    fn every_option_has_help_and_every_command_an_example() {
+        fn walk(cmd: &clap::Command, path: &str, problems: &mut Vec<String>) {
+            if cmd.is_hide_set() {
+                return;
+            }
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if matches!(id, "help" | "version") || arg.is_hide_set() {
+                    continue;
+                }
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    problems.push(format!("{path}: option `{id}` has no help"));
+                }
+            }
+            let subs: Vec<_> = cmd
+                .get_subcommands()
+                .filter(|s| s.get_name() != "help")
+                .collect();
+            let runnable = subs.is_empty() || cmd.is_args_conflicts_with_subcommands_set();
+            if runnable && !path.is_empty() {
+                let example = cmd
+                    .get_after_help()
+                    .map(|h| h.to_string())
+                    .unwrap_or_default();
+                if !example.starts_with("Example: ") {
+                    problems.push(format!("{path}: no `Example: ` in after_help"));
+                }
+            }
+            for s in subs {
+                let sub = format!("{path} {}", s.get_name()).trim().to_owned();
+                walk(s, &sub, problems);
+            }
+        }
+        let mut problems = Vec::new();
+        walk(&Cli::command(), "", &mut problems);
+        assert!(problems.is_empty(), "{}", problems.join("\n"));
+    }
 }

@@ -8,22 +8,37 @@ use super::ServerArg;
 #[derive(Subcommand)]
 pub enum ApprovalsCommand {
     /// Requests in one state (pending by default), newest first.
+    #[command(after_help = "Example: emisar approvals list --server https://emisar.example:7700")]
     List {
+        /// pending, approved, denied, expired, withdrawn, executing, executed, failed or
+        /// unknown.
         #[arg(long, default_value = "pending")]
         state: String,
     },
     /// One request in full: args, reason, requester, preview and the values its execution
     /// will use, votes, result.
-    Show { id: String },
-    /// Approve a request.
-    Approve {
+    #[command(after_help = "Example: emisar approvals show 3f2a…")]
+    Show {
+        /// The request's id (from `emisar approvals list`).
         id: String,
+    },
+    /// Approve a request.
+    #[command(after_help = "Example: emisar approvals approve 3f2a… --note 'checked the preview'")]
+    Approve {
+        /// The request's id (from `emisar approvals list`).
+        id: String,
+        /// A note kept with your approval.
         #[arg(long)]
         note: Option<String>,
     },
     /// Deny a request; the note reaches the agent.
+    #[command(
+        after_help = "Example: emisar approvals deny 3f2a… --note 'not during business hours'"
+    )]
     Deny {
+        /// The request's id (from `emisar approvals list`).
         id: String,
+        /// Why not; the agent is told.
         #[arg(long)]
         note: String,
     },

@@ -1,27 +1,44 @@
 //! `emisar audit`: verify the chain, query and export events, check a secret's HMAC.
+//!
+//! `query` and `export` read the database when given one (`--database`/`DATABASE_URL`), and
+//! otherwise ask a running server's `GET /api/audit` with an auditor's token
+//! (`--server`/`EMISAR_SERVER`, `--token`/`EMISAR_TOKEN`). Either way the filters are built
+//! by `AuditFilter::from_params`, so both refuse the same input with the same message.
 
+use std::io::Write;
 use std::path::PathBuf;
 
+use anyhow::Context;
 use clap::{Args, Subcommand};
 
-use super::DbArg;
-use crate::server::audit::{self, AuditFilter};
+use super::{DbArg, ServerArg};
+use crate::server::audit::{self, AuditFilter, AuditParams};
 
 #[derive(Subcommand)]
 pub enum AuditCommand {
     /// Walk the whole hash chain; lists the broken events (the first 20, and how many) and
     /// exits 1 if there is any.
+    #[command(after_help = "Example: emisar audit verify --since 2026-11-30T00:00:00Z")]
     Verify {
+        /// Start at the first event at or after this RFC 3339 time, e.g.
+        /// 2026-11-30T00:00:00Z.
+        #[arg(long, conflicts_with = "from_seq")]
+        since: Option<chrono::DateTime<chrono::Utc>>,
         /// Start at this seq (its predecessor's stored hash is the anchor).
         #[arg(long)]
-        since: Option<i64>,
+        from_seq: Option<i64>,
         /// The report as one JSON object instead of text.
         #[arg(long)]
         json: bool,
         #[command(flatten)]
         db: DbArg,
+        #[command(flatten)]
+        server: ServerArg,
     },
     /// The HMAC the audit log stores for a secret value: compare it with a stored event.
+    #[command(
+        after_help = "Example: printf '%s' \"$VALUE\" | emisar audit hash --key-file /etc/emisar/audit.key"
+    )]
     Hash {
         /// The server's audit_key_file.
         #[arg(long)]
@@ -29,10 +46,15 @@ pub enum AuditCommand {
         /// The candidate value (read from standard input when left out).
         value: Option<String>,
     },
-    /// Print events, oldest first.
+    /// Print events, oldest first: from the database, or from a server with an auditor's
+    /// token.
+    #[command(
+        after_help = "Example: emisar audit query --kind tool.rejected --since 2026-11-30T00:00:00Z --server https://emisar.example:7700"
+    )]
     Query {
         #[command(flatten)]
         filter: FilterArgs,
+        /// The most events to print (1 to 1000).
         #[arg(long, default_value_t = 100)]
         limit: i64,
         /// One JSON object per line instead of a table.
@@ -40,45 +62,63 @@ pub enum AuditCommand {
         json: bool,
         #[command(flatten)]
         db: DbArg,
+        #[command(flatten)]
+        server: ServerArg,
     },
-    /// Write every matching event, oldest first, as JSON lines or CSV.
+    /// Write every matching event, oldest first, as JSON lines or CSV: from the database, or
+    /// from a server with an auditor's token.
+    #[command(
+        after_help = "Example: emisar audit export --format csv --kind approval.approved > approvals.csv"
+    )]
     Export {
         #[command(flatten)]
         filter: FilterArgs,
+        /// jsonl (one JSON object per line) or csv (with a header row).
         #[arg(long, value_parser = ["jsonl", "csv"], default_value = "jsonl")]
         format: String,
         #[command(flatten)]
         db: DbArg,
+        #[command(flatten)]
+        server: ServerArg,
     },
 }
 
 /// The filters `audit query` and `audit export` share with `GET /api/audit`.
 #[derive(Args, Clone)]
 pub struct FilterArgs {
+    /// Events of this tool, e.g. systemd.restart.
     #[arg(long)]
     tool: Option<String>,
+    /// Events on this runner.
     #[arg(long)]
     runner: Option<String>,
+    /// Events by this actor, e.g. agent:claude or cli:alice.
     #[arg(long)]
     actor: Option<String>,
+    /// Events of this kind, e.g. tool.called, tool.rejected, approval.approved (an unknown
+    /// kind is an error that lists them all).
     #[arg(long)]
     kind: Option<String>,
+    /// Events of this call.
     #[arg(long)]
     call_id: Option<String>,
+    /// Events of this approval request.
     #[arg(long)]
     approval_id: Option<String>,
+    /// Events with this outcome: ok, refused or error.
     #[arg(long)]
     outcome: Option<String>,
-    /// RFC 3339 time, e.g. 2026-11-30T00:00:00Z.
+    /// Events at or after this RFC 3339 time, e.g. 2026-11-30T00:00:00Z.
     #[arg(long)]
-    since: Option<chrono::DateTime<chrono::Utc>>,
+    since: Option<String>,
+    /// Events before this RFC 3339 time.
     #[arg(long)]
-    until: Option<chrono::DateTime<chrono::Utc>>,
+    until: Option<String>,
 }
 
 impl FilterArgs {
-    fn into_filter(self, limit: i64) -> AuditFilter {
-        AuditFilter {
+    fn into_params(self, limit: i64) -> AuditParams {
+        AuditParams {
             tool: self.tool,
             runner: self.runner,
             actor: self.actor,
@@ -88,17 +128,117 @@ impl FilterArgs {
             outcome: self.outcome,
             since: self.since,
             until: self.until,
-            after_seq: None,
-            limit,
+            cursor: None,
+            limit: Some(limit),
+        }
+    }
+}
+
+/// Where `audit query|export` read: the database when one is given, else the server's API.
+enum Source {
+    Db(crate::server::db::Db),
+    Api {
+        http: reqwest::Client,
+        base: String,
+        token: String,
+    },
+}
+
+impl Source {
+    async fn open(db: DbArg, server: ServerArg) -> anyhow::Result<Source> {
+        if db.database.is_some() {
+            return Ok(Source::Db(db.connect().await?));
+        }
+        let Some(base) = server.server else {
+            anyhow::bail!(
+                "no audit log given: pass --database URL (or set DATABASE_URL), or --server URL with an auditor's --token (or EMISAR_SERVER and EMISAR_TOKEN)"
+            );
+        };
+        let token = server.token.context(
+            "no token given: pass --token or set EMISAR_TOKEN (an auditor token from `emisar token issue --role auditor`)",
+        )?;
+        Ok(Source::Api {
+            http: reqwest::Client::new(),
+            base,
+            token,
+        })
+    }
+
+    /// One page of events after `cursor`.
+    async fn page(&self, params: &AuditParams) -> anyhow::Result<Vec<audit::Event>> {
+        match self {
+            Source::Db(db) => {
+                let filter =
+                    AuditFilter::from_params(params.clone(), 100).map_err(anyhow::Error::msg)?;
+                Ok(audit::query(db, &filter).await?)
+            }
+            Source::Api { http, base, token } => {
+                // The same check the server makes, before the request: the message is then
+                // the same for both sources.
+                AuditFilter::from_params(params.clone(), 100).map_err(anyhow::Error::msg)?;
+                let res = http
+                    .get(format!("{base}/api/audit"))
+                    .query(params)
+                    .bearer_auth(token)
+                    .send()
+                    .await
+                    .with_context(|| format!("failed to reach {base}"))?;
+                let status = res.status();
+                let body: serde_json::Value = res.json().await.unwrap_or_default();
+                if !status.is_success() {
+                    anyhow::bail!(
+                        "{base}/api/audit: {}",
+                        body.get("error")
+                            .and_then(|e| e.as_str())
+                            .map(str::to_owned)
+                            .unwrap_or_else(|| format!("HTTP {status}"))
+                    );
+                }
+                Ok(serde_json::from_value(body["events"].clone())
+                    .context("the server's answer holds no events list")?)
+            }
         }
     }
 }
 
 pub async fn run(command: AuditCommand) -> anyhow::Result<i32> {
     match command {
-        AuditCommand::Verify { since, json, db } => {
+        AuditCommand::Verify {
+            since,
+            from_seq,
+            json,
+            db,
+            server,
+        } => {
+            if db.database.is_none() && server.server.is_some() {
+                eprintln!(
+                    "error: audit verify needs the database (--database or DATABASE_URL): it reads every event and recomputes its hash, which the server's API does not offer; `audit query` and `audit export` work with --server"
+                );
+                return Ok(2);
+            }
             let db = db.connect().await?;
-            let report = audit::verify(&db, since).await?;
+            let from_seq = match since {
+                None => from_seq,
+                Some(since) => {
+                    let first = audit::query(
+                        &db,
+                        &AuditFilter {
+                            since: Some(since),
+                            limit: 1,
+                            ..Default::default()
+                        },
+                    )
+                    .await?;
+                    match first.first() {
+                        Some(e) => Some(e.seq),
+                        None => {
+                            println!("ok: no events at or after {since}");
+                            return Ok(0);
+                        }
+                    }
+                }
+            };
+            let report = audit::verify(&db, from_seq).await?;
             if json {
                 println!("{}", serde_json::to_string(&report)?);
             } else {
@@ -124,21 +264,26 @@ pub async fn run(command: AuditCommand) -> anyhow::Result<i32> {
             limit,
             json,
             db,
+            server,
         } => {
-            let db = db.connect().await?;
-            let events = audit::query(&db, &filter.into_filter(limit)).await?;
+            let params = filter.into_params(limit);
+            let source = Source::open(db, server).await?;
+            let events = source.page(&params).await?;
+            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
             if !json {
                 // `at` is fixed-width RFC 3339 with microseconds: 27 characters.
-                println!(
+                writeln!(
+                    out,
                     "{:>6} {:<27} {:<15} {:<20} {:<22} {:<12} {:<8} reason",
                     "seq", "at", "kind", "actor", "tool", "runner", "outcome"
-                );
+                )?;
             }
             for e in &events {
                 if json {
-                    println!("{}", serde_json::to_string(e)?);
+                    writeln!(out, "{}", serde_json::to_string(e)?)?;
                 } else {
-                    println!(
+                    writeln!(
+                        out,
                         "{:>6} {} {:<15} {:<20} {:<22} {:<12} {:<8} {}",
                         e.seq,
                         e.at,
@@ -148,21 +293,26 @@ pub async fn run(command: AuditCommand) -> anyhow::Result<i32> {
                         e.runner.as_deref().unwrap_or("-"),
                         e.outcome.as_deref().unwrap_or("-"),
                         e.reason.as_deref().unwrap_or("")
-                    );
+                    )?;
                 }
             }
+            out.flush()?;
             Ok(0)
         }
-        AuditCommand::Export { filter, format, db } => {
-            use std::io::Write;
-            let db = db.connect().await?;
-            let mut page = filter.into_filter(1000);
+        AuditCommand::Export {
+            filter,
+            format,
+            db,
+            server,
+        } => {
+            let mut params = filter.into_params(audit::MAX_PAGE);
+            let source = Source::open(db, server).await?;
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
             if format == "csv" {
                 writeln!(out, "{}", CSV_COLUMNS.join(","))?;
             }
             loop {
-                let events = audit::query(&db, &page).await?;
+                let events = source.page(&params).await?;
                 for e in &events {
                     if format == "csv" {
                         writeln!(out, "{}", csv_row(e))?;
@@ -171,8 +321,8 @@ pub async fn run(command: AuditCommand) -> anyhow::Result<i32> {
                     }
                 }
                 match events.last() {
-                    Some(last) if events.len() as i64 == page.limit => {
-                        page.after_seq = Some(last.seq)
+                    Some(last) if events.len() as i64 == audit::MAX_PAGE => {
+                        params.cursor = Some(last.seq.to_string())
                     }
                     _ => break,
                 }

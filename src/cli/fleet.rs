@@ -16,6 +16,9 @@ use crate::server::fleet::{self, JoinTokenSpec, NameRule};
 #[derive(Subcommand)]
 pub enum JoinTokenCommand {
     /// Issue a join token. It is printed once.
+    #[command(
+        after_help = "Example: emisar join-token issue --server-config /etc/emisar/emisar.toml --name-pattern 'edge-*' --uses 5 --label role=edge"
+    )]
     Issue {
         /// Lifetime: 90s, 30m, 12h, at most 30d.
         #[arg(long, default_value = "1h")]
@@ -39,12 +42,19 @@ pub enum JoinTokenCommand {
         db: DbArg,
     },
     /// List join tokens (never the tokens themselves): uses, bounds and state.
+    #[command(
+        after_help = "Example: emisar join-token list --database postgres://emisar@db/emisar"
+    )]
     List {
         #[command(flatten)]
         db: DbArg,
     },
     /// Revoke a join token by its id: no runner joins with it again.
+    #[command(
+        after_help = "Example: emisar join-token revoke 0b6c…-… --database postgres://emisar@db/emisar"
+    )]
     Revoke {
+        /// The join token's id (from `emisar join-token list`).
         id: String,
         #[command(flatten)]
         db: DbArg,
@@ -186,6 +196,7 @@ pub async fn join_token(command: JoinTokenCommand) -> anyhow::Result<i32> {
 pub enum RunnerCommand {
     /// List runners: those that joined (from the database) and, with --server-config,
     /// those in the server's config.
+    #[command(after_help = "Example: emisar runner list --server-config /etc/emisar/emisar.toml")]
     List {
         /// The server's config (emisar.toml), for its `[[runners]]` (and its database_url).
         #[arg(long)]
@@ -196,7 +207,11 @@ pub enum RunnerCommand {
     /// Remove a runner that joined: its credential stops working at once, and every
     /// replica forgets it at its next sync. Runners in the server's config are removed by
     /// editing the config.
+    #[command(
+        after_help = "Example: emisar runner remove edge-1 --database postgres://emisar@db/emisar"
+    )]
     Remove {
+        /// The joined runner's name.
         name: String,
         #[command(flatten)]
         db: DbArg,
@@ -204,6 +219,7 @@ pub enum RunnerCommand {
     /// Print the fingerprint (sha256:…) of the certificate this runner serves, creating its
     /// self-signed certificate if it has none yet: the `tls_fingerprint` of its entry in
     /// emisar.toml.
+    #[command(after_help = "Example: emisar runner fingerprint --config /etc/emisar/runner.toml")]
     Fingerprint {
         /// The runner's settings (runner.toml).
         #[arg(long)]

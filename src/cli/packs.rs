@@ -9,18 +9,25 @@ use crate::pack::{Action, PackSet};
 #[derive(Subcommand)]
 pub enum PacksCommand {
     /// Validate every pack; fails on any error, such as a free-form string param.
+    #[command(after_help = "Example: emisar packs check --dir /etc/emisar/packs")]
     Check {
+        /// A directory of pack files that add to or replace the stock packs.
         #[arg(long)]
         dir: Option<PathBuf>,
     },
     /// One line per tool: name, risk, scope, description.
+    #[command(after_help = "Example: emisar packs list | grep risk:high")]
     List {
+        /// A directory of pack files that add to or replace the stock packs.
         #[arg(long)]
         dir: Option<PathBuf>,
     },
     /// A tool's input schema, action and example.
+    #[command(after_help = "Example: emisar packs show systemd.restart")]
     Show {
+        /// The tool's name, e.g. traefik.services.
         tool: String,
+        /// A directory of pack files that add to or replace the stock packs.
         #[arg(long)]
         dir: Option<PathBuf>,
     },

@@ -9,7 +9,11 @@ use crate::server::audit::AuditLog;
 #[derive(Subcommand)]
 pub enum UserCommand {
     /// Add a person. The password comes from stdin (one line), or is generated and printed.
+    #[command(
+        after_help = "Example: emisar user add alice --role approver --password-stdin < alice.pw"
+    )]
     Add {
+        /// The person's user name (letters, digits, `_ . @ -`).
         name: String,
         /// approver, auditor or admin.
         #[arg(long)]
@@ -21,14 +25,48 @@ pub enum UserCommand {
         db: DbArg,
     },
     /// Remove a person: their sessions end and their API tokens are revoked.
+    #[command(after_help = "Example: emisar user remove alice")]
     Remove {
+        /// The person's user name.
+        name: String,
+        #[command(flatten)]
+        db: DbArg,
+    },
+    /// List people: name, role, when added, open portal sessions (never a password hash).
+    #[command(after_help = "Example: emisar user list --database postgres://emisar@db/emisar")]
+    List {
+        #[command(flatten)]
+        db: DbArg,
+    },
+    /// Change a person's role. Their portal sessions end and their API tokens are revoked
+    /// (a token keeps the role it was issued with).
+    #[command(after_help = "Example: emisar user set-role alice --role admin")]
+    SetRole {
+        /// The person's user name.
+        name: String,
+        /// approver, auditor or admin.
+        #[arg(long)]
+        role: String,
+        #[command(flatten)]
+        db: DbArg,
+    },
+    /// Change a person's password, read from the first line of stdin. Their portal sessions
+    /// end; their API tokens stay.
+    #[command(
+        after_help = "Example: printf '%s\\n' \"$NEW_PASSWORD\" | emisar user set-password alice"
+    )]
+    SetPassword {
+        /// The person's user name.
         name: String,
         #[command(flatten)]
         db: DbArg,
     },
     /// Issue an API token that acts as this person (for `emisar approvals` and scripts).
+    #[command(after_help = "Example: emisar user token alice --ttl 12h")]
     Token {
+        /// The person's user name.
         name: String,
+        /// Lifetime: 90s, 30m, 12h, 30d.
         #[arg(long, default_value = "30d")]
         ttl: String,
         #[command(flatten)]
@@ -39,6 +77,9 @@ pub enum UserCommand {
 #[derive(Subcommand)]
 pub enum TokenCommand {
     /// Issue a bearer token. The token is printed once.
+    #[command(
+        after_help = "Example: emisar token issue --agent claude --selector role=edge --ttl 30d"
+    )]
     Issue {
         /// The name the token is issued to (an agent, or an auditor with --role auditor).
         #[arg(long)]
@@ -55,8 +96,17 @@ pub enum TokenCommand {
         #[command(flatten)]
         db: DbArg,
     },
+    /// List tokens (never the tokens themselves): id, name, role, selector, created,
+    /// expires, state.
+    #[command(after_help = "Example: emisar token list --database postgres://emisar@db/emisar")]
+    List {
+        #[command(flatten)]
+        db: DbArg,
+    },
     /// Revoke a token by its id.
+    #[command(after_help = "Example: emisar token revoke 6d1e…")]
     Revoke {
+        /// The token's id (from `emisar token list`).
         id: String,
         #[command(flatten)]
         db: DbArg,
@@ -107,6 +157,30 @@ pub async fn token(command: TokenCommand) -> anyhow::Result<i32> {
             println!("token:      {}", t.token);
             eprintln!("The token is shown once; store it now.");
         }
+        TokenCommand::List { db } => {
+            let db = db.connect().await?;
+            let tokens = crate::server::tokens::list(&db).await?;
+            if tokens.is_empty() {
+                println!("no tokens");
+                return Ok(0);
+            }
+            println!(
+                "{:<36}  {:<24}  {:<8}  {:<20}  {:<27}  {:<27}  STATE",
+                "ID", "NAME", "ROLE", "SELECTOR", "CREATED", "EXPIRES"
+            );
+            for t in tokens {
+                println!(
+                    "{:<36}  {:<24}  {:<8}  {:<20}  {:<27}  {:<27}  {}",
+                    t.id,
+                    t.name,
+                    t.role,
+                    t.selector.as_deref().unwrap_or("-"),
+                    t.created_at,
+                    t.expires_at,
+                    t.state
+                );
+            }
+        }
         TokenCommand::Revoke { id, db } => {
             let db = db.connect().await?;
             let audit = AuditLog::start(db.clone());
@@ -131,9 +205,7 @@ pub async fn user(command: UserCommand) -> anyhow::Result<()> {
         } => {
             let role = Role::parse(&role).map_err(|e| anyhow::anyhow!("--role: {e}"))?;
             let (password, generated) = if password_stdin {
-                let mut line = String::new();
-                std::io::stdin().read_line(&mut line)?;
-                (line.trim_end_matches(['\r', '\n']).to_owned(), false)
+                (password_from_stdin()?, false)
             } else {
                 (crate::server::users::random_token()?, true)
             };
@@ -152,6 +224,46 @@ pub async fn user(command: UserCommand) -> anyhow::Result<()> {
             crate::server::users::remove(&db, &audit, &name, &cli_actor()).await?;
             println!("removed {name}: sessions ended, API tokens revoked");
         }
+        UserCommand::List { db } => {
+            let db = db.connect().await?;
+            let users = crate::server::users::list(&db).await?;
+            if users.is_empty() {
+                println!("no users");
+                return Ok(());
+            }
+            println!("{:<24}  {:<8}  {:<27}  SESSIONS", "NAME", "ROLE", "CREATED");
+            for u in users {
+                println!(
+                    "{:<24}  {:<8}  {:<27}  {}",
+                    u.name, u.role, u.created_at, u.sessions
+                );
+            }
+        }
+        UserCommand::SetRole { name, role, db } => {
+            let role = Role::parse(&role).map_err(|e| anyhow::anyhow!("--role: {e}"))?;
+            let db = db.connect().await?;
+            let audit = AuditLog::start(db.clone());
+            let ended =
+                crate::server::users::set_role(&db, &audit, &name, role, &cli_actor()).await?;
+            println!(
+                "{name} is now {}: {} portal session(s) ended, {} API token(s) revoked",
+                role.as_str(),
+                ended.sessions,
+                ended.tokens
+            );
+        }
+        UserCommand::SetPassword { name, db } => {
+            let password = password_from_stdin()?;
+            let db = db.connect().await?;
+            let audit = AuditLog::start(db.clone());
+            let ended =
+                crate::server::users::set_password(&db, &audit, &name, &password, &cli_actor())
+                    .await?;
+            println!(
+                "password of {name} changed: {} portal session(s) ended",
+                ended.sessions
+            );
+        }
         UserCommand::Token { name, ttl, db } => {
             let ttl = crate::server::tokens::parse_ttl(&ttl).map_err(anyhow::Error::msg)?;
             let db = db.connect().await?;
@@ -169,4 +281,14 @@ pub async fn user(command: UserCommand) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The first line of stdin, without its line ending: how a password reaches the CLI without
+/// appearing in the process list or the shell history.
+fn password_from_stdin() -> anyhow::Result<String> {
+    let mut line = String::new();
+    std::io::stdin()
+        .read_line(&mut line)
+        .context("failed to read the password from stdin")?;
+    Ok(line.trim_end_matches(['\r', '\n']).to_owned())
 }

@@ -206,7 +206,9 @@ impl RunnerConfig {
         Ok(c)
     }
 
-    fn read(path: &Path) -> anyhow::Result<Self> {
+    /// Reads runner.toml without checking it (`emisar config check` runs the checks itself,
+    /// so it can report every problem rather than the first).
+    pub fn read(path: &Path) -> anyhow::Result<Self> {
         let mut c: Self = read_toml(path)?;
         c.fill_standard_services();
         Ok(c)
@@ -257,6 +259,14 @@ impl RunnerConfig {
                 _ => anyhow::bail!("join.server `{}` must be an http(s) URL", join.server),
             }
             join.join_token()?;
+        }
+        if self.join.is_some() && self.advertise_url.is_none() && listens_on_wildcard(&self.listen)
+        {
+            anyhow::bail!(
+                "advertise_url is required: listen `{}` is a wildcard address, and a runner that joins announces the URL the server reaches it at; without advertise_url it would announce `{}`, which no server can reach. Set advertise_url to this node's address, e.g. https://node1.example:7701",
+                self.listen,
+                self.listen
+            );
         }
         if let Some(advertised) = &self.advertise_url {
             let scheme = if self.serves_tls() {
@@ -327,9 +337,41 @@ impl RunnerConfig {
     }
 }
 
+/// Whether `listen` is `0.0.0.0:PORT` or `[::]:PORT`: every address of the node, none of
+/// which is one a server could be told to use.
+fn listens_on_wildcard(listen: &str) -> bool {
+    listen
+        .parse::<std::net::SocketAddr>()
+        .is_ok_and(|a| a.ip().is_unspecified())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_joining_runner_on_a_wildcard_address_needs_advertise_url() {
+        for listen in ["0.0.0.0:7701", "[::]:7701"] {
+            let mut c = RunnerConfig::with_name("edge1");
+            c.listen = listen.into();
+            c.join = Some(JoinConfig {
+                server: "https://emisar.example".into(),
+                token: None,
+            });
+            let err = c.check().unwrap_err().to_string();
+            assert!(
+                err.starts_with("advertise_url is required") && err.contains(listen),
+                "{err}"
+            );
+            c.advertise_url = Some("https://edge1.example:7701".into());
+            c.check().unwrap();
+        }
+        // A runner the server lists in its config announces nothing.
+        let mut c = RunnerConfig::with_name("edge1");
+        c.listen = "0.0.0.0:7701".into();
+        c.server_public_key_file = Some("/etc/emisar/server.pub".into());
+        c.check().unwrap();
+    }
 
     #[test]
     fn shipped_example_loads() {

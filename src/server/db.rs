@@ -28,6 +28,27 @@ use crate::util::Backoff;
 static PG_MIGRATOR: Migrator = sqlx::migrate!("./migrations/postgres");
 static SQLITE_MIGRATOR: Migrator = sqlx::migrate!("./migrations/sqlite");
 
+/// The migration versions a database has applied; none when it has no migrations table yet
+/// (an empty database), which is the one error expected here.
+macro_rules! applied_versions {
+    ($pool:expr) => {
+        sqlx::query_scalar::<_, i64>("SELECT version FROM _sqlx_migrations WHERE success")
+            .fetch_all($pool)
+            .await
+            .map(|v| v.into_iter().collect::<std::collections::BTreeSet<i64>>())
+            .unwrap_or_default()
+    };
+}
+
+/// The migrations of `migrator` not in `before`, as `version description`.
+fn newly_applied(migrator: &Migrator, before: &std::collections::BTreeSet<i64>) -> Vec<String> {
+    migrator
+        .iter()
+        .filter(|m| !m.migration_type.is_down_migration() && !before.contains(&m.version))
+        .map(|m| format!("{} {}", m.version, m.description))
+        .collect()
+}
+
 /// The longest one probe connection may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -65,21 +86,36 @@ macro_rules! with_pool {
 impl Db {
     /// Connects and brings the schema up to date.
     pub async fn connect(url: &str) -> anyhow::Result<Self> {
+        Ok(Self::connect_and_migrate(url).await?.0)
+    }
+
+    /// Connects, brings the schema up to date, and says which migrations this call applied
+    /// (`version description`, oldest first; empty when the schema was up to date).
+    pub async fn connect_and_migrate(url: &str) -> anyhow::Result<(Self, Vec<String>)> {
         use anyhow::Context;
-        let pool = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        let (pool, applied) = if url.starts_with("postgres://") || url.starts_with("postgresql://")
+        {
+            // PostgreSQL sends a NOTICE for every `CREATE … IF NOT EXISTS` that finds the
+            // object there (sqlx's own `_sqlx_migrations` on every start), which sqlx logs at
+            // WARN; only warnings and worse are worth a line.
+            let options = sqlx::postgres::PgConnectOptions::from_str(url)
+                .with_context(|| format!("invalid PostgreSQL URL {}", redact_url(url)))?
+                .options([("client_min_messages", "warning")]);
             let pool = PgPoolOptions::new()
                 .max_connections(10)
                 .acquire_timeout(Duration::from_secs(5))
-                .connect(url)
+                .connect_with(options)
                 .await
                 .with_context(|| {
                     format!("failed to connect to PostgreSQL at {}", redact_url(url))
                 })?;
+            let before = applied_versions!(&pool);
             PG_MIGRATOR
                 .run(&pool)
                 .await
                 .context("failed to migrate the PostgreSQL schema")?;
-            Pool::Pg(pool)
+            let applied = newly_applied(&PG_MIGRATOR, &before);
+            (Pool::Pg(pool), applied)
         } else if url.starts_with("sqlite:") {
             let options = SqliteConnectOptions::from_str(url)
                 .with_context(|| format!("invalid SQLite URL {url}"))?
@@ -92,11 +128,13 @@ impl Db {
                 .connect_with(options)
                 .await
                 .with_context(|| format!("failed to open SQLite database {url}"))?;
+            let before = applied_versions!(&pool);
             SQLITE_MIGRATOR
                 .run(&pool)
                 .await
                 .context("failed to migrate the SQLite schema")?;
-            Pool::Sqlite(pool)
+            let applied = newly_applied(&SQLITE_MIGRATOR, &before);
+            (Pool::Sqlite(pool), applied)
         } else {
             anyhow::bail!(
                 "database URL must start with postgres://, postgresql:// or sqlite: (got `{}`)",
@@ -104,13 +142,16 @@ impl Db {
             );
         };
         let (up, _) = watch::channel(true);
-        Ok(Db {
-            pool,
-            gate: Arc::new(Gate {
-                up,
-                down: Mutex::new(None),
-            }),
-        })
+        Ok((
+            Db {
+                pool,
+                gate: Arc::new(Gate {
+                    up,
+                    down: Mutex::new(None),
+                }),
+            },
+            applied,
+        ))
     }
 
     pub fn pool(&self) -> &Pool {

@@ -362,28 +362,11 @@ async fn api_runners(
     Json(json!({"runners": visible}))
 }
 
-/// The query string of `GET /api/audit`. Every filter is optional; `cursor` is the
-/// `next_cursor` of the previous page.
-#[derive(Debug, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AuditQuery {
-    pub since: Option<String>,
-    pub until: Option<String>,
-    pub actor: Option<String>,
-    pub kind: Option<String>,
-    pub tool: Option<String>,
-    pub runner: Option<String>,
-    pub approval_id: Option<String>,
-    pub call_id: Option<String>,
-    pub outcome: Option<String>,
-    pub cursor: Option<String>,
-    pub limit: Option<i64>,
-}
+/// The query string of `GET /api/audit`: the shared audit params.
+pub type AuditQuery = crate::server::audit::AuditParams;
 
-/// The longest text filter `GET /api/audit` takes.
-const MAX_FILTER_CHARS: usize = 256;
 /// The longest page the API returns.
-const MAX_PAGE: i64 = 1000;
+const MAX_PAGE: i64 = crate::server::audit::MAX_PAGE;
 
 type AuditQueryResult =
     Result<axum::extract::Query<AuditQuery>, axum::extract::rejection::QueryRejection>;
@@ -463,68 +446,12 @@ fn audit_filter(
     query: AuditQueryResult,
     default_limit: i64,
 ) -> Result<crate::server::audit::AuditFilter, String> {
-    let q = match query {
-        Ok(axum::extract::Query(q)) => q,
-        Err(e) => return Err(format!("invalid query: {}", e.body_text())),
-    };
-    let time = |field: &str,
-                v: &Option<String>|
-     -> Result<Option<chrono::DateTime<chrono::Utc>>, String> {
-        v.as_deref()
-            .map(|t| {
-                chrono::DateTime::parse_from_rfc3339(t)
-                    .map(|t| t.with_timezone(&chrono::Utc))
-                    .map_err(|e| {
-                        format!(
-                            "`{field}` must be an RFC 3339 time such as 2026-11-30T00:00:00Z: {e}"
-                        )
-                    })
-            })
-            .transpose()
-    };
-    let (since, until) = match (time("since", &q.since), time("until", &q.until)) {
-        (Ok(since), Ok(until)) => (since, until),
-        (Err(e), _) | (_, Err(e)) => return Err(e),
-    };
-    let after_seq = match q.cursor.as_deref().map(str::parse::<i64>) {
-        None => None,
-        Some(Ok(n)) if n >= 0 => Some(n),
-        Some(_) => {
-            return Err("`cursor` must be the next_cursor of a previous page".into());
+    match query {
+        Ok(axum::extract::Query(q)) => {
+            crate::server::audit::AuditFilter::from_params(q, default_limit)
         }
-    };
-    // Filters are compared with stored text; one that holds NUL or is longer than anything
-    // stored is refused here rather than by the store (which would answer 503).
-    for (field, value) in [
-        ("tool", &q.tool),
-        ("runner", &q.runner),
-        ("actor", &q.actor),
-        ("kind", &q.kind),
-        ("call_id", &q.call_id),
-        ("approval_id", &q.approval_id),
-        ("outcome", &q.outcome),
-    ] {
-        if let Some(v) = value {
-            crate::util::door::line(field, v, MAX_FILTER_CHARS)?;
-        }
+        Err(e) => Err(format!("invalid query: {}", e.body_text())),
     }
-    let limit = q.limit.unwrap_or(default_limit);
-    if !(1..=MAX_PAGE).contains(&limit) {
-        return Err(format!("`limit` must be between 1 and {MAX_PAGE}"));
-    }
-    Ok(crate::server::audit::AuditFilter {
-        tool: q.tool,
-        runner: q.runner,
-        actor: q.actor,
-        kind: q.kind,
-        call_id: q.call_id,
-        approval_id: q.approval_id,
-        outcome: q.outcome,
-        since,
-        until,
-        after_seq,
-        limit,
-    })
 }
 
 fn bearer(headers: &axum::http::HeaderMap) -> Option<&str> {

@@ -368,3 +368,63 @@ mod tests {
         assert!(parse_ttl("5y").is_err());
     }
 }
+
+/// A token as `emisar token list` shows it: never the token nor its hash.
+#[derive(Debug, Clone)]
+pub struct TokenInfo {
+    pub id: String,
+    /// The agent or person the token acts as.
+    pub name: String,
+    pub role: String,
+    pub selector: Option<String>,
+    pub created_at: String,
+    pub expires_at: String,
+    /// `live`, `expired` or `revoked`.
+    pub state: &'static str,
+}
+
+/// Every token, oldest first.
+pub async fn list(db: &Db) -> anyhow::Result<Vec<TokenInfo>> {
+    use crate::server::fleet::at_text;
+    let sql = format!(
+        "SELECT id, agent, role, selector, {}, {}, {} FROM agent_tokens ORDER BY created_at, id",
+        at_text(db, "created_at"),
+        at_text(db, "expires_at"),
+        at_text(db, "revoked_at"),
+    );
+    type Row = (
+        String,
+        String,
+        String,
+        Option<String>,
+        String,
+        String,
+        Option<String>,
+    );
+    let rows: Vec<Row> = with_pool!(db, pool => sqlx::query_as(db.sql(sql)).fetch_all(pool).await?);
+    let now = format_at(chrono::Utc::now());
+    Ok(rows
+        .into_iter()
+        .map(
+            |(id, name, role, selector, created_at, expires_at, revoked_at)| {
+                // Fixed-width UTC text compares in time order.
+                let state = if revoked_at.is_some() {
+                    "revoked"
+                } else if expires_at <= now {
+                    "expired"
+                } else {
+                    "live"
+                };
+                TokenInfo {
+                    id,
+                    name,
+                    role,
+                    selector,
+                    created_at,
+                    expires_at,
+                    state,
+                }
+            },
+        )
+        .collect())
+}

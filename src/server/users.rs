@@ -198,6 +198,132 @@ pub async fn remove(
     Ok(())
 }
 
+/// A person as `emisar user list` shows them (never the password hash).
+#[derive(Debug, Clone)]
+pub struct UserInfo {
+    pub name: String,
+    pub role: String,
+    pub created_at: String,
+    /// Portal sessions that have not expired.
+    pub sessions: i64,
+}
+
+/// Every local user, by name.
+pub async fn list(db: &Db) -> Result<Vec<UserInfo>, UserError> {
+    let now = format_at(chrono::Utc::now());
+    let sql = format!(
+        "SELECT u.name, u.role, {}, (SELECT COUNT(*) FROM sessions s WHERE s.user_name = u.name AND s.expires_at > $1::timestamptz) FROM users u ORDER BY u.name",
+        crate::server::fleet::at_text(db, "u.created_at")
+    );
+    let rows: Vec<(String, String, String, i64)> =
+        with_pool!(db, pool => sqlx::query_as(db.sql(sql)).bind(&now).fetch_all(pool).await?);
+    Ok(rows
+        .into_iter()
+        .map(|(name, role, created_at, sessions)| UserInfo {
+            name,
+            role,
+            created_at,
+            sessions,
+        })
+        .collect())
+}
+
+/// What a role or password change ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ended {
+    pub sessions: u64,
+    pub tokens: u64,
+}
+
+/// Changes a person's role. Their portal sessions end, and their API tokens are revoked:
+/// a token carries the role it was issued with, so one issued before the change would keep
+/// acting with the old role. Audited before it is written.
+pub async fn set_role(
+    db: &Db,
+    audit: &AuditLog,
+    name: &str,
+    role: Role,
+    changed_by: &str,
+) -> Result<Ended, UserError> {
+    if role == Role::Agent {
+        return Err(UserError::Invalid(
+            "`role` must be approver, auditor or admin: agents get tokens (`emisar token issue`), not logins".into(),
+        ));
+    }
+    let Some(old) = role_of(db, name).await? else {
+        return Err(UserError::Invalid(format!(
+            "`name`: there is no user `{name}`"
+        )));
+    };
+    audit
+        .append(NewEvent {
+            actor: changed_by.to_owned(),
+            kind: kind::USER_ROLE_CHANGED.into(),
+            outcome: Some("ok".into()),
+            detail: Some(json!({"user": name, "from": old.as_str(), "to": role.as_str()})),
+            ..Default::default()
+        })
+        .await?;
+    let now = format_at(chrono::Utc::now());
+    let update = db.sql("UPDATE users SET role = $2 WHERE name = $1");
+    let revoke = db.sql("UPDATE agent_tokens SET revoked_at = $2::timestamptz WHERE agent = $1 AND role <> 'agent' AND revoked_at IS NULL");
+    let ended = with_pool!(db, pool => {
+        let mut tx = pool.begin().await?;
+        sqlx::query(update).bind(name).bind(role.as_str()).execute(&mut *tx).await?;
+        let tokens = sqlx::query(revoke).bind(name).bind(&now).execute(&mut *tx).await?.rows_affected();
+        let sessions = sqlx::query("DELETE FROM sessions WHERE user_name = $1").bind(name).execute(&mut *tx).await?.rows_affected();
+        tx.commit().await?;
+        Ended { sessions, tokens }
+    });
+    Ok(ended)
+}
+
+/// Changes a person's password (the same rules as [`add`]). Their portal sessions end;
+/// their API tokens stay (they do not depend on the password). Audited before it is written,
+/// the password never.
+pub async fn set_password(
+    db: &Db,
+    audit: &AuditLog,
+    name: &str,
+    password: &str,
+    changed_by: &str,
+) -> Result<Ended, UserError> {
+    if password.chars().count() < MIN_PASSWORD {
+        return Err(UserError::Invalid(format!(
+            "`password` must be at least {MIN_PASSWORD} characters"
+        )));
+    }
+    crate::util::door::secret("password", password, MAX_PASSWORD).map_err(UserError::Invalid)?;
+    if role_of(db, name).await?.is_none() {
+        return Err(UserError::Invalid(format!(
+            "`name`: there is no user `{name}`"
+        )));
+    }
+    let owned = password.to_owned();
+    let hash = hashing(move || hash_password(&owned)).await??;
+    audit
+        .append(NewEvent {
+            actor: changed_by.to_owned(),
+            kind: kind::USER_PASSWORD_CHANGED.into(),
+            outcome: Some("ok".into()),
+            detail: Some(json!({"user": name})),
+            ..Default::default()
+        })
+        .await?;
+    let update = db.sql("UPDATE users SET password_hash = $2 WHERE name = $1");
+    let sessions = with_pool!(db, pool => {
+        let mut tx = pool.begin().await?;
+        sqlx::query(update).bind(name).bind(&hash).execute(&mut *tx).await?;
+        let sessions = sqlx::query("DELETE FROM sessions WHERE user_name = $1").bind(name).execute(&mut *tx).await?.rows_affected();
+        tx.commit().await?;
+        sessions
+    });
+    Ok(Ended {
+        sessions,
+        tokens: 0,
+    })
+}
+
 /// The role of user `name`, if they exist.
 pub async fn role_of(db: &Db, name: &str) -> Result<Option<Role>, UserError> {
     let role = with_pool!(db, pool => sqlx::query_scalar::<_, String>("SELECT role FROM users WHERE name = $1")

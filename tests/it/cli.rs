@@ -615,3 +615,427 @@ async fn join_tokens_and_runners_from_the_cli(backend: Backend) {
     }
 }
 crate::both_backends!(join_tokens_and_runners_from_the_cli);
+
+/// `emisar` with `stdin` on its standard input.
+fn emisar_stdin(args: &[&str], stdin: &str) -> (i32, String, String) {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_emisar"))
+        .args(args)
+        .env_remove("DATABASE_URL")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `emisar token list` and `emisar user list|set-role|set-password`, as an administrator runs
+/// them: lists never show a secret, a change ends the person's sessions, and is audited.
+async fn people_administration_from_the_cli(backend: Backend) {
+    let app = spawn_app(backend, vec![RunnerSpec::new("local")], Options::default()).await;
+    let db = app.database_url.as_str();
+    let (code, out, err) = emisar_stdin(
+        &[
+            "user",
+            "add",
+            "alice",
+            "--role",
+            "approver",
+            "--password-stdin",
+            "--database",
+            db,
+        ],
+        "first-password-1\n",
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, out, err) = emisar(&["user", "token", "alice", "--database", db]);
+    assert_eq!(code, 0, "{out}{err}");
+    let token = out
+        .lines()
+        .find_map(|l| l.strip_prefix("token:"))
+        .unwrap()
+        .trim()
+        .to_owned();
+
+    // token list: the id, name, role, state; never the token nor its hash.
+    let (code, out, err) = emisar(&["token", "list", "--database", db]);
+    assert_eq!(code, 0, "{err}");
+    let header: Vec<&str> = out.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        [
+            "ID", "NAME", "ROLE", "SELECTOR", "CREATED", "EXPIRES", "STATE"
+        ]
+    );
+    let alice = out
+        .lines()
+        .find(|l| l.contains(" alice "))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        alice.contains("approver") && alice.ends_with("live"),
+        "{alice}"
+    );
+    let hash = emisar::digest::sha256_hex(token.as_bytes());
+    assert!(!out.contains(&token) && !out.contains(&hash), "{out}");
+
+    // A session, then a role change: the session ends and the token (which carries the old
+    // role) is revoked, and the command says so.
+    let (_, session) =
+        emisar::server::users::login(&app.db, &app.audit, "alice", "first-password-1")
+            .await
+            .unwrap();
+    let (_, out, _) = emisar(&["user", "list", "--database", db]);
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("alice "))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(row.contains("approver") && row.ends_with(" 1"), "{row}");
+    assert!(!out.contains("argon2"), "{out}");
+    let (code, _, err) = emisar(&[
+        "user",
+        "set-role",
+        "alice",
+        "--role",
+        "agent",
+        "--database",
+        db,
+    ]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("`role` must be approver, auditor or admin"),
+        "{err}"
+    );
+    let (code, out, err) = emisar(&[
+        "user",
+        "set-role",
+        "alice",
+        "--role",
+        "admin",
+        "--database",
+        db,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        out.trim(),
+        "alice is now admin: 1 portal session(s) ended, 1 API token(s) revoked"
+    );
+    assert!(
+        emisar::server::users::session(&app.db, &session)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let (_, out, _) = emisar(&["token", "list", "--database", db]);
+    let alice = out.lines().find(|l| l.contains(" alice ")).unwrap();
+    assert!(alice.ends_with("revoked"), "{alice}");
+    let (_, out, _) = emisar(&["user", "list", "--database", db]);
+    let row = out.lines().find(|l| l.starts_with("alice ")).unwrap();
+    assert!(row.contains("admin") && row.ends_with(" 0"), "{row}");
+
+    // A password change: the old password stops working, sessions end.
+    let _ = emisar::server::users::login(&app.db, &app.audit, "alice", "first-password-1")
+        .await
+        .unwrap();
+    let (code, _, err) = emisar_stdin(
+        &["user", "set-password", "alice", "--database", db],
+        "short\n",
+    );
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("`password` must be at least 12 characters"),
+        "{err}"
+    );
+    let (code, _, err) = emisar_stdin(
+        &["user", "set-password", "bob", "--database", db],
+        "second-password-2\n",
+    );
+    assert_eq!(code, 2);
+    assert!(err.contains("there is no user `bob`"), "{err}");
+    let (code, out, err) = emisar_stdin(
+        &["user", "set-password", "alice", "--database", db],
+        "second-password-2\n",
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        out.trim(),
+        "password of alice changed: 1 portal session(s) ended"
+    );
+    assert!(
+        emisar::server::users::login(&app.db, &app.audit, "alice", "first-password-1")
+            .await
+            .is_err()
+    );
+    emisar::server::users::login(&app.db, &app.audit, "alice", "second-password-2")
+        .await
+        .unwrap();
+
+    for kind in ["user.role_changed", "user.password_changed"] {
+        let events = app
+            .events(emisar::server::audit::AuditFilter {
+                kind: Some(kind.into()),
+                ..Default::default()
+            })
+            .await;
+        assert_eq!(events.len(), 1, "{kind}");
+        assert!(events[0].actor.starts_with("cli:"), "{kind}");
+        let detail = events[0].detail.as_ref().unwrap().to_string();
+        assert!(
+            detail.contains("alice") && !detail.contains("password-"),
+            "{detail}"
+        );
+    }
+}
+crate::both_backends!(people_administration_from_the_cli);
+
+/// `emisar config check`: `ok` for a good file of either kind (told apart by its keys), and
+/// every problem, each naming its key, for a bad one.
+#[test]
+fn config_check_reports_every_problem_by_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("server.key");
+    let public = dir.path().join("server.pub");
+    emisar::protocol::signing::write_keypair(&key, &public).unwrap();
+    let server = dir.path().join("emisar.toml");
+    std::fs::write(
+        &server,
+        format!("listen = \"127.0.0.1:0\"\nsigning_key_file = {:?}\n", key),
+    )
+    .unwrap();
+    let (code, out, err) = emisar(&["config", "check", server.to_str().unwrap()]);
+    assert_eq!(
+        (code, out.trim()),
+        (
+            0,
+            format!("ok: {} (server config)", server.display()).as_str()
+        ),
+        "{err}"
+    );
+
+    let runner = dir.path().join("runner.toml");
+    let state = dir.path().join("state");
+    std::fs::write(
+        &runner,
+        format!(
+            "name = \"edge1\"\nlisten = \"127.0.0.1:7701\"\nserver_public_key_file = {public:?}\nstate_dir = {state:?}\n"
+        ),
+    )
+    .unwrap();
+    let (code, out, err) = emisar(&["config", "check", runner.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("(runner config)"), "{out}");
+
+    // A bad server config: a missing key file, a policy that does not exist, a bad listen.
+    std::fs::write(
+        &server,
+        "listen = \"localhost\"\nsigning_key_file = \"/nonexistent/server.key\"\npolicy_file = \"/nonexistent/policy.toml\"\ncall_timeout_ms = 0\n",
+    )
+    .unwrap();
+    let (code, out, _) = emisar(&[
+        "config",
+        "check",
+        "--kind",
+        "server",
+        server.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1, "{out}");
+    for key in [
+        "call_timeout_ms",
+        "listen `localhost`",
+        "signing_key_file: cannot read",
+        "policy_file:",
+    ] {
+        assert!(out.contains(key), "{key}: {out}");
+    }
+    // An unknown key names itself.
+    std::fs::write(
+        &server,
+        format!("signing_key_file = {key:?}\nlisten_addr = \"x\"\n"),
+    )
+    .unwrap();
+    let (code, out, _) = emisar(&["config", "check", server.to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert!(out.contains("listen_addr"), "{out}");
+
+    // A joining runner on a wildcard address without advertise_url; a key file that is not
+    // a key.
+    std::fs::write(
+        &runner,
+        format!(
+            "name = \"edge1\"\nlisten = \"0.0.0.0:7701\"\nserver_public_key_file = {server:?}\nstate_dir = {state:?}\n[join]\nserver = \"https://emisar.example\"\n"
+        ),
+    )
+    .unwrap();
+    let (code, out, _) = emisar(&["config", "check", runner.to_str().unwrap()]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("advertise_url is required"), "{out}");
+    assert!(out.contains("server_public_key_file"), "{out}");
+
+    // Neither kind's keys: ask for --kind; a wrong --kind names the valid ones.
+    std::fs::write(&runner, "listen = \"127.0.0.1:1\"\n").unwrap();
+    let (code, _, err) = emisar(&["config", "check", runner.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(err.contains("pass --kind server or --kind runner"), "{err}");
+    let (code, _, err) = emisar(&["config", "check", "--kind", "db", runner.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(err.contains("server") && err.contains("runner"), "{err}");
+}
+
+/// `emisar audit query|export` against a server's API with an auditor token read what the
+/// database holds; `audit verify` there says it needs the database; a kind or outcome that
+/// does not exist is an error listing the valid ones; `migrate` on an empty database lists
+/// what it applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_audit_cli_reads_a_server_with_an_auditor_token() {
+    let app = spawn_app(
+        Backend::Postgres,
+        vec![RunnerSpec::new("node-1")],
+        Options::default(),
+    )
+    .await;
+    let db = app.database_url.as_str();
+    let (code, out, err) = emisar(&[
+        "token",
+        "issue",
+        "--agent",
+        "auditor1",
+        "--role",
+        "auditor",
+        "--database",
+        db,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let token = out
+        .lines()
+        .find_map(|l| l.strip_prefix("token:"))
+        .unwrap()
+        .trim()
+        .to_owned();
+    let server = app.mcp_url.trim_end_matches("/mcp").to_owned();
+    let api = |args: &[&str]| {
+        let mut a = args.to_vec();
+        a.extend(["--server", &server, "--token", &token]);
+        emisar(&a)
+    };
+    let (code, by_api, err) = api(&["audit", "query", "--kind", "token.issued", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let (_, by_db, _) = emisar(&[
+        "audit",
+        "query",
+        "--kind",
+        "token.issued",
+        "--json",
+        "--database",
+        db,
+    ]);
+    assert_eq!(by_api, by_db);
+    assert!(by_api.contains("\"agent\":\"auditor1\""), "{by_api}");
+    let (code, by_api, err) = api(&["audit", "export", "--format", "csv"]);
+    assert_eq!(code, 0, "{err}");
+    let (_, by_db, _) = emisar(&["audit", "export", "--format", "csv", "--database", db]);
+    assert_eq!(by_api, by_db);
+    assert!(by_api.lines().count() >= 3, "{by_api}");
+    // A token that is not an auditor's is refused by the server, and the CLI says so.
+    let (code, _, err) = emisar(&["audit", "query", "--server", &server, "--token", &app.token]);
+    assert_eq!(code, 2);
+    assert!(err.contains("/api/audit"), "{err}");
+
+    let (code, _, err) = api(&["audit", "verify"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("audit verify needs the database"), "{err}");
+    let (code, out, err) = emisar(&[
+        "audit",
+        "verify",
+        "--since",
+        "2000-01-01T00:00:00Z",
+        "--database",
+        db,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("ok: "), "{out}");
+    let (code, _, err) = emisar(&["audit", "verify", "--since", "5", "--database", db]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--since"), "{err}");
+
+    for args in [
+        ["audit", "query", "--kind", "bogus"],
+        ["audit", "export", "--kind", "bogus"],
+    ] {
+        let (code, _, err) = emisar(&[&args[..], &["--database", db]].concat());
+        assert_eq!(code, 2);
+        assert!(
+            err.contains("`kind` `bogus` is not an event kind") && err.contains("tool.rejected"),
+            "{err}"
+        );
+        let (code, _, err) = api(&args);
+        assert_eq!(code, 2);
+        assert!(err.contains("`kind` `bogus` is not an event kind"), "{err}");
+    }
+    let (code, _, err) = emisar(&["audit", "query", "--outcome", "fine", "--database", db]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("the outcomes are: ok, refused, error"),
+        "{err}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let fresh = format!("sqlite://{}", dir.path().join("fresh.db").display());
+    let (code, out, err) = emisar(&["migrate", "--database", &fresh]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.starts_with("applied ") && out.contains("approvals"),
+        "{out}"
+    );
+    let (_, out, _) = emisar(&["migrate", "--database", &fresh]);
+    assert_eq!(out.trim(), "sqlite schema is up to date");
+    let (code, out, err) = emisar(&["migrate", "--database", db]);
+    assert_eq!(code, 0);
+    assert!(out.contains("up to date"), "{out}");
+    assert!(
+        !err.contains("already exists"),
+        "PostgreSQL's notice is not logged: {err}"
+    );
+}
+
+/// `emisar packs list | head -1` and `emisar audit export | head -1`: the reader goes away
+/// first, and the command ends quietly with status 0 instead of panicking.
+#[test]
+fn a_reader_that_goes_away_ends_the_command_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("a.db").display());
+    let (code, _, err) = emisar(&["migrate", "--database", &db]);
+    assert_eq!(code, 0, "{err}");
+    for args in [
+        vec!["packs", "list"],
+        vec!["audit", "export", "--format", "csv", "--database", &db],
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_emisar"))
+            .args(&args)
+            .env_remove("DATABASE_URL")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Close the reading end before the command can write: its first write finds the
+        // pipe broken.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
+        assert!(
+            !err.contains("panicked") && !err.contains("error"),
+            "{args:?}: {err}"
+        );
+    }
+}

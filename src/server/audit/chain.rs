@@ -54,6 +54,10 @@ pub mod kind {
     pub const POLICY_LOADED: &str = "policy.loaded";
     pub const USER_ADDED: &str = "user.added";
     pub const USER_REMOVED: &str = "user.removed";
+    /// A person's role changed; their sessions ended and their API tokens were revoked.
+    pub const USER_ROLE_CHANGED: &str = "user.role_changed";
+    /// A person's password changed; their sessions ended.
+    pub const USER_PASSWORD_CHANGED: &str = "user.password_changed";
     pub const LOGIN: &str = "login";
     pub const LOGIN_FAILED: &str = "login.failed";
     pub const LOGOUT: &str = "logout";
@@ -95,7 +99,7 @@ pub mod hash_v {
 }
 
 /// A stored event.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
 pub struct Event {
     pub seq: i64,
     pub id: String,

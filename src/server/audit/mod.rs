@@ -5,6 +5,7 @@
 //! SQL.
 
 mod chain;
+mod filter;
 mod store;
 mod writer;
 
@@ -12,5 +13,6 @@ pub use chain::{
     BrokenLink, Event, EventText, GENESIS_HASH, MAX_LISTED, NewEvent, VerifyReport, format_at,
     hash_v, kind,
 };
+pub use filter::{AuditParams, KINDS, MAX_PAGE, OUTCOMES};
 pub use store::{AuditFilter, query, verify};
 pub use writer::{AuditError, AuditLog};

@@ -93,7 +93,7 @@ fn random_secret(prefix: &str) -> anyhow::Result<String> {
 }
 
 /// The text form of a timestamp column: fixed-width RFC 3339 UTC, the same on both backends.
-fn at_text(db: &Db, column: &str) -> String {
+pub(crate) fn at_text(db: &Db, column: &str) -> String {
     match db.pool() {
         Pool::Pg(_) => {
             format!("to_char({column} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')")

@@ -1,0 +1,218 @@
+//! `emisar config check FILE`: every check `emisar serve` or `emisar runner` runs at start on
+//! its config file, without binding a port or connecting anywhere.
+//!
+//! Invariant: the checks are the ones the server and the runner run themselves (the
+//! configs' own `check`, the key and certificate parsers, the pack loader, the policy check),
+//! called here, never re-implemented; each problem is reported with the key it is about, and
+//! every independent problem is reported, not only the first.
+
+use std::path::Path;
+
+use anyhow::Context;
+use clap::ValueEnum;
+
+use crate::node::config::RunnerConfig;
+use crate::pack::PackSet;
+use crate::server::config::ServerConfig;
+
+/// Which program's config a file is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ConfigKind {
+    /// emisar.toml, read by `emisar serve`.
+    Server,
+    /// runner.toml, read by `emisar runner` and `emisar-runner`.
+    Runner,
+}
+
+/// Checks `path`; prints `ok` or every problem. The exit code is 1 when there is a problem.
+pub fn run(path: &Path, kind: Option<ConfigKind>) -> anyhow::Result<i32> {
+    let kind = match kind {
+        Some(kind) => kind,
+        None => detect(path)?,
+    };
+    let problems = match kind {
+        ConfigKind::Server => check_server(path),
+        ConfigKind::Runner => check_runner(path),
+    };
+    if problems.is_empty() {
+        println!("ok: {} ({} config)", path.display(), kind_name(kind));
+        return Ok(0);
+    }
+    for problem in &problems {
+        println!("{}: {problem}", path.display());
+    }
+    eprintln!(
+        "{} problem(s) in {} ({} config)",
+        problems.len(),
+        path.display(),
+        kind_name(kind)
+    );
+    Ok(1)
+}
+
+fn kind_name(kind: ConfigKind) -> &'static str {
+    match kind {
+        ConfigKind::Server => "server",
+        ConfigKind::Runner => "runner",
+    }
+}
+
+/// Tells a server config from a runner config by the keys only one of them has: a server's
+/// `signing_key_file` (required there), a runner's `name` (required there).
+fn detect(path: &Path) -> anyhow::Result<ConfigKind> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("failed to read config {}", path.display()))?;
+    let table: toml::Table =
+        toml::from_str(&text).with_context(|| format!("invalid config {}", path.display()))?;
+    let server = ["signing_key_file", "runners", "database_url", "policy_file"]
+        .iter()
+        .any(|k| table.contains_key(*k));
+    let runner = ["name", "services", "allowlists", "join", "programs"]
+        .iter()
+        .any(|k| table.contains_key(*k));
+    match (server, runner) {
+        (true, false) => Ok(ConfigKind::Server),
+        (false, true) => Ok(ConfigKind::Runner),
+        _ => anyhow::bail!(
+            "{}: cannot tell a server config (signing_key_file) from a runner config (name): pass --kind server or --kind runner",
+            path.display()
+        ),
+    }
+}
+
+/// `listen` must be `HOST:PORT` with a port number (`:0` allowed): the same text `bind` takes,
+/// checked without binding or resolving the host.
+fn check_listen(problems: &mut Vec<String>, listen: &str) {
+    if listen.parse::<std::net::SocketAddr>().is_ok() {
+        return;
+    }
+    let ok = listen
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+    if !ok {
+        problems.push(format!(
+            "listen `{listen}` must be HOST:PORT, e.g. 127.0.0.1:7700"
+        ));
+    }
+}
+
+/// The message of an error and its causes, on one line.
+fn chain(e: &anyhow::Error) -> String {
+    format!("{e:#}")
+}
+
+/// A file a key names must exist and be readable; the parse is the caller's.
+fn readable(problems: &mut Vec<String>, key: &str, path: &Path) -> Option<String> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Some(text),
+        Err(e) => {
+            problems.push(format!("{key}: cannot read {}: {e}", path.display()));
+            None
+        }
+    }
+}
+
+fn check_server(path: &Path) -> Vec<String> {
+    let mut problems = Vec::new();
+    let config: ServerConfig = match crate::util::config::read_toml(path) {
+        Ok(c) => c,
+        Err(e) => return vec![chain(&e)],
+    };
+    if let Err(e) = config.check() {
+        problems.push(chain(&e));
+    }
+    check_listen(&mut problems, &config.listen);
+    if let Some(url) = &config.database_url
+        && !(url.starts_with("postgres://")
+            || url.starts_with("postgresql://")
+            || url.starts_with("sqlite:"))
+    {
+        // Never print the URL: it may hold a password.
+        problems.push("database_url must start with postgres:// or sqlite:".into());
+    }
+    if let Some(pem) = readable(&mut problems, "signing_key_file", &config.signing_key_file)
+        && let Err(e) = crate::protocol::signing::CallSigner::from_pem(&pem)
+    {
+        problems.push(format!(
+            "signing_key_file {}: {}",
+            config.signing_key_file.display(),
+            chain(&e)
+        ));
+    }
+    if let (Some(cert), Some(key)) = (&config.tls_cert_file, &config.tls_key_file)
+        && let Err(e) = crate::util::tls::server_config_from_files(cert, key)
+    {
+        problems.push(format!("tls_cert_file/tls_key_file: {}", chain(&e)));
+    }
+    if let Some(file) = &config.audit_key_file
+        && let Err(e) = crate::server::secrets::AuditKey::from_file(file)
+    {
+        problems.push(format!("audit_key_file: {}", chain(&e)));
+    }
+    if let Err(e) = crate::server::runners::tls::RunnerTrust::new(
+        config.runner_ca_file.as_deref(),
+        config.insecure_http,
+    ) {
+        problems.push(chain(&e));
+    }
+    match PackSet::load(config.packs_dir.as_deref()) {
+        Ok(packs) => {
+            if let Some(policy) = &config.policy_file
+                && let Err(e) = crate::server::policy::check_file(policy, &packs)
+            {
+                problems.push(format!("policy_file: {e}"));
+            }
+        }
+        Err(e) => problems.push(format!("packs_dir: {e}")),
+    }
+    problems
+}
+
+fn check_runner(path: &Path) -> Vec<String> {
+    let mut problems = Vec::new();
+    let config = match RunnerConfig::read(path) {
+        Ok(c) => c,
+        Err(e) => return vec![chain(&e)],
+    };
+    if let Err(e) = config.check() {
+        problems.push(chain(&e));
+    }
+    check_listen(&mut problems, &config.listen);
+    if let Some(file) = &config.server_public_key_file
+        && let Some(pem) = readable(&mut problems, "server_public_key_file", file)
+        && let Err(e) = crate::protocol::signing::CallVerifier::from_pem(&pem, &config.name)
+    {
+        problems.push(format!(
+            "server_public_key_file {}: {}",
+            file.display(),
+            chain(&e)
+        ));
+    }
+    if let (Some(cert), Some(key)) = (&config.tls_cert_file, &config.tls_key_file)
+        && let Err(e) = crate::util::tls::server_config_from_files(cert, key)
+    {
+        problems.push(format!("tls_cert_file/tls_key_file: {}", chain(&e)));
+    }
+    if let Some(ca) = &config.server_ca_file
+        && let Err(e) = crate::util::tls::read_certificates(ca)
+    {
+        problems.push(format!("server_ca_file: {}", chain(&e)));
+    }
+    for (name, argv) in &config.programs {
+        if let Some(program) = argv.first()
+            && program.starts_with('/')
+            && !Path::new(program).is_file()
+        {
+            problems.push(format!("programs.{name}: `{program}` is not a file"));
+        }
+    }
+    match PackSet::load(config.packs_dir.as_deref()) {
+        Ok(packs) => {
+            if let Err(e) = config.check_services(&packs) {
+                problems.push(chain(&e));
+            }
+        }
+        Err(e) => problems.push(format!("packs_dir: {e}")),
+    }
+    problems
+}

@@ -362,7 +362,7 @@ impl Answers for Recorded {
 }
 
 /// Runs one case; `Ok` when it passed, else the readable reasons.
-async fn run_case(tool: &Tool, case: &Ready) -> Result<(), String> {
+async fn run_case(tool: &Tool, service_name: Option<&str>, case: &Ready) -> Result<(), String> {
     let recorded = Recorded {
         calls: Mutex::new(case.calls.iter().cloned().collect()),
         mismatches: Mutex::new(Vec::new()),
@@ -374,7 +374,7 @@ async fn run_case(tool: &Tool, case: &Ready) -> Result<(), String> {
     };
     let programs = BTreeMap::new();
     let env = Env {
-        service: Some((tool.pack.as_str(), &service)),
+        service: service_name.map(|name| (name, &service)),
         exec_path: "",
         programs: &programs,
         max_output: usize::MAX,
@@ -518,7 +518,8 @@ pub async fn run(dir: Option<&Path>) -> anyhow::Result<i32> {
         for case in &cases {
             let tool = packs.tool(&case.tool).expect("checked when parsed");
             *tested.entry(case.tool.clone()).or_default() += 1;
-            match run_case(tool, case).await {
+            let service = packs.pack(&tool.pack).and_then(|p| p.service.as_deref());
+            match run_case(tool, service, case).await {
                 Ok(()) => {
                     passed += 1;
                     println!("ok    {:<32} {}", case.tool, case.name);

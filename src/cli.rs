@@ -19,6 +19,7 @@ mod audit;
 mod config_check;
 mod fleet;
 mod packs;
+mod packs_test;
 mod people;
 
 pub use approvals::ApprovalsCommand;
@@ -346,7 +347,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             node,
             argv,
         } => return Ok(crate::lab::standin::run(&control, &node, &argv).await),
-        Command::Packs { command } => return packs::run(command),
+        Command::Packs { command } => return packs::run(command).await,
         Command::Audit { command } => return audit::run(command).await,
         Command::Token { command } => return people::token(command).await,
         Command::User { command } => people::user(command).await?,

@@ -22,6 +22,13 @@ pub enum PacksCommand {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+    /// Run the packs' example calls (`DIR/tests/<pack>.yaml`, or the stock packs' own) through
+    /// the runner's engine with recorded service answers: no fleet, no network. Exits 1 when
+    /// any case fails.
+    Test {
+        /// A packs directory (as `packs_dir`); its cases are in `DIR/tests/`.
+        dir: Option<PathBuf>,
+    },
     /// A tool's input schema, action and example.
     #[command(after_help = "Example: emisar packs show systemd.restart")]
     Show {
@@ -33,8 +40,9 @@ pub enum PacksCommand {
     },
 }
 
-pub fn run(command: PacksCommand) -> anyhow::Result<i32> {
+pub async fn run(command: PacksCommand) -> anyhow::Result<i32> {
     match command {
+        PacksCommand::Test { dir } => return super::packs_test::run(dir.as_deref()).await,
         PacksCommand::Check { dir } => {
             let set = PackSet::load(dir.as_deref())?;
             for p in set.packs() {

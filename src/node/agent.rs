@@ -313,13 +313,13 @@ async fn call(
         .as_deref()
         .and_then(|name| state.config.services.get(name).map(|s| (name, s)));
     let env = Env {
-        http: &state.http,
         service,
         exec_path: &state.config.exec_path,
         programs: &state.config.programs,
         max_output: state.config.max_output_bytes,
     };
     let outcome = engine::run(
+        &engine::Live { http: &state.http },
         &env,
         tool,
         &request.args,

@@ -12,11 +12,14 @@ use crate::pack::PackSet;
 use crate::protocol::JoinToken;
 use crate::util::config::read_toml;
 
+#[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RunnerConfig {
     /// This runner's name: signed calls must carry it as their audience.
     pub name: String,
+    /// The address the runner serves signed calls on, e.g. `127.0.0.1:7701` (`:0` picks a
+    /// free port).
     #[serde(default = "default_runner_listen")]
     pub listen: String,
     /// The server's Ed25519 public key (SPKI PEM). A runner that joins may leave it out: it
@@ -41,6 +44,7 @@ pub struct RunnerConfig {
     /// fingerprint (`emisar runner fingerprint`, or sent when the runner joins).
     #[serde(default)]
     pub tls_cert_file: Option<PathBuf>,
+    /// The private key (PEM) of `tls_cert_file`.
     #[serde(default)]
     pub tls_key_file: Option<PathBuf>,
     /// The CA (PEM) that signed the server's certificate, when it is not in the system's
@@ -55,6 +59,8 @@ pub struct RunnerConfig {
     /// Join a server instead of being listed in its config.
     #[serde(default)]
     pub join: Option<JoinConfig>,
+    /// A directory of pack files that add to or replace the stock packs: the same files,
+    /// byte for byte, as the server's `packs_dir`.
     #[serde(default)]
     pub packs_dir: Option<PathBuf>,
     /// PATH for exec actions (the rest of the environment is cleared).
@@ -76,6 +82,7 @@ pub struct RunnerConfig {
     pub allowlists: BTreeMap<String, Vec<String>>,
 }
 
+#[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct JoinConfig {
@@ -106,9 +113,11 @@ impl std::fmt::Debug for JoinConfig {
     }
 }
 
+#[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServiceConfig {
+    /// The service's local address, e.g. `http://127.0.0.1:8500`; packs add only the path.
     pub base_url: String,
     /// Headers sent with every request, e.g. an ACL token. They stay on this node.
     #[serde(default)]

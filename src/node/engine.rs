@@ -5,17 +5,74 @@
 //! failed precondition stops the write that follows it.
 
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 
-use super::{exec, http_action};
+use super::exec::{self, ExecResult};
+use super::http_action::{self, HttpRequest, HttpResult};
 use crate::node::config::ServiceConfig;
 use crate::pack::{Action, Step, StepKind, Tool};
 use crate::protocol::Mode;
 
+/// Where an http step and an exec step get their answer: the service and the process
+/// ([`Live`], what the runner uses), or recorded answers (`emisar packs test`). Everything
+/// else (templates, checks, captures, status and exit-code rules, output shaping) is the
+/// engine's own and the same for both.
+///
+/// The engine is generic over this trait instead of holding a `dyn Answers`: the runner's
+/// path is compiled for [`Live`] alone, so a step costs no boxed future and no virtual call.
+pub trait Answers: Sync {
+    /// Sends a filled request to the pack's service; any status is an answer.
+    fn http(
+        &self,
+        service_name: &str,
+        service: &ServiceConfig,
+        request: &HttpRequest<'_>,
+        max_output: usize,
+    ) -> impl Future<Output = Result<HttpResult, String>> + Send;
+
+    /// Runs a program (argv[0] already replaced by its `programs` prefix); any exit is an
+    /// answer.
+    fn exec(
+        &self,
+        argv: &[String],
+        exec_path: &str,
+        timeout: Duration,
+        max_output: usize,
+    ) -> impl Future<Output = Result<ExecResult, String>> + Send;
+}
+
+/// The real answers: the service over HTTP, the program as a child process.
+pub struct Live<'a> {
+    pub http: &'a reqwest::Client,
+}
+
+impl Answers for Live<'_> {
+    fn http(
+        &self,
+        service_name: &str,
+        service: &ServiceConfig,
+        request: &HttpRequest<'_>,
+        max_output: usize,
+    ) -> impl Future<Output = Result<HttpResult, String>> + Send {
+        http_action::send(self.http, service_name, service, request, max_output)
+    }
+
+    fn exec(
+        &self,
+        argv: &[String],
+        exec_path: &str,
+        timeout: Duration,
+        max_output: usize,
+    ) -> impl Future<Output = Result<ExecResult, String>> + Send {
+        exec::run(argv, exec_path, timeout, max_output)
+    }
+}
+
 /// What the engine needs from the runner's configuration.
 pub struct Env<'a> {
-    pub http: &'a reqwest::Client,
     /// The pack's service and its config, for http steps.
     pub service: Option<(&'a str, &'a ServiceConfig)>,
     pub exec_path: &'a str,
@@ -31,6 +88,7 @@ pub struct Outcome {
 }
 
 pub async fn run(
+    answers: &impl Answers,
     env: &Env<'_>,
     tool: &Tool,
     args: &Map<String, Value>,
@@ -83,7 +141,7 @@ pub async fn run(
     let mut truncated = false;
     let mut last = Value::Null;
     for step in steps {
-        match run_step(env, step, &context).await {
+        match run_step(answers, env, step, &context).await {
             Ok(StepResult::Done { result, cut }) => {
                 truncated |= cut;
                 last = result.clone();
@@ -158,7 +216,12 @@ fn fill_values(context: &Value) -> Map<String, Value> {
     values
 }
 
-async fn run_step(env: &Env<'_>, step: &Step, context: &Value) -> Result<StepResult, StepError> {
+async fn run_step(
+    answers: &impl Answers,
+    env: &Env<'_>,
+    step: &Step,
+    context: &Value,
+) -> Result<StepResult, StepError> {
     let values = fill_values(context);
     match &step.kind {
         StepKind::Check { check, message } => match check.run(context) {
@@ -182,17 +245,12 @@ async fn run_step(env: &Env<'_>, step: &Step, context: &Value) -> Result<StepRes
                 .map(|b| b.run(context))
                 .transpose()
                 .map_err(|e| StepError::Failed(format!("building the request body: {e}")))?;
-            let r = http_action::run(
-                env.http,
-                name,
-                service,
-                action,
-                &values,
-                body.as_ref(),
-                env.max_output,
-            )
-            .await
-            .map_err(StepError::Failed)?;
+            let request = http_action::request(action, &values, body).map_err(StepError::Failed)?;
+            let r = answers
+                .http(name, service, &request, env.max_output)
+                .await
+                .and_then(|r| http_action::accepted(name, action, r))
+                .map_err(StepError::Failed)?;
             Ok(StepResult::Done {
                 result: r.to_json(),
                 cut: r.truncated,
@@ -212,7 +270,8 @@ async fn run_step(env: &Env<'_>, step: &Step, context: &Value) -> Result<StepRes
                     _ => argv.push(filled),
                 }
             }
-            let r = exec::run(&argv, env.exec_path, action.timeout, env.max_output)
+            let r = answers
+                .exec(&argv, env.exec_path, action.timeout, env.max_output)
                 .await
                 .map_err(StepError::Failed)?;
             match r.exit_code {

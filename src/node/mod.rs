@@ -11,9 +11,9 @@
 pub mod agent;
 pub mod config;
 pub mod credential;
-mod engine;
-mod exec;
-mod http_action;
+pub(crate) mod engine;
+pub(crate) mod exec;
+pub(crate) mod http_action;
 pub mod join;
 mod seal;
 pub mod start;

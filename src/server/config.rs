@@ -9,7 +9,7 @@ use serde::Deserialize;
 
 use crate::util::config::read_toml;
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServerConfig {
     /// Address of the MCP endpoint and API, e.g. `127.0.0.1:7700` (`:0` picks a free port).
@@ -29,6 +29,8 @@ pub struct ServerConfig {
     /// Host headers the MCP endpoint accepts (DNS-rebinding protection).
     #[serde(default = "default_allowed_hosts")]
     pub allowed_hosts: Vec<String>,
+    /// Runners listed here rather than joined (`emisar join-token`): one `[[runners]]` table
+    /// each, with `name`, `url` and usually `tls_fingerprint`.
     #[serde(default)]
     pub runners: Vec<RunnerEntry>,
     /// Key for the HMAC that stands in for secret params in the audit log (64 hex chars;
@@ -38,6 +40,7 @@ pub struct ServerConfig {
     /// Tool calls per second each agent may make, and the burst above it.
     #[serde(default = "default_rate")]
     pub rate_limit_per_second: u32,
+    /// The calls an agent may make at once above `rate_limit_per_second` before it is refused.
     #[serde(default = "default_burst")]
     pub rate_limit_burst: u32,
     /// How often each runner's /healthz is probed, in milliseconds (jittered).
@@ -81,6 +84,7 @@ pub struct ServerConfig {
     /// HTTPS itself (and the portal's cookie is `Secure`).
     #[serde(default)]
     pub tls_cert_file: Option<PathBuf>,
+    /// The private key (PEM) of `tls_cert_file`.
     #[serde(default)]
     pub tls_key_file: Option<PathBuf>,
     /// A CA (PEM) that signs runners' certificates. A runner without `tls_fingerprint` is
@@ -127,9 +131,10 @@ fn default_probe_ms() -> u64 {
     10_000
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RunnerEntry {
+    /// The runner's name, as its runner.toml `name` says: the audience of its signed calls.
     pub name: String,
     /// Base URL of the runner, e.g. `https://10.0.0.5:7701`.
     pub url: String,

@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 pub const MAX_TRACKED: usize = 100_000;
 
 /// The `[login]` section of emisar.toml: attempts per minute (each also the burst).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LoginLimitsConfig {
     /// From one client address (an IPv6 /64).

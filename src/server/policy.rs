@@ -231,34 +231,48 @@ fn rank(risk: Risk) -> u8 {
 
 // ---- The file's serde shape ----
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawPolicy {
+    /// Agents by the name their token was issued to; an agent not listed gets the `"*"` entry,
+    /// and with no `"*"` entry no tools at all. Without the section every agent may use every
+    /// tool and runner.
     agents: Option<BTreeMap<String, RawAgent>>,
+    /// Risk overrides by tool name or `pack.*`, the most specific pattern winning: `high`, or
+    /// `{ risk = "low", lower = true, auto_approve = true }`. Lowering needs `lower = true`.
     #[serde(default)]
     risk: BTreeMap<String, RawRisk>,
+    /// How many different people must approve a write (1 to 5), by tool, `pack.*` or
+    /// `default`. The requester never counts. Default: 1.
     #[serde(default)]
     approvers: BTreeMap<String, u32>,
+    /// Which tools each human role (`approver`, `admin`) may approve. Default: every tool.
     #[serde(default)]
     roles: BTreeMap<String, RawRole>,
+    /// Per runner name, allowlist name → the values a param with `allowlist: NAME` may take,
+    /// on top of the runner's own `[allowlists]` (both must accept). `nomad_jobs` limits the
+    /// jobs the nomad pack's writes may touch.
     #[serde(default)]
     runners: BTreeMap<String, BTreeMap<String, Vec<String>>>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawAgent {
+    /// Tool names, or prefixes ending in `*`, the agent may use; others are not listed to it.
     tools: Vec<String>,
+    /// A label selector (`role=edge,dc=dc1`): only runners it matches. Default: every runner.
     runners: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawRole {
+    /// Tool names, or prefixes ending in `*`, this role may approve.
     approve: Vec<String>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 enum RawLevel {
     Read,
@@ -282,6 +296,27 @@ struct RawRisk {
     risk: RawLevel,
     lower: bool,
     auto_approve: bool,
+}
+
+/// Written by hand to match the hand-written deserializer: both forms of a risk line.
+impl schemars::JsonSchema for RawRisk {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "RiskLine".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "A risk level, or the long form with the flags.",
+            "anyOf": [
+                {"type": "string", "enum": ["read", "low", "high"]},
+                {"type": "object", "properties": {
+                    "risk": {"type": "string", "enum": ["read", "low", "high"]},
+                    "lower": {"type": "boolean", "default": false},
+                    "auto_approve": {"type": "boolean", "default": false}
+                }}
+            ]
+        })
+    }
 }
 
 impl<'de> Deserialize<'de> for RawRisk {
@@ -325,6 +360,11 @@ fn risk_line<'de, D: Deserializer<'de>>(d: D) -> Result<RawRisk, D::Error> {
         }
     }
     d.deserialize_any(Line)
+}
+
+/// The JSON Schema of the policy file, for the configuration reference.
+pub fn file_schema() -> schemars::Schema {
+    schemars::schema_for!(RawPolicy)
 }
 
 // ---- Parsing and the checks that need no packs ----

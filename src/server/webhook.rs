@@ -29,7 +29,9 @@ pub const CONCURRENCY: usize = 16;
 /// Attempts per delivery, the first included.
 pub const MAX_ATTEMPTS: u32 = 5;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[derive(
+    schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum WebhookKind {
     /// `{"event": "approval.requested", ...}` with every [`Notice`] field.
@@ -49,10 +51,13 @@ impl WebhookKind {
 }
 
 /// One configured hook. `kind` defaults to `generic`.
-#[derive(Clone, PartialEq, Deserialize)]
+#[derive(schemars::JsonSchema, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WebhookConfig {
+    /// Where the notice is POSTed. It may carry a secret (a Slack hook's path): it is never
+    /// logged, only its host.
     pub url: String,
+    /// The body's shape: `generic` (the notice as JSON) or `slack` (an incoming-webhook text).
     #[serde(default)]
     pub kind: WebhookKind,
 }

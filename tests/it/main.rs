@@ -24,6 +24,7 @@ mod outage;
 mod packs_cluster;
 mod packs_node;
 mod packs_redis;
+mod packs_test;
 mod portal_browser;
 mod python_client;
 mod replicas;

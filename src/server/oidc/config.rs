@@ -12,7 +12,9 @@ use anyhow::{Context, bail};
 use serde::Deserialize;
 
 /// The roles an OpenID group can grant. Agents are never made from a person's groups.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
+#[derive(
+    schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum PersonRole {
     /// Decides approval requests (and reads the audit log).
@@ -34,7 +36,7 @@ impl PersonRole {
 }
 
 /// How emisar authenticates itself at the provider's token endpoint.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum TokenAuthMethod {
     /// HTTP Basic with the form-encoded client id and secret (RFC 6749 §2.3.1).
@@ -47,7 +49,7 @@ pub enum TokenAuthMethod {
 }
 
 /// `[oidc]`: people sign in to the portal with the organisation's OpenID provider.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OidcConfig {
     /// The provider's issuer URL, exactly as its discovery document states it (e.g.
@@ -122,7 +124,7 @@ pub struct OidcConfig {
 
 /// `[oauth]`: `/mcp` is an OAuth 2.1 protected resource (MCP authorization). Agents present a
 /// JWT access token issued by the authorization server for emisar's resource identifier.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OAuthConfig {
     /// The authorization server's issuer URL; tokens must carry exactly this `iss`.

@@ -1,0 +1,553 @@
+//! `emisar packs test`: runs a pack's example calls through the runner's engine with recorded
+//! service answers, with no fleet and no network, and compares what the engine returns with
+//! what each case expects.
+//!
+//! A pack's cases live beside it in `tests/<pack>.yaml` (docs/pack-author-guide.md has the
+//! format), so the pack file stays the readable thing an operator reviews.
+//!
+//! Invariants: the engine is the runner's own (`node::engine::run`); only the answers differ.
+//! Every request the engine makes must be the next one the case recorded (method, path,
+//! query and body for http, argv for exec), so a broken template fails its case; a recorded
+//! call the engine never made fails it too.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fmt::Write as _;
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+
+use crate::node::config::ServiceConfig;
+use crate::node::engine::{self, Answers, Env};
+use crate::node::exec::ExecResult;
+use crate::node::http_action::{HttpRequest, HttpResult};
+use crate::pack::{PackSet, Tool};
+use crate::protocol::Mode;
+
+/// The stock packs' cases, embedded like the stock packs themselves, so `emisar packs test`
+/// with no directory checks the packs this binary carries.
+const STOCK_TESTS: &[(&str, &str)] = &[
+    (
+        "tests/consul.yaml",
+        include_str!("../../packs/tests/consul.yaml"),
+    ),
+    (
+        "tests/debian.yaml",
+        include_str!("../../packs/tests/debian.yaml"),
+    ),
+    ("tests/frr.yaml", include_str!("../../packs/tests/frr.yaml")),
+    (
+        "tests/linux.yaml",
+        include_str!("../../packs/tests/linux.yaml"),
+    ),
+    (
+        "tests/nomad.yaml",
+        include_str!("../../packs/tests/nomad.yaml"),
+    ),
+    (
+        "tests/redis.yaml",
+        include_str!("../../packs/tests/redis.yaml"),
+    ),
+    (
+        "tests/traefik.yaml",
+        include_str!("../../packs/tests/traefik.yaml"),
+    ),
+    ("tests/vm.yaml", include_str!("../../packs/tests/vm.yaml")),
+];
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TestFile {
+    pack: String,
+    /// Parsed one by one, so an error names the case it is in.
+    cases: Vec<Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Case {
+    name: String,
+    /// The tool's name within the pack (`service_health`) or in full (`consul.service_health`).
+    tool: String,
+    #[serde(default)]
+    mode: CaseMode,
+    #[serde(default)]
+    args: Map<String, Value>,
+    /// The preview's values an execution receives (a tool with a preview needs them).
+    #[serde(default)]
+    vars: Option<Map<String, Value>>,
+    #[serde(default)]
+    calls: Vec<Call>,
+    expect: Expect,
+}
+
+#[derive(Deserialize, Default, Clone, Copy)]
+#[serde(rename_all = "lowercase")]
+enum CaseMode {
+    #[default]
+    Execute,
+    Preview,
+}
+
+/// One recorded call: the request the engine must make and the answer it gets.
+#[derive(Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+struct Call {
+    http: Option<RecordedHttp>,
+    /// The argv the engine must run.
+    exec: Option<Vec<String>>,
+    /// http: the answer's status (default 200).
+    status: Option<u16>,
+    /// http: the answer's body (JSON, or a string for a text answer).
+    body: Option<Value>,
+    /// exec: the exit code (default 0).
+    exit_code: Option<i32>,
+    stdout: Option<String>,
+    stderr: Option<String>,
+}
+
+#[derive(Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+struct RecordedHttp {
+    method: String,
+    path: String,
+    #[serde(default)]
+    query: BTreeMap<String, String>,
+    /// The request body the engine must send, when the step has one.
+    body: Option<Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Expect {
+    /// The shaped output, compared whole.
+    output: Option<Value>,
+    /// Preview cases: the values the preview captures, compared whole.
+    vars: Option<Map<String, Value>>,
+    /// The call fails with an error containing this text.
+    error: Option<String>,
+    /// Dotted paths into the output (`booted_at`, `state_after.MainPID`) left out of the
+    /// comparison, for values that change with the clock; each must be present.
+    #[serde(default)]
+    ignore: Vec<String>,
+}
+
+/// A case checked against its pack: ready to run.
+struct Ready {
+    name: String,
+    tool: String,
+    mode: CaseMode,
+    args: Map<String, Value>,
+    vars: Option<Map<String, Value>>,
+    calls: Vec<Call>,
+    expect: Expect,
+}
+
+/// Reads and checks a test file; every error names the file, the case and the field.
+fn parse(file: &str, text: &str, packs: &PackSet) -> anyhow::Result<(String, Vec<Ready>)> {
+    let raw: TestFile = yaml_serde::from_str(text).with_context(|| file.to_owned())?;
+    if packs.pack(&raw.pack).is_none() {
+        bail!("{file}: `pack: {}` names no loaded pack", raw.pack);
+    }
+    let mut cases = Vec::new();
+    for (i, value) in raw.cases.into_iter().enumerate() {
+        let label = value
+            .get("name")
+            .and_then(Value::as_str)
+            .map_or_else(|| format!("case #{}", i + 1), |n| format!("case `{n}`"));
+        let case: Case = serde_json::from_value(value)
+            .with_context(|| format!("{file}: {label} (#{})", i + 1))?;
+        let at = |m: String| anyhow::anyhow!("{file}: {label}: {m}");
+        let tool_name = if case.tool.contains('.') {
+            case.tool.clone()
+        } else {
+            format!("{}.{}", raw.pack, case.tool)
+        };
+        let Some(tool) = packs.tool(&tool_name).filter(|t| t.pack == raw.pack) else {
+            return Err(at(format!(
+                "`tool`: the pack `{}` has no tool `{}`",
+                raw.pack, case.tool
+            )));
+        };
+        if let Err(errors) = tool.validate(&Value::Object(case.args.clone())) {
+            return Err(at(format!("`args`: {}", errors.join("; "))));
+        }
+        if matches!(case.mode, CaseMode::Preview) && tool.preview.is_none() {
+            return Err(at(format!("`mode: preview`: `{tool_name}` has no preview")));
+        }
+        if matches!(case.mode, CaseMode::Preview) && case.vars.is_some() {
+            return Err(at(
+                "`vars` are what an execution receives; a preview case has none".into(),
+            ));
+        }
+        match (&case.expect.output, &case.expect.error) {
+            (Some(_), Some(_)) => {
+                return Err(at("`expect`: give `output` or `error`, not both".into()));
+            }
+            (None, None) => {
+                return Err(at("`expect`: needs `output` or `error`".into()));
+            }
+            _ => {}
+        }
+        if !case.expect.ignore.is_empty() && case.expect.output.is_none() {
+            return Err(at(
+                "`expect.ignore`: there is no `output` to leave paths out of".into(),
+            ));
+        }
+        if case.expect.vars.is_some() && !matches!(case.mode, CaseMode::Preview) {
+            return Err(at(
+                "`expect.vars`: only a preview case captures values to compare".into(),
+            ));
+        }
+        for (j, call) in case.calls.iter().enumerate() {
+            check_call(call).map_err(|m| at(format!("`calls[{j}]`: {m}")))?;
+        }
+        cases.push(Ready {
+            name: case.name,
+            tool: tool_name,
+            mode: case.mode,
+            args: case.args,
+            vars: case.vars,
+            calls: case.calls,
+            expect: case.expect,
+        });
+    }
+    Ok((raw.pack, cases))
+}
+
+fn check_call(call: &Call) -> Result<(), String> {
+    match (&call.http, &call.exec) {
+        (Some(_), Some(_)) => Err("give `http` or `exec`, not both".into()),
+        (None, None) => Err("needs `http` (a request) or `exec` (an argv)".into()),
+        (Some(_), None) => {
+            let stray = [
+                ("exit_code", call.exit_code.is_some()),
+                ("stdout", call.stdout.is_some()),
+                ("stderr", call.stderr.is_some()),
+            ];
+            match stray.iter().find(|(_, set)| *set) {
+                Some((field, _)) => Err(format!(
+                    "`{field}` answers an exec call; an http call's answer is `status` and `body`"
+                )),
+                None => Ok(()),
+            }
+        }
+        (None, Some(argv)) => {
+            if argv.is_empty() {
+                return Err("`exec`: the argv is empty".into());
+            }
+            let stray = [
+                ("status", call.status.is_some()),
+                ("body", call.body.is_some()),
+            ];
+            match stray.iter().find(|(_, set)| *set) {
+                Some((field, _)) => Err(format!(
+                    "`{field}` answers an http call; an exec call's answer is `exit_code`, `stdout` and `stderr`"
+                )),
+                None => Ok(()),
+            }
+        }
+    }
+}
+
+/// The recorded answers of one case, handed out in order. A request that is not the next
+/// recorded one is refused (the step fails) and noted, so the case fails even when the
+/// step was optional.
+struct Recorded {
+    calls: Mutex<VecDeque<Call>>,
+    mismatches: Mutex<Vec<String>>,
+}
+
+impl Recorded {
+    fn next(&self, made: &str) -> Result<Call, String> {
+        let next = self.calls.lock().expect("recorded calls").pop_front();
+        next.ok_or_else(|| self.mismatch(format!("unrecorded call: the engine made {made}")))
+    }
+
+    fn mismatch(&self, message: String) -> String {
+        self.mismatches
+            .lock()
+            .expect("mismatches")
+            .push(message.clone());
+        message
+    }
+}
+
+fn describe_http(r: &HttpRequest<'_>) -> String {
+    let query: Vec<String> = r.query.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let mut s = format!("{} {}", r.method, r.path);
+    if !query.is_empty() {
+        let _ = write!(s, "?{}", query.join("&"));
+    }
+    if let Some(body) = &r.body {
+        let _ = write!(s, " with body {body}");
+    }
+    s
+}
+
+impl Answers for Recorded {
+    async fn http(
+        &self,
+        _service_name: &str,
+        _service: &ServiceConfig,
+        request: &HttpRequest<'_>,
+        _max_output: usize,
+    ) -> Result<HttpResult, String> {
+        let made = describe_http(request);
+        let call = self.next(&format!("the http request {made}"))?;
+        let Some(want) = &call.http else {
+            return Err(self.mismatch(format!(
+                "the engine made the http request {made}, but the next recorded call is exec {:?}",
+                call.exec.unwrap_or_default()
+            )));
+        };
+        let query: BTreeMap<String, String> = request
+            .query
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), v.clone()))
+            .collect();
+        if !want.method.eq_ignore_ascii_case(request.method)
+            || want.path != request.path
+            || want.query != query
+            || (want.body.is_some() && want.body != request.body)
+        {
+            let mut recorded = format!("{} {}", want.method, want.path);
+            if !want.query.is_empty() {
+                let q: Vec<String> = want.query.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                let _ = write!(recorded, "?{}", q.join("&"));
+            }
+            if let Some(body) = &want.body {
+                let _ = write!(recorded, " with body {body}");
+            }
+            return Err(self.mismatch(format!(
+                "request mismatch: the engine made {made}, the case recorded {recorded}"
+            )));
+        }
+        Ok(HttpResult {
+            status: call.status.unwrap_or(200),
+            body: call.body.unwrap_or(Value::Null),
+            truncated: false,
+        })
+    }
+
+    async fn exec(
+        &self,
+        argv: &[String],
+        _exec_path: &str,
+        _timeout: Duration,
+        _max_output: usize,
+    ) -> Result<ExecResult, String> {
+        let call = self.next(&format!("the exec {argv:?}"))?;
+        let Some(want) = &call.exec else {
+            return Err(self.mismatch(format!(
+                "the engine ran {argv:?}, but the next recorded call is an http request"
+            )));
+        };
+        if want != argv {
+            return Err(self.mismatch(format!(
+                "argv mismatch: the engine ran {argv:?}, the case recorded {want:?}"
+            )));
+        }
+        Ok(ExecResult {
+            exit_code: Some(call.exit_code.unwrap_or(0)),
+            signal: None,
+            stdout: call.stdout.unwrap_or_default(),
+            stderr: call.stderr.unwrap_or_default(),
+            truncated: false,
+        })
+    }
+}
+
+/// Runs one case; `Ok` when it passed, else the readable reasons.
+async fn run_case(tool: &Tool, service_name: Option<&str>, case: &Ready) -> Result<(), String> {
+    let recorded = Recorded {
+        calls: Mutex::new(case.calls.iter().cloned().collect()),
+        mismatches: Mutex::new(Vec::new()),
+    };
+    // The service is never reached: its address only names where a runner would send.
+    let service = ServiceConfig {
+        base_url: "http://recorded.invalid".into(),
+        headers: BTreeMap::new(),
+    };
+    let programs = BTreeMap::new();
+    let env = Env {
+        service: service_name.map(|name| (name, &service)),
+        exec_path: "",
+        programs: &programs,
+        max_output: usize::MAX,
+    };
+    let mode = match case.mode {
+        CaseMode::Execute => Mode::Execute,
+        CaseMode::Preview => Mode::Preview,
+    };
+    let result = engine::run(
+        &recorded,
+        &env,
+        tool,
+        &case.args,
+        mode,
+        case.vars.as_ref(),
+        false,
+    )
+    .await;
+    let mut problems: Vec<String> = recorded.mismatches.into_inner().expect("mismatches");
+    let left = recorded.calls.into_inner().expect("recorded calls");
+    if !left.is_empty() {
+        problems.push(format!(
+            "{} recorded call(s) the engine never made, the first: {}",
+            left.len(),
+            match (&left[0].http, &left[0].exec) {
+                (Some(h), _) => format!("{} {}", h.method, h.path),
+                (_, Some(argv)) => format!("exec {argv:?}"),
+                _ => "?".into(),
+            }
+        ));
+    }
+    match (&case.expect.error, result) {
+        (Some(want), Ok(o)) => problems.push(format!(
+            "expected an error containing {want:?}, but the call succeeded with {}",
+            o.output
+        )),
+        (Some(want), Err(e)) if !e.contains(want.as_str()) => {
+            problems.push(format!("expected an error containing {want:?}, got: {e}"))
+        }
+        (Some(_), Err(_)) => {}
+        (None, Err(e)) => problems.push(format!("the call failed: {e}")),
+        (None, Ok(mut o)) => {
+            for path in &case.expect.ignore {
+                if !remove_path(&mut o.output, path) {
+                    problems.push(format!(
+                        "`expect.ignore`: the output has no `{path}` to leave out"
+                    ));
+                }
+            }
+            if let Some(want) = &case.expect.output
+                && *want != o.output
+            {
+                problems.push(format!(
+                    "output differs (- expected, + actual):\n{}",
+                    diff(want, &o.output)
+                ));
+            }
+            if let Some(want) = &case.expect.vars
+                && *want != o.vars
+            {
+                problems.push(format!(
+                    "captured vars differ (- expected, + actual):\n{}",
+                    diff(&json!(want), &json!(o.vars))
+                ));
+            }
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join("\n"))
+    }
+}
+
+/// Removes the value at a dotted path of object keys; false when there is none.
+fn remove_path(value: &mut Value, path: &str) -> bool {
+    let mut at = value;
+    let mut keys = path.split('.').peekable();
+    while let Some(key) = keys.next() {
+        let Some(object) = at.as_object_mut() else {
+            return false;
+        };
+        if keys.peek().is_none() {
+            return object.remove(key).is_some();
+        }
+        match object.get_mut(key) {
+            Some(next) => at = next,
+            None => return false,
+        }
+    }
+    false
+}
+
+/// A line diff of the two values as pretty JSON.
+fn diff(want: &Value, got: &Value) -> String {
+    let want = serde_json::to_string_pretty(want).unwrap_or_default() + "\n";
+    let got = serde_json::to_string_pretty(got).unwrap_or_default() + "\n";
+    similar::TextDiff::from_lines(&want, &got)
+        .unified_diff()
+        .context_radius(3)
+        .to_string()
+}
+
+/// Runs every case of the packs in `dir` (its `tests/*.yaml`), or of the stock packs; prints
+/// one line per case and a summary. Returns the exit code: 1 when any case failed.
+pub async fn run(dir: Option<&Path>) -> anyhow::Result<i32> {
+    let packs = PackSet::load(dir)?;
+    let mut files: Vec<(String, String)> = Vec::new();
+    match dir {
+        Some(dir) => {
+            let tests = dir.join("tests");
+            let entries = std::fs::read_dir(&tests).with_context(|| {
+                format!(
+                    "reading {} (a pack's cases live in tests/<pack>.yaml beside it)",
+                    tests.display()
+                )
+            })?;
+            let mut paths: Vec<_> = entries
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+                .collect();
+            paths.sort();
+            for path in paths {
+                let text = std::fs::read_to_string(&path)
+                    .with_context(|| format!("reading {}", path.display()))?;
+                files.push((path.display().to_string(), text));
+            }
+        }
+        None => {
+            for (file, text) in STOCK_TESTS {
+                files.push((format!("stock:{file}"), (*text).to_owned()));
+            }
+        }
+    }
+    let mut tested: BTreeMap<String, usize> = BTreeMap::new();
+    let mut tested_packs = Vec::new();
+    let (mut passed, mut failed) = (0, 0);
+    for (file, text) in &files {
+        let (pack, cases) = parse(file, text, &packs)?;
+        tested_packs.push(pack);
+        for case in &cases {
+            let tool = packs.tool(&case.tool).expect("checked when parsed");
+            *tested.entry(case.tool.clone()).or_default() += 1;
+            let service = packs.pack(&tool.pack).and_then(|p| p.service.as_deref());
+            match run_case(tool, service, case).await {
+                Ok(()) => {
+                    passed += 1;
+                    println!("ok    {:<32} {}", case.tool, case.name);
+                }
+                Err(why) => {
+                    failed += 1;
+                    println!("FAIL  {:<32} {}", case.tool, case.name);
+                    for line in why.lines() {
+                        println!("      {line}");
+                    }
+                }
+            }
+        }
+    }
+    let untested: Vec<&str> = packs
+        .tools()
+        .filter(|t| tested_packs.contains(&t.pack) && !tested.contains_key(&t.name))
+        .map(|t| t.name.as_str())
+        .collect();
+    for name in &untested {
+        println!("none  {name:<32} (no case)");
+    }
+    println!(
+        "{} tools in {} packs, {} without a case; {} cases: {passed} passed, {failed} failed",
+        tested.len() + untested.len(),
+        tested_packs.len(),
+        untested.len(),
+        passed + failed
+    );
+    Ok(if failed > 0 { 1 } else { 0 })
+}

@@ -10,7 +10,11 @@
 //! background; once the request is listed as pending (and a short settle), the bench takes
 //! t0 (wall clock, ns since the epoch) just before it POSTs `/api/approvals/{id}/approve`
 //! with an approver's bearer token. The latency is the stand-in's timestamp − t0: the moment
-//! the approved argv is running on the runner. Requests run one after another.
+//! the approved argv is running on the runner. Requests first run one after another (latency
+//! without queueing), then in batches: `BENCH_APPROVAL_AT_ONCE` calls wait for approval at
+//! the same time and are all clicked at once (one POST each, sent concurrently right after
+//! t0), and each approval's latency is its argv's timestamp − that t0 (the goal's "10
+//! approvals at once").
 //!
 //! Environment:
 //! - `DATABASE_URL`: a PostgreSQL database (migrated on connect; best empty). Without it
@@ -21,6 +25,8 @@
 //!   `emisar dev` opens it); 0 skips it.
 //! - `BENCH_APPROVAL_SETTLE_MS` (20): pause between seeing the request pending and the click,
 //!   so that the click does not race the tail of the request's own creation.
+//! - `BENCH_APPROVAL_AT_ONCE` (10): approvals clicked at once in the batch part, and
+//!   `BENCH_APPROVAL_BATCHES` (20): timed batches, after one warm-up batch; 0 batches skips it.
 //! - `BENCH_SUMMARY`: a file to write `key=value` lines to (for scripts/bench's budget table).
 //!
 //! Progress goes to stderr; the results go to stdout as Markdown.
@@ -271,6 +277,118 @@ impl Rig {
         }
     }
 
+    /// The ids of `n` of this bench's pending requests not seen before, once all are listed.
+    async fn wait_pending_n(
+        &self,
+        n: usize,
+        seen: &std::collections::HashSet<String>,
+    ) -> Vec<String> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let res = self
+                .http
+                .get(format!("{}/api/approvals?state=pending", self.base))
+                .bearer_auth(&self.approver_token)
+                .send()
+                .await
+                .expect("list approvals");
+            assert_eq!(res.status(), 200);
+            let body: Value = res.json().await.expect("JSON");
+            let found: Vec<String> = body["approvals"]
+                .as_array()
+                .expect("a list")
+                .iter()
+                .filter(|a| a["requester"] == self.agent_actor.as_str())
+                .filter_map(|a| a["id"].as_str())
+                .filter(|id| !seen.contains(*id))
+                .map(str::to_owned)
+                .collect();
+            if found.len() >= n {
+                return found;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "only {} of {n} requests pending within 30 s",
+                found.len()
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    /// `k` calls waiting for approval at once, all clicked at once: per approval, the time
+    /// from the batch's t0 until its argv runs, and until its POST answered, in ns.
+    async fn batch(
+        &self,
+        b: usize,
+        k: usize,
+        settle: Duration,
+        seen: &mut std::collections::HashSet<String>,
+    ) -> (Vec<i128>, Vec<i128>) {
+        let before = recorded(&self.record).len();
+        let mut calls = tokio::task::JoinSet::new();
+        for i in 0..k {
+            let peer = self.client.peer().clone();
+            let params = CallToolRequestParams::new(TOOL.to_owned()).with_arguments(
+                json!({"unit": "consul", "runners": [RUNNER], "reason": format!("approval latency bench, batch {b}, call {i}")})
+                    .as_object()
+                    .expect("an object")
+                    .clone(),
+            );
+            calls.spawn(async move {
+                let res: CallToolResult = peer.call_tool(params).await.expect("the call completes");
+                res
+            });
+        }
+        let ids = self.wait_pending_n(k, seen).await;
+        seen.extend(ids.iter().cloned());
+        tokio::time::sleep(settle).await;
+
+        let requests: Vec<_> = ids
+            .iter()
+            .map(|id| {
+                self.http
+                    .post(format!("{}/api/approvals/{id}/approve", self.base))
+                    .bearer_auth(&self.approver_token)
+                    .json(&json!({}))
+            })
+            .collect();
+        let mut posts = tokio::task::JoinSet::new();
+        let t0 = now_ns();
+        for request in requests {
+            posts.spawn(async move {
+                let res = request.send().await.expect("approve");
+                let status = res.status();
+                let body = res.bytes().await.expect("approve body");
+                (status, body, now_ns())
+            });
+        }
+        let mut answered = Vec::with_capacity(k);
+        while let Some(done) = posts.join_next().await {
+            let (status, body, at) = done.expect("the approve task");
+            assert_eq!(
+                status,
+                200,
+                "approve refused: {}",
+                String::from_utf8_lossy(&body)
+            );
+            answered.push(at - t0);
+        }
+        let all = async {
+            while let Some(done) = calls.join_next().await {
+                let result = done.expect("the call task");
+                assert_eq!(result.is_error, Some(false), "{result:?}");
+                let out = result.structured_content.expect("structured content");
+                assert_eq!(out["approval"]["state"], "executed", "{out}");
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(60), all)
+            .await
+            .expect("the MCP calls return within 60 s");
+        let times = recorded(&self.record);
+        assert_eq!(times.len(), before + k, "exactly one restart per approval");
+        (times[before..].iter().map(|t| t - t0).collect(), answered)
+    }
+
     async fn round(
         &self,
         i: usize,
@@ -484,6 +602,60 @@ async fn run_backend(label: &str, prefix: &str, url: &str, out: &mut Out) {
             r,
             "\n{negative} rounds had the stand-in's time before t0: the wall clock stepped."
         );
+    }
+
+    let k = env_num("BENCH_APPROVAL_AT_ONCE", 10) as usize;
+    let batches = env_num("BENCH_APPROVAL_BATCHES", 20) as usize;
+    if k > 0 && batches > 0 {
+        log(format!(
+            "{label}: one warm-up batch, then {batches} batches of {k} approvals at once"
+        ));
+        rig.batch(0, k, settle, &mut seen).await;
+        let started = Instant::now();
+        let mut exec = Samples::default();
+        let mut answered = Samples::default();
+        for b in 1..=batches {
+            let (e, a) = rig.batch(b, k, settle, &mut seen).await;
+            exec.0.extend(e);
+            answered.0.extend(a);
+        }
+        let wall = started.elapsed();
+        let p95 = exec.pct(95.0);
+        out.kv(prefix, "approval_at_once", k);
+        out.kv(
+            prefix,
+            "approval_batch_exec_p50_ms",
+            format!("{:.2}", exec.pct(50.0)),
+        );
+        out.kv(prefix, "approval_batch_exec_p95_ms", format!("{p95:.2}"));
+        let r = &mut out.report;
+        let _ = writeln!(
+            r,
+            "\n{batches} batches of {k} approvals at once (after one warm-up batch), {:.1} s in \
+             all: {k} calls wait for approval at the same time, then all {k} are clicked at \
+             once (t0, then {k} concurrent approve POSTs). Per approval, from that t0:\n",
+            wall.as_secs_f64()
+        );
+        let _ = writeln!(
+            r,
+            "| {k} at once: from the click (t0) until | p50 | p95 | p99 | max |"
+        );
+        let _ = writeln!(r, "|---|---:|---:|---:|---:|");
+        row(
+            r,
+            "**the argv runs on the runner** (the stand-in's `date +%s%N`)",
+            &mut exec,
+        );
+        row(
+            r,
+            "its approve POST has answered 200 (body read)",
+            &mut answered,
+        );
+        log(format!(
+            "{label}: {k} at once: click → exec p50 {} ms, p95 {} ms",
+            ms(exec.pct(50.0)),
+            ms(p95)
+        ));
     }
 
     rig.client.cancel().await.expect("MCP client closes");

@@ -41,7 +41,11 @@ enum Command {
     },
 }
 
-#[tokio::main]
+// One thread runs everything: a runner's work is waiting on sockets and child processes, not
+// CPU, and each worker thread of a multi-threaded runtime costs its own stack, its own malloc
+// arena and their pages on every node. Child processes and `spawn_blocking` still get
+// threads from tokio's blocking pool when they need them.
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> std::process::ExitCode {
     emisar::util::process::init_logging();
     let args = Args::parse();

@@ -1,7 +1,11 @@
 //! jq programs (the jaq crate) that shape an action's raw result into what an agent reads.
 //!
-//! Programs are compiled once when a pack loads and run synchronously: jaq values are
-//! reference-counted and not `Send`, so a run never spans an `.await`.
+//! Programs are checked when a pack loads (a pack with a bad program does not load) and run
+//! synchronously: jaq values are reference-counted and not `Send`, so a run never spans an
+//! `.await`. The compiled form is kept only from a program's first run on: each compiled
+//! program carries its own compiled copy of jq's standard library (tens of KiB of heap), and
+//! the stock packs hold dozens of programs, most of which a given node never runs. Compiling
+//! every one eagerly and keeping it was about half of an idle runner's heap.
 
 use jaq_core::load::{Arena, File, Loader};
 use jaq_core::{Compiler, Ctx, Vars, data};
@@ -15,7 +19,8 @@ const MAX_OUTPUTS: usize = 1000;
 
 pub struct JqProgram {
     source: String,
-    filter: jaq_core::Filter<Data>,
+    /// Compiled on the first run; `compile` has already shown that this succeeds.
+    filter: std::sync::OnceLock<jaq_core::Filter<Data>>,
 }
 
 impl std::fmt::Debug for JqProgram {
@@ -25,66 +30,85 @@ impl std::fmt::Debug for JqProgram {
 }
 
 impl JqProgram {
+    /// Checks that `code` compiles; the compiled form is dropped now and built again on the
+    /// first run (see the module docs).
     pub fn compile(code: &str) -> Result<Self, String> {
-        let defs = jaq_core::defs()
-            .chain(jaq_std::defs())
-            .chain(jaq_json::defs());
-        let funs = jaq_core::funs()
-            .chain(jaq_std::funs())
-            .chain(jaq_json::funs());
-        let arena = Arena::default();
-        let modules = Loader::new(defs)
-            .load(&arena, File { code, path: () })
-            .map_err(|errs| {
-                let msgs: Vec<String> = errs
-                    .into_iter()
-                    .flat_map(|(_, e)| match e {
-                        jaq_core::load::Error::Lex(v) => v
-                            .into_iter()
-                            .map(|(x, at)| {
-                                format!("expected {} at offset {}", x.as_str(), offset(code, at))
-                            })
-                            .collect::<Vec<_>>(),
-                        jaq_core::load::Error::Parse(v) => v
-                            .into_iter()
-                            .map(|(x, at)| {
-                                format!("expected {} at offset {}", x.as_str(), offset(code, at))
-                            })
-                            .collect(),
-                        jaq_core::load::Error::Io(v) => {
-                            v.into_iter().map(|(p, e)| format!("{p}: {e}")).collect()
-                        }
-                    })
-                    .collect();
-                format!("jq program `{code}`: {}", msgs.join("; "))
-            })?;
-        let filter = Compiler::default()
-            .with_funs(funs)
-            .compile(modules)
-            .map_err(|errs| {
-                let msgs: Vec<String> = errs
-                    .into_iter()
-                    .flat_map(|(_, es)| es)
-                    .map(|(name, _)| format!("undefined `{name}` at offset {}", offset(code, name)))
-                    .collect();
-                format!("jq program `{code}`: {}", msgs.join("; "))
-            })?;
+        compile_filter(code)?;
         Ok(JqProgram {
             source: code.to_owned(),
-            filter,
+            filter: std::sync::OnceLock::new(),
         })
     }
 
+    fn filter(&self) -> Result<&jaq_core::Filter<Data>, String> {
+        if let Some(filter) = self.filter.get() {
+            return Ok(filter);
+        }
+        // Two threads may compile at once the first time; one result is kept.
+        let filter = compile_filter(&self.source)?;
+        Ok(self.filter.get_or_init(|| filter))
+    }
+}
+
+/// Compiles `code` with jq's standard library.
+fn compile_filter(code: &str) -> Result<jaq_core::Filter<Data>, String> {
+    let defs = jaq_core::defs()
+        .chain(jaq_std::defs())
+        .chain(jaq_json::defs());
+    let funs = jaq_core::funs()
+        .chain(jaq_std::funs())
+        .chain(jaq_json::funs());
+    let arena = Arena::default();
+    let modules = Loader::new(defs)
+        .load(&arena, File { code, path: () })
+        .map_err(|errs| {
+            let msgs: Vec<String> = errs
+                .into_iter()
+                .flat_map(|(_, e)| match e {
+                    jaq_core::load::Error::Lex(v) => v
+                        .into_iter()
+                        .map(|(x, at)| {
+                            format!("expected {} at offset {}", x.as_str(), offset(code, at))
+                        })
+                        .collect::<Vec<_>>(),
+                    jaq_core::load::Error::Parse(v) => v
+                        .into_iter()
+                        .map(|(x, at)| {
+                            format!("expected {} at offset {}", x.as_str(), offset(code, at))
+                        })
+                        .collect(),
+                    jaq_core::load::Error::Io(v) => {
+                        v.into_iter().map(|(p, e)| format!("{p}: {e}")).collect()
+                    }
+                })
+                .collect();
+            format!("jq program `{code}`: {}", msgs.join("; "))
+        })?;
+    Compiler::default()
+        .with_funs(funs)
+        .compile(modules)
+        .map_err(|errs| {
+            let msgs: Vec<String> = errs
+                .into_iter()
+                .flat_map(|(_, es)| es)
+                .map(|(name, _)| format!("undefined `{name}` at offset {}", offset(code, name)))
+                .collect();
+            format!("jq program `{code}`: {}", msgs.join("; "))
+        })
+}
+
+impl JqProgram {
     pub fn source(&self) -> &str {
         &self.source
     }
 
     /// Runs the program on `input`. One output is returned as is, several as an array.
     pub fn run(&self, input: &Value) -> Result<Value, String> {
+        let filter = self.filter()?;
         let input: Val = serde_json::from_value(input.clone()).map_err(|e| e.to_string())?;
-        let ctx = Ctx::<Data>::new(&self.filter.lut, Vars::new([]));
+        let ctx = Ctx::<Data>::new(&filter.lut, Vars::new([]));
         let mut outputs = Vec::new();
-        for result in self.filter.id.run((ctx, input)).take(MAX_OUTPUTS + 1) {
+        for result in filter.id.run((ctx, input)).take(MAX_OUTPUTS + 1) {
             match result {
                 // jaq values print as JSON text; parsing it back is the supported conversion.
                 Ok(v) => {
@@ -135,6 +159,17 @@ mod tests {
             out,
             json!([{"name": "app@file", "servers": [{"url": "http://a", "status": "UP"}, {"url": "http://b", "status": "DOWN"}]}])
         );
+    }
+
+    /// A loaded program keeps no compiled form until it runs: an idle node holds the stock
+    /// packs' dozens of programs as text, not as compiled copies of jq's standard library.
+    #[test]
+    fn keeps_the_compiled_form_only_from_the_first_run() {
+        let p = JqProgram::compile("{n: (.a | length)}").unwrap();
+        assert!(p.filter.get().is_none(), "compiled at load");
+        assert_eq!(p.run(&json!({"a": [1, 2]})).unwrap(), json!({"n": 2}));
+        assert!(p.filter.get().is_some(), "not kept after the first run");
+        assert_eq!(p.run(&json!({"a": []})).unwrap(), json!({"n": 0}));
     }
 
     #[test]

@@ -25,12 +25,13 @@ pub enum PacksCommand {
     /// Run the packs' example calls (`DIR/tests/<pack>.yaml`, or the stock packs' own) through
     /// the runner's engine with recorded service answers: no fleet, no network. Exits 1 when
     /// any case fails.
+    #[command(after_help = "Example: emisar packs test ./packs")]
     Test {
         /// A packs directory (as `packs_dir`); its cases are in `DIR/tests/`.
         dir: Option<PathBuf>,
     },
     /// A tool's input schema, action and example.
-    #[command(after_help = "Example: emisar packs show systemd.restart")]
+    #[command(after_help = "Example: emisar packs show linux.systemctl_restart")]
     Show {
         /// The tool's name, e.g. traefik.services.
         tool: String,

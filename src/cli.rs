@@ -17,6 +17,7 @@ use crate::util::process::stop_on_signal;
 mod approvals;
 mod audit;
 mod config_check;
+pub mod config_reference;
 mod fleet;
 mod packs;
 mod packs_test;

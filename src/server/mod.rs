@@ -6,7 +6,6 @@ pub mod app;
 pub mod approvals;
 pub mod audit;
 pub mod config;
-pub mod config_reference;
 pub mod db;
 pub mod fleet;
 pub mod gateway;

@@ -18,7 +18,7 @@ pub const REGENERATE: &str =
 
 const PREFACE: &str = "# Configuration reference
 
-<!-- Generated from the config structs by src/server/config_reference.rs: do not edit by hand.
+<!-- Generated from the config structs by src/cli/config_reference.rs: do not edit by hand.
      Regenerate with: EMISAR_WRITE_CONFIG_REFERENCE=1 cargo test --lib config_reference::tests::docs_are_current -->
 
 Every key of the three files an operator writes: `emisar.toml` (the server, `emisar serve

@@ -182,7 +182,13 @@ async fn health(State(state): State<Arc<RunnerState>>) -> Json<Value> {
         .packs()
         .map(|p| (p.name.clone(), json!(p.digest)))
         .collect();
-    Json(json!({"name": state.config.name, "packs": packs}))
+    // The allowlists go out with the packs so the server can refuse a value that can never
+    // run here before it asks anyone to approve it; this runner still checks every call.
+    Json(json!({
+        "name": state.config.name,
+        "packs": packs,
+        "allowlists": state.config.allowlists,
+    }))
 }
 
 fn refuse(status: StatusCode, message: impl Into<String>) -> Response {

@@ -12,7 +12,7 @@ use super::approval_flow::Request;
 use super::dispatch::Record;
 use super::outcome::{CallError, CallOutcome, RunnerResult};
 use super::state::{Gateway, OfferedTool};
-use crate::pack::{Risk, Scope, ToolRef};
+use crate::pack::{Risk, Scope, ToolRef, allowlist_admits, shown_value};
 use crate::protocol::Mode;
 use crate::selector::Selector;
 use crate::server::audit::{NewEvent, kind};
@@ -126,6 +126,22 @@ impl Gateway {
         };
         let lowered_by_policy =
             (approvers.is_none() && tool.risk == Risk::High).then(|| policy.digest());
+        // A value a target runner's own allowlist refuses can never run there: refuse it now,
+        // before anyone is asked to approve it (the runner still checks every call; a call
+        // that runs without approval gets the runner's own refusal, runner by runner).
+        let outside = approvers
+            .and_then(|_| self.outside_runner_allowlists(tool, &targets.runners, &args.params));
+        if let Some(why) = outside {
+            self.reject(
+                caller,
+                &tool.name,
+                Some(shown_args),
+                args.reason,
+                why.clone(),
+            )
+            .await;
+            return Err(CallError::OutsideRunnerAllowlist(why));
+        }
 
         // 5. Audit the intent, durably, before anything runs (fail closed). A call that needs
         //    approval becomes a pending request instead, and waits for people.
@@ -321,6 +337,40 @@ impl Gateway {
 
     /// Step 4: the policy in force decides, from the tool, the caller, the target runners'
     /// labels and the arguments.
+    /// Step 4, after the policy: the first value that a target runner's allowlist refuses,
+    /// as that runner reported its `[allowlists]` in its last health answer. A runner whose
+    /// allowlists the server has not read yet is left to refuse the call itself. The check
+    /// is the runner's own ([`allowlist_admits`]), so the two cannot disagree.
+    fn outside_runner_allowlists(
+        &self,
+        tool: &ToolRef,
+        targets: &[String],
+        params: &Map<String, Value>,
+    ) -> Option<String> {
+        for runner in targets {
+            let Some(lists) = self.runners.allowlists(runner) else {
+                continue;
+            };
+            for param in tool.params.iter() {
+                let (Some(list_name), Some(value)) = (&param.allowlist, params.get(&param.name))
+                else {
+                    continue;
+                };
+                let admitted = lists
+                    .get(list_name)
+                    .is_some_and(|list| allowlist_admits(&param.kind, value, list));
+                if !admitted {
+                    return Some(format!(
+                        "`{}` = {} is not in runner `{runner}`'s allowlist `{list_name}` ([allowlists] in its runner.toml), so it could never run there; no approval was requested",
+                        param.name,
+                        shown_value(param, value)
+                    ));
+                }
+            }
+        }
+        None
+    }
+
     fn decide_policy(
         &self,
         policy: &Policy,

@@ -19,6 +19,10 @@ pub enum CallError {
     /// The policy says no (the agent's tools or runners, a runner's allowlist).
     #[error("refused: {0}")]
     DeniedByPolicy(String),
+    /// A value outside a target runner's `[allowlists]` (as the runner reported them): it
+    /// could never run there, so no approval is asked for.
+    #[error("refused: {0}")]
+    OutsideRunnerAllowlist(String),
     #[error(
         "refused: `{tool}` has secret params and needs approval: emisar cannot yet keep a secret in a pending request, so it refuses the call"
     )]
@@ -70,6 +74,7 @@ impl CallError {
             CallError::UnknownTool(_) => "unknown_tool",
             CallError::Invalid { .. } => "invalid_arguments",
             CallError::DeniedByPolicy(_) => "denied_by_policy",
+            CallError::OutsideRunnerAllowlist(_) => "outside_runner_allowlist",
             CallError::NeedsApprovalSecret { .. } => "needs_approval_secret",
             CallError::PreviewFailed(_) => "preview_failed",
             CallError::DeniedByHuman { .. } => "denied_by_human",

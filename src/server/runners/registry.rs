@@ -31,6 +31,19 @@ struct Health {
     last_error: Option<String>,
     /// Consecutive failed probes, for the prober's backoff.
     probe_failures: u32,
+    /// The runner's `[allowlists]` as its last health answer reported them; `None` until a
+    /// probe has read them (the gateway then leaves the check to the runner alone).
+    allowlists: Option<Allowlists>,
+}
+
+/// A runner's allowlists: list name → the values it admits.
+pub type Allowlists = BTreeMap<String, Vec<String>>;
+
+/// The part of a runner's `/healthz` answer the server keeps.
+#[derive(serde::Deserialize)]
+struct HealthAnswer {
+    #[serde(default)]
+    allowlists: Option<Allowlists>,
 }
 
 /// One runner: what it is (replaceable when a joined runner re-registers) and how it is doing.
@@ -91,6 +104,8 @@ pub struct RunnerStatus {
     pub heartbeat_ok: Option<bool>,
     pub last_call: Option<String>,
     pub last_error: Option<String>,
+    /// The allowlists the runner reported in its last health answer (`None`: not read yet).
+    pub allowlists: Option<Allowlists>,
 }
 
 fn cooldown() -> Backoff {
@@ -105,6 +120,7 @@ fn new_health() -> Health {
         last_call: None,
         last_error: None,
         probe_failures: 0,
+        allowlists: None,
     }
 }
 
@@ -343,6 +359,23 @@ impl Registry {
         h.probe_failures
     }
 
+    /// Keeps the allowlists a runner reported in its health answer.
+    pub fn record_allowlists(&self, name: &str, allowlists: Allowlists) {
+        if let Some(s) = self.slot(name) {
+            s.health
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .allowlists = Some(allowlists);
+        }
+    }
+
+    /// The allowlists `name` last reported, if a probe has read them.
+    pub fn allowlists(&self, name: &str) -> Option<Allowlists> {
+        let s = self.slot(name)?;
+        let h = s.health.lock().unwrap_or_else(|p| p.into_inner());
+        h.allowlists.clone()
+    }
+
     pub fn snapshot(&self) -> Vec<RunnerStatus> {
         self.slots()
             .into_iter()
@@ -370,6 +403,7 @@ impl Registry {
                     heartbeat_ok: h.heartbeat_ok,
                     last_call: h.last_call.map(|t| t.to_rfc3339()),
                     last_error: h.last_error.clone(),
+                    allowlists: h.allowlists.clone(),
                 }
             })
             .collect()
@@ -407,7 +441,17 @@ impl Registry {
                 // The runner's own client: the probe checks its certificate like a call does.
                 let url = format!("{}/healthz", entry.url.trim_end_matches('/'));
                 let result = match http.get(&url).timeout(PROBE_TIMEOUT).send().await {
-                    Ok(r) if r.status().is_success() => Ok(()),
+                    Ok(r) if r.status().is_success() => {
+                        // An older runner, or an answer that does not parse, leaves the last
+                        // known allowlists as they were: the runner checks every call anyway.
+                        if let Ok(HealthAnswer {
+                            allowlists: Some(lists),
+                        }) = r.json::<HealthAnswer>().await
+                        {
+                            registry.record_allowlists(&name, lists);
+                        }
+                        Ok(())
+                    }
                     Ok(r) => Err(format!("HTTP {}", r.status())),
                     Err(e) => Err(super::client::describe_send_error(&e)),
                 };

@@ -335,8 +335,6 @@ impl Gateway {
         targets
     }
 
-    /// Step 4: the policy in force decides, from the tool, the caller, the target runners'
-    /// labels and the arguments.
     /// Step 4, after the policy: the first value that a target runner's allowlist refuses,
     /// as that runner reported its `[allowlists]` in its last health answer. A runner whose
     /// allowlists the server has not read yet is left to refuse the call itself. The check
@@ -371,6 +369,8 @@ impl Gateway {
         None
     }
 
+    /// Step 4: the policy in force decides, from the tool, the caller, the target runners'
+    /// labels and the arguments.
     fn decide_policy(
         &self,
         policy: &Policy,

@@ -442,12 +442,10 @@ impl Registry {
                 let url = format!("{}/healthz", entry.url.trim_end_matches('/'));
                 let result = match http.get(&url).timeout(PROBE_TIMEOUT).send().await {
                     Ok(r) if r.status().is_success() => {
-                        // An older runner, or an answer that does not parse, leaves the last
-                        // known allowlists as they were: the runner checks every call anyway.
-                        if let Ok(HealthAnswer {
-                            allowlists: Some(lists),
-                        }) = r.json::<HealthAnswer>().await
-                        {
+                        // An older runner, or an answer that does not parse or is too large,
+                        // leaves the last known allowlists as they were: the runner checks
+                        // every call anyway.
+                        if let Some(lists) = reported_allowlists(r).await {
                             registry.record_allowlists(&name, lists);
                         }
                         Ok(())
@@ -465,6 +463,25 @@ impl Registry {
             }
         });
     }
+}
+
+/// The most of a health answer the prober reads. A runner's name, pack digests and
+/// allowlists fit in it many times over; a runner that sends more (a compromised one, say)
+/// is not believed, and cannot make the server buffer an unbounded body.
+const MAX_HEALTH_BYTES: usize = 256 * 1024;
+
+/// The allowlists in a runner's `/healthz` answer, read up to [`MAX_HEALTH_BYTES`].
+async fn reported_allowlists(mut answer: reqwest::Response) -> Option<Allowlists> {
+    let mut body = Vec::new();
+    while let Some(chunk) = answer.chunk().await.ok()? {
+        if body.len() + chunk.len() > MAX_HEALTH_BYTES {
+            return None;
+        }
+        body.extend_from_slice(&chunk);
+    }
+    serde_json::from_slice::<HealthAnswer>(&body)
+        .ok()?
+        .allowlists
 }
 
 /// The message of a call refused by an open breaker.
@@ -497,6 +514,38 @@ mod tests {
             packs: None,
             labels: BTreeMap::new(),
         }
+    }
+
+    #[tokio::test]
+    async fn a_health_answer_is_read_only_up_to_its_bound() {
+        async fn answer_with(body: String) -> Option<Allowlists> {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let url = format!("http://{}/healthz", listener.local_addr().unwrap());
+            let app = axum::Router::new().route(
+                "/healthz",
+                axum::routing::get(move || {
+                    let body = body.clone();
+                    async move { body }
+                }),
+            );
+            let server = tokio::spawn(async move { axum::serve(listener, app).await });
+            let answer = reqwest::get(&url).await.unwrap();
+            let lists = reported_allowlists(answer).await;
+            server.abort();
+            lists
+        }
+        let small = serde_json::json!({"name": "n", "allowlists": {"units": ["nginx"]}});
+        assert_eq!(
+            answer_with(small.to_string()).await,
+            Some(BTreeMap::from([(
+                "units".to_owned(),
+                vec!["nginx".to_owned()]
+            )]))
+        );
+        // The same shape, past the bound: not believed, not buffered whole.
+        let padding = "x".repeat(MAX_HEALTH_BYTES);
+        let large = serde_json::json!({"name": padding, "allowlists": {"units": ["nginx"]}});
+        assert_eq!(answer_with(large.to_string()).await, None);
     }
 
     #[tokio::test(start_paused = true)]

@@ -1,6 +1,7 @@
 //! The server: `emisar serve`. Everything here runs on the server's host and nothing here
 //! runs on a node; it reaches runners only through [`crate::protocol`] on the wire.
 
+pub mod api;
 pub mod api_error;
 pub mod app;
 pub mod approvals;

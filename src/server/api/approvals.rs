@@ -1,0 +1,180 @@
+//! The approvals API: `/api/approvals` (list, show, approve, deny) and `/api/events` (the
+//! approval changes as server-sent events), which both the portal's page and
+//! `emisar approvals` call. Behind `http::bearer_auth`, like all of `/api/*`.
+//!
+//! Invariants: an approval id from a path is checked to be a UUID before it reaches the
+//! store; a denial's note is bounded text; every approval shown carries its tool's
+//! description and the values each runner's execution will use.
+
+use axum::extract::{Path, State};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use serde_json::{Value, json};
+
+use crate::server::api_error::ApiError;
+use crate::server::approvals::{State as ApprovalState, Verdict};
+use crate::server::http_state::HttpState;
+use crate::server::tokens::Principal;
+
+/// The longest denial note, in characters.
+const MAX_NOTE_CHARS: usize = 2000;
+
+/// An approval as people see it: the request plus its tool's description.
+fn view(state: &HttpState, a: &crate::server::approvals::Approval) -> Value {
+    let mut v = serde_json::to_value(a).expect("approvals are JSON");
+    let description = state
+        .gateway
+        .packs()
+        .tool(&a.tool)
+        .map(|t| t.description.clone());
+    v["tool_description"] = json!(description);
+    // The values each runner's execution will use, which people approve along with the args.
+    v["execution_vars"] = json!(a.execution_vars());
+    v
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    state: Option<String>,
+    limit: Option<i64>,
+}
+
+pub async fn list(
+    State(state): State<HttpState>,
+    query: Result<axum::extract::Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let q = match query {
+        Ok(axum::extract::Query(q)) => q,
+        Err(e) => {
+            return ApiError::bad_request(format!("invalid query: {}", e.body_text()))
+                .into_response();
+        }
+    };
+    let wanted = match q.state.as_deref().map(ApprovalState::parse).transpose() {
+        Ok(s) => s,
+        Err(e) => return ApiError::bad_request(e).into_response(),
+    };
+    let limit = q.limit.unwrap_or(200);
+    if !(1..=1000).contains(&limit) {
+        return ApiError::bad_request("`limit` must be between 1 and 1000").into_response();
+    }
+    match state.gateway.approvals().list(wanted, None, limit).await {
+        Ok(rows) => {
+            let rows: Vec<Value> = rows.iter().map(|a| view(&state, a)).collect();
+            Json(json!({"approvals": rows})).into_response()
+        }
+        Err(e) => ApiError::from(e).into_response(),
+    }
+}
+
+/// An approval id from a path is checked before it reaches the store: every id this server
+/// hands out is a UUID in its hyphenated lowercase form.
+fn bad_id(id: &str) -> Option<Response> {
+    let is_uuid = id.len() == 36
+        && id.char_indices().all(|(i, c)| match i {
+            8 | 13 | 18 | 23 => c == '-',
+            _ => matches!(c, '0'..='9' | 'a'..='f'),
+        });
+    (!is_uuid).then(|| {
+        ApiError::bad_request(
+            "`id` must be an approval id: a UUID such as 0b7e1c2a-5d4f-4e3b-9a8c-1f2e3d4c5b6a",
+        )
+        .into_response()
+    })
+}
+
+pub async fn show(State(state): State<HttpState>, Path(id): Path<String>) -> Response {
+    if let Some(refused) = bad_id(&id) {
+        return refused;
+    }
+    match state.gateway.approvals().get(&id).await {
+        Ok(a) => Json(view(&state, &a)).into_response(),
+        Err(e) => ApiError::from(e).into_response(),
+    }
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Decision {
+    #[serde(default)]
+    note: Option<String>,
+}
+
+/// Which button the person pressed; the note only matters for a denial.
+#[derive(Clone, Copy)]
+enum Choice {
+    Approve,
+    Deny,
+}
+
+async fn decide(
+    state: HttpState,
+    who: Principal,
+    id: String,
+    body: Result<Json<Decision>, axum::extract::rejection::JsonRejection>,
+    choice: Choice,
+) -> Response {
+    let note = match body {
+        Ok(Json(d)) => d.note.unwrap_or_default(),
+        Err(e) => {
+            return ApiError::bad_request(format!("invalid decision: {}", e.body_text()))
+                .into_response();
+        }
+    };
+    if let Some(refused) = bad_id(&id) {
+        return refused;
+    }
+    if let Err(e) = crate::util::door::text("note", &note, MAX_NOTE_CHARS) {
+        return ApiError::bad_request(e).into_response();
+    }
+    let verdict = match choice {
+        Choice::Approve => Verdict::Approve,
+        Choice::Deny => Verdict::Deny { note },
+    };
+    match state.gateway.decide(&who, &id, verdict).await {
+        Ok(a) => Json(view(&state, &a)).into_response(),
+        Err(e) => ApiError::from(e).into_response(),
+    }
+}
+
+pub async fn approve(
+    State(state): State<HttpState>,
+    Extension(who): Extension<Principal>,
+    Path(id): Path<String>,
+    body: Result<Json<Decision>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    decide(state, who, id, body, Choice::Approve).await
+}
+
+pub async fn deny(
+    State(state): State<HttpState>,
+    Extension(who): Extension<Principal>,
+    Path(id): Path<String>,
+    body: Result<Json<Decision>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    decide(state, who, id, body, Choice::Deny).await
+}
+
+/// `GET /api/events`: every approval creation and state change, as server-sent events.
+pub async fn events(State(state): State<HttpState>) -> Response {
+    let changes = state.gateway.approvals().subscribe();
+    let stream = futures::stream::unfold(changes, |mut rx| async move {
+        let event = match rx.recv().await {
+            Ok(changed) => Event::default()
+                .event("approval")
+                .json_data(&changed)
+                .expect("changes are JSON"),
+            // A slow reader missed some: tell it to refresh everything.
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                Event::default().event("resync").data("{}")
+            }
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+        };
+        Some((Ok::<_, std::convert::Infallible>(event), rx))
+    });
+    Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}

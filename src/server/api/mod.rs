@@ -1,0 +1,26 @@
+//! The people's API beside the portal: the approvals (`approvals`) and the audit (`audit`)
+//! side by side, with their routes in one place.
+//!
+//! Invariant: every route here is mounted by `http::router` behind `bearer_auth`, so each
+//! handler runs only for an authenticated caller whose role may use the path (and, for a
+//! cookie-authenticated change, with its CSRF token checked).
+
+use axum::Router;
+use axum::routing::{get, post};
+
+use crate::server::http_state::HttpState;
+
+pub mod approvals;
+pub mod audit;
+
+/// The approvals and audit routes, for `http::router` to put behind its door.
+pub fn routes() -> Router<HttpState> {
+    Router::new()
+        .route("/api/audit", get(audit::page))
+        .route("/api/audit/export", get(audit::export))
+        .route("/api/approvals", get(approvals::list))
+        .route("/api/approvals/{id}", get(approvals::show))
+        .route("/api/approvals/{id}/approve", post(approvals::approve))
+        .route("/api/approvals/{id}/deny", post(approvals::deny))
+        .route("/api/events", get(approvals::events))
+}

@@ -113,15 +113,10 @@ impl Gateway {
             Decision::Allow => None,
             Decision::NeedsApproval { approvers } => Some(approvers.max(1)),
             Decision::Deny(why) => {
-                self.reject(
-                    caller,
-                    &tool.name,
-                    Some(shown_args),
-                    args.reason,
-                    why.clone(),
-                )
-                .await;
-                return Err(CallError::DeniedByPolicy(why));
+                let err = CallError::DeniedByPolicy(why.clone());
+                return Err(self
+                    .refuse(caller, &tool.name, shown_args, args.reason, why, err)
+                    .await);
             }
         };
         let lowered_by_policy =
@@ -132,15 +127,10 @@ impl Gateway {
         let outside = approvers
             .and_then(|_| self.outside_runner_allowlists(tool, &targets.runners, &args.params));
         if let Some(why) = outside {
-            self.reject(
-                caller,
-                &tool.name,
-                Some(shown_args),
-                args.reason,
-                why.clone(),
-            )
-            .await;
-            return Err(CallError::OutsideRunnerAllowlist(why));
+            let err = CallError::OutsideRunnerAllowlist(why.clone());
+            return Err(self
+                .refuse(caller, &tool.name, shown_args, args.reason, why, err)
+                .await);
         }
 
         // 5. Audit the intent, durably, before anything runs (fail closed). A call that needs
@@ -455,6 +445,22 @@ impl Gateway {
                 .map(|name| self.run_on(name, tool, &dispatch, record)),
         )
         .await
+    }
+
+    /// Refuses a call that passed validation: [`Self::reject`] records it (its shown args,
+    /// its reason and `why`), and `err` is what the caller gets back.
+    pub(super) async fn refuse(
+        &self,
+        caller: &Principal,
+        tool: &str,
+        shown_args: Value,
+        reason: Option<String>,
+        why: String,
+        err: CallError,
+    ) -> CallError {
+        self.reject(caller, tool, Some(shown_args), reason, why)
+            .await;
+        err
     }
 
     /// Records a refused call as `tool.rejected`. The call is refused whether or not the

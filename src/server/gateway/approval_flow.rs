@@ -36,6 +36,21 @@ pub(super) struct Request<'a> {
 }
 
 impl Gateway {
+    /// Refuses a request before it is stored: audited as `tool.rejected` with the args and
+    /// reason it came with, and `err` (whose text is the record's error) handed back.
+    async fn refuse_request(&self, r: Request<'_>, err: CallError) -> CallError {
+        let why = err.to_string();
+        self.refuse(
+            r.principal,
+            &r.tool.name,
+            r.shown_args,
+            Some(r.reason),
+            why,
+            err,
+        )
+        .await
+    }
+
     /// Audits the intent, runs the tool's read-only preview on every target, and stores a
     /// pending request bound to all of it.
     pub(super) async fn request_approval(&self, r: Request<'_>) -> Result<Approval, CallError> {
@@ -47,15 +62,7 @@ impl Gateway {
             let err = CallError::NeedsApprovalSecret {
                 tool: tool.name.clone(),
             };
-            self.reject(
-                r.principal,
-                &tool.name,
-                Some(r.shown_args),
-                Some(r.reason),
-                err.to_string(),
-            )
-            .await;
-            return Err(err);
+            return Err(self.refuse_request(r, err).await);
         }
         // Checked before the preview runs, so a flood of requests runs no previews. Requests
         // made at the same moment can pass together and overshoot by their number.
@@ -67,15 +74,7 @@ impl Gateway {
                 pending,
                 max,
             };
-            self.reject(
-                r.principal,
-                &tool.name,
-                Some(r.shown_args),
-                Some(r.reason),
-                err.to_string(),
-            )
-            .await;
-            return Err(err);
+            return Err(self.refuse_request(r, err).await);
         }
         self.audit
             .append(NewEvent {

@@ -687,12 +687,7 @@ impl Approvals {
         }
         let written = match self.db.pool() {
             Pool::Pg(pool) => {
-                let _slot = self
-                    .in_flight
-                    .acquire()
-                    .await
-                    .expect("the semaphore is never closed");
-                let mut tx = self.db.guard(pool.begin()).await?;
+                let (_slot, mut tx) = self.db.begin_holding_slot(pool, &self.in_flight).await?;
                 let clause = match lock {
                     Lock::SkipLocked => "FOR UPDATE SKIP LOCKED",
                     Lock::Wait => "FOR UPDATE",

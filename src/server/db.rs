@@ -208,6 +208,29 @@ impl Db {
         let _ = up.wait_for(|up| *up).await;
     }
 
+    /// Opens a PostgreSQL transaction, through the gate, for a write that keeps its
+    /// connection while the audit writer commits the write's event through another: first
+    /// one of `slots` (kept well below the pool size, so the audit writer always finds a
+    /// connection), then the transaction. The slot is held until the returned permit drops.
+    pub async fn begin_holding_slot<'s>(
+        &self,
+        pool: &PgPool,
+        slots: &'s tokio::sync::Semaphore,
+    ) -> Result<
+        (
+            tokio::sync::SemaphorePermit<'s>,
+            sqlx::Transaction<'static, sqlx::Postgres>,
+        ),
+        sqlx::Error,
+    > {
+        let slot = slots
+            .acquire()
+            .await
+            .expect("the semaphore is never closed");
+        let tx = self.guard(pool.begin()).await?;
+        Ok((slot, tx))
+    }
+
     /// Runs one store operation through the gate: refused at once while the store is down,
     /// cancelled if the store goes down while it waits, and closing the gate if it fails
     /// to reach the store.

@@ -169,12 +169,7 @@ impl Fleet {
 
         let grant = match self.db.pool() {
             Pool::Pg(pool) => {
-                let _slot = self
-                    .in_flight
-                    .acquire()
-                    .await
-                    .expect("the semaphore is never closed");
-                let mut tx = self.db.guard(pool.begin()).await?;
+                let (_slot, mut tx) = self.db.begin_holding_slot(pool, &self.in_flight).await?;
                 let attempt: Result<Grant, Option<Refusal>> = attempt!(tx);
                 match attempt {
                     Ok(grant) => {

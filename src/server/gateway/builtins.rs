@@ -142,10 +142,7 @@ impl Gateway {
                 call_id: Some(call_id.clone()),
                 outcome: Some("ok".into()),
                 result_digest: Some(json_digest(&output)),
-                detail: principal
-                    .on_behalf_of
-                    .as_ref()
-                    .map(|p| json!({"on_behalf_of": p})),
+                detail: behalf_detail(principal),
                 ..Default::default()
             })
             .await
@@ -189,10 +186,7 @@ impl Gateway {
                 reason,
                 approval_id: Some(id.to_owned()),
                 outcome: Some(if row.is_ok() { "ok" } else { "refused" }.into()),
-                detail: principal
-                    .on_behalf_of
-                    .as_ref()
-                    .map(|p| json!({"on_behalf_of": p})),
+                detail: behalf_detail(principal),
                 ..Default::default()
             })
             .await
@@ -203,4 +197,13 @@ impl Gateway {
         }
         Ok(settled(&row)?.unwrap_or_else(|| pending_outcome(&row, Duration::ZERO)))
     }
+}
+
+/// The detail of a built-in tool's event: only the person the agent acts for, if any, so
+/// every event of its calls names that person.
+fn behalf_detail(principal: &Principal) -> Option<Value> {
+    principal
+        .on_behalf_of
+        .as_ref()
+        .map(|p| json!({"on_behalf_of": p}))
 }

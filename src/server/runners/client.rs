@@ -131,19 +131,14 @@ impl RunnerClient {
                 .await
                 .map_err(|e| send_error(&e))?;
             let status = response.status();
-            let mut bytes = Vec::new();
-            while let Some(chunk) = response
-                .chunk()
+            let bytes = super::read_capped(&mut response, MAX_ANSWER_BYTES)
                 .await
-                .map_err(|e| RunnerError::Unreachable(error_chain(&e)))?
-            {
-                if bytes.len() + chunk.len() > MAX_ANSWER_BYTES {
-                    return Err(RunnerError::BadAnswer(format!(
+                .map_err(|e| match e {
+                    super::CappedRead::TooLarge => RunnerError::BadAnswer(format!(
                         "answer larger than {MAX_ANSWER_BYTES} bytes"
-                    )));
-                }
-                bytes.extend_from_slice(&chunk);
-            }
+                    )),
+                    super::CappedRead::Failed(e) => RunnerError::Unreachable(error_chain(&e)),
+                })?;
             if !status.is_success() {
                 let message = serde_json::from_slice::<Value>(&bytes)
                     .ok()

@@ -472,13 +472,9 @@ const MAX_HEALTH_BYTES: usize = 256 * 1024;
 
 /// The allowlists in a runner's `/healthz` answer, read up to [`MAX_HEALTH_BYTES`].
 async fn reported_allowlists(mut answer: reqwest::Response) -> Option<Allowlists> {
-    let mut body = Vec::new();
-    while let Some(chunk) = answer.chunk().await.ok()? {
-        if body.len() + chunk.len() > MAX_HEALTH_BYTES {
-            return None;
-        }
-        body.extend_from_slice(&chunk);
-    }
+    let body = super::read_capped(&mut answer, MAX_HEALTH_BYTES)
+        .await
+        .ok()?;
     serde_json::from_slice::<HealthAnswer>(&body)
         .ok()?
         .allowlists

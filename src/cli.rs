@@ -22,6 +22,7 @@ mod fleet;
 mod packs;
 mod packs_test;
 mod people;
+mod table;
 
 pub use approvals::ApprovalsCommand;
 pub use audit::{AuditCommand, FilterArgs};

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 
+use super::table::{self, Col};
 use super::{DbArg, cli_actor};
 use crate::server::audit::AuditLog;
 use crate::server::config::ServerConfig;
@@ -162,20 +163,33 @@ pub async fn join_token(command: JoinTokenCommand) -> anyhow::Result<i32> {
                 println!("no join tokens");
                 return Ok(0);
             }
-            println!(
-                "{:<36}  {:<27}  {:<27}  {:>11}  {:<24}  {:<24}  STATE",
-                "ID", "CREATED", "EXPIRES", "USES", "ADMITS", "LABELS"
+            let cols = [
+                Col::Left(36),
+                Col::Left(27),
+                Col::Left(27),
+                Col::Right(11),
+                Col::Left(24),
+                Col::Left(24),
+                Col::Last,
+            ];
+            table::print(
+                &cols,
+                [
+                    "ID", "CREATED", "EXPIRES", "USES", "ADMITS", "LABELS", "STATE",
+                ],
             );
             for t in tokens {
-                println!(
-                    "{:<36}  {:<27}  {:<27}  {:>11}  {:<24}  {:<24}  {}",
-                    t.id,
-                    t.created_at,
-                    t.expires_at,
-                    format!("{}/{}", t.uses, t.max_uses),
-                    t.name.to_string(),
-                    labels_text(&t.labels),
-                    t.state.as_str()
+                table::print(
+                    &cols,
+                    [
+                        &t.id,
+                        &t.created_at,
+                        &t.expires_at,
+                        &format!("{}/{}", t.uses, t.max_uses),
+                        &t.name.to_string(),
+                        &labels_text(&t.labels),
+                        t.state.as_str(),
+                    ],
                 );
             }
         }
@@ -246,36 +260,45 @@ pub async fn runner(command: RunnerCommand) -> anyhow::Result<i32> {
                 .as_ref()
                 .map(|c| c.runners.clone())
                 .unwrap_or_default();
-            println!(
-                "{:<24}  {:<7}  {:<32}  {:<24}  {:<27}  LAST HEARTBEAT",
-                "NAME", "ORIGIN", "URL", "LABELS", "JOINED AT"
+            let cols = [
+                Col::Left(24),
+                Col::Left(7),
+                Col::Left(32),
+                Col::Left(24),
+                Col::Left(27),
+                Col::Last,
+            ];
+            table::print(
+                &cols,
+                [
+                    "NAME",
+                    "ORIGIN",
+                    "URL",
+                    "LABELS",
+                    "JOINED AT",
+                    "LAST HEARTBEAT",
+                ],
             );
             for r in &configured {
-                println!(
-                    "{:<24}  {:<7}  {:<32}  {:<24}  {:<27}  -",
-                    r.name,
-                    "config",
-                    r.url,
-                    labels_text(&r.labels),
-                    "-"
-                );
+                let labels = labels_text(&r.labels);
+                table::print(&cols, [&r.name, "config", &r.url, &labels, "-", "-"]);
             }
             for r in &joined {
                 // A joined runner named like a configured one is ignored by the server.
                 let shadowed = configured.iter().any(|c| c.name == r.name);
-                println!(
-                    "{:<24}  {:<7}  {:<32}  {:<24}  {:<27}  {}{}",
-                    r.name,
-                    "joined",
-                    r.url,
-                    labels_text(&r.labels),
-                    r.joined_at,
+                let last = format!(
+                    "{}{}",
                     r.last_heartbeat.as_deref().unwrap_or("-"),
                     if shadowed {
                         "  (ignored: the config has a runner of this name)"
                     } else {
                         ""
                     }
+                );
+                let labels = labels_text(&r.labels);
+                table::print(
+                    &cols,
+                    [&r.name, "joined", &r.url, &labels, &r.joined_at, &last],
                 );
             }
             if config.is_none() {

@@ -3,6 +3,7 @@
 use anyhow::Context;
 use clap::Subcommand;
 
+use super::table::{self, Col};
 use super::{DbArg, cli_actor};
 use crate::server::audit::AuditLog;
 
@@ -164,20 +165,33 @@ pub async fn token(command: TokenCommand) -> anyhow::Result<i32> {
                 println!("no tokens");
                 return Ok(0);
             }
-            println!(
-                "{:<36}  {:<24}  {:<8}  {:<20}  {:<27}  {:<27}  STATE",
-                "ID", "NAME", "ROLE", "SELECTOR", "CREATED", "EXPIRES"
+            let cols = [
+                Col::Left(36),
+                Col::Left(24),
+                Col::Left(8),
+                Col::Left(20),
+                Col::Left(27),
+                Col::Left(27),
+                Col::Last,
+            ];
+            table::print(
+                &cols,
+                [
+                    "ID", "NAME", "ROLE", "SELECTOR", "CREATED", "EXPIRES", "STATE",
+                ],
             );
             for t in tokens {
-                println!(
-                    "{:<36}  {:<24}  {:<8}  {:<20}  {:<27}  {:<27}  {}",
-                    t.id,
-                    t.name,
-                    t.role,
-                    t.selector.as_deref().unwrap_or("-"),
-                    t.created_at,
-                    t.expires_at,
-                    t.state
+                table::print(
+                    &cols,
+                    [
+                        &t.id,
+                        &t.name,
+                        &t.role,
+                        t.selector.as_deref().unwrap_or("-"),
+                        &t.created_at,
+                        &t.expires_at,
+                        t.state,
+                    ],
                 );
             }
         }
@@ -231,12 +245,11 @@ pub async fn user(command: UserCommand) -> anyhow::Result<()> {
                 println!("no users");
                 return Ok(());
             }
-            println!("{:<24}  {:<8}  {:<27}  SESSIONS", "NAME", "ROLE", "CREATED");
+            let cols = [Col::Left(24), Col::Left(8), Col::Left(27), Col::Last];
+            table::print(&cols, ["NAME", "ROLE", "CREATED", "SESSIONS"]);
             for u in users {
-                println!(
-                    "{:<24}  {:<8}  {:<27}  {}",
-                    u.name, u.role, u.created_at, u.sessions
-                );
+                let sessions = u.sessions.to_string();
+                table::print(&cols, [&u.name, &u.role, &u.created_at, &sessions]);
             }
         }
         UserCommand::SetRole { name, role, db } => {

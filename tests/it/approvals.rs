@@ -56,6 +56,12 @@ pub async fn add_user(app: &TestApp, name: &str, role: Role) -> String {
     password
 }
 
+/// A new person with `role`, logged in to the portal.
+pub(crate) async fn signed_in(app: &TestApp, name: &str, role: Role) -> Portal {
+    let password = add_user(app, name, role).await;
+    Portal::login(app, name, &password).await
+}
+
 impl Portal {
     /// A portal session opened some other way (e.g. a sign-in through an OpenID provider).
     pub fn with_session(base: String, cookie: String, csrf: String) -> Portal {
@@ -125,6 +131,16 @@ impl Portal {
     pub async fn approve(&self, id: &str) -> (u16, Value) {
         self.post(&format!("/api/approvals/{id}/approve"), json!({}), true)
             .await
+    }
+
+    /// Denies request `id` with `note`, as the page does (with the CSRF token).
+    pub async fn deny(&self, id: &str, note: &str) -> (u16, Value) {
+        self.post(
+            &format!("/api/approvals/{id}/deny"),
+            json!({"note": note}),
+            true,
+        )
+        .await
     }
 
     /// Opens the server-sent event stream of approval changes.
@@ -241,6 +257,18 @@ pub(crate) async fn restart_app(
         options,
     )
     .await
+}
+
+/// A [`restart_app`] with its stand-in `systemctl` in a folder of its own: the folder (keep
+/// it for as long as the app runs), the stand-in's record of what it was asked, the app.
+pub(crate) async fn restart_lab(
+    backend: Backend,
+    options: Options,
+) -> (tempfile::TempDir, std::path::PathBuf, TestApp) {
+    let bin = tempfile::tempdir().unwrap();
+    let record = systemctl_standin(bin.path());
+    let app = restart_app(backend, bin.path(), options).await;
+    (bin, record, app)
 }
 
 pub(crate) fn restart_args(reason: &str) -> Value {

@@ -9,9 +9,7 @@ use emisar::server::audit::AuditFilter;
 use emisar::server::tokens::Role;
 use serde_json::{Value, json};
 
-use crate::approvals::{
-    Portal, add_user, kinds_of, restart_app, restart_args, restarts, systemctl_standin,
-};
+use crate::approvals::{Portal, kinds_of, restart_args, restart_lab, restarts, signed_in};
 use crate::both_backends;
 use crate::harness::Backend;
 use crate::harness::app::{Options, TestApp};
@@ -32,11 +30,8 @@ fn approval_id(res: &rmcp::model::CallToolResult) -> String {
 }
 
 async fn an_agent_has_at_most_max_pending_requests(backend: Backend) {
-    let bin = tempfile::tempdir().unwrap();
-    let record = systemctl_standin(bin.path());
-    let app = restart_app(
+    let (_bin, record, app) = restart_lab(
         backend,
-        bin.path(),
         Options {
             max_pending_per_agent: Some(2),
             approval_wait_secs: Some(1),
@@ -73,15 +68,8 @@ async fn an_agent_has_at_most_max_pending_requests(backend: Backend) {
     assert_eq!(rejected[0].reason.as_deref(), Some("three"));
 
     // Once one is decided, there is room again.
-    let password = add_user(&app, "bob", Role::Approver).await;
-    let bob = Portal::login(&app, "bob", &password).await;
-    let (status, body) = bob
-        .post(
-            &format!("/api/approvals/{first}/deny"),
-            json!({"note": "one at a time"}),
-            true,
-        )
-        .await;
+    let bob = signed_in(&app, "bob", Role::Approver).await;
+    let (status, body) = bob.deny(&first, "one at a time").await;
     assert_eq!(status, 200, "{body}");
     approval_id(&ask(&client, "four").await);
     assert_eq!(restarts(&record), 0);
@@ -118,19 +106,15 @@ async fn state_settles(p: &Portal, id: &str) -> Value {
 }
 
 async fn an_approval_that_never_started_expires(backend: Backend) {
-    let bin = tempfile::tempdir().unwrap();
-    let record = systemctl_standin(bin.path());
-    let app = restart_app(
+    let (_bin, record, app) = restart_lab(
         backend,
-        bin.path(),
         Options {
             approval_wait_secs: Some(1),
             ..Default::default()
         },
     )
     .await;
-    let password = add_user(&app, "carol", Role::Auditor).await;
-    let carol = Portal::login(&app, "carol", &password).await;
+    let carol = signed_in(&app, "carol", Role::Auditor).await;
     let client = app.mcp_client().await;
 
     // Approved ten minutes ago and never started: it expires, and nothing runs.

@@ -799,6 +799,16 @@ async fn people_administration_from_the_cli(backend: Backend) {
 }
 crate::both_backends!(people_administration_from_the_cli);
 
+/// Writes `text` to `path` and runs `emisar config check` on it (with `--kind` if given).
+fn config_check(path: &std::path::Path, text: &str, kind: Option<&str>) -> (i32, String, String) {
+    std::fs::write(path, text).unwrap();
+    let path = path.to_str().unwrap();
+    match kind {
+        Some(kind) => emisar(&["config", "check", "--kind", kind, path]),
+        None => emisar(&["config", "check", path]),
+    }
+}
+
 /// `emisar config check`: `ok` for a good file of either kind (told apart by its keys), and
 /// every problem, each naming its key, for a bad one.
 #[test]
@@ -808,12 +818,11 @@ fn config_check_reports_every_problem_by_key() {
     let public = dir.path().join("server.pub");
     emisar::protocol::signing::write_keypair(&key, &public).unwrap();
     let server = dir.path().join("emisar.toml");
-    std::fs::write(
+    let (code, out, err) = config_check(
         &server,
-        format!("listen = \"127.0.0.1:0\"\nsigning_key_file = {:?}\n", key),
-    )
-    .unwrap();
-    let (code, out, err) = emisar(&["config", "check", server.to_str().unwrap()]);
+        &format!("listen = \"127.0.0.1:0\"\nsigning_key_file = {:?}\n", key),
+        None,
+    );
     assert_eq!(
         (code, out.trim()),
         (
@@ -825,30 +834,22 @@ fn config_check_reports_every_problem_by_key() {
 
     let runner = dir.path().join("runner.toml");
     let state = dir.path().join("state");
-    std::fs::write(
+    let (code, out, err) = config_check(
         &runner,
-        format!(
+        &format!(
             "name = \"edge1\"\nlisten = \"127.0.0.1:7701\"\nserver_public_key_file = {public:?}\nstate_dir = {state:?}\n"
         ),
-    )
-    .unwrap();
-    let (code, out, err) = emisar(&["config", "check", runner.to_str().unwrap()]);
+        None,
+    );
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("(runner config)"), "{out}");
 
     // A bad server config: a missing key file, a policy that does not exist, a bad listen.
-    std::fs::write(
+    let (code, out, _) = config_check(
         &server,
         "listen = \"localhost\"\nsigning_key_file = \"/nonexistent/server.key\"\npolicy_file = \"/nonexistent/policy.toml\"\ncall_timeout_ms = 0\n",
-    )
-    .unwrap();
-    let (code, out, _) = emisar(&[
-        "config",
-        "check",
-        "--kind",
-        "server",
-        server.to_str().unwrap(),
-    ]);
+        Some("server"),
+    );
     assert_eq!(code, 1, "{out}");
     for key in [
         "call_timeout_ms",
@@ -859,35 +860,32 @@ fn config_check_reports_every_problem_by_key() {
         assert!(out.contains(key), "{key}: {out}");
     }
     // An unknown key names itself.
-    std::fs::write(
+    let (code, out, _) = config_check(
         &server,
-        format!("signing_key_file = {key:?}\nlisten_addr = \"x\"\n"),
-    )
-    .unwrap();
-    let (code, out, _) = emisar(&["config", "check", server.to_str().unwrap()]);
+        &format!("signing_key_file = {key:?}\nlisten_addr = \"x\"\n"),
+        None,
+    );
     assert_eq!(code, 1);
     assert!(out.contains("listen_addr"), "{out}");
 
     // A joining runner on a wildcard address without advertise_url; a key file that is not
     // a key.
-    std::fs::write(
+    let (code, out, _) = config_check(
         &runner,
-        format!(
+        &format!(
             "name = \"edge1\"\nlisten = \"0.0.0.0:7701\"\nserver_public_key_file = {server:?}\nstate_dir = {state:?}\n[join]\nserver = \"https://emisar.example\"\n"
         ),
-    )
-    .unwrap();
-    let (code, out, _) = emisar(&["config", "check", runner.to_str().unwrap()]);
+        None,
+    );
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("advertise_url is required"), "{out}");
     assert!(out.contains("server_public_key_file"), "{out}");
 
     // Neither kind's keys: ask for --kind; a wrong --kind names the valid ones.
-    std::fs::write(&runner, "listen = \"127.0.0.1:1\"\n").unwrap();
-    let (code, _, err) = emisar(&["config", "check", runner.to_str().unwrap()]);
+    let (code, _, err) = config_check(&runner, "listen = \"127.0.0.1:1\"\n", None);
     assert_eq!(code, 2);
     assert!(err.contains("pass --kind server or --kind runner"), "{err}");
-    let (code, _, err) = emisar(&["config", "check", "--kind", "db", runner.to_str().unwrap()]);
+    let (code, _, err) = config_check(&runner, "listen = \"127.0.0.1:1\"\n", Some("db"));
     assert_eq!(code, 2);
     assert!(err.contains("server") && err.contains("runner"), "{err}");
 }

@@ -2,7 +2,7 @@
 //! lowering means on the runner, which runners a caller may target, and how an agent tells
 //! one refusal from another.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use emisar::lab::clock::LabClock;
@@ -15,7 +15,7 @@ use rmcp::model::CallToolRequestParams;
 use serde_json::{Value, json};
 
 use crate::approvals::{
-    Portal, add_user, call_in_background, finished, restart_app, restart_args, restarts,
+    call_in_background, finished, restart_args, restart_lab, restarts, signed_in,
     systemctl_standin, wait_for_pending,
 };
 use crate::both_backends;
@@ -23,10 +23,12 @@ use crate::harness::app::{Options, Signed};
 use crate::harness::{Backend, RunnerSpec, spawn_app};
 use crate::mcp_calls::call;
 
-fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
-    let path = dir.join(name);
+/// A policy file holding `text`, in a folder that lives as long as the returned guard.
+fn policy_file(text: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("policy.yaml");
     std::fs::write(&path, text).unwrap();
-    path
+    (dir, path)
 }
 
 /// The packs of these tests: the stock ones, the test-only `gk` pack and the secret `vault`.
@@ -51,17 +53,10 @@ fn kind_of(res: &rmcp::model::CallToolResult) -> Value {
 /// A policy that lowers a risk:high tool to `read` makes it run without an approval, over
 /// MCP, on a runner that refuses the same call when it does not carry the policy's word.
 async fn a_policy_lowered_write_runs_over_mcp(backend: Backend) {
-    let bin = tempfile::tempdir().unwrap();
-    let record = systemctl_standin(bin.path());
-    let policy_dir = tempfile::tempdir().unwrap();
-    let policy = write(
-        policy_dir.path(),
-        "policy.yaml",
-        "risk:\n  linux.systemctl_restart: {risk: read, lower: true}\n",
-    );
-    let app = restart_app(
+    let (_policy_dir, policy) =
+        policy_file("risk:\n  linux.systemctl_restart: {risk: read, lower: true}\n");
+    let (_bin, record, app) = restart_lab(
         backend,
-        bin.path(),
         Options {
             policy_file: Some(policy.clone()),
             ..Default::default()
@@ -131,12 +126,8 @@ both_backends!(a_policy_lowered_write_runs_over_mcp);
 async fn the_runners_a_caller_may_target_are_one_set(backend: Backend) {
     let consul =
         serve(scenario::consul("consul-secret", Arc::new(LabClock::frozen())).router()).await;
-    let policy_dir = tempfile::tempdir().unwrap();
-    let policy = write(
-        policy_dir.path(),
-        "policy.yaml",
-        "agents:\n  test-agent: {tools: [\"consul.*\"], runners: \"role=edge\"}\n",
-    );
+    let (_policy_dir, policy) =
+        policy_file("agents:\n  test-agent: {tools: [\"consul.*\"], runners: \"role=edge\"}\n");
     let runner = |name: &str, role: &str| {
         RunnerSpec::new(name)
             .label("role", role)
@@ -205,12 +196,7 @@ async fn refusals_carry_a_kind_an_agent_can_act_on(backend: Backend) {
     let bin = tempfile::tempdir().unwrap();
     let record = systemctl_standin(bin.path());
     let packs = gateway_packs();
-    let policy_dir = tempfile::tempdir().unwrap();
-    let policy = write(
-        policy_dir.path(),
-        "policy.yaml",
-        "runners:\n  hvn05: {systemd_units: [consul]}\n",
-    );
+    let (_policy_dir, policy) = policy_file("runners:\n  hvn05: {systemd_units: [consul]}\n");
     let app = spawn_app(
         backend,
         vec![
@@ -280,21 +266,14 @@ async fn refusals_carry_a_kind_an_agent_can_act_on(backend: Backend) {
     assert_eq!(kind_of(&res), "preview_failed", "{res:?}");
 
     // Stop: a human said no.
-    let password = add_user(&app, "bob", Role::Approver).await;
-    let bob = Portal::login(&app, "bob", &password).await;
+    let bob = signed_in(&app, "bob", Role::Approver).await;
     let waiting = call_in_background(
         &client,
         "linux.systemctl_restart",
         restart_args("restart it"),
     );
     let id = wait_for_pending(&bob).await;
-    let (status, body) = bob
-        .post(
-            &format!("/api/approvals/{id}/deny"),
-            json!({"note": "not now"}),
-            true,
-        )
-        .await;
+    let (status, body) = bob.deny(&id, "not now").await;
     assert_eq!(status, 200, "{body}");
     let res = finished(waiting).await;
     assert_eq!(kind_of(&res), "denied_by_human", "{res:?}");

@@ -9,9 +9,9 @@ use emisar::lab::consul::Instance;
 use emisar::lab::http::serve;
 use emisar::lab::scenario::{self, OOM_ALLOC, SETUP_FAILED_ALLOC};
 use emisar::protocol::Mode;
-use serde_json::json;
+use serde_json::{Value, json};
 
-use crate::harness::app::Options;
+use crate::harness::app::{DirectAnswer, Options, TestApp};
 use crate::harness::tools::only_output as output;
 use crate::harness::vm::VictoriaMetrics;
 use crate::harness::{Backend, RunnerSpec, spawn_app};
@@ -345,26 +345,41 @@ async fn nomad_reads_show_the_case_study_signals() {
     client.cancel().await.unwrap();
 }
 
+/// `nomad.task_resources_set` signed as the server signs it, straight to `nomad-hvn01`:
+/// a preview, or an execution with the preview's vars (`None`: without them).
+async fn resources_set(
+    app: &TestApp,
+    args: Value,
+    mode: Mode,
+    preview: Option<&DirectAnswer>,
+) -> DirectAnswer {
+    app.signed_call(
+        "nomad-hvn01",
+        "nomad.task_resources_set",
+        args,
+        mode,
+        preview,
+    )
+    .await
+}
+
+/// The arguments that set the traefik task's memory to `mib`.
+fn traefik_memory(mib: u32) -> Value {
+    json!({"job": "traefik", "group": "traefik", "task": "traefik", "memory": mib})
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nomad_task_resources_set_previews_the_plan_and_writes_with_check_and_set() {
     let nomad = scenario::nomad("nomad-secret", Arc::new(LabClock::frozen()));
     let url = serve(nomad.clone().router()).await;
     let app = nomad_app(&url).await;
-    let args = json!({"job": "traefik", "group": "traefik", "task": "traefik", "memory": 4096});
+    let args = traefik_memory(4096);
 
     // The runner alone: preview, then execution with the preview's vars (the approval flow
     // through the server is in approvals.rs).
 
     // Preview: the plan diff an approver will see.
-    let preview = app
-        .signed_call(
-            "nomad-hvn01",
-            "nomad.task_resources_set",
-            args.clone(),
-            Mode::Preview,
-            None,
-        )
-        .await;
+    let preview = resources_set(&app, args.clone(), Mode::Preview, None).await;
     assert_eq!(preview.status, 200, "{}", preview.body);
     assert_eq!(preview.body["status"], "ok", "{}", preview.body);
     let shown = &preview.body["output"];
@@ -388,15 +403,7 @@ async fn nomad_task_resources_set_previews_the_plan_and_writes_with_check_and_se
     );
 
     // Executing needs the preview's values.
-    let blind = app
-        .signed_call(
-            "nomad-hvn01",
-            "nomad.task_resources_set",
-            args.clone(),
-            Mode::Execute,
-            None,
-        )
-        .await;
+    let blind = resources_set(&app, args.clone(), Mode::Execute, None).await;
     assert_eq!(blind.body["status"], "failed");
     assert!(
         blind.body["error"]
@@ -407,15 +414,7 @@ async fn nomad_task_resources_set_previews_the_plan_and_writes_with_check_and_se
 
     // Execute with them: one task's memory changes, nothing else.
     let before = nomad.job("traefik");
-    let done = app
-        .signed_call(
-            "nomad-hvn01",
-            "nomad.task_resources_set",
-            args.clone(),
-            Mode::Execute,
-            Some(&preview),
-        )
-        .await;
+    let done = resources_set(&app, args.clone(), Mode::Execute, Some(&preview)).await;
     assert_eq!(done.body["status"], "ok", "{}", done.body);
     assert_eq!(done.body["output"]["job_modify_index"]["before"], 93);
     // What reached Nomad: one register, with check-and-set at the preview's index.
@@ -452,26 +451,10 @@ async fn nomad_task_resources_set_previews_the_plan_and_writes_with_check_and_se
     );
 
     // The job moves between preview and execution: the write refuses and says why.
-    let preview = app
-        .signed_call(
-            "nomad-hvn01",
-            "nomad.task_resources_set",
-            json!({"job": "traefik", "group": "traefik", "task": "traefik", "memory": 8192}),
-            Mode::Preview,
-            None,
-        )
-        .await;
+    let preview = resources_set(&app, traefik_memory(8192), Mode::Preview, None).await;
     let seen = preview.body["vars"]["job_modify_index"].as_u64().unwrap();
     let moved_to = nomad.bump_job("traefik");
-    let refused = app
-        .signed_call(
-            "nomad-hvn01",
-            "nomad.task_resources_set",
-            json!({"job": "traefik", "group": "traefik", "task": "traefik", "memory": 8192}),
-            Mode::Execute,
-            Some(&preview),
-        )
-        .await;
+    let refused = resources_set(&app, traefik_memory(8192), Mode::Execute, Some(&preview)).await;
     assert_eq!(refused.body["status"], "failed", "{}", refused.body);
     let err = refused.body["error"].as_str().unwrap();
     assert!(
@@ -488,27 +471,11 @@ async fn nomad_task_resources_set_previews_the_plan_and_writes_with_check_and_se
 
     // The job moves after the pack's own check has passed (right after the execution's read,
     // before its write): only Nomad's check-and-set can refuse now, and it does.
-    let preview = app
-        .signed_call(
-            "nomad-hvn01",
-            "nomad.task_resources_set",
-            json!({"job": "traefik", "group": "traefik", "task": "traefik", "memory": 8192}),
-            Mode::Preview,
-            None,
-        )
-        .await;
+    let preview = resources_set(&app, traefik_memory(8192), Mode::Preview, None).await;
     assert_eq!(preview.body["status"], "ok", "{}", preview.body);
     let raced = preview.body["vars"]["job_modify_index"].as_u64().unwrap();
     nomad.bump_after_next_read("traefik");
-    let refused = app
-        .signed_call(
-            "nomad-hvn01",
-            "nomad.task_resources_set",
-            json!({"job": "traefik", "group": "traefik", "task": "traefik", "memory": 8192}),
-            Mode::Execute,
-            Some(&preview),
-        )
-        .await;
+    let refused = resources_set(&app, traefik_memory(8192), Mode::Execute, Some(&preview)).await;
     let moved_to = nomad.job("traefik")["JobModifyIndex"].as_u64().unwrap();
     assert_eq!(
         refused.body["status"], "failed",
@@ -563,15 +530,13 @@ async fn nomad_task_resources_set_previews_the_plan_and_writes_with_check_and_se
     );
 
     // A task that does not exist is named in the refusal.
-    let res = app
-        .signed_call(
-            "nomad-hvn01",
-            "nomad.task_resources_set",
-            json!({"job": "traefik", "group": "traefik", "task": "nope", "cpu": 500}),
-            Mode::Preview,
-            None,
-        )
-        .await;
+    let res = resources_set(
+        &app,
+        json!({"job": "traefik", "group": "traefik", "task": "nope", "cpu": 500}),
+        Mode::Preview,
+        None,
+    )
+    .await;
     assert!(
         res.body["error"]
             .as_str()

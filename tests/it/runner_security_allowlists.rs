@@ -8,7 +8,7 @@ use emisar::server::tokens::Role;
 use serde_json::json;
 
 use crate::approvals::{
-    Portal, add_user, call_in_background, finished, pending_ids, restarts, systemctl_standin,
+    call_in_background, finished, pending_ids, restarts, signed_in, systemctl_standin,
     wait_for_pending,
 };
 
@@ -105,8 +105,7 @@ async fn a_write_outside_the_runners_allowlist_never_reaches_the_queue(backend: 
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let password = add_user(&app, "alice", Role::Approver).await;
-    let alice = Portal::login(&app, "alice", &password).await;
+    let alice = signed_in(&app, "alice", Role::Approver).await;
     let client = app.mcp_client().await;
     let restart = |unit: &str| json!({"unit": unit, "runners": ["node-1"], "reason": "restart after the config change"});
 
@@ -138,13 +137,7 @@ async fn a_write_outside_the_runners_allowlist_never_reaches_the_queue(backend: 
     // Inside the list the same call waits for a person, who can deny it.
     let waiting = call_in_background(&client, "linux.systemctl_restart", restart("nginx"));
     let id = wait_for_pending(&alice).await;
-    let (status, body) = alice
-        .post(
-            &format!("/api/approvals/{id}/deny"),
-            json!({"note": "not now"}),
-            true,
-        )
-        .await;
+    let (status, body) = alice.deny(&id, "not now").await;
     assert_eq!(status, 200, "{body}");
     let res = finished(waiting).await;
     assert_eq!(res.is_error, Some(true), "{res:?}");

@@ -47,5 +47,31 @@ mod tests {
             line(&cols, ["a", "b", "c"]),
             format!("{:<4}  {:>5}  {}", "a", "b", "c")
         );
+        // The join-token list, as its format string printed it before this printer.
+        let cols = [
+            Col::Left(36),
+            Col::Left(27),
+            Col::Left(27),
+            Col::Right(11),
+            Col::Left(24),
+            Col::Left(24),
+            Col::Last,
+        ];
+        let row = [
+            "0b7e1c2a-5d4f-4e3b-9a8c-1f2e3d4c5b6a",
+            "2026-12-01T22:00:00.000000Z",
+            "2026-12-02T22:00:00.000000Z",
+            "1/5",
+            "edge-*",
+            "a label text longer than its column",
+            "active",
+        ];
+        assert_eq!(
+            line(&cols, row),
+            format!(
+                "{:<36}  {:<27}  {:<27}  {:>11}  {:<24}  {:<24}  {}",
+                row[0], row[1], row[2], row[3], row[4], row[5], row[6]
+            )
+        );
     }
 }

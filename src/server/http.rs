@@ -8,7 +8,7 @@
 //! token that is not emisar's own (`emt_…`) is an OAuth access token (`oidc::bearer`), and a
 //! 401 from `/mcp` points to the protected-resource metadata, served unauthenticated at
 //! `/.well-known/oauth-protected-resource` and its path-suffixed form. With `[oidc]`, the
-//! portal's sign-in routes live under `/login/oidc` (`oidc::web`).
+//! portal's sign-in routes live under `/login/oidc` (`portal_oidc`).
 //!
 //! Invariants: an MCP session belongs to the token that opened it; the same session id
 //! presented with another token is answered 404, as if it did not exist (rmcp routes on the
@@ -88,18 +88,21 @@ pub fn router(
             bearer_auth,
         ));
     let mut public = Router::new()
-        .route("/api/login/options", get(crate::server::oidc::web::options))
         .route(
-            crate::server::oidc::web::START_PATH,
-            get(crate::server::oidc::web::start),
+            "/api/login/options",
+            get(crate::server::portal_oidc::options),
         )
         .route(
-            crate::server::oidc::web::CALLBACK,
-            get(crate::server::oidc::web::callback),
+            crate::server::portal_oidc::START_PATH,
+            get(crate::server::portal_oidc::start),
         )
         .route(
-            crate::server::oidc::web::BACKCHANNEL_LOGOUT_PATH,
-            axum::routing::post(crate::server::oidc::web::backchannel_logout),
+            crate::server::portal_oidc::CALLBACK,
+            get(crate::server::portal_oidc::callback),
+        )
+        .route(
+            crate::server::portal_oidc::BACKCHANNEL_LOGOUT_PATH,
+            axum::routing::post(crate::server::portal_oidc::backchannel_logout),
         );
     if let Some(agents) = &identity.agents {
         // RFC 9728 §3.1: the path-suffixed form for `/mcp` is where MCP clients look first;

@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod oidc;
 pub mod policy;
 pub mod portal;
+pub mod portal_oidc;
 pub mod runners;
 pub mod secrets;
 pub mod tokens;

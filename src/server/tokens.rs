@@ -17,6 +17,11 @@ use crate::with_pool;
 
 const PREFIX: &str = "emt_";
 
+/// How every audit identity of a person from the organisation's identity provider begins
+/// (`person:<id>`). Local names and agent names are identifiers (no `:`), so a name with this
+/// prefix can only come from a provider's sign-in.
+pub const PERSON_PREFIX: &str = "person:";
+
 /// What a token may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -121,10 +126,7 @@ impl Principal {
     /// How the audit log names this caller: `<role>:<name>`, or a provider person's own
     /// `person:<id>` (their roles at sign-in are in their `login` event).
     pub fn actor(&self) -> String {
-        if self
-            .name
-            .starts_with(crate::server::oidc::claims::PERSON_PREFIX)
-        {
+        if self.name.starts_with(PERSON_PREFIX) {
             return self.name.clone();
         }
         format!("{}:{}", self.role.as_str(), self.name)

@@ -166,16 +166,6 @@ fn server_paths(code: &str) -> BTreeSet<String> {
     found
 }
 
-/// Pairs of server modules that import each other today and are still to be untangled. No
-/// pair may join the list; a pair that is untangled must leave it (the test says so), so the
-/// list only shrinks. `http` and `portal` are not on it: that circle is closed for good.
-const KNOWN_CIRCLES: [(&str, &str); 4] = [
-    ("audit", "fleet"),
-    ("http_state", "oidc"),
-    ("oidc", "portal"),
-    ("oidc", "tokens"),
-];
-
 #[test]
 fn no_two_server_modules_import_each_other() {
     let graph = server_module_graph();
@@ -183,36 +173,19 @@ fn no_two_server_modules_import_each_other() {
         graph.contains_key("http") && graph["http"].contains("portal"),
         "the module graph was not read: `http` should import `portal` ({graph:?})"
     );
-    let mut circles = BTreeSet::new();
+    let mut circles = Vec::new();
     for (a, imports) in &graph {
         for b in imports {
             if a < b && graph.get(b).is_some_and(|theirs| theirs.contains(a)) {
-                circles.insert((a.clone(), b.clone()));
+                circles.push(format!("`{a}` and `{b}` import each other"));
             }
         }
     }
-    let known: BTreeSet<(String, String)> = KNOWN_CIRCLES
-        .iter()
-        .map(|(a, b)| (a.to_string(), b.to_string()))
-        .collect();
-    let new: Vec<String> = circles
-        .difference(&known)
-        .map(|(a, b)| format!("`{a}` and `{b}` import each other"))
-        .collect();
     assert!(
-        new.is_empty(),
+        circles.is_empty(),
         "server modules import each other (one of each pair must stop naming the other; move \
          what both need into a third module):\n{}",
-        new.join("\n")
-    );
-    let untangled: Vec<String> = known
-        .difference(&circles)
-        .map(|(a, b)| format!("({a:?}, {b:?})"))
-        .collect();
-    assert!(
-        untangled.is_empty(),
-        "these circles are gone: remove them from KNOWN_CIRCLES so they cannot come back: {}",
-        untangled.join(", ")
+        circles.join("\n")
     );
 }
 

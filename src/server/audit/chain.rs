@@ -61,6 +61,15 @@ pub mod kind {
     pub const LOGIN: &str = "login";
     pub const LOGIN_FAILED: &str = "login.failed";
     pub const LOGOUT: &str = "logout";
+    /// The fleet's events (src/server/fleet/).
+    pub const JOIN_TOKEN_ISSUED: &str = "join_token.issued";
+    pub const JOIN_TOKEN_REVOKED: &str = "join_token.revoked";
+    pub const RUNNER_JOINED: &str = "runner.joined";
+    /// A join was refused; the detail says why. The token itself is never recorded.
+    pub const RUNNER_JOIN_REFUSED: &str = "runner.join_refused";
+    /// A runner that joined before came back with its own credential.
+    pub const RUNNER_REGISTERED: &str = "runner.registered";
+    pub const RUNNER_REMOVED: &str = "runner.removed";
 }
 
 /// An event as a caller hands it to the writer.

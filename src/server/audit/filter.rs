@@ -32,12 +32,12 @@ pub const KINDS: &[&str] = &[
     super::kind::LOGIN,
     super::kind::LOGIN_FAILED,
     super::kind::LOGOUT,
-    crate::server::fleet::kind::JOIN_TOKEN_ISSUED,
-    crate::server::fleet::kind::JOIN_TOKEN_REVOKED,
-    crate::server::fleet::kind::RUNNER_JOINED,
-    crate::server::fleet::kind::RUNNER_JOIN_REFUSED,
-    crate::server::fleet::kind::RUNNER_REGISTERED,
-    crate::server::fleet::kind::RUNNER_REMOVED,
+    super::kind::JOIN_TOKEN_ISSUED,
+    super::kind::JOIN_TOKEN_REVOKED,
+    super::kind::RUNNER_JOINED,
+    super::kind::RUNNER_JOIN_REFUSED,
+    super::kind::RUNNER_REGISTERED,
+    super::kind::RUNNER_REMOVED,
 ];
 
 /// Every outcome an event records.

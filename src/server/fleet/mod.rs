@@ -51,16 +51,13 @@ const MAX_PACKS: usize = 256;
 /// The longest runner URL accepted.
 const MAX_URL_LEN: usize = 500;
 
-/// Audit event kinds of the fleet.
+/// The fleet's audit event kinds, defined with every other kind in the audit log's own list
+/// (so the audit log needs nothing from the fleet).
 pub mod kind {
-    pub const JOIN_TOKEN_ISSUED: &str = "join_token.issued";
-    pub const JOIN_TOKEN_REVOKED: &str = "join_token.revoked";
-    pub const RUNNER_JOINED: &str = "runner.joined";
-    /// A join was refused; the detail says why. The token itself is never recorded.
-    pub const RUNNER_JOIN_REFUSED: &str = "runner.join_refused";
-    /// A runner that joined before came back with its own credential.
-    pub const RUNNER_REGISTERED: &str = "runner.registered";
-    pub const RUNNER_REMOVED: &str = "runner.removed";
+    pub use crate::server::audit::kind::{
+        JOIN_TOKEN_ISSUED, JOIN_TOKEN_REVOKED, RUNNER_JOIN_REFUSED, RUNNER_JOINED,
+        RUNNER_REGISTERED, RUNNER_REMOVED,
+    };
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -13,9 +13,7 @@ use serde_json::Value;
 use super::config::PersonRole;
 use super::jwt::Claims;
 
-/// How every audit identity of a person from the provider begins. Local names and agent names
-/// are identifiers (no `:`), so this prefix can only come from here.
-pub const PERSON_PREFIX: &str = "person:";
+pub use crate::server::tokens::PERSON_PREFIX;
 
 /// The longest identity value accepted, in bytes.
 pub const MAX_NAME_LEN: usize = 255;

@@ -34,4 +34,3 @@ pub mod logout;
 pub mod resource;
 pub mod sessions;
 pub mod startup;
-pub mod web;

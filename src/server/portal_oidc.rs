@@ -22,11 +22,11 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-use super::config::OidcConfig;
-use super::jwt::unix_now;
-use super::login::{CALLBACK_PATH, Callback, LoginError};
 use crate::server::audit::{NewEvent, kind};
 use crate::server::http_state::HttpState;
+use crate::server::oidc::config::OidcConfig;
+use crate::server::oidc::jwt::unix_now;
+use crate::server::oidc::login::{CALLBACK_PATH, Callback, LoginError};
 
 /// Where a sign-in starts.
 pub const START_PATH: &str = "/login/oidc";
@@ -140,8 +140,11 @@ pub async fn callback(
 }
 
 /// Opens the portal session and sends the browser back to where it was.
-async fn signed_in(state: &HttpState, person: super::login::SignedInPerson) -> Response {
-    match super::sessions::open(&state.db, state.gateway.audit(), &person).await {
+async fn signed_in(
+    state: &HttpState,
+    person: crate::server::oidc::login::SignedInPerson,
+) -> Response {
+    match crate::server::oidc::sessions::open(&state.db, state.gateway.audit(), &person).await {
         Ok((_, id)) => {
             crate::server::metrics::oidc_sign_in("ok");
             tracing::info!(person = %person.identity, "signed in through the OpenID provider");
@@ -286,7 +289,7 @@ pub async fn backchannel_logout(
             return bad(format!("the logout token was refused: {e}"));
         }
     };
-    match super::sessions::end_by_provider(
+    match crate::server::oidc::sessions::end_by_provider(
         &state.db,
         state.gateway.audit(),
         &people.config.issuer,

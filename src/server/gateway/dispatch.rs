@@ -69,7 +69,9 @@ impl Gateway {
         }
     }
 
-    /// could not be recorded is withheld.
+    /// Step 6 and 7 for one runner: the call through [`Self::dispatch_one`], then its audited
+    /// outcome (`call.executed` or `call.failed`). A result whose outcome could not be
+    /// recorded is withheld.
     pub(super) async fn run_on(
         &self,
         name: &str,

@@ -234,7 +234,8 @@ pub enum Lock {
     /// Wait for whoever holds it: a decision, a withdrawal or an outcome must be recorded.
     Wait,
     /// Give up at once if another replica holds it: sweeps and claims, where another
-    /// replica already doing the work is as good as doing it here.
+    /// replica already doing the work is as good as doing it here. (On SQLite there is no
+    /// other replica: it waits like [`Lock::Wait`].)
     SkipLocked,
 }
 
@@ -714,13 +715,13 @@ impl Approvals {
                 row
             }
             Pool::Sqlite(_) => {
-                let _held = match lock {
-                    Lock::SkipLocked => match self.local.try_lock() {
-                        Ok(g) => g,
-                        Err(_) => return Ok(None),
-                    },
-                    Lock::Wait => self.local.lock().await,
-                };
+                // A SQLite store belongs to one process, so no other replica can hold the
+                // request: `local` only puts this process's transitions (of every request)
+                // in order, and both kinds of lock wait their turn. Giving up on a busy
+                // `local`, as SKIP LOCKED gives up on a row, left every claim of a burst of
+                // approvals but the first to the next sweep. A claim that waited finds the
+                // request as the one before it left it, and `change` decides from that.
+                let _held = self.local.lock().await;
                 let current = self.get(id).await?;
                 let Change { row, event } = change(&current)?;
                 if let Some(event) = event {
@@ -1064,6 +1065,49 @@ mod tests {
                 }
                 (got, want) => panic!("{name}: got {:?}, want {want:?}", got.map(|c| c.row.state)),
             }
+        }
+    }
+
+    /// On SQLite, claims of several approved requests at once all succeed: a claim waits for
+    /// the process's other transitions instead of being left to the next sweep.
+    #[tokio::test]
+    async fn on_sqlite_claims_made_together_all_go_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("emisar.db").display());
+        let (db, _) = Db::connect_and_migrate(&url).await.unwrap();
+        let audit = AuditLog::start(db.clone());
+        let store = Approvals::new(db, audit, tokio_util::sync::CancellationToken::new());
+        let ids: Vec<String> = (0..10).map(|i| format!("a{i}")).collect();
+        for (i, id) in ids.iter().enumerate() {
+            let r = Approval {
+                id: id.clone(),
+                call_id: format!("c{i}"),
+                state: State::Approved,
+                ..row()
+            };
+            store.insert(&r).await.unwrap();
+        }
+        let claims = ids.iter().map(|id| {
+            store.transition(id, Lock::SkipLocked, |r| {
+                moved(
+                    r,
+                    &[State::Approved],
+                    State::Executing,
+                    "approver:alice",
+                    "approval.executing",
+                    json!({}),
+                    Utc::now(),
+                )
+            })
+        });
+        let results = futures::future::join_all(claims).await;
+        for (id, r) in ids.iter().zip(results) {
+            let claimed = r.unwrap_or_else(|e| panic!("claim of {id}: {e}"));
+            assert_eq!(
+                claimed.map(|a| a.state),
+                Some(State::Executing),
+                "the claim of {id} was given up while another transition ran"
+            );
         }
     }
 

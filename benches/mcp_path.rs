@@ -38,6 +38,13 @@
 //! - `BENCH_MCP_LABEL` (`PostgreSQL`): the heading of this run's section; `BENCH_MCP_PREFIX`
 //!   (`pg`): the prefix of its summary keys.
 //! - `BENCH_SUMMARY`: a file to append `key=value` lines to (for scripts/bench's budget table).
+//! - `BENCH_MCP_PIDS` (optional): `name=PID,…` of the processes on the path (a name ending in
+//!   `+` also counts the PID's children: PostgreSQL's backends). For each configuration the
+//!   generator reads their CPU time (`/proc/PID/stat`, and its own) at the start and the end
+//!   of the measured window and reports CPU per completed call: what each call costs the
+//!   machine, and so the most calls/s its cores allow, whatever the latency.
+//! - `BENCH_MCP_LIST` (1): also measure `tools/list` with one kept-alive client: the MCP layer
+//!   alone (HTTP, token, session, SSE) without the audit log or a runner. 0 skips it.
 //!
 //! Progress goes to stderr; the results go to stdout as Markdown. Calls that fail are counted
 //! per configuration; a run with any error says so in bold and in the summary (`.errors`).
@@ -359,6 +366,28 @@ impl McpClient {
         Ok(slowest)
     }
 
+    /// One `tools/list`; the answer must list the tool the calls use.
+    async fn list(&mut self) -> Result<u64, String> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/list", "params": {}});
+        let answer = self
+            .conn
+            .send(self.request(Method::POST, Some(&body)))
+            .await?;
+        let v = jsonrpc_answer(&answer, id)?;
+        let tools = v["result"]["tools"]
+            .as_array()
+            .ok_or_else(|| format!("no result.tools in {v}"))?;
+        if !tools
+            .iter()
+            .any(|t| t["name"] == self.settings.tool.as_str())
+        {
+            return Err(format!("tools/list does not list `{}`", self.settings.tool));
+        }
+        Ok(0)
+    }
+
     /// Ends the session (`DELETE`), as an SDK does when it closes; not timed.
     async fn close(&mut self) {
         if self.session.is_some() {
@@ -397,6 +426,8 @@ impl DirectClient {
 enum Client {
     Direct(DirectClient),
     Mcp(McpClient, Arc<Vec<String>>),
+    /// `tools/list` on a session: the MCP layer without the audit log or a runner.
+    List(McpClient),
 }
 
 impl Client {
@@ -404,15 +435,93 @@ impl Client {
         match self {
             Client::Direct(c) => c.call().await,
             Client::Mcp(c, runners) => c.call(runners).await,
+            Client::List(c) => c.list().await,
         }
     }
 
     fn connects(&self) -> u64 {
         match self {
             Client::Direct(c) => c.conn.connects,
-            Client::Mcp(c, _) => c.conn.connects,
+            Client::Mcp(c, _) | Client::List(c) => c.conn.connects,
         }
     }
+}
+
+/// A process whose CPU time is counted over each measured window.
+#[derive(Clone)]
+struct Watched {
+    name: String,
+    pid: u32,
+    /// Its children count too (PostgreSQL's postmaster and its backends).
+    children: bool,
+}
+
+/// `BENCH_MCP_PIDS`, plus the generator itself.
+fn watched() -> Vec<Watched> {
+    let mut out: Vec<Watched> = env_or("BENCH_MCP_PIDS", "")
+        .split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|item| {
+            let (name, pid) = item
+                .split_once('=')
+                .unwrap_or_else(|| panic!("BENCH_MCP_PIDS: `{item}` is not name=PID"));
+            let (pid, children) = match pid.strip_suffix('+') {
+                Some(p) => (p, true),
+                None => (pid, false),
+            };
+            Watched {
+                name: name.trim().to_owned(),
+                pid: pid
+                    .trim()
+                    .parse()
+                    .unwrap_or_else(|_| panic!("BENCH_MCP_PIDS: `{pid}` is not a PID")),
+                children,
+            }
+        })
+        .collect();
+    out.push(Watched {
+        name: "generator".into(),
+        pid: std::process::id(),
+        children: false,
+    });
+    out
+}
+
+/// `(ppid, utime + stime in ticks)` from `/proc/PID/stat`; `None` once the process is gone.
+fn stat_ticks(pid: u32) -> Option<(u32, u64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may hold spaces: fields count from after it.
+    let rest = &text[text.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split(' ').collect();
+    // After the name: state(0) ppid(1) … utime(11) stime(12).
+    let ppid = fields.get(1)?.parse().ok()?;
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some((ppid, utime + stime))
+}
+
+/// CPU seconds used so far by each watched process (with its children where asked).
+/// `/proc` reports ticks of USER_HZ, which Linux fixes at 100 for user space.
+fn cpu_now(watched: &[Watched]) -> Vec<f64> {
+    const USER_HZ: f64 = 100.0;
+    let all: Vec<(u32, u32, u64)> = std::fs::read_dir("/proc")
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+                .filter_map(|pid| stat_ticks(pid).map(|(ppid, t)| (pid, ppid, t)))
+                .collect()
+        })
+        .unwrap_or_default();
+    watched
+        .iter()
+        .map(|w| {
+            let ticks: u64 = all
+                .iter()
+                .filter(|(pid, ppid, _)| *pid == w.pid || (w.children && *ppid == w.pid))
+                .map(|(_, _, t)| t)
+                .sum();
+            ticks as f64 / USER_HZ
+        })
+        .collect()
 }
 
 /// Latencies in milliseconds.
@@ -447,13 +556,17 @@ struct Level {
     /// Successful calls that started in the measured window (their latencies are in
     /// `latency`).
     calls: usize,
-    /// Successful calls that completed inside the measured window, per second.
+    /// Successful calls that completed inside the measured window.
+    completed: usize,
+    /// The same, per second.
     per_second: f64,
     latency: Sorted,
     /// Failed calls, warm-up included.
     errors: u64,
     first_errors: Vec<String>,
     connections: u64,
+    /// CPU seconds each watched process used in the measured window.
+    cpu: Vec<(String, f64)>,
 }
 
 struct Window {
@@ -467,11 +580,26 @@ async fn drive(
     clients: Vec<Client>,
     keep_alive: bool,
     w: &Window,
+    watched: &[Watched],
 ) -> (Level, Vec<Client>) {
     let n = clients.len();
     let start = Instant::now();
     let from = start + w.warmup;
     let until = from + w.measured;
+    let sampler = {
+        let watched = watched.to_vec();
+        tokio::spawn(async move {
+            tokio::time::sleep_until(from.into()).await;
+            let before = cpu_now(&watched);
+            tokio::time::sleep_until(until.into()).await;
+            let after = cpu_now(&watched);
+            watched
+                .into_iter()
+                .zip(before.iter().zip(after))
+                .map(|(w, (b, a))| (w.name, a - b))
+                .collect::<Vec<_>>()
+        })
+    };
     let tasks: Vec<_> = clients
         .into_iter()
         .map(|mut client| {
@@ -527,17 +655,20 @@ async fn drive(
         back.push(client);
     }
     let connections = back.iter().map(Client::connects).sum();
+    let cpu = sampler.await.expect("the CPU sampler panicked");
     let calls = all.0.len();
     let level = Level {
         what,
         clients: n,
         keep_alive,
         calls,
+        completed,
         per_second: completed as f64 / w.measured.as_secs_f64(),
         latency: all.sorted(),
         errors,
         first_errors,
         connections,
+        cpu,
     };
     (level, back)
 }
@@ -579,7 +710,7 @@ async fn mcp_clients(
 
 async fn close_all(clients: Vec<Client>) {
     futures::future::join_all(clients.into_iter().map(|c| async move {
-        if let Client::Mcp(mut c, _) = c {
+        if let Client::Mcp(mut c, _) | Client::List(mut c) = c {
             c.close().await;
         }
     }))
@@ -669,6 +800,7 @@ async fn path_run(out: &mut Out, prefix: &str, label: &str) {
         measured: Duration::from_secs(env_num("BENCH_MCP_SECS", 10)),
     };
     let fresh_secs = env_num("BENCH_MCP_FRESH_SECS", 5);
+    let watched = watched();
 
     let mut rows: Vec<Level> = Vec::new();
     let mut pairs: Vec<(usize, bool, usize)> = Vec::new(); // (clients, kept alive, index of direct)
@@ -702,7 +834,7 @@ async fn path_run(out: &mut Out, prefix: &str, label: &str) {
             w.warmup, w.measured
         ));
         let clients = direct_clients(&direct, *n, *keep_alive).await;
-        let (d, _) = drive("direct: Traefik `/ping`", clients, *keep_alive, w).await;
+        let (d, _) = drive("direct: Traefik `/ping`", clients, *keep_alive, w, &watched).await;
         log(format!(
             "  direct p50 {} ms, p99 {} ms, {:.0}/s, {} errors",
             ms(d.latency.pct(50.0)),
@@ -714,7 +846,14 @@ async fn path_run(out: &mut Out, prefix: &str, label: &str) {
             "{label}: {n} client(s), {conn} connection: through emisar"
         ));
         let clients = mcp_clients(&settings, &runners, *n, *keep_alive).await;
-        let (e, clients) = drive("through emisar: `traefik.ping`", clients, *keep_alive, w).await;
+        let (e, clients) = drive(
+            "through emisar: `traefik.ping`",
+            clients,
+            *keep_alive,
+            w,
+            &watched,
+        )
+        .await;
         close_all(clients).await;
         log(format!(
             "  emisar p50 {} ms, p99 {} ms, {:.0}/s, {} errors",
@@ -727,10 +866,46 @@ async fn path_run(out: &mut Out, prefix: &str, label: &str) {
         rows.push(d);
         rows.push(e);
     }
+    // The MCP layer alone: the same session handling and SSE answer, no audit, no runner.
+    let list = if env_num("BENCH_MCP_LIST", 1) == 1 {
+        log(format!(
+            "{label}: 1 client, kept alive connection: tools/list"
+        ));
+        let clients: Vec<Client> = mcp_clients(&settings, &runners, 1, true)
+            .await
+            .into_iter()
+            .map(|c| match c {
+                Client::Mcp(c, _) => Client::List(c),
+                other => other,
+            })
+            .collect();
+        let (l, clients) = drive(
+            "through emisar: `tools/list`",
+            clients,
+            true,
+            &window,
+            &watched,
+        )
+        .await;
+        close_all(clients).await;
+        log(format!(
+            "  tools/list p50 {} ms, p99 {} ms, {:.0}/s, {} errors",
+            ms(l.latency.pct(50.0)),
+            ms(l.latency.pct(99.0)),
+            l.per_second,
+            l.errors
+        ));
+        Some(l)
+    } else {
+        None
+    };
 
     use std::fmt::Write;
     let mut report = String::new();
     let r = &mut report;
+    if let Some(l) = list {
+        rows.push(l);
+    }
     let total_errors: u64 = rows.iter().map(|l| l.errors).sum();
     let _ = writeln!(r, "\n#### {label}\n");
     if total_errors > 0 {
@@ -799,12 +974,83 @@ async fn path_run(out: &mut Out, prefix: &str, label: &str) {
         );
         out.kv(prefix, &format!("{key}.ratio_p50"), format!("{ratio:.2}"));
     }
+    if let (Some(l), Some(&(_, _, i))) = (
+        rows.last().filter(|l| l.what.contains("tools/list")),
+        pairs
+            .iter()
+            .find(|(n, keep_alive, _)| *n == 1 && *keep_alive),
+    ) {
+        let over = l.latency.pct(50.0) - rows[i].latency.pct(50.0);
+        let _ = writeln!(
+            r,
+            "\n`tools/list` on one kept-alive session (HTTP, token, session, SSE answer; no audit, no runner): p50 {} ms, {} ms more than the direct `/ping`.",
+            ms(l.latency.pct(50.0)),
+            ms(over)
+        );
+        summarise(out, prefix, "list", l);
+    }
+    cpu_table(r, out, prefix, &rows);
     out.report.push_str(&report);
     out.kv(prefix, "errors", total_errors);
     if total_errors > 0 {
         log(format!(
             "ERROR: {total_errors} calls failed in the {label} run; see the report"
         ));
+    }
+}
+
+/// CPU per completed call, process by process, and the calls/s the cores allow at that cost
+/// (what limits throughput once the cores are busy, whatever the latency).
+fn cpu_table(r: &mut String, out: &mut Out, prefix: &str, rows: &[Level]) {
+    use std::fmt::Write;
+    let Some(names) = rows
+        .first()
+        .map(|l| l.cpu.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>())
+    else {
+        return;
+    };
+    if names.len() < 2 {
+        return; // only the generator: BENCH_MCP_PIDS was not given
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let _ = writeln!(
+        r,
+        "\nCPU per completed call in the measured window (µs; user + system from `/proc/PID/stat`, 10 ms ticks), and the calls/s {cores} cores allow at that cost:\n"
+    );
+    let _ = writeln!(
+        r,
+        "| path | clients | connection | {} | total | calls/s the cores allow |",
+        names.join(" | ")
+    );
+    let _ = writeln!(r, "|---|---:|---|{}---:|---:|", "---:|".repeat(names.len()));
+    for l in rows.iter().filter(|l| l.completed > 0) {
+        let per_call: Vec<f64> = l
+            .cpu
+            .iter()
+            .map(|(_, s)| s / l.completed as f64 * 1e6)
+            .collect();
+        let total: f64 = per_call.iter().sum();
+        let cells: Vec<String> = per_call.iter().map(|v| format!("{v:.0}")).collect();
+        let _ = writeln!(
+            r,
+            "| {} | {} | {} | {} | {total:.0} | {:.0} |",
+            l.what,
+            l.clients,
+            if l.keep_alive {
+                "kept alive"
+            } else {
+                "fresh per call"
+            },
+            cells.join(" | "),
+            cores * 1e6 / total,
+        );
+        if l.what.contains("traefik.ping") && l.keep_alive {
+            let key = format!("c{}.emisar.cpu_us", l.clients);
+            for ((name, _), v) in l.cpu.iter().zip(&per_call) {
+                out.kv(prefix, &format!("{key}.{name}"), format!("{v:.0}"));
+            }
+            out.kv(prefix, &format!("{key}.total"), format!("{total:.0}"));
+        }
     }
 }
 

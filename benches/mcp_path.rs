@@ -717,6 +717,17 @@ async fn close_all(clients: Vec<Client>) {
     .await;
 }
 
+/// One configuration's outcome as a progress line.
+fn log_level(what: &str, l: &Level) {
+    log(format!(
+        "  {what} p50 {} ms, p99 {} ms, {:.0}/s, {} errors",
+        ms(l.latency.pct(50.0)),
+        ms(l.latency.pct(99.0)),
+        l.per_second,
+        l.errors
+    ));
+}
+
 fn level_row(l: &Level) -> String {
     let errors = if l.errors == 0 {
         "0".to_owned()
@@ -835,13 +846,7 @@ async fn path_run(out: &mut Out, prefix: &str, label: &str) {
         ));
         let clients = direct_clients(&direct, *n, *keep_alive).await;
         let (d, _) = drive("direct: Traefik `/ping`", clients, *keep_alive, w, &watched).await;
-        log(format!(
-            "  direct p50 {} ms, p99 {} ms, {:.0}/s, {} errors",
-            ms(d.latency.pct(50.0)),
-            ms(d.latency.pct(99.0)),
-            d.per_second,
-            d.errors
-        ));
+        log_level("direct", &d);
         log(format!(
             "{label}: {n} client(s), {conn} connection: through emisar"
         ));
@@ -855,13 +860,7 @@ async fn path_run(out: &mut Out, prefix: &str, label: &str) {
         )
         .await;
         close_all(clients).await;
-        log(format!(
-            "  emisar p50 {} ms, p99 {} ms, {:.0}/s, {} errors",
-            ms(e.latency.pct(50.0)),
-            ms(e.latency.pct(99.0)),
-            e.per_second,
-            e.errors
-        ));
+        log_level("emisar", &e);
         pairs.push((*n, *keep_alive, rows.len()));
         rows.push(d);
         rows.push(e);
@@ -888,13 +887,7 @@ async fn path_run(out: &mut Out, prefix: &str, label: &str) {
         )
         .await;
         close_all(clients).await;
-        log(format!(
-            "  tools/list p50 {} ms, p99 {} ms, {:.0}/s, {} errors",
-            ms(l.latency.pct(50.0)),
-            ms(l.latency.pct(99.0)),
-            l.per_second,
-            l.errors
-        ));
+        log_level("tools/list", &l);
         Some(l)
     } else {
         None

@@ -70,17 +70,22 @@ pub async fn security_headers(req: Request, next: Next) -> Response {
     response
 }
 
-/// The session id from the `Cookie` header, if any. (One cookie of ours; parsing the header
-/// by hand is shorter than a cookie-jar dependency.)
+/// The session id from the `Cookie` header, if any.
 pub fn session_cookie(headers: &HeaderMap) -> Option<String> {
+    cookie_value(headers, COOKIE)
+}
+
+/// The non-empty value of cookie `name` in the request, if present. (A few cookies of ours;
+/// parsing the header by hand is shorter than a cookie-jar dependency.)
+pub fn cookie_value(headers: &HeaderMap, name: &str) -> Option<String> {
     headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .find_map(|pair| {
-            let (name, value) = pair.trim().split_once('=')?;
-            (name == COOKIE && !value.is_empty()).then(|| value.to_owned())
+            let (n, value) = pair.trim().split_once('=')?;
+            (n == name && !value.is_empty()).then(|| value.to_owned())
         })
 }
 

@@ -27,6 +27,7 @@ use crate::server::http_state::HttpState;
 use crate::server::oidc::config::OidcConfig;
 use crate::server::oidc::jwt::unix_now;
 use crate::server::oidc::login::{CALLBACK_PATH, Callback, LoginError};
+use crate::server::portal::cookie_value;
 
 /// Where a sign-in starts.
 pub const START_PATH: &str = "/login/oidc";
@@ -319,19 +320,6 @@ fn binding_cookie(state: &HttpState, value: &str, max_age: u64) -> HeaderValue {
         "{BINDING_COOKIE}={value}; Path={START_PATH}; HttpOnly; SameSite=Lax; Max-Age={max_age}{secure}"
     ))
     .expect("cookie values are URL-safe base64")
-}
-
-/// The value of cookie `name` in the request, if present.
-fn cookie_value(headers: &HeaderMap, name: &str) -> Option<String> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .find_map(|pair| {
-            let (n, value) = pair.trim().split_once('=')?;
-            (n == name && !value.is_empty()).then(|| value.to_owned())
-        })
 }
 
 /// Text for HTML: the five characters that could end an element or an attribute, escaped.

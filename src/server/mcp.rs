@@ -141,16 +141,15 @@ fn call_context(context: &RequestContext<RoleServer>) -> CallContext {
 /// The production source: the gateway, behind bearer auth.
 pub struct GatewaySource(pub Arc<Gateway>);
 
-fn to_mcp_tool(offered: &OfferedTool, schema: serde_json::Map<String, serde_json::Value>) -> Tool {
+fn to_mcp_tool(
+    offered: &OfferedTool,
+    schema: Arc<serde_json::Map<String, serde_json::Value>>,
+) -> Tool {
     let annotations = ToolAnnotations::new()
         .read_only(offered.risk == Risk::Read)
         .destructive(offered.risk == Risk::High);
-    Tool::new(
-        offered.name.clone(),
-        offered.description.clone(),
-        Arc::new(schema),
-    )
-    .with_annotations(annotations)
+    Tool::new(offered.name.clone(), offered.description.clone(), schema)
+        .with_annotations(annotations)
 }
 
 impl ToolSource for GatewaySource {
@@ -186,7 +185,7 @@ impl ToolSource for GatewaySource {
         let call = ToolCall {
             principal,
             tool: request.name.to_string(),
-            args: request.arguments.clone().unwrap_or_default(),
+            args: request.arguments.unwrap_or_default(),
         };
         match self.0.call_with(call, &call_context(&context)).await {
             Ok(outcome) => {

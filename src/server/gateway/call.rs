@@ -528,16 +528,20 @@ fn validate(offered: &OfferedTool, whole: Map<String, Value>) -> (Args, Vec<Stri
         .as_ref()
         .map(|t| t.secret_params().collect())
         .unwrap_or_default();
-    let mut errors = crate::util::door::nul_free("arguments", &Value::Object(whole.clone()))
+    // Checked as one Value, without copying the arguments (they can be large).
+    let whole = Value::Object(whole);
+    let mut errors = crate::util::door::nul_free("arguments", &whole)
         .err()
         .into_iter()
         .collect::<Vec<_>>();
     errors.extend(
-        crate::pack::validate_args(&offered.validator, &Value::Object(whole.clone()), &secret)
+        crate::pack::validate_args(&offered.validator, &whole, &secret)
             .err()
             .unwrap_or_default(),
     );
-    let mut params = whole;
+    let Value::Object(mut params) = whole else {
+        unreachable!("wrapped as an object just above")
+    };
     let reason = params
         .remove("reason")
         .and_then(|v| v.as_str().map(str::to_owned))

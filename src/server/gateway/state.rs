@@ -33,8 +33,9 @@ pub struct OfferedTool {
     pub name: String,
     pub description: String,
     pub risk: Risk,
-    /// Pack params + `runners` + `reason` (+ `raw`): the MCP input schema.
-    pub input_schema: Map<String, Value>,
+    /// Pack params + `runners` + `reason` (+ `raw`): the MCP input schema. Shared, not
+    /// copied: rmcp asks for the tool (and so its schema) on every `tools/call`.
+    pub input_schema: Arc<Map<String, Value>>,
     pub(super) validator: jsonschema::Validator,
 }
 
@@ -208,12 +209,15 @@ impl Gateway {
     }
 
     /// The input schema `caller` sees for `offered`: pack tools list the runners it may name.
-    pub fn schema_for(&self, caller: &Principal, offered: &OfferedTool) -> Map<String, Value> {
+    pub fn schema_for(&self, caller: &Principal, offered: &OfferedTool) -> Arc<Map<String, Value>> {
         match &offered.tool {
             Some(tool) => {
                 let mut names = self.targetable(caller, &self.policy(), &tool.pack);
                 names.sort();
-                crate::pack::with_runner_names(offered.input_schema.clone(), &names)
+                Arc::new(crate::pack::with_runner_names(
+                    (*offered.input_schema).clone(),
+                    &names,
+                ))
             }
             None => offered.input_schema.clone(),
         }
@@ -311,7 +315,7 @@ pub(super) fn offered(
         name: name.to_owned(),
         description: description.to_owned(),
         risk,
-        input_schema,
+        input_schema: Arc::new(input_schema),
         validator,
     })
 }

@@ -310,8 +310,8 @@ pub fn format_at(t: chrono::DateTime<chrono::Utc>) -> String {
 
 /// Appends `at` as [`format_at`] writes it. Written field by field rather than through
 /// chrono's `format`, which parses its pattern on every call: `audit verify` formats the `at`
-/// of every event it reads, and PostgreSQL's `to_char` doing the same cost it ~1.8 s of the
-/// server's CPU per 1,000,000 events.
+/// of every event it reads, and PostgreSQL's `to_char` doing the same cost the database
+/// ~1.8 s of CPU per 1,000,000 events.
 pub fn write_at(out: &mut String, t: chrono::DateTime<chrono::Utc>) {
     use chrono::{Datelike, Timelike};
     use std::fmt::Write;

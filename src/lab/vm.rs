@@ -268,15 +268,63 @@ impl Feeder {
     }
 }
 
+/// How long VictoriaMetrics gets to stop after SIGTERM before it is killed.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
 impl Drop for Vm {
     fn drop(&mut self) {
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(self.child.id() as i32),
             nix::sys::signal::Signal::SIGTERM,
         );
-        let _ = self.child.wait();
+        // Bounded: once, VictoriaMetrics never finished its SIGTERM shutdown (its data
+        // directory already removed), and an unbounded wait here hung the test that dropped
+        // the lab for half an hour. A plain poll, since this runs in Drop, outside any runtime.
+        let deadline = Instant::now() + STOP_GRACE;
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(_)) | Err(_) => break,
+                Ok(None) if Instant::now() >= deadline => {
+                    tracing::warn!(
+                        "VictoriaMetrics did not stop within {STOP_GRACE:?} of SIGTERM: killing it"
+                    );
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    break;
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
         if let Some(mut w) = self.watchdog.take() {
             let _ = w.wait();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A VictoriaMetrics that ignores SIGTERM is killed after the grace period, and dropping
+    /// the lab returns instead of waiting for it forever.
+    #[test]
+    fn a_victoria_metrics_that_ignores_sigterm_is_killed_when_the_lab_drops() {
+        let child = Command::new("sh")
+            .args(["-c", "trap '' TERM; while :; do sleep 1; done"])
+            .spawn()
+            .expect("sh");
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        std::thread::sleep(Duration::from_millis(200)); // let the trap be set
+        drop(Vm {
+            child,
+            watchdog: None,
+            url: String::new(),
+        });
+        // Reaped by the drop: the pid no longer exists.
+        assert_eq!(
+            nix::sys::signal::kill(pid, None),
+            Err(nix::errno::Errno::ESRCH),
+            "the process that ignored SIGTERM is still there after the drop"
+        );
     }
 }

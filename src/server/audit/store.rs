@@ -30,12 +30,11 @@ const PG_AUDIT_LOCK: i64 = 0x656d_6973_6172; // "emisar"
 /// exactly the text that was written).
 const PG_AT: &str = "to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')";
 const PG_COLUMNS: &str = "seq, id, to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS at, actor, kind, tool, runner, args, reason, call_id, approval_id, outcome, result_digest, detail, prev_hash, hash, hash_v";
-/// What `audit verify` reads on PostgreSQL: `at` as the stored timestamp, formatted in Rust
-/// ([`write_at`]). `to_char` on every row cost PostgreSQL ~1.8 s of CPU per 1,000,000 events,
-/// most of what it spent producing them (EXPLAIN ANALYZE of the whole scan: 2.4 s with it,
-/// 0.65 s without).
-const PG_VERIFY_COLUMNS: &str = "seq, id, at, actor, kind, tool, runner, args, reason, call_id, approval_id, outcome, result_digest, detail, prev_hash, hash, hash_v";
-const SQLITE_COLUMNS: &str = "seq, id, at, actor, kind, tool, runner, args, reason, call_id, approval_id, outcome, result_digest, detail, prev_hash, hash, hash_v";
+/// The columns as stored: what SQLite reads, and what `audit verify` reads on PostgreSQL too,
+/// with `at` as the stored timestamp, formatted in Rust ([`write_at`]). `to_char` on every row
+/// cost PostgreSQL ~1.8 s of CPU per 1,000,000 events, most of what it spent producing them
+/// (EXPLAIN ANALYZE of the whole scan: 2.4 s with it, 0.65 s without).
+const STORED_COLUMNS: &str = "seq, id, at, actor, kind, tool, runner, args, reason, call_id, approval_id, outcome, result_digest, detail, prev_hash, hash, hash_v";
 
 /// One statement per batch: a round trip per event was what bounded the append rate. The
 /// batch shares one `at`, bound once; every other column is an array, one element per event.
@@ -387,7 +386,7 @@ pub async fn query(db: &Db, filter: &AuditFilter) -> Result<Vec<Event>, sqlx::Er
     }
     let after = filter.after_seq.unwrap_or(0);
     clauses.push(format!("seq > {after}"));
-    let columns = if pg { PG_COLUMNS } else { SQLITE_COLUMNS };
+    let columns = if pg { PG_COLUMNS } else { STORED_COLUMNS };
     // Only placeholders and integers are formatted into the SQL; every value is bound.
     let sql = format!(
         "SELECT {columns} FROM audit_events WHERE {} ORDER BY seq LIMIT {}",
@@ -565,14 +564,9 @@ fn check_chunks(
 pub async fn verify(db: &Db, since: Option<i64>) -> Result<VerifyReport, sqlx::Error> {
     let since = since.unwrap_or(1).max(1);
     let pg = db.is_postgres();
-    let columns = if pg {
-        PG_VERIFY_COLUMNS
-    } else {
-        SQLITE_COLUMNS
-    };
     let at = if pg { PG_AT } else { "at" };
     let anchor_sql = format!("SELECT seq, hash, {at} FROM audit_events WHERE seq = $1");
-    let sql = format!("SELECT {columns} FROM audit_events WHERE seq >= $1 ORDER BY seq");
+    let sql = format!("SELECT {STORED_COLUMNS} FROM audit_events WHERE seq >= $1 ORDER BY seq");
     with_pool!(db, pool => {
         let anchor = if since > 1 {
             let a: Option<(i64, String, String)> = sqlx::query_as(AssertSqlSafe(anchor_sql))

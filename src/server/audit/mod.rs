@@ -2,11 +2,12 @@
 //!
 //! `chain` is pure (event shape, the event text and its hash, verification), `writer` is the
 //! single task that appends events in group-committed batches, `store` holds the per-backend
-//! SQL.
+//! SQL, `verify` walks the stored chain.
 
 mod chain;
 mod filter;
 mod store;
+mod verify;
 mod writer;
 
 pub use chain::{
@@ -14,5 +15,6 @@ pub use chain::{
     hash_v, kind,
 };
 pub use filter::{AuditParams, KINDS, MAX_PAGE, OUTCOMES};
-pub use store::{AuditFilter, query, verify};
+pub use store::{AuditFilter, query};
+pub use verify::verify;
 pub use writer::{AuditError, AuditLog};

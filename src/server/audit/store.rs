@@ -9,16 +9,10 @@
 //! under that lock as `max(now, at of the last event)`, so `at` never decreases along `seq`,
 //! whichever replica writes and whatever its clock does. Time filters rely on that.
 
-use std::ops::Range;
-
-use futures::TryStreamExt;
 use serde_json::Value;
-use sqlx::{AssertSqlSafe, Row as _};
+use sqlx::AssertSqlSafe;
 
-use super::chain::{
-    Anchor, BrokenLink, Event, EventText, GENESIS_HASH, NewEvent, StoredEvent, Verifier,
-    VerifyReport, format_at, hash_v, write_at,
-};
+use super::chain::{Event, EventText, GENESIS_HASH, NewEvent, format_at, hash_v};
 use crate::digest::canonical_json;
 use crate::server::db::{Db, Pool};
 use crate::with_pool;
@@ -28,13 +22,14 @@ const PG_AUDIT_LOCK: i64 = 0x656d_6973_6172; // "emisar"
 
 /// `at` as the fixed-width text that is hashed (TIMESTAMPTZ keeps microseconds, so this is
 /// exactly the text that was written).
-const PG_AT: &str = "to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')";
+pub(super) const PG_AT: &str =
+    "to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')";
 const PG_COLUMNS: &str = "seq, id, to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS at, actor, kind, tool, runner, args, reason, call_id, approval_id, outcome, result_digest, detail, prev_hash, hash, hash_v";
-/// The columns as stored: what SQLite reads, and what `audit verify` reads on PostgreSQL too,
-/// with `at` as the stored timestamp, formatted in Rust ([`write_at`]). `to_char` on every row
-/// cost PostgreSQL ~1.8 s of CPU per 1,000,000 events, most of what it spent producing them
-/// (EXPLAIN ANALYZE of the whole scan: 2.4 s with it, 0.65 s without).
-const STORED_COLUMNS: &str = "seq, id, at, actor, kind, tool, runner, args, reason, call_id, approval_id, outcome, result_digest, detail, prev_hash, hash, hash_v";
+/// The columns as stored: what SQLite reads, and what `audit verify` reads on PostgreSQL too
+/// (as binary COPY, `at` as the stored timestamp, formatted by the verifier). `to_char` on
+/// every row cost PostgreSQL ~1.8 s of CPU per 1,000,000 events, most of what it spent
+/// producing them (EXPLAIN ANALYZE of the whole scan: 2.4 s with it, 0.65 s without).
+pub(super) const STORED_COLUMNS: &str = "seq, id, at, actor, kind, tool, runner, args, reason, call_id, approval_id, outcome, result_digest, detail, prev_hash, hash, hash_v";
 
 /// One statement per batch: a round trip per event was what bounded the append rate. The
 /// batch shares one `at`, bound once; every other column is an array, one element per event.
@@ -405,225 +400,4 @@ pub async fn query(db: &Db, filter: &AuditFilter) -> Result<Vec<Event>, sqlx::Er
         })
         .await?;
     rows.into_iter().map(Row::into_event).collect()
-}
-
-/// Events per chunk handed from the reading task to the hashing thread.
-const VERIFY_CHUNK: usize = 1024;
-/// Chunks in flight between them: enough to keep both busy, bounded so a fast reader does not
-/// buffer the whole log.
-const VERIFY_CHUNKS_IN_FLIGHT: usize = 4;
-
-/// Events as the verifier needs them: each event's text (built from its stored columns) and
-/// its links, packed into one buffer per chunk rather than a few strings per event.
-struct Chunk {
-    bytes: Vec<u8>,
-    events: Vec<Packed>,
-}
-
-struct Packed {
-    seq: i64,
-    hash_v: i16,
-    text: Range<usize>,
-    at: Range<usize>,
-    prev_hash: Range<usize>,
-    hash: Range<usize>,
-}
-
-impl Chunk {
-    fn new() -> Chunk {
-        Chunk {
-            // ≈ 600 bytes of text and links per event.
-            bytes: Vec::with_capacity(VERIFY_CHUNK * 768),
-            events: Vec::with_capacity(VERIFY_CHUNK),
-        }
-    }
-
-    fn push_str(&mut self, s: &str) -> Range<usize> {
-        let start = self.bytes.len();
-        self.bytes.extend_from_slice(s.as_bytes());
-        start..self.bytes.len()
-    }
-}
-
-/// Column positions of the verify query.
-mod col {
-    pub const SEQ: usize = 0;
-    pub const ID: usize = 1;
-    pub const AT: usize = 2;
-    pub const ACTOR: usize = 3;
-    pub const KIND: usize = 4;
-    pub const TOOL: usize = 5;
-    pub const RUNNER: usize = 6;
-    pub const ARGS: usize = 7;
-    pub const REASON: usize = 8;
-    pub const CALL_ID: usize = 9;
-    pub const APPROVAL_ID: usize = 10;
-    pub const OUTCOME: usize = 11;
-    pub const RESULT_DIGEST: usize = 12;
-    pub const DETAIL: usize = 13;
-    pub const PREV_HASH: usize = 14;
-    pub const HASH: usize = 15;
-    pub const HASH_V: usize = 16;
-}
-
-/// Adds one row to `chunk`, reading its columns in place (no string per column). `at` is the
-/// row's `at` as text (see [`verify`]).
-fn pack_row<R>(row: &R, at: &str, chunk: &mut Chunk) -> Result<(), sqlx::Error>
-where
-    R: sqlx::Row,
-    usize: sqlx::ColumnIndex<R>,
-    for<'r> &'r str: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    i16: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-{
-    let s = |i: usize| row.try_get::<&str, _>(i);
-    let o = |i: usize| row.try_get::<Option<&str>, _>(i);
-    let seq: i64 = row.try_get(col::SEQ)?;
-    let hash_v: i16 = row.try_get(col::HASH_V)?;
-    let (mut args, mut detail) = (o(col::ARGS)?, o(col::DETAIL)?);
-    // Rows of the first format hashed their JSON re-canonicalised from the value; what the
-    // database hands back is JSON with its own spacing (and numbers as it stored them).
-    let recanonical = |text: Option<&str>| -> Result<Option<String>, sqlx::Error> {
-        text.map(|t| {
-            serde_json::from_str::<Value>(t)
-                .map(|v| canonical_json(&v))
-                .map_err(|e| sqlx::Error::Decode(Box::new(e)))
-        })
-        .transpose()
-    };
-    let (legacy_args, legacy_detail);
-    if hash_v < hash_v::TEXT {
-        legacy_args = recanonical(args)?;
-        legacy_detail = recanonical(detail)?;
-        args = legacy_args.as_deref();
-        detail = legacy_detail.as_deref();
-    }
-    let prev_hash = s(col::PREV_HASH)?;
-    let start = chunk.bytes.len();
-    EventText {
-        seq,
-        id: s(col::ID)?,
-        at,
-        actor: s(col::ACTOR)?,
-        kind: s(col::KIND)?,
-        tool: o(col::TOOL)?,
-        runner: o(col::RUNNER)?,
-        args,
-        reason: o(col::REASON)?,
-        call_id: o(col::CALL_ID)?,
-        approval_id: o(col::APPROVAL_ID)?,
-        outcome: o(col::OUTCOME)?,
-        result_digest: o(col::RESULT_DIGEST)?,
-        detail,
-        prev_hash,
-    }
-    .write(&mut chunk.bytes);
-    let text = start..chunk.bytes.len();
-    let at = chunk.push_str(at);
-    let prev_hash = chunk.push_str(prev_hash);
-    let hash = chunk.push_str(s(col::HASH)?);
-    chunk.events.push(Packed {
-        seq,
-        hash_v,
-        text,
-        at,
-        prev_hash,
-        hash,
-    });
-    Ok(())
-}
-
-/// Hashes and checks the chunks in order, on a blocking thread.
-fn check_chunks(
-    mut verifier: Verifier,
-    mut chunks: tokio::sync::mpsc::Receiver<Chunk>,
-) -> VerifyReport {
-    while let Some(chunk) = chunks.blocking_recv() {
-        let text = |r: &Range<usize>| {
-            std::str::from_utf8(&chunk.bytes[r.clone()]).expect("packed from a &str")
-        };
-        for e in &chunk.events {
-            verifier.feed(StoredEvent {
-                seq: e.seq,
-                at: text(&e.at),
-                prev_hash: text(&e.prev_hash),
-                hash: text(&e.hash),
-                hash_v: e.hash_v,
-                text: &chunk.bytes[e.text.clone()],
-            });
-        }
-    }
-    verifier.finish()
-}
-
-/// Walks the chain from `since` (or the start) and reports every broken event.
-///
-/// Reading and hashing overlap: this task reads rows and writes each event's text into
-/// chunks, a blocking thread hashes them and checks the links. Only the link to the previous
-/// hash is sequential, and the checker keeps it.
-pub async fn verify(db: &Db, since: Option<i64>) -> Result<VerifyReport, sqlx::Error> {
-    let since = since.unwrap_or(1).max(1);
-    let pg = db.is_postgres();
-    let at = if pg { PG_AT } else { "at" };
-    let anchor_sql = format!("SELECT seq, hash, {at} FROM audit_events WHERE seq = $1");
-    let sql = format!("SELECT {STORED_COLUMNS} FROM audit_events WHERE seq >= $1 ORDER BY seq");
-    with_pool!(db, pool => {
-        let anchor = if since > 1 {
-            let a: Option<(i64, String, String)> = sqlx::query_as(AssertSqlSafe(anchor_sql))
-                .bind(since - 1)
-                .fetch_optional(pool)
-                .await?;
-            match a {
-                Some((seq, hash, at)) => Some(Anchor { seq, hash, at }),
-                None => {
-                    return Ok(VerifyReport {
-                        broken_count: 1,
-                        broken: vec![BrokenLink {
-                            seq: since - 1,
-                            problem: "the event before --since does not exist".into(),
-                        }],
-                        ..Default::default()
-                    });
-                }
-            }
-        } else {
-            None
-        };
-        let (tx, rx) = tokio::sync::mpsc::channel(VERIFY_CHUNKS_IN_FLIGHT);
-        let checker = tokio::task::spawn_blocking(move || check_chunks(Verifier::new(anchor), rx));
-        let mut rows = sqlx::query(AssertSqlSafe(sql)).bind(since).fetch(pool);
-        let mut chunk = Chunk::new();
-        let mut at_text = String::with_capacity(32);
-        let read = async {
-            while let Some(row) = rows.try_next().await? {
-                // SQLite stores `at` as the text that was hashed; PostgreSQL as a timestamp.
-                let at = if pg {
-                    at_text.clear();
-                    write_at(&mut at_text, row.try_get(col::AT)?);
-                    at_text.as_str()
-                } else {
-                    row.try_get(col::AT)?
-                };
-                pack_row(&row, at, &mut chunk)?;
-                if chunk.events.len() == VERIFY_CHUNK {
-                    let full = std::mem::replace(&mut chunk, Chunk::new());
-                    if tx.send(full).await.is_err() {
-                        break;
-                    }
-                }
-            }
-            if !chunk.events.is_empty() {
-                let _ = tx.send(std::mem::replace(&mut chunk, Chunk::new())).await;
-            }
-            Ok::<_, sqlx::Error>(())
-        }
-        .await;
-        drop(tx);
-        let report = match checker.await {
-            Ok(report) => report,
-            Err(e) => std::panic::resume_unwind(e.into_panic()),
-        };
-        read?;
-        Ok(report)
-    })
 }

@@ -273,27 +273,10 @@ const STOP_GRACE: Duration = Duration::from_secs(10);
 
 impl Drop for Vm {
     fn drop(&mut self) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        // Bounded: once, VictoriaMetrics never finished its SIGTERM shutdown (its data
-        // directory already removed), and an unbounded wait here hung the test that dropped
-        // the lab for half an hour. A plain poll, since this runs in Drop, outside any runtime.
-        let deadline = Instant::now() + STOP_GRACE;
-        loop {
-            match self.child.try_wait() {
-                Ok(Some(_)) | Err(_) => break,
-                Ok(None) if Instant::now() >= deadline => {
-                    tracing::warn!(
-                        "VictoriaMetrics did not stop within {STOP_GRACE:?} of SIGTERM: killing it"
-                    );
-                    let _ = self.child.kill();
-                    let _ = self.child.wait();
-                    break;
-                }
-                Ok(None) => std::thread::sleep(Duration::from_millis(20)),
-            }
+        if !crate::util::process::stop_child(&mut self.child, STOP_GRACE) {
+            tracing::warn!(
+                "VictoriaMetrics did not stop within {STOP_GRACE:?} of SIGTERM: killed it"
+            );
         }
         if let Some(mut w) = self.watchdog.take() {
             let _ = w.wait();

@@ -1,9 +1,35 @@
-//! Process-level plumbing both binaries share: logging set-up and the stop signals.
+//! Process-level plumbing both binaries share: logging set-up, the stop signals, and
+//! stopping a child process.
 
 use std::io::IsTerminal;
+use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
+
+/// Sends `child` SIGTERM and reaps it; if it has not exited within `grace`, kills it.
+/// Returns whether it stopped on SIGTERM. Bounded because a process can ignore or never
+/// finish its SIGTERM shutdown: once, the lab's VictoriaMetrics did (its data directory
+/// already removed), and an unbounded wait hung the test that dropped it for half an hour. A
+/// plain poll, so that it can run in `Drop`, outside any runtime.
+pub fn stop_child(child: &mut std::process::Child, grace: Duration) -> bool {
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let deadline = Instant::now() + grace;
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) | Err(_) => return true,
+            Ok(None) if Instant::now() >= deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return false;
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
 
 /// Logs to stderr at `EMISAR_LOG` (default `info`); `EMISAR_LOG_FORMAT=json` gives one JSON
 /// object per line for log shippers. Colours only when stderr is a terminal, so files and

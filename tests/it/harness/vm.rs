@@ -118,10 +118,7 @@ impl VictoriaMetrics {
 
 impl Drop for VictoriaMetrics {
     fn drop(&mut self) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        let _ = self.child.wait();
+        // Bounded: a process that never finishes its SIGTERM shutdown is killed.
+        emisar::util::process::stop_child(&mut self.child, std::time::Duration::from_secs(10));
     }
 }

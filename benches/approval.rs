@@ -316,14 +316,15 @@ impl Rig {
     }
 
     /// `k` calls waiting for approval at once, all clicked at once: per approval, the time
-    /// from the batch's t0 until its argv runs, and until its POST answered, in ns.
+    /// from the batch's t0 until its argv runs, and until its POST answered, in ns; and the
+    /// approval ids with that t0.
     async fn batch(
         &self,
         b: usize,
         k: usize,
         settle: Duration,
         seen: &mut std::collections::HashSet<String>,
-    ) -> (Vec<i128>, Vec<i128>) {
+    ) -> Batch {
         let before = recorded(&self.record).len();
         let mut calls = tokio::task::JoinSet::new();
         for i in 0..k {
@@ -386,7 +387,12 @@ impl Rig {
             .expect("the MCP calls return within 60 s");
         let times = recorded(&self.record);
         assert_eq!(times.len(), before + k, "exactly one restart per approval");
-        (times[before..].iter().map(|t| t - t0).collect(), answered)
+        Batch {
+            exec: times[before..].iter().map(|t| t - t0).collect(),
+            answered,
+            ids,
+            t0,
+        }
     }
 
     async fn round(
@@ -447,6 +453,33 @@ impl Rig {
 }
 
 /// `at` of an audit event, ns since the epoch.
+/// What one batch of approvals clicked at once measured (see [`Rig::batch`]).
+struct Batch {
+    exec: Vec<i128>,
+    answered: Vec<i128>,
+    ids: Vec<String>,
+    t0: i128,
+}
+
+/// The audit `at` of the `kind` events of approval `id`, in ns.
+async fn stamp(db: &Db, id: &str, kind: &str) -> i128 {
+    let events = audit::query(
+        db,
+        &AuditFilter {
+            approval_id: Some(id.to_owned()),
+            kind: Some(kind.to_owned()),
+            limit: 1,
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("audit query");
+    let e = events
+        .first()
+        .unwrap_or_else(|| panic!("no {kind} for approval {id}"));
+    at_ns(&e.at)
+}
+
 fn at_ns(at: &str) -> i128 {
     let t = chrono::DateTime::parse_from_rfc3339(at).expect("RFC 3339 `at`");
     t.timestamp_nanos_opt().expect("in range") as i128
@@ -614,12 +647,26 @@ async fn run_backend(label: &str, prefix: &str, url: &str, out: &mut Out) {
         let started = Instant::now();
         let mut exec = Samples::default();
         let mut answered = Samples::default();
+        let mut done = Vec::with_capacity(batches);
         for b in 1..=batches {
-            let (e, a) = rig.batch(b, k, settle, &mut seen).await;
-            exec.0.extend(e);
-            answered.0.extend(a);
+            let batch = rig.batch(b, k, settle, &mut seen).await;
+            exec.0.extend(&batch.exec);
+            answered.0.extend(&batch.answered);
+            done.push(batch);
         }
         let wall = started.elapsed();
+        // Where the time goes, from the audit log's own stamps, as for one at a time.
+        let (mut approved, mut executing) = (Samples::default(), Samples::default());
+        for batch in &done {
+            for id in &batch.ids {
+                approved
+                    .0
+                    .push(stamp(&rig.db, id, "approval.approved").await - batch.t0);
+                executing
+                    .0
+                    .push(stamp(&rig.db, id, "approval.executing").await - batch.t0);
+            }
+        }
         let p95 = exec.pct(95.0);
         out.kv(prefix, "approval_at_once", k);
         out.kv(
@@ -650,6 +697,16 @@ async fn run_backend(label: &str, prefix: &str, url: &str, out: &mut Out) {
             r,
             "its approve POST has answered 200 (body read)",
             &mut answered,
+        );
+        row(
+            r,
+            "`approval.approved` is stamped (audit `at`)",
+            &mut approved,
+        );
+        row(
+            r,
+            "`approval.executing` is stamped (audit `at`)",
+            &mut executing,
         );
         log(format!(
             "{label}: {k} at once: click → exec p50 {} ms, p95 {} ms",

@@ -30,7 +30,9 @@ whose default is *required* must be given; *none* means the feature is off until
 ## What operators trip on
 
 - **`exec_path`** (runner.toml) is one colon-separated string, like `PATH`, not a list:
-  `exec_path = \"/usr/sbin:/usr/bin\"`. Exec actions get it and `LANG`, nothing else of the
+  `exec_path = \"/usr/sbin:/usr/bin\"`. Every directory in it must be absolute (an empty
+  entry, which would mean the working directory, is refused at load). The runner looks the
+  program up there itself; exec actions get it as `PATH` and `LANG`, nothing else of the
   environment.
 - **`[allowlists] systemd_units`** (runner.toml): a param with `allowlist: systemd_units`
   (linux.systemctl_restart) refuses every value until the runner lists it:

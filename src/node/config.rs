@@ -302,6 +302,15 @@ impl RunnerConfig {
                 anyhow::bail!("services.{name}.base_url must be http or https");
             }
         }
+        // exec.rs only searches absolute directories; saying so here beats a program that is
+        // "not found" in a directory the operator listed.
+        if let Some(bad) = self.exec_path.split(':').find(|dir| !dir.starts_with('/')) {
+            anyhow::bail!(
+                "exec_path `{}`: every directory must be an absolute path (found `{bad}`; an empty \
+                 entry would mean the working directory)",
+                self.exec_path
+            );
+        }
         for (name, argv) in &self.programs {
             if argv.is_empty() || !argv[0].starts_with('/') {
                 anyhow::bail!(
@@ -379,6 +388,29 @@ mod tests {
         let mut c = RunnerConfig::with_name("edge1");
         c.listen = "0.0.0.0:7701".into();
         c.server_public_key_file = Some("/etc/emisar/server.pub".into());
+        c.check().unwrap();
+    }
+
+    #[test]
+    fn exec_path_takes_absolute_directories_only() {
+        let runner = || {
+            let mut c = RunnerConfig::with_name("edge1");
+            c.server_public_key_file = Some("/etc/emisar/server.pub".into());
+            c
+        };
+        for bad in ["bin:/usr/bin", "/usr/bin::/bin", "/usr/bin:", "./tools"] {
+            let mut c = runner();
+            c.exec_path = bad.into();
+            let err = c.check().unwrap_err().to_string();
+            assert!(
+                err.starts_with(&format!(
+                    "exec_path `{bad}`: every directory must be an absolute path"
+                )),
+                "{err}"
+            );
+        }
+        let mut c = runner();
+        c.exec_path = "/usr/local/bin:/usr/bin".into();
         c.check().unwrap();
     }
 

@@ -182,6 +182,13 @@ pub(super) fn resolve_exec(e: &RawExec, scope: &Scope<'_>) -> Result<ExecAction,
     if program.contains('{') || program.is_empty() {
         return Err("exec argv[0] must be a literal program name".into());
     }
+    if program.contains('/') && !program.starts_with('/') {
+        // A bare name is looked up in the runner's exec_path, an absolute path is taken as
+        // it is; a relative path would run whatever the runner's working directory holds.
+        return Err(format!(
+            "exec argv[0] `{program}` must be a program name or an absolute path, not a relative path"
+        ));
+    }
     let argv = e
         .argv
         .iter()

@@ -467,6 +467,27 @@ mod tests {
     }
 
     #[test]
+    fn an_exec_program_is_a_name_or_an_absolute_path() {
+        let pack = |program: &str| {
+            format!(
+                "pack: t\ndescription: d\nservice: s\ntools:\n  x:\n    description: d\n    risk: read\n    scope: node\n    action:\n      exec:\n        argv: ['{program}', '--version']\n"
+            )
+        };
+        for relative in ["./tool", "bin/tool", "../usr/bin/tool"] {
+            let err = load_one(&pack(relative)).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!(
+                    "exec argv[0] `{relative}` must be a program name or an absolute path"
+                )),
+                "{err}"
+            );
+        }
+        for fine in ["tool", "/usr/bin/tool"] {
+            assert!(load_one(&pack(fine)).is_ok(), "{fine}");
+        }
+    }
+
+    #[test]
     fn steps_are_checked_in_order() {
         let pack = |steps: &str| {
             format!(

@@ -631,6 +631,34 @@ mod tests {
         Ok(rows)
     }
 
+    /// `col`'s positions are those of the columns verify selects: a column added to or moved
+    /// in [`STORED_COLUMNS`] must move here too, or every event would be read wrongly.
+    #[test]
+    fn the_column_positions_are_those_of_the_stored_columns() {
+        assert_eq!(STORED_COLUMNS, col::NAMES.join(", "));
+        for (i, name) in [
+            (col::SEQ, "seq"),
+            (col::ID, "id"),
+            (col::AT, "at"),
+            (col::ACTOR, "actor"),
+            (col::KIND, "kind"),
+            (col::TOOL, "tool"),
+            (col::RUNNER, "runner"),
+            (col::ARGS, "args"),
+            (col::REASON, "reason"),
+            (col::CALL_ID, "call_id"),
+            (col::APPROVAL_ID, "approval_id"),
+            (col::OUTCOME, "outcome"),
+            (col::RESULT_DIGEST, "result_digest"),
+            (col::DETAIL, "detail"),
+            (col::PREV_HASH, "prev_hash"),
+            (col::HASH, "hash"),
+            (col::HASH_V, "hash_v"),
+        ] {
+            assert_eq!(col::NAMES[i], name);
+        }
+    }
+
     #[test]
     fn rows_are_found_however_the_stream_is_cut() {
         let data = stream(&[row(1, "a"), row(2, ""), row(3, "ccc")]);

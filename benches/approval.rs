@@ -517,24 +517,8 @@ async fn run_backend(label: &str, prefix: &str, url: &str, out: &mut Out) {
     let mut executing = Samples::default();
     let mut exec_after_executing = Samples::default();
     for r in &rounds {
-        let events = audit::query(
-            &rig.db,
-            &AuditFilter {
-                approval_id: Some(r.id.clone()),
-                limit: 100,
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("audit query");
-        let at = |kind: &str| {
-            events
-                .iter()
-                .find(|e| e.kind == kind)
-                .map(|e| at_ns(&e.at))
-                .unwrap_or_else(|| panic!("no {kind} for approval {}", r.id))
-        };
-        let (a, x) = (at("approval.approved"), at("approval.executing"));
+        let a = stamp(&rig.db, &r.id, "approval.approved").await;
+        let x = stamp(&rig.db, &r.id, "approval.executing").await;
         approved.0.push(a - r.t0);
         executing.0.push(x - r.t0);
         exec_after_executing.0.push(r.executed - x);

@@ -147,30 +147,20 @@ async fn join(
     }
 }
 
-/// One stored event's columns, borrowed, as either backend hands them over; `at` as the text
-/// that was hashed.
+/// One stored event's columns, borrowed, as either backend hands them over: the event text's
+/// fields (`at` as the text that was hashed) and the format they were hashed in.
 struct Columns<'a> {
-    seq: i64,
-    id: &'a str,
-    at: &'a str,
-    actor: &'a str,
-    kind: &'a str,
-    tool: Option<&'a str>,
-    runner: Option<&'a str>,
-    args: Option<&'a str>,
-    reason: Option<&'a str>,
-    call_id: Option<&'a str>,
-    approval_id: Option<&'a str>,
-    outcome: Option<&'a str>,
-    result_digest: Option<&'a str>,
-    detail: Option<&'a str>,
-    prev_hash: &'a str,
+    text: EventText<'a>,
     hash_v: i16,
 }
 
 impl Columns<'_> {
     /// Appends the event text that was hashed when the event was written.
     fn write_text(&self, out: &mut Vec<u8>) -> Result<(), sqlx::Error> {
+        if self.hash_v >= hash_v::TEXT {
+            self.text.write(out);
+            return Ok(());
+        }
         // Rows of the first format hashed their JSON re-canonicalised from the value; what the
         // database hands back is JSON with its own spacing (and numbers as it stored them).
         let recanonical = |text: Option<&str>| -> Result<Option<String>, sqlx::Error> {
@@ -181,30 +171,11 @@ impl Columns<'_> {
             })
             .transpose()
         };
-        let (legacy_args, legacy_detail);
-        let (mut args, mut detail) = (self.args, self.detail);
-        if self.hash_v < hash_v::TEXT {
-            legacy_args = recanonical(args)?;
-            legacy_detail = recanonical(detail)?;
-            args = legacy_args.as_deref();
-            detail = legacy_detail.as_deref();
-        }
+        let (args, detail) = (recanonical(self.text.args)?, recanonical(self.text.detail)?);
         EventText {
-            seq: self.seq,
-            id: self.id,
-            at: self.at,
-            actor: self.actor,
-            kind: self.kind,
-            tool: self.tool,
-            runner: self.runner,
-            args,
-            reason: self.reason,
-            call_id: self.call_id,
-            approval_id: self.approval_id,
-            outcome: self.outcome,
-            result_digest: self.result_digest,
-            detail,
-            prev_hash: self.prev_hash,
+            args: args.as_deref(),
+            detail: detail.as_deref(),
+            ..self.text
         }
         .write(out);
         Ok(())
@@ -436,29 +407,31 @@ fn check_fields(
     write_at(at_text, at);
     let hash_v = fixed::<2>(fields, col::HASH_V, Some(seq)).map(i16::from_be_bytes)?;
     let columns = Columns {
-        seq,
-        id: s(col::ID)?,
-        at: at_text,
-        actor: s(col::ACTOR)?,
-        kind: s(col::KIND)?,
-        tool: opt(col::TOOL)?,
-        runner: opt(col::RUNNER)?,
-        args: opt(col::ARGS)?,
-        reason: opt(col::REASON)?,
-        call_id: opt(col::CALL_ID)?,
-        approval_id: opt(col::APPROVAL_ID)?,
-        outcome: opt(col::OUTCOME)?,
-        result_digest: opt(col::RESULT_DIGEST)?,
-        detail: opt(col::DETAIL)?,
-        prev_hash: s(col::PREV_HASH)?,
+        text: EventText {
+            seq,
+            id: s(col::ID)?,
+            at: at_text,
+            actor: s(col::ACTOR)?,
+            kind: s(col::KIND)?,
+            tool: opt(col::TOOL)?,
+            runner: opt(col::RUNNER)?,
+            args: opt(col::ARGS)?,
+            reason: opt(col::REASON)?,
+            call_id: opt(col::CALL_ID)?,
+            approval_id: opt(col::APPROVAL_ID)?,
+            outcome: opt(col::OUTCOME)?,
+            result_digest: opt(col::RESULT_DIGEST)?,
+            detail: opt(col::DETAIL)?,
+            prev_hash: s(col::PREV_HASH)?,
+        },
         hash_v,
     };
     text.clear();
     columns.write_text(text)?;
     verifier.feed(StoredEvent {
         seq,
-        at: columns.at,
-        prev_hash: columns.prev_hash,
+        at: columns.text.at,
+        prev_hash: columns.text.prev_hash,
         hash: s(col::HASH)?,
         hash_v,
         text,
@@ -525,31 +498,33 @@ fn pack_row(row: &sqlx::sqlite::SqliteRow, chunk: &mut Chunk) -> Result<(), sqlx
     let s = |i: usize| row.try_get::<&str, _>(i);
     let o = |i: usize| row.try_get::<Option<&str>, _>(i);
     let columns = Columns {
-        seq: row.try_get(col::SEQ)?,
-        id: s(col::ID)?,
-        at: s(col::AT)?,
-        actor: s(col::ACTOR)?,
-        kind: s(col::KIND)?,
-        tool: o(col::TOOL)?,
-        runner: o(col::RUNNER)?,
-        args: o(col::ARGS)?,
-        reason: o(col::REASON)?,
-        call_id: o(col::CALL_ID)?,
-        approval_id: o(col::APPROVAL_ID)?,
-        outcome: o(col::OUTCOME)?,
-        result_digest: o(col::RESULT_DIGEST)?,
-        detail: o(col::DETAIL)?,
-        prev_hash: s(col::PREV_HASH)?,
+        text: EventText {
+            seq: row.try_get(col::SEQ)?,
+            id: s(col::ID)?,
+            at: s(col::AT)?,
+            actor: s(col::ACTOR)?,
+            kind: s(col::KIND)?,
+            tool: o(col::TOOL)?,
+            runner: o(col::RUNNER)?,
+            args: o(col::ARGS)?,
+            reason: o(col::REASON)?,
+            call_id: o(col::CALL_ID)?,
+            approval_id: o(col::APPROVAL_ID)?,
+            outcome: o(col::OUTCOME)?,
+            result_digest: o(col::RESULT_DIGEST)?,
+            detail: o(col::DETAIL)?,
+            prev_hash: s(col::PREV_HASH)?,
+        },
         hash_v: row.try_get(col::HASH_V)?,
     };
     let start = chunk.bytes.len();
     columns.write_text(&mut chunk.bytes)?;
     let text = start..chunk.bytes.len();
-    let at = chunk.push_str(columns.at);
-    let prev_hash = chunk.push_str(columns.prev_hash);
+    let at = chunk.push_str(columns.text.at);
+    let prev_hash = chunk.push_str(columns.text.prev_hash);
     let hash = chunk.push_str(s(col::HASH)?);
     chunk.events.push(Packed {
-        seq: columns.seq,
+        seq: columns.text.seq,
         hash_v: columns.hash_v,
         text,
         at,

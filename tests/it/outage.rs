@@ -225,3 +225,42 @@ async fn postgres_dies_under_load_and_nothing_goes_unrecorded() {
         first_ok_after - up_at
     );
 }
+
+/// A pooled connection that sat idle across a restart of PostgreSQL is tested before it is
+/// used (pinged, found dead, replaced), so the first operation after the restart works and
+/// the store is not marked down. Connections used a moment ago are not pinged (the MCP path's
+/// round trips, docs/BENCHMARKS.md); this is the case the ping is still there for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_idle_across_a_restart_is_replaced_not_used() {
+    let cluster = tokio::task::spawn_blocking(DedicatedCluster::start)
+        .await
+        .unwrap();
+    let dir = cluster.socket().parent().unwrap().display().to_string();
+    let db = emisar::server::db::Db::connect(&format!(
+        "postgres://postgres@localhost/emisar?host={dir}"
+    ))
+    .await
+    .unwrap();
+    let count = || async {
+        emisar::server::audit::query(
+            &db,
+            &AuditFilter {
+                limit: 1,
+                ..Default::default()
+            },
+        )
+        .await
+    };
+    count().await.expect("the store answers");
+    // Longer than the idle time after which a connection is pinged (1 s), across the restart.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    tokio::task::block_in_place(|| {
+        cluster.down();
+        cluster.up();
+    });
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    count()
+        .await
+        .expect("the first operation after the restart gets a live connection");
+    assert!(db.outage().is_none(), "the store was not marked down");
+}

@@ -17,8 +17,12 @@ use crate::digest::canonical_json;
 use crate::server::db::{Db, Pool};
 use crate::with_pool;
 
-/// An advisory lock key that serializes appends across every `emisar serve` replica.
-const PG_AUDIT_LOCK: i64 = 0x656d_6973_6172; // "emisar"
+/// Opens an append's transaction holding the advisory lock that serializes appends across
+/// every `emisar serve` replica, in one round trip (a simple query of two statements). The
+/// key is 0x656d_6973_6172, "emisar" in ASCII; replicas of every version must share it. The
+/// last event is read by the next statement, whose snapshot (READ COMMITTED: one per
+/// statement) is taken after the lock is granted, so it sees every batch committed before.
+const PG_BEGIN_LOCKED: &str = "BEGIN; SELECT pg_advisory_xact_lock(111520595009906)";
 
 /// `at` as the fixed-width text that is hashed (TIMESTAMPTZ keeps microseconds, so this is
 /// exactly the text that was written).
@@ -179,12 +183,8 @@ pub(super) async fn append_batch(db: &Db, batch: &[NewEvent]) -> Result<Vec<Rece
     db.guard(async {
         match db.pool() {
             Pool::Pg(pool) => {
-                let mut tx = pool.begin().await?;
+                let mut tx = pool.begin_with(PG_BEGIN_LOCKED).await?;
                 let result = async {
-                    sqlx::query("SELECT pg_advisory_xact_lock($1)")
-                        .bind(PG_AUDIT_LOCK)
-                        .execute(&mut *tx)
-                        .await?;
                     let last = sqlx::query_as(PG_LAST).fetch_optional(&mut *tx).await?;
                     let receipts = chain_after(last, format_at(chrono::Utc::now()), &prepared);
                     pg_insert(&mut tx, &prepared, &receipts).await?;
@@ -400,4 +400,19 @@ pub async fn query(db: &Db, filter: &AuditFilter) -> Result<Vec<Event>, sqlx::Er
         })
         .await?;
     rows.into_iter().map(Row::into_event).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_append_transaction_takes_the_append_lock() {
+        let key = i64::from_be_bytes(*b"\0\0emisar");
+        assert_eq!(key, 0x656d_6973_6172);
+        assert_eq!(
+            PG_BEGIN_LOCKED,
+            format!("BEGIN; SELECT pg_advisory_xact_lock({key})")
+        );
+    }
 }

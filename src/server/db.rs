@@ -106,11 +106,11 @@ impl Db {
             let pool = PgPoolOptions::new()
                 .max_connections(10)
                 .acquire_timeout(Duration::from_secs(5))
-                // sqlx pings every connection it hands out, a round trip before each use: an
-                // audit append is six round trips instead of five, and a read two appends.
-                // Only a connection idle longer than PING_IDLE is pinged now (one idle that
-                // long may have been cut by a restart or a firewall); one that served a
-                // moment ago is used at once. If it died in between, the operation fails as a
+                // By default sqlx pings every connection it hands out, a round trip before
+                // each use (an audit append was six: ping, BEGIN, lock, last event, INSERT,
+                // COMMIT; a read makes two appends). Only a connection idle longer than
+                // PING_IDLE is pinged (one idle that long may have been cut by a restart or a
+                // firewall); one that served a moment ago is used at once. If it died in between, the operation fails as a
                 // connection error, `guard` marks the store down, and the probe brings it
                 // back with fresh connections (what happens anyway when the database goes
                 // away mid-operation).

@@ -241,7 +241,7 @@ async fn a_connection_idle_across_a_restart_is_replaced_not_used() {
     ))
     .await
     .unwrap();
-    let count = || async {
+    let read = || async {
         emisar::server::audit::query(
             &db,
             &AuditFilter {
@@ -251,7 +251,7 @@ async fn a_connection_idle_across_a_restart_is_replaced_not_used() {
         )
         .await
     };
-    count().await.expect("the store answers");
+    read().await.expect("the store answers");
     // Longer than the idle time after which a connection is pinged (1 s), across the restart.
     tokio::time::sleep(Duration::from_millis(1200)).await;
     tokio::task::block_in_place(|| {
@@ -259,7 +259,7 @@ async fn a_connection_idle_across_a_restart_is_replaced_not_used() {
         cluster.up();
     });
     tokio::time::sleep(Duration::from_millis(1200)).await;
-    count()
+    read()
         .await
         .expect("the first operation after the restart gets a live connection");
     assert!(db.outage().is_none(), "the store was not marked down");

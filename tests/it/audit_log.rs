@@ -716,6 +716,26 @@ async fn a_poison_event_fails_only_its_own_caller(backend: Backend) {
             bad.push(tokio::spawn(async move { log.append(p).await }));
         }
     }
+    // Appends of several events in the same batch: a good pair is written together, in its
+    // order; a pair holding a poison is refused whole (its good event is not written).
+    let pair = tokio::spawn({
+        let log = log.clone();
+        async move { log.append_all(vec![event(200), event(201)]).await }
+    });
+    let poisoned_pair = tokio::spawn({
+        let log = log.clone();
+        let poison = poisons[0].clone();
+        async move {
+            log.append_all(vec![
+                NewEvent {
+                    reason: Some("the good half of a poisoned pair".into()),
+                    ..event(300)
+                },
+                poison,
+            ])
+            .await
+        }
+    });
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     if let Some(c) = holder.downcast_mut::<sqlx::PgConnection>() {
         sqlx::query("SELECT pg_advisory_unlock($1)")
@@ -758,11 +778,44 @@ async fn a_poison_event_fails_only_its_own_caller(backend: Backend) {
     seqs.sort();
     seqs.dedup();
     assert_eq!(seqs.len(), 40, "every good event got its own seq");
+    let pair = pair.await.unwrap().expect("a good pair is written");
+    let reasons: Vec<_> = pair.iter().map(|e| e.reason.as_deref().unwrap()).collect();
+    assert_eq!(
+        reasons,
+        [event(200).reason.unwrap(), event(201).reason.unwrap()]
+    );
+    assert_eq!(pair[1].seq, pair[0].seq + 1, "together, in order: {pair:?}");
+    let refused = poisoned_pair
+        .await
+        .unwrap()
+        .expect_err("a pair holding a poison is refused");
+    assert!(
+        refused
+            .to_string()
+            .starts_with("the audit store refused the write: "),
+        "{refused}"
+    );
+    let stored = audit::query(
+        &db,
+        &AuditFilter {
+            limit: 1000,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(stored.len(), 44);
+    assert!(
+        !stored
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("the good half of a poisoned pair")),
+        "the good half of a refused pair is not written"
+    );
     let report = audit::verify(&db, None).await.unwrap();
     assert!(report.is_intact(), "{report:?}");
     assert_eq!(
-        report.checked, 42,
-        "the two first events and the 40 good ones"
+        report.checked, 44,
+        "the two first events, the 40 good ones and the good pair"
     );
     assert!(
         log.problem().is_none(),

@@ -3,6 +3,7 @@
 //!
 //! Invariant: `append` returns `Ok` only after the event's transaction committed. A caller
 //! that gets an error must treat the event as not written (the gateway then runs nothing).
+//! The events of one `append_all` go into one transaction, in their order: all or none.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -13,7 +14,8 @@ use super::chain::{Event, NewEvent};
 use super::store;
 use crate::server::db::Db;
 
-/// How many events one transaction may carry.
+/// How many appends one transaction may carry (an append is one event, or the few events of
+/// one `append_all`).
 const MAX_BATCH: usize = 256;
 /// How many appends may wait for the writer before callers are refused.
 const QUEUE_DEPTH: usize = 4096;
@@ -34,9 +36,16 @@ pub enum AuditError {
     Timeout(Duration),
 }
 
-type Reply = oneshot::Sender<Result<Event, AuditError>>;
-/// An event waiting for the writer, with when it was handed over (for the lag metric).
-type Queued = (NewEvent, Reply, Instant);
+type Reply = oneshot::Sender<Result<Vec<Event>, AuditError>>;
+
+/// Events handed over together: they go into the same transaction, in their order, so they
+/// are durable together or not at all, and cost one commit.
+struct Queued {
+    events: Vec<NewEvent>,
+    reply: Reply,
+    /// When they were handed over (for the lag metric).
+    at: Instant,
+}
 
 /// A handle to the writer task. Cheap to clone.
 #[derive(Clone, Debug)]
@@ -62,7 +71,7 @@ impl AuditLog {
         }
         let queued = QUEUE_DEPTH - self.tx.capacity();
         if queued > QUEUE_DEPTH / 2 {
-            return Some(format!("the audit queue holds {queued} events"));
+            return Some(format!("the audit queue holds {queued} appends"));
         }
         self.health
             .lock()
@@ -72,9 +81,26 @@ impl AuditLog {
 
     /// Appends one event and waits until it is durable.
     pub async fn append(&self, event: NewEvent) -> Result<Event, AuditError> {
+        let mut written = self.append_all(vec![event]).await?;
+        Ok(written
+            .pop()
+            .expect("the writer answers one event per event"))
+    }
+
+    /// Appends `events` one after the other in one transaction and waits until they are
+    /// durable: all of them when this returns `Ok`, none when it returns an error. One commit
+    /// instead of one per event (an approval that is also claimed writes two events).
+    pub async fn append_all(&self, events: Vec<NewEvent>) -> Result<Vec<Event>, AuditError> {
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
         let (reply, wait) = oneshot::channel();
         self.tx
-            .try_send((event, reply, Instant::now()))
+            .try_send(Queued {
+                events,
+                reply,
+                at: Instant::now(),
+            })
             .map_err(|e| match e {
                 mpsc::error::TrySendError::Full(_) => AuditError::QueueFull,
                 mpsc::error::TrySendError::Closed(_) => AuditError::WriterGone,
@@ -91,12 +117,16 @@ async fn run(db: Db, mut rx: mpsc::Receiver<Queued>, health: Arc<Mutex<Option<St
     let mut queued = Vec::with_capacity(MAX_BATCH);
     let mut failures = FailureLog::new(FAILURE_SUMMARY_INTERVAL);
     while rx.recv_many(&mut queued, MAX_BATCH).await > 0 {
-        let mut events = Vec::with_capacity(queued.len());
-        let mut replies = Vec::with_capacity(queued.len());
-        let oldest = queued.first().map(|(_, _, at)| *at);
-        for (event, reply, _) in queued.drain(..) {
-            events.push(event);
-            replies.push(reply);
+        let oldest = queued.first().map(|q| q.at);
+        let appends = queued.len();
+        let mut events = Vec::with_capacity(appends);
+        // Each append's number of events, to hand each caller back its own receipts.
+        let mut groups = Vec::with_capacity(appends);
+        let mut replies = Vec::with_capacity(appends);
+        for q in queued.drain(..) {
+            groups.push(q.events.len());
+            events.extend(q.events);
+            replies.push(q.reply);
         }
         let size = events.len();
         let started = Instant::now();
@@ -107,19 +137,23 @@ async fn run(db: Db, mut rx: mpsc::Receiver<Queued>, health: Arc<Mutex<Option<St
         }
         let written = match result {
             Ok(receipts) => {
-                for ((reply, event), receipt) in replies.into_iter().zip(events).zip(receipts) {
-                    // The caller may have given up waiting; its event is durable all the same.
-                    let _ = reply.send(Ok(receipt.into_event(event)));
+                let mut written = receipts
+                    .into_iter()
+                    .zip(events)
+                    .map(|(receipt, event)| receipt.into_event(event));
+                for (reply, n) in replies.into_iter().zip(groups) {
+                    // The caller may have given up waiting; its events are durable all the same.
+                    let _ = reply.send(Ok(written.by_ref().take(n).collect()));
                 }
                 Ok(())
             }
-            Err(e) if size > 1 && refused_by_the_database(&e) => {
+            Err(e) if appends > 1 && refused_by_the_database(&e) => {
                 // Most likely one event the database cannot store (a NUL byte in a text
-                // column, a value too long for an index). Each event is retried in its own
+                // column, a value too long for an index). Each append is retried in its own
                 // transaction, so the poison fails only its own caller and every other
-                // caller's event is written and acknowledged.
-                tracing::debug!(error = %e, events = size, "audit batch refused; retrying its events one at a time");
-                one_at_a_time(&db, events, replies).await
+                // caller's events are written and acknowledged.
+                tracing::debug!(error = %e, events = size, "audit batch refused; retrying its appends one at a time");
+                one_at_a_time(&db, events, groups, replies).await
             }
             Err(e) => {
                 let err = AuditError::Store(e.to_string());
@@ -144,23 +178,37 @@ async fn run(db: Db, mut rx: mpsc::Receiver<Queued>, health: Arc<Mutex<Option<St
     }
 }
 
-/// Appends each event in its own transaction and answers its caller. `Err` when no event
-/// could be written (the store refuses everything: a full disk, a read-only database) or
-/// when the store went away meanwhile; then the outage log speaks for the refusals.
-async fn one_at_a_time(db: &Db, events: Vec<NewEvent>, replies: Vec<Reply>) -> Result<(), String> {
+/// Appends each caller's events (`groups[i]` of them, in order) in their own transaction and
+/// answers that caller. `Err` when nothing could be written (the store refuses everything: a
+/// full disk, a read-only database) or when the store went away meanwhile; then the outage
+/// log speaks for the refusals.
+async fn one_at_a_time(
+    db: &Db,
+    events: Vec<NewEvent>,
+    groups: Vec<usize>,
+    replies: Vec<Reply>,
+) -> Result<(), String> {
     let mut written = 0;
     let mut refused = Vec::new();
     let mut outage = None;
-    for (event, reply) in events.into_iter().zip(replies) {
-        let outcome = match store::append_batch(db, std::slice::from_ref(&event)).await {
-            Ok(mut receipts) => {
+    let mut events = events.into_iter();
+    for (n, reply) in groups.into_iter().zip(replies) {
+        let group: Vec<NewEvent> = events.by_ref().take(n).collect();
+        let outcome = match store::append_batch(db, &group).await {
+            Ok(receipts) => {
                 written += 1;
-                Ok(receipts.remove(0).into_event(event))
+                Ok(receipts
+                    .into_iter()
+                    .zip(group)
+                    .map(|(receipt, event)| receipt.into_event(event))
+                    .collect())
             }
             Err(e) => {
                 let message = e.to_string();
                 if refused_by_the_database(&e) {
-                    refused.push((event.actor, event.kind, message.clone()));
+                    for event in group {
+                        refused.push((event.actor, event.kind, message.clone()));
+                    }
                 } else {
                     outage = Some(message.clone());
                 }

@@ -106,10 +106,11 @@ pub async fn run(server: ServerArg, command: ApprovalsCommand) -> anyhow::Result
             let state = body["state"].as_str().unwrap_or("?");
             let votes = body["approvals"].as_array().map_or(0, Vec::len);
             let required = body["required_approvals"].as_u64().unwrap_or(1);
-            if state == "pending" {
-                println!("{id}: pending ({votes} of {required} approvals)");
-            } else {
-                println!("{id}: {state}");
+            match state {
+                "pending" => println!("{id}: pending ({votes} of {required} approvals)"),
+                // The deciding approval claims the request for execution at once.
+                "executing" => println!("{id}: approved; executing"),
+                _ => println!("{id}: {state}"),
             }
         }
         ApprovalsCommand::Deny { id, note } => {

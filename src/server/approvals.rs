@@ -268,11 +268,23 @@ pub enum ApprovalError {
     Store(#[from] sqlx::Error),
 }
 
-/// A row change and the audit event that records it (`None` only when the events that
-/// record it were written already, as the per-runner outcomes of an execution are).
+/// A row change and the audit events that record it, in order (none only when the events
+/// that record it were written already, as the per-runner outcomes of an execution are).
 pub struct Change {
     pub row: Approval,
-    pub event: Option<NewEvent>,
+    pub events: Vec<NewEvent>,
+}
+
+impl Change {
+    /// This change, then `next` (a change of the row this one produced) as one transition:
+    /// `next`'s row, recorded by both changes' events.
+    pub fn then(mut self, next: Change) -> Change {
+        self.events.extend(next.events);
+        Change {
+            row: next.row,
+            events: self.events,
+        }
+    }
 }
 
 /// What happened to the request after a decision.
@@ -331,7 +343,7 @@ pub fn decide(
             );
             Ok(Change {
                 row: next,
-                event: Some(event),
+                events: vec![event],
             })
         }
         Verdict::Approve => {
@@ -356,7 +368,7 @@ pub fn decide(
             );
             Ok(Change {
                 row: next,
-                event: Some(event),
+                events: vec![event],
             })
         }
     }
@@ -384,7 +396,7 @@ pub fn moved(
     let event = row.event(actor, kind, detail);
     Ok(Change {
         row: next,
-        event: Some(event),
+        events: vec![event],
     })
 }
 
@@ -705,10 +717,8 @@ impl Approvals {
                     return Err(ApprovalError::NotFound(id.to_owned()));
                 };
                 let current = from_row(&row)?;
-                let Change { row, event } = change(&current)?;
-                if let Some(event) = event {
-                    self.audit.append(event).await?;
-                }
+                let Change { row, events } = change(&current)?;
+                self.audit.append_all(events).await?;
                 update!(&row).execute(&mut *tx).await?;
                 notify(&mut tx, &row).await?;
                 tx.commit().await?;
@@ -723,10 +733,8 @@ impl Approvals {
                 // request as the one before it left it, and `change` decides from that.
                 let _held = self.local.lock().await;
                 let current = self.get(id).await?;
-                let Change { row, event } = change(&current)?;
-                if let Some(event) = event {
-                    self.audit.append(event).await?;
-                }
+                let Change { row, events } = change(&current)?;
+                self.audit.append_all(events).await?;
                 let Pool::Sqlite(pool) = self.db.pool() else {
                     unreachable!("this arm is SQLite's")
                 };
@@ -756,7 +764,7 @@ impl Approvals {
                 });
             }
             let nothing_ran = result["results"].as_array().is_none_or(Vec::is_empty);
-            let event = nothing_ran.then(|| {
+            let events = Vec::from_iter(nothing_ran.then(|| {
                 let mut e = r.event(
                     &r.requester,
                     crate::server::audit::kind::CALL_FAILED,
@@ -764,13 +772,13 @@ impl Approvals {
                 );
                 e.outcome = Some("error".into());
                 e
-            });
+            }));
             let mut row = r.clone();
             row.state = state;
             row.result = Some(result);
             row.note = note;
             row.updated_at = format_at(Utc::now());
-            Ok(Change { row, event })
+            Ok(Change { row, events })
         })
         .await
         .map(|_| ())
@@ -1056,7 +1064,9 @@ mod tests {
             match (got, want) {
                 (Ok(change), Ok(state)) => {
                     assert_eq!(change.row.state, state, "{name}");
-                    let event = change.event.expect("decisions are audited");
+                    let [event] = &change.events[..] else {
+                        panic!("{name}: a decision is audited by one event");
+                    };
                     assert_eq!(event.approval_id.as_deref(), Some("a1"), "{name}");
                     assert_eq!(event.actor, who.actor, "{name}");
                 }

@@ -339,6 +339,18 @@ async fn approved_restart_runs_once_and_returns_its_result(backend: Backend) {
             ("call.executed".into(), "agent:test-agent".into()),
         ]
     );
+    // The deciding approval claimed the request in the same transition: its two events are
+    // one audit batch (consecutive, one `at`), one commit, not two in sequence between the
+    // click and the runner call.
+    let trail = app
+        .events(AuditFilter {
+            approval_id: Some(id.clone()),
+            ..Default::default()
+        })
+        .await;
+    let (approved, executing) = (&trail[1], &trail[2]);
+    assert_eq!(executing.seq, approved.seq + 1, "{trail:?}");
+    assert_eq!(executing.at, approved.at, "one batch: {trail:?}");
     // The same trail as an auditor's export from the portal: NDJSON, one event per line.
     let export = reqwest::Client::new()
         .get(format!("{}/api/audit/export?approval_id={id}", alice.base))

@@ -327,7 +327,7 @@ async fn approvers_decide_from_a_terminal(backend: Backend) {
 
     let run = approvals(&["approve", &id]).await;
     assert_eq!(run.code, 0, "{run}");
-    assert_eq!(run.out, format!("{id}: approved\n"), "{run}");
+    assert_eq!(run.out, format!("{id}: approved; executing\n"), "{run}");
     let res = tokio::time::timeout(Duration::from_secs(20), call)
         .await
         .expect("the agent's call returns within 20 s of the approval")
@@ -624,7 +624,8 @@ async fn the_policy_file_governs_the_server(backend: Backend) {
     assert_eq!(restarts(&record), 0, "one approval of two runs nothing");
     let (status, row) = bob.post(&path, json!({}), true).await;
     assert_eq!(status, 200, "{row}");
-    assert_eq!(row["state"], "approved", "{row}");
+    // The deciding approval claims the request in the same transition.
+    assert_eq!(row["state"], "executing", "{row}");
     let res = tokio::time::timeout(Duration::from_secs(20), call)
         .await
         .expect("the agent's call returns within 20 s of the second approval")

@@ -327,7 +327,10 @@ impl Gateway {
         }
     }
 
-    /// on this replica.
+    /// A person's decision on a pending request. The decision that approves it also claims
+    /// it (`approval.executing`) in the same transition, so this replica runs it: the two
+    /// events share one audit commit and the row one commit, where a separate claim took
+    /// two more, in sequence, between the click and the runner call.
     pub async fn decide(
         self: &Arc<Self>,
         who: &Principal,
@@ -349,20 +352,27 @@ impl Gateway {
                         .iter()
                         .any(|role| policy.may_approve(*role, &r.tool)),
                 };
-                approvals::decide(r, &actor, &verdict, chrono::Utc::now())
+                let now = chrono::Utc::now();
+                let decided = approvals::decide(r, &actor, &verdict, now)?;
+                if decided.row.state != State::Approved {
+                    return Ok(decided);
+                }
+                let claim = claim(&decided.row, now)?;
+                Ok(decided.then(claim))
             })
             .await?
             .expect("a transition that waits for the lock always returns the row");
-        if row.state == State::Approved {
+        if row.state == State::Executing {
             let me = self.clone();
-            let id = row.id.clone();
-            tokio::spawn(async move { me.execute_approved(&id).await });
+            let claimed = row.clone();
+            tokio::spawn(async move { me.run_claimed(claimed).await });
         }
         Ok(row)
     }
 
-    /// Claims an approved request (exactly once across replicas), audits `executing`,
-    /// calls its runners with the approval id and the preview's vars, records the outcome.
+    /// Claims an approved request nobody claimed (exactly once across replicas: the sweep
+    /// finds it when the replica that approved it stopped before its claim committed), then
+    /// runs it.
     pub async fn execute_approved(&self, id: &str) {
         let start_within = self.limits.approved_start_within;
         let claimed = self
@@ -375,27 +385,23 @@ impl Gateway {
                         wanted: "approved recently enough to start",
                     });
                 }
-                let by = r.decided_by.clone().unwrap_or_else(|| "system".into());
-                approvals::moved(
-                    r,
-                    &[State::Approved],
-                    State::Executing,
-                    &by,
-                    kind::APPROVAL_EXECUTING,
-                    json!({"runners": r.runners, "approvals": r.votes}),
-                    chrono::Utc::now(),
-                )
+                claim(r, chrono::Utc::now())
             })
             .await;
-        let row = match claimed {
-            Ok(Some(row)) => row,
+        match claimed {
+            Ok(Some(row)) => self.run_claimed(row).await,
             // Another replica holds it, or it moved on already: not ours to run.
-            Ok(None) | Err(ApprovalError::WrongState { .. }) => return,
+            Ok(None) | Err(ApprovalError::WrongState { .. }) => {}
             Err(e) => {
                 tracing::error!(error = %e, approval_id = %id, "could not claim an approved request");
-                return;
             }
-        };
+        }
+    }
+
+    /// Runs a request this replica claimed (`executing`): calls its runners with the approval
+    /// id and the preview's vars, and records the outcome.
+    async fn run_claimed(&self, row: Approval) {
+        let id = &row.id;
         let started = Instant::now();
         let (results, problem) = self.run_approved(&row).await;
         let ok = problem.is_none() && results.iter().all(|r| r.ok);
@@ -594,6 +600,23 @@ impl Gateway {
             }
         });
     }
+}
+
+/// `approved` → `executing`: this replica will run the request, audited with who approved it.
+fn claim(
+    r: &Approval,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<approvals::Change, ApprovalError> {
+    let by = r.decided_by.clone().unwrap_or_else(|| "system".into());
+    approvals::moved(
+        r,
+        &[State::Approved],
+        State::Executing,
+        &by,
+        kind::APPROVAL_EXECUTING,
+        json!({"runners": r.runners, "approvals": r.votes}),
+        now,
+    )
 }
 
 /// Whether an approved request's execution may no longer start: more than `within` since

@@ -10,10 +10,11 @@
 //! 5. **audit intent** (`tool.called`): durable before anything runs, or nothing runs;
 //!    a call that needs approval then runs its read-only *preview* on the runners, becomes a
 //!    pending request (`approval.requested`, at most `max_pending_per_agent` per agent) and
-//!    waits for humans ([`Gateway::wait`], with progress); once approved,
-//!    [`Gateway::execute_approved`] claims it exactly once (`approval.executing`, within
-//!    `approved_start_within` of the approval) and carries on at step 6 with the approval id
-//!    and the preview's values under their runner's seal in the signed call;
+//!    waits for humans ([`Gateway::wait`], with progress); the decision that approves it
+//!    claims it in the same transition ([`Gateway::decide`]: `approval.executing`, exactly
+//!    once; the sweep's [`Gateway::execute_approved`] claims one whose replica stopped first,
+//!    within `approved_start_within` of the approval) and carries on at step 6 with the
+//!    approval id and the preview's values under their runner's seal in the signed call;
 //! 6. **dispatch** to every named runner in parallel, each with its own deadline, through its
 //!    circuit breaker; a read that could not reach its runner may be retried once, within
 //!    the retry budget; writes never are;

@@ -53,6 +53,10 @@ fn newly_applied(migrator: &Migrator, before: &std::collections::BTreeSet<i64>) 
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// A pooled PostgreSQL connection idle longer than this is pinged before it is used.
 const PING_IDLE: Duration = Duration::from_secs(1);
+/// Connections to PostgreSQL per process: the approval transitions in flight (ten, each
+/// holding one while it waits on the audit writer), the audit writer, the LISTEN connection
+/// and every other store operation.
+pub const PG_POOL_SIZE: u32 = 16;
 
 #[derive(Clone, Debug)]
 pub enum Pool {
@@ -104,7 +108,7 @@ impl Db {
                 .with_context(|| format!("invalid PostgreSQL URL {}", redact_url(url)))?
                 .options([("client_min_messages", "warning")]);
             let pool = PgPoolOptions::new()
-                .max_connections(10)
+                .max_connections(PG_POOL_SIZE)
                 .acquire_timeout(Duration::from_secs(5))
                 // By default sqlx pings every connection it hands out, a round trip before
                 // each use (an audit append was six: ping, BEGIN, lock, last event, INSERT,

@@ -561,10 +561,9 @@ impl Approvals {
             .guard(async {
                 match self.db.pool() {
                     Pool::Pg(pool) => {
-                        let mut tx = pool.begin().await?;
-                        insert!(INSERT).execute(&mut *tx).await?;
-                        notify(&mut tx, a).await?;
-                        tx.commit().await
+                        insert!(INSERT).execute(pool).await?;
+                        notify_committed(pool, a).await;
+                        Ok(())
                     }
                     Pool::Sqlite(pool) => insert!(INSERT).execute(pool).await.map(|_| ()),
                 }
@@ -726,8 +725,8 @@ impl Approvals {
                 let Change { row, events } = change(&current)?;
                 self.audit.append_all(events).await?;
                 update!(&row).execute(&mut *tx).await?;
-                notify(&mut tx, &row).await?;
                 tx.commit().await?;
+                notify_committed(pool, &row).await;
                 row
             }
             Pool::Sqlite(_) => {
@@ -799,21 +798,29 @@ impl Approvals {
     }
 }
 
-/// Tells every replica (on commit) that `a` changed.
-async fn notify(
-    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
-    a: &Approval,
-) -> Result<(), sqlx::Error> {
+/// Tells every replica that `a` changed, once its change has committed.
+///
+/// Not inside the change's own transaction: PostgreSQL serialises the commits of notifying
+/// transactions (each holds a database-wide lock from before its commit record until the
+/// end, flush included), so ten approvals clicked at once committed one flush after the
+/// other. This statement commits on its own without waiting for its flush
+/// (`synchronous_commit` off for it alone): the notification is only a hint, since waiters
+/// also poll, and one lost in a crash delays an update without losing it. A failure to send
+/// it is logged, never the change's failure.
+async fn notify_committed(pool: &sqlx::PgPool, a: &Approval) {
     let payload = text(&Changed {
         id: a.id.clone(),
         state: a.state,
     });
-    sqlx::query("SELECT pg_notify($1, $2)")
-        .bind(CHANNEL)
-        .bind(payload)
-        .execute(&mut **tx)
-        .await
-        .map(|_| ())
+    let sent =
+        sqlx::query("SELECT set_config('synchronous_commit', 'off', true), pg_notify($1, $2)")
+            .bind(CHANNEL)
+            .bind(payload)
+            .execute(pool)
+            .await;
+    if let Err(e) = sent {
+        tracing::warn!(error = %e, approval_id = %a.id, "could not tell the other replicas of an approval change; they see it when they next poll");
+    }
 }
 
 /// Relays NOTIFY payloads into the local channel. The connection goes through the store's

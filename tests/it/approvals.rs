@@ -790,6 +790,59 @@ async fn two_replicas_two_approvers_one_execution() {
     client.cancel().await.unwrap();
 }
 
+/// Every change made on one replica reaches the portal stream of another at once, through
+/// PostgreSQL's NOTIFY (the stream has no polling): the request created through replica A,
+/// and its approval there, the claim and the outcome, all appear on replica B's stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_on_one_replica_reaches_the_other_replicas_stream() {
+    let bin = tempfile::tempdir().unwrap();
+    let record = systemctl_standin(bin.path());
+    let a = restart_app(Backend::Postgres, bin.path(), Options::default()).await;
+    let b = restart_app(
+        Backend::Postgres,
+        bin.path(),
+        Options {
+            database_url: Some(a.database_url.clone()),
+            keys: Some((a.private_key.clone(), a.public_key.clone())),
+            ..Default::default()
+        },
+    )
+    .await;
+    let pa = add_user(&a, "alice", Role::Approver).await;
+    let pb = add_user(&a, "bob", Role::Approver).await;
+    let alice = Portal::login(&a, "alice", &pa).await;
+    let bob = Portal::login(&b, "bob", &pb).await;
+    let mut events = bob.events().await;
+    let mut buf = String::new();
+    let client = a.mcp_client().await;
+    let call = call_in_background(
+        &client,
+        "linux.systemctl_restart",
+        restart_args("seen from the other replica"),
+    );
+    let event = next_approval_event(&mut events, &mut buf).await;
+    assert_eq!(event["state"], "pending", "{event}");
+    let id = event["id"].as_str().unwrap().to_owned();
+    let (status, body) = alice.approve(&id).await;
+    assert_eq!(status, 200, "{body}");
+    // The stream's keep-alives reset `next_approval_event`'s own timeout: bound the whole.
+    let states = tokio::time::timeout(Duration::from_secs(20), async {
+        let mut states = Vec::new();
+        while states.last().map(String::as_str) != Some("executed") {
+            let event = next_approval_event(&mut events, &mut buf).await;
+            assert_eq!(event["id"], id.as_str(), "{event}");
+            states.push(event["state"].as_str().unwrap().to_owned());
+        }
+        states
+    })
+    .await
+    .expect("replica B's stream shows the approval's changes on replica A within 20 s");
+    assert_eq!(states, ["executing", "executed"]);
+    assert_eq!(finished(call).await.is_error, Some(false));
+    assert_eq!(restarts(&record), 1);
+    client.cancel().await.unwrap();
+}
+
 /// A `systemctl` stand-in whose `restart` records its run and then blocks until the test
 /// creates `release` (other verbs answer at once, as `systemctl_standin` does).
 fn blocking_systemctl(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {

@@ -5,7 +5,8 @@
 //!
 //! One process runs an `emisar serve` [`Application`](emisar::server::app::Application) and an
 //! `emisar runner` (stock packs; its exec PATH starts with a temporary directory holding a
-//! `systemctl` stand-in that, on `restart`, appends `date +%s%N` to a file). An agent's MCP
+//! `systemctl` stand-in, a static C program that on `restart` appends the time it started (ns
+//! since the epoch) to a file). An agent's MCP
 //! client (rmcp, streamable HTTP) calls `linux.systemctl_restart {unit: consul}` in the
 //! background; once the request is listed as pending (and a short settle), the bench takes
 //! t0 (wall clock, ns since the epoch) just before it POSTs `/api/approvals/{id}/approve`
@@ -34,7 +35,6 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -57,7 +57,7 @@ use tokio_util::sync::CancellationToken;
 const RUNNER: &str = "bench-runner";
 const TOOL: &str = "linux.systemctl_restart";
 
-/// Wall clock, ns since the epoch (what `date +%s%N` prints).
+/// Wall clock, ns since the epoch (what the stand-in writes).
 fn now_ns() -> i128 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -80,16 +80,53 @@ impl Samples {
     }
 }
 
-/// The `systemctl` stand-in: `restart` appends the time it runs (ns since the epoch) to
-/// `record`; `show` prints a running unit (the tool's optional `after` step).
+/// The `systemctl` stand-in: `restart` appends the time it starts (ns since the epoch, its
+/// first call) to `record`; `show` prints a running unit (the tool's optional `after` step).
+///
+/// A small static C program, compiled here with `cc` (the C compiler Rust links with), so that
+/// its timestamp is the moment the runner's child starts executing. A shell script calling
+/// `date +%s%N`, as this was, stamped after two process starts (`/bin/sh`, then `date`),
+/// ~1.5 ms of which was the stand-in's own; with ten approvals at once, twenty process starts
+/// on two cores queued behind each other.
 fn write_standin(dir: &Path, record: &Path) -> PathBuf {
-    let script = format!(
-        "#!/bin/sh\nif [ \"$1\" = restart ]; then date +%s%N >> '{}'; fi\nif [ \"$1\" = show ]; then printf 'ActiveState=active\\nSubState=running\\nMainPID=4242\\n'; fi\nexit 0\n",
-        record.display()
+    let record = record.to_str().expect("the record path is UTF-8");
+    assert!(
+        !record.contains(['"', '\\', '\n']),
+        "the record path goes into a C string literal as it is: {record}"
     );
+    let source = format!(
+        r#"#include <stdio.h>
+#include <string.h>
+#include <time.h>
+int main(int argc, char **argv) {{
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    if (argc > 1 && strcmp(argv[1], "restart") == 0) {{
+        FILE *f = fopen("{record}", "a");
+        if (!f) return 1;
+        fprintf(f, "%lld%09ld\n", (long long)t.tv_sec, t.tv_nsec);
+        return fclose(f) == 0 ? 0 : 1;
+    }}
+    if (argc > 1 && strcmp(argv[1], "show") == 0)
+        fputs("ActiveState=active\nSubState=running\nMainPID=4242\n", stdout);
+    return 0;
+}}
+"#
+    );
+    let c = dir.join("systemctl.c");
+    std::fs::write(&c, source).expect("write the stand-in's source");
     let path = dir.join("systemctl");
-    std::fs::write(&path, script).expect("write the stand-in");
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let out = std::process::Command::new("cc")
+        .args(["-O2", "-static", "-o"])
+        .arg(&path)
+        .arg(&c)
+        .output()
+        .expect("the stand-in needs a C compiler as `cc` (Rust links with it)");
+    assert!(
+        out.status.success(),
+        "cc could not build the stand-in: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     path
 }
 
@@ -106,7 +143,7 @@ fn recorded(record: &Path) -> Vec<i128> {
 }
 
 /// The floor under any measurement here: spawning the stand-in directly (cleared
-/// environment, as the runner does) until its `date` has run.
+/// environment, as the runner does) until it has taken its timestamp.
 fn standin_floor(standin: &Path, path_env: &str, record: &Path, n: usize) -> Samples {
     let mut s = Samples::default();
     for _ in 0..n {
@@ -579,7 +616,7 @@ async fn run_backend(label: &str, prefix: &str, url: &str, out: &mut Out) {
     };
     row(
         r,
-        "**the argv runs on the runner** (the stand-in's `date +%s%N`)",
+        "**the argv runs on the runner** (the stand-in's first call, `clock_gettime`)",
         &mut click_to_exec,
     );
     row(
@@ -611,7 +648,7 @@ async fn run_backend(label: &str, prefix: &str, url: &str, out: &mut Out) {
     );
     row(
         r,
-        "floor: the bench spawns the stand-in itself → its `date` runs (sh + date fork/exec)",
+        "floor: the bench spawns the stand-in itself → it takes its timestamp (spawn and exec)",
         &mut floor,
     );
     if negative > 0 {
@@ -674,7 +711,7 @@ async fn run_backend(label: &str, prefix: &str, url: &str, out: &mut Out) {
         let _ = writeln!(r, "|---|---:|---:|---:|---:|");
         row(
             r,
-            "**the argv runs on the runner** (the stand-in's `date +%s%N`)",
+            "**the argv runs on the runner** (the stand-in's first call, `clock_gettime`)",
             &mut exec,
         );
         row(
@@ -724,11 +761,11 @@ async fn main() {
     let _ = writeln!(
         out.report,
         "\nIncluded in \"the argv runs\": the approve POST over loopback HTTP (bearer token \
-         lookup), the row lock and the audit append of `approval.approved` (durable) and its \
-         commit, the spawned execution's claim (row lock, audit append of \
-         `approval.executing`, commit), signing the call token, the HTTP call to the runner, \
-         the runner's checks (token, digests, approval id, allowlist) and the fork/exec of \
-         the stand-in up to its `date` (see the floor). An audit `at` is stamped when the \
+         lookup), the row lock, the audit append of `approval.approved` and `approval.executing` \
+         (the deciding approval claims the request: one durable batch) and the row's commit, \
+         signing the call token, the HTTP call to the runner, the runner's checks (token, \
+         digests, approval id, allowlist) and the spawn of the stand-in up to its first call \
+         (see the floor). An audit `at` is stamped when the \
          audit writer starts the batch the event is in, before that batch commits. Server, \
          runner and bench client share one process and its {} tokio workers; the database server shares the cores.",
         std::thread::available_parallelism().map_or(0, |n| n.get())

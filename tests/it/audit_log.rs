@@ -824,6 +824,35 @@ async fn a_poison_event_fails_only_its_own_caller(backend: Backend) {
 }
 both_backends!(a_poison_event_fails_only_its_own_caller);
 
+/// Two writers on one database (two replicas' audit writers) taking turns: each chains its
+/// batch after the event it appended last only while that is still the last event, so every
+/// append after the other writer's is chained after that one instead, and the chain stays
+/// one unbroken line.
+async fn writers_taking_turns_keep_one_chain(backend: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let (url, _pg) = fresh_db(backend, dir.path()).await;
+    let db = Db::connect(&url).await.unwrap();
+    let a = AuditLog::start(db.clone());
+    let b = AuditLog::start(Db::connect(&url).await.unwrap());
+    for i in 0..10 {
+        // Twice in a row on one writer (its own head is still the last event), then once on
+        // the other (whose head is stale).
+        let first = a.append(event(3 * i)).await.unwrap();
+        let second = a.append(event(3 * i + 1)).await.unwrap();
+        let third = b.append(event(3 * i + 2)).await.unwrap();
+        assert_eq!(second.prev_hash, first.hash);
+        assert_eq!(
+            third.prev_hash, second.hash,
+            "chained after the other writer's event"
+        );
+        assert_eq!(third.seq, first.seq + 2);
+    }
+    let report = audit::verify(&db, None).await.unwrap();
+    assert!(report.is_intact(), "{report:?}");
+    assert_eq!(report.checked, 30);
+}
+both_backends!(writers_taking_turns_keep_one_chain);
+
 /// Runs the migrations older than the canonical-text one, so that a test can write rows the
 /// way emisar wrote them before it.
 async fn migrate_before_canonical_text(backend: Backend, url: &str, dir: &std::path::Path) {

@@ -41,6 +41,18 @@ const PG_INSERT: &str = "INSERT INTO audit_events (seq, id, at, actor, kind, too
      SELECT seq, id, $3::timestamptz, actor, kind, tool, runner, args, reason, call_id, approval_id, outcome, result_digest, detail, prev_hash, hash, $17::smallint \
      FROM UNNEST($1::bigint[], $2::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::text[], $15::text[], $16::text[]) \
      AS t(seq, id, actor, kind, tool, runner, args, reason, call_id, approval_id, outcome, result_digest, detail, prev_hash, hash)";
+/// [`PG_INSERT`], inserting only if the last event is still `$18` (seq) with hash `$19`: the
+/// event this process appended last. Its statement snapshot is taken after the append lock
+/// was granted, so it sees every batch committed before. When another replica appended in
+/// between it inserts nothing, and the batch is chained again after the last event read.
+const PG_INSERT_AFTER: &str = concat!(
+    "INSERT INTO audit_events (seq, id, at, actor, kind, tool, runner, args, reason, call_id, approval_id, outcome, result_digest, detail, prev_hash, hash, hash_v) \
+     SELECT seq, id, $3::timestamptz, actor, kind, tool, runner, args, reason, call_id, approval_id, outcome, result_digest, detail, prev_hash, hash, $17::smallint \
+     FROM UNNEST($1::bigint[], $2::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::text[], $15::text[], $16::text[]) \
+     AS t(seq, id, actor, kind, tool, runner, args, reason, call_id, approval_id, outcome, result_digest, detail, prev_hash, hash) ",
+    "WHERE EXISTS (SELECT 1 FROM (SELECT seq, hash FROM audit_events ORDER BY seq DESC LIMIT 1) AS last \
+     WHERE last.seq = $18::bigint AND last.hash = $19::text)"
+);
 const SQLITE_INSERT: &str = "INSERT INTO audit_events (seq, id, at, actor, kind, tool, runner, args, reason, call_id, approval_id, outcome, result_digest, detail, prev_hash, hash, hash_v) VALUES ";
 /// Rows per SQLite INSERT: 17 parameters each stays well under SQLite's 32,766 limit.
 const SQLITE_ROWS_PER_INSERT: usize = 500;
@@ -169,8 +181,35 @@ fn chain_after(
         .collect()
 }
 
+/// The last event a process appended: its seq, hash and `at`.
+pub(super) type Head = (i64, String, String);
+
 /// Appends `batch` in one transaction, chained after the current last event. All or nothing.
-pub(super) async fn append_batch(db: &Db, batch: &[NewEvent]) -> Result<Vec<Receipt>, sqlx::Error> {
+///
+/// `head` is the last event this process appended (the writer keeps it; `None` when unknown).
+/// On PostgreSQL the batch is first chained after it and inserted only if it is still the
+/// last event: one round trip fewer than reading the last event first (three instead of
+/// four: BEGIN with the lock, INSERT, COMMIT). Every round trip wakes the database and this
+/// process in turn, and a read makes two appends, one after the other. If another replica
+/// appended since, the last event is read and the batch chained again, under the same lock.
+/// `head` is updated on commit and forgotten on any failure.
+pub(super) async fn append_batch(
+    db: &Db,
+    batch: &[NewEvent],
+    head: &mut Option<Head>,
+) -> Result<Vec<Receipt>, sqlx::Error> {
+    let receipts = append_after(db, batch, head.take()).await?;
+    *head = receipts
+        .last()
+        .map(|r| (r.seq, r.hash.clone(), r.at.clone()));
+    Ok(receipts)
+}
+
+async fn append_after(
+    db: &Db,
+    batch: &[NewEvent],
+    head: Option<Head>,
+) -> Result<Vec<Receipt>, sqlx::Error> {
     // Everything that does not depend on the chain is done before taking the lock.
     let prepared: Vec<Prepared<'_>> = batch
         .iter()
@@ -185,9 +224,19 @@ pub(super) async fn append_batch(db: &Db, batch: &[NewEvent]) -> Result<Vec<Rece
             Pool::Pg(pool) => {
                 let mut tx = pool.begin_with(PG_BEGIN_LOCKED).await?;
                 let result = async {
+                    let now = format_at(chrono::Utc::now());
+                    if let Some(head) = head {
+                        let (seq, hash) = (head.0, head.1.clone());
+                        let receipts = chain_after(Some(head), now.clone(), &prepared);
+                        let inserted =
+                            pg_insert(&mut tx, &prepared, &receipts, Some((seq, &hash))).await?;
+                        if inserted == prepared.len() as u64 {
+                            return Ok(receipts);
+                        }
+                    }
                     let last = sqlx::query_as(PG_LAST).fetch_optional(&mut *tx).await?;
-                    let receipts = chain_after(last, format_at(chrono::Utc::now()), &prepared);
-                    pg_insert(&mut tx, &prepared, &receipts).await?;
+                    let receipts = chain_after(last, now, &prepared);
+                    pg_insert(&mut tx, &prepared, &receipts, None).await?;
                     Ok::<_, sqlx::Error>(receipts)
                 }
                 .await;
@@ -229,11 +278,14 @@ async fn finish<DB: sqlx::Database, T>(
     }
 }
 
+/// Inserts the chained batch; with `after` (seq, hash), only if that is the last event.
+/// Returns the rows inserted.
 async fn pg_insert(
     tx: &mut sqlx::PgConnection,
     batch: &[Prepared<'_>],
     receipts: &[Receipt],
-) -> Result<(), sqlx::Error> {
+    after: Option<(i64, &str)>,
+) -> Result<u64, sqlx::Error> {
     fn text<'a>(
         batch: &'a [Prepared<'a>],
         f: impl Fn(&'a Prepared<'a>) -> Option<&'a str>,
@@ -241,7 +293,12 @@ async fn pg_insert(
         batch.iter().map(f).collect()
     }
     let at = receipts.first().map_or("", |r| r.at.as_str());
-    sqlx::query(PG_INSERT)
+    let query = sqlx::query(if after.is_some() {
+        PG_INSERT_AFTER
+    } else {
+        PG_INSERT
+    });
+    let query = query
         .bind(receipts.iter().map(|r| r.seq).collect::<Vec<_>>())
         .bind(receipts.iter().map(|r| r.id.as_str()).collect::<Vec<_>>())
         .bind(at)
@@ -273,10 +330,12 @@ async fn pg_insert(
                 .collect::<Vec<_>>(),
         )
         .bind(receipts.iter().map(|r| r.hash.as_str()).collect::<Vec<_>>())
-        .bind(hash_v::TEXT)
-        .execute(tx)
-        .await?;
-    Ok(())
+        .bind(hash_v::TEXT);
+    let query = match after {
+        Some((seq, hash)) => query.bind(seq).bind(hash),
+        None => query,
+    };
+    Ok(query.execute(tx).await?.rows_affected())
 }
 
 async fn sqlite_insert(

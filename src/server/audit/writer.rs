@@ -116,6 +116,9 @@ impl AuditLog {
 async fn run(db: Db, mut rx: mpsc::Receiver<Queued>, health: Arc<Mutex<Option<String>>>) {
     let mut queued = Vec::with_capacity(MAX_BATCH);
     let mut failures = FailureLog::new(FAILURE_SUMMARY_INTERVAL);
+    // The last event this task appended, so the next batch can be chained after it without
+    // reading it back (store::append_batch).
+    let mut head = None;
     while rx.recv_many(&mut queued, MAX_BATCH).await > 0 {
         let oldest = queued.first().map(|q| q.at);
         let appends = queued.len();
@@ -130,7 +133,7 @@ async fn run(db: Db, mut rx: mpsc::Receiver<Queued>, health: Arc<Mutex<Option<St
         }
         let size = events.len();
         let started = Instant::now();
-        let result = store::append_batch(&db, &events).await;
+        let result = store::append_batch(&db, &events, &mut head).await;
         crate::server::metrics::audit_batch(size, started.elapsed().as_secs_f64(), result.is_ok());
         if let Some(oldest) = oldest {
             crate::server::metrics::audit_lag(oldest.elapsed().as_secs_f64());
@@ -153,7 +156,7 @@ async fn run(db: Db, mut rx: mpsc::Receiver<Queued>, health: Arc<Mutex<Option<St
                 // transaction, so the poison fails only its own caller and every other
                 // caller's events are written and acknowledged.
                 tracing::debug!(error = %e, events = size, "audit batch refused; retrying its appends one at a time");
-                one_at_a_time(&db, events, groups, replies).await
+                one_at_a_time(&db, &mut head, events, groups, replies).await
             }
             Err(e) => {
                 let err = AuditError::Store(e.to_string());
@@ -184,6 +187,7 @@ async fn run(db: Db, mut rx: mpsc::Receiver<Queued>, health: Arc<Mutex<Option<St
 /// log speaks for the refusals.
 async fn one_at_a_time(
     db: &Db,
+    head: &mut Option<store::Head>,
     events: Vec<NewEvent>,
     groups: Vec<usize>,
     replies: Vec<Reply>,
@@ -194,7 +198,7 @@ async fn one_at_a_time(
     let mut events = events.into_iter();
     for (n, reply) in groups.into_iter().zip(replies) {
         let group: Vec<NewEvent> = events.by_ref().take(n).collect();
-        let outcome = match store::append_batch(db, &group).await {
+        let outcome = match store::append_batch(db, &group, head).await {
             Ok(receipts) => {
                 written += 1;
                 Ok(receipts

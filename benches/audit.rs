@@ -133,7 +133,8 @@ fn call_events(r: &mut Rng) -> Vec<NewEvent> {
     let actor = actor_name(r.skewed(ACTORS));
     let tool = tool(r);
     let runner = runner_name(r.below(RUNNERS));
-    let call_id = uuid::Uuid::new_v4().to_string();
+    // As the gateway makes them (UUIDv7).
+    let call_id = uuid::Uuid::now_v7().to_string();
     let args = json!({"service": format!("svc-{}", r.below(500)), "limit": 50});
     if r.unit() < 0.05 {
         return vec![NewEvent {

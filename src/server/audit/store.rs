@@ -148,7 +148,11 @@ fn chain_after(
         .iter()
         .map(|p| {
             seq += 1;
-            let id = uuid::Uuid::new_v4().to_string();
+            // Time-ordered (UUIDv7: 48 bits of milliseconds, then 74 random bits), so each new
+            // id lands at the right edge of the unique index on `id`, as call ids do in theirs,
+            // instead of on a random page of an index of a million: fewer pages touched and
+            // written per append, under the append lock.
+            let id = uuid::Uuid::now_v7().to_string();
             let new = p.new;
             let hash = hex::encode(
                 EventText {

@@ -128,7 +128,8 @@ impl Gateway {
                 errors,
             });
         }
-        let call_id = uuid::Uuid::new_v4().to_string();
+        // Time-ordered, as every call id (see `store::chain_after`).
+        let call_id = uuid::Uuid::now_v7().to_string();
         // A token limited to a selector sees only its runners, here as everywhere.
         let visible = self.runners_visible_to(principal);
         let output = serde_json::to_value(visible).expect("runner status is JSON");

@@ -135,7 +135,8 @@ impl Gateway {
 
         // 5. Audit the intent, durably, before anything runs (fail closed). A call that needs
         //    approval becomes a pending request instead, and waits for people.
-        let call_id = uuid::Uuid::new_v4().to_string();
+        // Time-ordered (UUIDv7), as event ids are: see `store::chain_after`.
+        let call_id = uuid::Uuid::now_v7().to_string();
         if let Some(approvers) = approvers {
             let request = Request {
                 call_id,

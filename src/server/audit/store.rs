@@ -37,20 +37,23 @@ pub(super) const STORED_COLUMNS: &str = "seq, id, at, actor, kind, tool, runner,
 
 /// One statement per batch: a round trip per event was what bounded the append rate. The
 /// batch shares one `at`, bound once; every other column is an array, one element per event.
-const PG_INSERT: &str = "INSERT INTO audit_events (seq, id, at, actor, kind, tool, runner, args, reason, call_id, approval_id, outcome, result_digest, detail, prev_hash, hash, hash_v) \
-     SELECT seq, id, $3::timestamptz, actor, kind, tool, runner, args, reason, call_id, approval_id, outcome, result_digest, detail, prev_hash, hash, $17::smallint \
-     FROM UNNEST($1::bigint[], $2::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::text[], $15::text[], $16::text[]) \
-     AS t(seq, id, actor, kind, tool, runner, args, reason, call_id, approval_id, outcome, result_digest, detail, prev_hash, hash)";
+/// A macro, not a const, so that [`PG_INSERT_AFTER`] can extend the same literal (`concat!`).
+macro_rules! pg_insert_sql {
+    () => {
+        "INSERT INTO audit_events (seq, id, at, actor, kind, tool, runner, args, reason, call_id, approval_id, outcome, result_digest, detail, prev_hash, hash, hash_v) \
+         SELECT seq, id, $3::timestamptz, actor, kind, tool, runner, args, reason, call_id, approval_id, outcome, result_digest, detail, prev_hash, hash, $17::smallint \
+         FROM UNNEST($1::bigint[], $2::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::text[], $15::text[], $16::text[]) \
+         AS t(seq, id, actor, kind, tool, runner, args, reason, call_id, approval_id, outcome, result_digest, detail, prev_hash, hash)"
+    };
+}
+const PG_INSERT: &str = pg_insert_sql!();
 /// [`PG_INSERT`], inserting only if the last event is still `$18` (seq) with hash `$19`: the
 /// event this process appended last. Its statement snapshot is taken after the append lock
 /// was granted, so it sees every batch committed before. When another replica appended in
 /// between it inserts nothing, and the batch is chained again after the last event read.
 const PG_INSERT_AFTER: &str = concat!(
-    "INSERT INTO audit_events (seq, id, at, actor, kind, tool, runner, args, reason, call_id, approval_id, outcome, result_digest, detail, prev_hash, hash, hash_v) \
-     SELECT seq, id, $3::timestamptz, actor, kind, tool, runner, args, reason, call_id, approval_id, outcome, result_digest, detail, prev_hash, hash, $17::smallint \
-     FROM UNNEST($1::bigint[], $2::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::text[], $15::text[], $16::text[]) \
-     AS t(seq, id, actor, kind, tool, runner, args, reason, call_id, approval_id, outcome, result_digest, detail, prev_hash, hash) ",
-    "WHERE EXISTS (SELECT 1 FROM (SELECT seq, hash FROM audit_events ORDER BY seq DESC LIMIT 1) AS last \
+    pg_insert_sql!(),
+    " WHERE EXISTS (SELECT 1 FROM (SELECT seq, hash FROM audit_events ORDER BY seq DESC LIMIT 1) AS last \
      WHERE last.seq = $18::bigint AND last.hash = $19::text)"
 );
 const SQLITE_INSERT: &str = "INSERT INTO audit_events (seq, id, at, actor, kind, tool, runner, args, reason, call_id, approval_id, outcome, result_digest, detail, prev_hash, hash, hash_v) VALUES ";
@@ -135,11 +138,7 @@ struct Prepared<'a> {
 
 /// Chains `batch` after the last event (`last`: its seq, hash and at) at time `now`: the seq,
 /// id, `at` and hashes of each event, in order.
-fn chain_after(
-    last: Option<(i64, String, String)>,
-    now: String,
-    batch: &[Prepared<'_>],
-) -> Vec<Receipt> {
+fn chain_after(last: Option<Head>, now: String, batch: &[Prepared<'_>]) -> Vec<Receipt> {
     let (mut seq, mut prev, last_at) = last.unwrap_or((0, GENESIS_HASH.to_owned(), String::new()));
     // `at` text is fixed width, so text order is time order.
     let at = if now < last_at { last_at } else { now };

@@ -11,9 +11,11 @@
 #     see deploy/README.md).
 #
 # The runners join the server with a join token kept in a Nomad variable. One token admits
-# as many runners as its --uses, and grants them exactly its labels (a runner cannot ask for
-# others), so issue one per datacenter or leave labels out:
-#   emisar join-token issue --server-config emisar.toml --uses 50 --ttl 24h --label dc=dc1
+# as many runners as its --uses, admits the names its --name-pattern matches, and grants them
+# exactly its labels and packs (a runner cannot ask for others; it is sent calls only for the
+# granted packs), so issue one per datacenter:
+#   emisar join-token issue --server-config emisar.toml --uses 50 --ttl 24h --label dc=dc1 \
+#       --name-pattern 'nomad-*' --pack linux --pack debian --pack traefik --pack frr
 #   nomad var put nomad/jobs/emisar-runner server=https://emisar.example.internal join_token=emj_…
 # A runner that joined keeps its own credential in /var/lib/emisar-runner (made by the
 # package, mode 0700) and re-registers with it on every restart, so the token is needed once

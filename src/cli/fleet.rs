@@ -18,7 +18,7 @@ use crate::server::fleet::{self, JoinTokenSpec, NameRule};
 pub enum JoinTokenCommand {
     /// Issue a join token. It is printed once.
     #[command(
-        after_help = "Example: emisar join-token issue --server-config /etc/emisar/emisar.toml --name-pattern 'edge-*' --uses 5 --label role=edge"
+        after_help = "Example: emisar join-token issue --server-config /etc/emisar/emisar.toml --name edge-1 --label role=edge --pack traefik --pack linux"
     )]
     Issue {
         /// Lifetime: 90s, 30m, 12h, at most 30d.
@@ -37,6 +37,10 @@ pub enum JoinTokenCommand {
         /// join token's labels.
         #[arg(long = "label", value_name = "KEY=VALUE")]
         labels: Vec<String>,
+        /// A pack the runner may serve (repeat for more). A runner is sent calls only for the
+        /// packs it announces that its join token grants; none by default.
+        #[arg(long = "pack", value_name = "PACK")]
+        packs: Vec<String>,
         #[command(flatten)]
         key: ServerKeyArg,
         #[command(flatten)]
@@ -121,6 +125,7 @@ pub async fn join_token(command: JoinTokenCommand) -> anyhow::Result<i32> {
             name,
             name_pattern,
             labels,
+            packs,
             key,
             db,
         } => {
@@ -137,9 +142,22 @@ pub async fn join_token(command: JoinTokenCommand) -> anyhow::Result<i32> {
                 max_uses: uses,
                 name,
                 labels,
+                packs: packs.into_iter().collect(),
             };
             spec.check().map_err(anyhow::Error::msg)?;
             let (public, config) = key.load()?;
+            if let Some(config) = &config {
+                // With the server's config at hand, a pack it does not know is a typo: the
+                // token would grant nothing by that name.
+                let known = crate::pack::PackSet::load(config.packs_dir.as_deref())?;
+                if let Some(unknown) = spec.packs.iter().find(|p| known.pack(p).is_none()) {
+                    let names: Vec<&str> = known.packs().map(|p| p.name.as_str()).collect();
+                    anyhow::bail!(
+                        "--pack {unknown}: the server has no such pack (it has {})",
+                        names.join(", ")
+                    );
+                }
+            }
             let pins = crate::protocol::ServerPins {
                 key_sha256: crate::protocol::signing::key_fingerprint(&public)?,
             };
@@ -151,7 +169,11 @@ pub async fn join_token(command: JoinTokenCommand) -> anyhow::Result<i32> {
             println!("uses:          {}", spec.max_uses);
             println!("admits:        {}", spec.name);
             println!("labels:        {}", labels_text(&spec.labels));
+            println!("packs:         {}", packs_text(&spec.packs));
             println!("join token:    {}", issued.token);
+            for warning in spec.warnings() {
+                eprintln!("warning: {warning}");
+            }
             eprintln!(
                 "The token is shown once. Runners join with: emisar runner --config runner.toml --server URL --join-token TOKEN"
             );
@@ -170,12 +192,13 @@ pub async fn join_token(command: JoinTokenCommand) -> anyhow::Result<i32> {
                 Col::Right(11),
                 Col::Left(24),
                 Col::Left(24),
+                Col::Left(24),
                 Col::Last,
             ];
             table::print(
                 &cols,
                 [
-                    "ID", "CREATED", "EXPIRES", "USES", "ADMITS", "LABELS", "STATE",
+                    "ID", "CREATED", "EXPIRES", "USES", "ADMITS", "LABELS", "PACKS", "STATE",
                 ],
             );
             for t in tokens {
@@ -188,6 +211,7 @@ pub async fn join_token(command: JoinTokenCommand) -> anyhow::Result<i32> {
                         &format!("{}/{}", t.uses, t.max_uses),
                         &t.name.to_string(),
                         &labels_text(&t.labels),
+                        &packs_text(&t.packs),
                         t.state.as_str(),
                     ],
                 );
@@ -322,6 +346,13 @@ pub async fn runner(command: RunnerCommand) -> anyhow::Result<i32> {
         }
     }
     Ok(0)
+}
+
+fn packs_text(packs: &std::collections::BTreeSet<String>) -> String {
+    if packs.is_empty() {
+        return "none".into();
+    }
+    packs.iter().cloned().collect::<Vec<_>>().join(",")
 }
 
 fn labels_text(labels: &BTreeMap<String, String>) -> String {

@@ -224,7 +224,10 @@ async fn establish(
         runner_token: joined.runner_token.clone(),
         server_public_key: joined.server_public_key.clone(),
     })?;
-    tracing::info!(server = %join.server, runner = %config.name, labels = ?joined.labels, credential = %store.path().display(), "joined");
+    tracing::info!(server = %join.server, runner = %config.name, labels = ?joined.labels, packs = ?joined.packs, credential = %store.path().display(), "joined");
+    if joined.packs.is_empty() {
+        tracing::warn!(runner = %config.name, "the join token grants none of the packs this runner serves: the server will send it no calls (issue a token with --pack NAME)");
+    }
     Ok(Identity {
         server_public_key: configured_key.unwrap_or(joined.server_public_key),
         runner_token: joined.runner_token,

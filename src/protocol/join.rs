@@ -46,6 +46,10 @@ pub struct JoinResponse {
     /// The labels the server gave this runner (those of its join token).
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// The packs the server will call this runner for: those it announced that its join
+    /// token grants. The server never sends calls of any other pack.
+    #[serde(default)]
+    pub packs: Vec<String>,
 }
 
 /// `POST /api/runners/register`, sent with the runner token (`Authorization: Bearer emr_…`)

@@ -67,10 +67,21 @@ impl Application {
             .as_deref()
             .map(AuditKey::from_file)
             .transpose()?;
+        // Bound before the runners' trust is built: joined runners may never be this address.
+        let listener = TcpListener::bind(&config.listen)
+            .await
+            .with_context(|| format!("failed to listen on {}", config.listen))?;
+        let addr = listener.local_addr()?;
+        let networks = crate::server::runners::networks::JoinNetworks::new(
+            config.join.allowed_networks.as_deref(),
+            vec![addr],
+        )
+        .map_err(anyhow::Error::msg)?;
         let trust = crate::server::runners::tls::RunnerTrust::new(
             config.runner_ca_file.as_deref(),
             config.insecure_http,
-        )?;
+        )?
+        .with_join_networks(networks);
         let registry = Registry::new(config.runners.clone(), trust)?;
         let shutdown = CancellationToken::new();
         let approvals = Approvals::new(db.clone(), audit.clone(), shutdown.clone());
@@ -128,10 +139,6 @@ impl Application {
             )
             .await?,
         );
-        let listener = TcpListener::bind(&config.listen)
-            .await
-            .with_context(|| format!("failed to listen on {}", config.listen))?;
-        let addr = listener.local_addr()?;
         audit
             .append(NewEvent {
                 actor: "system".into(),

@@ -103,6 +103,23 @@ pub struct ServerConfig {
     /// The most approval requests one agent may have pending at once (default 20).
     #[serde(default = "default_max_pending")]
     pub max_pending_per_agent: u32,
+    /// How runners that join are bounded: where they may be reached.
+    #[serde(default)]
+    pub join: JoinConfig,
+}
+
+/// `[join]`: bounds on runners that join with a join token.
+#[derive(schemars::JsonSchema, Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JoinConfig {
+    /// The networks (CIDRs, or single addresses) a joined runner's URL may point into,
+    /// checked when it joins or re-registers and on every connection (each address its name
+    /// resolves to). Default: the private ranges (10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16,
+    /// 100.64.0.0/10, fc00::/7); loopback and link-local only when listed. The server's own
+    /// listening address is refused whatever this says. Runners in `[[runners]]` are not
+    /// bound by it.
+    #[serde(default)]
+    pub allowed_networks: Option<Vec<String>>,
 }
 
 fn default_approval_ttl() -> u64 {
@@ -198,6 +215,7 @@ impl ServerConfig {
             insecure_http: false,
             approved_start_within_secs: default_approved_start_within(),
             max_pending_per_agent: default_max_pending(),
+            join: JoinConfig::default(),
         }
     }
 
@@ -248,6 +266,11 @@ impl ServerConfig {
         }
         crate::server::webhook::validate(&self.webhooks)?;
         self.login.check()?;
+        crate::server::runners::networks::JoinNetworks::new(
+            self.join.allowed_networks.as_deref(),
+            Vec::new(),
+        )
+        .map_err(anyhow::Error::msg)?;
         if let Some(url) = &self.public_url
             && !(url.starts_with("http://") || url.starts_with("https://"))
         {

@@ -479,10 +479,14 @@ async fn join_tokens_and_runners_from_the_cli(backend: Backend) {
         "edge-*",
         "--label",
         "role=edge",
+        "--pack",
+        "nomad",
         "--server-public-key",
         key,
     ]);
     assert_eq!(code, 0, "{out}{err}");
+    // Bound to a pattern and granting a pack: nothing to warn about.
+    assert!(!err.contains("warning"), "{err}");
     let field = |out: &str, name: &str| {
         out.lines()
             .find_map(|l| l.strip_prefix(name))
@@ -511,7 +515,7 @@ async fn join_tokens_and_runners_from_the_cli(backend: Backend) {
             .to_owned()
     };
     let line = list();
-    for part in ["0/2", "pattern edge-*", "role=edge", "live"] {
+    for part in ["0/2", "pattern edge-*", "role=edge", "nomad", "live"] {
         assert!(line.contains(part), "{part}: {line}");
     }
     let (status, body) = app
@@ -553,8 +557,27 @@ async fn join_tokens_and_runners_from_the_cli(backend: Backend) {
     .unwrap();
     let (code, out, err) = issue(&["--server-config", config.to_str().unwrap()]);
     assert_eq!(code, 0, "{out}{err}");
+    // Any name, no pack: the operator is told what that lets the holder do.
+    assert!(
+        err.contains("warning: this token admits ANY runner name")
+            && err.contains("warning: this token grants no pack"),
+        "{err}"
+    );
+    assert_eq!(field(&out, "packs:"), "none");
     assert!(
         field(&out, "join token:").ends_with(&format!(".key={}", app.server_pins().key_sha256))
+    );
+    // With the server's config at hand, a pack it does not have is a typo.
+    let (code, out, err) = issue(&[
+        "--server-config",
+        config.to_str().unwrap(),
+        "--pack",
+        "nomadd",
+    ]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(
+        err.contains("--pack nomadd: the server has no such pack"),
+        "{err}"
     );
 
     // Runners: configured and joined; only joined ones can be removed.

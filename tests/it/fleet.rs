@@ -19,6 +19,7 @@ fn labelled(labels: &[(&str, &str)]) -> JoinTokenSpec {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect::<BTreeMap<_, _>>(),
+        packs: ["testkit".to_owned()].into(),
         ..JoinTokenSpec::once(Duration::from_secs(600))
     }
 }

@@ -14,6 +14,7 @@ mod governance;
 mod governance_rules;
 mod harness;
 mod hostile;
+mod join_bounds;
 mod lab;
 mod mcp_calls;
 mod oidc;

@@ -19,8 +19,12 @@ use crate::harness::tools::{bound_addr, only_output};
 use crate::harness::{Backend, RunnerSpec, spawn_app};
 use crate::mcp_calls::{call, fixtures_dir};
 
+/// A one-use token that grants the packs these tests' runners serve and are called for.
 fn once() -> JoinTokenSpec {
-    JoinTokenSpec::once(Duration::from_secs(600))
+    JoinTokenSpec {
+        packs: ["testkit", "traefik", "linux"].map(str::to_owned).into(),
+        ..JoinTokenSpec::once(Duration::from_secs(600))
+    }
 }
 
 fn join_body(name: &str, url: &str) -> Value {

@@ -119,7 +119,10 @@ async fn the_whole_stack_runs_over_tls(backend: Backend) {
     // A runner that joins over https (the emisar-runner binary, its self-signed certificate
     // made in its state_dir) sends its fingerprint; the server stores it and pins it.
     let (_, join_token) = app
-        .join_token(JoinTokenSpec::once(Duration::from_secs(600)))
+        .join_token(JoinTokenSpec {
+            packs: ["traefik".to_owned()].into(),
+            ..JoinTokenSpec::once(Duration::from_secs(600))
+        })
         .await;
     let runner_toml = d.join("node-join.toml");
     std::fs::write(

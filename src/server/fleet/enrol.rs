@@ -6,7 +6,7 @@
 //! certificate it sends when it joins or re-registers is stored with it and pinned: calls go
 //! to that certificate only.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use serde_json::json;
@@ -30,6 +30,33 @@ struct Grant {
     id: String,
     name: NameRule,
     labels: BTreeMap<String, String>,
+    /// The packs the token grants; the runner serves those of them it announces.
+    packs: BTreeSet<String>,
+}
+
+impl Grant {
+    /// The packs a runner announcing `announced` serves under this grant: both lists.
+    fn served(&self, announced: &BTreeMap<String, String>) -> Vec<String> {
+        served(&self.packs, announced)
+    }
+}
+
+/// The announced packs that `granted` names, in name order.
+fn served(granted: &BTreeSet<String>, announced: &BTreeMap<String, String>) -> Vec<String> {
+    announced
+        .keys()
+        .filter(|p| granted.contains(*p))
+        .cloned()
+        .collect()
+}
+
+/// The announced packs that `granted` does not name: announced, never served.
+fn not_granted(granted: &BTreeSet<String>, announced: &BTreeMap<String, String>) -> Vec<String> {
+    announced
+        .keys()
+        .filter(|p| !granted.contains(*p))
+        .cloned()
+        .collect()
 }
 
 /// A join the server will not make: the status it answers with and why.
@@ -63,8 +90,8 @@ pub struct Fleet {
     in_flight: tokio::sync::Semaphore,
 }
 
-const CONSUME: &str = "UPDATE join_tokens SET uses = uses + 1 WHERE token_hash = $1 AND revoked_at IS NULL AND expires_at > $2::timestamptz AND uses < max_uses RETURNING id, runner_name, name_pattern, labels::text";
-const INSERT_RUNNER: &str = "INSERT INTO runners (name, url, labels, packs, runner_token_hash, joined_at, last_heartbeat, join_token_id, tls_fingerprint) VALUES ($1, $2, $3::jsonb, $4::jsonb, $5, $6::timestamptz, $6::timestamptz, $7, $8) ON CONFLICT (name) DO NOTHING RETURNING name";
+const CONSUME: &str = "UPDATE join_tokens SET uses = uses + 1 WHERE token_hash = $1 AND revoked_at IS NULL AND expires_at > $2::timestamptz AND uses < max_uses RETURNING id, runner_name, name_pattern, labels::text, packs::text";
+const INSERT_RUNNER: &str = "INSERT INTO runners (name, url, labels, packs, runner_token_hash, joined_at, last_heartbeat, join_token_id, tls_fingerprint, granted_packs) VALUES ($1, $2, $3::jsonb, $4::jsonb, $5, $6::timestamptz, $6::timestamptz, $7, $8, $9::jsonb) ON CONFLICT (name) DO NOTHING RETURNING name";
 
 impl Fleet {
     pub fn new(
@@ -90,8 +117,7 @@ impl Fleet {
         secret: &str,
         request: JoinRequest,
     ) -> Result<JoinResponse, FleetError> {
-        let insecure_http = self.registry.trust().insecure_http();
-        let tls_fingerprint = match check_join_request(&request, insecure_http) {
+        let tls_fingerprint = match self.check_join(&request).await {
             Ok(pin) => pin,
             Err(e) => {
                 let named = is_identifier(&request.name).then(|| request.name.clone());
@@ -113,15 +139,13 @@ impl Fleet {
             random_secret(RUNNER_PREFIX).map_err(|e| FleetError::Invalid(e.to_string()))?;
         let hash = sha256_hex(secret.as_bytes());
         let now = format_at(chrono::Utc::now());
-        let packs: Vec<String> = request.packs.keys().cloned().collect();
-        let packs_json = serde_json::to_string(&packs).expect("packs are JSON");
         let runner_token_hash = sha256_hex(runner_token.as_bytes());
 
         // One attempt: consume a use, decide, insert the runner; the caller commits or rolls
         // back. Written once for both backends' transactions.
         macro_rules! attempt {
             ($tx:expr) => {{
-                let row: Option<(String, Option<String>, Option<String>, String)> =
+                let row: Option<(String, Option<String>, Option<String>, String, String)> =
                     sqlx::query_as(self.db.sql(CONSUME))
                         .bind(&hash)
                         .bind(&now)
@@ -129,11 +153,14 @@ impl Fleet {
                         .await?;
                 match row {
                     None => Err(None),
-                    Some((id, name, pattern, labels)) => {
+                    Some((id, name, pattern, labels, packs)) => {
+                        // A grant that does not parse grants nothing (it was written by
+                        // `issue_join_token` as JSON, so this is a damaged row).
                         let grant = Grant {
                             id,
                             name: NameRule::from_columns(name, pattern),
                             labels: serde_json::from_str(&labels).unwrap_or_default(),
+                            packs: serde_json::from_str(&packs).unwrap_or_default(),
                         };
                         match self.decide(&grant, &request) {
                             Err(e) => Err(Some(Refusal::new(e, Some(&grant)))),
@@ -146,11 +173,18 @@ impl Fleet {
                                             serde_json::to_string(&grant.labels)
                                                 .expect("labels are JSON"),
                                         )
-                                        .bind(&packs_json)
+                                        .bind(
+                                            serde_json::to_string(&grant.served(&request.packs))
+                                                .expect("packs are JSON"),
+                                        )
                                         .bind(&runner_token_hash)
                                         .bind(&now)
                                         .bind(&grant.id)
                                         .bind(&tls_fingerprint)
+                                        .bind(
+                                            serde_json::to_string(&grant.packs)
+                                                .expect("packs are JSON"),
+                                        )
                                         .fetch_optional(&mut *$tx)
                                         .await?;
                                 match inserted {
@@ -219,11 +253,16 @@ impl Fleet {
         };
         // The URL and pin were checked before the join was written, so this fails only if no
         // client can be built at all; the row stays and the sync tries again.
+        let packs = grant.served(&request.packs);
+        let unserved = not_granted(&grant.packs, &request.packs);
+        if !unserved.is_empty() {
+            tracing::warn!(runner = %request.name, packs = ?unserved, "a joined runner announced packs its join token does not grant; it is never sent their calls");
+        }
         if let Err(e) = self.registry.upsert_joined(RunnerEntry {
             name: request.name.clone(),
             url: request.url.clone(),
             tls_fingerprint,
-            packs: Some(packs),
+            packs: Some(packs.clone()),
             labels: grant.labels.clone(),
         }) {
             tracing::error!(runner = %request.name, error = %format!("{e:#}"), "joined runner not loaded");
@@ -234,7 +273,29 @@ impl Fleet {
             server_public_key: self.server_public_key.clone(),
             heartbeat_interval_ms: HEARTBEAT_INTERVAL.as_millis() as u64,
             labels: grant.labels,
+            packs,
         })
+    }
+
+    /// The shape checks of a join request, then where its URL points: a joined runner is
+    /// reached only inside the join networks. Returns the certificate pin it carries.
+    async fn check_join(&self, request: &JoinRequest) -> Result<Option<String>, FleetError> {
+        let pin = check_join_request(request, self.registry.trust().insecure_http())?;
+        self.check_networks(&request.url).await?;
+        Ok(pin)
+    }
+
+    /// The URL's host (an address, or every address its name resolves to now) lies in the
+    /// join networks; the runner's client checks again on every connection.
+    async fn check_networks(&self, url: &str) -> Result<(), FleetError> {
+        let parsed = reqwest::Url::parse(url)
+            .map_err(|_| FleetError::Invalid("`url` is not a URL".into()))?;
+        self.registry
+            .trust()
+            .join_networks()
+            .check_url(&parsed)
+            .await
+            .map_err(FleetError::Forbidden)
     }
 
     /// May a runner named and labelled as `request` join with `grant`? The last check (no
@@ -363,15 +424,16 @@ impl Fleet {
         check_url(&request.url, insecure_http)?;
         let tls_fingerprint = check_pin(&request.url, request.tls_fingerprint.as_deref())?;
         check_packs(&request.packs)?;
+        self.check_networks(&request.url).await?;
         let hash = sha256_hex(runner_token.as_bytes());
-        let sql = self
-            .db
-            .sql("SELECT name, labels::text FROM runners WHERE runner_token_hash = $1");
-        let row: Option<(String, String)> = self
+        let sql = self.db.sql(
+            "SELECT name, labels::text, granted_packs::text FROM runners WHERE runner_token_hash = $1",
+        );
+        let row: Option<(String, String, Option<String>)> = self
             .db
             .guard(async { with_pool!(self.db, pool => sqlx::query_as(sql).bind(&hash).fetch_optional(pool).await) })
             .await?;
-        let Some((name, labels)) = row else {
+        let Some((name, labels, granted)) = row else {
             tracing::warn!("a runner presented an unknown credential to re-register");
             return Err(unknown_credential());
         };
@@ -380,14 +442,20 @@ impl Fleet {
                 "`{name}` is a runner in the server's config; a joined runner of that name is ignored: `emisar runner remove {name}` and join under another name"
             )));
         }
-        let packs: Vec<String> = request.packs.keys().cloned().collect();
+        // The grant fixed at the join bounds what a re-registration may serve; a row without
+        // one (damaged) grants nothing.
+        let granted: BTreeSet<String> = granted
+            .and_then(|g| serde_json::from_str(&g).ok())
+            .unwrap_or_default();
+        let packs = served(&granted, &request.packs);
+        let unserved = not_granted(&granted, &request.packs);
         self.audit
             .append(NewEvent {
                 actor: format!("runner:{name}"),
                 kind: kind::RUNNER_REGISTERED.into(),
                 runner: Some(name.clone()),
                 outcome: Some("ok".into()),
-                detail: Some(json!({"url": request.url, "packs": request.packs, "tls_fingerprint": tls_fingerprint})),
+                detail: Some(json!({"url": request.url, "packs": request.packs, "served": packs, "not_granted": unserved, "tls_fingerprint": tls_fingerprint})),
                 ..Default::default()
             })
             .await?;
@@ -472,6 +540,8 @@ fn joined_event(
             "url": request.url,
             "labels": grant.labels,
             "packs": request.packs,
+            "served": grant.served(&request.packs),
+            "not_granted": not_granted(&grant.packs, &request.packs),
             "join_token_id": grant.id,
             "tls_fingerprint": tls_fingerprint,
         })),
@@ -508,7 +578,7 @@ fn check_join_request(
 fn check_url(url: &str, insecure_http: bool) -> Result<(), FleetError> {
     let bad = || {
         FleetError::Invalid(format!(
-            "`url` must be an http(s) URL of at most {MAX_URL_LEN} printable ASCII characters, with a host and no credentials"
+            "`url` must be an http(s) URL of at most {MAX_URL_LEN} printable ASCII characters, with a host, and no credentials, query or fragment"
         ))
     };
     // Printable ASCII only: a URL parser silently drops tabs and line breaks and encodes
@@ -517,10 +587,14 @@ fn check_url(url: &str, insecure_http: bool) -> Result<(), FleetError> {
         return Err(bad());
     }
     let parsed = reqwest::Url::parse(url).map_err(|_| bad())?;
+    // No query or fragment: the server appends `/healthz` and `/v1/call`, and a `?` or `#`
+    // would turn those into a query or fragment of a path the joiner chose.
     if !matches!(parsed.scheme(), "http" | "https")
         || parsed.host_str().is_none()
         || !parsed.username().is_empty()
         || parsed.password().is_some()
+        || parsed.query().is_some()
+        || parsed.fragment().is_some()
     {
         return Err(bad());
     }
@@ -608,6 +682,14 @@ mod tests {
             },
             JoinRequest {
                 url: "http://10.0.0.\t1:7701".into(),
+                ..ok.clone()
+            },
+            JoinRequest {
+                url: "http://10.0.0.1:7701/api/approvals/x/approve?".into(),
+                ..ok.clone()
+            },
+            JoinRequest {
+                url: "http://10.0.0.1:7701/latest/meta-data/#".into(),
                 ..ok.clone()
             },
             JoinRequest {

@@ -1,14 +1,16 @@
 //! Join tokens: issued with a lifetime, a number of uses, an optional name or name pattern
-//! and the labels they grant; listed (never the token) and revoked. Only the SHA-256 of a
+//! and the labels and packs they grant; listed (never the token) and revoked. Only the SHA-256 of a
 //! token's secret is stored; the token carries the fingerprint of the issuing server's key.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use serde::Serialize;
 use serde_json::json;
 
-use super::{MAX_JOIN_TOKEN_TTL, MAX_JOIN_TOKEN_USES, MAX_LABELS, at_text, kind, random_secret};
+use super::{
+    MAX_JOIN_TOKEN_TTL, MAX_JOIN_TOKEN_USES, MAX_LABELS, MAX_PACKS, at_text, kind, random_secret,
+};
 use crate::digest::sha256_hex;
 use crate::pack::is_identifier;
 use crate::protocol::{JoinToken, ServerPins};
@@ -98,17 +100,40 @@ pub struct JoinTokenSpec {
     pub name: NameRule,
     /// Exactly the labels a runner that joins with it gets.
     pub labels: BTreeMap<String, String>,
+    /// The packs a runner that joins with it may serve: it serves those it announces and
+    /// the token grants, no others. None by default: a runner whose token grants no pack
+    /// joins but is never sent a call, and in particular never picked for a cluster-scoped
+    /// tool (Nomad, Consul, VictoriaMetrics), whose calls carry every agent's arguments.
+    pub packs: BTreeSet<String>,
 }
 
 impl JoinTokenSpec {
-    /// One join, any name, no labels, for `ttl`.
+    /// One join, any name, no labels, no packs, for `ttl`.
     pub fn once(ttl: Duration) -> Self {
         JoinTokenSpec {
             ttl,
             max_uses: 1,
             name: NameRule::Any,
             labels: BTreeMap::new(),
+            packs: BTreeSet::new(),
         }
+    }
+
+    /// What an operator should hear before handing this token out: a token that admits any
+    /// name lets whoever holds it pick the name its runner is known by.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        if self.name == NameRule::Any {
+            warnings.push(
+                "this token admits ANY runner name: whoever holds it chooses the name its runner is known (and sorted) by; bind it with --name NAME (or --name-pattern 'edge-*')".into(),
+            );
+        }
+        if self.packs.is_empty() {
+            warnings.push(
+                "this token grants no pack: a runner that joins with it is never sent a call; grant packs with --pack NAME".into(),
+            );
+        }
+        warnings
     }
 
     pub fn check(&self) -> Result<(), String> {
@@ -128,8 +153,23 @@ impl JoinTokenSpec {
                 "--name binds the token to one runner, which joins once: use --uses 1, or --name-pattern for several".into(),
             );
         }
-        check_labels("--label", &self.labels)
+        check_labels("--label", &self.labels)?;
+        check_pack_names("--pack", &self.packs)
     }
+}
+
+/// Pack names a join token grants: identifiers, at most [`MAX_PACKS`].
+pub(super) fn check_pack_names(field: &str, packs: &BTreeSet<String>) -> Result<(), String> {
+    if packs.len() > MAX_PACKS {
+        return Err(format!("{field}: at most {MAX_PACKS} packs"));
+    }
+    if let Some(bad) = packs.iter().find(|p| !is_identifier(p)) {
+        return Err(format!(
+            "{field} {}: a pack name is an identifier (letters, digits and `_.@-`, at most 128 characters)",
+            crate::util::door::describe(bad)
+        ));
+    }
+    Ok(())
 }
 
 pub(super) fn check_labels(field: &str, labels: &BTreeMap<String, String>) -> Result<(), String> {
@@ -195,12 +235,13 @@ pub async fn issue_join_token(
                 "name": name,
                 "name_pattern": pattern,
                 "labels": spec.labels,
+                "packs": spec.packs,
                 "server_key_sha256": token.pins.key_sha256,
             })),
             ..Default::default()
         })
         .await?;
-    let sql = db.sql("INSERT INTO join_tokens (id, token_hash, created_at, expires_at, max_uses, uses, runner_name, name_pattern, labels) VALUES ($1, $2, $3::timestamptz, $4::timestamptz, $5, 0, $6, $7, $8::jsonb)");
+    let sql = db.sql("INSERT INTO join_tokens (id, token_hash, created_at, expires_at, max_uses, uses, runner_name, name_pattern, labels, packs) VALUES ($1, $2, $3::timestamptz, $4::timestamptz, $5, 0, $6, $7, $8::jsonb, $9::jsonb)");
     with_pool!(db, pool => {
         sqlx::query(sql)
             .bind(&id)
@@ -211,6 +252,7 @@ pub async fn issue_join_token(
             .bind(name)
             .bind(pattern)
             .bind(serde_json::to_string(&spec.labels).expect("labels are JSON"))
+            .bind(serde_json::to_string(&spec.packs).expect("packs are JSON"))
             .execute(pool)
             .await?;
     });
@@ -252,6 +294,7 @@ pub struct JoinTokenInfo {
     pub max_uses: u32,
     pub name: NameRule,
     pub labels: BTreeMap<String, String>,
+    pub packs: BTreeSet<String>,
     pub revoked_at: Option<String>,
     pub state: JoinTokenState,
 }
@@ -265,13 +308,14 @@ type JoinTokenRow = (
     Option<String>,
     Option<String>,
     String,
+    String,
     Option<String>,
 );
 
 /// Every join token, oldest first.
 pub async fn list_join_tokens(db: &Db) -> anyhow::Result<Vec<JoinTokenInfo>> {
     let sql = format!(
-        "SELECT id, {}, {}, uses, max_uses, runner_name, name_pattern, labels::text, {} FROM join_tokens ORDER BY created_at, id",
+        "SELECT id, {}, {}, uses, max_uses, runner_name, name_pattern, labels::text, packs::text, {} FROM join_tokens ORDER BY created_at, id",
         at_text(db, "created_at"),
         at_text(db, "expires_at"),
         at_text(db, "revoked_at"),
@@ -281,7 +325,18 @@ pub async fn list_join_tokens(db: &Db) -> anyhow::Result<Vec<JoinTokenInfo>> {
     let now = format_at(chrono::Utc::now());
     rows.into_iter()
         .map(
-            |(id, created_at, expires_at, uses, max_uses, name, pattern, labels, revoked_at)| {
+            |(
+                id,
+                created_at,
+                expires_at,
+                uses,
+                max_uses,
+                name,
+                pattern,
+                labels,
+                packs,
+                revoked_at,
+            )| {
                 // Fixed-width UTC text compares in time order.
                 let state = if revoked_at.is_some() {
                     JoinTokenState::Revoked
@@ -300,6 +355,7 @@ pub async fn list_join_tokens(db: &Db) -> anyhow::Result<Vec<JoinTokenInfo>> {
                     max_uses: max_uses.max(0) as u32,
                     name: NameRule::from_columns(name, pattern),
                     labels: serde_json::from_str(&labels)?,
+                    packs: serde_json::from_str(&packs)?,
                     revoked_at,
                     state,
                 })
@@ -387,5 +443,23 @@ mod tests {
         );
         assert!(parse_label("role").unwrap_err().contains("key=value"));
         assert!(parse_label("role=a b").unwrap_err().contains("identifiers"));
+        spec.max_uses = 1;
+        spec.packs = BTreeSet::from(["nomad".to_owned(), "no/pe".to_owned()]);
+        let err = spec.check().unwrap_err();
+        assert!(
+            err.contains("--pack") && err.contains("identifier"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn an_open_token_says_what_it_lets_the_holder_choose() {
+        let mut spec = JoinTokenSpec::once(Duration::from_secs(60));
+        let warnings = spec.warnings().join("\n");
+        assert!(warnings.contains("ANY runner name"), "{warnings}");
+        assert!(warnings.contains("grants no pack"), "{warnings}");
+        spec.name = NameRule::Exact("edge-1".into());
+        spec.packs.insert("traefik".into());
+        assert!(spec.warnings().is_empty());
     }
 }

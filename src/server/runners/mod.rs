@@ -6,6 +6,7 @@
 mod breaker;
 mod budget;
 pub mod client;
+pub mod networks;
 pub mod registry;
 pub mod tls;
 

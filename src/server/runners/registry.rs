@@ -182,7 +182,7 @@ impl Registry {
     /// is an error and changes nothing.
     pub fn upsert_joined(self: &Arc<Self>, entry: RunnerEntry) -> anyhow::Result<bool> {
         let name = entry.name.clone();
-        let http = self.trust.client(&entry)?;
+        let http = self.trust.joined_client(&entry)?;
         let endpoint = Endpoint { entry, http };
         let added = {
             let mut slots = self.slots.write().unwrap_or_else(|p| p.into_inner());
@@ -272,10 +272,14 @@ impl Registry {
             .collect()
     }
 
-    /// Runners that serve `pack` and are in `scope`, healthiest first (closed breaker and a
-    /// good heartbeat), then by name.
+    /// Runners designated for `pack` (a configured runner whose `packs` name it or are left
+    /// out, or a joined runner whose join token granted it and that announced it) and in
+    /// `scope`, in the order the server picks for a cluster-scoped tool: healthiest first
+    /// (closed breaker and a good heartbeat), then configured runners before joined ones,
+    /// then by name. The order never depends on anything a joining runner chooses but its
+    /// name, and a name sorts only among runners the operator designated for the pack.
     pub fn serving(&self, pack: &str, scope: Option<&Selector>) -> Vec<String> {
-        let mut names: Vec<(u8, String)> = self
+        let mut names: Vec<(u8, bool, String)> = self
             .slots()
             .into_iter()
             .filter(|(_, s)| {
@@ -285,11 +289,12 @@ impl Registry {
             .map(|(name, s)| {
                 let h = s.health.lock().unwrap_or_else(|p| p.into_inner());
                 let rank = h.breaker.level() * 2 + u8::from(h.heartbeat_ok == Some(false));
-                (rank, name)
+                let joined = matches!(s.origin, Origin::Joined { .. });
+                (rank, joined, name)
             })
             .collect();
         names.sort();
-        names.into_iter().map(|(_, n)| n).collect()
+        names.into_iter().map(|(_, _, n)| n).collect()
     }
 
     /// Runners that serve `pack` and are in `scope`, by name.

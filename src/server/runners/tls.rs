@@ -22,6 +22,7 @@ use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{CertificateError, DigitallySignedStruct, OtherError, SignatureScheme};
 
+use super::networks::{AllowedResolver, JoinNetworks};
 use crate::server::config::{RunnerEntry, check_runner_url};
 use crate::util::tls::{Fingerprint, provider, read_certificates};
 
@@ -33,6 +34,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 pub struct RunnerTrust {
     ca: Option<Arc<rustls::RootCertStore>>,
     insecure_http: bool,
+    /// Where joined runners may be reached (`[join] allowed_networks`).
+    joined: Arc<JoinNetworks>,
 }
 
 impl RunnerTrust {
@@ -52,7 +55,17 @@ impl RunnerTrust {
                 Some(Arc::new(roots))
             }
         };
-        Ok(RunnerTrust { ca, insecure_http })
+        Ok(RunnerTrust {
+            ca,
+            insecure_http,
+            joined: Arc::new(JoinNetworks::default_with(Vec::new())),
+        })
+    }
+
+    /// Joined runners may be reached only where `networks` allows.
+    pub fn with_join_networks(mut self, networks: JoinNetworks) -> Self {
+        self.joined = Arc::new(networks);
+        self
     }
 
     /// Whether `http://` runner URLs are allowed.
@@ -60,14 +73,53 @@ impl RunnerTrust {
         self.insecure_http
     }
 
+    /// Where joined runners may be reached.
+    pub fn join_networks(&self) -> &JoinNetworks {
+        &self.joined
+    }
+
+    /// The client of a joined runner: like [`RunnerTrust::client`], and it connects only to
+    /// addresses in the join networks. An address in the URL is checked here; a name is
+    /// checked on every connection, by the resolver.
+    pub fn joined_client(&self, entry: &RunnerEntry) -> anyhow::Result<reqwest::Client> {
+        let url = reqwest::Url::parse(&entry.url)
+            .with_context(|| format!("runner `{}` url is not a URL", entry.name))?;
+        let port = url
+            .port_or_known_default()
+            .with_context(|| format!("runner `{}` url has no port", entry.name))?;
+        let host = url.host_str().unwrap_or_default();
+        if let Ok(ip) = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            && let Some(why) = self.joined.refuses(std::net::SocketAddr::new(ip, port))
+        {
+            anyhow::bail!("runner `{}` is not reached: {why}", entry.name);
+        }
+        let resolver = Arc::new(AllowedResolver::new(self.joined.clone(), port));
+        self.build(entry, Some(resolver))
+    }
+
     /// The client that calls (and probes) the runner `entry` describes.
     pub fn client(&self, entry: &RunnerEntry) -> anyhow::Result<reqwest::Client> {
+        self.build(entry, None)
+    }
+
+    fn build(
+        &self,
+        entry: &RunnerEntry,
+        resolver: Option<Arc<AllowedResolver>>,
+    ) -> anyhow::Result<reqwest::Client> {
         let what = format!("runner `{}` url", entry.name);
         check_runner_url(&what, &entry.url, self.insecure_http)?;
         let builder = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
             .redirect(reqwest::redirect::Policy::none())
             .no_proxy();
+        let builder = match resolver {
+            Some(resolver) => builder.dns_resolver(resolver),
+            None => builder,
+        };
         let tls = match (&entry.tls_fingerprint, &self.ca) {
             _ if entry.url.starts_with("http://") => None,
             (Some(pin), _) => {

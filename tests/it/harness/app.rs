@@ -178,6 +178,9 @@ pub struct Options {
     /// The server's `insecure_http`; the harness sets it (its runners listen on loopback and
     /// speak plain HTTP unless given a certificate) unless a test says otherwise.
     pub insecure_http: Option<bool>,
+    /// The server's `[join]`; when not given, the harness admits loopback (its runners
+    /// listen there), which the server's default refuses.
+    pub join: Option<emisar::server::config::JoinConfig>,
 }
 
 pub async fn fresh_db(backend: Backend, dir: &std::path::Path) -> (String, Option<PgTestDb>) {
@@ -291,6 +294,12 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
         runner_ca_file: options.runner_ca_file.clone(),
         // Every listener here is on loopback.
         insecure_http: options.insecure_http.unwrap_or(true),
+        join: options
+            .join
+            .clone()
+            .unwrap_or_else(|| emisar::server::config::JoinConfig {
+                allowed_networks: Some(vec!["127.0.0.0/8".into(), "::1".into()]),
+            }),
         ..ServerConfig::with_signing_key(private_key.clone())
     };
     let app = emisar::server::app::Application::build(config, &database_url)

@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde_json::{Map, Value};
 
 use super::registry::Endpoint;
-use crate::protocol::signing::{CallClaims, CallSigner, ISSUER, TOKEN_LIFETIME, now};
+use crate::protocol::signing::{CallClaims, CallSigner, ISSUER, Purpose, TOKEN_LIFETIME, now};
 use crate::protocol::{CallRequest, CallResponse, Mode};
 use crate::util::error_chain;
 
@@ -108,6 +108,7 @@ impl RunnerClient {
             aud: runner.to_owned(),
             iat,
             exp: iat + TOKEN_LIFETIME,
+            purpose: Purpose::Call,
             jti: uuid::Uuid::new_v4().to_string(),
             call_id: d.call_id.to_owned(),
             tool: d.tool.to_owned(),

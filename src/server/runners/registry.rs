@@ -318,7 +318,9 @@ impl Registry {
 
     /// Records how a call went. Only failures of the runner itself count against its breaker
     /// (unreachable, timed out, unreadable); a service error behind a healthy runner does not.
-    pub fn record(&self, name: &str, runner_failure: Option<&str>) {
+    /// The breaker keeps the agent's text of the failure (an open breaker's refusal quotes
+    /// it); `last_error` the operator's detail, which only admins read.
+    pub fn record(&self, name: &str, runner_failure: Option<&super::client::RunnerError>) {
         if let Some(s) = self.slot(name) {
             let mut h = s.health.lock().unwrap_or_else(|p| p.into_inner());
             h.last_call = Some(chrono::Utc::now());
@@ -327,9 +329,9 @@ impl Registry {
                     h.breaker.on_success();
                     h.last_error = None;
                 }
-                Some(reason) => {
-                    h.breaker.on_failure(Instant::now(), reason);
-                    h.last_error = Some(reason.to_owned());
+                Some(failure) => {
+                    h.breaker.on_failure(Instant::now(), &failure.to_string());
+                    h.last_error = Some(failure.detail());
                 }
             }
             crate::server::metrics::breaker_state(name, h.breaker.level());

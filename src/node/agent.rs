@@ -9,6 +9,11 @@
 //! arguments → an execution of a risk:high tool carries an approval id never used before, or
 //! the policy's lowering. Only then does the action run. A preview's answer carries the seal
 //! over what it captured.
+//!
+//! `GET /healthz` answers liveness (`{"status": "ok"}`) to anyone, and this runner's details
+//! (name, pack digests, allowlists) only with a health token the server signed for this
+//! runner (its purpose `health`, see [`crate::protocol::signing`]): they tell a stranger which
+//! packs to pretend to serve and which values would run here.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -176,7 +181,25 @@ pub async fn run_https(
     crate::util::tls::serve_https(listener, router(state), tls, shutdown).await
 }
 
-async fn health(State(state): State<Arc<RunnerState>>) -> Json<Value> {
+async fn health(State(state): State<Arc<RunnerState>>, headers: HeaderMap) -> Response {
+    let token = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let Some(token) = token else {
+        // Liveness, for load balancers, orchestrators and scripts that wait for a start.
+        return Json(json!({"status": "ok"})).into_response();
+    };
+    // A token that does not verify is refused rather than answered as liveness: the server's
+    // prober then shows the runner unhealthy, which a key it cannot verify calls with is.
+    if let Err(e) = state.verifier.verify_health(token) {
+        tracing::warn!(error = %e, "health details refused");
+        return (
+            StatusCode::UNAUTHORIZED,
+            Json(json!({"error": format!("health details refused: {e}")})),
+        )
+            .into_response();
+    }
     let packs: serde_json::Map<String, Value> = state
         .packs
         .packs()
@@ -185,10 +208,12 @@ async fn health(State(state): State<Arc<RunnerState>>) -> Json<Value> {
     // The allowlists go out with the packs so the server can refuse a value that can never
     // run here before it asks anyone to approve it; this runner still checks every call.
     Json(json!({
+        "status": "ok",
         "name": state.config.name,
         "packs": packs,
         "allowlists": state.config.allowlists,
     }))
+    .into_response()
 }
 
 fn refuse(status: StatusCode, message: impl Into<String>) -> Response {

@@ -1,10 +1,14 @@
-//! The server's Ed25519 key and the claims of a signed runner call.
+//! The server's Ed25519 key and the claims of the tokens it signs for runners: a call token
+//! (one runner call) and a health token (the prober reading a runner's `/healthz` details).
 //!
 //! Invariant: a runner executes only a call whose token verifies with the server's public key,
 //! names this runner as audience, lives at most [`MAX_TOKEN_LIFETIME`] seconds, carries a `jti`
 //! never seen before, and whose tool, argument digest and pack digest match the request and
 //! the runner's own packs; and it executes a risk:high tool only under an approval id (once)
 //! or when the claims say the server's policy lowered it (naming that policy).
+//!
+//! Invariant: every token names its [`Purpose`], and each verifier accepts only its own: a
+//! health token never runs a call, and a call token never reads a runner's health details.
 
 use std::path::Path;
 
@@ -23,6 +27,26 @@ pub const MAX_TOKEN_LIFETIME: u64 = 60;
 pub const TOKEN_LIFETIME: u64 = 30;
 pub const ISSUER: &str = "emisar";
 
+/// What a token signed for a runner is for. Both kinds are signed with the same key for the
+/// same audience, so the purpose is what keeps one from standing in for the other.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Purpose {
+    /// Run one call ([`CallClaims`]).
+    Call,
+    /// Read the runner's `/healthz` details ([`HealthClaims`]).
+    Health,
+}
+
+impl Purpose {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Purpose::Call => "call",
+            Purpose::Health => "health",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct CallClaims {
     pub iss: String,
@@ -30,6 +54,8 @@ pub struct CallClaims {
     pub aud: String,
     pub iat: u64,
     pub exp: u64,
+    /// Always [`Purpose::Call`]; required, so a token without it runs nothing.
+    pub purpose: Purpose,
     /// Single-use id: a runner refuses a second call with the same one.
     pub jti: String,
     /// The audit call id this execution belongs to.
@@ -48,6 +74,34 @@ pub struct CallClaims {
     /// runner executes a risk:high tool only when this is present, and logs which policy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lowered_by_policy: Option<String>,
+}
+
+/// The claims of a health token: the server's prober may read this runner's details (its
+/// name, pack digests and allowlists) until `exp`. It carries no `jti`: reading the details
+/// twice changes nothing, and the token lives [`TOKEN_LIFETIME`] seconds.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct HealthClaims {
+    pub iss: String,
+    /// The runner's name.
+    pub aud: String,
+    pub iat: u64,
+    pub exp: u64,
+    /// Always [`Purpose::Health`].
+    pub purpose: Purpose,
+}
+
+impl HealthClaims {
+    /// A health token's claims for `runner`, valid from now for [`TOKEN_LIFETIME`] seconds.
+    pub fn for_runner(runner: &str) -> Self {
+        let iat = now();
+        HealthClaims {
+            iss: ISSUER.to_owned(),
+            aud: runner.to_owned(),
+            iat,
+            exp: iat + TOKEN_LIFETIME,
+            purpose: Purpose::Health,
+        }
+    }
 }
 
 /// Fails fast if jsonwebtoken has no crypto backend (it would panic on first use otherwise).
@@ -92,8 +146,8 @@ impl CallSigner {
 
     /// `header.claims.signature`, each part base64url without padding (RFC 7515, 7.1); the
     /// signature covers `header.claims` as ASCII.
-    pub fn sign(&self, claims: &CallClaims) -> anyhow::Result<String> {
-        let claims = serde_json::to_vec(claims).context("failed to encode the call claims")?;
+    pub fn sign<C: Serialize>(&self, claims: &C) -> anyhow::Result<String> {
+        let claims = serde_json::to_vec(claims).context("failed to encode the token's claims")?;
         let mut token = String::with_capacity(self.header.len() + claims.len() * 4 / 3 + 90);
         token.push_str(&self.header);
         token.push('.');
@@ -112,10 +166,12 @@ pub struct CallVerifier {
 
 #[derive(Debug, thiserror::Error)]
 pub enum VerifyError {
-    #[error("the call token is invalid: {0}")]
+    #[error("the token is invalid: {0}")]
     Invalid(String),
-    #[error("the call token lives {0} s, more than the {MAX_TOKEN_LIFETIME} s allowed")]
+    #[error("the token lives {0} s, more than the {MAX_TOKEN_LIFETIME} s allowed")]
     TooLong(u64),
+    #[error("the token is a {} token, not a {} token", .found.as_str(), .expected.as_str())]
+    WrongPurpose { expected: Purpose, found: Purpose },
 }
 
 impl CallVerifier {
@@ -133,15 +189,47 @@ impl CallVerifier {
         })
     }
 
+    /// A call token's claims, if the token is one for this runner and for a call.
     pub fn verify(&self, token: &str) -> Result<CallClaims, VerifyError> {
-        let data = jsonwebtoken::decode::<CallClaims>(token, &self.key, &self.validation)
-            .map_err(|e| VerifyError::Invalid(e.to_string()))?;
-        let claims = data.claims;
-        let lifetime = claims.exp.saturating_sub(claims.iat);
+        self.decode(token, Purpose::Call)
+    }
+
+    /// A health token's claims, if the token is one for this runner and for reading health.
+    pub fn verify_health(&self, token: &str) -> Result<HealthClaims, VerifyError> {
+        self.decode(token, Purpose::Health)
+    }
+
+    /// Signature, issuer, audience and expiry; then the lifetime and the purpose the token
+    /// names, both read before the claims of that purpose, so a token of the other kind is
+    /// refused for its purpose rather than for a field it lacks.
+    fn decode<C: serde::de::DeserializeOwned>(
+        &self,
+        token: &str,
+        expected: Purpose,
+    ) -> Result<C, VerifyError> {
+        #[derive(Deserialize)]
+        struct Common {
+            iat: u64,
+            exp: u64,
+            purpose: Purpose,
+        }
+        let claims = jsonwebtoken::decode::<serde_json::Value>(token, &self.key, &self.validation)
+            .map_err(|e| VerifyError::Invalid(e.to_string()))?
+            .claims;
+        let common = Common::deserialize(&claims)
+            .map_err(|e| VerifyError::Invalid(format!("its claims do not read: {e}")))?;
+        let lifetime = common.exp.saturating_sub(common.iat);
         if lifetime > MAX_TOKEN_LIFETIME {
             return Err(VerifyError::TooLong(lifetime));
         }
-        Ok(claims)
+        if common.purpose != expected {
+            return Err(VerifyError::WrongPurpose {
+                expected,
+                found: common.purpose,
+            });
+        }
+        C::deserialize(claims)
+            .map_err(|e| VerifyError::Invalid(format!("its claims do not read: {e}")))
     }
 }
 
@@ -214,6 +302,7 @@ mod tests {
             aud: aud.into(),
             iat,
             exp,
+            purpose: Purpose::Call,
             jti: "j".into(),
             call_id: "c".into(),
             tool: "traefik.ping".into(),
@@ -294,5 +383,59 @@ mod tests {
                 .to_string()
                 .contains("InvalidSignature")
         );
+    }
+
+    #[test]
+    fn a_token_serves_only_its_own_purpose() {
+        let (private, public) = generate_keypair().unwrap();
+        let signer = CallSigner::from_pem(&private).unwrap();
+        let verifier = CallVerifier::from_pem(&public, "node-1").unwrap();
+        let t = now();
+
+        let health = HealthClaims::for_runner("node-1");
+        let health_token = signer.sign(&health).unwrap();
+        assert_eq!(verifier.verify_health(&health_token).unwrap(), health);
+        let err = verifier.verify(&health_token).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                VerifyError::WrongPurpose {
+                    expected: Purpose::Call,
+                    found: Purpose::Health
+                }
+            ),
+            "{err}"
+        );
+
+        let call_token = signer.sign(&claims("node-1", t, t + 30)).unwrap();
+        assert!(verifier.verify(&call_token).is_ok());
+        let err = verifier.verify_health(&call_token).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "the token is a call token, not a health token"
+        );
+
+        // A health token for another runner, or one that lives too long, reads nothing.
+        let other = signer.sign(&HealthClaims::for_runner("node-2")).unwrap();
+        assert!(
+            verifier
+                .verify_health(&other)
+                .unwrap_err()
+                .to_string()
+                .contains("InvalidAudience")
+        );
+        let mut long = HealthClaims::for_runner("node-1");
+        long.exp = long.iat + 3600;
+        assert!(matches!(
+            verifier.verify_health(&signer.sign(&long).unwrap()),
+            Err(VerifyError::TooLong(3600))
+        ));
+
+        // A token that names no purpose (as a server before purposes signed) is neither.
+        let mut bare = serde_json::to_value(claims("node-1", t, t + 30)).unwrap();
+        bare.as_object_mut().unwrap().remove("purpose");
+        let bare = signer.sign(&bare).unwrap();
+        assert!(verifier.verify(&bare).is_err());
+        assert!(verifier.verify_health(&bare).is_err());
     }
 }

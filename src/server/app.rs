@@ -99,7 +99,7 @@ impl Application {
             packs.clone(),
             registry.clone(),
             audit.clone(),
-            RunnerClient::new(signer),
+            RunnerClient::new(signer.clone()),
             limits,
             audit_key,
             approvals,
@@ -165,6 +165,7 @@ impl Application {
         registry.spawn_prober(
             Duration::from_millis(config.health_probe_interval_ms),
             shutdown.clone(),
+            signer,
         );
         let mut hosts = config.allowed_hosts.clone();
         // The bound address itself is always acceptable (tests and `dev` use port 0).

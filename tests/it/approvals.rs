@@ -5,7 +5,7 @@
 use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
 
-use emisar::protocol::signing::{CallClaims, CallSigner, ISSUER, now};
+use emisar::protocol::signing::{CallClaims, CallSigner, ISSUER, Purpose, now};
 use emisar::protocol::{CallRequest, Mode};
 use emisar::server::audit::AuditFilter;
 use emisar::server::tokens::Role;
@@ -555,6 +555,7 @@ async fn approvals_refuse_what_they_should(backend: Backend) {
             aud: aud.into(),
             iat: t,
             exp: t + 30,
+            purpose: Purpose::Call,
             jti: uuid::Uuid::new_v4().to_string(),
             call_id: "c".into(),
             tool: req.tool.clone(),

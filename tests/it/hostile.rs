@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use emisar::protocol::signing::{CallClaims, CallSigner, ISSUER, now};
+use emisar::protocol::signing::{CallClaims, CallSigner, ISSUER, Purpose, now};
 use emisar::protocol::{CallRequest, Mode};
 use emisar::server::tokens::Role;
 use futures::StreamExt;
@@ -1425,6 +1425,7 @@ async fn runner(app: &TestApp, report: &mut Report, exec_log: &Path) {
             aud: "node-1".into(),
             iat: t,
             exp: t + 30,
+            purpose: Purpose::Call,
             jti: uuid::Uuid::new_v4().to_string(),
             call_id: "hostile-corpus".into(),
             tool: req.tool.clone(),

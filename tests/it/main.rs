@@ -29,6 +29,7 @@ mod packs_test;
 mod portal_browser;
 mod python_client;
 mod replicas;
+mod runner_errors;
 mod runner_identity;
 mod runner_security;
 mod runner_security_allowlists;

@@ -3,8 +3,9 @@
 //! by talking to a real runner over HTTP with hand-made tokens.
 
 use emisar::pack::PackSet;
-use emisar::protocol::signing::{CallClaims, CallSigner, ISSUER, now};
+use emisar::protocol::signing::{CallClaims, CallSigner, HealthClaims, ISSUER, Purpose, now};
 use emisar::protocol::{CallRequest, Mode};
+use emisar::server::tokens::Role;
 use serde_json::{Value, json};
 
 use crate::harness::app::Options;
@@ -26,6 +27,7 @@ impl Fixture {
             aud: "node-1".into(),
             iat: t,
             exp: t + 30,
+            purpose: Purpose::Call,
             jti: uuid::Uuid::new_v4().to_string(),
             call_id: "test".into(),
             tool: "testkit.echo".into(),
@@ -186,4 +188,121 @@ async fn runner_refuses_every_call_it_should() {
     let token = sign(&f.claims(&json!({})));
     let (status, body) = f.post(Some(&token), "testkit.touch", &json!({})).await;
     assert_eq!(status, 401, "{body}");
+}
+
+/// A runner's `/healthz` answers liveness to anyone and its details (name, pack digests,
+/// allowlists) only with a health token the server signed for it. A call token, a health
+/// token for another runner or under another key reads nothing, and a health token runs no
+/// call. The server's prober carries the token: its view of the runner has the allowlists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_shows_its_details_only_to_the_server() {
+    let app = spawn_app(
+        Backend::Sqlite,
+        vec![RunnerSpec::new("node-1").allow("units", &["nginx"])],
+        Options {
+            packs_dir: Some(fixtures_dir()),
+            probe_interval_ms: Some(200),
+            ..Default::default()
+        },
+    )
+    .await;
+    let packs = PackSet::load(Some(&fixtures_dir())).unwrap();
+    let f = Fixture {
+        signer: CallSigner::from_file(&app.private_key).unwrap(),
+        url: app.runner_urls["node-1"].clone(),
+        pack_sha256: packs.pack("testkit").unwrap().digest.clone(),
+        http: reqwest::Client::new(),
+    };
+    let health = |token: Option<String>| {
+        let req = f.http.get(format!("{}/healthz", f.url));
+        let req = match token {
+            Some(t) => req.bearer_auth(t),
+            None => req,
+        };
+        async move {
+            let res = req.send().await.unwrap();
+            (res.status().as_u16(), res.json::<Value>().await.unwrap())
+        }
+    };
+
+    // A stranger learns that the runner is up, and nothing else.
+    assert_eq!(health(None).await, (200, json!({"status": "ok"})));
+
+    // The server's health token reads the details.
+    let token = f.signer.sign(&HealthClaims::for_runner("node-1")).unwrap();
+    let (status, body) = health(Some(token.clone())).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["name"], "node-1", "{body}");
+    assert_eq!(body["packs"]["testkit"], json!(f.pack_sha256), "{body}");
+    assert_eq!(body["allowlists"]["units"], json!(["nginx"]), "{body}");
+
+    let other = tempfile::tempdir().unwrap();
+    let (other_key, other_pub) = (other.path().join("k"), other.path().join("p"));
+    emisar::protocol::signing::write_keypair(&other_key, &other_pub).unwrap();
+    let forger = CallSigner::from_file(&other_key).unwrap();
+    let args = json!({"word": "hello"});
+    let refused = [
+        (
+            "a call token",
+            f.signer.sign(&f.claims(&args)).unwrap(),
+            "the token is a call token, not a health token",
+        ),
+        (
+            "another runner's health token",
+            f.signer.sign(&HealthClaims::for_runner("node-2")).unwrap(),
+            "InvalidAudience",
+        ),
+        (
+            "a health token under another key",
+            forger.sign(&HealthClaims::for_runner("node-1")).unwrap(),
+            "InvalidSignature",
+        ),
+        ("not a token", "x.y.z".to_owned(), "the token is invalid"),
+    ];
+    for (what, token, why) in refused {
+        let (status, body) = health(Some(token)).await;
+        assert_eq!(status, 401, "{what}: {body}");
+        let error = body["error"].as_str().unwrap_or_default();
+        assert!(error.contains(why), "{what}: {body}");
+        for detail in ["name", "packs", "allowlists"] {
+            assert!(body.get(detail).is_none(), "{what} read `{detail}`: {body}");
+        }
+    }
+
+    // A health token runs nothing.
+    let (status, body) = f.post(Some(&token), "testkit.echo", &args).await;
+    assert_eq!(status, 401, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("the token is a health token, not a call token"),
+        "{body}"
+    );
+
+    // The prober authenticates: the server holds the runner's allowlists and a good heartbeat.
+    let admin = app.issue_token("ops-admin", Role::Admin).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let api: Value = app
+            .http()
+            .get(format!("{}/api/runners", app.base_url()))
+            .bearer_auth(&admin)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let runner = &api["runners"][0];
+        if runner["allowlists"]["units"] == json!(["nginx"]) && runner["heartbeat_ok"] == true {
+            assert_eq!(runner["last_error"], Value::Null, "{api}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the prober never read the runner's details: {api}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
 }

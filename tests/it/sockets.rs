@@ -1,8 +1,9 @@
-//! Every TCP connection emisar accepts or opens has `TCP_NODELAY` set: the server's and the
-//! runner's accepted sockets and the server's connections to its runners. An MCP answer is an
-//! SSE stream written in several small pieces; with Nagle's algorithm on, a client that keeps
-//! its connection alive (as every MCP SDK does) waits for its own delayed ACK, ~40 ms per
-//! call. How long a call takes is measured in scripts/bench; this test checks the cause.
+//! Every TCP connection emisar accepts or opens, over plain HTTP and over TLS, has
+//! `TCP_NODELAY` set: the server's and the runner's accepted sockets and the server's
+//! connections to its runners. An MCP answer is an SSE stream written in several small
+//! pieces; with Nagle's algorithm on, a client that keeps its connection alive (as every MCP
+//! SDK does) waits for its own delayed ACK, ~40 ms per call. How long a call takes is
+//! measured in scripts/bench; this test checks the cause.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -11,6 +12,8 @@ use std::os::fd::{BorrowedFd, RawFd};
 use nix::sys::socket::{SockaddrStorage, getpeername, getsockname, getsockopt, sockopt};
 use serde_json::json;
 
+use crate::harness::app::Options;
+use crate::harness::certs::{TestCa, self_signed};
 use crate::harness::{Backend, RunnerSpec, spawn_app};
 use crate::mcp_calls::{call, traefik_with_dead_backends};
 
@@ -101,7 +104,15 @@ async fn every_connection_emisar_accepts_or_opens_has_nodelay() {
     raw.read_exact(&mut first).unwrap();
     assert_eq!(&first, b"HTTP/1.1 200");
 
-    let runner_port = port_of(&app.runner_urls["node-1"]);
+    assert_every_connection_has_nodelay(server_port, port_of(&app.runner_urls["node-1"]));
+    drop(raw);
+    client.cancel().await.unwrap();
+}
+
+/// The connections the server accepted on `server_port`, the runner accepted on
+/// `runner_port`, and the server opened to the runner: at least one of each, and none with
+/// Nagle's algorithm on.
+fn assert_every_connection_has_nodelay(server_port: u16, runner_port: u16) {
     let all = connections();
     let accepted_by_server: Vec<_> = all
         .iter()
@@ -128,6 +139,57 @@ async fn every_connection_emisar_accepts_or_opens_has_nodelay() {
             );
         }
     }
-    drop(raw);
+}
+
+/// The same over TLS: the server's and the runner's HTTPS listeners accept through their own
+/// acceptor (not the plain listener's), so they are checked on their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_tls_connection_emisar_accepts_or_opens_has_nodelay() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let server_ca = TestCa::new(d, "server");
+    let server_cert = server_ca.issue(d, "server", &["localhost", "127.0.0.1"]);
+    let runner_cert = self_signed(d, "node-1");
+    let (traefik, _dead) = traefik_with_dead_backends().await;
+    let app = spawn_app(
+        Backend::Sqlite,
+        vec![
+            RunnerSpec::new("node-1")
+                .service("traefik", &traefik.api_url)
+                .https(
+                    runner_cert.clone(),
+                    Some(runner_cert.fingerprint.to_string()),
+                ),
+        ],
+        Options {
+            server_tls: Some(server_cert),
+            client_ca_file: Some(server_ca.file.clone()),
+            insecure_http: Some(false),
+            ..Default::default()
+        },
+    )
+    .await;
+    assert!(app.mcp_url.starts_with("https://"), "{}", app.mcp_url);
+    assert!(app.runner_urls["node-1"].starts_with("https://"));
+    let client = app.mcp_client().await;
+    for _ in 0..2 {
+        let res = call(
+            &client,
+            "traefik.ping",
+            json!({"runners": ["node-1"], "reason": "are the TLS sockets tuned?"}),
+        )
+        .await;
+        assert_eq!(res.is_error, Some(false), "{res:?}");
+    }
+    // A kept-alive TLS connection of our own, open while the sockets are looked at.
+    let http = app.http();
+    let answer = http
+        .get(format!("{}/healthz", app.base_url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    assert_every_connection_has_nodelay(port_of(&app.mcp_url), port_of(&app.runner_urls["node-1"]));
+    drop(http);
     client.cancel().await.unwrap();
 }

@@ -248,15 +248,15 @@ async fn a_runner_with_another_certificate_gets_no_call(backend: Backend) {
     let s = res.structured_content.unwrap();
     let r = &s["results"][0];
     assert_eq!(r["ok"], false, "{s}");
+    // The agent reads that the runner is not trusted; which certificate the far end
+    // presented is for operators (the log, the audit's `error_detail`).
+    assert_eq!(r["error_kind"], "runner_untrusted", "{s}");
     let error = r["error"].as_str().unwrap();
-    for part in [
-        "runner `node-1`".to_owned(),
-        served.fingerprint.to_string(),
-        expected.fingerprint.to_string(),
-        "tls_fingerprint".to_owned(),
-    ] {
-        assert!(error.contains(&part), "`{part}` missing from: {error}");
-    }
+    assert!(error.starts_with("runner not trusted"), "{error}");
+    assert!(
+        !error.contains(&served.fingerprint.to_string()),
+        "the agent read the served certificate: {error}"
+    );
     assert!(
         !marker.exists(),
         "the action ran on a runner that failed its pin"
@@ -265,14 +265,17 @@ async fn a_runner_with_another_certificate_gets_no_call(backend: Backend) {
     let events = app.events_of_call(s["call_id"].as_str().unwrap()).await;
     let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
     assert_eq!(kinds, ["tool.called", "call.failed"]);
-    let audited = events[1].detail.as_ref().unwrap()["error"]
+    let audited = events[1].detail.as_ref().unwrap()["error_detail"]
         .as_str()
         .unwrap();
-    assert!(
-        audited.contains(&served.fingerprint.to_string())
-            && audited.contains(&expected.fingerprint.to_string()),
-        "{audited}"
-    );
+    for part in [
+        "runner `node-1`".to_owned(),
+        served.fingerprint.to_string(),
+        expected.fingerprint.to_string(),
+        "tls_fingerprint".to_owned(),
+    ] {
+        assert!(audited.contains(&part), "`{part}` missing from: {audited}");
+    }
     assert_eq!(events[1].runner.as_deref(), Some("node-1"));
     app.assert_chain_intact().await;
 }

@@ -122,6 +122,8 @@ impl Gateway {
                 .await;
                 let mut per_runner = Map::new();
                 let mut failures = Vec::new();
+                // What operators read behind each failure (the agent reads `failures`).
+                let mut details = Vec::new();
                 for (name, answer) in r.runners.iter().zip(answers) {
                     match answer {
                         Ok(a) if a.seal.is_none() => failures.push(format!(
@@ -135,7 +137,10 @@ impl Gateway {
                                        "seal": a.seal, "sealed_vars": sealed}),
                             );
                         }
-                        Err(e) => failures.push(format!("preview on `{name}`: {e}")),
+                        Err(e) => {
+                            failures.push(format!("preview on `{name}`: {e}"));
+                            details.push(format!("preview on `{name}`: {}", e.detail()));
+                        }
                     }
                 }
                 if !failures.is_empty() {
@@ -148,7 +153,9 @@ impl Gateway {
                         reason: Some(r.reason.clone()),
                         call_id: Some(r.call_id.clone()),
                         outcome: Some("error".into()),
-                        detail: Some(json!({"mode": "preview", "error": why})),
+                        detail: Some(
+                            json!({"mode": "preview", "error": why, "error_detail": details.join("; ")}),
+                        ),
                         ..Default::default()
                     };
                     self.audit

@@ -49,7 +49,7 @@ pub(super) fn builtin_tools() -> anyhow::Result<Vec<OfferedTool>> {
         offered(
             None,
             RUNNERS_TOOL,
-            "emisar's runners and their health: breaker state (closed, half-open, open) and since when, last heartbeat, last call, last error.",
+            "emisar's runners and their health: breaker state (closed, half-open, open) and since when, last heartbeat, last call. (Why a runner failed is in the server's log and, for admins, in `/api/runners`.)",
             Risk::Read,
             object(
                 json!({"reason": crate::pack::reason_schema(ASKING)}),
@@ -159,6 +159,7 @@ impl Gateway {
                 output: Some(output),
                 truncated: false,
                 error: None,
+                error_kind: None,
                 duration_ms: 0,
             }],
         })

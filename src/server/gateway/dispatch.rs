@@ -24,9 +24,9 @@ impl Gateway {
         d: &Dispatch<'_>,
     ) -> Result<RunnerAnswer, RunnerError> {
         let Some(endpoint) = self.runners.endpoint(name) else {
-            return Err(RunnerError::Unreachable(format!(
-                "runner `{name}` is not configured"
-            )));
+            return Err(RunnerError::Unreachable {
+                detail: format!("runner `{name}` is not configured"),
+            });
         };
         self.retry_budget.deposit();
         let mut attempt = 0;
@@ -43,20 +43,23 @@ impl Gateway {
                 .client
                 .call(name, &endpoint, d, self.limits.call_timeout)
                 .await;
+            if let Err(e) = &answer {
+                // The agent reads a kind and a short reason; the operator reads this.
+                tracing::warn!(runner = name, tool = d.tool, call_id = d.call_id,
+                    error_kind = e.kind(), detail = %e.detail(), "runner call failed");
+            }
             let runner_failure = match &answer {
                 Err(
-                    e @ (RunnerError::Unreachable(_)
-                    | RunnerError::Untrusted(_)
+                    e @ (RunnerError::Unreachable { .. }
+                    | RunnerError::Untrusted { .. }
                     | RunnerError::Timeout(_)
-                    | RunnerError::BadAnswer(_)),
-                ) => Some(e.to_string()),
-                Err(RunnerError::Refused { status, message }) if *status >= 500 => {
-                    Some(format!("HTTP {status}: {message}"))
-                }
+                    | RunnerError::BadAnswer { .. }),
+                ) => Some(e),
+                Err(e @ RunnerError::Refused { status, .. }) if *status >= 500 => Some(e),
                 _ => None,
             };
-            self.runners.record(name, runner_failure.as_deref());
-            let retryable = matches!(answer, Err(RunnerError::Unreachable(_)));
+            self.runners.record(name, runner_failure);
+            let retryable = matches!(answer, Err(RunnerError::Unreachable { .. }));
             if retryable
                 && attempt == 0
                 && tool.risk == Risk::Read
@@ -82,6 +85,8 @@ impl Gateway {
         let started = Instant::now();
         let answer = self.dispatch_one(name, tool, dispatch).await;
         let elapsed = started.elapsed();
+        // What operators read of a failure; the agent reads `result.error` alone.
+        let detail = answer.as_ref().err().map(RunnerError::detail);
         let mut result = to_result(name, answer, elapsed.as_millis() as u64);
         crate::server::metrics::runner_call(
             record.tool,
@@ -89,13 +94,19 @@ impl Gateway {
             if result.ok { "ok" } else { "error" },
             elapsed.as_secs_f64(),
         );
-        if let Err(e) = self.audit_outcome(name, record, &result).await {
+        // The store's error is in the server's log (see `audit_outcome`), not in the answer.
+        if self
+            .audit_outcome(name, record, &result, detail.as_deref())
+            .await
+            .is_err()
+        {
             result = RunnerResult {
                 ok: false,
                 output: None,
                 truncated: false,
+                error_kind: Some("outcome_not_recorded".into()),
                 error: Some(format!(
-                    "the call ran on `{name}`, but its outcome could not be recorded ({e}); the result is withheld"
+                    "the call ran on `{name}`, but its outcome could not be recorded (the server's log has the details); the result is withheld"
                 )),
                 ..result
             };
@@ -103,11 +114,15 @@ impl Gateway {
         result
     }
 
+    /// The audit keeps what the agent read (`error`, `error_kind`) and, when there is more
+    /// behind it, the operator's `error_detail` (cleaned and bounded like the log's): the
+    /// audit log is read by auditors and admins, never by agents.
     async fn audit_outcome(
         &self,
         runner: &str,
         r: &Record<'_>,
         result: &RunnerResult,
+        error_detail: Option<&str>,
     ) -> Result<(), AuditError> {
         let (kind, outcome) = if result.ok {
             (kind::CALL_EXECUTED, "ok")
@@ -118,6 +133,12 @@ impl Gateway {
             super::call::on_behalf_of(json!({"duration_ms": result.duration_ms}), r.on_behalf_of);
         if let Some(e) = &result.error {
             detail["error"] = json!(e);
+        }
+        if let Some(kind) = &result.error_kind {
+            detail["error_kind"] = json!(kind);
+        }
+        if let Some(d) = error_detail.filter(|d| Some(*d) != result.error.as_deref()) {
+            detail["error_detail"] = json!(d);
         }
         if let Some(output) = &result.output {
             let text = output.to_string();
@@ -154,6 +175,7 @@ fn to_result(
             output: Some(a.output),
             truncated: a.truncated,
             error: None,
+            error_kind: None,
             duration_ms: elapsed_ms,
         },
         Err(e) => RunnerResult {
@@ -162,6 +184,7 @@ fn to_result(
             output: None,
             truncated: false,
             error: Some(e.to_string()),
+            error_kind: Some(e.kind().into()),
             duration_ms: elapsed_ms,
         },
     }

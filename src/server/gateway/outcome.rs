@@ -175,7 +175,13 @@ pub struct RunnerResult {
     pub output: Option<Value>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub truncated: bool,
+    /// What the agent reads of a failure on this runner: a short reason, never the runner's
+    /// raw answer or a transport error (those are in the server's log).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// A stable name for the failure (`runner_unreachable`, `runner_refused`, `action_failed`,
+    /// …; docs/agent-guide.md lists them), to branch on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_kind: Option<String>,
     pub duration_ms: u64,
 }

@@ -262,11 +262,14 @@ impl Gateway {
     }
 
     /// The status of every runner `caller`'s token may see (its selector admits the labels),
-    /// for the `emisar.runners` tool and `GET /api/runners`.
+    /// for the `emisar.runners` tool and `GET /api/runners`. Only admins read `last_error`: it
+    /// holds transport errors and runner answers that name hosts, addresses and certificates
+    /// of whatever a runner's URL reaches; everyone else reads the breaker and health alone.
     pub fn runners_visible_to(
         &self,
         caller: &Principal,
     ) -> Vec<crate::server::runners::registry::RunnerStatus> {
+        let admin = caller.role == crate::server::tokens::Role::Admin;
         self.runners
             .snapshot()
             .into_iter()
@@ -275,6 +278,12 @@ impl Gateway {
                     .selector
                     .as_ref()
                     .is_none_or(|s| s.matches(&r.labels))
+            })
+            .map(|mut r| {
+                if !admin {
+                    r.last_error = None;
+                }
+                r
             })
             .collect()
     }

@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::breaker::{Breaker, Rejection};
 use super::tls::RunnerTrust;
+use crate::protocol::signing::{CallSigner, HealthClaims};
 use crate::selector::Selector;
 use crate::server::config::RunnerEntry;
 use crate::util::Backoff;
@@ -83,6 +84,9 @@ pub struct Registry {
 struct Prober {
     interval: Duration,
     shutdown: CancellationToken,
+    /// Signs each probe's health token: a runner shows its details (packs, allowlists) only
+    /// to the server.
+    signer: Arc<CallSigner>,
 }
 
 /// The longest a health probe waits for its answer.
@@ -319,7 +323,9 @@ impl Registry {
 
     /// Records how a call went. Only failures of the runner itself count against its breaker
     /// (unreachable, timed out, unreadable); a service error behind a healthy runner does not.
-    pub fn record(&self, name: &str, runner_failure: Option<&str>) {
+    /// The breaker keeps the agent's text of the failure (an open breaker's refusal quotes
+    /// it); `last_error` the operator's detail, which only admins read.
+    pub fn record(&self, name: &str, runner_failure: Option<&super::client::RunnerError>) {
         if let Some(s) = self.slot(name) {
             let mut h = s.health.lock().unwrap_or_else(|p| p.into_inner());
             h.last_call = Some(chrono::Utc::now());
@@ -328,9 +334,9 @@ impl Registry {
                     h.breaker.on_success();
                     h.last_error = None;
                 }
-                Some(reason) => {
-                    h.breaker.on_failure(Instant::now(), reason);
-                    h.last_error = Some(reason.to_owned());
+                Some(failure) => {
+                    h.breaker.on_failure(Instant::now(), &failure.to_string());
+                    h.last_error = Some(failure.detail());
                 }
             }
             crate::server::metrics::breaker_state(name, h.breaker.level());
@@ -415,9 +421,19 @@ impl Registry {
     }
 
     /// Probes every runner's `/healthz` every `interval` (jittered), backing off per runner
-    /// while it fails, until `shutdown`. Runners added later are probed from then on.
-    pub fn spawn_prober(self: &Arc<Self>, interval: Duration, shutdown: CancellationToken) {
-        let prober = Prober { interval, shutdown };
+    /// while it fails, until `shutdown`. Runners added later are probed from then on. Each
+    /// probe carries a health token `signer` signs for that runner, which its details need.
+    pub fn spawn_prober(
+        self: &Arc<Self>,
+        interval: Duration,
+        shutdown: CancellationToken,
+        signer: Arc<CallSigner>,
+    ) {
+        let prober = Prober {
+            interval,
+            shutdown,
+            signer,
+        };
         *self.prober.lock().unwrap_or_else(|p| p.into_inner()) = Some(prober.clone());
         for (name, _) in self.slots() {
             self.spawn_probe(name, prober.clone());
@@ -426,7 +442,11 @@ impl Registry {
 
     fn spawn_probe(self: &Arc<Self>, name: String, prober: Prober) {
         let registry = self.clone();
-        let Prober { interval, shutdown } = prober;
+        let Prober {
+            interval,
+            shutdown,
+            signer,
+        } = prober;
         let failing = Backoff::try_new(
             Duration::from_millis(500),
             interval.max(Duration::from_secs(1)),
@@ -445,7 +465,16 @@ impl Registry {
                 };
                 // The runner's own client: the probe checks its certificate like a call does.
                 let url = format!("{}/healthz", entry.url.trim_end_matches('/'));
-                let result = match http.get(&url).timeout(PROBE_TIMEOUT).send().await {
+                let mut request = http.get(&url).timeout(PROBE_TIMEOUT);
+                // Without a token the runner answers liveness only, so a failure to sign
+                // still probes; it cannot happen with a key that signed at start.
+                match signer.sign(&HealthClaims::for_runner(&name)) {
+                    Ok(token) => request = request.bearer_auth(token),
+                    Err(e) => {
+                        tracing::error!(runner = %name, error = %e, "could not sign a health token")
+                    }
+                }
+                let result = match request.send().await {
                     Ok(r) if r.status().is_success() => {
                         // An older runner, or an answer that does not parse or is too large,
                         // leaves the last known allowlists as they were: the runner checks
@@ -458,6 +487,10 @@ impl Registry {
                     Ok(r) => Err(format!("HTTP {}", r.status())),
                     Err(e) => Err(super::client::describe_send_error(&e)),
                 };
+                if let Err(e) = &result {
+                    // The detail names hosts and certificates: the log and admins read it.
+                    tracing::warn!(runner = %name, error = %e, "health probe failed");
+                }
                 let failures = registry.record_heartbeat(&name, result);
                 wait = if failures == 0 {
                     interval / 2

@@ -505,7 +505,7 @@ impl TestApp {
         request: &emisar::protocol::CallRequest,
         signed: &Signed,
     ) -> DirectAnswer {
-        use emisar::protocol::signing::{CallClaims, CallSigner, ISSUER, now};
+        use emisar::protocol::signing::{CallClaims, CallSigner, ISSUER, Purpose, now};
         let packs = emisar::pack::PackSet::load(self.packs_dir.as_deref()).unwrap();
         let pack = request.tool.split('.').next().unwrap();
         let t = now();
@@ -514,6 +514,7 @@ impl TestApp {
             aud: runner.into(),
             iat: t,
             exp: t + 30,
+            purpose: Purpose::Call,
             jti: uuid::Uuid::new_v4().to_string(),
             call_id: signed.call_id.clone(),
             tool: request.tool.clone(),

@@ -1,0 +1,283 @@
+//! What an agent reads of a runner call that failed: a stable `error_kind` and a short
+//! reason, never a runner's raw answer body or the transport's errors (they name hosts,
+//! addresses and certificates of whatever a runner's URL reaches). Operators read the detail
+//! in the server's log, in the audit log's `error_detail` and, admins only, in
+//! `/api/runners`'s `last_error`. And a result whose outcome could not be recorded is withheld.
+
+use emisar::server::config::RunnerEntry;
+use emisar::server::tokens::Role;
+use serde_json::{Value, json};
+
+use crate::both_backends;
+use crate::harness::app::{Options, TestApp};
+use crate::harness::tools::DeadEndpoint;
+use crate::harness::{Backend, RunnerSpec, spawn_app};
+use crate::mcp_calls::{call, fixtures_dir};
+
+/// An endpoint that answers every request with `status` and `body`, as a runner's URL may
+/// reach something that is not a runner (or a compromised one). Returns its URL.
+async fn answering(status: u16, body: &'static str) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let status = axum::http::StatusCode::from_u16(status).unwrap();
+    let app = axum::Router::new().fallback(move || async move { (status, body) });
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    url
+}
+
+fn extra(name: &str, url: &str) -> RunnerEntry {
+    RunnerEntry {
+        name: name.into(),
+        url: url.into(),
+        tls_fingerprint: None,
+        packs: None,
+        labels: Default::default(),
+    }
+}
+
+/// `GET /api/runners` with `token`, by runner name.
+async fn runners_seen_with(app: &TestApp, token: &str) -> serde_json::Map<String, Value> {
+    let api: Value = app
+        .http()
+        .get(format!("{}/api/runners", app.base_url()))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    api["runners"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["name"].as_str().unwrap().to_owned(), r.clone()))
+        .collect()
+}
+
+/// A hostile runner refusal: a useful start, then a right-to-left override, a bell, an
+/// escape sequence and far more text than anyone should read.
+const HOSTILE_REFUSAL: &str = concat!(
+    r#"{"error": "value not in allowlist \u202e\u0007\u001b[31m "#,
+    "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
+    "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
+    "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
+    "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
+    r#"tail-never-shown"}"#
+);
+
+async fn agents_read_a_kind_and_a_short_reason_never_a_runner_body(backend: Backend) {
+    // A page from something that is not a runner, as a join URL pointed inside would get.
+    let page = answering(
+        502,
+        "<html><title>metadata.internal.corp</title>secret-banner</html>",
+    )
+    .await;
+    let hostile = answering(403, HOSTILE_REFUSAL).await;
+    let dead = DeadEndpoint::bind();
+    let app = spawn_app(
+        backend,
+        vec![],
+        Options {
+            extra_runners: vec![
+                extra("page", &page),
+                extra("hostile", &hostile),
+                extra("dead", &dead.url()),
+            ],
+            ..Default::default()
+        },
+    )
+    .await;
+    let client = app.mcp_client().await;
+    let res = call(
+        &client,
+        "traefik.ping",
+        json!({"runners": ["page", "hostile", "dead"], "reason": "what do you answer?"}),
+    )
+    .await;
+    assert_eq!(res.is_error, Some(true), "{res:?}");
+    let s = res.structured_content.unwrap();
+    let answer = s.to_string();
+    let by_name = |name: &str| {
+        s["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["runner"] == name)
+            .unwrap_or_else(|| panic!("no result from `{name}`: {s}"))
+            .clone()
+    };
+    let dead_addr = format!("127.0.0.1:{}", dead.port);
+    for leaked in [
+        "secret-banner",
+        "metadata.internal.corp",
+        "tail-never-shown",
+        dead_addr.as_str(),
+        "error sending request",
+        "\u{202e}",
+        "\u{7}",
+        "\u{1b}",
+    ] {
+        assert!(
+            !answer.contains(leaked),
+            "the agent read {leaked:?}: {answer}"
+        );
+    }
+
+    let r = by_name("page");
+    assert_eq!(r["error_kind"], "runner_refused", "{r}");
+    assert_eq!(r["error"], "runner refused the call (HTTP 502)", "{r}");
+
+    // The runner's own refusal reaches the agent, cleaned and cut short.
+    let r = by_name("hostile");
+    assert_eq!(r["error_kind"], "runner_refused", "{r}");
+    let error = r["error"].as_str().unwrap();
+    assert!(
+        error.starts_with("runner refused the call (HTTP 403): value not in allowlist "),
+        "{error}"
+    );
+    assert!(error.ends_with('…'), "{error}");
+    assert!(error.chars().count() < 400, "{error}");
+
+    let r = by_name("dead");
+    assert_eq!(r["error_kind"], "runner_unreachable", "{r}");
+    assert!(
+        r["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("runner unreachable"),
+        "{r}"
+    );
+
+    // The audit log keeps what the agent read and, for operators, what lay behind it.
+    let events = app.events_of_call(s["call_id"].as_str().unwrap()).await;
+    let failed = |runner: &str| {
+        events
+            .iter()
+            .find(|e| e.kind == "call.failed" && e.runner.as_deref() == Some(runner))
+            .unwrap_or_else(|| panic!("no call.failed for `{runner}`: {events:?}"))
+            .detail
+            .clone()
+            .unwrap()
+    };
+    let d = failed("page");
+    assert_eq!(d["error_kind"], "runner_refused", "{d}");
+    assert!(
+        d["error_detail"]
+            .as_str()
+            .unwrap()
+            .contains("secret-banner"),
+        "{d}"
+    );
+    let d = failed("dead");
+    assert!(
+        d["error_detail"].as_str().unwrap().contains(&dead_addr),
+        "{d}"
+    );
+    let d = failed("hostile");
+    let kept = d["error_detail"].as_str().unwrap();
+    assert!(
+        !kept.contains('\u{202e}') && !kept.contains('\u{1b}'),
+        "{d}"
+    );
+
+    // Agents, and people short of admin, see the runners without their last error; an
+    // admin reads it.
+    let auditor = app.issue_token("ops-auditor", Role::Auditor).await;
+    for token in [app.token.as_str(), auditor.as_str()] {
+        for (name, r) in runners_seen_with(&app, token).await {
+            assert_eq!(r["last_error"], Value::Null, "{name}: {r}");
+        }
+    }
+    let admin = app.issue_token("ops-admin", Role::Admin).await;
+    let seen = runners_seen_with(&app, &admin).await;
+    assert!(
+        seen["dead"]["last_error"]
+            .as_str()
+            .unwrap()
+            .contains(&dead_addr),
+        "{seen:?}"
+    );
+    // The built-in tool shows agents no more than the API does.
+    let res = call(
+        &client,
+        "emisar.runners",
+        json!({"reason": "which runners are up?"}),
+    )
+    .await;
+    let shown = res.structured_content.unwrap();
+    for r in shown["results"][0]["output"].as_array().unwrap() {
+        assert_eq!(r["last_error"], Value::Null, "{shown}");
+    }
+    app.assert_chain_intact().await;
+    client.cancel().await.unwrap();
+}
+both_backends!(agents_read_a_kind_and_a_short_reason_never_a_runner_body);
+
+/// ARCHITECTURE.md: "a result whose outcome could not be recorded is withheld from the
+/// agent". Only the outcome write fails here: a trigger the test adds to PostgreSQL refuses
+/// `call.executed` rows, so the intent (`tool.called`) is recorded, the runner runs the call,
+/// and its answer is not handed to the agent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_whose_outcome_was_not_recorded_is_withheld() {
+    let app = spawn_app(
+        Backend::Postgres,
+        vec![RunnerSpec::new("node-1")],
+        Options {
+            packs_dir: Some(fixtures_dir()),
+            ..Default::default()
+        },
+    )
+    .await;
+    let client = app.mcp_client().await;
+    let echo = |word: &str| json!({"runners": ["node-1"], "reason": "echo", "word": word});
+    let res = call(&client, "testkit.echo", echo("before")).await;
+    assert_eq!(res.is_error, Some(false), "{res:?}");
+
+    let setup = [
+        "CREATE FUNCTION refuse_outcomes() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN IF NEW.kind = 'call.executed' THEN \
+         RAISE EXCEPTION 'this test refuses outcome rows'; END IF; RETURN NEW; END $$",
+        "CREATE TRIGGER refuse_outcomes BEFORE INSERT ON audit_events \
+         FOR EACH ROW EXECUTE FUNCTION refuse_outcomes()",
+    ];
+    for sql in setup {
+        emisar::with_pool!(&app.db, pool => {
+            sqlx::query(sql).execute(pool).await.unwrap();
+        });
+    }
+
+    let res = call(&client, "testkit.echo", echo("withheld-word")).await;
+    assert_eq!(res.is_error, Some(true), "{res:?}");
+    let s = res.structured_content.unwrap();
+    assert!(
+        !s.to_string().contains("withheld-word"),
+        "the agent read the result: {s}"
+    );
+    let r = &s["results"][0];
+    assert_eq!(r["ok"], false, "{s}");
+    assert_eq!(r["output"], Value::Null, "{s}");
+    assert_eq!(r["error_kind"], "outcome_not_recorded", "{s}");
+    let error = r["error"].as_str().unwrap();
+    assert!(error.contains("the result is withheld"), "{error}");
+    // The store's own words stay in the server's log.
+    assert!(!error.contains("this test refuses"), "{error}");
+
+    // The intent was recorded; the outcome was not.
+    let events = app.events_of_call(s["call_id"].as_str().unwrap()).await;
+    let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
+    assert!(kinds.contains(&"tool.called"), "{kinds:?}");
+    assert!(!kinds.contains(&"call.executed"), "{kinds:?}");
+
+    // Once outcomes can be written again, results flow and the chain is whole.
+    emisar::with_pool!(&app.db, pool => {
+        sqlx::query("DROP TRIGGER refuse_outcomes ON audit_events")
+            .execute(pool)
+            .await
+            .unwrap();
+    });
+    let res = call(&client, "testkit.echo", echo("after")).await;
+    assert_eq!(res.is_error, Some(false), "{res:?}");
+    app.assert_chain_intact().await;
+    client.cancel().await.unwrap();
+}

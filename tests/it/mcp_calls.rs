@@ -644,3 +644,61 @@ async fn a_revoked_token_is_refused_on_mcp_within_the_cache_lifetime(backend: Ba
     );
 }
 both_backends!(a_revoked_token_is_refused_on_mcp_within_the_cache_lifetime);
+
+/// An expired `emt_` token is refused on `/mcp`: one that expired before it was ever used
+/// (the store's check), and one that opened `/mcp` moments before it expired, refused as soon
+/// as it has expired even though the server's token cache still holds it (well inside
+/// [`CACHE_TTL`](emisar::server::tokens::CACHE_TTL)).
+async fn an_expired_token_is_refused_on_mcp_even_from_the_cache(backend: Backend) {
+    let app = spawn_app(backend, vec![RunnerSpec::new("node-1")], Options::default()).await;
+    let http = reqwest::Client::new();
+    let initialize = |token: String| {
+        let req = http
+            .post(&app.mcp_url)
+            .header("accept", "application/json, text/event-stream")
+            .bearer_auth(token)
+            .json(
+                &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-06-18", "capabilities": {},
+                "clientInfo": {"name": "expiry-test", "version": "0"}}}),
+            );
+        async move { req.send().await.unwrap().status().as_u16() }
+    };
+    let issue = |name: &'static str, ttl: Duration| {
+        emisar::server::tokens::issue(
+            &app.db,
+            &app.audit,
+            name,
+            emisar::server::tokens::Role::Agent,
+            ttl,
+            "test",
+        )
+    };
+    let stale = issue("already-expired", Duration::from_millis(1))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(initialize(stale.token.clone()).await, 401);
+
+    let ttl = Duration::from_secs(3);
+    let issued_at = Instant::now();
+    let short = issue("soon-expired", ttl).await.unwrap();
+    // It works, and is now in the server's cache.
+    assert_eq!(initialize(short.token.clone()).await, 200);
+    let expires = issued_at + ttl + Duration::from_millis(300);
+    tokio::time::sleep(expires.saturating_duration_since(Instant::now())).await;
+    let used_after = issued_at.elapsed();
+    assert_eq!(
+        initialize(short.token.clone()).await,
+        401,
+        "a token that expired {:?} ago still opens /mcp from the token cache",
+        used_after.saturating_sub(ttl)
+    );
+    // The cache lifetime is far longer than the wait: the refusal did not come from the
+    // cache entry aging out.
+    assert!(
+        used_after < emisar::server::tokens::CACHE_TTL,
+        "{used_after:?}"
+    );
+}
+both_backends!(an_expired_token_is_refused_on_mcp_even_from_the_cache);

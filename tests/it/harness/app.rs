@@ -178,6 +178,8 @@ pub struct Options {
     /// The server's `insecure_http`; the harness sets it (its runners listen on loopback and
     /// speak plain HTTP unless given a certificate) unless a test says otherwise.
     pub insecure_http: Option<bool>,
+    /// The server's `max_connections_per_address` (its default when none).
+    pub max_connections_per_address: Option<usize>,
 }
 
 pub async fn fresh_db(backend: Backend, dir: &std::path::Path) -> (String, Option<PgTestDb>) {
@@ -292,6 +294,13 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
         // Every listener here is on loopback.
         insecure_http: options.insecure_http.unwrap_or(true),
         ..ServerConfig::with_signing_key(private_key.clone())
+    };
+    let config = match options.max_connections_per_address {
+        Some(cap) => ServerConfig {
+            max_connections_per_address: cap,
+            ..config
+        },
+        None => config,
     };
     let app = emisar::server::app::Application::build(config, &database_url)
         .await

@@ -30,6 +30,8 @@ pub struct Application {
     router: Router,
     /// Set when the server serves HTTPS itself.
     tls: Option<Arc<rustls::ServerConfig>>,
+    /// Connections open per client address, and the most each may hold.
+    connections: crate::util::net::ConnectionCap,
     db: Db,
     shutdown: CancellationToken,
 }
@@ -188,6 +190,7 @@ impl Application {
             listener,
             router,
             tls,
+            connections: crate::util::net::ConnectionCap::new(config.max_connections_per_address),
             db,
             shutdown,
         })
@@ -219,7 +222,14 @@ impl Application {
         let shutdown = self.shutdown.clone();
         match self.tls {
             Some(tls) => {
-                crate::util::tls::serve_https(self.listener, self.router, tls, shutdown).await
+                crate::util::tls::serve_https_capped(
+                    self.listener,
+                    self.router,
+                    tls,
+                    Some(self.connections),
+                    shutdown,
+                )
+                .await
             }
             None => {
                 // The peer's address reaches handlers as `ConnectInfo` (login limits count
@@ -227,9 +237,12 @@ impl Application {
                 let service = self
                     .router
                     .into_make_service_with_connect_info::<SocketAddr>();
-                axum::serve(crate::util::net::without_nagle(self.listener), service)
-                    .with_graceful_shutdown(shutdown.cancelled_owned())
-                    .await
+                axum::serve(
+                    crate::util::net::capped(self.listener, self.connections),
+                    service,
+                )
+                .with_graceful_shutdown(shutdown.cancelled_owned())
+                .await
             }
         }
     }

@@ -287,7 +287,16 @@ impl Change {
     }
 }
 
-/// What happened to the request after a decision.
+/// Whether `name` is a person signed in through the OpenID provider (`person:<id>`), not a
+/// local user (local names are identifiers, which never hold `:`).
+fn is_provider_person(name: &str) -> bool {
+    name.starts_with(crate::server::tokens::PERSON_PREFIX)
+}
+
+/// What happened to the request after a decision. Refused: a request that is not pending or
+/// has expired; a decision by its requester or by the person it was asked for on behalf of;
+/// a role the policy does not let decide the tool; a second vote by the same name; and a
+/// vote by a local user on a request a provider person voted for, or the other way round.
 pub fn decide(
     row: &Approval,
     who: &Actor,
@@ -351,6 +360,21 @@ pub fn decide(
                 return Err(ApprovalError::Refused(
                     "you approved this already: another approver must add theirs".into(),
                 ));
+            }
+            // One human may hold a local user and a provider identity (`alice` and
+            // `person:alice@corp`), and nothing links the two: the votes of one request must
+            // all come from one kind of sign-in, within which a name is one person.
+            if let Some(first) = row.votes.first()
+                && is_provider_person(&first.user) != is_provider_person(&who.name)
+            {
+                let (theirs, yours) = if is_provider_person(&first.user) {
+                    ("people signed in through the provider", "a local user")
+                } else {
+                    ("local users", "signed in through the provider")
+                };
+                return Err(ApprovalError::Refused(format!(
+                    "this request's approvals so far are by {theirs} and you are {yours}: all approvals of one request come from one kind of sign-in, so one person with both cannot count twice"
+                )));
             }
             next.votes.push(Vote {
                 user: who.name.clone(),
@@ -927,6 +951,47 @@ mod tests {
             actor: format!("approver:{name}"),
             may_approve: true,
         }
+    }
+
+    #[test]
+    fn one_request_is_approved_by_one_kind_of_sign_in() {
+        let now = at("2026-11-30T10:05:00Z");
+        let mut r = row();
+        r.on_behalf_of = None;
+        r.required_approvals = 2;
+        let person = |name: &str| Actor {
+            name: format!("person:{name}"),
+            actor: format!("person:{name}"),
+            may_approve: true,
+        };
+        // A local user, then the same human's provider identity: refused.
+        let once = decide(&r, &who("alice"), &Verdict::Approve, now)
+            .unwrap()
+            .row;
+        let err = decide(&once, &person("alice@corp"), &Verdict::Approve, now)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("one kind of sign-in"), "{err}");
+        // The other way round too.
+        let once = decide(&r, &person("alice@corp"), &Verdict::Approve, now)
+            .unwrap()
+            .row;
+        let err = decide(&once, &who("alice"), &Verdict::Approve, now)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("one kind of sign-in"), "{err}");
+        // Two of one kind count; a denial is never refused for the kind.
+        let twice = decide(&once, &person("bob@corp"), &Verdict::Approve, now).unwrap();
+        assert_eq!(twice.row.state, State::Approved);
+        let deny = Verdict::Deny { note: "no".into() };
+        assert!(decide(&once, &who("carol"), &deny, now).is_ok());
+        let once = decide(&r, &who("alice"), &Verdict::Approve, now)
+            .unwrap()
+            .row;
+        let twice = decide(&once, &who("bob"), &Verdict::Approve, now).unwrap();
+        assert_eq!(twice.row.state, State::Approved);
     }
 
     #[test]

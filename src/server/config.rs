@@ -72,6 +72,11 @@ pub struct ServerConfig {
     /// `X-Forwarded-For` is believed.
     #[serde(default)]
     pub login: crate::server::login_limits::LoginLimitsConfig,
+    /// The most connections one client address (an IPv6 /64) may hold open to the server;
+    /// one more is closed as soon as it is accepted. Behind a load balancer every connection
+    /// comes from it: raise this to its connection pool.
+    #[serde(default = "default_connections_per_address")]
+    pub max_connections_per_address: usize,
     /// People sign in to the portal with the organisation's OpenID provider (see
     /// docs/identity.md). Default: none (local users only).
     #[serde(default)]
@@ -144,6 +149,9 @@ fn default_rate() -> u32 {
 fn default_burst() -> u32 {
     40
 }
+fn default_connections_per_address() -> usize {
+    256
+}
 fn default_probe_ms() -> u64 {
     10_000
 }
@@ -207,6 +215,7 @@ impl ServerConfig {
             approval_wait_secs: default_approval_wait(),
             approval_progress_ms: default_progress_ms(),
             login: Default::default(),
+            max_connections_per_address: default_connections_per_address(),
             oidc: None,
             oauth: None,
             tls_cert_file: None,
@@ -254,6 +263,9 @@ impl ServerConfig {
         }
         if self.tls_cert_file.is_some() != self.tls_key_file.is_some() {
             anyhow::bail!("tls_cert_file and tls_key_file go together: set both or neither");
+        }
+        if self.max_connections_per_address == 0 {
+            anyhow::bail!("max_connections_per_address must be at least 1");
         }
         if self.rate_limit_per_second == 0 || self.rate_limit_burst == 0 {
             anyhow::bail!("rate_limit_per_second and rate_limit_burst must be at least 1");
@@ -310,14 +322,15 @@ impl ServerConfig {
             oauth.check()?;
         }
         // Self-approval is refused by comparing the person an agent acted for with the person
-        // who approves: both must be named by the same claim of the same provider.
+        // who approves: both must be named by the same claim, or the comparison never
+        // matches. Whenever both are set (one provider or two: `person:<value>` is one
+        // namespace in the approvals either way).
         if let (Some(oidc), Some(oauth)) = (&self.oidc, &self.oauth)
-            && oidc.issuer == oauth.issuer
             && let Some(claim) = &oauth.on_behalf_of_claim
             && *claim != oidc.identity_claim
         {
             anyhow::bail!(
-                "oauth.on_behalf_of_claim is `{claim}` but oidc.identity_claim is `{}`: with one provider they must name the same claim, or a person could approve what an agent asked for on their behalf",
+                "oauth.on_behalf_of_claim is `{claim}` but oidc.identity_claim is `{}`: when both are set they must name the same claim, or a person could approve what an agent asked for on their behalf",
                 oidc.identity_claim
             );
         }
@@ -415,5 +428,29 @@ mod tests {
             err.contains("tls_cert_file and tls_key_file go together"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn on_behalf_of_claim_must_name_the_identity_claim_whenever_both_are_set() {
+        let text = |oauth_issuer: &str, claim: &str| {
+            format!(
+                "signing_key_file = 'k'\npublic_url = 'https://emisar.example.com'\n\
+                 [oidc]\nissuer = 'https://sso.example.com'\nclient_id = 'emisar'\n\
+                 client_secret_file = 's'\nidentity_claim = 'sub'\n\
+                 [oauth]\nissuer = '{oauth_issuer}'\nresource = 'https://emisar.example.com/mcp'\n\
+                 on_behalf_of_claim = '{claim}'\n"
+            )
+        };
+        for issuer in ["https://sso.example.com", "https://other.example.com"] {
+            let c: ServerConfig = toml::from_str(&text(issuer, "sub")).unwrap();
+            c.check().unwrap();
+            let c: ServerConfig = toml::from_str(&text(issuer, "email")).unwrap();
+            let err = c.check().unwrap_err().to_string();
+            assert!(
+                err.contains("oauth.on_behalf_of_claim is `email`")
+                    && err.contains("oidc.identity_claim is `sub`"),
+                "{issuer}: {err}"
+            );
+        }
     }
 }

@@ -10,9 +10,9 @@
 //! `/.well-known/oauth-protected-resource` and its path-suffixed form. With `[oidc]`, the
 //! portal's sign-in routes live under `/login/oidc` (`portal_oidc`).
 //!
-//! Invariants: an MCP session belongs to the token that opened it; the same session id
-//! presented with another token is answered 404, as if it did not exist (rmcp routes on the
-//! session id alone). A request authenticated by cookie changes nothing unless it carries
+//! Invariants: an MCP session belongs to the token that opened it, and only the server opens
+//! one; the same session id presented with another token, or an id the server never
+//! issued, is answered 404, as if it did not exist (rmcp routes on the session id alone). A request authenticated by cookie changes nothing unless it carries
 //! the session's CSRF token in `X-CSRF-Token`. Every response carries a strict
 //! Content-Security-Policy; the portal inserts all data as text, never as HTML.
 
@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 use crate::server::api_error::ApiError;
 use crate::server::db::Db;
 use crate::server::gateway::Gateway;
-use crate::server::http_state::HttpState;
+use crate::server::http_state::{HttpState, Owner};
 use crate::server::mcp::GatewaySource;
 use crate::server::oidc::identity::Identity;
 use crate::server::tokens::{Principal, Role};
@@ -62,10 +62,12 @@ pub fn router(
 ) -> Router {
     let logins = Arc::new(crate::server::login_limits::LoginLimits::new(login));
     logins.spawn_sweeper(LOGIN_SWEEP, shutdown.clone());
-    let mcp = crate::server::mcp::service(
+    let mcp_sessions = crate::server::mcp::sessions();
+    let mcp = crate::server::mcp::service_with_sessions(
         Arc::new(GatewaySource(gateway.clone())),
         allowed_hosts,
         shutdown,
+        mcp_sessions.clone(),
     );
     let fleet = Arc::new(crate::server::fleet::Fleet::new(
         db.clone(),
@@ -73,7 +75,15 @@ pub fn router(
         gateway.runners().clone(),
         server_public_key,
     ));
-    let state = HttpState::new(db, logins, secure_cookies, gateway, identity.clone(), fleet);
+    let state = HttpState::new(
+        db,
+        logins,
+        secure_cookies,
+        gateway,
+        identity.clone(),
+        fleet,
+        mcp_sessions,
+    );
     let protected = Router::new()
         .nest_service("/mcp", mcp)
         .route("/api/runners", get(api_runners))
@@ -169,9 +179,23 @@ async fn bearer_auth(State(state): State<HttpState>, mut req: Request, next: Nex
         Err(refusal) => return refusal.into_response(),
     };
     let closing = req.method() == Method::DELETE;
+    let opening = session.is_none() && req.uri().path().starts_with("/mcp");
+    if opening && req.method() == Method::POST && !state.sessions.has_room() {
+        return ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too many MCP sessions are open on this server: try again later",
+        )
+        .into_response();
+    }
     req.extensions_mut().insert(principal.clone());
     let response = next.run(req).await;
-    remember_mcp_session(&state, &response, &principal, session.filter(|_| closing));
+    remember_mcp_session(
+        &state,
+        &response,
+        &principal,
+        opening,
+        session.filter(|_| closing),
+    );
     response
 }
 
@@ -283,8 +307,9 @@ fn check_role(principal: &Principal, path: &str) -> Result<(), ApiError> {
 }
 
 /// The request's MCP session id, if it has one, once it is known to belong to `principal`'s
-/// token (binding it now if this server has not seen it); another token's session is
-/// answered 404, as if it did not exist.
+/// token. An id this server did not open for that token (another token's, or one it never
+/// issued) is answered 404, as if it did not exist, and is never bound: only the server
+/// opens sessions ([`remember_mcp_session`]).
 fn check_mcp_session(
     state: &HttpState,
     req: &Request,
@@ -303,29 +328,32 @@ fn check_mcp_session(
             )));
         }
     };
-    if !state.bind_session(&id, principal) {
+    if state.sessions.owner(&id, &principal.token_id) != Owner::Caller {
         return Err(ApiError::new(StatusCode::NOT_FOUND, "session not found"));
     }
     Ok(Some(id))
 }
 
-/// After the MCP answer: a session the server just opened is bound to `principal`'s token,
-/// and a session the request `closed` is forgotten.
+/// After the MCP answer: a session the server just opened (its answer names a session id,
+/// and the request, `opening`, carried none) is bound to `principal`'s token, and a session
+/// the request `closed` is forgotten.
 fn remember_mcp_session(
     state: &HttpState,
     response: &Response,
     principal: &Principal,
+    opening: bool,
     closed: Option<String>,
 ) {
-    if let Some(id) = response
-        .headers()
-        .get("mcp-session-id")
-        .and_then(|v| v.to_str().ok())
+    if opening
+        && let Some(id) = response
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
     {
-        state.bind_session(id, principal);
+        state.sessions.opened(id, &principal.token_id);
     }
     if let Some(id) = closed {
-        state.forget_session(&id);
+        state.sessions.closed(&id);
     }
 }
 

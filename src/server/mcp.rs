@@ -58,14 +58,30 @@ pub fn service<S: ToolSource>(
     allowed_hosts: Vec<String>,
     shutdown: CancellationToken,
 ) -> StreamableHttpService<EmisarMcp<S>, LocalSessionManager> {
+    service_with_sessions(source, allowed_hosts, shutdown, sessions())
+}
+
+/// The session manager [`service_with_sessions`] expects: the router keeps a handle to close
+/// the sessions it stops vouching for.
+pub fn sessions() -> Arc<LocalSessionManager> {
     let mut sessions = LocalSessionManager::default();
     // Long enough for a slow fan-out; sessions idle longer than this are reaped.
     sessions.session_config.keep_alive = Some(Duration::from_secs(3600));
+    Arc::new(sessions)
+}
+
+/// [`service`], with its sessions kept by `sessions`.
+pub fn service_with_sessions<S: ToolSource>(
+    source: Arc<S>,
+    allowed_hosts: Vec<String>,
+    shutdown: CancellationToken,
+    sessions: Arc<LocalSessionManager>,
+) -> StreamableHttpService<EmisarMcp<S>, LocalSessionManager> {
     let config = StreamableHttpServerConfig::default()
         .with_allowed_hosts(allowed_hosts)
         .with_cancellation_token(shutdown.child_token());
     let handler = EmisarMcp { source };
-    StreamableHttpService::new(move || Ok(handler.clone()), Arc::new(sessions), config)
+    StreamableHttpService::new(move || Ok(handler.clone()), sessions, config)
 }
 
 /// The principal the auth middleware attached to this HTTP request, if any.

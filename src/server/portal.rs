@@ -112,8 +112,10 @@ pub struct Login {
 }
 
 /// `POST /api/login`. In order: the body's shape, the name's and password's shape (400,
-/// naming the field; nothing counted, stored or hashed), the limits (429: per address, for
-/// the server, per name), then the store and the hash.
+/// naming the field; nothing counted, stored or hashed), the limits (429 only for the
+/// address: per address and per name and address; an address that failed for the name
+/// waits its turn under the per-name and server-wide pace), then the store and the hash. A
+/// wrong password marks the address as failed for the name; a right one clears it.
 pub async fn login(
     State(state): State<HttpState>,
     // Absent when the router is driven without a socket (in-process tests).
@@ -151,17 +153,22 @@ pub async fn login(
         return ApiError::bad_request(e.to_string()).into_response();
     }
     let client = state.logins.client(connect.map(|c| (c.0).0), &headers);
-    if let Err(refusal) = state.logins.check(client, &login.name) {
+    if let Err(refusal) = state.logins.admit(client, &login.name).await {
         return ApiError::new(StatusCode::TOO_MANY_REQUESTS, refusal.message()).into_response();
     }
-    match crate::server::users::login(
+    let outcome = crate::server::users::login(
         &state.db,
         state.gateway.audit(),
         &login.name,
         &login.password,
     )
-    .await
-    {
+    .await;
+    match &outcome {
+        Ok(_) => state.logins.succeeded(client, &login.name),
+        Err(UserError::BadLogin) => state.logins.failed(client, &login.name),
+        Err(_) => {}
+    }
+    match outcome {
         Ok((session, id)) => {
             let ttl = crate::server::users::SESSION_TTL.as_secs();
             let mut response = Json(session_json(&session)).into_response();

@@ -7,6 +7,7 @@
 use std::time::Duration;
 
 use base64::Engine;
+use chrono::{DateTime, Utc};
 use serde_json::json;
 
 use crate::digest::sha256_hex;
@@ -218,31 +219,59 @@ pub fn is_emisar_token(token: &str) -> bool {
 
 /// The principal a bearer token stands for, if it is known, unexpired and not revoked.
 pub async fn authenticate(db: &Db, token: &str) -> Result<Option<Principal>, sqlx::Error> {
+    Ok(authenticate_until(db, token).await?.map(|(p, _)| p))
+}
+
+/// [`authenticate`], with the moment the token expires: a cache of the answer must not
+/// outlive the token.
+async fn authenticate_until(
+    db: &Db,
+    token: &str,
+) -> Result<Option<(Principal, DateTime<Utc>)>, sqlx::Error> {
     if !token.starts_with(PREFIX) || token.len() > 100 {
         return Ok(None);
     }
-    let sql = db.sql("SELECT id, agent, role, selector FROM agent_tokens WHERE token_hash = $1 AND revoked_at IS NULL AND expires_at > $2::timestamptz");
+    let sql = db.sql(format!(
+        "SELECT id, agent, role, selector, {} FROM agent_tokens WHERE token_hash = $1 AND revoked_at IS NULL AND expires_at > $2::timestamptz",
+        crate::server::fleet::at_text(db, "expires_at")
+    ));
     let hash = sha256_hex(token.as_bytes());
     let now = format_at(chrono::Utc::now());
-    let row: Option<(String, String, String, Option<String>)> = db
+    let row: Option<(String, String, String, Option<String>, String)> = db
         .guard(async { with_pool!(db, pool => sqlx::query_as(sql).bind(&hash).bind(&now).fetch_optional(pool).await) })
         .await?;
-    Ok(row.and_then(|(token_id, name, role, selector)| {
-        // A role or selector this version cannot read grants nothing.
-        let selector = match selector {
-            None => None,
-            Some(text) => Some(Selector::parse(&text).ok()?),
-        };
-        Role::parse(&role)
-            .ok()
-            .map(|role| Principal::new(name, token_id, role, selector))
-    }))
+    Ok(
+        row.and_then(|(token_id, name, role, selector, expires_at)| {
+            // A role, selector or expiry this version cannot read grants nothing.
+            let selector = match selector {
+                None => None,
+                Some(text) => Some(Selector::parse(&text).ok()?),
+            };
+            let expires_at = DateTime::parse_from_rfc3339(&expires_at)
+                .ok()?
+                .with_timezone(&Utc);
+            Role::parse(&role)
+                .ok()
+                .map(|role| (Principal::new(name, token_id, role, selector), expires_at))
+        }),
+    )
 }
 
 /// Recently authenticated tokens, so a request does not need the store just to say who it
-/// is. A revoked token keeps working on a replica for at most [`CACHE_TTL`].
+/// is. A revoked token keeps working on a replica for at most [`CACHE_TTL`]; an expired one
+/// not at all (each entry carries its token's `expires_at`, checked on every use).
 pub struct TokenCache {
-    entries: std::sync::Mutex<std::collections::HashMap<String, (Principal, tokio::time::Instant)>>,
+    entries: std::sync::Mutex<std::collections::HashMap<String, Cached>>,
+}
+
+/// One remembered authentication.
+#[derive(Clone)]
+struct Cached {
+    principal: Principal,
+    /// When the store last vouched for the token (monotonic: bounds the cache's trust).
+    at: tokio::time::Instant,
+    /// When the token itself stops being valid (wall clock, as the store keeps it).
+    expires_at: DateTime<Utc>,
 }
 
 /// How long a successful authentication is reused.
@@ -275,38 +304,47 @@ impl TokenCache {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(&hash)
-            .cloned();
-        if let Some((p, at)) = &cached
-            && now.duration_since(*at) < CACHE_TTL
+            .cloned()
+            // An entry is never trusted past its token's expiry, whatever its age: the store
+            // would refuse the token now, so the cache must too.
+            .filter(|c| Utc::now() < c.expires_at);
+        if let Some(c) = &cached
+            && now.duration_since(c.at) < CACHE_TTL
         {
-            return Ok(Some(p.clone()));
+            return Ok(Some(c.principal.clone()));
         }
-        let principal = match authenticate(db, token).await {
-            Ok(p) => p,
+        let found = match authenticate_until(db, token).await {
+            Ok(found) => found,
             Err(e) => {
                 return match cached {
-                    Some((p, at))
-                        if db.outage().is_some() && now.duration_since(at) < STALE_MAX =>
-                    {
-                        Ok(Some(p))
+                    Some(c) if db.outage().is_some() && now.duration_since(c.at) < STALE_MAX => {
+                        Ok(Some(c.principal))
                     }
                     _ => Err(e),
                 };
             }
         };
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        match &principal {
-            Some(p) => {
+        match found {
+            Some((principal, expires_at)) => {
                 if entries.len() >= CACHE_MAX {
                     entries.clear();
                 }
-                entries.insert(hash, (p.clone(), now));
+                entries.insert(
+                    hash,
+                    Cached {
+                        principal: principal.clone(),
+                        at: now,
+                        expires_at,
+                    },
+                );
+                Ok(Some(principal))
             }
             None => {
                 entries.remove(&hash);
+                Ok(None)
             }
         }
-        Ok(principal)
     }
 }
 

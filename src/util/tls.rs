@@ -5,9 +5,10 @@
 //! Invariants: every rustls configuration names its crypto provider (aws-lc-rs, the one
 //! reqwest and sqlx already use), so nothing depends on a process-wide default provider; an
 //! HTTPS listener handshakes each connection in its own task with a deadline, so a slow or
-//! silent client never holds up other accepts; every accepted socket has `TCP_NODELAY` set
-//! (answers are written in several small pieces, and Nagle's algorithm with delayed ACKs
-//! would add tens of milliseconds to each).
+//! silent client never holds up other accepts, and with a cap ([`serve_https_capped`]) a
+//! connection over its address's cap is closed before its handshake; every accepted socket
+//! has `TCP_NODELAY` set (answers are written in several small pieces, and Nagle's algorithm
+//! with delayed ACKs would add tens of milliseconds to each).
 
 use std::fmt;
 use std::path::Path;
@@ -20,6 +21,8 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
+
+use crate::util::net::{ConnectionCap, Counted};
 
 /// How long a client may take to complete its TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -130,6 +133,17 @@ pub async fn serve_https(
     tls: Arc<rustls::ServerConfig>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
+    serve_https_capped(listener, router, tls, None, shutdown).await
+}
+
+/// [`serve_https`], closing at once (before the handshake) a connection over `cap`.
+pub async fn serve_https_capped(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    tls: Arc<rustls::ServerConfig>,
+    cap: Option<ConnectionCap>,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
     use axum_server::accept::NoDelayAcceptor;
     use axum_server::tls_rustls::{RustlsAcceptor, RustlsConfig};
 
@@ -137,6 +151,10 @@ pub async fn serve_https(
     let acceptor = RustlsAcceptor::new(RustlsConfig::from_config(tls))
         .handshake_timeout(HANDSHAKE_TIMEOUT)
         .acceptor(NoDelayAcceptor::new());
+    let acceptor = CapAcceptor {
+        inner: acceptor,
+        cap,
+    };
     let stopper = handle.clone();
     tokio::spawn(async move {
         shutdown.cancelled().await;
@@ -153,6 +171,49 @@ pub async fn serve_https(
         // The peer's address reaches handlers as `ConnectInfo`, as on plain HTTP.
         .serve(router.into_make_service_with_connect_info::<std::net::SocketAddr>())
         .await
+}
+
+/// Takes a place under the connection's address's cap before `inner` (the TLS handshake)
+/// runs, and refuses the connection when there is none: it is dropped, which closes it.
+#[derive(Clone)]
+struct CapAcceptor<A> {
+    inner: A,
+    cap: Option<ConnectionCap>,
+}
+
+impl<A, S> axum_server::accept::Accept<tokio::net::TcpStream, S> for CapAcceptor<A>
+where
+    A: axum_server::accept::Accept<tokio::net::TcpStream, S> + Clone + Send + 'static,
+    A::Future: Send,
+    A::Stream: Send + 'static,
+    A::Service: Send + 'static,
+    S: Send + 'static,
+{
+    type Stream = Counted<A::Stream>;
+    type Service = A::Service;
+    type Future = std::pin::Pin<
+        Box<dyn Future<Output = std::io::Result<(Self::Stream, Self::Service)>> + Send>,
+    >;
+
+    fn accept(&self, stream: tokio::net::TcpStream, service: S) -> Self::Future {
+        let place = match (&self.cap, stream.peer_addr()) {
+            (None, _) => None,
+            (Some(cap), Ok(peer)) => match cap.admit(peer.ip()) {
+                Some(place) => Some(place),
+                None => {
+                    return Box::pin(std::future::ready(Err(std::io::Error::other(
+                        "its address holds the most connections it may",
+                    ))));
+                }
+            },
+            (Some(_), Err(e)) => return Box::pin(std::future::ready(Err(e))),
+        };
+        let accepting = self.inner.accept(stream, service);
+        Box::pin(async move {
+            let (stream, service) = accepting.await?;
+            Ok((Counted::new(stream, place), service))
+        })
+    }
 }
 
 #[cfg(test)]

@@ -1,8 +1,10 @@
 //! The door: what comes from outside is checked before it is stored, logged, hashed or used
 //! as a metric label. Bad text at login is a 400 that names the field (never the store's
-//! 503) while everyone else carries on; login attempts are limited per address, per server
-//! and per name; a tool name that is not an identifier is refused without being repeated,
-//! after the rate limit; a secret param's validation error is audited sealed.
+//! 503) while everyone else carries on; login attempts are refused per address and per name
+//! and address, and only paced per name and for the server, so wrong passwords from one
+//! address never lock the person out from another; a tool name that is not an identifier is
+//! refused without being repeated, after the rate limit; a secret param's validation error
+//! is audited sealed.
 
 use std::time::{Duration, Instant};
 
@@ -13,6 +15,7 @@ use rmcp::model::CallToolRequestParams;
 use serde_json::{Value, json};
 
 use crate::approvals::add_user;
+use crate::both_backends;
 use crate::harness::app::{Options, TestApp};
 use crate::harness::{Backend, RunnerSpec, spawn_app};
 use crate::mcp_calls::call;
@@ -110,28 +113,92 @@ async fn bad_text_at_login_is_a_400_naming_the_field_while_others_carry_on() {
     app.verify_with_cli();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn login_attempts_are_limited_per_address_per_name_and_per_server() {
-    // One attempt a minute per address and per name, three for the server: no bucket refills
-    // (one attempt takes a minute, or twenty seconds for the server) while the test runs.
-    let app = spawn_app(
-        Backend::Sqlite,
+/// The server of the login-limit tests: behind a proxy (the test's loopback address), so that
+/// `X-Forwarded-For` names each attempt's client address.
+async fn behind_a_proxy(backend: Backend, limits: LoginLimitsConfig) -> TestApp {
+    spawn_app(
+        backend,
         vec![],
         Options {
             login: Some(LoginLimitsConfig {
-                per_address_per_minute: 1,
-                per_name_per_minute: 1,
-                global_per_minute: 3,
                 trusted_proxies: vec!["127.0.0.1".parse().unwrap()],
+                ..limits
             }),
             ..Default::default()
         },
     )
+    .await
+}
+
+/// The lockout of issue 24: eleven wrong passwords for `dev-approver` from one address, with
+/// the default limits. That address is then refused, even with the right password; from
+/// another address the right password signs in at once (not after a wait).
+async fn wrong_passwords_from_one_address_do_not_lock_the_person_out(backend: Backend) {
+    let app = behind_a_proxy(backend, LoginLimitsConfig::default()).await;
+    let password = add_user(&app, "dev-approver", Role::Approver).await;
+    let wrong = json!({"name": "dev-approver", "password": "not-the-password"});
+    let right = json!({"name": "dev-approver", "password": password});
+    let attacker = "203.0.113.66";
+    for i in 1..=10 {
+        let (status, answer) = login(&app, &wrong, Some(attacker)).await;
+        assert_eq!(status, 401, "wrong password {i}: {answer}");
+    }
+    let (status, answer) = login(&app, &wrong, Some(attacker)).await;
+    assert_eq!(status, 429, "wrong password 11: {answer}");
+    assert!(
+        answer["error"]
+            .as_str()
+            .unwrap()
+            .contains("for this user from this address"),
+        "{answer}"
+    );
+    let started = Instant::now();
+    let (status, answer) = login(&app, &right, Some("198.51.100.7")).await;
+    let took = started.elapsed();
+    assert_eq!(
+        status, 200,
+        "the right password from a clean address: {answer}"
+    );
+    assert_eq!(answer["user"], "dev-approver");
+    assert!(
+        took < Duration::from_secs(3),
+        "the right password from a clean address waited {took:?}"
+    );
+    // The attacking address itself stays refused, right password or not.
+    let (status, answer) = login(&app, &right, Some(attacker)).await;
+    assert_eq!(status, 429, "{answer}");
+}
+both_backends!(wrong_passwords_from_one_address_do_not_lock_the_person_out);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn login_attempts_are_refused_per_address_and_paced_per_name_and_server() {
+    // Three attempts a minute per address (refused ones count too), one per name and
+    // address: no bucket refills while the test runs.
+    let app = behind_a_proxy(
+        Backend::Sqlite,
+        LoginLimitsConfig {
+            per_address_per_minute: 3,
+            per_name_and_address_per_minute: 1,
+            per_name_per_minute: 1000,
+            global_per_minute: 1000,
+            trusted_proxies: vec![],
+        },
+    )
     .await;
     let wrong = |name: &str| json!({"name": name, "password": "not-the-password"});
-    // One try from an address, then that address waits (another name does not help).
+    // One try for a name from an address, then that pair is refused; another name from the
+    // same address is its third and last try (the refused one counted too).
     assert_eq!(login(&app, &wrong("a1"), Some("203.0.113.1")).await.0, 401);
-    let (status, answer) = login(&app, &wrong("a2"), Some("203.0.113.1")).await;
+    let (status, answer) = login(&app, &wrong("a1"), Some("203.0.113.1")).await;
+    assert_eq!(status, 429, "{answer}");
+    assert!(
+        answer["error"]
+            .as_str()
+            .unwrap()
+            .contains("for this user from this address")
+    );
+    assert_eq!(login(&app, &wrong("a2"), Some("203.0.113.1")).await.0, 401);
+    let (status, answer) = login(&app, &wrong("a3"), Some("203.0.113.1")).await;
     assert_eq!(status, 429, "{answer}");
     assert!(
         answer["error"]
@@ -139,23 +206,48 @@ async fn login_attempts_are_limited_per_address_per_name_and_per_server() {
             .unwrap()
             .contains("from this address")
     );
-    // One try for a name, then that name waits, whatever address asks.
-    assert_eq!(login(&app, &wrong("bob"), Some("203.0.113.2")).await.0, 401);
-    let (status, answer) = login(&app, &wrong("bob"), Some("203.0.113.3")).await;
-    assert_eq!(status, 429, "{answer}");
-    assert!(answer["error"].as_str().unwrap().contains("for this user"));
-    // Those three drew on the server's three: now the whole server waits.
-    let (status, answer) = login(&app, &wrong("carol"), Some("203.0.113.4")).await;
-    assert_eq!(status, 429, "{answer}");
-    assert!(answer["error"].as_str().unwrap().contains("on this server"));
+    // The same name from another address is not refused.
+    assert_eq!(login(&app, &wrong("a1"), Some("203.0.113.2")).await.0, 401);
     // The proxy's own word is believed only for what it forwards: without the header the
-    // client is the proxy (127.0.0.1), a fresh address, refused by the server's limit.
-    let (status, _) = login(&app, &wrong("dave"), None).await;
-    assert_eq!(status, 429);
+    // client is the proxy (127.0.0.1), a fresh address.
+    assert_eq!(login(&app, &wrong("a1"), None).await.0, 401);
     // A malformed name is refused before any limit: it neither counts nor is counted.
     let (status, answer) = login(&app, &wrong("bad\u{0}name"), Some("203.0.113.1")).await;
     assert_eq!(status, 400, "{answer}");
     assert!(answer["error"].as_str().unwrap().contains("`name`"));
+
+    // Per name, attempts are paced, not refused: 12 a minute (a turn every 5 s), the burst
+    // drawn by twelve clean addresses. An address that failed for `bob` now waits its turn;
+    // a clean one does not.
+    let app = behind_a_proxy(
+        Backend::Sqlite,
+        LoginLimitsConfig {
+            per_name_per_minute: 12,
+            ..Default::default()
+        },
+    )
+    .await;
+    let password = add_user(&app, "bob", Role::Approver).await;
+    for i in 1..=12 {
+        let from = format!("203.0.113.{i}");
+        assert_eq!(login(&app, &wrong("bob"), Some(&from)).await.0, 401);
+    }
+    let started = Instant::now();
+    assert_eq!(login(&app, &wrong("bob"), Some("203.0.113.1")).await.0, 401);
+    let paced = started.elapsed();
+    assert!(
+        paced >= Duration::from_secs(3),
+        "an address that failed for the name was not paced ({paced:?})"
+    );
+    let started = Instant::now();
+    let right = json!({"name": "bob", "password": password});
+    let (status, answer) = login(&app, &right, Some("198.51.100.8")).await;
+    assert_eq!(status, 200, "{answer}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
 }
 
 /// The lines of `/metrics` that mention any of `needles`.

@@ -651,6 +651,98 @@ async fn the_policy_file_governs_the_server(backend: Backend) {
 }
 both_backends!(the_policy_file_governs_the_server);
 
+/// One human may hold a local user (`alice`) and a provider identity
+/// (`person:alice@corp`): a request that needs two approvals does not take one of each, so
+/// that human cannot count twice. A second local approver completes it.
+async fn one_request_takes_its_approvals_from_one_kind_of_sign_in(backend: Backend) {
+    let bin = tempfile::tempdir().unwrap();
+    let record = systemctl_standin(bin.path());
+    let policy_dir = tempfile::tempdir().unwrap();
+    let policy = write(policy_dir.path(), "policy.yaml", POLICY);
+    // People may sign in through a provider too (never reached here: the session below is
+    // opened as a sign-in would open it).
+    let oidc: emisar::server::oidc::config::OidcConfig = toml::from_str(
+        "issuer = \"http://127.0.0.1:9/realms/ops\"\nclient_id = \"emisar\"\n\
+         token_auth_method = \"none\"\n\
+         redirect_url = \"http://127.0.0.1:9/login/oidc/callback\"\n",
+    )
+    .unwrap();
+    let app = restart_app(
+        backend,
+        bin.path(),
+        Options {
+            policy_file: Some(policy),
+            oidc: Some(oidc),
+            ..Default::default()
+        },
+    )
+    .await;
+    let client = app.mcp_client().await;
+    let alice_pw = add_user(&app, "alice", Role::Approver).await;
+    let bob_pw = add_user(&app, "bob", Role::Approver).await;
+    let alice = Portal::login(&app, "alice", &alice_pw).await;
+    let bob = Portal::login(&app, "bob", &bob_pw).await;
+    // The same human, signed in through the provider (a session as the sign-in opens it).
+    let person = emisar::server::oidc::login::SignedInPerson {
+        identity: "person:alice@corp".into(),
+        issuer: "https://sso.example.com".into(),
+        subject: "alice@corp".into(),
+        display_name: "Alice".into(),
+        roles: [emisar::server::oidc::config::PersonRole::Approver].into(),
+        session_expires_at: chrono::Utc::now().timestamp() + 3600,
+        provider_session: None,
+        return_to: None,
+        id_token: String::new(),
+        claims: Default::default(),
+    };
+    let (session, id) = emisar::server::oidc::sessions::open(&app.db, &app.audit, &person)
+        .await
+        .unwrap();
+    let alice_sso = Portal::with_session(
+        app.base_url(),
+        format!("emisar_session={id}"),
+        session.csrf.clone(),
+    );
+
+    let call = call_in_background(
+        &client,
+        "linux.systemctl_restart",
+        restart_args("consul lost quorum on hvn05"),
+    );
+    let id = wait_for_pending(&alice).await;
+    let path = format!("/api/approvals/{id}/approve");
+    let (status, row) = alice.post(&path, json!({}), true).await;
+    assert_eq!(status, 200, "{row}");
+    assert_eq!(row["state"], "pending", "one of two: {row}");
+    let (status, body) = alice_sso.post(&path, json!({}), true).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("one kind of sign-in"),
+        "{body}"
+    );
+    let (_, row) = bob.get(&format!("/api/approvals/{id}")).await;
+    assert_eq!(row["state"], "pending", "{row}");
+    assert_eq!(row["approvals"].as_array().unwrap().len(), 1, "{row}");
+    assert_eq!(
+        restarts(&record),
+        0,
+        "one person's two identities ran a two-approval write"
+    );
+    let (status, row) = bob.post(&path, json!({}), true).await;
+    assert_eq!(status, 200, "{row}");
+    let res = tokio::time::timeout(Duration::from_secs(20), call)
+        .await
+        .expect("the agent's call returns within 20 s of the second approval")
+        .unwrap();
+    assert_eq!(res.is_error, Some(false), "{res:?}");
+    assert_eq!(restarts(&record), 1);
+    client.cancel().await.unwrap();
+}
+both_backends!(one_request_takes_its_approvals_from_one_kind_of_sign_in);
+
 /// The names of the tools `token` is offered by the server at `base`.
 async fn offered(base: &str, token: &str) -> Vec<String> {
     let client = mcp_client(&format!("{base}/mcp"), token).await;

@@ -27,6 +27,7 @@ mod packs_node;
 mod packs_redis;
 mod packs_test;
 mod portal_browser;
+mod portal_sessions;
 mod python_client;
 mod replicas;
 mod runner_errors;

@@ -644,3 +644,136 @@ async fn a_revoked_token_is_refused_on_mcp_within_the_cache_lifetime(backend: Ba
     );
 }
 both_backends!(a_revoked_token_is_refused_on_mcp_within_the_cache_lifetime);
+
+/// An expired `emt_` token is refused on `/mcp`: one that expired before it was ever used
+/// (the store's check), and one that opened `/mcp` moments before it expired, refused as soon
+/// as it has expired even though the server's token cache still holds it (well inside
+/// [`CACHE_TTL`](emisar::server::tokens::CACHE_TTL)).
+async fn an_expired_token_is_refused_on_mcp_even_from_the_cache(backend: Backend) {
+    let app = spawn_app(backend, vec![RunnerSpec::new("node-1")], Options::default()).await;
+    let http = reqwest::Client::new();
+    let initialize = |token: String| {
+        let req = http
+            .post(&app.mcp_url)
+            .header("accept", "application/json, text/event-stream")
+            .bearer_auth(token)
+            .json(
+                &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-06-18", "capabilities": {},
+                "clientInfo": {"name": "expiry-test", "version": "0"}}}),
+            );
+        async move { req.send().await.unwrap().status().as_u16() }
+    };
+    let issue = |name: &'static str, ttl: Duration| {
+        emisar::server::tokens::issue(
+            &app.db,
+            &app.audit,
+            name,
+            emisar::server::tokens::Role::Agent,
+            ttl,
+            "test",
+        )
+    };
+    let stale = issue("already-expired", Duration::from_millis(1))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(initialize(stale.token.clone()).await, 401);
+
+    let ttl = Duration::from_secs(3);
+    let issued_at = Instant::now();
+    let short = issue("soon-expired", ttl).await.unwrap();
+    // It works, and is now in the server's cache.
+    assert_eq!(initialize(short.token.clone()).await, 200);
+    let expires = issued_at + ttl + Duration::from_millis(300);
+    tokio::time::sleep(expires.saturating_duration_since(Instant::now())).await;
+    let used_after = issued_at.elapsed();
+    assert_eq!(
+        initialize(short.token.clone()).await,
+        401,
+        "a token that expired {:?} ago still opens /mcp from the token cache",
+        used_after.saturating_sub(ttl)
+    );
+    // The cache lifetime is far longer than the wait: the refusal did not come from the
+    // cache entry aging out.
+    assert!(
+        used_after < emisar::server::tokens::CACHE_TTL,
+        "{used_after:?}"
+    );
+}
+both_backends!(an_expired_token_is_refused_on_mcp_even_from_the_cache);
+
+/// Only the server opens MCP sessions: an id it never issued is answered 404 at the door
+/// (emisar's JSON refusal, not rmcp's), every time it is presented, since presenting it does
+/// not bind it; a session another token opened is just as unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_mcp_session_id_is_404_and_never_bound() {
+    let app = spawn_app(
+        Backend::Sqlite,
+        vec![RunnerSpec::new("node-1")],
+        Options::default(),
+    )
+    .await;
+    let other = emisar::server::tokens::issue(
+        &app.db,
+        &app.audit,
+        "other-agent",
+        emisar::server::tokens::Role::Agent,
+        Duration::from_secs(3600),
+        "test",
+    )
+    .await
+    .unwrap();
+    let http = reqwest::Client::new();
+    let post = |token: &str, session: Option<&str>, body: Value| {
+        let mut req = http
+            .post(&app.mcp_url)
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2025-06-18")
+            .bearer_auth(token)
+            .json(&body);
+        if let Some(s) = session {
+            req = req.header("mcp-session-id", s);
+        }
+        async move {
+            let res = req.send().await.unwrap();
+            let status = res.status().as_u16();
+            let session = res
+                .headers()
+                .get("mcp-session-id")
+                .map(|v| v.to_str().unwrap().to_owned());
+            (status, session, res.text().await.unwrap())
+        }
+    };
+    let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "session-test", "version": "0"}}});
+    let list = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"});
+    let (status, opened, _) = post(&app.token, None, initialize.clone()).await;
+    assert_eq!(status, 200);
+    let opened = opened.expect("initialize names the session it opened");
+
+    let made_up = uuid::Uuid::new_v4().to_string();
+    for (label, token, session) in [
+        (
+            "an id the server never issued",
+            app.token.as_str(),
+            made_up.as_str(),
+        ),
+        ("the same id again", app.token.as_str(), made_up.as_str()),
+        (
+            "another token's session",
+            other.token.as_str(),
+            opened.as_str(),
+        ),
+    ] {
+        let (status, _, body) = post(token, Some(session), list.clone()).await;
+        assert_eq!(status, 404, "{label}: {body}");
+        let refusal: Value = serde_json::from_str(&body)
+            .unwrap_or_else(|_| panic!("{label}: not refused at emisar's door: {body}"));
+        assert_eq!(refusal["error"], "session not found", "{label}");
+    }
+    // The owner's session still works.
+    let (status, _, body) = post(&app.token, Some(&opened), list).await;
+    assert_eq!(status, 200, "{body}");
+}

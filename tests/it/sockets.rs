@@ -193,3 +193,86 @@ async fn every_tls_connection_emisar_accepts_or_opens_has_nodelay() {
     drop(http);
     client.cancel().await.unwrap();
 }
+
+/// Whether the server closed `stream` (end of stream or a reset) within two seconds, without
+/// the test sending a byte.
+async fn closed_at_once(stream: &mut tokio::net::TcpStream) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 64];
+    matches!(
+        tokio::time::timeout(std::time::Duration::from_secs(2), stream.read(&mut buf)).await,
+        Ok(Ok(0) | Err(_))
+    )
+}
+
+/// A connection over `max_connections_per_address` is closed as soon as it is accepted, on
+/// plain HTTP and (before the handshake) on HTTPS; a connection that ends gives its place
+/// back. The test's connections all come from 127.0.0.1.
+async fn a_connection_over_the_per_address_cap_is_closed_at_once(tls: bool) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let mut options = crate::harness::app::Options {
+        max_connections_per_address: Some(3),
+        ..Default::default()
+    };
+    if tls {
+        let ca = crate::harness::certs::TestCa::new(dir.path(), "server");
+        options.server_tls = Some(ca.issue(dir.path(), "server", &["localhost", "127.0.0.1"]));
+        options.client_ca_file = Some(ca.file.clone());
+    }
+    let app = spawn_app(Backend::Sqlite, vec![], options).await;
+    let addr = app
+        .base_url()
+        .trim_start_matches("https://")
+        .trim_start_matches("http://")
+        .to_owned();
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(tokio::net::TcpStream::connect(&addr).await.unwrap());
+    }
+    for stream in &mut held {
+        assert!(
+            !closed_at_once(stream).await,
+            "a connection within the cap was closed"
+        );
+    }
+    let mut over = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    assert!(
+        closed_at_once(&mut over).await,
+        "a fourth connection from one address stayed open (cap 3, tls {tls})"
+    );
+    // One ends; its place comes back once the server has seen it go.
+    drop(held.pop());
+    let started = std::time::Instant::now();
+    loop {
+        let mut again = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        if !closed_at_once(&mut again).await {
+            if !tls {
+                again
+                    .write_all(
+                        b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+                    )
+                    .await
+                    .unwrap();
+                let mut answer = String::new();
+                again.read_to_string(&mut answer).await.unwrap();
+                assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+            }
+            break;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "the place of a closed connection never came back"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_over_the_per_address_cap_is_closed_at_once_on_http() {
+    a_connection_over_the_per_address_cap_is_closed_at_once(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_over_the_per_address_cap_is_closed_at_once_on_https() {
+    a_connection_over_the_per_address_cap_is_closed_at_once(true).await;
+}

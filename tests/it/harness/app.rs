@@ -181,6 +181,8 @@ pub struct Options {
     /// The server's `[join]`; when not given, the harness admits loopback (its runners
     /// listen there), which the server's default refuses.
     pub join: Option<emisar::server::config::JoinConfig>,
+    /// The server's `max_connections_per_address` (its default when none).
+    pub max_connections_per_address: Option<usize>,
 }
 
 pub async fn fresh_db(backend: Backend, dir: &std::path::Path) -> (String, Option<PgTestDb>) {
@@ -301,6 +303,13 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
                 allowed_networks: Some(vec!["127.0.0.0/8".into(), "::1".into()]),
             }),
         ..ServerConfig::with_signing_key(private_key.clone())
+    };
+    let config = match options.max_connections_per_address {
+        Some(cap) => ServerConfig {
+            max_connections_per_address: cap,
+            ..config
+        },
+        None => config,
     };
     let app = emisar::server::app::Application::build(config, &database_url)
         .await

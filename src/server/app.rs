@@ -31,6 +31,9 @@ pub struct Application {
     /// Set when the server serves HTTPS itself.
     tls: Option<Arc<rustls::ServerConfig>>,
     db: Db,
+    /// Flushed once more after the last request finished, so no refusal counted in the
+    /// current window is lost on a clean stop.
+    audit: AuditLog,
     shutdown: CancellationToken,
 }
 
@@ -149,6 +152,7 @@ impl Application {
             .await
             .context("failed to write the first audit event")?;
         gateway.spawn_sweeper(Duration::from_secs(2), shutdown.clone());
+        audit.spawn_refusal_flusher(shutdown.clone());
         crate::server::fleet::spawn_sync(
             db.clone(),
             registry.clone(),
@@ -181,6 +185,7 @@ impl Application {
             router,
             tls,
             db,
+            audit,
             shutdown,
         })
     }
@@ -209,7 +214,7 @@ impl Application {
         let scheme = if self.tls.is_some() { "https" } else { "http" };
         tracing::info!(addr = %self.local_addr(), "emisar serving MCP at {scheme}://…/mcp");
         let shutdown = self.shutdown.clone();
-        match self.tls {
+        let served = match self.tls {
             Some(tls) => {
                 crate::util::tls::serve_https(self.listener, self.router, tls, shutdown).await
             }
@@ -223,7 +228,14 @@ impl Application {
                     .with_graceful_shutdown(shutdown.cancelled_owned())
                     .await
             }
+        };
+        // Every request has finished: what they counted goes out now (the flusher also
+        // flushed when the stop began, while requests could still be refused).
+        let counted = self.audit.flush_refusals().await;
+        if counted > 0 {
+            tracing::info!(refusals = counted, "repeated refusals audited at shutdown");
         }
+        served
     }
 }
 

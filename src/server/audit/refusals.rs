@@ -196,6 +196,10 @@ fn aggregate(key: &RefusalKey, tally: &Tally, window: Duration) -> NewEvent {
 #[derive(Debug, Clone, Default)]
 pub struct RefusalCounter {
     state: Arc<Mutex<Refusals>>,
+    /// Held for the whole of a flush, so a flush that finds the window empty returns only
+    /// after any flush already under way has written what it took: the last flush at a stop
+    /// then means everything counted is durable.
+    flushing: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// Aggregates written in one `append_all` (one transaction each).
@@ -232,6 +236,7 @@ impl RefusalCounter {
         Fut: Future<Output = Result<(), E>>,
         E: std::fmt::Display,
     {
+        let _flushing = self.flushing.lock().await;
         let tallies = self.lock().take();
         let mut written = 0;
         let mut unwritten = Vec::new();
@@ -443,6 +448,50 @@ mod tests {
         assert_eq!(detail["count"], 5);
         assert_eq!(detail["first"]["tool"], "nope.tool1");
         assert_eq!(detail["last"]["tool"], "nope.tool5");
+    }
+
+    #[tokio::test]
+    async fn a_flush_returns_only_after_the_flush_under_way_has_written() {
+        let counter = RefusalCounter::default();
+        let a = key("agent:a", "rate_limited");
+        for n in 0..3 {
+            counter.note(a.clone(), &event("agent:a", n));
+        }
+        let written = Arc::new(Mutex::new(Vec::new()));
+        let (release, go) = tokio::sync::watch::channel(false);
+        let started = Arc::new(tokio::sync::Notify::new());
+        let slow = {
+            let (written, started) = (written.clone(), started.clone());
+            move |events: Vec<NewEvent>| {
+                let (written, started, mut go) = (written.clone(), started.clone(), go.clone());
+                async move {
+                    started.notify_one();
+                    let _ = go.wait_for(|g| *g).await;
+                    written.lock().unwrap().extend(events);
+                    Ok::<(), String>(())
+                }
+            }
+        };
+        let first = tokio::spawn({
+            let counter = counter.clone();
+            async move { counter.flush(WINDOW, &slow).await }
+        });
+        started.notified().await;
+        // The first flush has taken the counts and is writing them; a second one waits.
+        let second = tokio::spawn({
+            let counter = counter.clone();
+            let sink = Sink::default();
+            async move { counter.flush(WINDOW, &sink.write()).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            !second.is_finished(),
+            "the second flush waits for the first"
+        );
+        release.send(true).unwrap();
+        assert_eq!(first.await.unwrap(), 2);
+        assert_eq!(second.await.unwrap(), 0);
+        assert_eq!(written.lock().unwrap().len(), 1);
     }
 
     #[tokio::test(start_paused = true)]

@@ -219,3 +219,41 @@ async fn a_join_flood_costs_bounded_rows_and_real_joins_get_through(backend: Bac
     app.assert_chain_intact().await;
 }
 crate::both_backends!(a_join_flood_costs_bounded_rows_and_real_joins_get_through);
+
+/// Failed logins for one name: the first is its own `login.failed`, the rest one
+/// `refusal.repeated` per window with the count; a good password still signs in.
+async fn repeated_failed_logins_are_counted_not_written_one_by_one(backend: Backend) {
+    let app = spawn_app(backend, vec![], Options::default()).await;
+    let password =
+        crate::approvals::add_user(&app, "alice", emisar::server::tokens::Role::Approver).await;
+    let before = app.audit_rows().await;
+    for i in 0..4 {
+        let err = emisar::server::users::login(&app.db, &app.audit, "alice", &format!("wrong-{i}"))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, emisar::server::users::UserError::BadLogin),
+            "{err}"
+        );
+    }
+    let (own, counted, aggregates) = accounted(&app, "login.failed").await;
+    assert_eq!(own.len(), 1, "{own:#?}");
+    assert_eq!(counted, 0, "not written before the window ends");
+    assert_eq!(app.audit_rows().await - before, 1);
+    assert_eq!(app.audit.flush_refusals().await, 3);
+    let (own, counted, aggregates_after) = accounted(&app, "login.failed").await;
+    assert!(aggregates.is_empty());
+    assert_eq!((own.len(), counted), (1, 3), "{aggregates_after:#?}");
+    let detail = aggregates_after[0].detail.as_ref().unwrap();
+    assert_eq!(aggregates_after[0].actor, "user:alice");
+    assert_eq!(detail["class"], "bad_password");
+    assert!(
+        !detail.to_string().contains("wrong-"),
+        "no password is sampled"
+    );
+    emisar::server::users::login(&app.db, &app.audit, "alice", &password)
+        .await
+        .unwrap();
+    app.assert_chain_intact().await;
+}
+crate::both_backends!(repeated_failed_logins_are_counted_not_written_one_by_one);

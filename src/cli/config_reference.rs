@@ -53,7 +53,9 @@ whose default is *required* must be given; *none* means the feature is off until
 - **`audit_key_file`** (emisar.toml): required as soon as a loaded pack has a `secret` param
   (the audit log stores a keyed HMAC of the value); make it with `emisar keygen --audit-key FILE`.
 - **`rate_limit_per_second`, `rate_limit_burst`** (emisar.toml): per agent, for tool calls;
-  a refused call is audited as `tool.rejected`. Logins have their own limits in `[login]`.
+  a refused call is audited as `tool.rejected` (after the first in a minute, an agent's
+  rate-limited calls are counted into one `refusal.repeated` event a minute). Logins have
+  their own limits in `[login]`; joins are limited to 20 a minute per client address.
 - **`health_probe_interval_ms`** (emisar.toml): how often each runner's `/healthz` is probed;
   a runner that fails probes is left out of cluster tools' picks until it answers again.
 ";

@@ -73,7 +73,8 @@ pub enum ServerRefusal {
 }
 
 /// POSTs `body` to `server` + `path` with a bearer token, retrying unreachable or unavailable
-/// servers (5xx) with capped exponential backoff and full jitter. A 4xx answer is final.
+/// servers (5xx) and 429 with capped exponential backoff and full jitter. Any other 4xx
+/// answer is final.
 async fn post<B: Serialize, R: DeserializeOwned>(
     http: &reqwest::Client,
     server: &str,
@@ -94,7 +95,12 @@ async fn post<B: Serialize, R: DeserializeOwned>(
                     .await
                     .map_err(|e| ServerRefusal::Unreadable(error_chain(&e)));
             }
-            Ok(r) if r.status().is_client_error() || r.status().is_redirection() => {
+            // 429 (too many joins from this address) passes: it is retried with backoff.
+            Ok(r)
+                if (r.status().is_client_error()
+                    && r.status() != reqwest::StatusCode::TOO_MANY_REQUESTS)
+                    || r.status().is_redirection() =>
+            {
                 let status = r.status();
                 let body = r.text().await.unwrap_or_default();
                 return Err(ServerRefusal::Refused {

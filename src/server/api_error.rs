@@ -76,6 +76,7 @@ impl From<FleetError> for ApiError {
             FleetError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             FleetError::Forbidden(_) => StatusCode::FORBIDDEN,
             FleetError::Conflict(_) => StatusCode::CONFLICT,
+            FleetError::TooMany(_) => StatusCode::TOO_MANY_REQUESTS,
             FleetError::Store(_) => {
                 return ApiError::unavailable(
                     "a runner's join, registration or heartbeat failed",

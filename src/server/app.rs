@@ -33,6 +33,9 @@ pub struct Application {
     /// Connections open per client address, and the most each may hold.
     connections: crate::util::net::ConnectionCap,
     db: Db,
+    /// Flushed once more after the last request finished, so no refusal counted in the
+    /// current window is lost on a clean stop.
+    audit: AuditLog,
     shutdown: CancellationToken,
 }
 
@@ -158,6 +161,7 @@ impl Application {
             .await
             .context("failed to write the first audit event")?;
         gateway.spawn_sweeper(Duration::from_secs(2), shutdown.clone());
+        audit.spawn_refusal_flusher(shutdown.clone());
         crate::server::fleet::spawn_sync(
             db.clone(),
             registry.clone(),
@@ -192,6 +196,7 @@ impl Application {
             tls,
             connections: crate::util::net::ConnectionCap::new(config.max_connections_per_address),
             db,
+            audit,
             shutdown,
         })
     }
@@ -220,7 +225,7 @@ impl Application {
         let scheme = if self.tls.is_some() { "https" } else { "http" };
         tracing::info!(addr = %self.local_addr(), "emisar serving MCP at {scheme}://…/mcp");
         let shutdown = self.shutdown.clone();
-        match self.tls {
+        let served = match self.tls {
             Some(tls) => {
                 crate::util::tls::serve_https_capped(
                     self.listener,
@@ -244,7 +249,14 @@ impl Application {
                 .with_graceful_shutdown(shutdown.cancelled_owned())
                 .await
             }
+        };
+        // Every request has finished: what they counted goes out now (the flusher also
+        // flushed when the stop began, while requests could still be refused).
+        let counted = self.audit.flush_refusals().await;
+        if counted > 0 {
+            tracing::info!(refusals = counted, "repeated refusals audited at shutdown");
         }
+        served
     }
 }
 

@@ -395,15 +395,20 @@ fn no_bearer(what: &str) -> ApiError {
     .into()
 }
 
-/// `POST /api/runners/join` with a join token's secret: registers a new runner.
+/// `POST /api/runners/join` with a join token's secret: registers a new runner. Attempts
+/// are limited per client address (counted as the login limits count it, trusted proxies
+/// included) before the store is asked: past the limit, 429.
 async fn runner_join(
     State(state): State<HttpState>,
+    // Absent when the router is driven without a socket (in-process tests).
+    connect: Option<axum::Extension<axum::extract::ConnectInfo<std::net::SocketAddr>>>,
     headers: axum::http::HeaderMap,
     body: Result<Json<crate::protocol::JoinRequest>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Json<crate::protocol::JoinResponse>, ApiError> {
     let token = bearer(&headers).ok_or_else(|| no_bearer("a join token"))?;
     let Json(request) = body.map_err(|e| ApiError::bad_request(e.body_text()))?;
-    Ok(Json(state.fleet.join(token, request).await?))
+    let client = state.logins.client(connect.map(|c| (c.0).0), &headers);
+    Ok(Json(state.fleet.join(client, token, request).await?))
 }
 
 /// `POST /api/runners/register` with a runner token: a runner that joined before is back.

@@ -5,7 +5,10 @@
 //! `emisar_audit_append_seconds`, `emisar_audit_lag_seconds`, `emisar_audit_batches_failed_total`,
 //! `emisar_runner_breaker_state{runner}` (0 closed, 1 half-open, 2 open),
 //! `emisar_runner_up{runner}`, `emisar_rate_limited_total{agent}`,
-//! `emisar_webhook_deliveries_total{host,outcome}`, `emisar_webhook_dropped_total{host,reason}`.
+//! `emisar_webhook_deliveries_total{host,outcome}`, `emisar_webhook_dropped_total{host,reason}`,
+//! `emisar_audit_refusals_counted_total{kind,how}` (refusals counted into a `refusal.repeated`
+//! aggregate instead of written one by one; `how` is `counted`, or `folded` into the overflow
+//! key past the tracked-key cap), `emisar_join_rate_limited_total`.
 //!
 //! Invariant: a label's value never comes straight from outside, so no caller can grow the
 //! number of series. A `tool` label is a tool some gateway of this process offers
@@ -108,6 +111,18 @@ pub fn runner_up(runner: &str, up: bool) {
 
 pub fn rate_limited(agent: &str) {
     metrics::counter!("emisar_rate_limited_total", "agent" => name_label(agent)).increment(1);
+}
+
+/// A refusal was counted into an aggregate rather than written on its own. `kind` is an audit
+/// event kind (a constant), `how` is `counted` or `folded`.
+pub fn refusal_counted(kind: &'static str, how: &'static str) {
+    metrics::counter!("emisar_audit_refusals_counted_total", "kind" => kind, "how" => how)
+        .increment(1);
+}
+
+/// A join was refused by the per-address join limit, before the store was asked.
+pub fn join_rate_limited() {
+    metrics::counter!("emisar_join_rate_limited_total").increment(1);
 }
 
 /// A webhook delivery finished: `delivered`, `refused` (4xx) or `failed` (after retries).

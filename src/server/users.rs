@@ -12,7 +12,7 @@ use base64::Engine;
 use serde_json::json;
 
 use crate::digest::sha256_hex;
-use crate::server::audit::{AuditLog, NewEvent, format_at, kind};
+use crate::server::audit::{AuditLog, NewEvent, RefusalKey, format_at, kind};
 use crate::server::db::Db;
 use crate::server::tokens::Role;
 use crate::with_pool;
@@ -367,14 +367,21 @@ pub async fn login(
         }
     };
     let Some(role) = role.filter(|_| ok) else {
-        audit
-            .append(NewEvent {
-                actor: format!("user:{name}"),
-                kind: kind::LOGIN_FAILED.into(),
-                outcome: Some("refused".into()),
-                ..Default::default()
-            })
-            .await?;
+        // Guessing can be repeated as fast as the login limits allow: the first failure for
+        // a name in a window is its own event, the rest one `refusal.repeated` per window.
+        let actor = format!("user:{name}");
+        let key = RefusalKey {
+            kind: kind::LOGIN_FAILED,
+            caller: actor.clone(),
+            class: "bad_password",
+        };
+        let event = NewEvent {
+            actor,
+            kind: kind::LOGIN_FAILED.into(),
+            outcome: Some("refused".into()),
+            ..Default::default()
+        };
+        audit.refused(key, event).await?;
         return Err(UserError::BadLogin);
     };
     let id = random_token()?;

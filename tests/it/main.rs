@@ -10,6 +10,7 @@ mod cli;
 mod conformance;
 mod door;
 mod fleet;
+mod floods;
 mod governance;
 mod governance_rules;
 mod harness;

@@ -38,6 +38,7 @@ pub const KINDS: &[&str] = &[
     super::kind::RUNNER_JOIN_REFUSED,
     super::kind::RUNNER_REGISTERED,
     super::kind::RUNNER_REMOVED,
+    super::kind::REFUSAL_REPEATED,
 ];
 
 /// Every outcome an event records.

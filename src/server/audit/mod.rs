@@ -2,10 +2,12 @@
 //!
 //! `chain` is pure (event shape, the event text and its hash, verification), `writer` is the
 //! single task that appends events in group-committed batches, `store` holds the per-backend
-//! SQL, `verify` walks the stored chain.
+//! SQL, `verify` walks the stored chain, `refusals` counts the refusals a caller repeats and
+//! writes them as one event per caller and window.
 
 mod chain;
 mod filter;
+mod refusals;
 mod store;
 mod verify;
 mod writer;
@@ -15,6 +17,7 @@ pub use chain::{
     hash_v, kind,
 };
 pub use filter::{AuditParams, KINDS, MAX_PAGE, OUTCOMES};
+pub use refusals::{Noted, RefusalKey, WINDOW as REFUSAL_WINDOW};
 pub use store::{AuditFilter, query};
 pub use verify::verify;
 pub use writer::{AuditError, AuditLog};

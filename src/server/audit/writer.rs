@@ -9,8 +9,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
 
 use super::chain::{Event, NewEvent};
+use super::refusals::{Noted, RefusalCounter, RefusalKey, WINDOW};
 use super::store;
 use crate::server::db::Db;
 
@@ -52,6 +54,9 @@ struct Queued {
 pub struct AuditLog {
     tx: mpsc::Sender<Queued>,
     health: Arc<Mutex<Option<String>>>,
+    /// The refusals callers repeat, counted until the window's end (`refusals.rs`); shared
+    /// by every handle, so a caller's repeats are counted once whichever part refused them.
+    refusals: RefusalCounter,
 }
 
 impl AuditLog {
@@ -60,7 +65,44 @@ impl AuditLog {
         let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
         let health = Arc::new(Mutex::new(None));
         tokio::spawn(run(db, rx, health.clone()));
-        AuditLog { tx, health }
+        AuditLog {
+            tx,
+            health,
+            refusals: RefusalCounter::default(),
+        }
+    }
+
+    /// Records a refusal that its caller can repeat at will (a rate-limited or unknown-tool
+    /// call, a refused join, a failed login): the first of `key` in the current window is
+    /// appended as `event` and waited for; the rest are counted and written as one
+    /// `refusal.repeated` event at the window's end (see `refusals.rs`).
+    pub async fn refused(&self, key: RefusalKey, event: NewEvent) -> Result<Noted, AuditError> {
+        let noted = self.refusals.note(key, &event);
+        if noted == Noted::First {
+            self.append(event).await?;
+        }
+        Ok(noted)
+    }
+
+    /// Ends the refusal window now and writes its aggregates; returns how many refusals they
+    /// count. What cannot be written is kept for the next flush.
+    pub async fn flush_refusals(&self) -> u64 {
+        self.refusals
+            .flush(WINDOW, &|events| async move {
+                self.append_all(events).await.map(|_| ())
+            })
+            .await
+    }
+
+    /// Flushes the refusal counts at the end of every window, and once more at `shutdown`.
+    /// Only the server starts this; a CLI command refuses nothing repeatedly.
+    pub fn spawn_refusal_flusher(&self, shutdown: CancellationToken) {
+        let audit = self.clone();
+        let refusals = self.refusals.clone();
+        tokio::spawn(refusals.run_flusher(WINDOW, shutdown, move |events| {
+            let audit = audit.clone();
+            async move { audit.append_all(events).await.map(|_| ()) }
+        }));
     }
 
     /// `None` when the last batch was written; otherwise why it was not. Also degraded when

@@ -7,6 +7,7 @@
 //! to that certificate only.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use serde_json::json;
@@ -19,7 +20,7 @@ use super::{
 use crate::digest::sha256_hex;
 use crate::pack::is_identifier;
 use crate::protocol::{JoinRequest, JoinResponse, RegisterRequest, RegisterResponse};
-use crate::server::audit::{AuditLog, NewEvent, format_at};
+use crate::server::audit::{AuditLog, NewEvent, RefusalKey, format_at};
 use crate::server::config::RunnerEntry;
 use crate::server::db::{Db, Pool};
 use crate::server::runners::registry::Registry;
@@ -74,6 +75,12 @@ impl Refusal {
     }
 }
 
+/// Whether a join token can be used now: its id, or why not.
+enum Usable {
+    Yes(String),
+    No(Refusal),
+}
+
 /// The server's side of runners' identity. One per process, shared by the HTTP handlers.
 pub struct Fleet {
     db: Db,
@@ -86,8 +93,11 @@ pub struct Fleet {
     local: tokio::sync::Mutex<()>,
     /// PostgreSQL: joins in flight, each holding a pooled connection (and the token's row
     /// lock) while its audit event is written through another. Kept well below the pool
-    /// size so the audit writer always finds a connection.
+    /// size so the audit writer always finds a connection. A refused join gives its slot
+    /// back before it is audited, and a token that cannot be used never takes one.
     in_flight: tokio::sync::Semaphore,
+    /// Join attempts per client address, checked before anything else.
+    limits: super::JoinLimits,
 }
 
 const CONSUME: &str = "UPDATE join_tokens SET uses = uses + 1 WHERE token_hash = $1 AND revoked_at IS NULL AND expires_at > $2::timestamptz AND uses < max_uses RETURNING id, runner_name, name_pattern, labels::text, packs::text";
@@ -107,39 +117,55 @@ impl Fleet {
             server_public_key,
             local: tokio::sync::Mutex::new(()),
             in_flight: tokio::sync::Semaphore::new(4),
+            limits: super::JoinLimits::default(),
         }
     }
 
-    /// Joins a runner with the join token whose secret is `secret`; see the module's
-    /// invariants.
+    /// Joins a runner with the join token whose secret is `secret`, for a request from
+    /// `client` (the address the join limits count); see the module's invariants.
     pub async fn join(
         &self,
+        client: IpAddr,
         secret: &str,
         request: JoinRequest,
     ) -> Result<JoinResponse, FleetError> {
-        let tls_fingerprint = match self.check_join(&request).await {
-            Ok(pin) => pin,
-            Err(e) => {
-                let named = is_identifier(&request.name).then(|| request.name.clone());
-                let event = NewEvent {
-                    actor: format!("runner:{}", named.as_deref().unwrap_or("unnamed")),
-                    kind: kind::RUNNER_JOIN_REFUSED.into(),
-                    runner: named,
-                    outcome: Some("refused".into()),
-                    detail: Some(json!({"reason": e.to_string()})),
-                    ..Default::default()
-                };
-                if let Err(audit) = self.audit.append(event).await {
-                    tracing::error!(error = %audit, "a refused join could not be audited");
+        let tls_fingerprint =
+            match check_join_request(&request, self.registry.trust().insecure_http()) {
+                Ok(pin) => pin,
+                Err(e) => {
+                    self.audit_refusal(client, shape_refusal(&request, &e), &e, false)
+                        .await;
+                    return Err(e);
                 }
-                return Err(e);
-            }
-        };
+            };
+        // Before the store: a flood of joins from one address stops here. (The shape checks
+        // above need no store, so malformed requests are not counted against the limit.)
+        if let Err(limited) = self.limits.check(client) {
+            crate::server::metrics::join_rate_limited();
+            let e = FleetError::TooMany(limited.message());
+            self.audit_refusal(client, shape_refusal(&request, &e), &e, false)
+                .await;
+            return Err(e);
+        }
         let runner_token =
             random_secret(RUNNER_PREFIX).map_err(|e| FleetError::Invalid(e.to_string()))?;
         let hash = sha256_hex(secret.as_bytes());
         let now = format_at(chrono::Utc::now());
         let runner_token_hash = sha256_hex(runner_token.as_bytes());
+        // A token that cannot be used (made up, revoked, expired, used up) is refused here,
+        // before a join slot or the join lock is taken, so a flood of them never queues the
+        // joins that can succeed. (A token used up between here and the consuming `UPDATE`
+        // is still refused there.)
+        if let Usable::No(refusal) = self.usable(&hash).await? {
+            return Err(self.refuse(client, &request, &hash, Some(refusal)).await);
+        }
+        // Where the URL points, only for a usable token and after the limit: a name is
+        // resolved here, which nobody without a token may make the server do at will.
+        if let Err(e) = self.check_networks(&request.url).await {
+            self.audit_refusal(client, shape_refusal(&request, &e), &e, true)
+                .await;
+            return Err(e);
+        }
 
         // One attempt: consume a use, decide, insert the runner; the caller commits or rolls
         // back. Written once for both backends' transactions.
@@ -203,7 +229,7 @@ impl Fleet {
 
         let grant = match self.db.pool() {
             Pool::Pg(pool) => {
-                let (_slot, mut tx) = self.db.begin_holding_slot(pool, &self.in_flight).await?;
+                let (slot, mut tx) = self.db.begin_holding_slot(pool, &self.in_flight).await?;
                 let attempt: Result<Grant, Option<Refusal>> = attempt!(tx);
                 match attempt {
                     Ok(grant) => {
@@ -215,7 +241,9 @@ impl Fleet {
                     }
                     Err(refusal) => {
                         tx.rollback().await?;
-                        return Err(self.refuse(&request, &hash, refusal).await);
+                        // The refusal is audited without the slot: it is another join's.
+                        drop(slot);
+                        return Err(self.refuse(client, &request, &hash, refusal).await);
                     }
                 }
             }
@@ -224,13 +252,16 @@ impl Fleet {
                 // decision is made in a transaction that is rolled back, the event made
                 // durable, and the same statements repeated and committed; the mutex keeps
                 // other joins out in between.
-                let _lock = self.local.lock().await;
+                let lock = self.local.lock().await;
                 let mut tx = self.db.guard(pool.begin()).await?;
                 let attempt: Result<Grant, Option<Refusal>> = attempt!(tx);
                 tx.rollback().await?;
                 let grant = match attempt {
                     Ok(grant) => grant,
-                    Err(refusal) => return Err(self.refuse(&request, &hash, refusal).await),
+                    Err(refusal) => {
+                        drop(lock);
+                        return Err(self.refuse(client, &request, &hash, refusal).await);
+                    }
                 };
                 self.audit
                     .append(joined_event(&request, &grant, &tls_fingerprint))
@@ -246,7 +277,8 @@ impl Fleet {
                         // Another process (the CLI) changed the token or the runner
                         // between the two attempts.
                         tx.rollback().await?;
-                        return Err(self.refuse(&request, &hash, refusal).await);
+                        drop(lock);
+                        return Err(self.refuse(client, &request, &hash, refusal).await);
                     }
                 }
             }
@@ -275,14 +307,6 @@ impl Fleet {
             labels: grant.labels,
             packs,
         })
-    }
-
-    /// The shape checks of a join request, then where its URL points: a joined runner is
-    /// reached only inside the join networks. Returns the certificate pin it carries.
-    async fn check_join(&self, request: &JoinRequest) -> Result<Option<String>, FleetError> {
-        let pin = check_join_request(request, self.registry.trust().insecure_http())?;
-        self.check_networks(&request.url).await?;
-        Ok(pin)
     }
 
     /// The URL's host (an address, or every address its name resolves to now) lies in the
@@ -345,9 +369,10 @@ impl Fleet {
     }
 
     /// Audits a refused join and returns the error to answer with. A refusal the audit log
-    /// cannot record is still a refusal (and logged).
+    /// cannot record is still a refusal (and logged). Called holding no join slot or lock.
     async fn refuse(
         &self,
+        client: IpAddr,
         request: &JoinRequest,
         hash: &str,
         refusal: Option<Refusal>,
@@ -372,14 +397,58 @@ impl Fleet {
             })),
             ..Default::default()
         };
-        if let Err(e) = self.audit.append(event).await {
-            tracing::error!(error = %e, runner = %request.name, "a refused join could not be audited");
-        }
+        let token_known = refusal.join_token_id.is_some();
+        self.audit_refusal(client, event, &refusal.error, token_known)
+            .await;
         refusal.error
+    }
+
+    /// Records a refused join as `runner.join_refused`. The refusals anyone can repeat
+    /// without a real token (a malformed request, the join limit, an unknown token) are
+    /// counted per client address (the endpoint is unauthenticated, so the address is the
+    /// caller): the first of its class in the window is its own event, the rest one
+    /// `refusal.repeated`. A refusal of a real token (`token_known`: used up, expired,
+    /// revoked, a name or labels it does not grant) is one event each: it takes a token an
+    /// operator issued, and it comes after the join limit, which bounds it.
+    async fn audit_refusal(
+        &self,
+        client: IpAddr,
+        event: NewEvent,
+        error: &FleetError,
+        token_known: bool,
+    ) {
+        let written = match repeatable_class(error, token_known) {
+            Some(class) => {
+                let key = RefusalKey {
+                    kind: kind::RUNNER_JOIN_REFUSED,
+                    caller: format!("address:{client}"),
+                    class,
+                };
+                self.audit.refused(key, event).await.map(|_| ())
+            }
+            None => self.audit.append(event).await.map(|_| ()),
+        };
+        if let Err(e) = written {
+            tracing::error!(error = %e, "a refused join could not be audited");
+        }
     }
 
     /// Why the consuming `UPDATE` found no usable token with this hash.
     async fn why_unusable(&self, hash: &str) -> Result<Refusal, FleetError> {
+        Ok(match self.usable(hash).await? {
+            Usable::No(refusal) => refusal,
+            // Usable after all: it was in use by a concurrent join that gave it back.
+            Usable::Yes(id) => Refusal {
+                error: FleetError::Unauthorized(format!(
+                    "join token {id} was busy with another join: try again"
+                )),
+                join_token_id: Some(id),
+            },
+        })
+    }
+
+    /// Whether a join can use the token with this hash now, and if not why.
+    async fn usable(&self, hash: &str) -> Result<Usable, FleetError> {
         let now = format_at(chrono::Utc::now());
         let sql = self.db.sql(format!(
             "SELECT id, revoked_at IS NOT NULL, expires_at <= $2::timestamptz, uses, max_uses, {} FROM join_tokens WHERE token_hash = $1",
@@ -390,10 +459,10 @@ impl Fleet {
             .guard(async { with_pool!(self.db, pool => sqlx::query_as(sql).bind(hash).bind(&now).fetch_optional(pool).await) })
             .await?;
         let Some((id, revoked, expired, uses, max_uses, expires_at)) = row else {
-            return Ok(Refusal {
+            return Ok(Usable::No(Refusal {
                 error: FleetError::Unauthorized("the join token is unknown".into()),
                 join_token_id: None,
-            });
+            }));
         };
         let why = if revoked {
             format!("join token {id} was revoked")
@@ -404,13 +473,12 @@ impl Fleet {
                 "join token {id} is used up ({uses} of {max_uses} joins): a restarting runner re-registers with its own credential; a new runner needs a new join token"
             )
         } else {
-            // Usable after all: it was in use by a concurrent join that gave it back.
-            format!("join token {id} was busy with another join: try again")
+            return Ok(Usable::Yes(id));
         };
-        Ok(Refusal {
+        Ok(Usable::No(Refusal {
             error: FleetError::Unauthorized(why),
             join_token_id: Some(id),
-        })
+        }))
     }
 
     /// Re-registers the runner that holds `runner_token`: its URL and packs may change, its
@@ -511,6 +579,31 @@ impl Fleet {
             self.registry.record_heartbeat(&name, Ok(()));
         }
         Ok(name)
+    }
+}
+
+/// The `runner.join_refused` event of a request refused before its token was looked up (the
+/// join limit, or the request's shape): only a name that is an identifier is recorded.
+fn shape_refusal(request: &JoinRequest, e: &FleetError) -> NewEvent {
+    let named = is_identifier(&request.name).then(|| request.name.clone());
+    NewEvent {
+        actor: format!("runner:{}", named.as_deref().unwrap_or("unnamed")),
+        kind: kind::RUNNER_JOIN_REFUSED.into(),
+        runner: named,
+        outcome: Some("refused".into()),
+        detail: Some(json!({"reason": e.to_string()})),
+        ..Default::default()
+    }
+}
+
+/// The class a refused join is counted under, when anyone can repeat it (see
+/// `Fleet::audit_refusal`); `None` when it is written as its own event every time.
+fn repeatable_class(e: &FleetError, token_known: bool) -> Option<&'static str> {
+    match e {
+        FleetError::TooMany(_) => Some("rate_limited"),
+        FleetError::Invalid(_) => Some("invalid"),
+        FleetError::Unauthorized(_) if !token_known => Some("unknown_token"),
+        _ => None,
     }
 }
 

@@ -13,7 +13,11 @@
 //!   before (re-registration needs that runner's credential). Its name must fit the token's
 //!   name or pattern, and it gets exactly the labels the token grants.
 //! - Every refused join is audited (`runner.join_refused`, with the reason, never the token)
-//!   and changes nothing: no use consumed, no row, no registry entry.
+//!   and changes nothing: no use consumed, no row, no registry entry. Repeats from one client
+//!   address are counted per window after the first (`refusal.repeated`), and joins are
+//!   limited per address (`join_limits`) before the store is asked.
+//! - A refused join holds no PostgreSQL join slot (nor SQLite's join lock) while it is
+//!   audited, and a token that cannot be used is refused before a slot is taken at all.
 //! - A join or re-registration is written only after its audit event is durable.
 //!
 //! `join_tokens` issues, lists and revokes join tokens; `enrol` is the HTTP side of runners
@@ -27,10 +31,12 @@ use base64::Engine;
 use crate::server::db::{Db, Pool};
 
 mod enrol;
+mod join_limits;
 mod join_tokens;
 mod roster;
 
 pub use enrol::Fleet;
+pub use join_limits::{JOINS_PER_MINUTE, JoinLimited, JoinLimits};
 pub use join_tokens::{
     IssuedJoinToken, JoinTokenInfo, JoinTokenSpec, JoinTokenState, NameRule, issue_join_token,
     list_join_tokens, parse_label, revoke_join_token,
@@ -74,6 +80,9 @@ pub enum FleetError {
     /// The name belongs to another runner (409).
     #[error("{0}")]
     Conflict(String),
+    /// Too many join attempts from this address (429), refused before the store was asked.
+    #[error("{0}")]
+    TooMany(String),
     #[error("the store failed: {0}")]
     Store(#[from] sqlx::Error),
     #[error("the audit log cannot record this: {0}")]

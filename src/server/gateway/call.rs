@@ -1,6 +1,8 @@
 //! The spine of the call path: [`Gateway::call_with`] runs steps 1 to 8 in order, each a few
 //! lines that call out to the function that does the step. Every step that refuses audits the
-//! refusal (`tool.rejected`) before it returns.
+//! refusal (`tool.rejected`) before it returns; the refusals a caller can repeat at will
+//! (rate limited, unknown tool) are counted per caller and window after the first
+//! (`audit/refusals.rs`), so no caller grows the audit log faster than its limits.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -15,7 +17,7 @@ use super::state::{Gateway, OfferedTool};
 use crate::pack::{Risk, Scope, ToolRef, allowlist_admits, shown_value};
 use crate::protocol::Mode;
 use crate::selector::Selector;
-use crate::server::audit::{NewEvent, kind};
+use crate::server::audit::{NewEvent, RefusalKey, kind};
 use crate::server::policy::{self, Decision, Policy};
 use crate::server::runners::client::Dispatch;
 use crate::server::tokens::Principal;
@@ -208,7 +210,8 @@ impl Gateway {
         } else {
             format!("unknown tool `{name}`")
         };
-        self.reject(caller, name, None, None, why).await;
+        self.reject_repeatable(caller, name, why, "unknown_tool")
+            .await;
         Err(CallError::UnknownTool(
             if crate::pack::is_identifier(name) {
                 name.to_owned()
@@ -233,7 +236,8 @@ impl Gateway {
             burst: self.limits.rate_burst,
             retry_after_ms: wait.as_millis() as u64 + 1,
         };
-        self.reject(caller, tool, None, None, err.to_string()).await;
+        self.reject_repeatable(caller, tool, err.to_string(), "rate_limited")
+            .await;
         Err(err)
     }
 
@@ -471,6 +475,10 @@ impl Gateway {
     /// identifier, and any argument that is not short text (see
     /// [`crate::util::door::for_audit`]), are kept as their rendering (escaped preview,
     /// length, SHA-256).
+    ///
+    /// Refusals that pass the rate limit (invalid arguments, policy denials) are written one
+    /// event each: they count against the rate limit, so they are bounded by it. The two a
+    /// caller can repeat beyond it go through [`Self::reject_repeatable`].
     pub(super) async fn reject(
         &self,
         who: &Principal,
@@ -479,33 +487,72 @@ impl Gateway {
         reason: Option<String>,
         why: String,
     ) {
-        crate::server::metrics::tool_call(tool, "refused");
-        let mut detail = json!({"error": why});
-        let tool = if crate::pack::is_identifier(tool) {
-            Some(tool.to_owned())
-        } else {
-            detail["tool_name"] = crate::util::door::rendering(tool);
-            None
-        };
-        let event = NewEvent {
-            actor: who.actor(),
-            kind: kind::TOOL_REJECTED.into(),
-            tool,
-            args: args.map(|a| crate::util::door::for_audit(&a)),
-            reason,
-            outcome: Some("refused".into()),
-            detail: Some(on_behalf_of(detail, who.on_behalf_of.as_deref())),
-            ..Default::default()
-        };
-        let logged = event
-            .tool
-            .clone()
-            .unwrap_or_else(|| "(not an identifier)".into());
+        let event = rejected_event(who, tool, args, reason, why);
+        let logged = logged_tool(&event);
         if let Err(e) = self.audit.append(event).await {
             // The call is refused either way; the missing record is itself worth an alarm.
             tracing::error!(error = %e, tool = %logged, "could not audit a rejected call");
         }
     }
+
+    /// Records a refusal the caller can repeat as fast as it likes (rate limited, unknown
+    /// tool): the first of its `class` in the window as `tool.rejected`, the rest counted
+    /// into one `refusal.repeated` event per caller and window, so a flood of them costs
+    /// bounded rows.
+    async fn reject_repeatable(
+        &self,
+        who: &Principal,
+        tool: &str,
+        why: String,
+        class: &'static str,
+    ) {
+        let event = rejected_event(who, tool, None, None, why);
+        let logged = logged_tool(&event);
+        let key = RefusalKey {
+            kind: kind::TOOL_REJECTED,
+            caller: event.actor.clone(),
+            class,
+        };
+        if let Err(e) = self.audit.refused(key, event).await {
+            tracing::error!(error = %e, tool = %logged, "could not audit a rejected call");
+        }
+    }
+}
+
+/// The `tool.rejected` event of a refused call (see [`Gateway::reject`]).
+fn rejected_event(
+    who: &Principal,
+    tool: &str,
+    args: Option<Value>,
+    reason: Option<String>,
+    why: String,
+) -> NewEvent {
+    crate::server::metrics::tool_call(tool, "refused");
+    let mut detail = json!({"error": why});
+    let tool = if crate::pack::is_identifier(tool) {
+        Some(tool.to_owned())
+    } else {
+        detail["tool_name"] = crate::util::door::rendering(tool);
+        None
+    };
+    NewEvent {
+        actor: who.actor(),
+        kind: kind::TOOL_REJECTED.into(),
+        tool,
+        args: args.map(|a| crate::util::door::for_audit(&a)),
+        reason,
+        outcome: Some("refused".into()),
+        detail: Some(on_behalf_of(detail, who.on_behalf_of.as_deref())),
+        ..Default::default()
+    }
+}
+
+/// The tool of a rejected call as a log line may name it.
+fn logged_tool(event: &NewEvent) -> String {
+    event
+        .tool
+        .clone()
+        .unwrap_or_else(|| "(not an identifier)".into())
 }
 
 /// `detail` with `on_behalf_of` added when the caller is an agent acting for a person, so

@@ -131,6 +131,8 @@ pub struct TestApp {
     /// The CA clients must trust to reach this server (when it serves HTTPS).
     pub ca_file: Option<PathBuf>,
     shutdown: CancellationToken,
+    /// The server's task, until [`TestApp::stop`] waits for it.
+    server: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
     /// Kept for its Drop (drops the PostgreSQL database).
     pub pg: Option<PgTestDb>,
 }
@@ -323,7 +325,7 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
         outer.cancelled().await;
         stop.cancel();
     });
-    tokio::spawn(app.run_until_stopped());
+    let server = tokio::spawn(app.run_until_stopped());
     let audit = AuditLog::start(db.clone());
     let token = emisar::server::tokens::issue(
         &db,
@@ -349,6 +351,7 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
         packs_dir: options.packs_dir.clone(),
         ca_file: options.client_ca_file.clone(),
         shutdown,
+        server: Some(server),
         pg,
     }
 }
@@ -457,6 +460,25 @@ impl TestApp {
             "{stdout}{}",
             String::from_utf8_lossy(&out.stderr)
         );
+    }
+
+    /// Stops the server (and its runners) gracefully and waits until it has stopped: every
+    /// request finished and what it counted written to the audit log. The store stays
+    /// readable through `db`.
+    pub async fn stop(&mut self) {
+        self.shutdown.cancel();
+        if let Some(server) = self.server.take() {
+            tokio::time::timeout(Duration::from_secs(30), server)
+                .await
+                .expect("the server stops within 30 s")
+                .expect("the server task did not panic")
+                .expect("the server stopped cleanly");
+        }
+    }
+
+    /// How many events the audit log holds.
+    pub async fn audit_rows(&self) -> i64 {
+        emisar::with_pool!(&self.db, pool => sqlx::query_scalar::<_, i64>("SELECT count(*) FROM audit_events").fetch_one(pool).await).unwrap()
     }
 
     pub async fn assert_chain_intact(&self) -> u64 {

@@ -278,11 +278,16 @@ impl ServerConfig {
         }
         crate::server::webhook::validate(&self.webhooks)?;
         self.login.check()?;
-        crate::server::runners::networks::JoinNetworks::new(
-            self.join.allowed_networks.as_deref(),
-            Vec::new(),
-        )
-        .map_err(anyhow::Error::msg)?;
+        // The same parse as `runners::networks::JoinNetworks::new`, which `app.rs` builds from
+        // this list; checked here so `config check` reports it without importing `runners`.
+        for text in self.join.allowed_networks.iter().flatten() {
+            if text.parse::<ipnet::IpNet>().is_err() && text.parse::<std::net::IpAddr>().is_err() {
+                anyhow::bail!(
+                    "join.allowed_networks: `{}` is not a network (CIDR such as 10.0.0.0/8 or fd00::/8, or one address)",
+                    text.escape_debug()
+                );
+            }
+        }
         if let Some(url) = &self.public_url
             && !(url.starts_with("http://") || url.starts_with("https://"))
         {

@@ -392,7 +392,8 @@ const CSV_COLUMNS: [&str; 16] = [
     "hash",
 ];
 
-/// One event as a CSV row (RFC 4180 quoting; JSON columns as JSON text).
+/// One event as a CSV row (RFC 4180 quoting; JSON columns as JSON text; every cell through
+/// [`csv_cell`]).
 fn csv_row(e: &audit::Event) -> String {
     let text = |o: &Option<String>| o.clone().unwrap_or_default();
     let json =
@@ -417,13 +418,52 @@ fn csv_row(e: &audit::Event) -> String {
     ];
     fields
         .iter()
-        .map(|f| {
-            if f.contains([',', '"', '\n', '\r']) {
-                format!("\"{}\"", f.replace('"', "\"\""))
-            } else {
-                f.clone()
-            }
-        })
+        .map(|f| csv_cell(f))
         .collect::<Vec<_>>()
         .join(",")
+}
+
+/// The first characters with which a spreadsheet reads a cell as a formula (OWASP, "CSV
+/// Injection"): `=`, `+`, `-`, `@`, tab and carriage return.
+const FORMULA_STARTS: [char; 6] = ['=', '+', '-', '@', '\t', '\r'];
+
+/// One CSV cell. Reasons, arguments and names come from agents and people, and an auditor
+/// opens the export in a spreadsheet: a cell that would start a formula (`=HYPERLINK(…)`)
+/// is prefixed with a single quote, which makes it text, and quoted. Other cells are quoted
+/// as RFC 4180 says, only when they hold a separator, a quote or a line break.
+fn csv_cell(f: &str) -> String {
+    if f.starts_with(FORMULA_STARTS) {
+        format!("\"'{}\"", f.replace('"', "\"\""))
+    } else if f.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", f.replace('"', "\"\""))
+    } else {
+        f.to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn csv_cells_that_would_start_a_formula_become_quoted_text() {
+        for (cell, want) in [
+            (
+                "=HYPERLINK(\"https://evil.example\",\"x\")",
+                "\"'=HYPERLINK(\"\"https://evil.example\"\",\"\"x\"\")\"",
+            ),
+            ("+1+1", "\"'+1+1\""),
+            ("-2+3", "\"'-2+3\""),
+            ("@SUM(A1)", "\"'@SUM(A1)\""),
+            ("\t=1", "\"'\t=1\""),
+            ("\r=1", "\"'\r=1\""),
+        ] {
+            assert_eq!(csv_cell(cell), want, "{cell:?}");
+        }
+        // Cells that start a formula nowhere but the front are left as RFC 4180 has them.
+        assert_eq!(csv_cell("a=b"), "a=b");
+        assert_eq!(csv_cell("a,b"), "\"a,b\"");
+        assert_eq!(csv_cell("say \"hi\""), "\"say \"\"hi\"\"\"");
+        assert_eq!(csv_cell(""), "");
+    }
 }

@@ -176,11 +176,24 @@ impl Application {
         let mut hosts = config.allowed_hosts.clone();
         // The bound address itself is always acceptable (tests and `dev` use port 0).
         hosts.push(addr.to_string());
+        let mut origins = config.allowed_origins.clone();
+        // Where people reach the server is its own name and origin, even when a proxy in
+        // front passes its Host on.
+        if let Some(public) = config
+            .public_url
+            .as_deref()
+            .and_then(|u| u.parse::<axum::http::Uri>().ok())
+            && let (Some(scheme), Some(authority)) = (public.scheme_str(), public.authority())
+        {
+            hosts.push(authority.as_str().to_owned());
+            origins.push(format!("{scheme}://{authority}"));
+        }
         let router = crate::server::http::router(
             gateway,
             db.clone(),
             public_pem,
             hosts,
+            origins,
             tls.is_some()
                 || config
                     .public_url

@@ -26,9 +26,17 @@ pub struct ServerConfig {
     /// The longest a call waits for any one runner, in milliseconds.
     #[serde(default = "default_call_timeout_ms")]
     pub call_timeout_ms: u64,
-    /// Host headers the MCP endpoint accepts (DNS-rebinding protection).
+    /// Host headers the server accepts on every route but `/healthz` and `/readyz`
+    /// (DNS-rebinding protection): `name` allows every port, `name:port` only that one. The
+    /// host of `public_url` and the address the server listens on are always accepted.
     #[serde(default = "default_allowed_hosts")]
     pub allowed_hosts: Vec<String>,
+    /// Browser origins (`https://host[:port]`) besides the server's own that may call `/mcp`
+    /// (the MCP specification's Origin check). A request with another `Origin` is refused
+    /// (403); one without `Origin` (MCP clients that are not web pages) is not affected. The
+    /// server's own origin (the one its `Host` names, and `public_url`'s) is always allowed.
+    #[serde(default)]
+    pub allowed_origins: Vec<String>,
     /// Runners listed here rather than joined (`emisar join-token`): one `[[runners]]` table
     /// each, with `name`, `url` and usually `tls_fingerprint`.
     #[serde(default)]
@@ -203,6 +211,7 @@ impl ServerConfig {
             packs_dir: None,
             call_timeout_ms: default_call_timeout_ms(),
             allowed_hosts: default_allowed_hosts(),
+            allowed_origins: Vec::new(),
             runners: Vec::new(),
             audit_key_file: None,
             rate_limit_per_second: default_rate(),
@@ -292,6 +301,11 @@ impl ServerConfig {
             && !(url.starts_with("http://") || url.starts_with("https://"))
         {
             anyhow::bail!("public_url `{url}` must start with http:// or https://");
+        }
+        for (i, origin) in self.allowed_origins.iter().enumerate() {
+            if let Err(rule) = crate::server::rebinding::Origin::parse(origin) {
+                anyhow::bail!("allowed_origins[{i}] {rule}");
+            }
         }
         if !(10..=7 * 24 * 3600).contains(&self.approval_ttl_secs) {
             anyhow::bail!("approval_ttl_secs must be between 10 and 604800 (a week)");

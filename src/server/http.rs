@@ -1,9 +1,12 @@
-//! The server's HTTP surface: `/mcp` and `/api/*` behind auth; the portal (`/`, `/assets/*`,
-//! from `web/`, embedded); `/healthz`, `/readyz` and `/metrics` for operators.
+//! The server's HTTP surface: `/mcp`, `/api/*` and `/metrics` behind auth; the portal (`/`,
+//! `/assets/*`, from `web/`, embedded); `/healthz` and `/readyz` for probes. Every request
+//! first passes the DNS-rebinding door (`rebinding`: `Host` on every route, `Origin` on
+//! `/mcp`).
 //!
 //! Callers authenticate with a bearer token (agents, and people who live in a terminal) or
 //! with the portal's session cookie. Each role reaches only its paths: agents `/mcp` and
-//! `/api/runners`; people every `/api/*` path but never `/mcp`; a person the OpenID provider
+//! `/api/runners`; people every `/api/*` path but never `/mcp`; auditors and admins
+//! `/metrics` (Prometheus scrapes with an auditor's token); a person the OpenID provider
 //! signed in with no role only `/api/session` and `/api/logout`. With `[oauth]`, a bearer
 //! token that is not emisar's own (`emt_…`) is an OAuth access token (`oidc::bearer`), and a
 //! 401 from `/mcp` points to the protected-resource metadata, served unauthenticated at
@@ -55,6 +58,7 @@ pub fn router(
     db: Db,
     server_public_key: String,
     allowed_hosts: Vec<String>,
+    allowed_origins: Vec<String>,
     secure_cookies: bool,
     login: &crate::server::login_limits::LoginLimitsConfig,
     identity: Arc<Identity>,
@@ -62,6 +66,10 @@ pub fn router(
 ) -> Router {
     let logins = Arc::new(crate::server::login_limits::LoginLimits::new(login));
     logins.spawn_sweeper(LOGIN_SWEEP, shutdown.clone());
+    let rebinding = Arc::new(crate::server::rebinding::Allowed::new(
+        &allowed_hosts,
+        &allowed_origins,
+    ));
     let mcp_sessions = crate::server::mcp::sessions();
     let mcp = crate::server::mcp::service_with_sessions(
         Arc::new(GatewaySource(gateway.clone())),
@@ -87,6 +95,7 @@ pub fn router(
     let protected = Router::new()
         .nest_service("/mcp", mcp)
         .route("/api/runners", get(api_runners))
+        .route("/metrics", get(metrics))
         .route("/api/session", get(crate::server::portal::session))
         .route(
             "/api/logout",
@@ -142,9 +151,12 @@ pub fn router(
             "/api/runners/heartbeat",
             axum::routing::post(runner_heartbeat),
         )
-        .route("/metrics", get(metrics))
         .merge(protected)
         .fallback(crate::server::portal::not_found)
+        .layer(axum::middleware::from_fn_with_state(
+            rebinding,
+            crate::server::rebinding::check,
+        ))
         .layer(axum::middleware::from_fn(
             crate::server::portal::security_headers,
         ))
@@ -282,11 +294,15 @@ fn check_csrf(req: &Request) -> Result<(), ApiError> {
 }
 
 /// Each role reaches only its paths: agents `/mcp` and `/api/runners`; people every `/api/*`
-/// path; a person with no role only `/api/session` and `/api/logout`.
+/// path, and auditors and admins `/metrics` too; a person with no role only `/api/session`
+/// and `/api/logout`.
 fn check_role(principal: &Principal, path: &str) -> Result<(), ApiError> {
     let allowed = match principal.role {
         Role::Agent => path.starts_with("/mcp") || path == "/api/runners",
-        Role::Auditor | Role::Approver | Role::Admin => path.starts_with("/api/"),
+        // The metrics name every agent and runner and count what each does: an inventory for
+        // those who may read the audit log, not for everyone who reaches the port.
+        Role::Auditor | Role::Admin => path.starts_with("/api/") || path == "/metrics",
+        Role::Approver => path.starts_with("/api/"),
         Role::None => path == "/api/session" || path == "/api/logout",
     };
     if allowed {

@@ -19,6 +19,7 @@ pub mod oidc;
 pub mod policy;
 pub mod portal;
 pub mod portal_oidc;
+pub mod rebinding;
 pub mod runners;
 pub mod secrets;
 pub mod tokens;

@@ -252,12 +252,7 @@ async fn login_attempts_are_refused_per_address_and_paced_per_name_and_server() 
 
 /// The lines of `/metrics` that mention any of `needles`.
 async fn metric_lines(app: &TestApp, needles: &[&str]) -> Vec<String> {
-    let text = reqwest::get(format!("{}/metrics", app.base_url()))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = crate::edges::scrape_metrics(app).await;
     text.lines()
         .filter(|l| needles.iter().any(|n| l.contains(n)))
         .map(str::to_owned)

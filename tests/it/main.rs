@@ -9,6 +9,7 @@ mod audit_log;
 mod cli;
 mod conformance;
 mod door;
+mod edges;
 mod fleet;
 mod floods;
 mod governance;

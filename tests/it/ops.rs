@@ -222,12 +222,7 @@ async fn dead_black_holed_and_slow_runners_do_not_hold_up_the_healthy_one() {
         .unwrap();
     assert_eq!(killed_status["breaker"], "open");
     assert!(killed_status["breaker_open_since"].is_string());
-    let metrics = reqwest::get(format!("{}/metrics", app.base_url()))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = crate::edges::scrape_metrics(&app).await;
     assert!(
         metrics.contains("emisar_runner_breaker_state{runner=\"killed\"} 2"),
         "{metrics}"

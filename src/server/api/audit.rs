@@ -3,8 +3,9 @@
 //! like all of `/api/*`.
 //!
 //! Invariants: the query string is parsed into the shared `audit::AuditFilter`, and a bad
-//! one is a 400 naming the problem; an export holds at most `MAX_EXPORT` events; a store
-//! failure is answered with a fixed sentence, never its cause.
+//! one is a 400 naming the problem; an export is streamed and holds one page of events in
+//! memory, however many match; a store failure is answered with a fixed sentence, never its
+//! cause.
 
 use axum::Json;
 use axum::extract::State;
@@ -42,41 +43,52 @@ pub async fn page(State(state): State<HttpState>, query: AuditQueryResult) -> Re
     }
 }
 
-/// The most events one export holds; narrow the filters for more.
-const MAX_EXPORT: usize = 100_000;
-
-/// `GET /api/audit/export`: every event the filters match, one JSON object per line.
+/// `GET /api/audit/export`: every event the filters match, one JSON object per line, oldest
+/// first. The answer is streamed a page at a time (`MAX_PAGE` events, each page its own
+/// query after the last seq sent), so the server holds one page however many events match
+/// and holds no store connection between pages. The first page is read before the answer
+/// starts, so a store that is down is a 503; a store that fails later cuts the answer off
+/// (the client sees a transfer error, never a short export that looks complete).
 pub async fn export(State(state): State<HttpState>, query: AuditQueryResult) -> Response {
     let mut filter = match audit_filter(query, MAX_PAGE) {
         Ok(f) => f,
         Err(e) => return ApiError::bad_request(e).into_response(),
     };
     filter.limit = MAX_PAGE;
-    let mut out = String::new();
-    let mut count = 0;
-    loop {
-        let events = match crate::server::audit::query(&state.db, &filter).await {
-            Ok(events) => events,
-            Err(e) => return audit_unavailable(e),
-        };
-        let Some(last) = events.last() else { break };
-        filter.after_seq = Some(last.seq);
-        let full = events.len() as i64 == MAX_PAGE;
-        for e in &events {
-            out.push_str(&serde_json::to_string(e).expect("events are JSON"));
-            out.push('\n');
-        }
-        count += events.len();
-        if !full {
-            break;
-        }
-        if count >= MAX_EXPORT {
-            return ApiError::bad_request(format!(
-                "more than {MAX_EXPORT} events match: narrow the filters (since/until, kind, tool)"
-            ))
-            .into_response();
-        }
-    }
+    let first = match crate::server::audit::query(&state.db, &filter).await {
+        Ok(events) => events,
+        Err(e) => return audit_unavailable(e),
+    };
+    let pages = futures::stream::try_unfold(
+        (state.db.clone(), filter, Next::Page(first)),
+        |(db, mut filter, next)| async move {
+            let events = match next {
+                Next::Done => return Ok(None),
+                Next::Page(events) => events,
+                Next::Query => crate::server::audit::query(&db, &filter)
+                    .await
+                    .map_err(|e| {
+                        tracing::error!(error = %e, "audit export failed after it started");
+                        std::io::Error::other("the audit store failed during the export")
+                    })?,
+            };
+            let Some(last) = events.last() else {
+                return Ok(None);
+            };
+            filter.after_seq = Some(last.seq);
+            let next = if events.len() as i64 == MAX_PAGE {
+                Next::Query
+            } else {
+                Next::Done
+            };
+            let mut chunk = String::new();
+            for e in &events {
+                chunk.push_str(&serde_json::to_string(e).expect("events are JSON"));
+                chunk.push('\n');
+            }
+            Ok::<_, std::io::Error>(Some((chunk, (db, filter, next))))
+        },
+    );
     (
         [
             (header::CONTENT_TYPE, "application/x-ndjson"),
@@ -85,9 +97,17 @@ pub async fn export(State(state): State<HttpState>, query: AuditQueryResult) -> 
                 "attachment; filename=\"emisar-audit.ndjson\"",
             ),
         ],
-        out,
+        axum::body::Body::from_stream(pages),
     )
         .into_response()
+}
+
+/// What an export sends next: a page already read, the page after the last one sent, or
+/// nothing (the last page was short).
+enum Next {
+    Page(Vec<crate::server::audit::Event>),
+    Query,
+    Done,
 }
 
 fn audit_unavailable(e: impl std::fmt::Display) -> Response {

@@ -162,6 +162,8 @@ pub struct Options {
     pub webhooks: Vec<emisar::server::webhook::WebhookConfig>,
     /// The portal's address, for links in notices (and the OpenID redirect URL).
     pub public_url: Option<String>,
+    /// Browser origins besides the server's own that may call `/mcp`.
+    pub allowed_origins: Vec<String>,
     /// Login limits (the server's defaults when none).
     pub login: Option<emisar::server::login_limits::LoginLimitsConfig>,
     /// The address to listen on (default `127.0.0.1:0`): a test that registers emisar's URLs
@@ -292,6 +294,7 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
         policy_file: options.policy_file.clone(),
         webhooks: options.webhooks.clone(),
         public_url: options.public_url.clone(),
+        allowed_origins: options.allowed_origins.clone(),
         login: options.login.clone().unwrap_or_default(),
         tls_cert_file: options.server_tls.as_ref().map(|c| c.cert.clone()),
         tls_key_file: options.server_tls.as_ref().map(|c| c.key.clone()),

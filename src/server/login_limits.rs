@@ -29,7 +29,7 @@
 //! trusted proxy itself. IPv6 clients are counted per /64, the block one host usually holds.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -215,13 +215,7 @@ impl LoginLimits {
                 }
             }
         }
-        match client {
-            IpAddr::V6(v6) => {
-                let bits = u128::from(v6) & !((1u128 << 64) - 1);
-                IpAddr::V6(Ipv6Addr::from(bits))
-            }
-            v4 => v4,
-        }
+        crate::util::net::counted_as(client)
     }
 
     /// One attempt from `client` for `name` (already checked to be an identifier): refused

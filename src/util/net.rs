@@ -52,8 +52,9 @@ fn nodelay_counted(tcp: &mut Counted<TcpStream>) {
     nodelay(&mut tcp.inner);
 }
 
-/// The address a connection is counted under: the IPv4 address, or the IPv6 /64.
-fn counted_as(ip: IpAddr) -> IpAddr {
+/// The address a client is counted under (connections here, logins and joins in their
+/// limits): the IPv4 address, or the IPv6 /64.
+pub fn counted_as(ip: IpAddr) -> IpAddr {
     match ip.to_canonical() {
         IpAddr::V6(v6) => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !((1u128 << 64) - 1))),
         v4 => v4,

@@ -38,26 +38,17 @@ struct Grant {
 impl Grant {
     /// The packs a runner announcing `announced` serves under this grant: both lists.
     fn served(&self, announced: &BTreeMap<String, String>) -> Vec<String> {
-        served(&self.packs, announced)
+        split_packs(&self.packs, announced).0
     }
 }
 
-/// The announced packs that `granted` names, in name order.
-fn served(granted: &BTreeSet<String>, announced: &BTreeMap<String, String>) -> Vec<String> {
-    announced
-        .keys()
-        .filter(|p| granted.contains(*p))
-        .cloned()
-        .collect()
-}
-
-/// The announced packs that `granted` does not name: announced, never served.
-fn not_granted(granted: &BTreeSet<String>, announced: &BTreeMap<String, String>) -> Vec<String> {
-    announced
-        .keys()
-        .filter(|p| !granted.contains(*p))
-        .cloned()
-        .collect()
+/// The announced packs, split into those `granted` names (served) and the rest (announced,
+/// never served), each in name order.
+fn split_packs(
+    granted: &BTreeSet<String>,
+    announced: &BTreeMap<String, String>,
+) -> (Vec<String>, Vec<String>) {
+    announced.keys().cloned().partition(|p| granted.contains(p))
 }
 
 /// A join the server will not make: the status it answers with and why.
@@ -285,8 +276,7 @@ impl Fleet {
         };
         // The URL and pin were checked before the join was written, so this fails only if no
         // client can be built at all; the row stays and the sync tries again.
-        let packs = grant.served(&request.packs);
-        let unserved = not_granted(&grant.packs, &request.packs);
+        let (packs, unserved) = split_packs(&grant.packs, &request.packs);
         if !unserved.is_empty() {
             tracing::warn!(runner = %request.name, packs = ?unserved, "a joined runner announced packs its join token does not grant; it is never sent their calls");
         }
@@ -515,8 +505,7 @@ impl Fleet {
         let granted: BTreeSet<String> = granted
             .and_then(|g| serde_json::from_str(&g).ok())
             .unwrap_or_default();
-        let packs = served(&granted, &request.packs);
-        let unserved = not_granted(&granted, &request.packs);
+        let (packs, unserved) = split_packs(&granted, &request.packs);
         self.audit
             .append(NewEvent {
                 actor: format!("runner:{name}"),
@@ -624,6 +613,7 @@ fn joined_event(
     grant: &Grant,
     tls_fingerprint: &Option<String>,
 ) -> NewEvent {
+    let (served, not_granted) = split_packs(&grant.packs, &request.packs);
     NewEvent {
         actor: format!("runner:{}", request.name),
         kind: kind::RUNNER_JOINED.into(),
@@ -633,8 +623,8 @@ fn joined_event(
             "url": request.url,
             "labels": grant.labels,
             "packs": request.packs,
-            "served": grant.served(&request.packs),
-            "not_granted": not_granted(&grant.packs, &request.packs),
+            "served": served,
+            "not_granted": not_granted,
             "join_token_id": grant.id,
             "tls_fingerprint": tls_fingerprint,
         })),

@@ -117,11 +117,10 @@ impl JoinNetworks {
             .port_or_known_default()
             .ok_or("`url` has no port and no known default port")?;
         let host = url.host_str().ok_or("`url` has no host")?;
-        let bare = host.trim_start_matches('[').trim_end_matches(']');
-        if let Ok(ip) = bare.parse::<IpAddr>() {
+        if let Some(ip) = literal_ip(url) {
             return self.check_all(&[SocketAddr::new(ip, port)]);
         }
-        let addrs: Vec<SocketAddr> = match tokio::net::lookup_host((bare, port)).await {
+        let addrs: Vec<SocketAddr> = match tokio::net::lookup_host((host, port)).await {
             Ok(addrs) => addrs.collect(),
             Err(_) => Vec::new(),
         };
@@ -146,6 +145,16 @@ impl JoinNetworks {
             None => Ok(()),
         }
     }
+}
+
+/// The address in `url`'s host, when it is one rather than a name.
+pub fn literal_ip(url: &reqwest::Url) -> Option<IpAddr> {
+    // An IPv6 host is written in brackets; a name never parses as an address.
+    url.host_str()?
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse()
+        .ok()
 }
 
 fn parse_net(text: &str) -> Option<IpNet> {

@@ -22,7 +22,7 @@ use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{CertificateError, DigitallySignedStruct, OtherError, SignatureScheme};
 
-use super::networks::{AllowedResolver, JoinNetworks};
+use super::networks::{AllowedResolver, JoinNetworks, literal_ip};
 use crate::server::config::{RunnerEntry, check_runner_url};
 use crate::util::tls::{Fingerprint, provider, read_certificates};
 
@@ -87,11 +87,7 @@ impl RunnerTrust {
         let port = url
             .port_or_known_default()
             .with_context(|| format!("runner `{}` url has no port", entry.name))?;
-        let host = url.host_str().unwrap_or_default();
-        if let Ok(ip) = host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .parse::<std::net::IpAddr>()
+        if let Some(ip) = literal_ip(&url)
             && let Some(why) = self.joined.refuses(std::net::SocketAddr::new(ip, port))
         {
             anyhow::bail!("runner `{}` is not reached: {why}", entry.name);

@@ -119,6 +119,17 @@ pub struct ServerConfig {
     /// How runners that join are bounded: where they may be reached.
     #[serde(default)]
     pub join: JoinConfig,
+    /// The approvers file the runners trust (`emisar approvers`): with it, every approval
+    /// request is signed by people (`emisar approvals approve` with an SSH key, or a passkey in
+    /// the portal), the server verifies each signature as it comes, asks for as many people as
+    /// the file's rule for the tool needs, and refuses a request no one could satisfy.
+    #[serde(default)]
+    pub approvers_file: Option<PathBuf>,
+    /// The organisation root key's signature over `approvers_file` (`emisar approvers sign`):
+    /// the server carries the file and this signature to runners that trust only
+    /// `approvers_root_keys`.
+    #[serde(default)]
+    pub approvers_signature_file: Option<PathBuf>,
 }
 
 /// `[join]`: bounds on runners that join with a join token.
@@ -234,6 +245,8 @@ impl ServerConfig {
             approved_start_within_secs: default_approved_start_within(),
             max_pending_per_agent: default_max_pending(),
             join: JoinConfig::default(),
+            approvers_file: None,
+            approvers_signature_file: None,
         }
     }
 

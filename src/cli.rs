@@ -15,6 +15,7 @@ use crate::server::db::Db;
 use crate::util::process::stop_on_signal;
 
 mod approvals;
+mod approvers;
 mod audit;
 mod config_check;
 pub mod config_reference;
@@ -22,9 +23,11 @@ mod fleet;
 mod packs;
 mod packs_test;
 mod people;
+mod ssh_sign;
 mod table;
 
 pub use approvals::ApprovalsCommand;
+pub use approvers::ApproversCommand;
 pub use audit::{AuditCommand, FilterArgs};
 pub use fleet::{JoinTokenCommand, RunnerCommand};
 pub use packs::PacksCommand;
@@ -153,6 +156,11 @@ pub enum Command {
         server: ServerArg,
         #[command(subcommand)]
         command: ApprovalsCommand,
+    },
+    /// The approvers file runners trust: people, their keys, how many must sign per tool.
+    Approvers {
+        #[command(subcommand)]
+        command: ApproversCommand,
     },
     /// Join tokens, with which runners join: issue, list, revoke.
     JoinToken {
@@ -364,6 +372,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             println!("ok: {} (sha256 {})", file.display(), policy.digest());
         }
         Command::Approvals { server, command } => approvals::run(server, command).await?,
+        Command::Approvers { command } => approvers::run(command)?,
         Command::JoinToken { command } => return fleet::join_token(command).await,
         Command::Keygen {
             private,

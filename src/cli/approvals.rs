@@ -17,12 +17,17 @@ pub enum ApprovalsCommand {
     },
     /// One request in full: args, reason, requester, preview and the values its execution
     /// will use, votes, result.
-    #[command(after_help = "Example: emisar approvals show 3f2a…")]
+    #[command(after_help = "Example: emisar approvals show 3f2a… --statement")]
     Show {
         /// The request's id (from `emisar approvals list`).
         id: String,
+        /// Print only the statement people sign (for a request whose runners check
+        /// signatures), exactly as signed.
+        #[arg(long)]
+        statement: bool,
     },
-    /// Approve a request.
+    /// Approve a request. When its runners check people's signatures, this signs the
+    /// request's statement with your SSH key (ssh-agent, or --ssh-key) first.
     #[command(after_help = "Example: emisar approvals approve 3f2a… --note 'checked the preview'")]
     Approve {
         /// The request's id (from `emisar approvals list`).
@@ -30,6 +35,10 @@ pub enum ApprovalsCommand {
         /// A note kept with your approval.
         #[arg(long)]
         note: Option<String>,
+        /// The ssh-ed25519 key that signs: a private key file, or the .pub of one of the
+        /// ssh-agent's keys. Default: the ssh-agent's only ssh-ed25519 key.
+        #[arg(long, value_name = "PATH")]
+        ssh_key: Option<std::path::PathBuf>,
     },
     /// Deny a request; the note reaches the agent.
     #[command(
@@ -42,6 +51,15 @@ pub enum ApprovalsCommand {
         #[arg(long)]
         note: String,
     },
+}
+
+/// Who signs, as the CLI can tell (the server records the token's person; the runners count
+/// people by key).
+fn whoami() -> String {
+    std::env::var("USER")
+        .ok()
+        .filter(|u| crate::pack::is_identifier(u))
+        .unwrap_or_else(|| "cli".into())
 }
 
 /// `emisar approvals …`: the server's `/api/approvals` with a person's token.
@@ -93,14 +111,54 @@ pub async fn run(server: ServerArg, command: ApprovalsCommand) -> anyhow::Result
                 );
             }
         }
-        ApprovalsCommand::Show { id } => {
+        ApprovalsCommand::Show { id, statement } => {
             let body = send(http.get(format!("{base}/api/approvals/{id}"))).await?;
-            println!("{}", serde_json::to_string_pretty(&body)?);
+            if !statement {
+                println!("{}", serde_json::to_string_pretty(&body)?);
+            } else if let Some(text) = body["statement"]["text"].as_str() {
+                print!("{text}");
+            } else {
+                anyhow::bail!(
+                    "request {id} has no statement: its runners do not check people's signatures"
+                );
+            }
         }
-        ApprovalsCommand::Approve { id, note } => {
+        ApprovalsCommand::Approve { id, note, ssh_key } => {
+            let request = send(http.get(format!("{base}/api/approvals/{id}"))).await?;
+            let signature = match request["statement"]["text"].as_str() {
+                None => None,
+                Some(text) => {
+                    // The statement is checked before it is signed: the same text the runners
+                    // will rebuild, so a server that sends something else gets nothing.
+                    let parsed = crate::protocol::approval::Statement::parse(text)
+                        .context("the server sent a statement that is not one")?;
+                    if parsed.approval_id != id || request["tool"].as_str() != Some(&parsed.tool) {
+                        anyhow::bail!(
+                            "the server's statement names another request or tool than {id}: not signed"
+                        );
+                    }
+                    eprintln!(
+                        "signing the statement of {id} (sha256:{}):\n{text}",
+                        request["statement"]["sha256"].as_str().unwrap_or("?")
+                    );
+                    let armored = super::ssh_sign::sign(
+                        ssh_key.as_deref(),
+                        crate::protocol::approval::sshsig::APPROVAL_NAMESPACE,
+                        text.as_bytes(),
+                    )?;
+                    Some(
+                        serde_json::json!({"kind": "ssh", "signer": whoami(), "signature": armored}),
+                    )
+                }
+            };
+            if signature.is_none() && ssh_key.is_some() {
+                anyhow::bail!(
+                    "--ssh-key: request {id} has no statement to sign (its runners do not check signatures); approve it without --ssh-key"
+                );
+            }
             let body = send(
                 http.post(format!("{base}/api/approvals/{id}/approve"))
-                    .json(&serde_json::json!({"note": note})),
+                    .json(&serde_json::json!({"note": note, "signature": signature})),
             )
             .await?;
             let state = body["state"].as_str().unwrap_or("?");

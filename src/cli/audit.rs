@@ -35,6 +35,23 @@ pub enum AuditCommand {
         #[command(flatten)]
         server: ServerArg,
     },
+    /// Re-verify every executed approval offline: each `approval.executing` must follow
+    /// approvals signed over one statement by distinct people of the approvers file, at least
+    /// as many as its rule for the tool. Names every failing event; exits 1 if there is any.
+    #[command(
+        name = "verify-approvals",
+        after_help = "Example: emisar audit verify-approvals --approvers /etc/emisar/approvers.toml --database postgres://emisar@db/emisar"
+    )]
+    VerifyApprovals {
+        /// The approvers file the runners trusted (`emisar approvers show`).
+        #[arg(long, value_name = "PATH")]
+        approvers: PathBuf,
+        /// The report as one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        db: DbArg,
+    },
     /// The HMAC the audit log stores for a secret value: compare it with a stored event.
     #[command(
         after_help = "Example: printf '%s' \"$VALUE\" | emisar audit hash --key-file /etc/emisar/audit.key"
@@ -245,6 +262,63 @@ pub async fn run(command: AuditCommand) -> anyhow::Result<i32> {
                 print!("{}", verify_text(&report));
             }
             Ok(if report.is_intact() { 0 } else { 1 })
+        }
+        AuditCommand::VerifyApprovals {
+            approvers,
+            json,
+            db,
+        } => {
+            let text = std::fs::read_to_string(&approvers)
+                .with_context(|| format!("--approvers {}", approvers.display()))?;
+            let file = crate::protocol::approval::Approvers::parse(&text)
+                .with_context(|| format!("--approvers {}", approvers.display()))?;
+            let db = db.connect().await?;
+            let mut events = Vec::new();
+            for kind in [
+                audit::kind::APPROVAL_APPROVED,
+                audit::kind::APPROVAL_EXECUTING,
+            ] {
+                let mut after_seq = None;
+                loop {
+                    let page = audit::query(
+                        &db,
+                        &AuditFilter {
+                            kind: Some(kind.into()),
+                            after_seq,
+                            limit: audit::MAX_PAGE,
+                            ..Default::default()
+                        },
+                    )
+                    .await?;
+                    let Some(last) = page.last() else { break };
+                    after_seq = Some(last.seq);
+                    events.extend(page);
+                }
+            }
+            let report = audit::signed::verify(&events, &file);
+            if json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                for f in &report.failures {
+                    println!(
+                        "FAILED approval {}: event seq {} ({}): {}",
+                        f.approval_id, f.seq, f.event_id, f.why
+                    );
+                }
+                println!(
+                    "{}: {} executed approvals verified against {} (sha256:{}), {} failed",
+                    if report.failures.is_empty() {
+                        "ok"
+                    } else {
+                        "FAILED"
+                    },
+                    report.verified,
+                    approvers.display(),
+                    file.sha256,
+                    report.failures.len()
+                );
+            }
+            Ok(if report.failures.is_empty() { 0 } else { 1 })
         }
         AuditCommand::Hash { key_file, value } => {
             let key = crate::server::secrets::AuditKey::from_file(&key_file)?;

@@ -37,6 +37,7 @@ mod runner_identity;
 mod runner_security;
 mod runner_security_allowlists;
 mod secrets;
+mod signed_approvals;
 mod sockets;
 mod tidy;
 mod tls;

@@ -8,6 +8,7 @@
 mod chain;
 mod filter;
 mod refusals;
+pub mod signed;
 mod store;
 mod verify;
 mod writer;

@@ -40,6 +40,10 @@ pub struct RunnerSpec {
     /// The URL the server config gives for this runner instead of its own (something in the
     /// path between them, such as a proxy that rewrites answers).
     pub reached_at: Option<String>,
+    /// `require_signed_approvals`, `approvers_file` and `approvers_root_keys`.
+    pub require_signed: Vec<String>,
+    pub approvers_file: Option<PathBuf>,
+    pub approvers_root_keys: Vec<String>,
 }
 
 impl RunnerSpec {
@@ -54,7 +58,24 @@ impl RunnerSpec {
             labels: BTreeMap::new(),
             tls: None,
             reached_at: None,
+            require_signed: Vec::new(),
+            approvers_file: None,
+            approvers_root_keys: Vec::new(),
         }
+    }
+
+    /// Executes writes of tools matching `tools` only with people's signatures, checked
+    /// against `approvers` (a file) or, without one, a carried file signed by `root_keys`.
+    pub fn signed_approvals(
+        mut self,
+        tools: &[&str],
+        approvers: Option<PathBuf>,
+        root_keys: &[String],
+    ) -> Self {
+        self.require_signed = tools.iter().map(|t| (*t).to_owned()).collect();
+        self.approvers_file = approvers;
+        self.approvers_root_keys = root_keys.to_vec();
+        self
     }
 
     /// Serves HTTPS with `cert`; the server pins `pin` (a fingerprint) when given.
@@ -187,6 +208,9 @@ pub struct Options {
     pub join: Option<emisar::server::config::JoinConfig>,
     /// The server's `max_connections_per_address` (its default when none).
     pub max_connections_per_address: Option<usize>,
+    /// The server's `approvers_file` and `approvers_signature_file`.
+    pub approvers_file: Option<PathBuf>,
+    pub approvers_signature_file: Option<PathBuf>,
 }
 
 pub async fn fresh_db(backend: Backend, dir: &std::path::Path) -> (String, Option<PgTestDb>) {
@@ -243,6 +267,11 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
             .collect();
         config.programs = spec.programs.clone();
         config.allowlists = spec.allowlists.clone();
+        config.require_signed_approvals = spec.require_signed.clone();
+        config.approvers_file = spec.approvers_file.clone();
+        config.approvers_root_keys = spec.approvers_root_keys.clone();
+        // Each runner keeps its state (executed signed approvals) in the test's folder.
+        config.state_dir = dir.path().join(format!("state-{}", spec.name));
         config.fill_standard_services();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -307,6 +336,8 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
             .unwrap_or_else(|| emisar::server::config::JoinConfig {
                 allowed_networks: Some(vec!["127.0.0.0/8".into(), "::1".into()]),
             }),
+        approvers_file: options.approvers_file.clone(),
+        approvers_signature_file: options.approvers_signature_file.clone(),
         ..ServerConfig::with_signing_key(private_key.clone())
     };
     let config = match options.max_connections_per_address {

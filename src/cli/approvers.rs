@@ -1,0 +1,278 @@
+//! `emisar approvers`: the approvers file runners trust (people, their keys, how many must sign
+//! per tool): add and remove people and keys, sign the file with the organisation's root key,
+//! show it. Every change raises `serial`, so runners that take the file from the server never
+//! go back to an older one. The file is rewritten from its parsed form (comments are not kept);
+//! rules (`[[rule]] tools, approvals, unapproved`) are written by hand.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use base64::Engine;
+use clap::Subcommand;
+
+use crate::protocol::approval::approvers::{ApproversFile, PasskeyEntry, PersonEntry};
+use crate::protocol::approval::webauthn::CoseAlg;
+use crate::protocol::approval::{Approvers, SignedApprovers, sshsig};
+
+#[derive(Subcommand)]
+pub enum ApproversCommand {
+    /// Add a person, or a key to a person (an ssh-ed25519 public key or a passkey).
+    #[command(
+        after_help = "Example: emisar approvers add --file /etc/emisar/approvers.toml --name alice --ssh-key ~/.ssh/id_ed25519.pub"
+    )]
+    Add {
+        /// The approvers file (created if missing).
+        #[arg(long)]
+        file: PathBuf,
+        /// The person's name: their portal user name, or `person:<id>` for a person from the
+        /// identity provider.
+        #[arg(long)]
+        name: String,
+        /// Their OpenSSH public key file (`ssh-ed25519 AAAA… comment`).
+        #[arg(long, value_name = "PATH")]
+        ssh_key: Option<PathBuf>,
+        /// A passkey's credential id (base64url), as the portal's Passkeys page shows it.
+        #[arg(long, requires_all = ["alg", "public_key"])]
+        passkey: Option<String>,
+        /// The passkey's algorithm: ES256 or EdDSA.
+        #[arg(long, value_parser = ["ES256", "EdDSA"])]
+        alg: Option<String>,
+        /// The passkey's public key (SubjectPublicKeyInfo DER, standard base64).
+        #[arg(long)]
+        public_key: Option<String>,
+    },
+    /// Remove a person, or one of their SSH keys.
+    #[command(
+        after_help = "Example: emisar approvers remove --file /etc/emisar/approvers.toml --name alice"
+    )]
+    Remove {
+        #[arg(long)]
+        file: PathBuf,
+        #[arg(long)]
+        name: String,
+        /// Remove only this public key of theirs (else the person and all their keys).
+        #[arg(long, value_name = "PATH")]
+        ssh_key: Option<PathBuf>,
+    },
+    /// Sign the file with the organisation's root key (SSHSIG, namespace emisar-approvers):
+    /// writes FILE.sig, which the server carries to runners with `approvers_root_keys`.
+    #[command(
+        after_help = "Example: emisar approvers sign --file /etc/emisar/approvers.toml --ssh-key ~/.ssh/org_root.pub"
+    )]
+    Sign {
+        #[arg(long)]
+        file: PathBuf,
+        /// The root key: a private key file, or the .pub of one of the ssh-agent's keys.
+        /// Default: the ssh-agent's only ssh-ed25519 key.
+        #[arg(long, value_name = "PATH")]
+        ssh_key: Option<PathBuf>,
+    },
+    /// Check the file and print its digest, serial, people, keys and rules; with
+    /// --root-key, also check FILE.sig.
+    #[command(
+        after_help = "Example: emisar approvers show --file /etc/emisar/approvers.toml --root-key ~/.ssh/org_root.pub"
+    )]
+    Show {
+        #[arg(long)]
+        file: PathBuf,
+        /// An organisation root public key: FILE.sig must be its signature over the file.
+        #[arg(long, value_name = "PATH")]
+        root_key: Option<PathBuf>,
+    },
+}
+
+pub fn run(command: ApproversCommand) -> anyhow::Result<()> {
+    match command {
+        ApproversCommand::Add {
+            file,
+            name,
+            ssh_key,
+            passkey,
+            alg,
+            public_key,
+        } => {
+            if ssh_key.is_none() && passkey.is_none() {
+                anyhow::bail!(
+                    "give a key to add: --ssh-key PATH, or --passkey ID --alg --public-key"
+                );
+            }
+            let mut f = read_or_new(&file)?;
+            let i = match f.people.iter().position(|p| p.name == name) {
+                Some(i) => i,
+                None => {
+                    f.people.push(PersonEntry {
+                        name: name.clone(),
+                        ssh: Vec::new(),
+                        passkeys: Vec::new(),
+                    });
+                    f.people.len() - 1
+                }
+            };
+            if let Some(path) = ssh_key {
+                let line = std::fs::read_to_string(&path)
+                    .with_context(|| format!("--ssh-key {}", path.display()))?;
+                let key = sshsig::read_public_key("--ssh-key", &line)?;
+                f.people[i].ssh.push(key.to_openssh()?);
+            }
+            if let (Some(id), Some(alg), Some(public_key)) = (passkey, alg, public_key) {
+                f.people[i].passkeys.push(PasskeyEntry {
+                    id,
+                    alg: if alg == "ES256" {
+                        CoseAlg::ES256
+                    } else {
+                        CoseAlg::EdDSA
+                    },
+                    public_key,
+                });
+            }
+            write(&file, f)
+        }
+        ApproversCommand::Remove {
+            file,
+            name,
+            ssh_key,
+        } => {
+            let mut f = read(&file)?;
+            let i = f
+                .people
+                .iter()
+                .position(|p| p.name == name)
+                .with_context(|| {
+                    format!("--name: nobody is called `{name}` in {}", file.display())
+                })?;
+            match ssh_key {
+                None => {
+                    f.people.remove(i);
+                }
+                Some(path) => {
+                    let line = std::fs::read_to_string(&path)
+                        .with_context(|| format!("--ssh-key {}", path.display()))?;
+                    let key = sshsig::read_public_key("--ssh-key", &line)?;
+                    let before = f.people[i].ssh.len();
+                    f.people[i].ssh.retain(|l| {
+                        sshsig::read_public_key("ssh", l)
+                            .map(|k| k.key_data() != key.key_data())
+                            .unwrap_or(true)
+                    });
+                    if f.people[i].ssh.len() == before {
+                        anyhow::bail!("--ssh-key: `{name}` has no such key");
+                    }
+                }
+            }
+            write(&file, f)
+        }
+        ApproversCommand::Sign { file, ssh_key } => {
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("--file {}", file.display()))?;
+            Approvers::parse(&text)?;
+            let sig = super::ssh_sign::sign(
+                ssh_key.as_deref(),
+                sshsig::APPROVERS_NAMESPACE,
+                text.as_bytes(),
+            )?;
+            let out = sig_path(&file);
+            std::fs::write(&out, sig).with_context(|| format!("writing {}", out.display()))?;
+            println!("signed {} → {}", file.display(), out.display());
+            Ok(())
+        }
+        ApproversCommand::Show { file, root_key } => {
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("--file {}", file.display()))?;
+            let a = Approvers::parse(&text)?;
+            println!("file: {} (sha256:{})", file.display(), a.sha256);
+            println!("serial: {}", a.serial);
+            if let Some(rp) = &a.rp {
+                println!(
+                    "passkeys: rp_id {} origins {}",
+                    rp.rp_id,
+                    rp.origins.join(" ")
+                );
+            }
+            for p in &a.people {
+                println!("person {}", p.name);
+                for k in &p.ssh {
+                    println!("  ssh {}", sshsig::key_id(k));
+                }
+                for k in &p.passkeys {
+                    println!(
+                        "  passkey {} {:?}",
+                        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&k.credential_id),
+                        k.alg
+                    );
+                }
+            }
+            let f: ApproversFile = toml::from_str(&text)?;
+            for r in &f.rules {
+                println!(
+                    "rule {}: {} approval(s){}",
+                    r.tools,
+                    r.approvals,
+                    if r.unapproved {
+                        ", unapproved allowed when the policy lowers it"
+                    } else {
+                        ""
+                    }
+                );
+            }
+            if let Some(root) = root_key {
+                let line = std::fs::read_to_string(&root)
+                    .with_context(|| format!("--root-key {}", root.display()))?;
+                let key = sshsig::read_public_key("--root-key", &line)?;
+                let sig_file = sig_path(&file);
+                let signature = std::fs::read_to_string(&sig_file)
+                    .with_context(|| format!("reading {}", sig_file.display()))?;
+                SignedApprovers { text, signature }.verify(&[key.clone()])?;
+                println!(
+                    "signature: {} is good, by {}",
+                    sig_file.display(),
+                    sshsig::key_id(&key)
+                );
+            }
+            Ok(())
+        }
+    }
+}
+
+fn sig_path(file: &Path) -> PathBuf {
+    let mut s = file.as_os_str().to_owned();
+    s.push(".sig");
+    PathBuf::from(s)
+}
+
+fn read(file: &Path) -> anyhow::Result<ApproversFile> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("--file {}", file.display()))?;
+    Approvers::parse(&text)?;
+    Ok(toml::from_str(&text)?)
+}
+
+fn read_or_new(file: &Path) -> anyhow::Result<ApproversFile> {
+    if file.exists() {
+        read(file)
+    } else {
+        Ok(ApproversFile::default())
+    }
+}
+
+/// Writes the file with `serial` raised, after checking it parses back (a change that makes it
+/// invalid, such as a key listed for two people, is refused and the file left as it was).
+fn write(file: &Path, mut f: ApproversFile) -> anyhow::Result<()> {
+    f.serial += 1;
+    let text = format!(
+        "# emisar approvers file: `emisar approvers show --file {}`\n{}",
+        file.display(),
+        toml::to_string(&f)?
+    );
+    let a = Approvers::parse(&text)?;
+    let tmp = file.with_extension("tmp");
+    std::fs::write(&tmp, &text).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, file).with_context(|| format!("writing {}", file.display()))?;
+    println!(
+        "{}: serial {}, {} people (sha256:{}); sign it again if runners take it from the server",
+        file.display(),
+        a.serial,
+        a.people.len(),
+        a.sha256
+    );
+    Ok(())
+}

@@ -79,8 +79,13 @@ mod tests {
     /// Go's sumdb/tlog `TestFormatTree` (and tlog_tiles' own): the golden checkpoint text.
     #[test]
     fn go_tlog_format_tree_vector() {
-        let c = Checkpoint::new("go.sum database tree", 123456789012, record_hash(b"hello world"), "")
-            .unwrap();
+        let c = Checkpoint::new(
+            "go.sum database tree",
+            123456789012,
+            record_hash(b"hello world"),
+            "",
+        )
+        .unwrap();
         assert_eq!(
             c.to_bytes(),
             b"go.sum database tree\n123456789012\nTszzRgjTG6xce+z2AG31kAXYKBgQVtCSCE40HmuwBb0=\n"
@@ -94,18 +99,33 @@ mod tests {
         let root = record_hash(b"x");
         let signed = sign("log.example/audit", 7, root, "ext line\n", &log).unwrap();
         let (note, cp) = parse(&signed).unwrap();
-        assert_eq!((cp.origin(), cp.size(), *cp.hash()), ("log.example/audit", 7, root));
+        assert_eq!(
+            (cp.origin(), cp.size(), *cp.hash()),
+            ("log.example/audit", 7, root)
+        );
         assert_eq!(cp.extension(), "ext line\n");
-        verify(&note, &Verifiers::parse([log.verifier_key().as_str()]).unwrap()).unwrap();
+        verify(
+            &note,
+            &Verifiers::parse([log.verifier_key().as_str()]).unwrap(),
+        )
+        .unwrap();
         assert!(matches!(
-            verify(&note, &Verifiers::parse([other.verifier_key().as_str()]).unwrap()),
+            verify(
+                &note,
+                &Verifiers::parse([other.verifier_key().as_str()]).unwrap()
+            ),
             Err(CheckpointError::Unsigned)
         ));
         // A signature that claims the trusted key but does not verify.
-        let text = String::from_utf8(signed.clone()).unwrap().replace("\n7\n", "\n8\n");
+        let text = String::from_utf8(signed.clone())
+            .unwrap()
+            .replace("\n7\n", "\n8\n");
         let (note, _) = parse(text.as_bytes()).unwrap();
         assert!(matches!(
-            verify(&note, &Verifiers::parse([log.verifier_key().as_str()]).unwrap()),
+            verify(
+                &note,
+                &Verifiers::parse([log.verifier_key().as_str()]).unwrap()
+            ),
             Err(CheckpointError::BadSignature(_))
         ));
     }
@@ -121,7 +141,7 @@ mod tests {
         for text in [
             format!("o\n007\n{root}"),
             format!("o\n-1\n{root}"),
-            format!("o\n7\nnot-base64"),
+            "o\n7\nnot-base64".to_owned(),
             "o\n7".to_owned(),
             format!("\n7\n{root}"),
             format!("o\n7\n{root}\n\nx"),
@@ -129,13 +149,19 @@ mod tests {
             let note = format!("{text}{sig}");
             assert!(parse(note.as_bytes()).is_err(), "{text:?}");
         }
-        assert!(matches!(parse(b"no signatures\n"), Err(CheckpointError::MalformedNote)));
+        assert!(matches!(
+            parse(b"no signatures\n"),
+            Err(CheckpointError::MalformedNote)
+        ));
         assert!(matches!(
             parse("o\n1\nx\x07\n\n— o AAAAAAA=\n".as_bytes()),
             Err(CheckpointError::MalformedNote)
         ));
         assert!(parse(&[0xff, b'\n', b'\n']).is_err());
         let too_many = format!("o\n1\n{root}\n\n{}", "— o AAAAAAAA\n".repeat(101));
-        assert!(matches!(parse(too_many.as_bytes()), Err(CheckpointError::MalformedNote)));
+        assert!(matches!(
+            parse(too_many.as_bytes()),
+            Err(CheckpointError::MalformedNote)
+        ));
     }
 }

@@ -153,9 +153,7 @@ impl signed_note::Verifier for CosignatureVerifier {
         let Ok(s) = ed25519_dalek::Signature::from_slice(&sig[8..]) else {
             return false;
         };
-        self.key
-            .verify_strict(&signed_message(t, msg), &s)
-            .is_ok()
+        self.key.verify_strict(&signed_message(t, msg), &s).is_ok()
     }
 }
 
@@ -204,7 +202,10 @@ mod tests {
         let mut other = sig.clone();
         other[7] ^= 1; // the timestamp is signed
         assert!(!v.verify(text, &other));
-        assert!(!v.verify(b"log.example/a\n6\nCsUYapGGPo4dkMgIAUqom/Xajj7h2fB2MPA3j2jxq2I=\n", &sig));
+        assert!(!v.verify(
+            b"log.example/a\n6\nCsUYapGGPo4dkMgIAUqom/Xajj7h2fB2MPA3j2jxq2I=\n",
+            &sig
+        ));
         let mut big = sig.clone();
         big[0] = 0x80; // beyond i64::MAX
         assert!(!v.verify(text, &big));

@@ -11,7 +11,7 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use ed25519_dalek::{SigningKey, VerifyingKey};
 
-use super::cosignature::{Cosigner, CosignatureVerifier, KeyTextError};
+use super::cosignature::{CosignatureVerifier, Cosigner, KeyTextError};
 
 /// The signature type byte of plain Ed25519 signed notes.
 pub const ED25519: u8 = 0x01;
@@ -63,9 +63,9 @@ impl NoteKey {
     /// Parses the private key text `PRIVATE+KEY+name+hex(id)+base64(0x01 ‖ seed)`.
     pub fn parse(text: &str) -> Result<Self, KeyTextError> {
         let text = text.trim_end_matches(['\n', '\r']);
-        let rest = text.strip_prefix("PRIVATE+KEY+").ok_or_else(|| {
-            KeyTextError("a private key text starts with `PRIVATE+KEY+`".into())
-        })?;
+        let rest = text
+            .strip_prefix("PRIVATE+KEY+")
+            .ok_or_else(|| KeyTextError("a private key text starts with `PRIVATE+KEY+`".into()))?;
         let (name, id, key) = split_verifier_key(rest)?;
         if key.first() != Some(&ED25519) {
             return Err(KeyTextError(
@@ -242,7 +242,10 @@ mod tests {
         let mut n = Note::new(b"If you think cryptography is the answer to your problem,\nthen you don't know what your problem is.\n", &[]).unwrap();
         n.add_sigs(&[&k.signer()]).unwrap();
         assert!(n.to_bytes().ends_with("\n\n— PeterNeumann x08go/ZJkuBS9UG/SffcvIAQxVBtiFupLLr8pAcElZInNIuGUgYN1FFYC2pZSNXgKvqfqdngotpRZb6KE6RyyBwJnAM=\n".as_bytes()));
-        assert_eq!(NoteKey::parse(&k.private_text()).unwrap().private_text(), k.private_text());
+        assert_eq!(
+            NoteKey::parse(&k.private_text()).unwrap().private_text(),
+            k.private_text()
+        );
     }
 
     /// The c2sp.org/signed-note example verifies with its key; one changed byte does not; a
@@ -252,9 +255,17 @@ mod tests {
         let vkey = "example.com/foo+530d903a+AekyeRrm56hApGFkyQR4ZCbV54Id2LKaANYcrnKv3U2k";
         let msg = "This is an example message.\n\n— example.com/foo Uw2QOkn8srV1yJGh2VYRlL1Tnagv1YEq6TfXppzi2ONncAlTgK7Ztg1ERYNZXsYjOBH3mFXmRKuwHjG1Yu72IneyaQM=\n";
         let known = Verifiers::parse([vkey]).unwrap();
-        Note::from_bytes(msg.as_bytes()).unwrap().verify(&known).unwrap();
+        Note::from_bytes(msg.as_bytes())
+            .unwrap()
+            .verify(&known)
+            .unwrap();
         let changed = msg.replace("example message", "exampel message");
-        assert!(Note::from_bytes(changed.as_bytes()).unwrap().verify(&known).is_err());
+        assert!(
+            Note::from_bytes(changed.as_bytes())
+                .unwrap()
+                .verify(&known)
+                .is_err()
+        );
         let other = NoteKey::from_seed("other.example/k", [3; 32]).unwrap();
         let mut n = Note::from_bytes(msg.as_bytes()).unwrap();
         n.add_sigs(&[&other.signer()]).unwrap();
@@ -281,8 +292,20 @@ mod tests {
             assert!(e.0.contains(rule), "{text}: {e}");
         }
         let wrong_id = format!("log.example/a+00000000{}", &good[good.len() - 45..]);
-        assert!(verifier(&wrong_id).err().unwrap().0.contains("does not match"));
+        assert!(
+            verifier(&wrong_id)
+                .err()
+                .unwrap()
+                .0
+                .contains("does not match")
+        );
         assert!(NoteKey::parse("PRIVATE+KEY+x").is_err());
-        assert!(NoteKey::parse(&good).err().unwrap().0.contains("PRIVATE+KEY+"));
+        assert!(
+            NoteKey::parse(&good)
+                .err()
+                .unwrap()
+                .0
+                .contains("PRIVATE+KEY+")
+        );
     }
 }

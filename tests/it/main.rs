@@ -40,3 +40,4 @@ mod secrets;
 mod sockets;
 mod tidy;
 mod tls;
+mod witness;

@@ -316,12 +316,6 @@ async fn witness_remembers_across_restarts() {
         w.cosigns(&honest, 0).await;
         // Dropping the process kills it (SIGKILL): no chance to write anything at exit.
     }
-    let state: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(s.dir.path().join("state/witness-state.json")).unwrap(),
-    )
-    .unwrap();
-    assert_eq!(state["logs"][ORIGIN]["size"], 8);
-
     let w = start(&s, "second.log").await;
     let mut fork = Log::new(&s.log_key, "b");
     fork.grow_to(8);
@@ -330,6 +324,12 @@ async fn witness_remembers_across_restarts() {
     assert_eq!((a.status, a.body.as_str()), (409, "8\n"));
     honest.grow_to(16);
     w.cosigns(&honest, 8).await;
+    drop(w);
+    let state: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(s.dir.path().join("state/witness-state.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(state["logs"][ORIGIN]["size"], 16);
 }
 
 #[tokio::test]
@@ -405,4 +405,40 @@ fn run_to_end(config: &Path) -> (i32, String) {
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+#[tokio::test]
+async fn concurrent_requests_from_one_old_size_cosign_once() {
+    let s = setup();
+    let w = start(&s, "w.log").await;
+    let mut honest = Log::new(&s.log_key, "a");
+    honest.grow_to(8);
+    w.cosigns(&honest, 0).await;
+    // Ten extensions of the cosigned tree of 8, all valid, all sent at once claiming `old 8`:
+    // one is cosigned, the others learn the new size. Were the check and the write not under
+    // one lock, several would pass and the state could roll back to a smaller tree.
+    let mut bodies = Vec::new();
+    for size in 9..=18 {
+        honest.grow_to(size);
+        bodies.push(body(8, &honest.proof(8), &honest.checkpoint()));
+    }
+    let answers = futures::future::join_all(bodies.into_iter().map(|b| w.add(b))).await;
+    let cosigned: Vec<&Answer> = answers.iter().filter(|a| a.status == 200).collect();
+    assert_eq!(
+        cosigned.len(),
+        1,
+        "{:?}",
+        answers.iter().map(|a| a.status).collect::<Vec<_>>()
+    );
+    assert!(answers.iter().all(|a| a.status == 200 || a.status == 409));
+    let sizes: std::collections::BTreeSet<&str> = answers
+        .iter()
+        .filter(|a| a.status == 409)
+        .map(|a| a.body.as_str())
+        .collect();
+    assert_eq!(
+        sizes.len(),
+        1,
+        "every 409 names the one size cosigned: {sizes:?}"
+    );
 }

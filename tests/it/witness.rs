@@ -394,16 +394,36 @@ async fn witness_key_and_config_are_checked() {
     assert!(err.contains("restore it from a backup"), "{err}");
 }
 
+/// Runs `emisar witness --config CONFIG`, expected to stop at start; returns (exit code,
+/// stderr). A witness still running after a generous minute is killed and fails the test.
 fn run_to_end(config: &Path) -> (i32, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_emisar"))
-        .args(["witness", "--config"])
-        .arg(config)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("stderr");
+    let mut child = Proc(
+        Command::new(env!("CARGO_BIN_EXE_emisar"))
+            .args(["witness", "--config"])
+            .arg(config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the witness was expected to stop at start, and still runs: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
     (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
+        status.code().unwrap_or(-1),
+        std::fs::read_to_string(&log).unwrap_or_default(),
     )
 }
 

@@ -183,6 +183,20 @@ pub enum Command {
         #[arg(long)]
         audit_key: Option<PathBuf>,
     },
+    /// Run a transparency-log witness (C2SP tlog-witness): cosign the checkpoints of the logs
+    /// in witness.toml, each only if it extends the one cosigned before. `emisar witness
+    /// keygen` makes its key.
+    #[command(
+        args_conflicts_with_subcommands = true,
+        after_help = "Example: emisar witness --config /etc/emisar-witness/witness.toml"
+    )]
+    Witness {
+        #[command(subcommand)]
+        command: Option<WitnessCommand>,
+        /// The witness's settings (witness.toml).
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
     /// Bridge a stdio-only MCP client (Claude Desktop style) to an emisar server.
     #[command(
         after_help = "Example: EMISAR_TOKEN=emt_… emisar mcp-stdio --url https://emisar.example:7700/mcp"
@@ -200,6 +214,24 @@ pub enum Command {
     Migrate {
         #[command(flatten)]
         db: DbArg,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum WitnessCommand {
+    /// Generate the witness's Ed25519 key (mode 0600, never overwriting one) and print the
+    /// verifier key of its cosignatures, for the configs that trust this witness.
+    #[command(
+        after_help = "Example: emisar witness keygen --name witness.example.org/w1 --key /var/lib/emisar-witness/witness.key"
+    )]
+    Keygen {
+        /// The witness's name in its cosignatures, usually a URL without scheme
+        /// (no spaces, no `+`).
+        #[arg(long)]
+        name: String,
+        /// Where to write the private key: witness.toml's key_file.
+        #[arg(long)]
+        key: PathBuf,
     },
 }
 
@@ -389,6 +421,23 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 crate::server::secrets::AuditKey::generate(&path)?;
                 println!("wrote {} (keep it secret)", path.display());
             }
+        }
+        Command::Witness {
+            command: Some(WitnessCommand::Keygen { name, key }),
+            ..
+        } => {
+            let vkey = crate::witness::serve::keygen(&name, &key)?;
+            println!("wrote {} (keep it secret)", key.display());
+            println!("{vkey}");
+        }
+        Command::Witness {
+            command: None,
+            config,
+        } => {
+            let config = config.context("--config: give the witness's witness.toml")?;
+            let config = crate::witness::config::WitnessConfig::load(&config)?;
+            let server = crate::witness::serve::WitnessServer::build(&config).await?;
+            server.run_until_stopped(stop_on_signal()).await?;
         }
         Command::McpStdio { url, token } => crate::stdio_bridge::run(&url, &token).await?,
         Command::Migrate { db } => {

@@ -13,8 +13,12 @@
 //!   call claims, the join handshake).
 //!
 //! Both sides also share the pure building blocks: [`pack`] (the YAML tool packs), [`digest`]
-//! (canonical JSON and SHA-256), [`selector`] (label selectors) and [`util`] (backoff, error
+//! (canonical JSON and SHA-256), [`selector`] (label selectors), [`tlog`] (the transparency
+//! log's Merkle tree, proofs, checkpoints and cosignatures, pure) and [`util`] (backoff, error
 //! chains, config files).
+//!
+//! [`witness`] (`emisar witness`) is a separate small process that cosigns another log's
+//! checkpoints (C2SP tlog-witness); it uses [`tlog`] and [`util`], nothing of the server.
 //!
 //! At the top, the composition roots put the rooms together: [`cli`] (every subcommand),
 //! [`dev`] (`emisar dev`: a server and a local runner in one process), [`lab`] (`emisar lab`:
@@ -36,4 +40,6 @@ pub mod selector;
 pub mod server;
 #[cfg(feature = "server")]
 pub mod stdio_bridge;
+pub mod tlog;
 pub mod util;
+pub mod witness;

@@ -41,3 +41,4 @@ mod signed_approvals;
 mod sockets;
 mod tidy;
 mod tls;
+mod witness;

@@ -83,7 +83,15 @@ fn the_server_imports_nothing_of_the_node() {
 fn shared_blocks_import_neither_side() {
     let mut forbidden = vec!["crate::server", "crate::node"];
     forbidden.extend(COMPOSITION);
-    for room in ["protocol", "pack", "util", "digest.rs", "selector.rs"] {
+    for room in [
+        "protocol",
+        "pack",
+        "util",
+        "tlog",
+        "witness",
+        "digest.rs",
+        "selector.rs",
+    ] {
         let found = offenders(room, &forbidden);
         assert!(
             found.is_empty(),

@@ -28,6 +28,11 @@
 //!   so that the click does not race the tail of the request's own creation.
 //! - `BENCH_APPROVAL_AT_ONCE` (10): approvals clicked at once in the batch part, and
 //!   `BENCH_APPROVAL_BATCHES` (20): timed batches, after one warm-up batch; 0 batches skips it.
+//! - `BENCH_APPROVAL_SIGNED` (0): approvals signed by people: the runner requires signatures
+//!   (`require_signed_approvals = ["*"]`, an approvers file with one Ed25519 key), the server
+//!   has the file, and every click carries an SSHSIG over the request's statement (made before
+//!   t0, as a person signs before the click reaches the server). Also times the signature
+//!   checks alone (`verify_quorum`: one SSH signature, one ES256 passkey assertion).
 //! - `BENCH_SUMMARY`: a file to write `key=value` lines to (for scripts/bench's budget table).
 //!
 //! Progress goes to stderr; the results go to stdout as Markdown.
@@ -175,6 +180,8 @@ struct Round {
 }
 
 struct Rig {
+    /// Signs each approval's statement (BENCH_APPROVAL_SIGNED).
+    signer: Option<ssh_key::PrivateKey>,
     base: String,
     http: reqwest::Client,
     approver_token: String,
@@ -200,6 +207,25 @@ async fn start(url: &str, dir: &Path, tag: &str) -> (Rig, PathBuf, String) {
     runner.server_public_key_file = Some(public_key.clone());
     runner.exec_path = format!("{}:/usr/bin:/bin", bin.display());
     runner.allowlists = BTreeMap::from([("systemd_units".to_owned(), vec!["consul".to_owned()])]);
+    let signer = signed()
+        .then(|| ssh_key::PrivateKey::from(ssh_key::private::Ed25519Keypair::from_seed(&[5; 32])));
+    let approvers_file = signer.as_ref().map(|key| {
+        let file = dir.join("approvers.toml");
+        std::fs::write(
+            &file,
+            format!(
+                "serial = 1\n[[person]]\nname = \"bench-approver\"\nssh = [\"{}\"]\n[[rule]]\ntools = \"*\"\napprovals = 1\n",
+                key.public_key().to_openssh().expect("openssh")
+            ),
+        )
+        .expect("approvers file");
+        file
+    });
+    if let Some(file) = &approvers_file {
+        runner.require_signed_approvals = vec!["*".into()];
+        runner.approvers_file = Some(file.clone());
+        runner.state_dir = dir.join("runner-state");
+    }
     let exec_path = runner.exec_path.clone();
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind runner");
     let runner_url = format!("http://{}", listener.local_addr().expect("addr"));
@@ -221,6 +247,7 @@ async fn start(url: &str, dir: &Path, tag: &str) -> (Rig, PathBuf, String) {
         rate_limit_per_second: 1000,
         rate_limit_burst: 1000,
         approval_wait_secs: 600,
+        approvers_file,
         ..ServerConfig::with_signing_key(private_key)
     };
     let app = Application::build(config, url)
@@ -270,6 +297,7 @@ async fn start(url: &str, dir: &Path, tag: &str) -> (Rig, PathBuf, String) {
     let client = ().serve(transport).await.expect("MCP client connects");
     (
         Rig {
+            signer,
             base: format!("http://{addr}"),
             http: reqwest::Client::new(),
             approver_token,
@@ -285,6 +313,37 @@ async fn start(url: &str, dir: &Path, tag: &str) -> (Rig, PathBuf, String) {
 }
 
 impl Rig {
+    /// The approve POST's body: with a signature over the request's statement when signed
+    /// (read and signed before the click is timed).
+    async fn approve_body(&self, id: &str) -> Value {
+        let Some(key) = &self.signer else {
+            return json!({});
+        };
+        let request: Value = self
+            .http
+            .get(format!("{}/api/approvals/{id}", self.base))
+            .bearer_auth(&self.approver_token)
+            .send()
+            .await
+            .expect("show")
+            .json()
+            .await
+            .expect("show body");
+        let text = request["statement"]["text"]
+            .as_str()
+            .expect("a signed request has a statement");
+        let sig = key
+            .sign(
+                emisar::protocol::approval::sshsig::APPROVAL_NAMESPACE,
+                ssh_key::HashAlg::Sha512,
+                text.as_bytes(),
+            )
+            .expect("sign")
+            .to_pem(ssh_key::LineEnding::LF)
+            .expect("pem");
+        json!({"signature": {"kind": "ssh", "signer": "bench-approver", "signature": sig}})
+    }
+
     /// The id of this bench's pending request, once it is listed.
     async fn wait_pending(&self, seen: &std::collections::HashSet<String>) -> String {
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -381,15 +440,16 @@ impl Rig {
         seen.extend(ids.iter().cloned());
         tokio::time::sleep(settle).await;
 
-        let requests: Vec<_> = ids
-            .iter()
-            .map(|id| {
+        let mut requests = Vec::new();
+        for id in &ids {
+            let body = self.approve_body(id).await;
+            requests.push(
                 self.http
                     .post(format!("{}/api/approvals/{id}/approve", self.base))
                     .bearer_auth(&self.approver_token)
-                    .json(&json!({}))
-            })
-            .collect();
+                    .json(&body),
+            );
+        }
         let mut posts = tokio::task::JoinSet::new();
         let t0 = now_ns();
         for request in requests {
@@ -454,11 +514,12 @@ impl Rig {
         seen.insert(id.clone());
         tokio::time::sleep(settle).await;
 
+        let body = self.approve_body(&id).await;
         let request = self
             .http
             .post(format!("{}/api/approvals/{id}/approve", self.base))
             .bearer_auth(&self.approver_token)
-            .json(&json!({}));
+            .json(&body);
         let t0 = now_ns();
         let res = request.send().await.expect("approve");
         let status = res.status();
@@ -747,6 +808,104 @@ async fn run_backend(label: &str, prefix: &str, url: &str, out: &mut Out) {
     ));
 }
 
+/// Whether approvals are signed by people in this run (`BENCH_APPROVAL_SIGNED=1`).
+fn signed() -> bool {
+    env_num("BENCH_APPROVAL_SIGNED", 0) != 0
+}
+
+/// The runner's signature checks alone (`verify_quorum`, what `node/approvals.rs` runs per
+/// execution): one SSH signature, and one ES256 passkey assertion, over a real statement.
+fn time_signature_checks(out: &mut Out) {
+    use base64::Engine;
+    use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+    use emisar::protocol::approval::{Approvers, Signature, sshsig, statement, verify_quorum};
+    use p256::ecdsa::signature::Signer;
+    use p256::pkcs8::EncodePublicKey;
+    use sha2::{Digest, Sha256};
+    use std::fmt::Write;
+
+    let text = "emisar-approval/v1\napproval bench\n";
+    let ssh = ssh_key::PrivateKey::from(ssh_key::private::Ed25519Keypair::from_seed(&[5; 32]));
+    let ec = p256::ecdsa::SigningKey::from_slice(&[7; 32]).expect("p256 key");
+    let spki = p256::PublicKey::from(ec.verifying_key())
+        .to_public_key_der()
+        .expect("spki");
+    let file = format!(
+        "[webauthn]\nrp_id = \"bench.example\"\norigins = [\"https://bench.example\"]\n\
+         [[person]]\nname = \"a\"\nssh = [\"{}\"]\n\
+         [[person]]\nname = \"b\"\npasskeys = [{{ id = \"AQID\", alg = \"ES256\", public_key = \"{}\" }}]\n\
+         [[rule]]\ntools = \"*\"\napprovals = 1\n",
+        ssh.public_key().to_openssh().expect("openssh"),
+        STANDARD.encode(spki.as_bytes())
+    );
+    let approvers = Approvers::parse(&file).expect("approvers");
+    let ssh_sig = Signature::Ssh {
+        signer: "a".into(),
+        signature: ssh
+            .sign(
+                sshsig::APPROVAL_NAMESPACE,
+                ssh_key::HashAlg::Sha512,
+                text.as_bytes(),
+            )
+            .expect("sign")
+            .to_pem(ssh_key::LineEnding::LF)
+            .expect("pem"),
+    };
+    let mut auth_data = Sha256::digest(b"bench.example").to_vec();
+    auth_data.extend_from_slice(&[0x05, 0, 0, 0, 1]);
+    let client_data = format!(
+        r#"{{"type":"webauthn.get","challenge":"{}","origin":"https://bench.example"}}"#,
+        URL_SAFE_NO_PAD.encode(statement::hash_text(text))
+    );
+    let mut signed = auth_data.clone();
+    signed.extend_from_slice(&Sha256::digest(client_data.as_bytes()));
+    let der: p256::ecdsa::DerSignature = ec.sign(&signed);
+    let passkey_sig = Signature::Webauthn {
+        signer: "b".into(),
+        credential_id: "AQID".into(),
+        authenticator_data: URL_SAFE_NO_PAD.encode(&auth_data),
+        client_data_json: URL_SAFE_NO_PAD.encode(client_data.as_bytes()),
+        signature: URL_SAFE_NO_PAD.encode(der.as_bytes()),
+    };
+    let _ = writeln!(
+        out.report,
+        "\n### Signature checks on the runner (`verify_quorum`)\n"
+    );
+    let _ = writeln!(
+        out.report,
+        "| signature | n | p50 | p99 |\n|---|---|---|---|"
+    );
+    for (label, key, sig) in [
+        ("OpenSSH Ed25519 (SSHSIG)", "ssh", ssh_sig),
+        ("passkey ES256 (WebAuthn)", "passkey", passkey_sig),
+    ] {
+        let sigs = [sig];
+        verify_quorum(&approvers, "t.x", text, &sigs).expect("verifies");
+        let mut times: Vec<u64> = (0..2000)
+            .map(|_| {
+                let t = Instant::now();
+                verify_quorum(&approvers, "t.x", text, &sigs).expect("verifies");
+                t.elapsed().as_nanos() as u64
+            })
+            .collect();
+        times.sort_unstable();
+        let (p50, p99) = (times[times.len() / 2], times[times.len() * 99 / 100]);
+        let _ = writeln!(
+            out.report,
+            "| {label} | {} | {:.3} ms | {:.3} ms |",
+            times.len(),
+            p50 as f64 / 1e6,
+            p99 as f64 / 1e6
+        );
+        let _ = writeln!(out.summary, "verify_{key}_p50_ms={:.3}", p50 as f64 / 1e6);
+        log(&format!(
+            "{label}: p50 {:.3} ms, p99 {:.3} ms",
+            p50 as f64 / 1e6,
+            p99 as f64 / 1e6
+        ));
+    }
+}
+
 #[tokio::main]
 async fn main() {
     use std::fmt::Write;
@@ -770,6 +929,9 @@ async fn main() {
          runner and bench client share one process and its {} tokio workers; the database server shares the cores.",
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
+    if signed() {
+        time_signature_checks(&mut out);
+    }
     match std::env::var("DATABASE_URL") {
         Ok(url) if url.starts_with("postgres") => {
             run_backend("PostgreSQL", "pg", &url, &mut out).await;

@@ -91,6 +91,11 @@ pub enum Command {
         /// A directory of pack files that add to or replace the stock packs.
         #[arg(long)]
         packs_dir: Option<PathBuf>,
+        /// Approvals signed by people: makes an approver SSH key and an approvers file in
+        /// the state dir, and the local runner runs a write only with that key's signature
+        /// (`emisar approvals approve ID --ssh-key …`, printed at start).
+        #[arg(long)]
+        signed_approvals: bool,
     },
     /// A fleet-wide 502 incident, replayable: the server, five edge runners
     /// (nomad-hvn01..05) and the lab's Consul, Nomad, Traefik, FRR and metrics behind them.
@@ -359,6 +364,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             listen,
             runner_config,
             packs_dir,
+            signed_approvals,
         } => {
             let stop = stop_on_signal();
             let opts = crate::dev::DevOptions {
@@ -366,6 +372,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 listen,
                 runner_config,
                 packs_dir,
+                signed_approvals,
             };
             crate::dev::run(opts, stop).await?;
         }

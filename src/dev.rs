@@ -28,6 +28,9 @@ pub struct DevOptions {
     /// A runner.toml to use instead of the defaults (its `listen` is honoured).
     pub runner_config: Option<PathBuf>,
     pub packs_dir: Option<PathBuf>,
+    /// Approvals signed by people: a generated approver SSH key, an approvers file the server
+    /// and the local runner use, and the runner requiring signatures for every write.
+    pub signed_approvals: bool,
 }
 
 pub const DEV_RUNNER: &str = "local";
@@ -58,6 +61,7 @@ pub async fn start(
     listen: &str,
     packs_dir: Option<PathBuf>,
     runners: Vec<RunnerConfig>,
+    approvers_file: Option<PathBuf>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<Stack> {
     std::fs::create_dir_all(state_dir)
@@ -114,6 +118,7 @@ pub async fn start(
         runners: entries,
         // The runners are on loopback in this same process: nothing crosses a network.
         insecure_http: true,
+        approvers_file,
         ..ServerConfig::with_signing_key(private)
     };
     let app = Application::build(config, &database_url).await?;
@@ -212,8 +217,42 @@ impl Stack {
     }
 }
 
+/// The dev approver's SSH key (made once, kept in `state_dir`) and an approvers file naming
+/// them: one signature for any write. Returns the file and the private key's path.
+fn dev_approvers(state_dir: &Path) -> anyhow::Result<(PathBuf, PathBuf)> {
+    use ssh_key::{LineEnding, PrivateKey};
+    std::fs::create_dir_all(state_dir)
+        .with_context(|| format!("failed to create {}", state_dir.display()))?;
+    let key_path = state_dir.join("approver_ed25519");
+    if !key_path.exists() {
+        let mut seed = [0u8; 32];
+        getrandom::fill(&mut seed).map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
+        let key = PrivateKey::from(ssh_key::private::Ed25519Keypair::from_seed(&seed));
+        write_private(&key_path, key.to_openssh(LineEnding::LF)?.as_str())?;
+        std::fs::write(
+            key_path.with_extension("pub"),
+            key.public_key().to_openssh()? + "\n",
+        )?;
+    }
+    let key = PrivateKey::read_openssh_file(&key_path)
+        .with_context(|| format!("reading {}", key_path.display()))?;
+    let file = state_dir.join("approvers.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "# emisar dev: the dev approver's SSH key may approve any write alone.\nserial = 1\n\n[[person]]\nname = \"{DEV_APPROVER}\"\nssh = [\"{}\"]\n\n[[rule]]\ntools = \"*\"\napprovals = 1\n",
+            key.public_key().to_openssh()?
+        ),
+    )?;
+    Ok((file, key_path))
+}
+
 pub async fn run(opts: DevOptions, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let runner_config = match &opts.runner_config {
+    let signing = opts
+        .signed_approvals
+        .then(|| dev_approvers(&opts.state_dir))
+        .transpose()?;
+    let mut runner_config = match &opts.runner_config {
         Some(path) => RunnerConfig::load(path)?,
         None => {
             let mut c = RunnerConfig::with_name(DEV_RUNNER);
@@ -222,11 +261,17 @@ pub async fn run(opts: DevOptions, shutdown: CancellationToken) -> anyhow::Resul
             c
         }
     };
+    if let Some((file, _)) = &signing {
+        runner_config.require_signed_approvals = vec!["*".into()];
+        runner_config.approvers_file = Some(file.clone());
+        runner_config.state_dir = opts.state_dir.join("runner-state");
+    }
     let stack = start(
         &opts.state_dir,
         &opts.listen,
         opts.packs_dir.clone(),
         vec![runner_config],
+        signing.as_ref().map(|(file, _)| file.clone()),
         shutdown,
     )
     .await?;
@@ -243,6 +288,27 @@ pub async fn run(opts: DevOptions, shutdown: CancellationToken) -> anyhow::Resul
         println!("  Runner:       {name} at {url}");
     }
     println!("  Database:     {}", stack.database_url);
+    if let Some((file, key)) = &signing {
+        let token = crate::server::tokens::issue(
+            stack.db(),
+            &AuditLog::start(stack.db().clone()),
+            DEV_APPROVER,
+            crate::server::tokens::Role::Approver,
+            std::time::Duration::from_secs(86_400),
+            "system:dev",
+        )
+        .await?;
+        println!(
+            "  Signed approvals: on (the runner checks people's signatures; {})",
+            file.display()
+        );
+        println!(
+            "  Approve with: emisar approvals approve ID --ssh-key {} --server {} --token {}",
+            key.display(),
+            stack.portal_url.trim_end_matches('/'),
+            token.token
+        );
+    }
     println!("  Written to:   {}", dev_json.display());
     println!("Stop with Ctrl-C.");
     stack.run_until_stopped().await

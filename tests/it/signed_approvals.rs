@@ -770,3 +770,58 @@ async fn a_request_no_one_could_sign_is_refused_before_anyone_is_asked() {
     );
     assert_eq!(restarts(&record), 0);
 }
+
+/// Our SSH signatures are OpenSSH's: `ssh-keygen -Y sign` signs a statement the runner's
+/// check accepts, and `ssh-keygen -Y verify` accepts the signatures `emisar` makes.
+#[test]
+fn ssh_signatures_interoperate_with_ssh_keygen_both_ways() {
+    let dir = tempfile::tempdir().unwrap();
+    let private = dir.path().join("id_ed25519");
+    key(4).write_openssh_file(&private, LineEnding::LF).unwrap();
+    let message = dir.path().join("statement");
+    let text = "emisar-approval/v1\napproval x\n";
+    std::fs::write(&message, text).unwrap();
+    let out = Command::new("ssh-keygen")
+        .args(["-Y", "sign", "-n", sshsig::APPROVAL_NAMESPACE, "-f"])
+        .arg(&private)
+        .arg(&message)
+        .output()
+        .expect("ssh-keygen runs (openssh-client)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let theirs = std::fs::read_to_string(dir.path().join("statement.sig")).unwrap();
+    let public = key(4).public_key().clone();
+    sshsig::verify(
+        &public,
+        sshsig::APPROVAL_NAMESPACE,
+        text.as_bytes(),
+        &theirs,
+    )
+    .unwrap();
+    assert!(sshsig::verify(&public, sshsig::APPROVAL_NAMESPACE, b"other", &theirs).is_err());
+
+    let ours = dir.path().join("ours.sig");
+    std::fs::write(&ours, sign(4, sshsig::APPROVAL_NAMESPACE, text)).unwrap();
+    let allowed = dir.path().join("allowed_signers");
+    std::fs::write(&allowed, format!("alice {}\n", pub_line(4))).unwrap();
+    let verify = |namespace: &str| {
+        Command::new("ssh-keygen")
+            .args(["-Y", "verify", "-I", "alice", "-n", namespace, "-f"])
+            .arg(&allowed)
+            .arg("-s")
+            .arg(&ours)
+            .stdin(std::fs::File::open(&message).unwrap())
+            .output()
+            .unwrap()
+    };
+    let good = verify(sshsig::APPROVAL_NAMESPACE);
+    assert!(
+        good.status.success(),
+        "{}",
+        String::from_utf8_lossy(&good.stderr)
+    );
+    assert!(!verify(sshsig::APPROVERS_NAMESPACE).status.success());
+}

@@ -2,6 +2,7 @@
 //! and answer, the signed call claims, the join token and the join and re-registration
 //! handshakes. Both sides import these types from here; neither side imports the other.
 
+pub mod approval;
 pub mod call;
 pub mod join;
 pub mod signing;

@@ -187,6 +187,8 @@ pub struct Options {
     pub join: Option<emisar::server::config::JoinConfig>,
     /// The server's `max_connections_per_address` (its default when none).
     pub max_connections_per_address: Option<usize>,
+    /// The server's `[webauthn]` (passkeys; derived from `public_url` when none).
+    pub webauthn: Option<emisar::server::config::WebauthnConfig>,
 }
 
 pub async fn fresh_db(backend: Backend, dir: &std::path::Path) -> (String, Option<PgTestDb>) {
@@ -307,6 +309,7 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
             .unwrap_or_else(|| emisar::server::config::JoinConfig {
                 allowed_networks: Some(vec!["127.0.0.0/8".into(), "::1".into()]),
             }),
+        webauthn: options.webauthn.clone().unwrap_or_default(),
         ..ServerConfig::with_signing_key(private_key.clone())
     };
     let config = match options.max_connections_per_address {

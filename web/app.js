@@ -514,15 +514,15 @@ async function viewApproval(id) {
   return section;
 }
 
-// The statement a signature covers: its lines (`key: value` after the version line) as
+// The statement a signature covers: its lines (`key value` after the version line) as
 // fields, and its SHA-256, which is the passkey's challenge.
 function statementBox(st) {
   const lines = String(st.text || '').split('\n').filter((l) => l !== '');
   const rows = [];
   for (const line of lines.slice(1)) {
-    const at = line.search(/[:=] ?/);
-    if (at > 0) rows.push(field(line.slice(0, at), el('span', { class: 'mono' }, line.slice(at + 1).trim())));
-    else rows.push(field('', el('span', { class: 'mono' }, line)));
+    const at = line.indexOf(' ');
+    if (at > 0) rows.push(field(line.slice(0, at), el('span', { class: 'mono' }, line.slice(at + 1))));
+    else rows.push(field(line, ''));
   }
   return el('div', { class: 'statement', id: 'statement' },
     el('h3', {}, 'What you sign'),
@@ -534,9 +534,9 @@ function statementBox(st) {
 
 function decisionForm(a) {
   const d = app.detail;
-  // An approval keeps no note (only a denial does), so the box says so.
+  // The server keeps the note with an approval as with a denial.
   const note = el('textarea', {
-    id: 'note', rows: 3, placeholder: 'Note (required to deny)',
+    id: 'note', rows: 3, placeholder: 'Note (kept with your decision; required to deny)',
     oninput: () => { d.note = note.value; },
   });
   note.value = d.note;

@@ -28,6 +28,7 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use super::approvals::{Gate, GateConfig};
 use super::engine::{self, Env};
 use super::seal::{SealKey, Sealed};
 use crate::node::config::RunnerConfig;
@@ -52,6 +53,8 @@ pub struct RunnerState {
     used_approvals: Mutex<HashMap<String, u64>>,
     /// Seals what previews capture, so an execution runs only with values this runner made.
     seal_key: SealKey,
+    /// People's signatures required before a write runs (`require_signed_approvals`).
+    gate: Gate,
     http: reqwest::Client,
 }
 
@@ -82,6 +85,12 @@ impl RunnerState {
         packs: PackSet,
     ) -> anyhow::Result<Arc<Self>> {
         config.check_services(&packs)?;
+        let gate = Gate::load(GateConfig {
+            require_signed_approvals: &config.require_signed_approvals,
+            approvers_file: config.approvers_file.as_deref(),
+            approvers_root_keys: &config.approvers_root_keys,
+            state_dir: &config.state_dir,
+        })?;
         let pem = server_public_key;
         let verifier = CallVerifier::from_pem(pem, &config.name)?;
         let http = reqwest::Client::builder()
@@ -97,6 +106,7 @@ impl RunnerState {
             seen: Mutex::new(HashMap::new()),
             used_approvals: Mutex::new(HashMap::new()),
             seal_key: SealKey::generate()?,
+            gate,
             http,
         }))
     }
@@ -212,6 +222,7 @@ async fn health(State(state): State<Arc<RunnerState>>, headers: HeaderMap) -> Re
         "name": state.config.name,
         "packs": packs,
         "allowlists": state.config.allowlists,
+        "approvals": state.gate.report(),
     }))
     .into_response()
 }
@@ -306,35 +317,8 @@ async fn call(
     if let Err(why) = check_preview_values(&state, tool, &claims, &request) {
         return refuse(StatusCode::FORBIDDEN, why);
     }
-    if tool.risk == Risk::High && request.mode == Mode::Execute {
-        match (
-            claims.approval_id.as_deref(),
-            claims.lowered_by_policy.as_deref(),
-        ) {
-            (Some(approval_id), _) => {
-                if let Err(why) = state.first_execution(approval_id) {
-                    return refuse(
-                        StatusCode::CONFLICT,
-                        format!("approval {approval_id}: {why}"),
-                    );
-                }
-            }
-            (None, Some(policy)) => {
-                // The server's policy says this tool runs without a human; the log names the
-                // policy, which the server's audit log holds as `policy.loaded`.
-                tracing::warn!(tool = %tool.name, call_id = %claims.call_id, policy_sha256 = %policy,
-                    "executing a risk:high tool without approval: the server's policy lowered it");
-            }
-            (None, None) => {
-                return refuse(
-                    StatusCode::FORBIDDEN,
-                    format!(
-                        "`{}` is risk:high: this runner executes it only under a human's approval or the server policy's lowering, and the call carries neither",
-                        tool.name
-                    ),
-                );
-            }
-        }
+    if let Err((status, why)) = check_high_risk(&state, tool, &claims, &request) {
+        return refuse(status, why);
     }
 
     tracing::info!(tool = %tool.name, call_id = %claims.call_id, approval_id = ?claims.approval_id, mode = ?request.mode, "executing");
@@ -383,6 +367,68 @@ async fn call(
         Err(error) => CallResponse::Failed { error, duration_ms },
     };
     Json(response).into_response()
+}
+
+/// An execution of a risk:high tool carries an approval id never executed here, or the
+/// policy's lowering; and where this runner requires people's signatures for the tool, the
+/// gate's check of them (which also decides whether a lowering may run here).
+fn check_high_risk(
+    state: &RunnerState,
+    tool: &Tool,
+    claims: &CallClaims,
+    request: &CallRequest,
+) -> Result<(), (StatusCode, String)> {
+    let forbidden = |why: String| (StatusCode::FORBIDDEN, why);
+    let reused = |approval_id: &str, why: &str| {
+        (
+            StatusCode::CONFLICT,
+            format!("approval {approval_id}: {why}"),
+        )
+    };
+    if tool.risk != Risk::High || request.mode != Mode::Execute {
+        return Ok(());
+    }
+    if state.gate.requires(&tool.name) {
+        // The gate records the approval id as executed, durably, once everything holds.
+        let signed = state
+            .gate
+            .check(&state.config.name, claims, request)
+            .map_err(|why| match why {
+                super::approvals::Refusal::Reused(why) => (StatusCode::CONFLICT, why),
+                super::approvals::Refusal::Forbidden(why) => forbidden(why),
+            })?;
+        match signed {
+            Some(signed) => {
+                let people: Vec<&str> = signed.iter().map(|s| s.person.as_str()).collect();
+                tracing::info!(tool = %tool.name, call_id = %claims.call_id, approval_id = ?claims.approval_id, signed_by = ?people,
+                    "executing a risk:high tool under people's signatures checked here");
+            }
+            None => {
+                tracing::warn!(tool = %tool.name, call_id = %claims.call_id, policy_sha256 = ?claims.lowered_by_policy,
+                    "executing a risk:high tool without approval: the server's policy lowered it and this runner's approvers file allows it unapproved");
+            }
+        }
+        return Ok(());
+    }
+    match (
+        claims.approval_id.as_deref(),
+        claims.lowered_by_policy.as_deref(),
+    ) {
+        (Some(approval_id), _) => state
+            .first_execution(approval_id)
+            .map_err(|why| reused(approval_id, why)),
+        (None, Some(policy)) => {
+            // The server's policy says this tool runs without a human; the log names the
+            // policy, which the server's audit log holds as `policy.loaded`.
+            tracing::warn!(tool = %tool.name, call_id = %claims.call_id, policy_sha256 = %policy,
+                "executing a risk:high tool without approval: the server's policy lowered it");
+            Ok(())
+        }
+        (None, None) => Err(forbidden(format!(
+            "`{}` is risk:high: this runner executes it only under a human's approval or the server policy's lowering, and the call carries neither",
+            tool.name
+        ))),
+    }
 }
 
 /// The preview values an execution brings must be ones the tool's preview captures, never

@@ -80,6 +80,20 @@ pub struct RunnerConfig {
     /// not here is empty: every value is refused.
     #[serde(default)]
     pub allowlists: BTreeMap<String, Vec<String>>,
+    /// Tools (patterns, `*` for any run of characters; `["*"]` for every risk:high tool) whose
+    /// executions run here only with people's signatures, checked by this runner against its
+    /// approvers file: a compromised server cannot make it run one. Empty: off.
+    #[serde(default)]
+    pub require_signed_approvals: Vec<String>,
+    /// The approvers file this runner trusts as deployed (people, their SSH keys and passkeys,
+    /// and per tool how many must sign): `emisar approvers add|remove|show` write it.
+    #[serde(default)]
+    pub approvers_file: Option<PathBuf>,
+    /// Organisation root keys (`ssh-ed25519 AAAA… comment`): without `approvers_file`, an
+    /// approvers file the server carries counts only when one of these signed it (`emisar
+    /// approvers sign`), and never one older (by `serial`) than one accepted before.
+    #[serde(default)]
+    pub approvers_root_keys: Vec<String>,
 }
 
 #[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
@@ -176,6 +190,9 @@ impl RunnerConfig {
             services: BTreeMap::new(),
             programs: BTreeMap::new(),
             allowlists: BTreeMap::new(),
+            require_signed_approvals: Vec::new(),
+            approvers_file: None,
+            approvers_root_keys: Vec::new(),
         };
         c.fill_standard_services();
         c

@@ -4,11 +4,13 @@
 //! `agent` is the runner's HTTP server (verifies, re-validates and executes signed calls);
 //! `engine` runs a tool's steps; `exec` and `http_action` are the two kinds of action, and
 //! only `exec` spawns processes; `seal` is the runner's own seal on what its previews
-//! captured; `join` is the runner's side of joining a server, `credential` keeps what joining
+//! captured; `approvals` checks people's signatures on a write before it runs
+//! (`require_signed_approvals`); `join` is the runner's side of joining a server, `credential` keeps what joining
 //! earned it, so it re-registers after a restart, and `tls` is the runner's TLS identity
 //! (configured, or self-signed and kept in `state_dir`).
 
 pub mod agent;
+mod approvals;
 pub mod config;
 pub mod credential;
 pub(crate) mod engine;

@@ -55,6 +55,7 @@ impl Sealed<'_> {
             preview: None,
             preview_seal: None,
             raw: false,
+            approval: None,
         }
         .digest();
         canonical_json(&json!({

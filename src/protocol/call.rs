@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::digest::json_digest;
+use crate::protocol::approval::ApprovalProof;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -35,6 +36,10 @@ pub struct CallRequest {
     /// Return the unshaped result instead of the pack's output program.
     #[serde(default)]
     pub raw: bool,
+    /// The people's signatures an approved execution carries (see
+    /// [`crate::protocol::approval`]); a runner with `require_signed_approvals` checks them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<ApprovalProof>,
 }
 
 impl CallRequest {

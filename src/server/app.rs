@@ -109,6 +109,16 @@ impl Application {
             audit_key,
             approvals,
         )?;
+        if let Some(file) = &config.approvers_file {
+            gateway.set_approvers(crate::server::gateway::ServerApprovers::load(
+                file,
+                config.approvers_signature_file.as_deref(),
+            )?);
+        } else if config.approvers_signature_file.is_some() {
+            anyhow::bail!(
+                "approvers_signature_file is set without approvers_file: set both, or neither"
+            );
+        }
         if !config.webhooks.is_empty() {
             gateway.set_notifier(
                 Notifier::start(config.webhooks.clone(), shutdown.clone()),

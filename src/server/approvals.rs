@@ -29,6 +29,7 @@ use serde_json::{Map, Value, json};
 use sqlx::{AssertSqlSafe, Row};
 use tokio::sync::broadcast;
 
+use crate::protocol::approval::{Signature, Signed};
 use crate::server::audit::{AuditError, AuditLog, NewEvent, format_at};
 use crate::server::db::{Db, Pool};
 use crate::with_pool;
@@ -104,10 +105,20 @@ impl State {
 }
 
 /// One human's yes.
-#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, serde::Deserialize)]
 pub struct Vote {
     pub user: String,
     pub at: String,
+    /// Why they said yes, when they said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    /// Their signature over the request's statement, when the request is signed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<Signature>,
+    /// What the server found when it verified the signature: the person of the approvers
+    /// file, the key id, the algorithm and the statement's hash.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signed: Option<Signed>,
 }
 
 /// An approval request, as stored.
@@ -153,6 +164,10 @@ pub struct Approval {
     pub state: State,
     /// The denial note, or why execution failed.
     pub note: Option<String>,
+    /// The statement people sign (`crate::protocol::approval::Statement`'s text), when the
+    /// request's runners check people's signatures; shown by the API with its hash.
+    #[serde(skip)]
+    pub statement: Option<String>,
     /// The actor whose decision settled the request.
     pub decided_by: Option<String>,
     /// The call's outcome (per-runner results) once executed.
@@ -250,8 +265,27 @@ pub enum Due {
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Verdict {
-    Approve,
-    Deny { note: String },
+    Approve {
+        note: Option<String>,
+        /// The person's signature over the request's statement, as they sent it.
+        signature: Option<Signature>,
+        /// The server's verification of `signature` (set by the gateway, never by a client).
+        signed: Option<Signed>,
+    },
+    Deny {
+        note: String,
+    },
+}
+
+impl Verdict {
+    /// A plain yes: no note, no signature.
+    pub fn approve() -> Verdict {
+        Verdict::Approve {
+            note: None,
+            signature: None,
+            signed: None,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -355,11 +389,44 @@ pub fn decide(
                 events: vec![event],
             })
         }
-        Verdict::Approve => {
+        Verdict::Approve {
+            note,
+            signature,
+            signed,
+        } => {
             if row.votes.iter().any(|v| v.user == who.name) {
                 return Err(ApprovalError::Refused(
                     "you approved this already: another approver must add theirs".into(),
                 ));
+            }
+            match (&row.statement, signature, signed) {
+                (None, None, _) | (Some(_), Some(_), Some(_)) => {}
+                (Some(_), None, _) => {
+                    return Err(ApprovalError::Refused(
+                        "`signature`: this request's runners run it only with people's signatures: sign its statement (`emisar approvals approve ID` signs with your SSH key; the portal, with your passkey)".into(),
+                    ));
+                }
+                (None, Some(_), _) => {
+                    return Err(ApprovalError::Refused(
+                        "`signature`: this request has no statement to sign (its runners do not check signatures); approve it without one".into(),
+                    ));
+                }
+                (Some(_), Some(_), None) => {
+                    return Err(ApprovalError::Refused(
+                        "`signature`: not verified by the server".into(),
+                    ));
+                }
+            }
+            if let Some(s) = signed
+                && let Some(v) = row
+                    .votes
+                    .iter()
+                    .find(|v| v.signed.as_ref().is_some_and(|o| o.person == s.person))
+            {
+                return Err(ApprovalError::Refused(format!(
+                    "`signature`: `{}` of the approvers file signed this already (as `{}`): one person counts once, whatever the sign-in",
+                    s.person, v.user
+                )));
             }
             // One human may hold a local user and a provider identity (`alice` and
             // `person:alice@corp`), and nothing links the two: the votes of one request must
@@ -379,16 +446,32 @@ pub fn decide(
             next.votes.push(Vote {
                 user: who.name.clone(),
                 at,
+                note: note.clone(),
+                signature: signature.clone(),
+                signed: signed.clone(),
             });
             let votes = next.votes.len() as u32;
             if votes >= row.required_approvals {
                 next.state = State::Approved;
                 next.decided_by = Some(who.actor.clone());
             }
+            let mut detail =
+                json!({"votes": votes, "required": row.required_approvals, "state": next.state});
+            if let Some(note) = note {
+                detail["note"] = json!(note);
+            }
+            // Everything an auditor needs to verify the signature again, offline.
+            if let (Some(statement), Some(signature), Some(signed)) =
+                (&row.statement, signature, signed)
+            {
+                detail["statement"] = json!(statement);
+                detail["signature"] = json!(signature);
+                detail["signed"] = json!(signed);
+            }
             let event = row.event(
                 &who.actor,
                 crate::server::audit::kind::APPROVAL_APPROVED,
-                json!({"votes": votes, "required": row.required_approvals, "state": next.state}),
+                detail,
             );
             Ok(Change {
                 row: next,
@@ -450,10 +533,10 @@ pub struct Approvals {
 /// 33-37 ms with four against 28-31 ms with ten).
 const TRANSITION_SLOTS: usize = 10;
 
-const PG_COLUMNS: &str = "id, call_id, tool, risk, args::text AS args, shown_args::text AS shown_args, runners::text AS runners, runner_chosen, raw, reason, requester, requester_name, on_behalf_of, pack_sha256, preview::text AS preview, required_approvals, approvals::text AS approvals, state, note, decided_by, result::text AS result, to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS created_at, to_char(expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS expires_at, to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS updated_at";
-const INSERT: &str = "INSERT INTO approvals (id, call_id, tool, risk, args, shown_args, runners, runner_chosen, raw, reason, requester, requester_name, pack_sha256, preview, required_approvals, approvals, state, note, decided_by, result, created_at, expires_at, updated_at, on_behalf_of) VALUES ($1,$2,$3,$4,$5::jsonb,$6::jsonb,$7::jsonb,$8,$9,$10,$11,$12,$13,$14::jsonb,$15,$16::jsonb,$17,$18,$19,$20::jsonb,$21::timestamptz,$22::timestamptz,$23::timestamptz,$24)";
+const PG_COLUMNS: &str = "id, call_id, tool, risk, args::text AS args, shown_args::text AS shown_args, runners::text AS runners, runner_chosen, raw, reason, requester, requester_name, on_behalf_of, pack_sha256, preview::text AS preview, required_approvals, approvals::text AS approvals, state, note, decided_by, result::text AS result, to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS created_at, to_char(expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS expires_at, to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS updated_at, statement";
+const INSERT: &str = "INSERT INTO approvals (id, call_id, tool, risk, args, shown_args, runners, runner_chosen, raw, reason, requester, requester_name, pack_sha256, preview, required_approvals, approvals, state, note, decided_by, result, created_at, expires_at, updated_at, on_behalf_of, statement) VALUES ($1,$2,$3,$4,$5::jsonb,$6::jsonb,$7::jsonb,$8,$9,$10,$11,$12,$13,$14::jsonb,$15,$16::jsonb,$17,$18,$19,$20::jsonb,$21::timestamptz,$22::timestamptz,$23::timestamptz,$24,$25)";
 const UPDATE: &str = "UPDATE approvals SET state = $2, approvals = $3::jsonb, note = $4, decided_by = $5, result = $6::jsonb, updated_at = $7::timestamptz WHERE id = $1";
-const SQLITE_COLUMNS: &str = "id, call_id, tool, risk, args, shown_args, runners, runner_chosen, raw, reason, requester, requester_name, on_behalf_of, pack_sha256, preview, required_approvals, approvals, state, note, decided_by, result, created_at, expires_at, updated_at";
+const SQLITE_COLUMNS: &str = "id, call_id, tool, risk, args, shown_args, runners, runner_chosen, raw, reason, requester, requester_name, on_behalf_of, pack_sha256, preview, required_approvals, approvals, state, note, decided_by, result, created_at, expires_at, updated_at, statement";
 
 fn from_row<R>(row: &R) -> Result<Approval, sqlx::Error>
 where
@@ -499,6 +582,7 @@ where
             source: e.into(),
         })?,
         note: row.try_get("note")?,
+        statement: row.try_get("statement")?,
         decided_by: row.try_get("decided_by")?,
         result: opt_json("result")?,
         created_at: row.try_get("created_at")?,
@@ -579,6 +663,7 @@ impl Approvals {
                     .bind(&a.expires_at)
                     .bind(&a.updated_at)
                     .bind(&a.on_behalf_of)
+                    .bind(&a.statement)
             };
         }
         self.db
@@ -933,6 +1018,7 @@ mod tests {
             votes: vec![],
             state: State::Pending,
             note: None,
+            statement: None,
             decided_by: None,
             result: None,
             created_at: "2026-11-30T10:00:00.000000Z".into(),
@@ -965,32 +1051,32 @@ mod tests {
             may_approve: true,
         };
         // A local user, then the same human's provider identity: refused.
-        let once = decide(&r, &who("alice"), &Verdict::Approve, now)
+        let once = decide(&r, &who("alice"), &Verdict::approve(), now)
             .unwrap()
             .row;
-        let err = decide(&once, &person("alice@corp"), &Verdict::Approve, now)
+        let err = decide(&once, &person("alice@corp"), &Verdict::approve(), now)
             .err()
             .unwrap()
             .to_string();
         assert!(err.contains("one kind of sign-in"), "{err}");
         // The other way round too.
-        let once = decide(&r, &person("alice@corp"), &Verdict::Approve, now)
+        let once = decide(&r, &person("alice@corp"), &Verdict::approve(), now)
             .unwrap()
             .row;
-        let err = decide(&once, &who("alice"), &Verdict::Approve, now)
+        let err = decide(&once, &who("alice"), &Verdict::approve(), now)
             .err()
             .unwrap()
             .to_string();
         assert!(err.contains("one kind of sign-in"), "{err}");
         // Two of one kind count; a denial is never refused for the kind.
-        let twice = decide(&once, &person("bob@corp"), &Verdict::Approve, now).unwrap();
+        let twice = decide(&once, &person("bob@corp"), &Verdict::approve(), now).unwrap();
         assert_eq!(twice.row.state, State::Approved);
         let deny = Verdict::Deny { note: "no".into() };
         assert!(decide(&once, &who("carol"), &deny, now).is_ok());
-        let once = decide(&r, &who("alice"), &Verdict::Approve, now)
+        let once = decide(&r, &who("alice"), &Verdict::approve(), now)
             .unwrap()
             .row;
-        let twice = decide(&once, &who("bob"), &Verdict::Approve, now).unwrap();
+        let twice = decide(&once, &who("bob"), &Verdict::approve(), now).unwrap();
         assert_eq!(twice.row.state, State::Approved);
     }
 
@@ -1021,7 +1107,7 @@ mod tests {
                 "approve",
                 row(),
                 who("alice"),
-                Verdict::Approve,
+                Verdict::approve(),
                 now,
                 Ok(State::Approved),
             ),
@@ -1045,7 +1131,7 @@ mod tests {
                 "self approval",
                 row(),
                 who("bot"),
-                Verdict::Approve,
+                Verdict::approve(),
                 now,
                 Err("yourself"),
             ),
@@ -1061,7 +1147,7 @@ mod tests {
                 "approval by the person the agent acted for",
                 row(),
                 who("person:dana"),
-                Verdict::Approve,
+                Verdict::approve(),
                 now,
                 Err("on your behalf"),
             ),
@@ -1077,7 +1163,7 @@ mod tests {
                 "expired",
                 row(),
                 who("alice"),
-                Verdict::Approve,
+                Verdict::approve(),
                 late,
                 Err("expired"),
             ),
@@ -1085,7 +1171,7 @@ mod tests {
                 "role may not",
                 row(),
                 cannot,
-                Verdict::Approve,
+                Verdict::approve(),
                 now,
                 Err("may not decide"),
             ),
@@ -1093,7 +1179,7 @@ mod tests {
                 "first of two",
                 two.clone(),
                 who("alice"),
-                Verdict::Approve,
+                Verdict::approve(),
                 now,
                 Ok(State::Pending),
             ),
@@ -1104,7 +1190,7 @@ mod tests {
                     ..row()
                 },
                 who("alice"),
-                Verdict::Approve,
+                Verdict::approve(),
                 now,
                 Err("approved, not pending"),
             ),
@@ -1114,11 +1200,12 @@ mod tests {
                     votes: vec![Vote {
                         user: "alice".into(),
                         at: "x".into(),
+                        ..Default::default()
                     }],
                     ..two.clone()
                 },
                 who("alice"),
-                Verdict::Approve,
+                Verdict::approve(),
                 now,
                 Err("already"),
             ),
@@ -1128,11 +1215,12 @@ mod tests {
                     votes: vec![Vote {
                         user: "alice".into(),
                         at: "x".into(),
+                        ..Default::default()
                     }],
                     ..two
                 },
                 who("bob"),
-                Verdict::Approve,
+                Verdict::approve(),
                 now,
                 Ok(State::Approved),
             ),

@@ -123,6 +123,17 @@ pub struct ServerConfig {
     /// relying party is derived from `public_url`.
     #[serde(default)]
     pub webauthn: WebauthnConfig,
+    /// The approvers file the runners trust (`emisar approvers`): with it, every approval
+    /// request is signed by people (`emisar approvals approve` with an SSH key, or a passkey in
+    /// the portal), the server verifies each signature as it comes, asks for as many people as
+    /// the file's rule for the tool needs, and refuses a request no one could satisfy.
+    #[serde(default)]
+    pub approvers_file: Option<PathBuf>,
+    /// The organisation root key's signature over `approvers_file` (`emisar approvers sign`):
+    /// the server carries the file and this signature to runners that trust only
+    /// `approvers_root_keys`.
+    #[serde(default)]
+    pub approvers_signature_file: Option<PathBuf>,
 }
 
 /// `[webauthn]`: the relying party passkeys are registered for and approvals are signed
@@ -256,6 +267,8 @@ impl ServerConfig {
             max_pending_per_agent: default_max_pending(),
             join: JoinConfig::default(),
             webauthn: WebauthnConfig::default(),
+            approvers_file: None,
+            approvers_signature_file: None,
         }
     }
 

@@ -547,6 +547,7 @@ async fn approvals_refuse_what_they_should(backend: Backend) {
         preview: None,
         preview_seal: None,
         raw: false,
+        approval: None,
     };
     let claims = |aud: &str, req: &CallRequest, approval: Option<&str>| {
         let t = now();

@@ -93,6 +93,7 @@ async fn a_policy_lowered_write_runs_over_mcp(backend: Backend) {
         preview: None,
         preview_seal: None,
         raw: false,
+        approval: None,
     };
     let signed = |lowered_by_policy: Option<String>| Signed {
         call_id: uuid::Uuid::new_v4().to_string(),

@@ -1417,6 +1417,7 @@ async fn runner(app: &TestApp, report: &mut Report, exec_log: &Path) {
         preview: None,
         preview_seal: None,
         raw: false,
+        approval: None,
     };
     let claims_for = |req: &CallRequest| {
         let t = now();

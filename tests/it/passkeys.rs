@@ -194,7 +194,7 @@ async fn a_passkey_registers_and_its_stored_key_verifies_assertions(backend: Bac
     // The key as stored verifies what the authenticator signs, as a runner would check it.
     let key = PasskeyPublic {
         credential_id: authenticator.credential_id.clone(),
-        alg: webauthn::CoseAlg::Es256,
+        alg: webauthn::CoseAlg::ES256,
         public_key: STANDARD
             .decode(list["passkeys"][0]["public_key"].as_str().unwrap())
             .unwrap(),

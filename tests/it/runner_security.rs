@@ -38,6 +38,7 @@ impl Fixture {
                 preview: None,
                 preview_seal: None,
                 raw: false,
+                approval: None,
             }
             .digest(),
             pack_sha256: self.pack_sha256.clone(),

@@ -1,4 +1,266 @@
-//! Signed approvals: what a person signs and how a signature is checked, shared by the server
-//! and the runner; pure, no IO.
+//! Approvals signed by people, checked on the node: the statement a person signs
+//! (`statement.rs`), the two ways they sign it (an OpenSSH key, `sshsig.rs`; a passkey,
+//! `webauthn.rs`), the approvers file a runner trusts (`approvers.rs`), and here the signature
+//! as it travels and the one check of a quorum, which the server (when a person approves), the
+//! runner (before a write runs) and `emisar audit verify-approvals` (offline) all use.
 
+pub mod approvers;
+pub mod sshsig;
+pub mod statement;
 pub mod webauthn;
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use serde::{Deserialize, Serialize};
+
+pub use approvers::{Approvers, ApproversError, SignedApprovers};
+pub use statement::{Statement, StatementError};
+
+/// The most signatures one call may carry.
+pub const MAX_SIGNATURES: usize = 32;
+
+/// One person's signature over a statement's text, as the portal, the CLI, the store, the
+/// audit log and the call carry it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Signature {
+    /// `ssh-keygen -Y sign -n emisar-approval` over the statement's text (armored SSHSIG).
+    Ssh {
+        /// Who the portal or the CLI says signed (the node names people by key, not by this).
+        signer: String,
+        signature: String,
+    },
+    /// A passkey's assertion whose challenge is the statement's SHA-256 (fields base64url).
+    Webauthn {
+        signer: String,
+        credential_id: String,
+        authenticator_data: String,
+        client_data_json: String,
+        signature: String,
+    },
+}
+
+impl Signature {
+    pub fn signer(&self) -> &str {
+        match self {
+            Signature::Ssh { signer, .. } | Signature::Webauthn { signer, .. } => signer,
+        }
+    }
+}
+
+/// What the execution of a signed approval carries to the runner, inside the signed request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalProof {
+    /// The statement's text as it was when people signed it (the runner compares it with its
+    /// own rebuild and verifies the signatures over the rebuild).
+    pub statement: String,
+    pub signatures: Vec<Signature>,
+    /// The approvers file, when the server carries one signed by the organisation's root key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approvers: Option<SignedApprovers>,
+}
+
+/// What a runner tells the server of its signed approvals in its `/healthz` details, so the
+/// server refuses to ask for an approval the runner would never accept, and says why.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunnerApprovals {
+    /// `require_signed_approvals`: the tools whose writes need people's signatures there.
+    #[serde(default)]
+    pub require_signed: Vec<String>,
+    /// Hex SHA-256 of the runner's own approvers file, if it has one.
+    #[serde(default)]
+    pub approvers_sha256: Option<String>,
+    /// The key ids of its `approvers_root_keys`.
+    #[serde(default)]
+    pub root_keys: Vec<String>,
+}
+
+impl RunnerApprovals {
+    /// Whether writes of `tool` need signatures on this runner.
+    pub fn requires(&self, tool: &str) -> bool {
+        self.require_signed
+            .iter()
+            .any(|p| glob::Pattern::new(p).is_ok_and(|p| p.matches(tool)))
+    }
+}
+
+/// A signature that verified: which person of the approvers file made it, with which key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Signed {
+    /// The person's name in the approvers file.
+    pub person: String,
+    /// `SHA256:…` of an SSH key, or `passkey:<credential id>`.
+    pub key_id: String,
+    /// `ssh-ed25519`, `webauthn-es256` or `webauthn-eddsa`.
+    pub alg: String,
+    /// Hex SHA-256 of the statement signed.
+    pub statement_sha256: String,
+}
+
+/// Verifies one signature over `text` and names the person of `approvers` who made it.
+pub fn verify_signature(
+    approvers: &Approvers,
+    text: &str,
+    signature: &Signature,
+) -> Result<Signed, String> {
+    let hash = statement::hash_text(text);
+    let statement_sha256 = hex::encode(hash);
+    match signature {
+        Signature::Ssh { signature, .. } => {
+            let key = sshsig::signer_key(signature).map_err(|e| e.to_string())?;
+            let person = approvers.person_of_ssh(&key).ok_or_else(|| {
+                format!(
+                    "the key {} is not in the approvers file (sha256:{})",
+                    sshsig::key_id(&key),
+                    approvers.sha256
+                )
+            })?;
+            sshsig::verify(&key, sshsig::APPROVAL_NAMESPACE, text.as_bytes(), signature)
+                .map_err(|e| e.to_string())?;
+            Ok(Signed {
+                person: person.name.clone(),
+                key_id: sshsig::key_id(&key),
+                alg: "ssh-ed25519".into(),
+                statement_sha256,
+            })
+        }
+        Signature::Webauthn {
+            credential_id,
+            authenticator_data,
+            client_data_json,
+            signature,
+            ..
+        } => {
+            let field = |name: &'static str, v: &str| {
+                URL_SAFE_NO_PAD
+                    .decode(v.as_bytes())
+                    .map_err(|_| format!("`signature.{name}` must be base64url without padding"))
+            };
+            let assertion = webauthn::Assertion {
+                credential_id: field("credential_id", credential_id)?,
+                authenticator_data: field("authenticator_data", authenticator_data)?,
+                client_data_json: field("client_data_json", client_data_json)?,
+                signature: field("signature", signature)?,
+            };
+            let (person, key) = approvers
+                .person_of_passkey(&assertion.credential_id)
+                .ok_or_else(|| {
+                    format!(
+                        "the passkey {credential_id} is not in the approvers file (sha256:{})",
+                        approvers.sha256
+                    )
+                })?;
+            let rp = approvers
+                .rp
+                .as_ref()
+                .ok_or("the approvers file has no [webauthn] section")?;
+            webauthn::verify_assertion(rp, key, &hash, &assertion).map_err(|e| e.to_string())?;
+            Ok(Signed {
+                person: person.name.clone(),
+                key_id: format!("passkey:{credential_id}"),
+                alg: match key.alg {
+                    webauthn::CoseAlg::ES256 => "webauthn-es256".into(),
+                    webauthn::CoseAlg::EdDSA => "webauthn-eddsa".into(),
+                },
+                statement_sha256,
+            })
+        }
+    }
+}
+
+/// The node's decision on a signed approval of `tool`: every signature verifies over `text`
+/// and belongs to a person of `approvers`, no person counts twice (two keys of one person are
+/// one person), and the people number at least the file's rule for `tool`. The statement's
+/// expiry and the approval id's single use are the caller's (it has the clock and the memory).
+pub fn verify_quorum(
+    approvers: &Approvers,
+    tool: &str,
+    text: &str,
+    signatures: &[Signature],
+) -> Result<Vec<Signed>, String> {
+    let rule = approvers.rule(tool).ok_or_else(|| {
+        format!(
+            "no rule of the approvers file (sha256:{}) covers `{tool}`",
+            approvers.sha256
+        )
+    })?;
+    if signatures.len() > MAX_SIGNATURES {
+        return Err(format!("more than {MAX_SIGNATURES} signatures"));
+    }
+    let mut signed: Vec<Signed> = Vec::new();
+    for (i, s) in signatures.iter().enumerate() {
+        let one =
+            verify_signature(approvers, text, s).map_err(|e| format!("signature {i}: {e}"))?;
+        if signed.iter().any(|o| o.person == one.person) {
+            return Err(format!(
+                "signature {i}: `{}` signed already: two signatures by one person count once",
+                one.person
+            ));
+        }
+        signed.push(one);
+    }
+    if (signed.len() as u32) < rule.approvals {
+        return Err(format!(
+            "`{tool}` needs {} people's signatures under the approvers file (sha256:{}), and the call carries {}",
+            rule.approvals,
+            approvers.sha256,
+            signed.len()
+        ));
+    }
+    Ok(signed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::approvers::tests::file_with;
+    use super::sshsig::tests::{sign, test_key};
+    use super::*;
+
+    fn ssh(seed: u8, text: &str) -> Signature {
+        Signature::Ssh {
+            signer: format!("p{seed}"),
+            signature: sign(&test_key(seed), sshsig::APPROVAL_NAMESPACE, text.as_bytes()),
+        }
+    }
+
+    fn two_needed() -> Approvers {
+        let mut text = file_with(
+            &[("alice", 1), ("bob", 2)],
+            "[[rule]]\ntools = \"*\"\napprovals = 2\n",
+        );
+        // A second key of alice's.
+        let second = test_key(3).public_key().to_openssh().unwrap();
+        text = text.replacen("\"]\n", &format!("\", \"{second}\"]\n"), 1);
+        Approvers::parse(&text).unwrap()
+    }
+
+    #[test]
+    fn two_people_meet_a_quorum_of_two() {
+        let a = two_needed();
+        let signed = verify_quorum(&a, "t.x", "s", &[ssh(1, "s"), ssh(2, "s")]).unwrap();
+        assert_eq!(signed[0].person, "alice");
+        assert_eq!(signed[1].person, "bob");
+        assert!(signed[0].key_id.starts_with("SHA256:"));
+    }
+
+    #[test]
+    fn one_person_with_two_keys_counts_once() {
+        let a = two_needed();
+        let e = verify_quorum(&a, "t.x", "s", &[ssh(1, "s"), ssh(3, "s")]).unwrap_err();
+        assert!(e.contains("count once"), "{e}");
+    }
+
+    #[test]
+    fn too_few_other_text_or_unknown_keys_are_refused() {
+        let a = two_needed();
+        assert!(
+            verify_quorum(&a, "t.x", "s", &[ssh(1, "s")])
+                .unwrap_err()
+                .contains("needs 2")
+        );
+        assert!(verify_quorum(&a, "t.x", "s", &[ssh(1, "s"), ssh(2, "other")]).is_err());
+        let e = verify_quorum(&a, "t.x", "s", &[ssh(1, "s"), ssh(7, "s")]).unwrap_err();
+        assert!(e.contains("not in the approvers file"), "{e}");
+    }
+}

@@ -35,35 +35,33 @@ use sha2::{Digest, Sha256};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum CoseAlg {
     /// ECDSA over P-256 with SHA-256 (COSE -7): what almost every passkey uses.
-    #[serde(rename = "ES256")]
-    Es256,
+    ES256,
     /// Ed25519 (COSE -8).
-    #[serde(rename = "EdDSA")]
-    EdDsa,
+    EdDSA,
 }
 
 impl CoseAlg {
     /// The COSE algorithm number (`pubKeyCredParams[].alg`).
     pub fn cose(self) -> i64 {
         match self {
-            CoseAlg::Es256 => -7,
-            CoseAlg::EdDsa => -8,
+            CoseAlg::ES256 => -7,
+            CoseAlg::EdDSA => -8,
         }
     }
 
     /// The name in approvers files and the API: `ES256` or `EdDSA`.
     pub fn as_str(self) -> &'static str {
         match self {
-            CoseAlg::Es256 => "ES256",
-            CoseAlg::EdDsa => "EdDSA",
+            CoseAlg::ES256 => "ES256",
+            CoseAlg::EdDSA => "EdDSA",
         }
     }
 
     /// The algorithm a name stands for (`ES256`, `EdDSA`).
     pub fn parse(name: &str) -> Option<CoseAlg> {
         match name {
-            "ES256" => Some(CoseAlg::Es256),
-            "EdDSA" => Some(CoseAlg::EdDsa),
+            "ES256" => Some(CoseAlg::ES256),
+            "EdDSA" => Some(CoseAlg::EdDSA),
             _ => None,
         }
     }
@@ -377,14 +375,14 @@ fn cose_to_spki(cose: &[u8]) -> Result<(CoseAlg, Vec<u8>), WebauthnError> {
             .map_err(|_| bad("the point is not on P-256"))?;
             let der = aws_lc_rs::encoding::AsDer::as_der(&key)
                 .map_err(|_| bad("the point is not on P-256"))?;
-            Ok((CoseAlg::Es256, der.as_ref().to_vec()))
+            Ok((CoseAlg::ES256, der.as_ref().to_vec()))
         }
         (Some(1), Some(-8), Some(6)) => {
             let key = ed25519_dalek::VerifyingKey::from_bytes(&coordinate(-2)?)
                 .map_err(|_| bad("x is not an Ed25519 point"))?;
             let der = ed25519_dalek::pkcs8::EncodePublicKey::to_public_key_der(&key)
                 .map_err(|_| bad("x is not an Ed25519 point"))?;
-            Ok((CoseAlg::EdDsa, der.as_bytes().to_vec()))
+            Ok((CoseAlg::EdDSA, der.as_bytes().to_vec()))
         }
         _ => Err(bad(
             "(kty, alg, crv) must be (2, -7, 1) for ES256 or (1, -8, 6) for EdDSA",
@@ -401,7 +399,7 @@ fn verify_signature(
 ) -> Result<(), WebauthnError> {
     let alg = key.alg;
     match alg {
-        CoseAlg::Es256 => {
+        CoseAlg::ES256 => {
             // The verifier hashes `signed` with SHA-256 itself (ES256).
             let public = aws_lc_rs::signature::ParsedPublicKey::new(
                 &aws_lc_rs::signature::ECDSA_P256_SHA256_ASN1,
@@ -412,7 +410,7 @@ fn verify_signature(
                 .verify_sig(signed, signature)
                 .map_err(|_| WebauthnError::Signature { alg })
         }
-        CoseAlg::EdDsa => {
+        CoseAlg::EdDSA => {
             let public = <ed25519_dalek::VerifyingKey as ed25519_dalek::pkcs8::DecodePublicKey>::from_public_key_der(
                 &key.public_key,
             )

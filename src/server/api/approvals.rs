@@ -17,7 +17,7 @@ use crate::server::approvals::{State as ApprovalState, Verdict};
 use crate::server::http_state::HttpState;
 use crate::server::tokens::Principal;
 
-/// The longest denial note, in characters.
+/// The longest note, in characters.
 const MAX_NOTE_CHARS: usize = 2000;
 
 /// An approval as people see it: the request plus its tool's description.
@@ -31,6 +31,20 @@ fn view(state: &HttpState, a: &crate::server::approvals::Approval) -> Value {
     v["tool_description"] = json!(description);
     // The values each runner's execution will use, which people approve along with the args.
     v["execution_vars"] = json!(a.execution_vars());
+    // What people sign, when the request's runners check signatures: the text, its SHA-256
+    // (what the portal shows) and the WebAuthn challenge (the same hash, base64url).
+    v["statement"] = match &a.statement {
+        Some(text) => {
+            use base64::Engine;
+            let hash = crate::protocol::approval::statement::hash_text(text);
+            json!({
+                "text": text,
+                "sha256": hex::encode(hash),
+                "challenge": base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(hash),
+            })
+        }
+        None => Value::Null,
+    };
     v
 }
 
@@ -100,9 +114,12 @@ pub async fn show(State(state): State<HttpState>, Path(id): Path<String>) -> Res
 pub struct Decision {
     #[serde(default)]
     note: Option<String>,
+    /// The person's signature over the request's statement (approve only).
+    #[serde(default)]
+    signature: Option<crate::protocol::approval::Signature>,
 }
 
-/// Which button the person pressed; the note only matters for a denial.
+/// Which button the person pressed; a denial needs a note, an approval may keep one.
 #[derive(Clone, Copy)]
 enum Choice {
     Approve,
@@ -116,8 +133,8 @@ async fn decide(
     body: Result<Json<Decision>, axum::extract::rejection::JsonRejection>,
     choice: Choice,
 ) -> Response {
-    let note = match body {
-        Ok(Json(d)) => d.note.unwrap_or_default(),
+    let (note, signature) = match body {
+        Ok(Json(d)) => (d.note.unwrap_or_default(), d.signature),
         Err(e) => {
             return ApiError::bad_request(format!("invalid decision: {}", e.body_text()))
                 .into_response();
@@ -130,7 +147,15 @@ async fn decide(
         return ApiError::bad_request(e).into_response();
     }
     let verdict = match choice {
-        Choice::Approve => Verdict::Approve,
+        Choice::Approve => Verdict::Approve {
+            note: (!note.trim().is_empty()).then_some(note),
+            signature,
+            signed: None,
+        },
+        Choice::Deny if signature.is_some() => {
+            return ApiError::bad_request("`signature`: a denial is not signed; send only a note")
+                .into_response();
+        }
         Choice::Deny => Verdict::Deny { note },
     };
     match state.gateway.decide(&who, &id, verdict).await {

@@ -113,8 +113,8 @@ pub async fn register_start(
         },
         "challenge": URL_SAFE_NO_PAD.encode(challenge),
         "pubKeyCredParams": [
-            {"type": "public-key", "alg": CoseAlg::Es256.cose()},
-            {"type": "public-key", "alg": CoseAlg::EdDsa.cose()},
+            {"type": "public-key", "alg": CoseAlg::ES256.cose()},
+            {"type": "public-key", "alg": CoseAlg::EdDSA.cose()},
         ],
         "timeout": passkeys::CHALLENGE_TTL.as_millis() as u64,
         "excludeCredentials": existing.iter().map(|p| json!({"type": "public-key", "id": p.credential_id})).collect::<Vec<_>>(),

@@ -76,6 +76,16 @@ impl Gateway {
             };
             return Err(self.refuse_request(r, err).await);
         }
+        // Runners that check people's signatures: as many people as their approvers file
+        // needs, or a refusal now when it could never be satisfied (nobody is asked).
+        let signed_by = match self.signatures_needed(&tool.name, &r.runners, r.approvers) {
+            Ok(needed) => needed,
+            Err(why) => {
+                let err = CallError::SignaturesUnsatisfiable(why);
+                return Err(self.refuse_request(r, err).await);
+            }
+        };
+        let required = signed_by.unwrap_or(r.approvers);
         self.audit
             .append(NewEvent {
                 actor: actor.clone(),
@@ -86,7 +96,8 @@ impl Gateway {
                 call_id: Some(r.call_id.clone()),
                 detail: Some(on_behalf_of(
                     json!({"runners": r.runners, "runner_chosen_by_server": r.runner_chosen_by_server,
-                           "needs_approval": true, "approvers": r.approvers}),
+                           "needs_approval": true, "approvers": required,
+                           "signed": signed_by.is_some()}),
                     r.principal.on_behalf_of.as_deref(),
                 )),
                 ..Default::default()
@@ -113,6 +124,7 @@ impl Gateway {
                     raw: false,
                     approval_id: None,
                     lowered_by_policy: None,
+                    approval: None,
                 };
                 let answers = futures::future::join_all(
                     r.runners
@@ -170,8 +182,37 @@ impl Gateway {
         let now = chrono::Utc::now();
         let ttl = chrono::Duration::from_std(self.limits.approval_ttl)
             .unwrap_or(chrono::Duration::minutes(15));
+        let id = uuid::Uuid::new_v4().to_string();
+        let statement = match signed_by {
+            None => None,
+            Some(_) => {
+                let start_within = chrono::Duration::from_std(self.limits.approved_start_within)
+                    .unwrap_or(chrono::Duration::minutes(5));
+                let text = self.statement_for(
+                    &id,
+                    &tool.name,
+                    &pack_sha256,
+                    &r.params,
+                    &r.runners,
+                    preview.as_ref(),
+                    required,
+                    &actor,
+                    // Whole seconds, rounded up: the statement's form has no fraction.
+                    now + ttl + start_within + chrono::Duration::seconds(1),
+                );
+                match text {
+                    Ok(text) => Some(text),
+                    Err(e) => {
+                        let err = CallError::SignaturesUnsatisfiable(format!(
+                            "the statement to sign could not be written: {e}"
+                        ));
+                        return Err(self.refuse_request(r, err).await);
+                    }
+                }
+            }
+        };
         let approval = Approval {
-            id: uuid::Uuid::new_v4().to_string(),
+            id,
             call_id: r.call_id,
             tool: tool.name.clone(),
             risk: self.policy().risk(tool).as_str().to_owned(),
@@ -186,10 +227,11 @@ impl Gateway {
             on_behalf_of: r.principal.on_behalf_of.clone(),
             pack_sha256,
             preview,
-            required_approvals: r.approvers,
+            required_approvals: required,
             votes: Vec::new(),
             state: State::Pending,
             note: None,
+            statement,
             decided_by: None,
             result: None,
             created_at: format_at(now),
@@ -360,6 +402,7 @@ impl Gateway {
                         .any(|role| policy.may_approve(*role, &r.tool)),
                 };
                 let now = chrono::Utc::now();
+                let verdict = self.verify_vote(r, &verdict)?;
                 let decided = approvals::decide(r, &actor, &verdict, now)?;
                 if decided.row.state != State::Approved {
                     return Ok(decided);
@@ -463,8 +506,10 @@ impl Gateway {
             approval_id: Some(&row.id),
             on_behalf_of: row.on_behalf_of.as_deref(),
         };
+        let proof = self.proof_for(row);
         let results = futures::future::join_all(row.runners.iter().map(|name| {
             let record = &record;
+            let proof = proof.as_ref();
             async move {
                 let preview = row.preview_vars(name);
                 let dispatch = Dispatch {
@@ -478,6 +523,7 @@ impl Gateway {
                     raw: row.raw,
                     approval_id: Some(&row.id),
                     lowered_by_policy: None,
+                    approval: proof,
                 };
                 self.run_on(name, tool, &dispatch, record).await
             }

@@ -134,6 +134,15 @@ impl Gateway {
                 .refuse(caller, &tool.name, shown_args, args.reason, why, err)
                 .await);
         }
+        // A lowering a target runner's approvers file does not allow would be refused there.
+        if lowered_by_policy.is_some()
+            && let Some(why) = self.lowering_refused(&tool.name, &targets.runners)
+        {
+            let err = CallError::SignaturesUnsatisfiable(why.clone());
+            return Err(self
+                .refuse(caller, &tool.name, shown_args, args.reason, why, err)
+                .await);
+        }
 
         // 5. Audit the intent, durably, before anything runs (fail closed). A call that needs
         //    approval becomes a pending request instead, and waits for people.
@@ -443,6 +452,7 @@ impl Gateway {
             raw: args.raw,
             approval_id: None,
             lowered_by_policy,
+            approval: None,
         };
         futures::future::join_all(
             targets

@@ -29,9 +29,11 @@ mod call;
 mod dispatch;
 mod outcome;
 mod redact;
+mod signatures;
 mod state;
 
 pub use builtins::{APPROVAL_STATUS_TOOL, APPROVAL_WAIT_TOOL, RUNNERS_TOOL};
 pub use call::{CallContext, Progress, ToolCall};
 pub use outcome::{ApprovalInfo, CallError, CallOutcome, RunnerResult};
+pub use signatures::ServerApprovers;
 pub use state::{Gateway, Limits, OfferedTool};

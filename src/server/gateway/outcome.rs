@@ -23,6 +23,11 @@ pub enum CallError {
     /// could never run there, so no approval is asked for.
     #[error("refused: {0}")]
     OutsideRunnerAllowlist(String),
+    /// The target runners check people's signatures for this write, and their approvers could
+    /// never give them (no rule for the tool, too few people with keys, a file the server does
+    /// not carry): nobody is asked.
+    #[error("refused: {0}")]
+    SignaturesUnsatisfiable(String),
     #[error(
         "refused: `{tool}` has secret params and needs approval: emisar cannot yet keep a secret in a pending request, so it refuses the call"
     )]
@@ -75,6 +80,7 @@ impl CallError {
             CallError::Invalid { .. } => "invalid_arguments",
             CallError::DeniedByPolicy(_) => "denied_by_policy",
             CallError::OutsideRunnerAllowlist(_) => "outside_runner_allowlist",
+            CallError::SignaturesUnsatisfiable(_) => "signatures_unsatisfiable",
             CallError::NeedsApprovalSecret { .. } => "needs_approval_secret",
             CallError::PreviewFailed(_) => "preview_failed",
             CallError::DeniedByHuman { .. } => "denied_by_human",

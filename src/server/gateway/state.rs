@@ -90,6 +90,8 @@ pub struct Gateway {
     pub(super) policy: std::sync::RwLock<Arc<Policy>>,
     /// Tells people about new requests; never blocks the call path.
     pub(super) notifier: Option<Notifier>,
+    /// `approvers_file`: requests are signed by people (see `signatures.rs`).
+    pub(super) approvers: Option<Arc<super::signatures::ServerApprovers>>,
     /// Where people reach the portal, for links in notices.
     pub(super) public_url: Option<String>,
 }
@@ -145,8 +147,14 @@ impl Gateway {
             approvals,
             policy: std::sync::RwLock::new(Arc::new(Policy::builtin())),
             notifier: None,
+            approvers: None,
             public_url: None,
         })
+    }
+
+    /// Approval requests are signed by the people of `approvers` (`approvers_file`).
+    pub fn set_approvers(&mut self, approvers: super::signatures::ServerApprovers) {
+        self.approvers = Some(Arc::new(approvers));
     }
 
     /// New approval requests are announced through `notifier`, with links to `public_url`.

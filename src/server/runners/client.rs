@@ -14,6 +14,7 @@ use std::time::Duration;
 use serde_json::{Map, Value};
 
 use super::registry::Endpoint;
+use crate::protocol::approval::ApprovalProof;
 use crate::protocol::signing::{CallClaims, CallSigner, ISSUER, Purpose, TOKEN_LIFETIME, now};
 use crate::protocol::{CallRequest, CallResponse, Mode};
 use crate::util::error_chain;
@@ -165,6 +166,8 @@ pub struct Dispatch<'a> {
     /// Set when the policy in force (this is its SHA-256) lowered a risk:high tool to run
     /// without approval.
     pub lowered_by_policy: Option<&'a str>,
+    /// People's signatures over the approved request's statement, when it is signed.
+    pub approval: Option<&'a ApprovalProof>,
 }
 
 /// Signs calls; each runner's own client (in its [`Endpoint`]) sends them.
@@ -211,6 +214,7 @@ impl RunnerClient {
             preview: d.preview.cloned(),
             preview_seal: d.preview_seal.map(str::to_owned),
             raw: d.raw,
+            approval: d.approval.cloned(),
         };
         let iat = now();
         let claims = CallClaims {

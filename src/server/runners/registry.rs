@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::breaker::{Breaker, Rejection};
 use super::tls::RunnerTrust;
+use crate::protocol::approval::RunnerApprovals;
 use crate::protocol::signing::{CallSigner, HealthClaims};
 use crate::selector::Selector;
 use crate::server::config::RunnerEntry;
@@ -35,6 +36,9 @@ struct Health {
     /// The runner's `[allowlists]` as its last health answer reported them; `None` until a
     /// probe has read them (the gateway then leaves the check to the runner alone).
     allowlists: Option<Allowlists>,
+    /// What the runner's last health answer said of its signed approvals (`None`: not read
+    /// yet, or an older runner that checks no signatures).
+    approvals: Option<RunnerApprovals>,
 }
 
 /// A runner's allowlists: list name → the values it admits.
@@ -45,6 +49,8 @@ pub type Allowlists = BTreeMap<String, Vec<String>>;
 struct HealthAnswer {
     #[serde(default)]
     allowlists: Option<Allowlists>,
+    #[serde(default)]
+    approvals: Option<RunnerApprovals>,
 }
 
 /// One runner: what it is (replaceable when a joined runner re-registers) and how it is doing.
@@ -125,6 +131,7 @@ fn new_health() -> Health {
         last_error: None,
         probe_failures: 0,
         allowlists: None,
+        approvals: None,
     }
 }
 
@@ -380,6 +387,20 @@ impl Registry {
         }
     }
 
+    /// Keeps what a runner reported of its signed approvals in its health answer.
+    pub fn record_approvals(&self, name: &str, approvals: Option<RunnerApprovals>) {
+        if let Some(s) = self.slot(name) {
+            s.health.lock().unwrap_or_else(|p| p.into_inner()).approvals = approvals;
+        }
+    }
+
+    /// What `name` last reported of its signed approvals, if a probe has read it.
+    pub fn approvals(&self, name: &str) -> Option<RunnerApprovals> {
+        let s = self.slot(name)?;
+        let h = s.health.lock().unwrap_or_else(|p| p.into_inner());
+        h.approvals.clone()
+    }
+
     /// The allowlists `name` last reported, if a probe has read them.
     pub fn allowlists(&self, name: &str) -> Option<Allowlists> {
         let s = self.slot(name)?;
@@ -479,8 +500,11 @@ impl Registry {
                         // An older runner, or an answer that does not parse or is too large,
                         // leaves the last known allowlists as they were: the runner checks
                         // every call anyway.
-                        if let Some(lists) = reported_allowlists(r).await {
-                            registry.record_allowlists(&name, lists);
+                        if let Some(answer) = reported(r).await {
+                            if let Some(lists) = answer.allowlists {
+                                registry.record_allowlists(&name, lists);
+                            }
+                            registry.record_approvals(&name, answer.approvals);
                         }
                         Ok(())
                     }
@@ -508,14 +532,12 @@ impl Registry {
 /// is not believed, and cannot make the server buffer an unbounded body.
 const MAX_HEALTH_BYTES: usize = 256 * 1024;
 
-/// The allowlists in a runner's `/healthz` answer, read up to [`MAX_HEALTH_BYTES`].
-async fn reported_allowlists(mut answer: reqwest::Response) -> Option<Allowlists> {
+/// What the server keeps of a runner's `/healthz` answer, read up to [`MAX_HEALTH_BYTES`].
+async fn reported(mut answer: reqwest::Response) -> Option<HealthAnswer> {
     let body = super::read_capped(&mut answer, MAX_HEALTH_BYTES)
         .await
         .ok()?;
-    serde_json::from_slice::<HealthAnswer>(&body)
-        .ok()?
-        .allowlists
+    serde_json::from_slice::<HealthAnswer>(&body).ok()
 }
 
 /// The message of a call refused by an open breaker.
@@ -564,7 +586,7 @@ mod tests {
             );
             let server = tokio::spawn(async move { axum::serve(listener, app).await });
             let answer = reqwest::get(&url).await.unwrap();
-            let lists = reported_allowlists(answer).await;
+            let lists = reported(answer).await.and_then(|a| a.allowlists);
             server.abort();
             lists
         }

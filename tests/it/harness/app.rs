@@ -525,6 +525,7 @@ impl TestApp {
             preview: preview.map(|p| p.body["vars"].as_object().unwrap().clone()),
             preview_seal: preview.map(|p| p.body["seal"].as_str().unwrap().to_owned()),
             raw: false,
+            approval: None,
         };
         let signed = Signed {
             call_id: "direct-test-call".into(),

@@ -111,7 +111,7 @@ fn packed_es256_vector_registers_and_verifies_with_uv_required() {
         &h(v.reg_client_data),
     )
     .unwrap();
-    assert_eq!(key.alg, CoseAlg::Es256);
+    assert_eq!(key.alg, CoseAlg::ES256);
     assert_eq!(key.credential_id, h(v.credential_id));
     // SPKI DER of a P-256 key: the fixed 26-byte header, then the uncompressed point.
     assert_eq!(key.public_key.len(), 91);
@@ -128,7 +128,7 @@ fn none_es256_vector_is_read_and_verified_but_refused_without_uv() {
     // This vector's authenticator did not verify the user (flags 0x59, then 0x19): every
     // other check passes, and the public functions refuse it for UV alone.
     let key = register(v, Uv::NotRequired).unwrap();
-    assert_eq!(key.alg, CoseAlg::Es256);
+    assert_eq!(key.alg, CoseAlg::ES256);
     assert_eq!(key.credential_id, h(v.credential_id));
     check_assertion(
         &example_org(),
@@ -152,7 +152,7 @@ fn none_es256_vector_is_read_and_verified_but_refused_without_uv() {
 fn packed_eddsa_vector_is_read_and_verified_but_refused_without_uv() {
     let v = &vectors::PACKED_EDDSA;
     let key = register(v, Uv::NotRequired).unwrap();
-    assert_eq!(key.alg, CoseAlg::EdDsa);
+    assert_eq!(key.alg, CoseAlg::EdDSA);
     // SPKI DER of an Ed25519 key (RFC 8410): 12-byte header, then the 32-byte key.
     assert_eq!(
         hex::encode(&key.public_key[..12]),
@@ -184,7 +184,7 @@ fn packed_eddsa_vector_is_read_and_verified_but_refused_without_uv() {
         )
         .unwrap_err(),
         WebauthnError::Signature {
-            alg: CoseAlg::EdDsa
+            alg: CoseAlg::EdDSA
         }
     );
 }
@@ -200,7 +200,7 @@ fn cross_origin_vector_is_refused_in_both_ceremonies() {
     // to the client data: the assertion (UP and UV set, signature valid) is refused too.
     let key = PasskeyPublic {
         credential_id: h(v.credential_id),
-        alg: CoseAlg::Es256,
+        alg: CoseAlg::ES256,
         public_key: cose_to_spki(&h(v.attestation_object)[h(v.attestation_object).len() - 77..])
             .unwrap()
             .1,
@@ -417,7 +417,7 @@ fn each_assertion_check_refuses_what_it_checks() {
     assert_eq!(
         refused(&counter),
         WebauthnError::Signature {
-            alg: CoseAlg::Es256
+            alg: CoseAlg::ES256
         }
     );
     let mut extra = a.clone();
@@ -430,7 +430,7 @@ fn each_assertion_check_refuses_what_it_checks() {
     assert_eq!(
         refused(&extra),
         WebauthnError::Signature {
-            alg: CoseAlg::Es256
+            alg: CoseAlg::ES256
         }
     );
     let mut flipped = a.clone();
@@ -439,7 +439,7 @@ fn each_assertion_check_refuses_what_it_checks() {
     assert_eq!(
         refused(&flipped),
         WebauthnError::Signature {
-            alg: CoseAlg::Es256
+            alg: CoseAlg::ES256
         }
     );
 
@@ -456,7 +456,7 @@ fn each_assertion_check_refuses_what_it_checks() {
     assert_eq!(
         verify_assertion(&rp, &impostor, &CHALLENGE, &a).unwrap_err(),
         WebauthnError::Signature {
-            alg: CoseAlg::Es256
+            alg: CoseAlg::ES256
         }
     );
 }
@@ -465,25 +465,25 @@ fn each_assertion_check_refuses_what_it_checks() {
 fn a_key_whose_alg_does_not_match_is_refused() {
     let (_, es256, a) = soft_pair();
     let as_eddsa = PasskeyPublic {
-        alg: CoseAlg::EdDsa,
+        alg: CoseAlg::EdDSA,
         ..es256.clone()
     };
     assert_eq!(
         verify_assertion(&portal(), &as_eddsa, &CHALLENGE, &a).unwrap_err(),
         WebauthnError::PublicKey {
-            alg: CoseAlg::EdDsa
+            alg: CoseAlg::EdDSA
         }
     );
     let eddsa = register(&vectors::PACKED_EDDSA, Uv::NotRequired).unwrap();
     let as_es256 = PasskeyPublic {
-        alg: CoseAlg::Es256,
+        alg: CoseAlg::ES256,
         credential_id: es256.credential_id.clone(),
         public_key: eddsa.public_key,
     };
     assert_eq!(
         verify_assertion(&portal(), &as_es256, &CHALLENGE, &a).unwrap_err(),
         WebauthnError::PublicKey {
-            alg: CoseAlg::Es256
+            alg: CoseAlg::ES256
         }
     );
 }

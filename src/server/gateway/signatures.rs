@@ -1,0 +1,208 @@
+//! The server's side of approvals signed by people (`crate::protocol::approval`): which
+//! requests need signatures and from how many people, the statement people sign, each
+//! signature verified as it comes, and the proof an approved execution carries to its runners.
+//!
+//! The server checks so that people learn at once what a runner would refuse later; the
+//! runners decide. *Invariant:* a request whose runners check signatures is never asked of
+//! people when the runners' approvers could not satisfy it (say why instead), and its
+//! execution carries every signature with the statement exactly as stored.
+
+use std::path::Path;
+
+use anyhow::Context;
+use serde_json::{Map, Value};
+
+use super::state::Gateway;
+use crate::digest::json_digest;
+use crate::protocol::approval::{
+    ApprovalProof, Approvers, SignedApprovers, Statement, verify_signature,
+};
+use crate::server::approvals::{Approval, ApprovalError, Verdict};
+
+/// `approvers_file` (and its root signature) as the server read them at start.
+pub struct ServerApprovers {
+    pub approvers: Approvers,
+    pub signed: Option<SignedApprovers>,
+}
+
+impl ServerApprovers {
+    pub fn load(file: &Path, signature: Option<&Path>) -> anyhow::Result<ServerApprovers> {
+        let text = std::fs::read_to_string(file)
+            .with_context(|| format!("approvers_file {}", file.display()))?;
+        let approvers = Approvers::parse(&text)
+            .with_context(|| format!("approvers_file {}", file.display()))?;
+        let signed = match signature {
+            Some(path) => {
+                let signature = std::fs::read_to_string(path)
+                    .with_context(|| format!("approvers_signature_file {}", path.display()))?;
+                // The server does not know the runners' root keys; it checks the signature is
+                // one over exactly this file, by the key inside it, so a stale or mismatched
+                // pair fails here rather than on every runner.
+                let key =
+                    crate::protocol::approval::sshsig::signer_key(&signature).map_err(|e| {
+                        anyhow::anyhow!("approvers_signature_file {}: {e}", path.display())
+                    })?;
+                let signed = SignedApprovers { text, signature };
+                signed.verify(std::slice::from_ref(&key)).map_err(|e| {
+                    anyhow::anyhow!(
+                        "approvers_signature_file {} is not a signature over approvers_file {}: {e}",
+                        path.display(),
+                        file.display()
+                    )
+                })?;
+                Some(signed)
+            }
+            None => None,
+        };
+        Ok(ServerApprovers { approvers, signed })
+    }
+}
+
+impl Gateway {
+    /// How many people must sign a request for `tool` on `runners` (`None`: no signatures,
+    /// since neither this server nor any of the runners asks for them), or why no one could.
+    pub(super) fn signatures_needed(
+        &self,
+        tool: &str,
+        runners: &[String],
+        policy_required: u32,
+    ) -> Result<Option<u32>, String> {
+        let checking: Vec<(&String, _)> = runners
+            .iter()
+            .filter_map(|r| Some((r, self.runners.approvals(r)?)))
+            .filter(|(_, a)| a.requires(tool))
+            .collect();
+        let Some(server) = &self.approvers else {
+            return match checking.first() {
+                None => Ok(None),
+                Some((runner, _)) => Err(format!(
+                    "runner `{runner}` runs `{tool}` only with people's signatures (require_signed_approvals), and this server has no approvers_file to ask for them: set approvers_file to the approvers file the runner trusts"
+                )),
+            };
+        };
+        for (runner, theirs) in &checking {
+            match &theirs.approvers_sha256 {
+                Some(digest) if *digest != server.approvers.sha256 => {
+                    return Err(format!(
+                        "runner `{runner}` trusts the approvers file sha256:{digest}, and this server's approvers_file is sha256:{}: deploy the same file to both",
+                        server.approvers.sha256
+                    ));
+                }
+                Some(_) => {}
+                None if server.signed.is_none() => {
+                    return Err(format!(
+                        "runner `{runner}` takes its approvers file from the server only signed by its approvers_root_keys, and this server has no approvers_signature_file (`emisar approvers sign`)"
+                    ));
+                }
+                None => {}
+            }
+        }
+        if let Some(why) = server.approvers.unsatisfiable(tool, false) {
+            return Err(why);
+        }
+        let rule = server
+            .approvers
+            .rule(tool)
+            .expect("a satisfiable tool has a rule");
+        Ok(Some(rule.approvals.max(policy_required)))
+    }
+
+    /// Why a write the policy lowered below approval cannot run on `runners` (None: it can).
+    pub(super) fn lowering_refused(&self, tool: &str, runners: &[String]) -> Option<String> {
+        let runner = runners
+            .iter()
+            .find(|r| self.runners.approvals(r).is_some_and(|a| a.requires(tool)))?;
+        let allowed = self
+            .approvers
+            .as_ref()
+            .is_some_and(|s| s.approvers.unsatisfiable(tool, true).is_none());
+        (!allowed).then(|| {
+            format!(
+                "the policy lowers `{tool}` below approval, but runner `{runner}` runs it only with people's signatures (require_signed_approvals) and its approvers file does not allow it unapproved"
+            )
+        })
+    }
+
+    /// The statement people sign for a request, from what its runners will receive.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn statement_for(
+        &self,
+        approval_id: &str,
+        tool: &str,
+        pack_sha256: &str,
+        args: &Map<String, Value>,
+        runners: &[String],
+        preview: Option<&Value>,
+        required: u32,
+        requester: &str,
+        expires_at: chrono::DateTime<chrono::Utc>,
+    ) -> Result<String, String> {
+        let runners = runners
+            .iter()
+            .map(|r| {
+                // Exactly what the runner will hash: the vars as it sealed them, parsed back.
+                let vars = preview.and_then(|p| {
+                    let text = p.get(r)?.get("sealed_vars")?.as_str()?;
+                    serde_json::from_str::<Value>(text).ok()
+                });
+                (r.clone(), vars.map(|v| json_digest(&v)))
+            })
+            .collect();
+        Statement {
+            approval_id: approval_id.to_owned(),
+            tool: tool.to_owned(),
+            pack_sha256: pack_sha256.to_owned(),
+            args_sha256: json_digest(&Value::Object(args.clone())),
+            runners,
+            required,
+            policy_sha256: self.policy().digest(),
+            requester: requester.to_owned(),
+            expires_at: expires_at.format("%Y-%m-%dT%H:%M:%SZ").to_string(),
+        }
+        .text()
+        .map_err(|e| e.to_string())
+    }
+
+    /// A yes with a signature, verified over the request's statement against the approvers
+    /// file: the verdict with what the server found, or a refusal that names the rule.
+    pub(super) fn verify_vote(
+        &self,
+        row: &Approval,
+        verdict: &Verdict,
+    ) -> Result<Verdict, ApprovalError> {
+        let Verdict::Approve {
+            note,
+            signature: Some(signature),
+            ..
+        } = verdict
+        else {
+            return Ok(verdict.clone());
+        };
+        let (Some(text), Some(server)) = (&row.statement, &self.approvers) else {
+            // `decide` refuses a signature on a request without a statement, and says why.
+            return Ok(verdict.clone());
+        };
+        let signed = verify_signature(&server.approvers, text, signature)
+            .map_err(|e| ApprovalError::Refused(format!("`signature`: {e}")))?;
+        Ok(Verdict::Approve {
+            note: note.clone(),
+            signature: Some(signature.clone()),
+            signed: Some(signed),
+        })
+    }
+
+    /// What an approved execution carries to its runners: the statement as people signed it,
+    /// every signature, and the root-signed approvers file when the server has one.
+    pub(super) fn proof_for(&self, row: &Approval) -> Option<ApprovalProof> {
+        let statement = row.statement.clone()?;
+        Some(ApprovalProof {
+            statement,
+            signatures: row
+                .votes
+                .iter()
+                .filter_map(|v| v.signature.clone())
+                .collect(),
+            approvers: self.approvers.as_ref().and_then(|s| s.signed.clone()),
+        })
+    }
+}

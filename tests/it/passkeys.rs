@@ -258,6 +258,20 @@ async fn hostile_registrations_are_refused(backend: Backend) {
         "{body}"
     );
 
+    // Carol herself in another session (another browser): the challenge is her first
+    // session's, not hers wherever she is signed in.
+    let carol_elsewhere = Portal::login(&app, "carol", "carol-correct-horse-battery").await;
+    let (status, body) = finish(
+        &carol_elsewhere,
+        authenticator.create(&carols, ORIGIN, "stolen"),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        error(&body).contains("no passkey registration is under way"),
+        "{body}"
+    );
+
     // Carol's own challenge was untouched by those, and works once.
     let good = authenticator.create(&carols, ORIGIN, "laptop");
     let (status, body) = finish(&carol, good.clone()).await;

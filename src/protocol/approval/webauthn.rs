@@ -277,7 +277,7 @@ fn check_client_data(
         Ok(bytes) if bytes == challenge => {}
         _ => return Err(WebauthnError::Challenge),
     }
-    if !rp.origins.iter().any(|o| *o == cd.origin) {
+    if !rp.origins.contains(&cd.origin) {
         return Err(WebauthnError::Origin);
     }
     if cd.cross_origin == Some(true) {

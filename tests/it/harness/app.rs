@@ -40,6 +40,8 @@ pub struct RunnerSpec {
     /// The URL the server config gives for this runner instead of its own (something in the
     /// path between them, such as a proxy that rewrites answers).
     pub reached_at: Option<String>,
+    /// `require_signed_approvals`, `approvers_file` and `state_dir` of the runner.
+    pub signed: Option<(Vec<String>, PathBuf, PathBuf)>,
 }
 
 impl RunnerSpec {
@@ -54,7 +56,24 @@ impl RunnerSpec {
             labels: BTreeMap::new(),
             tls: None,
             reached_at: None,
+            signed: None,
         }
+    }
+
+    /// Runs `tools` only with people's signatures from `approvers_file`, keeping what it
+    /// executed in `state_dir`.
+    pub fn require_signed(
+        mut self,
+        tools: &[&str],
+        approvers_file: PathBuf,
+        state_dir: PathBuf,
+    ) -> Self {
+        self.signed = Some((
+            tools.iter().map(|t| t.to_string()).collect(),
+            approvers_file,
+            state_dir,
+        ));
+        self
     }
 
     /// Serves HTTPS with `cert`; the server pins `pin` (a fingerprint) when given.
@@ -189,6 +208,8 @@ pub struct Options {
     pub max_connections_per_address: Option<usize>,
     /// The server's `[webauthn]` (passkeys; derived from `public_url` when none).
     pub webauthn: Option<emisar::server::config::WebauthnConfig>,
+    /// The server's `approvers_file` (signed approvals).
+    pub approvers_file: Option<PathBuf>,
 }
 
 pub async fn fresh_db(backend: Backend, dir: &std::path::Path) -> (String, Option<PgTestDb>) {
@@ -245,6 +266,11 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
             .collect();
         config.programs = spec.programs.clone();
         config.allowlists = spec.allowlists.clone();
+        if let Some((tools, approvers_file, state_dir)) = &spec.signed {
+            config.require_signed_approvals = tools.clone();
+            config.approvers_file = Some(approvers_file.clone());
+            config.state_dir = state_dir.clone();
+        }
         config.fill_standard_services();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -310,6 +336,7 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
                 allowed_networks: Some(vec!["127.0.0.0/8".into(), "::1".into()]),
             }),
         webauthn: options.webauthn.clone().unwrap_or_default(),
+        approvers_file: options.approvers_file.clone(),
         ..ServerConfig::with_signing_key(private_key.clone())
     };
     let config = match options.max_connections_per_address {

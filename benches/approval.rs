@@ -816,27 +816,28 @@ fn signed() -> bool {
 /// The runner's signature checks alone (`verify_quorum`, what `node/approvals.rs` runs per
 /// execution): one SSH signature, and one ES256 passkey assertion, over a real statement.
 fn time_signature_checks(out: &mut Out) {
+    use aws_lc_rs::encoding::AsDer;
+    use aws_lc_rs::signature::{ECDSA_P256_SHA256_ASN1_SIGNING, EcdsaKeyPair, KeyPair};
     use base64::Engine;
     use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
     use emisar::protocol::approval::{Approvers, Signature, sshsig, statement, verify_quorum};
-    use p256::ecdsa::signature::Signer;
-    use p256::pkcs8::EncodePublicKey;
     use sha2::{Digest, Sha256};
     use std::fmt::Write;
 
     let text = "emisar-approval/v1\napproval bench\n";
     let ssh = ssh_key::PrivateKey::from(ssh_key::private::Ed25519Keypair::from_seed(&[5; 32]));
-    let ec = p256::ecdsa::SigningKey::from_slice(&[7; 32]).expect("p256 key");
-    let spki = p256::PublicKey::from(ec.verifying_key())
-        .to_public_key_der()
-        .expect("spki");
+    let rng = aws_lc_rs::rand::SystemRandom::new();
+    let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_ASN1_SIGNING, &rng).expect("p256");
+    let ec =
+        EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_ASN1_SIGNING, pkcs8.as_ref()).expect("p256");
+    let spki = ec.public_key().as_der().expect("spki");
     let file = format!(
         "[webauthn]\nrp_id = \"bench.example\"\norigins = [\"https://bench.example\"]\n\
          [[person]]\nname = \"a\"\nssh = [\"{}\"]\n\
          [[person]]\nname = \"b\"\npasskeys = [{{ id = \"AQID\", alg = \"ES256\", public_key = \"{}\" }}]\n\
          [[rule]]\ntools = \"*\"\napprovals = 1\n",
         ssh.public_key().to_openssh().expect("openssh"),
-        STANDARD.encode(spki.as_bytes())
+        STANDARD.encode(spki.as_ref())
     );
     let approvers = Approvers::parse(&file).expect("approvers");
     let ssh_sig = Signature::Ssh {
@@ -859,13 +860,13 @@ fn time_signature_checks(out: &mut Out) {
     );
     let mut signed = auth_data.clone();
     signed.extend_from_slice(&Sha256::digest(client_data.as_bytes()));
-    let der: p256::ecdsa::DerSignature = ec.sign(&signed);
+    let der = ec.sign(&rng, &signed).expect("es256");
     let passkey_sig = Signature::Webauthn {
         signer: "b".into(),
         credential_id: "AQID".into(),
         authenticator_data: URL_SAFE_NO_PAD.encode(&auth_data),
         client_data_json: URL_SAFE_NO_PAD.encode(client_data.as_bytes()),
-        signature: URL_SAFE_NO_PAD.encode(der.as_bytes()),
+        signature: URL_SAFE_NO_PAD.encode(der.as_ref()),
     };
     let _ = writeln!(
         out.report,

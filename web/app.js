@@ -1,7 +1,7 @@
 // emisar portal: a small single-page app over the same-origin /api JSON endpoints.
 //
 // Routes (location.hash): #/login, #/approvals[?state=S], #/approvals/<id>,
-// #/audit[?filters], #/runners. Unknown routes fall back to #/approvals.
+// #/audit[?filters], #/runners, #/passkeys. Unknown routes fall back to #/approvals.
 //
 // Invariant: text that comes from the server (agent reasons, args, notes, errors...) only
 // ever reaches the page through textContent, text nodes or setAttribute on inert
@@ -246,7 +246,7 @@ function parseHash() {
   const q = raw.indexOf('?');
   const path = (q < 0 ? raw : raw.slice(0, q)).split('/').filter(Boolean).map(decodeURIComponent);
   const query = new URLSearchParams(q < 0 ? '' : raw.slice(q + 1));
-  const page = ['login', 'approvals', 'audit', 'runners'].includes(path[0]) ? path[0] : null;
+  const page = ['login', 'approvals', 'audit', 'runners', 'passkeys'].includes(path[0]) ? path[0] : null;
   return { page, id: page === 'approvals' && path[1] ? path[1] : null, query };
 }
 
@@ -281,6 +281,7 @@ async function render(opts = {}) {
     else if (route.page === 'approvals' && route.id) node = await viewApproval(route.id);
     else if (route.page === 'approvals') node = await viewApprovals(route.query);
     else if (route.page === 'audit') node = await viewAudit(route.query);
+    else if (route.page === 'passkeys') node = await viewPasskeys();
     else node = await viewRunners();
   } catch (e) {
     if (e instanceof ApiError && e.status === 401) return;
@@ -457,6 +458,23 @@ async function viewApproval(id) {
   const a = await api('GET', `/api/approvals/${enc(id)}`);
   const d = app.detail;
   const approvers = a.approvals || [];
+
+  // What will change comes first: the preview's diff per runner, then the arguments (and
+  // the values the preview captured, which the execution uses beside them).
+  const changes = el('div', { class: 'changes', id: 'changes' }, el('h2', {}, 'What will change'));
+  if (a.preview) {
+    changes.append(el('div', { class: 'runner-outs', id: 'preview' },
+      Object.entries(a.preview).map(([runner, r]) => runnerOutput(runner, r))));
+  } else {
+    changes.append(el('p', { class: 'muted' }, 'This tool has no preview: the arguments below are what runs.'));
+  }
+  changes.append(el('h3', {}, 'Arguments'), pre(a.args, { id: 'args' }));
+  // What the preview captured, per runner: the execution fills these in beside the
+  // arguments (e.g. the index Nomad's check-and-set holds the job to), so they are approved too.
+  if (hasKeys(a.execution_vars)) {
+    changes.append(el('h3', {}, 'Preview values'), pre(a.execution_vars, { id: 'execution-vars' }));
+  }
+
   const list = el('dl', { class: 'fields' },
     field('State', el('span', { id: 'state', class: `badge state-${token(a.state)}` }, a.state)),
     field('Risk', badge('risk', a.risk)),
@@ -464,12 +482,6 @@ async function viewApproval(id) {
     field('Requester', a.requester),
     a.on_behalf_of != null ? field('On behalf of', el('span', { id: 'on-behalf-of' }, a.on_behalf_of)) : [],
     field('Reason', el('div', { id: 'reason', class: 'reason' }, a.reason ?? '')),
-    field('Arguments', pre(a.args, { id: 'args' })),
-    // What the preview captured, per runner: the execution fills these in beside the
-    // arguments (e.g. the index Nomad's check-and-set holds the job to), so they are approved too.
-    hasKeys(a.execution_vars)
-      ? field('Preview values', pre(a.execution_vars, { id: 'execution-vars' }))
-      : [],
     field('Created', absTime(a.created_at)),
     field('Expires', absTime(a.expires_at)),
     field('Updated', absTime(a.updated_at)),
@@ -485,15 +497,11 @@ async function viewApproval(id) {
     el('h1', {}, el('span', { id: 'tool' }, a.tool)),
     a.tool_description ? el('p', { class: 'desc' }, a.tool_description) : '',
     errorBox(d.error),
+    changes,
     list);
 
   if (a.state === 'pending') section.append(decisionForm(a));
 
-  if (a.preview) {
-    section.append(el('h2', {}, 'Preview (dry run)'),
-      el('div', { class: 'runner-outs', id: 'preview' },
-        Object.entries(a.preview).map(([runner, r]) => runnerOutput(runner, r))));
-  }
   if (a.result) {
     const res = a.result;
     section.append(el('h2', {}, 'Result'),
@@ -506,16 +514,39 @@ async function viewApproval(id) {
   return section;
 }
 
+// The statement a signature covers: its lines (`key value` after the version line) as
+// fields, and its SHA-256, which is the passkey's challenge.
+function statementBox(st) {
+  const lines = String(st.text || '').split('\n').filter((l) => l !== '');
+  const rows = [];
+  for (const line of lines.slice(1)) {
+    const at = line.indexOf(' ');
+    if (at > 0) rows.push(field(line.slice(0, at), el('span', { class: 'mono' }, line.slice(at + 1))));
+    else rows.push(field(line, ''));
+  }
+  return el('div', { class: 'statement', id: 'statement' },
+    el('h3', {}, 'What you sign'),
+    el('p', { class: 'muted small' }, lines[0] || ''),
+    el('dl', { class: 'fields' }, rows,
+      field('SHA-256', el('span', { id: 'statement-sha256', class: 'mono' }, st.sha256 || ''))),
+    el('details', {}, el('summary', {}, 'Statement text'), pre(st.text, { id: 'statement-text' })));
+}
+
 function decisionForm(a) {
   const d = app.detail;
+  // The server keeps the note with an approval as with a denial.
   const note = el('textarea', {
-    id: 'note', rows: 3, placeholder: 'Note (optional to approve, required to deny)',
+    id: 'note', rows: 3, placeholder: 'Note (kept with your decision; required to deny)',
     oninput: () => { d.note = note.value; },
   });
   note.value = d.note;
   const approve = el('button', { id: 'approve', type: 'button', class: 'approve' }, 'Approve');
+  const withPasskey = a.statement
+    ? el('button', { id: 'approve-passkey', type: 'button', class: 'approve' }, 'Approve with passkey')
+    : null;
   const deny = el('button', { id: 'deny', type: 'button', class: 'deny' }, 'Deny');
-  const decide = async (verb) => {
+  const buttons = [approve, withPasskey, deny].filter(Boolean);
+  const decide = async (verb, signed) => {
     const text = note.value.trim();
     if (verb === 'deny' && !text) {
       d.error = 'a note is required to deny';
@@ -523,21 +554,158 @@ function decisionForm(a) {
       note.focus();
       return;
     }
-    approve.disabled = deny.disabled = true;
+    for (const b of buttons) b.disabled = true;
     d.error = '';
     showError('');
     try {
-      await api('POST', `/api/approvals/${enc(a.id)}/${verb}`, verb === 'deny' || text ? { note: text } : {});
+      const body = verb === 'deny' || text ? { note: text } : {};
+      if (signed) body.signature = await passkeySignature(a.statement);
+      await api('POST', `/api/approvals/${enc(a.id)}/${verb}`, body);
       d.note = '';
     } catch (e) {
       d.error = e.message;
     }
     render({ quiet: true });
   };
-  approve.addEventListener('click', () => decide('approve'));
-  deny.addEventListener('click', () => decide('deny'));
+  approve.addEventListener('click', () => decide('approve', false));
+  if (withPasskey) withPasskey.addEventListener('click', () => decide('approve', true));
+  deny.addEventListener('click', () => decide('deny', false));
   return el('div', { class: 'decide' }, el('h2', {}, 'Decision'),
-    el('label', { for: 'note' }, 'Note'), note, el('div', { class: 'buttons' }, approve, deny));
+    a.statement ? statementBox(a.statement) : '',
+    el('div', { class: 'buttons' }, buttons),
+    el('label', { for: 'note' }, 'Note'), note);
+}
+
+// ------------------------------------------------------------------ passkeys
+
+function b64u(buffer) {
+  const bytes = new Uint8Array(buffer);
+  let bin = '';
+  for (const b of bytes) bin += String.fromCharCode(b);
+  return btoa(bin).replace(/\+/g, '-').replace(/\//g, '_').replace(/=+$/, '');
+}
+
+function fromB64u(text) {
+  const b64 = String(text).replace(/-/g, '+').replace(/_/g, '/');
+  const bin = atob(b64 + '='.repeat((4 - (b64.length % 4)) % 4));
+  return Uint8Array.from(bin, (c) => c.charCodeAt(0));
+}
+
+function webauthnAvailable() {
+  return typeof window.PublicKeyCredential === 'function' && navigator.credentials;
+}
+
+// Asks the browser for an assertion over the statement's hash with one of the person's
+// passkeys, user verification required: the signature the approve route carries.
+async function passkeySignature(statement) {
+  if (!webauthnAvailable()) throw new Error('this browser offers no passkeys (WebAuthn)');
+  const mine = await api('GET', '/api/passkeys');
+  const keys = (mine && mine.passkeys) || [];
+  if (!keys.length) throw new Error('you have no passkey yet: register one under Passkeys');
+  if (!mine.webauthn) throw new Error('the server has no passkey relying party configured');
+  let cred;
+  try {
+    cred = await navigator.credentials.get({ publicKey: {
+      challenge: fromB64u(statement.challenge),
+      rpId: mine.webauthn.rp_id,
+      userVerification: 'required',
+      timeout: 120000,
+      allowCredentials: keys.map((k) => ({ type: 'public-key', id: fromB64u(k.credential_id) })),
+    } });
+  } catch (e) {
+    throw new Error(`the passkey did not sign (${e.name || 'error'}: ${e.message})`);
+  }
+  if (!cred) throw new Error('the passkey did not sign');
+  const r = cred.response;
+  return {
+    kind: 'webauthn',
+    signer: app.session.user,
+    credential_id: b64u(cred.rawId),
+    authenticator_data: b64u(r.authenticatorData),
+    client_data_json: b64u(r.clientDataJSON),
+    signature: b64u(r.signature),
+  };
+}
+
+async function registerPasskey(name) {
+  if (!webauthnAvailable()) throw new Error('this browser offers no passkeys (WebAuthn)');
+  const { publicKey: o } = await api('POST', '/api/passkeys/register/start', {});
+  let cred;
+  try {
+    cred = await navigator.credentials.create({ publicKey: {
+      rp: o.rp,
+      user: { id: fromB64u(o.user.id), name: o.user.name, displayName: o.user.displayName },
+      challenge: fromB64u(o.challenge),
+      pubKeyCredParams: o.pubKeyCredParams,
+      timeout: o.timeout,
+      excludeCredentials: (o.excludeCredentials || []).map((c) => ({ type: c.type, id: fromB64u(c.id) })),
+      authenticatorSelection: o.authenticatorSelection,
+      attestation: o.attestation,
+    } });
+  } catch (e) {
+    throw new Error(`no passkey was created (${e.name || 'error'}: ${e.message})`);
+  }
+  if (!cred) throw new Error('no passkey was created');
+  return api('POST', '/api/passkeys/register/finish', {
+    name,
+    credential_id: b64u(cred.rawId),
+    attestation_object: b64u(cred.response.attestationObject),
+    client_data_json: b64u(cred.response.clientDataJSON),
+  });
+}
+
+async function viewPasskeys() {
+  const data = await api('GET', '/api/passkeys');
+  const keys = (data && data.passkeys) || [];
+  const head = el('div', { class: 'view-head' }, el('h1', {}, 'Passkeys'));
+  const intro = el('p', { class: 'muted' },
+    'A passkey signs the exact statement of what an approval lets run; runners that require signed '
+    + 'approvals check it against their own approvers file, which lists the keys below.');
+  const rp = data && data.webauthn
+    ? el('p', { class: 'small', id: 'relying-party' }, 'Relying party: ', el('span', { class: 'mono' }, data.webauthn.rp_id),
+      ' · origins: ', el('span', { class: 'mono' }, (data.webauthn.origins || []).join(', ')))
+    : el('p', { class: 'error', role: 'status' }, 'This server has no passkey relying party: set [webauthn] or public_url.');
+
+  const name = el('input', { id: 'passkey-name', name: 'name', placeholder: 'laptop', maxlength: 64, required: true });
+  const add = el('button', { id: 'passkey-register', type: 'submit' }, 'Register a passkey');
+  const form = el('form', { class: 'filters', id: 'passkey-form', onsubmit: async (ev) => {
+    ev.preventDefault();
+    add.disabled = true;
+    showError('');
+    try {
+      await registerPasskey(name.value.trim());
+      render({ quiet: true });
+    } catch (e) {
+      showError(e.message);
+      add.disabled = false;
+    }
+  } }, el('label', {}, 'Name', name), el('div', { class: 'buttons' }, add));
+
+  const rows = keys.map((k) => el('tr', { class: 'passkey-row', 'data-passkey-id': k.id },
+    el('td', {}, el('strong', {}, k.name)),
+    el('td', {}, k.alg),
+    el('td', {}, relTime(k.created_at)),
+    el('td', {}, relTime(k.last_used_at)),
+    el('td', {}, el('details', {}, el('summary', {}, 'approvers file entry'),
+      pre(`{ id = "${k.credential_id}", alg = "${k.alg}", public_key = "${k.public_key}" }`))),
+    el('td', {}, el('button', { type: 'button', class: 'secondary', onclick: async () => {
+      showError('');
+      try {
+        await api('DELETE', `/api/passkeys/${enc(k.id)}`);
+        render({ quiet: true });
+      } catch (e) {
+        showError(e.message);
+      }
+    } }, 'Remove'))));
+  const table = keys.length
+    ? el('table', { class: 'list', id: 'passkeys' },
+      el('thead', {}, el('tr', {}, ['Name', 'Algorithm', 'Registered', 'Last used', 'Public key', '']
+        .map((h) => el('th', {}, h)))),
+      el('tbody', {}, rows))
+    : el('p', { class: 'empty', id: 'no-passkeys' }, 'You have no passkey yet.');
+  return el('section', {}, head, intro, rp, errorBox(''),
+    webauthnAvailable() ? form : el('p', { class: 'error' }, 'This browser offers no passkeys (WebAuthn).'),
+    table);
 }
 
 // ------------------------------------------------------------------ audit

@@ -211,6 +211,7 @@ impl Application {
                     .is_some_and(|u| u.starts_with("https://")),
             &config.login,
             identity,
+            config.relying_party(),
             shutdown.clone(),
         );
         Ok(Application {

@@ -119,6 +119,10 @@ pub struct ServerConfig {
     /// How runners that join are bounded: where they may be reached.
     #[serde(default)]
     pub join: JoinConfig,
+    /// Passkeys (WebAuthn) people register in the portal to sign approvals. Default: the
+    /// relying party is derived from `public_url`.
+    #[serde(default)]
+    pub webauthn: WebauthnConfig,
     /// The approvers file the runners trust (`emisar approvers`): with it, every approval
     /// request is signed by people (`emisar approvals approve` with an SSH key, or a passkey in
     /// the portal), the server verifies each signature as it comes, asks for as many people as
@@ -130,6 +134,23 @@ pub struct ServerConfig {
     /// `approvers_root_keys`.
     #[serde(default)]
     pub approvers_signature_file: Option<PathBuf>,
+}
+
+/// `[webauthn]`: the relying party passkeys are registered for and approvals are signed
+/// with. Runners check signatures against the same RP ID and origins (their approvers
+/// file names them), so changing either makes every registered passkey useless.
+#[derive(schemars::JsonSchema, Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebauthnConfig {
+    /// The RP ID: the domain passkeys are bound to, e.g. `emisar.example.com` (the portal's
+    /// host or a parent domain of it; never an IP address). Default: the host of
+    /// `public_url`.
+    #[serde(default)]
+    pub rp_id: Option<String>,
+    /// The origins (`https://host[:port]`) the portal is reached at, whose host is the RP ID
+    /// or under it; `http://` only for `localhost`. Default: the origin of `public_url`.
+    #[serde(default)]
+    pub origins: Vec<String>,
 }
 
 /// `[join]`: bounds on runners that join with a join token.
@@ -245,6 +266,7 @@ impl ServerConfig {
             approved_start_within_secs: default_approved_start_within(),
             max_pending_per_agent: default_max_pending(),
             join: JoinConfig::default(),
+            webauthn: WebauthnConfig::default(),
             approvers_file: None,
             approvers_signature_file: None,
         }
@@ -337,7 +359,81 @@ impl ServerConfig {
         if !(1..=10_000).contains(&self.max_pending_per_agent) {
             anyhow::bail!("max_pending_per_agent must be between 1 and 10000");
         }
+        if self.webauthn.rp_id.is_some() || !self.webauthn.origins.is_empty() {
+            // Set explicitly: wrong is an error at start. Derived from `public_url` only: an
+            // error when someone tries to register a passkey (`relying_party`).
+            self.relying_party().map_err(|e| anyhow::anyhow!("{e}"))?;
+        }
         self.check_identity()
+    }
+
+    /// The WebAuthn relying party: `[webauthn]`, with what it leaves out taken from
+    /// `public_url`; an error naming the setting when neither gives one.
+    pub fn relying_party(
+        &self,
+    ) -> Result<crate::protocol::approval::webauthn::RelyingParty, String> {
+        // The origin of `public_url` (which may have a path: a portal behind a prefix).
+        let public = self
+            .public_url
+            .as_deref()
+            .map(|url| {
+                let uri: axum::http::Uri = url.parse().map_err(|_| {
+                    "public_url must be a URL such as https://emisar.example.com".to_owned()
+                })?;
+                let (Some(scheme), Some(authority)) = (uri.scheme_str(), uri.authority()) else {
+                    return Err(
+                        "public_url must be a URL such as https://emisar.example.com".to_owned(),
+                    );
+                };
+                crate::server::rebinding::Origin::parse(&format!("{scheme}://{authority}"))
+                    .map_err(|rule| format!("public_url {rule}"))
+            })
+            .transpose()?;
+        let rp_id = match (&self.webauthn.rp_id, &public) {
+            (Some(id), _) => id.clone(),
+            (None, Some(origin)) => origin.host().to_owned(),
+            (None, None) => {
+                return Err("passkeys need a relying party: set webauthn.rp_id and webauthn.origins, or public_url to derive them from".into());
+            }
+        };
+        check_rp_id(&rp_id)?;
+        let origins: Vec<String> = if self.webauthn.origins.is_empty() {
+            match &public {
+                Some(origin) => vec![origin.serialized()],
+                None => {
+                    return Err("webauthn.origins: set the portal's origins (https://host[:port]), or public_url to derive it from".into());
+                }
+            }
+        } else {
+            self.webauthn.origins.clone()
+        };
+        for (i, text) in origins.iter().enumerate() {
+            let what = if self.webauthn.origins.is_empty() {
+                "public_url".to_owned()
+            } else {
+                format!("webauthn.origins[{i}]")
+            };
+            let origin = crate::server::rebinding::Origin::parse(text)
+                .map_err(|rule| format!("{what} {rule}"))?;
+            if origin.serialized() != *text {
+                return Err(format!(
+                    "{what} must be written as the browser reports it: {}",
+                    origin.serialized()
+                ));
+            }
+            let host = origin.host();
+            if host != rp_id && !host.ends_with(&format!(".{rp_id}")) {
+                return Err(format!(
+                    "{what}: its host must be webauthn.rp_id `{rp_id}` or a name under it (WebAuthn binds a passkey to the RP ID)"
+                ));
+            }
+            if origin.scheme() != "https" && host != "localhost" {
+                return Err(format!(
+                    "{what} must be https:// (browsers offer passkeys only in secure contexts; http:// only for localhost)"
+                ));
+            }
+        }
+        Ok(crate::protocol::approval::webauthn::RelyingParty { rp_id, origins })
     }
 
     /// `[oidc]` and `[oauth]` on their own, and together.
@@ -368,6 +464,25 @@ impl ServerConfig {
         }
         Ok(())
     }
+}
+
+/// An RP ID is a domain: lowercase letters, digits, `-` and dots, not an IP address.
+fn check_rp_id(rp_id: &str) -> Result<(), String> {
+    let domain = !rp_id.is_empty()
+        && rp_id.len() <= 253
+        && rp_id.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        });
+    if !domain || rp_id.parse::<std::net::IpAddr>().is_ok() {
+        return Err("webauthn.rp_id must be a domain name in lowercase (the portal's host or a parent of it), not an IP address: set webauthn.rp_id, or a public_url with a host name".into());
+    }
+    Ok(())
 }
 
 /// A runner's URL (`what` names where it came from): https, or http only with

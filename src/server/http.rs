@@ -62,6 +62,7 @@ pub fn router(
     secure_cookies: bool,
     login: &crate::server::login_limits::LoginLimitsConfig,
     identity: Arc<Identity>,
+    webauthn: Result<crate::protocol::approval::webauthn::RelyingParty, String>,
     shutdown: CancellationToken,
 ) -> Router {
     let logins = Arc::new(crate::server::login_limits::LoginLimits::new(login));
@@ -91,6 +92,7 @@ pub fn router(
         identity.clone(),
         fleet,
         mcp_sessions,
+        webauthn,
     );
     let protected = Router::new()
         .nest_service("/mcp", mcp)

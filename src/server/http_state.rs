@@ -45,9 +45,16 @@ pub struct HttpState {
     pub(crate) tokens: Arc<crate::server::tokens::TokenCache>,
     /// Joins, re-registrations and heartbeats of runners.
     pub(crate) fleet: Arc<crate::server::fleet::Fleet>,
+    /// The WebAuthn relying party passkeys are registered for (`[webauthn]`, or derived from
+    /// `public_url`), or why there is none: said to whoever tries to register one.
+    pub webauthn: Arc<Result<crate::protocol::approval::webauthn::RelyingParty, String>>,
 }
 
 impl HttpState {
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "each is a separate piece the composition root built; a struct would only rename them"
+    )]
     pub fn new(
         db: Db,
         logins: Arc<crate::server::login_limits::LoginLimits>,
@@ -56,6 +63,7 @@ impl HttpState {
         identity: Arc<Identity>,
         fleet: Arc<crate::server::fleet::Fleet>,
         mcp_sessions: Arc<LocalSessionManager>,
+        webauthn: Result<crate::protocol::approval::webauthn::RelyingParty, String>,
     ) -> Self {
         HttpState {
             db,
@@ -66,6 +74,7 @@ impl HttpState {
             sessions: Arc::new(McpSessions::new(Some(mcp_sessions))),
             tokens: Arc::default(),
             fleet,
+            webauthn: Arc::new(webauthn),
         }
     }
 }

@@ -16,6 +16,7 @@ pub mod login_limits;
 pub mod mcp;
 pub mod metrics;
 pub mod oidc;
+pub mod passkeys;
 pub mod policy;
 pub mod portal;
 pub mod portal_oidc;

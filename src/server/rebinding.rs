@@ -100,6 +100,32 @@ impl Origin {
         })
     }
 
+    /// The host, lowercase (an IPv6 address without brackets).
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    /// `http` or `https`.
+    pub fn scheme(&self) -> &str {
+        &self.scheme
+    }
+
+    /// The origin as a browser serializes it: `scheme://host`, with `:port` only when it is
+    /// not the scheme's default.
+    pub fn serialized(&self) -> String {
+        let default = if self.scheme == "https" { 443 } else { 80 };
+        let host = if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        };
+        if self.port == default {
+            format!("{}://{host}", self.scheme)
+        } else {
+            format!("{}://{host}:{}", self.scheme, self.port)
+        }
+    }
+
     /// Whether this origin is the server's own as the request reached it: the same host and
     /// port as its `Host` (a `Host` without a port means the scheme's default). The scheme is
     /// not compared: behind a proxy that terminates TLS the server sees plain HTTP.

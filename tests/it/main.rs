@@ -28,6 +28,8 @@ mod packs_cluster;
 mod packs_node;
 mod packs_redis;
 mod packs_test;
+mod passkey_browser;
+mod passkeys;
 mod portal_browser;
 mod portal_sessions;
 mod python_client;

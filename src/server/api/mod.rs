@@ -1,17 +1,18 @@
-//! The people's API beside the portal: the approvals (`approvals`) and the audit (`audit`)
-//! side by side, with their routes in one place.
+//! The people's API beside the portal: the approvals (`approvals`), the audit (`audit`) and
+//! people's passkeys (`passkeys`) side by side, with their routes in one place.
 //!
 //! Invariant: every route here is mounted by `http::router` behind `bearer_auth`, so each
 //! handler runs only for an authenticated caller whose role may use the path (and, for a
 //! cookie-authenticated change, with its CSRF token checked).
 
 use axum::Router;
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 
 use crate::server::http_state::HttpState;
 
 pub mod approvals;
 pub mod audit;
+pub mod passkeys;
 
 /// The approvals and audit routes, for `http::router` to put behind its door.
 pub fn routes() -> Router<HttpState> {
@@ -23,4 +24,14 @@ pub fn routes() -> Router<HttpState> {
         .route("/api/approvals/{id}/approve", post(approvals::approve))
         .route("/api/approvals/{id}/deny", post(approvals::deny))
         .route("/api/events", get(approvals::events))
+        .route("/api/passkeys", get(passkeys::list))
+        .route(
+            "/api/passkeys/register/start",
+            post(passkeys::register_start),
+        )
+        .route(
+            "/api/passkeys/register/finish",
+            post(passkeys::register_finish),
+        )
+        .route("/api/passkeys/{id}", delete(passkeys::remove))
 }

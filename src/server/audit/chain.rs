@@ -70,6 +70,10 @@ pub mod kind {
     /// A runner that joined before came back with its own credential.
     pub const RUNNER_REGISTERED: &str = "runner.registered";
     pub const RUNNER_REMOVED: &str = "runner.removed";
+    /// A person registered a passkey (`server/passkeys.rs`); the detail names the credential
+    /// id, its algorithm and the SHA-256 of its public key.
+    pub const PASSKEY_REGISTERED: &str = "passkey.registered";
+    pub const PASSKEY_REMOVED: &str = "passkey.removed";
     /// The repeats of one caller's refusals of one kind and class in one window, counted
     /// instead of written one by one (`audit/refusals.rs`); the detail has the count, the
     /// first and last repeat, and the kind they would have been.

@@ -38,6 +38,8 @@ pub const KINDS: &[&str] = &[
     super::kind::RUNNER_JOIN_REFUSED,
     super::kind::RUNNER_REGISTERED,
     super::kind::RUNNER_REMOVED,
+    super::kind::PASSKEY_REGISTERED,
+    super::kind::PASSKEY_REMOVED,
     super::kind::REFUSAL_REPEATED,
 ];
 

@@ -44,6 +44,8 @@ pub struct RunnerSpec {
     pub require_signed: Vec<String>,
     pub approvers_file: Option<PathBuf>,
     pub approvers_root_keys: Vec<String>,
+    /// Where the runner keeps its state (default: a folder of the test's).
+    pub state_dir: Option<PathBuf>,
 }
 
 impl RunnerSpec {
@@ -61,6 +63,7 @@ impl RunnerSpec {
             require_signed: Vec::new(),
             approvers_file: None,
             approvers_root_keys: Vec::new(),
+            state_dir: None,
         }
     }
 
@@ -75,6 +78,19 @@ impl RunnerSpec {
         self.require_signed = tools.iter().map(|t| (*t).to_owned()).collect();
         self.approvers_file = approvers;
         self.approvers_root_keys = root_keys.to_vec();
+        self
+    }
+
+    /// Runs `tools` only with people's signatures from `approvers_file`, keeping what it
+    /// executed in `state_dir`.
+    pub fn require_signed(
+        mut self,
+        tools: &[&str],
+        approvers_file: PathBuf,
+        state_dir: PathBuf,
+    ) -> Self {
+        self = self.signed_approvals(tools, Some(approvers_file), &[]);
+        self.state_dir = Some(state_dir);
         self
     }
 
@@ -211,6 +227,8 @@ pub struct Options {
     /// The server's `approvers_file` and `approvers_signature_file`.
     pub approvers_file: Option<PathBuf>,
     pub approvers_signature_file: Option<PathBuf>,
+    /// The server's `[webauthn]` (passkeys; derived from `public_url` when none).
+    pub webauthn: Option<emisar::server::config::WebauthnConfig>,
 }
 
 pub async fn fresh_db(backend: Backend, dir: &std::path::Path) -> (String, Option<PgTestDb>) {
@@ -271,7 +289,10 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
         config.approvers_file = spec.approvers_file.clone();
         config.approvers_root_keys = spec.approvers_root_keys.clone();
         // Each runner keeps its state (executed signed approvals) in the test's folder.
-        config.state_dir = dir.path().join(format!("state-{}", spec.name));
+        config.state_dir = spec
+            .state_dir
+            .clone()
+            .unwrap_or_else(|| dir.path().join(format!("state-{}", spec.name)));
         config.fill_standard_services();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -336,6 +357,7 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
             .unwrap_or_else(|| emisar::server::config::JoinConfig {
                 allowed_networks: Some(vec!["127.0.0.0/8".into(), "::1".into()]),
             }),
+        webauthn: options.webauthn.clone().unwrap_or_default(),
         approvers_file: options.approvers_file.clone(),
         approvers_signature_file: options.approvers_signature_file.clone(),
         ..ServerConfig::with_signing_key(private_key.clone())

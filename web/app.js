@@ -540,7 +540,9 @@ function decisionForm(a) {
     oninput: () => { d.note = note.value; },
   });
   note.value = d.note;
-  const approve = el('button', { id: 'approve', type: 'button', class: 'approve' }, 'Approve');
+  // A request with a statement runs only with people's signatures: the server refuses an
+  // unsigned approval of it, so the page offers only the signed one.
+  const approve = a.statement ? null : el('button', { id: 'approve', type: 'button', class: 'approve' }, 'Approve');
   const withPasskey = a.statement
     ? el('button', { id: 'approve-passkey', type: 'button', class: 'approve' }, 'Approve with passkey')
     : null;
@@ -567,7 +569,7 @@ function decisionForm(a) {
     }
     render({ quiet: true });
   };
-  approve.addEventListener('click', () => decide('approve', false));
+  if (approve) approve.addEventListener('click', () => decide('approve', false));
   if (withPasskey) withPasskey.addEventListener('click', () => decide('approve', true));
   deny.addEventListener('click', () => decide('deny', false));
   return el('div', { class: 'decide' }, el('h2', {}, 'Decision'),

@@ -57,7 +57,7 @@ pub enum Command {
     /// fingerprint` prints the certificate fingerprint a runner serves.
     #[command(
         args_conflicts_with_subcommands = true,
-        after_help = "Example: emisar runner --config /etc/emisar/runner.toml --server https://emisar.example:7700 --join-token emj_…"
+        after_help = "Example: emisar runner --config /etc/emisar/runner.toml --join-token emj_…"
     )]
     Runner {
         #[command(subcommand)]
@@ -65,8 +65,9 @@ pub enum Command {
         /// The runner's settings (runner.toml).
         #[arg(long)]
         config: Option<PathBuf>,
-        /// Join this server (its base URL) instead of being listed in its config. A runner
-        /// that joined before re-registers with its kept credential and needs no join token.
+        /// Join this server (its base URL), replacing runner.toml's [join] server. Better
+        /// kept in runner.toml: a restart from the file alone (systemd's) passes no --server.
+        /// A runner that joined before re-registers with its kept credential, no join token.
         #[arg(long)]
         server: Option<String>,
         /// A join token from `emisar join-token issue` (or EMISAR_JOIN_TOKEN).

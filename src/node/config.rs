@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use serde::Deserialize;
 
+use super::credential::CredentialStore;
 use crate::pack::PackSet;
 use crate::protocol::JoinToken;
 use crate::util::config::read_toml;
@@ -86,12 +87,20 @@ pub struct RunnerConfig {
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct JoinConfig {
-    /// The server's base URL, e.g. https://emisar.example.internal.
+    /// The server's base URL, e.g. https://emisar.example.internal. Kept here for good: a
+    /// runner that joined restarts from this file alone, re-registering at this server with
+    /// the credential it keeps in `state_dir`.
     pub server: String,
     /// A join token from `emisar join-token issue`. Needed once: after joining, the runner
-    /// re-registers with the credential it keeps in `state_dir`.
+    /// re-registers with the credential it keeps in `state_dir`, and a token left here is
+    /// ignored (it may expire).
     #[serde(default)]
     pub token: Option<String>,
+    /// Whether `server` came only from `--server` on the command line (runner.toml names no
+    /// server, or another one): the runner then says, once it is in, that a restart from the
+    /// file alone would not find this server.
+    #[serde(skip)]
+    pub server_from_command_line: bool,
 }
 
 impl JoinConfig {
@@ -195,13 +204,19 @@ impl RunnerConfig {
         let mut c = Self::read(path)?;
         if server.is_some() || token.is_some() {
             let file = c.join.take();
-            let server = server
-                .or_else(|| file.as_ref().map(|j| j.server.clone()))
-                .context(
-                    "a join token needs a server to join: pass --server URL or set [join] server",
-                )?;
+            let file_server = file.as_ref().map(|j| j.server.clone());
+            let server_from_command_line = server
+                .as_deref()
+                .is_some_and(|s| file_server.as_deref() != Some(s));
+            let server = server.or(file_server).context(
+                "a join token needs a server to join: set [join] server = \"https://…\" in runner.toml (or pass --server URL)",
+            )?;
             let token = token.or_else(|| file.and_then(|j| j.token));
-            c.join = Some(JoinConfig { server, token });
+            c.join = Some(JoinConfig {
+                server,
+                token,
+                server_from_command_line,
+            });
         }
         c.check()?;
         Ok(c)
@@ -245,9 +260,7 @@ impl RunnerConfig {
             anyhow::bail!("name `{}` must be an identifier", self.name);
         }
         if self.server_public_key_file.is_none() && self.join.is_none() {
-            anyhow::bail!(
-                "server_public_key_file is required unless the runner joins a server ([join] or --server/--join-token)"
-            );
+            anyhow::bail!("{}", self.no_server());
         }
         for (k, v) in &self.labels {
             if !crate::pack::is_identifier(k) || !crate::pack::is_identifier(v) {
@@ -324,6 +337,29 @@ impl RunnerConfig {
         Ok(())
     }
 
+    /// What to say when runner.toml names no server: neither `server_public_key_file` (a
+    /// runner in the server's `[[runners]]`) nor `[join] server`. A runner that joined before
+    /// has its server in its credential, so the message names the exact line to add.
+    fn no_server(&self) -> String {
+        let store = CredentialStore::new(&self.state_dir);
+        // Only a hint: a credential that cannot be read (another user's, malformed) is
+        // reported by the runner itself when it uses it.
+        match store.load() {
+            Ok(Some(credential)) if credential.runner == self.name => format!(
+                "runner `{}` names no server: runner.toml has neither [join] server nor server_public_key_file. It joined {} before and keeps its credential in {}: add `server = \"{}\"` under [join] in runner.toml, and it re-registers with that credential at every start, no join token needed",
+                self.name,
+                credential.server,
+                store.path().display(),
+                credential.server
+            ),
+            _ => format!(
+                "runner `{}` names no server: set server_public_key_file (the server's public key) for a runner listed in the server's [[runners]], or [join] server = \"https://…\" for a runner that joins (with a join token for its first start: [join] token, --join-token or EMISAR_JOIN_TOKEN; after that its credential in {} is enough)",
+                self.name,
+                store.path().display()
+            ),
+        }
+    }
+
     /// The settings the runner's TLS identity needs (its self-signed certificate lives in
     /// `state_dir`, next to the credential).
     fn check_tls(&self) -> anyhow::Result<()> {
@@ -375,6 +411,7 @@ mod tests {
             c.join = Some(JoinConfig {
                 server: "https://emisar.example".into(),
                 token: None,
+                server_from_command_line: false,
             });
             let err = c.check().unwrap_err().to_string();
             assert!(

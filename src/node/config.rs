@@ -23,7 +23,7 @@ pub struct RunnerConfig {
     /// free port).
     #[serde(default = "default_runner_listen")]
     pub listen: String,
-    /// The server's Ed25519 public key (SPKI PEM). A runner that joins may leave it out: it
+    /// The server's Ed25519 public key (SPKI PEM), e.g. `/etc/emisar/server.pub`. A runner that joins may leave it out: it
     /// then takes the key from the join answer, checked against the fingerprint its join
     /// token carries. When set, it always wins: the join answer's key must be this one.
     #[serde(default)]
@@ -31,8 +31,9 @@ pub struct RunnerConfig {
     /// Labels that agents' and tokens' selectors match, e.g. `{ role = "edge" }`.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
-    /// The URL the server reaches this runner at, when it joins (default: `https://LISTEN`,
-    /// or `http://LISTEN` when the runner serves plain HTTP).
+    /// The URL the server reaches this runner at, when it joins, e.g.
+    /// `https://node1.example:7701` (default: `https://LISTEN`, or `http://LISTEN` when the
+    /// runner serves plain HTTP).
     #[serde(default)]
     pub advertise_url: Option<String>,
     /// Where the runner keeps what it creates for itself: the credential a runner that joined
@@ -42,14 +43,16 @@ pub struct RunnerConfig {
     pub state_dir: PathBuf,
     /// The runner's TLS certificate (PEM, chain allowed) and key. Without them the runner
     /// serves a self-signed certificate it creates once in `state_dir`; the server pins it by
-    /// fingerprint (`emisar runner fingerprint`, or sent when the runner joins).
+    /// fingerprint (`emisar runner fingerprint`, or sent when the runner joins). E.g.
+    /// `/etc/emisar/tls/runner.crt`.
     #[serde(default)]
     pub tls_cert_file: Option<PathBuf>,
-    /// The private key (PEM) of `tls_cert_file`.
+    /// The private key (PEM) of `tls_cert_file`, e.g. `/etc/emisar/tls/runner.key`.
     #[serde(default)]
     pub tls_key_file: Option<PathBuf>,
     /// The CA (PEM) that signed the server's certificate, when it is not in the system's
-    /// trust store. When set, it is the only CA the join client trusts.
+    /// trust store, e.g. `/etc/emisar/tls/server-ca.crt`. When set, it is the only CA the join
+    /// client trusts.
     #[serde(default)]
     pub server_ca_file: Option<PathBuf>,
     /// Allows plain HTTP: serving calls without TLS (when no certificate is configured) and
@@ -61,7 +64,7 @@ pub struct RunnerConfig {
     #[serde(default)]
     pub join: Option<JoinConfig>,
     /// A directory of pack files that add to or replace the stock packs: the same files,
-    /// byte for byte, as the server's `packs_dir`.
+    /// byte for byte, as the server's `packs_dir`, e.g. `/etc/emisar/packs`.
     #[serde(default)]
     pub packs_dir: Option<PathBuf>,
     /// PATH for exec actions (the rest of the environment is cleared).

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 
 use crate::node::config::RunnerConfig;
 use crate::pack::PackSet;
@@ -193,6 +193,19 @@ pub enum Command {
     Migrate {
         #[command(flatten)]
         db: DbArg,
+    },
+    /// Print the shell completion script for SHELL (the package installs bash, zsh and fish's).
+    #[command(after_help = "Example: emisar completions bash > /etc/bash_completion.d/emisar")]
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
+    /// Write a man page per command (emisar.1, emisar-audit-query.1, …) into DIR; the package
+    /// build runs it.
+    #[command(hide = true)]
+    Man {
+        /// Where to write the pages.
+        dir: PathBuf,
     },
 }
 
@@ -390,6 +403,19 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             }
         }
         Command::McpStdio { url, token } => crate::stdio_bridge::run(&url, &token).await?,
+        Command::Completions { shell } => {
+            // Written whole into memory first: clap_complete panics on a write error, and a
+            // reader that goes away (`| head`) must end the command quietly, not panic.
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "emisar", &mut script);
+            std::io::Write::write_all(&mut std::io::stdout(), &script)?;
+        }
+        Command::Man { dir } => {
+            std::fs::create_dir_all(&dir)
+                .with_context(|| format!("failed to create {}", dir.display()))?;
+            clap_mangen::generate_to(Cli::command(), &dir)
+                .with_context(|| format!("failed to write man pages into {}", dir.display()))?;
+        }
         Command::Migrate { db } => {
             let (db, applied) = Db::connect_and_migrate(db.url()?).await?;
             if applied.is_empty() {

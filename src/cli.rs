@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 
 use crate::node::config::RunnerConfig;
 use crate::pack::PackSet;
@@ -60,7 +60,7 @@ pub enum Command {
     /// fingerprint` prints the certificate fingerprint a runner serves.
     #[command(
         args_conflicts_with_subcommands = true,
-        after_help = "Example: emisar runner --config /etc/emisar/runner.toml --server https://emisar.example:7700 --join-token emj_…"
+        after_help = "Example: emisar runner --config /etc/emisar/runner.toml --join-token emj_…"
     )]
     Runner {
         #[command(subcommand)]
@@ -68,8 +68,9 @@ pub enum Command {
         /// The runner's settings (runner.toml).
         #[arg(long)]
         config: Option<PathBuf>,
-        /// Join this server (its base URL) instead of being listed in its config. A runner
-        /// that joined before re-registers with its kept credential and needs no join token.
+        /// Join this server (its base URL), replacing runner.toml's [join] server. Better
+        /// kept in runner.toml: a restart from the file alone (systemd's) passes no --server.
+        /// A runner that joined before re-registers with its kept credential, no join token.
         #[arg(long)]
         server: Option<String>,
         /// A join token from `emisar join-token issue` (or EMISAR_JOIN_TOKEN).
@@ -220,6 +221,19 @@ pub enum Command {
         #[command(flatten)]
         db: DbArg,
     },
+    /// Print the shell completion script for SHELL (the package installs bash, zsh and fish's).
+    #[command(after_help = "Example: emisar completions bash > /etc/bash_completion.d/emisar")]
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
+    /// Write a man page per command (emisar.1, emisar-audit-query.1, …) into DIR; the package
+    /// build runs it.
+    #[command(hide = true)]
+    Man {
+        /// Where to write the pages.
+        dir: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -294,8 +308,15 @@ pub enum PolicyCommand {
 
 #[derive(Args, Clone)]
 pub struct ServerArg {
-    /// The server's base URL with its scheme, e.g. https://emisar.example:7700.
-    #[arg(long, env = "EMISAR_SERVER", global = true, value_parser = server_url)]
+    /// The server's base URL with its scheme, e.g. https://emisar.example:7700 (or
+    /// EMISAR_SERVER).
+    #[arg(
+        long,
+        env = "EMISAR_SERVER",
+        hide_env_values = true,
+        global = true,
+        value_parser = server_url
+    )]
     pub server: Option<String>,
     /// Your API token from `emisar user token` (or EMISAR_TOKEN).
     #[arg(long, env = "EMISAR_TOKEN", hide_env_values = true, global = true)]
@@ -304,7 +325,7 @@ pub struct ServerArg {
 
 /// `--server`: an http(s) URL with a host. `127.0.0.1:7700` would otherwise reach reqwest as
 /// a URL whose scheme is `127.0.0.1` and fail with "relative URL without a base".
-fn server_url(value: &str) -> Result<String, String> {
+pub(crate) fn server_url(value: &str) -> Result<String, String> {
     match reqwest::Url::parse(value) {
         Ok(url) if matches!(url.scheme(), "http" | "https") && url.host_str().is_some() => {
             Ok(value.trim_end_matches('/').to_owned())
@@ -447,6 +468,19 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             server.run_until_stopped(stop_on_signal()).await?;
         }
         Command::McpStdio { url, token } => crate::stdio_bridge::run(&url, &token).await?,
+        Command::Completions { shell } => {
+            // Written whole into memory first: clap_complete panics on a write error, and a
+            // reader that goes away (`| head`) must end the command quietly, not panic.
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "emisar", &mut script);
+            std::io::Write::write_all(&mut std::io::stdout(), &script)?;
+        }
+        Command::Man { dir } => {
+            std::fs::create_dir_all(&dir)
+                .with_context(|| format!("failed to create {}", dir.display()))?;
+            clap_mangen::generate_to(Cli::command(), &dir)
+                .with_context(|| format!("failed to write man pages into {}", dir.display()))?;
+        }
         Command::Migrate { db } => {
             let (db, applied) = Db::connect_and_migrate(db.url()?).await?;
             if applied.is_empty() {
@@ -468,7 +502,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
 
 #[cfg(test)]
 mod tests {
-    use clap::CommandFactory;
+    use clap::{CommandFactory, Parser};
 
     use super::Cli;
 
@@ -511,5 +545,136 @@ mod tests {
         let mut problems = Vec::new();
         walk(&Cli::command(), "", &mut problems);
         assert!(problems.is_empty(), "{}", problems.join("\n"));
+    }
+
+    /// Every command with its `after_help`, by its path (`audit query`).
+    fn commands(cmd: &clap::Command, path: &str, out: &mut Vec<(String, clap::Command)>) {
+        out.push((path.to_owned(), cmd.clone()));
+        for s in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
+            commands(s, format!("{path} {}", s.get_name()).trim(), out);
+        }
+    }
+
+    /// Every `Example:` line of every `--help` is a command line this CLI accepts for that
+    /// very command (split as a shell would; the `emisar …` part of a pipe, without `VAR=`
+    /// prefixes and redirections), every tool, event kind or pack it names exists, and every
+    /// option's "e.g." of a tool names a stock tool. So no help can offer a flag, a tool or a
+    /// subcommand that does not exist.
+    #[test]
+    fn every_example_line_parses_and_names_what_exists() {
+        let packs = crate::pack::PackSet::load(None).unwrap();
+        let is_tool = |name: &str| packs.tools().any(|t| t.name == name);
+        let mut all = Vec::new();
+        commands(&Cli::command(), "", &mut all);
+        let mut problems = Vec::new();
+        let mut examples = 0;
+        for (path, cmd) in &all {
+            for arg in cmd.get_arguments().filter(|a| a.get_id() == "tool") {
+                let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
+                if let Some((_, after)) = help.split_once("e.g. ") {
+                    let tool = after
+                        .trim_end_matches('.')
+                        .split_whitespace()
+                        .next()
+                        .unwrap();
+                    if !is_tool(tool) {
+                        problems.push(format!("{path} --tool: its help names `{tool}`, no tool"));
+                    }
+                }
+            }
+            let Some(help) = cmd.get_after_help().map(|h| h.to_string()) else {
+                continue;
+            };
+            let Some(line) = help.strip_prefix("Example: ") else {
+                continue;
+            };
+            examples += 1;
+            let words = shlex::split(line)
+                .unwrap_or_else(|| panic!("{path}: `{line}` does not split as shell words"));
+            let mut parsed = 0;
+            for segment in words.split(|w| w == "|") {
+                let mut argv: Vec<String> = Vec::new();
+                let mut words = segment.iter().map(String::as_str).peekable();
+                // `VAR=value emisar …`: the option that reads VAR, given on the command line
+                // instead (the test may not set the process's environment).
+                let mut from_env = Vec::new();
+                while let Some((var, value)) = words
+                    .peek()
+                    .filter(|w| !w.starts_with('-'))
+                    .and_then(|w| w.split_once('='))
+                {
+                    match cmd
+                        .get_arguments()
+                        .find(|a| a.get_env().is_some_and(|e| e == var))
+                        .and_then(|a| a.get_long())
+                    {
+                        Some(long) => from_env.extend([format!("--{long}"), value.to_owned()]),
+                        None => problems.push(format!("{path}: no option reads `{var}`")),
+                    }
+                    words.next();
+                }
+                while let Some(word) = words.next() {
+                    if matches!(word, "<" | ">" | ">>") {
+                        words.next();
+                    } else {
+                        argv.push(word.to_owned());
+                    }
+                }
+                if argv.first().map(String::as_str) != Some("emisar") {
+                    continue;
+                }
+                argv.extend(from_env);
+                let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+                parsed += 1;
+                let named: Vec<&str> = argv
+                    .iter()
+                    .skip(1)
+                    .take_while(|w| !w.starts_with('-'))
+                    .copied()
+                    .collect();
+                if !path
+                    .split(' ')
+                    .eq(named.iter().take(path.split(' ').count()).copied())
+                {
+                    problems.push(format!("{path}: the example is for `{}`", named.join(" ")));
+                }
+                if let Err(e) = Cli::try_parse_from(&argv) {
+                    problems.push(format!("{path}: `{line}` does not parse: {e}"));
+                }
+                for pair in argv.windows(2) {
+                    let known = match pair[0] {
+                        "--kind" if path.starts_with("audit") => {
+                            crate::server::audit::KINDS.contains(&pair[1])
+                        }
+                        "--pack" => packs.packs().any(|p| p.name == pair[1]),
+                        "show" if path == "packs show" => is_tool(pair[1]),
+                        "--tool" => is_tool(pair[1]),
+                        _ => true,
+                    };
+                    if !known {
+                        problems.push(format!(
+                            "{path}: `{} {}` names nothing that exists",
+                            pair[0], pair[1]
+                        ));
+                    }
+                }
+            }
+            if parsed == 0 {
+                problems.push(format!("{path}: `{line}` runs no `emisar` command"));
+            }
+        }
+        assert!(examples > 30, "only {examples} examples found");
+        assert!(problems.is_empty(), "{}", problems.join("\n"));
+    }
+
+    /// No `--help` shows an environment variable's value, set or empty (`[env: NAME=]`).
+    #[test]
+    fn no_help_shows_an_environment_value() {
+        let mut all = Vec::new();
+        commands(&Cli::command(), "", &mut all);
+        for (path, mut cmd) in all {
+            let help = cmd.render_long_help().to_string();
+            assert!(!help.contains("=]"), "{path}: {help}");
+        }
     }
 }

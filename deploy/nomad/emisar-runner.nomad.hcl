@@ -20,7 +20,8 @@
 # A runner that joined keeps its own credential in /var/lib/emisar-runner (made by the
 # package, mode 0700) and re-registers with it on every restart, so the token is needed once
 # per node: after it expires, only new nodes need a fresh one. The server must have a
-# certificate the node trusts (system roots; or set server_ca_file in runner.toml below).
+# certificate the node trusts: the system's roots, or the CA that server_ca_file names in
+# runner.toml below (uncomment it, and put the CA on every node).
 #
 #   nomad job run deploy/nomad/emisar-runner.nomad.hcl
 job "emisar-runner" {
@@ -52,7 +53,7 @@ job "emisar-runner" {
 
       config {
         command = "/usr/bin/emisar-runner"
-        args    = ["--config", "${NOMAD_TASK_DIR}/runner.toml", "--server", "${EMISAR_SERVER}"]
+        args    = ["--config", "${NOMAD_TASK_DIR}/runner.toml"]
       }
 
       # The join token reaches the runner as EMISAR_JOIN_TOKEN, from the task's secrets
@@ -63,7 +64,6 @@ job "emisar-runner" {
         change_mode = "restart"
         data        = <<-EOT
           {{ with nomadVar "nomad/jobs/emisar-runner" -}}
-          EMISAR_SERVER={{ .server }}
           EMISAR_JOIN_TOKEN={{ .join_token }}
           {{- end }}
         EOT
@@ -82,10 +82,17 @@ job "emisar-runner" {
           listen = "0.0.0.0:{{ env "NOMAD_PORT_runner" }}"
           advertise_url = "https://{{ env "attr.unique.network.ip-address" }}:{{ env "NOMAD_PORT_runner" }}"
           state_dir = "/var/lib/emisar-runner"
+          # The CA that signed the server's certificate, when it is not in the system's store.
+          # server_ca_file = "/etc/emisar/tls/server-ca.crt"
 
           # Restarts allowed on every node; keep it in step with the polkit rule.
           [allowlists]
           systemd_units = ["consul", "nomad"]
+
+          # The server it joins and re-registers with at every start (the token comes once,
+          # from secrets/join.env).
+          [join]
+          server = "{{ with nomadVar "nomad/jobs/emisar-runner" }}{{ .server }}{{ end }}"
         EOT
       }
 

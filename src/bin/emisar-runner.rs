@@ -21,8 +21,9 @@ struct Args {
     /// The runner's settings (runner.toml: name, listen address, services, allowlists).
     #[arg(long, required = true)]
     config: Option<PathBuf>,
-    /// Join this server (its base URL) instead of being listed in its config. A runner that
-    /// joined before re-registers with its kept credential and needs no join token.
+    /// Join this server (its base URL), replacing runner.toml's [join] server. Better kept
+    /// in runner.toml: a restart from the file alone (systemd's) passes no --server. A runner
+    /// that joined before re-registers with its kept credential, no join token.
     #[arg(long)]
     server: Option<String>,
     /// A join token from `emisar join-token issue` (or EMISAR_JOIN_TOKEN).

@@ -46,8 +46,10 @@ pub enum ApproversCommand {
         after_help = "Example: emisar approvers remove --file /etc/emisar/approvers.toml --name alice"
     )]
     Remove {
+        /// The approvers file.
         #[arg(long)]
         file: PathBuf,
+        /// The person to remove (or whose key to remove).
         #[arg(long)]
         name: String,
         /// Remove only this public key of theirs (else the person and all their keys).
@@ -60,6 +62,7 @@ pub enum ApproversCommand {
         after_help = "Example: emisar approvers sign --file /etc/emisar/approvers.toml --ssh-key ~/.ssh/org_root.pub"
     )]
     Sign {
+        /// The approvers file to sign (exactly its bytes).
         #[arg(long)]
         file: PathBuf,
         /// The root key: a private key file, or the .pub of one of the ssh-agent's keys.
@@ -73,6 +76,7 @@ pub enum ApproversCommand {
         after_help = "Example: emisar approvers show --file /etc/emisar/approvers.toml --root-key ~/.ssh/org_root.pub"
     )]
     Show {
+        /// The approvers file.
         #[arg(long)]
         file: PathBuf,
         /// An organisation root public key: FILE.sig must be its signature over the file.

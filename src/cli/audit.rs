@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 
-use super::{DbArg, ServerArg};
+use super::DbArg;
 use crate::server::audit::{self, AuditFilter, AuditParams};
 
 #[derive(Subcommand)]
@@ -32,8 +32,12 @@ pub enum AuditCommand {
         json: bool,
         #[command(flatten)]
         db: DbArg,
-        #[command(flatten)]
-        server: ServerArg,
+        /// Not offered: only there to say that verify needs the database.
+        #[arg(long, hide = true)]
+        server: Option<String>,
+        /// Not offered, as `--server`.
+        #[arg(long, hide = true)]
+        token: Option<String>,
     },
     /// Re-verify every executed approval offline: each `approval.executing` must follow
     /// approvals signed over one statement by distinct people of the approvers file, at least
@@ -80,7 +84,7 @@ pub enum AuditCommand {
         #[command(flatten)]
         db: DbArg,
         #[command(flatten)]
-        server: ServerArg,
+        server: AuditorServerArg,
     },
     /// Write every matching event, oldest first, as JSON lines or CSV: from the database, or
     /// from a server with an auditor's token.
@@ -96,14 +100,33 @@ pub enum AuditCommand {
         #[command(flatten)]
         db: DbArg,
         #[command(flatten)]
-        server: ServerArg,
+        server: AuditorServerArg,
     },
+}
+
+/// Where `audit query|export` read when no database is given: a server's `GET /api/audit`,
+/// with an auditor's token.
+#[derive(Args, Clone)]
+pub struct AuditorServerArg {
+    /// The server's base URL with its scheme, e.g. https://emisar.example:7700 (or
+    /// EMISAR_SERVER); used when no --database is given.
+    #[arg(
+        long,
+        env = "EMISAR_SERVER",
+        hide_env_values = true,
+        value_parser = super::server_url
+    )]
+    pub server: Option<String>,
+    /// An auditor's API token, from `emisar token issue --agent NAME --role auditor` (or
+    /// EMISAR_TOKEN).
+    #[arg(long, env = "EMISAR_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
 }
 
 /// The filters `audit query` and `audit export` share with `GET /api/audit`.
 #[derive(Args, Clone)]
 pub struct FilterArgs {
-    /// Events of this tool, e.g. systemd.restart.
+    /// Events of this tool, e.g. linux.systemctl_restart.
     #[arg(long)]
     tool: Option<String>,
     /// Events on this runner.
@@ -162,7 +185,7 @@ enum Source {
 }
 
 impl Source {
-    async fn open(db: DbArg, server: ServerArg) -> anyhow::Result<Source> {
+    async fn open(db: DbArg, server: AuditorServerArg) -> anyhow::Result<Source> {
         if db.database.is_some() {
             return Ok(Source::Db(db.connect().await?));
         }
@@ -226,8 +249,9 @@ pub async fn run(command: AuditCommand) -> anyhow::Result<i32> {
             json,
             db,
             server,
+            token: _,
         } => {
-            if db.database.is_none() && server.server.is_some() {
+            if db.database.is_none() && server.is_some() {
                 eprintln!(
                     "error: audit verify needs the database (--database or DATABASE_URL): it reads every event and recomputes its hash, which the server's API does not offer; `audit query` and `audit export` work with --server"
                 );

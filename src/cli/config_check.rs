@@ -178,6 +178,13 @@ fn check_runner(path: &Path) -> Vec<String> {
         problems.push(chain(&e));
     }
     check_listen(&mut problems, &config.listen);
+    // A runner that joins starts with its kept credential or a join token; which it has is in
+    // state_dir, read (never created) here as the runner reads it at start.
+    if let Some(join) = &config.join
+        && let Err(e) = crate::node::start::kept_credential(&config, join, join.token.is_some())
+    {
+        problems.push(format!("join: {}", chain(&e)));
+    }
     if let Some(file) = &config.server_public_key_file
         && let Some(pem) = readable(&mut problems, "server_public_key_file", file)
         && let Err(e) = crate::protocol::signing::CallVerifier::from_pem(&pem, &config.name)

@@ -245,9 +245,9 @@ fn toml_value(v: &Value) -> String {
     }
 }
 
-/// The first "e.g. `…`" in a description: the doc comment's own example.
+/// The first "e.g. `…`" (or "E.g. `…`") in a description: the doc comment's own example.
 fn example_in(description: &str) -> Option<String> {
-    let at = description.find("e.g. `")? + "e.g. `".len();
+    let at = description.replace("E.g. `", "e.g. `").find("e.g. `")? + "e.g. `".len();
     let end = description[at..].find('`')?;
     Some(description[at..at + end].to_owned())
 }
@@ -278,6 +278,7 @@ fn walk(root: &Value, schema: &Value, prefix: &str, rows: &mut Vec<Row>) {
         let example = match (example_in(&description), field.get("default")) {
             (Some(e), _) if e.contains('=') || e.starts_with('[') => e,
             (Some(e), _) if kind == "string" => format!("{name} = \"{e}\""),
+            (Some(e), _) if kind.starts_with("list of") => format!("{name} = [\"{e}\"]"),
             (Some(e), _) => format!("{name} = {e}"),
             (None, Some(v)) if !v.is_null() && v != &Value::Array(vec![]) => {
                 format!("{name} = {}", toml_value(v))
@@ -310,9 +311,10 @@ fn walk(root: &Value, schema: &Value, prefix: &str, rows: &mut Vec<Row>) {
 /// An example from the type alone, for a key whose doc comment and default give none.
 fn sample(name: &str, kind: &str) -> String {
     match kind {
-        "string" if name.ends_with("_file") => format!("{name} = \"/etc/emisar/{name}.pem\""),
-        "string" if name.ends_with("_dir") => format!("{name} = \"/etc/emisar/packs\""),
-        "string" if name.contains("url") => format!("{name} = \"https://emisar.example.internal\""),
+        // No guessed file names or URLs: a key whose value has a shape worth showing says
+        // so in its doc comment ("e.g. `…`").
+        "string" if name.ends_with("_file") => format!("{name} = \"/etc/emisar/…\""),
+        "string" if name.ends_with("_dir") => format!("{name} = \"/etc/emisar/…\""),
         "string" => format!("{name} = \"…\""),
         "boolean" => format!("{name} = true"),
         "integer" => format!("{name} = 10"),
@@ -337,6 +339,40 @@ mod tests {
         assert!(
             committed == generated,
             "docs/configuration.md differs from what the config structs generate; regenerate it with:\n  {REGENERATE}"
+        );
+    }
+
+    /// Every example of a string, number, boolean or list key is TOML that gives that key a
+    /// value of its type (`scopes = groups` or a quoted list would not), and no file or URL
+    /// example is a guess made from the key's name.
+    #[test]
+    fn every_example_is_toml_of_the_keys_type() {
+        let mut wrong = Vec::new();
+        for (title, _, schema) in files() {
+            let mut rows = Vec::new();
+            walk(&schema, &schema, "", &mut rows);
+            for r in rows {
+                let example = r.example.trim_matches('`');
+                let name = r.key.rsplit(['.', ']']).next().unwrap_or(&r.key);
+                let want: fn(&toml::Value) -> bool = match r.kind.as_str() {
+                    "string" => toml::Value::is_str,
+                    "integer" => toml::Value::is_integer,
+                    "boolean" => toml::Value::is_bool,
+                    k if k.starts_with("list of") => toml::Value::is_array,
+                    _ => continue,
+                };
+                let parsed = toml::from_str::<toml::Table>(example).ok();
+                let ok = parsed.as_ref().and_then(|t| t.get(name)).is_some_and(want);
+                let guessed = example.contains(&format!("/{name}.pem"))
+                    || (name == "database_url" && !example.contains("postgres://"));
+                if !ok || guessed {
+                    wrong.push(format!("{title}: {} ({}): {example}", r.key, r.kind));
+                }
+            }
+        }
+        assert!(
+            wrong.is_empty(),
+            "examples that are not what they document: {wrong:#?}"
         );
     }
 

@@ -175,7 +175,7 @@ pub async fn join_token(command: JoinTokenCommand) -> anyhow::Result<i32> {
                 eprintln!("warning: {warning}");
             }
             eprintln!(
-                "The token is shown once. Runners join with: emisar runner --config runner.toml --server URL --join-token TOKEN"
+                "The token is shown once. Put the server in the runner's runner.toml ([join] server = \"URL\") and start it once with --join-token TOKEN (or EMISAR_JOIN_TOKEN); it keeps a credential in state_dir and restarts from runner.toml alone"
             );
         }
         JoinTokenCommand::List { db } => {

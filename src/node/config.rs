@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use serde::Deserialize;
 
+use super::credential::CredentialStore;
 use crate::pack::PackSet;
 use crate::protocol::JoinToken;
 use crate::util::config::read_toml;
@@ -22,7 +23,7 @@ pub struct RunnerConfig {
     /// free port).
     #[serde(default = "default_runner_listen")]
     pub listen: String,
-    /// The server's Ed25519 public key (SPKI PEM). A runner that joins may leave it out: it
+    /// The server's Ed25519 public key (SPKI PEM), e.g. `/etc/emisar/server.pub`. A runner that joins may leave it out: it
     /// then takes the key from the join answer, checked against the fingerprint its join
     /// token carries. When set, it always wins: the join answer's key must be this one.
     #[serde(default)]
@@ -30,8 +31,9 @@ pub struct RunnerConfig {
     /// Labels that agents' and tokens' selectors match, e.g. `{ role = "edge" }`.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
-    /// The URL the server reaches this runner at, when it joins (default: `https://LISTEN`,
-    /// or `http://LISTEN` when the runner serves plain HTTP).
+    /// The URL the server reaches this runner at, when it joins, e.g.
+    /// `https://node1.example:7701` (default: `https://LISTEN`, or `http://LISTEN` when the
+    /// runner serves plain HTTP).
     #[serde(default)]
     pub advertise_url: Option<String>,
     /// Where the runner keeps what it creates for itself: the credential a runner that joined
@@ -41,14 +43,16 @@ pub struct RunnerConfig {
     pub state_dir: PathBuf,
     /// The runner's TLS certificate (PEM, chain allowed) and key. Without them the runner
     /// serves a self-signed certificate it creates once in `state_dir`; the server pins it by
-    /// fingerprint (`emisar runner fingerprint`, or sent when the runner joins).
+    /// fingerprint (`emisar runner fingerprint`, or sent when the runner joins). E.g.
+    /// `/etc/emisar/tls/runner.crt`.
     #[serde(default)]
     pub tls_cert_file: Option<PathBuf>,
-    /// The private key (PEM) of `tls_cert_file`.
+    /// The private key (PEM) of `tls_cert_file`, e.g. `/etc/emisar/tls/runner.key`.
     #[serde(default)]
     pub tls_key_file: Option<PathBuf>,
     /// The CA (PEM) that signed the server's certificate, when it is not in the system's
-    /// trust store. When set, it is the only CA the join client trusts.
+    /// trust store, e.g. `/etc/emisar/tls/server-ca.crt`. When set, it is the only CA the join
+    /// client trusts.
     #[serde(default)]
     pub server_ca_file: Option<PathBuf>,
     /// Allows plain HTTP: serving calls without TLS (when no certificate is configured) and
@@ -60,7 +64,7 @@ pub struct RunnerConfig {
     #[serde(default)]
     pub join: Option<JoinConfig>,
     /// A directory of pack files that add to or replace the stock packs: the same files,
-    /// byte for byte, as the server's `packs_dir`.
+    /// byte for byte, as the server's `packs_dir`, e.g. `/etc/emisar/packs`.
     #[serde(default)]
     pub packs_dir: Option<PathBuf>,
     /// PATH for exec actions (the rest of the environment is cleared).
@@ -100,12 +104,20 @@ pub struct RunnerConfig {
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct JoinConfig {
-    /// The server's base URL, e.g. https://emisar.example.internal.
+    /// The server's base URL, e.g. https://emisar.example.internal. Kept here for good: a
+    /// runner that joined restarts from this file alone, re-registering at this server with
+    /// the credential it keeps in `state_dir`.
     pub server: String,
     /// A join token from `emisar join-token issue`. Needed once: after joining, the runner
-    /// re-registers with the credential it keeps in `state_dir`.
+    /// re-registers with the credential it keeps in `state_dir`, and a token left here is
+    /// ignored (it may expire).
     #[serde(default)]
     pub token: Option<String>,
+    /// Whether `server` came only from `--server` on the command line (runner.toml names no
+    /// server, or another one): the runner then says, once it is in, that a restart from the
+    /// file alone would not find this server.
+    #[serde(skip)]
+    pub server_from_command_line: bool,
 }
 
 impl JoinConfig {
@@ -212,13 +224,19 @@ impl RunnerConfig {
         let mut c = Self::read(path)?;
         if server.is_some() || token.is_some() {
             let file = c.join.take();
-            let server = server
-                .or_else(|| file.as_ref().map(|j| j.server.clone()))
-                .context(
-                    "a join token needs a server to join: pass --server URL or set [join] server",
-                )?;
+            let file_server = file.as_ref().map(|j| j.server.clone());
+            let server_from_command_line = server
+                .as_deref()
+                .is_some_and(|s| file_server.as_deref() != Some(s));
+            let server = server.or(file_server).context(
+                "a join token needs a server to join: set [join] server = \"https://…\" in runner.toml (or pass --server URL)",
+            )?;
             let token = token.or_else(|| file.and_then(|j| j.token));
-            c.join = Some(JoinConfig { server, token });
+            c.join = Some(JoinConfig {
+                server,
+                token,
+                server_from_command_line,
+            });
         }
         c.check()?;
         Ok(c)
@@ -262,9 +280,7 @@ impl RunnerConfig {
             anyhow::bail!("name `{}` must be an identifier", self.name);
         }
         if self.server_public_key_file.is_none() && self.join.is_none() {
-            anyhow::bail!(
-                "server_public_key_file is required unless the runner joins a server ([join] or --server/--join-token)"
-            );
+            anyhow::bail!("{}", self.no_server());
         }
         for (k, v) in &self.labels {
             if !crate::pack::is_identifier(k) || !crate::pack::is_identifier(v) {
@@ -341,6 +357,29 @@ impl RunnerConfig {
         Ok(())
     }
 
+    /// What to say when runner.toml names no server: neither `server_public_key_file` (a
+    /// runner in the server's `[[runners]]`) nor `[join] server`. A runner that joined before
+    /// has its server in its credential, so the message names the exact line to add.
+    fn no_server(&self) -> String {
+        let store = CredentialStore::new(&self.state_dir);
+        // Only a hint: a credential that cannot be read (another user's, malformed) is
+        // reported by the runner itself when it uses it.
+        match store.load() {
+            Ok(Some(credential)) if credential.runner == self.name => format!(
+                "runner `{}` names no server: runner.toml has neither [join] server nor server_public_key_file. It joined {} before and keeps its credential in {}: add `server = \"{}\"` under [join] in runner.toml, and it re-registers with that credential at every start, no join token needed",
+                self.name,
+                credential.server,
+                store.path().display(),
+                credential.server
+            ),
+            _ => format!(
+                "runner `{}` names no server: set server_public_key_file (the server's public key) for a runner listed in the server's [[runners]], or [join] server = \"https://…\" for a runner that joins (with a join token for its first start: [join] token, --join-token or EMISAR_JOIN_TOKEN; after that its credential in {} is enough)",
+                self.name,
+                store.path().display()
+            ),
+        }
+    }
+
     /// The settings the runner's TLS identity needs (its self-signed certificate lives in
     /// `state_dir`, next to the credential).
     fn check_tls(&self) -> anyhow::Result<()> {
@@ -392,6 +431,7 @@ mod tests {
             c.join = Some(JoinConfig {
                 server: "https://emisar.example".into(),
                 token: None,
+                server_from_command_line: false,
             });
             let err = c.check().unwrap_err().to_string();
             assert!(

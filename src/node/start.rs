@@ -58,6 +58,13 @@ pub async fn run(config: RunnerConfig, shutdown: CancellationToken) -> anyhow::R
                 packs: &packs,
             };
             let identity = establish(&config, &join, &http, announce, &shutdown).await?;
+            if join.server_from_command_line {
+                tracing::warn!(
+                    server = %join.server,
+                    "the server came from --server only: runner.toml names no [join] server (or another one), so a restart from the file alone (as systemd starts it) would not find this server; add `server = \"{}\"` under [join] in runner.toml",
+                    join.server
+                );
+            }
             let state =
                 RunnerState::with_key_and_packs(config, &identity.server_public_key, packs)?;
             join::spawn_heartbeats(
@@ -139,70 +146,62 @@ async fn establish(
         .map(|p| (p.name.clone(), p.digest.clone()))
         .collect();
 
-    match store.load()? {
-        Some(credential) if credential.is_for(&join.server, &config.name) => {
-            let request = RegisterRequest {
-                url: url.clone(),
-                packs: packs.clone(),
-                tls_fingerprint: tls_fingerprint.clone(),
-            };
-            match join::register(
-                http,
-                &join.server,
-                &credential.runner_token,
-                &request,
-                shutdown,
-            )
-            .await
-            {
-                Ok(registered) => {
-                    if registered.runner != config.name {
-                        anyhow::bail!(
-                            "the server knows this runner's credential as `{}`, not `{}`: remove {} and join again",
-                            registered.runner,
-                            config.name,
-                            store.path().display()
-                        );
-                    }
-                    tracing::info!(server = %join.server, runner = %config.name, "re-registered with the kept credential");
-                    return Ok(Identity {
-                        server_public_key: configured_key.unwrap_or(credential.server_public_key),
-                        runner_token: credential.runner_token,
-                        heartbeat_interval: interval(registered.heartbeat_interval_ms),
-                    });
-                }
-                Err(ServerRefusal::Refused { status, body }) => {
-                    let why = format!(
-                        "the server refused the credential of runner `{}` in {} (HTTP {status}: {body})",
+    if let Some(credential) = kept_credential(config, join, token.is_some())? {
+        let request = RegisterRequest {
+            url: url.clone(),
+            packs: packs.clone(),
+            tls_fingerprint: tls_fingerprint.clone(),
+        };
+        match join::register(
+            http,
+            &join.server,
+            &credential.runner_token,
+            &request,
+            shutdown,
+        )
+        .await
+        {
+            Ok(registered) => {
+                if registered.runner != config.name {
+                    anyhow::bail!(
+                        "the server knows this runner's credential as `{}`, not `{}`: remove {} and join again",
+                        registered.runner,
                         config.name,
                         store.path().display()
                     );
-                    if token.is_none() {
-                        anyhow::bail!(
-                            "{why}. It no longer knows this runner (was it removed with `emisar runner remove {}`?). Issue a new join token (`emisar join-token issue --name {}`) and start the runner with --join-token: the credential is replaced when the join succeeds",
-                            config.name,
-                            config.name
-                        );
-                    }
-                    tracing::warn!("{why}; joining with the join token instead");
                 }
-                Err(e) => anyhow::bail!("failed to re-register at {}: {e}", join.server),
+                tracing::info!(server = %join.server, runner = %config.name, "re-registered with the kept credential");
+                return Ok(Identity {
+                    server_public_key: configured_key.unwrap_or(credential.server_public_key),
+                    runner_token: credential.runner_token,
+                    heartbeat_interval: interval(registered.heartbeat_interval_ms),
+                });
             }
+            Err(ServerRefusal::Refused { status, body }) => {
+                let why = format!(
+                    "the server refused the credential of runner `{}` in {} (HTTP {status}: {body})",
+                    config.name,
+                    store.path().display()
+                );
+                if token.is_none() {
+                    anyhow::bail!(
+                        "{why}. It no longer knows this runner (was it removed with `emisar runner remove {}`?). Issue a new join token (`emisar join-token issue --name {}`) and start the runner with --join-token: the credential is replaced when the join succeeds",
+                        config.name,
+                        config.name
+                    );
+                }
+                tracing::warn!("{why}; joining with the join token instead");
+            }
+            Err(e) => anyhow::bail!("failed to re-register at {}: {e}", join.server),
         }
-        Some(other) => tracing::info!(
-            credential_server = %other.server,
-            credential_runner = %other.runner,
-            "the kept credential is for another server or name; joining"
-        ),
-        None => {}
     }
 
+    // `kept_credential` answered no credential only because there is a token.
     let Some(token) = token else {
         anyhow::bail!(
-            "runner `{}` has no credential for {} in {} and no join token: pass --join-token (from `emisar join-token issue`) or set [join] token",
+            "runner `{}` has no join token for {}",
             config.name,
-            join.server,
-            config.state_dir.display()
+            join.server
         );
     };
     let request = JoinRequest {
@@ -233,6 +232,45 @@ async fn establish(
         runner_token: joined.runner_token,
         heartbeat_interval: interval(joined.heartbeat_interval_ms),
     })
+}
+
+/// The credential a runner that joins re-registers with at start, read from `state_dir`
+/// before any network call: `Some` when it holds one for `join.server` and its name, `None`
+/// when it holds none but `has_token` (it joins), and an error saying what is missing when it
+/// has neither. The runner's start and `emisar config check` both ask this.
+pub fn kept_credential(
+    config: &RunnerConfig,
+    join: &JoinConfig,
+    has_token: bool,
+) -> anyhow::Result<Option<Credential>> {
+    let store = CredentialStore::new(&config.state_dir);
+    match store.load()? {
+        Some(credential) if credential.is_for(&join.server, &config.name) => Ok(Some(credential)),
+        Some(other) if has_token => {
+            tracing::info!(
+                credential_server = %other.server,
+                credential_runner = %other.runner,
+                "the kept credential is for another server or name; joining"
+            );
+            Ok(None)
+        }
+        None if has_token => Ok(None),
+        Some(other) => anyhow::bail!(
+            "runner `{}` has no credential for {} and no join token: {} holds the credential of runner `{}` at {}. Set [join] server to the server it joined (and name to its name), or give a join token for {} ([join] token, --join-token or EMISAR_JOIN_TOKEN; from `emisar join-token issue`)",
+            config.name,
+            join.server,
+            store.path().display(),
+            other.runner,
+            other.server,
+            join.server
+        ),
+        None => anyhow::bail!(
+            "runner `{}` has no credential for {} in {} and no join token: it has not joined yet (or its state_dir was lost). Give it a join token for its first start ([join] token, --join-token or EMISAR_JOIN_TOKEN; from `emisar join-token issue`); after that it restarts with its credential alone",
+            config.name,
+            join.server,
+            config.state_dir.display()
+        ),
+    }
 }
 
 /// The server's heartbeat interval, never below a second whatever it says.

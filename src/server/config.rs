@@ -15,12 +15,15 @@ pub struct ServerConfig {
     /// Address of the MCP endpoint and API, e.g. `127.0.0.1:7700` (`:0` picks a free port).
     #[serde(default = "default_server_listen")]
     pub listen: String,
-    /// `postgres://…` or `sqlite://…`; `--database` / `DATABASE_URL` take precedence.
+    /// `postgres://…` or `sqlite://…`, e.g. `postgres://emisar@db.internal/emisar`;
+    /// `--database` / `DATABASE_URL` take precedence.
     #[serde(default)]
     pub database_url: Option<String>,
-    /// The Ed25519 private key (PKCS#8 PEM) that signs runner calls.
+    /// The Ed25519 private key (PKCS#8 PEM) that signs runner calls, e.g.
+    /// `/etc/emisar/server.key` (`emisar keygen`).
     pub signing_key_file: PathBuf,
-    /// A directory of pack files that add to or replace the stock packs.
+    /// A directory of pack files that add to or replace the stock packs, e.g.
+    /// `/etc/emisar/packs`.
     #[serde(default)]
     pub packs_dir: Option<PathBuf>,
     /// The longest a call waits for any one runner, in milliseconds.
@@ -42,7 +45,8 @@ pub struct ServerConfig {
     #[serde(default)]
     pub runners: Vec<RunnerEntry>,
     /// Key for the HMAC that stands in for secret params in the audit log (64 hex chars;
-    /// `emisar keygen --audit-key FILE`). Required when a pack has secret params.
+    /// `emisar keygen --audit-key FILE`), e.g. `/etc/emisar/audit.key`. Required when a pack
+    /// has secret params.
     #[serde(default)]
     pub audit_key_file: Option<PathBuf>,
     /// Tool calls per second each agent may make, and the burst above it.
@@ -56,7 +60,7 @@ pub struct ServerConfig {
     pub health_probe_interval_ms: u64,
     /// The policy file (TOML or YAML): who may use which tools and runners, risk overrides,
     /// approvers per tool, per-runner allowlists. Without one, reads run and every write
-    /// needs one approval. Reloaded on SIGHUP.
+    /// needs one approval. Reloaded on SIGHUP. E.g. `/etc/emisar/policy.toml`.
     #[serde(default)]
     pub policy_file: Option<PathBuf>,
     /// Who hears about new approval requests.
@@ -94,15 +98,15 @@ pub struct ServerConfig {
     #[serde(default)]
     pub oauth: Option<crate::server::oidc::config::OAuthConfig>,
     /// The server's TLS certificate (PEM, chain allowed) and key: with both, the server serves
-    /// HTTPS itself (and the portal's cookie is `Secure`).
+    /// HTTPS itself (and the portal's cookie is `Secure`), e.g. `/etc/emisar/tls/server.crt`.
     #[serde(default)]
     pub tls_cert_file: Option<PathBuf>,
-    /// The private key (PEM) of `tls_cert_file`.
+    /// The private key (PEM) of `tls_cert_file`, e.g. `/etc/emisar/tls/server.key`.
     #[serde(default)]
     pub tls_key_file: Option<PathBuf>,
     /// A CA (PEM) that signs runners' certificates. A runner without `tls_fingerprint` is
     /// verified against it, its hostname checked against its URL; without it, against the
-    /// system's trust store.
+    /// system's trust store. E.g. `/etc/emisar/tls/runner-ca.crt`.
     #[serde(default)]
     pub runner_ca_file: Option<PathBuf>,
     /// Allows `http://` runner URLs, in this file and in join requests. Loopback tests and

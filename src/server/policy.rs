@@ -813,8 +813,18 @@ impl Policy {
     /// The runner selector the policy limits `caller` to, if any (for the runner names a
     /// tool's schema lists).
     pub fn runner_selector(&self, caller: &Principal) -> Option<&Selector> {
+        self.runner_rule(caller).map(|(_, selector)| selector)
+    }
+
+    /// The policy line that limits `caller`'s runners, if any: its path
+    /// (`agents.NAME.runners`, or `agents."*".runners`) and its selector. For the audit log,
+    /// which tells the operator which line kept a runner out of reach.
+    pub fn runner_rule(&self, caller: &Principal) -> Option<(String, &Selector)> {
         match self.access(&caller.name) {
-            Access::Entry(_, rule) => rule.runners.as_ref(),
+            Access::Entry(entry, rule) => rule
+                .runners
+                .as_ref()
+                .map(|s| (format!("agents.{}.runners", key(entry)), s)),
             _ => None,
         }
     }

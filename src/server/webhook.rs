@@ -54,8 +54,8 @@ impl WebhookKind {
 #[derive(schemars::JsonSchema, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WebhookConfig {
-    /// Where the notice is POSTed. It may carry a secret (a Slack hook's path): it is never
-    /// logged, only its host.
+    /// Where the notice is POSTed, e.g. `https://hooks.slack.com/services/…`. It may carry a
+    /// secret (a Slack hook's path): it is never logged, only its host.
     pub url: String,
     /// The body's shape: `generic` (the notice as JSON) or `slack` (an incoming-webhook text).
     #[serde(default)]

@@ -148,7 +148,24 @@ async fn runners_join_with_a_token_and_are_chosen_by_label() {
     .await;
     assert_eq!(res.is_error, Some(true));
     let text = serde_json::to_string(&res.content).unwrap();
-    assert!(text.contains("no runner is named `edge-1`"), "{text}");
+    assert!(
+        text.contains("`edge-1` is not a runner this agent may use"),
+        "{text}"
+    );
+    // The audit log names the token's selector that kept it out.
+    let rejected = app
+        .events(emisar::server::audit::AuditFilter {
+            kind: Some("tool.rejected".into()),
+            ..Default::default()
+        })
+        .await;
+    let why = rejected.last().unwrap().detail.clone().unwrap()["error"].clone();
+    assert!(
+        why.as_str().unwrap().contains(
+            "runner `edge-1` (labels `dc=dc1,role=edge`) is outside the runners agent `db-bot` may use: the selector `role=db` of agent `db-bot`'s token"
+        ),
+        "{why}"
+    );
     let res = call(
         &scoped,
         "testkit.echo",

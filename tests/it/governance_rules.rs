@@ -165,16 +165,45 @@ async fn the_runners_a_caller_may_target_are_one_set(backend: Backend) {
     assert_eq!(s["results"][0]["runner"], "b-edge", "{s}");
 
     // A runner outside the policy's selector is as unknown to the agent as one that does
-    // not exist, whether named or selected.
-    let res = call(
-        &client,
-        "consul.members",
-        json!({"runners": ["a-core"], "reason": "ask the core"}),
-    )
-    .await;
-    assert_eq!(res.is_error, Some(true), "{res:?}");
-    let text = format!("{:?}", res.content);
-    assert!(text.contains("no runner is named `a-core`"), "{text}");
+    // not exist, whether named or selected: the same kind (`invalid_arguments`, as
+    // docs/agent-guide.md says) and the same words. The audit log tells the operator which
+    // it was: the policy line and the runner's labels, or no such runner.
+    let mut rejected = Vec::new();
+    for name in ["a-core", "a-typo"] {
+        let res = call(
+            &client,
+            "consul.members",
+            json!({"runners": [name], "reason": "ask the core"}),
+        )
+        .await;
+        assert_eq!(kind_of(&res), "invalid_arguments", "{res:?}");
+        let text = format!("{:?}", res.content);
+        assert!(
+            text.contains(&format!("`{name}` is not a runner this agent may use")),
+            "{text}"
+        );
+        assert!(
+            !text.contains("role=core") && !text.contains("policy"),
+            "{text}"
+        );
+        let events = app
+            .events(emisar::server::audit::AuditFilter {
+                kind: Some("tool.rejected".into()),
+                ..Default::default()
+            })
+            .await;
+        rejected.push(events.last().unwrap().detail.clone().unwrap()["error"].clone());
+    }
+    let policy_line = rejected[0].as_str().unwrap();
+    assert!(
+        policy_line.contains(
+            "runner `a-core` (labels `role=core`) is outside the runners agent `test-agent` may use: the policy's `agents.test-agent.runners = \"role=edge\"`"
+        ),
+        "{policy_line}"
+    );
+    let typo = rejected[1].as_str().unwrap();
+    assert!(typo.contains("no runner is named `a-typo`"), "{typo}");
+    assert!(!typo.contains("policy"), "{typo}");
     let res = call(
         &client,
         "consul.members",

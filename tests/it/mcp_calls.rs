@@ -399,7 +399,7 @@ async fn bad_input_is_refused_named_and_audited(backend: Backend) {
         ),
         (
             json!({"runners": ["ghost"], "reason": "x"}),
-            "no runner is named `ghost`",
+            "`ghost` is not a runner this agent may use",
         ),
         (
             json!({"runners": ["node-1"], "reason": "x", "bogus": 1}),

@@ -118,6 +118,12 @@ fn a_broken_template_fails_on_the_request_it_makes() {
         out.contains("request mismatch: the engine made GET /v1/health/services/web, the case recorded GET /v1/health/service/web"),
         "{out}"
     );
+    // Said once per failed case: the step's failure that repeats it is not printed again.
+    assert_eq!(
+        out.matches("request mismatch").count(),
+        out.matches("FAIL ").count(),
+        "{out}"
+    );
 }
 
 #[test]

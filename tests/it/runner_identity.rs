@@ -2,7 +2,9 @@
 //! (once, or N times) and two joins never share a use; a join never takes over a runner (one
 //! from the config, or one that joined) nor gets labels its token does not grant; a join
 //! answer with another server's key is refused by the runner and nothing is saved; a runner
-//! restarts with its own credential after its join token expired, and not after removal; a
+//! restarts with its own credential after its join token expired, and not after removal, from
+//! its runner.toml alone (the server named there, no token), which `emisar config check`
+//! accepts, and a runner.toml that names no server says what to add; a
 //! runner serving HTTPS is pinned to its certificate at join and re-pinned when it
 //! re-registers with another.
 
@@ -14,7 +16,10 @@ use emisar::server::fleet::{JoinTokenSpec, JoinTokenState, NameRule};
 use serde_json::{Value, json};
 
 use crate::harness::app::{Options, TestApp};
-use crate::harness::join::{run_runner_to_end, runner_toml, spawn_runner, state_dir};
+use crate::harness::join::{
+    run_runner_from_file_to_end, run_runner_to_end, runner_toml, spawn_runner,
+    spawn_runner_from_file, state_dir,
+};
 use crate::harness::tools::{bound_addr, only_output};
 use crate::harness::{Backend, RunnerSpec, spawn_app};
 use crate::mcp_calls::{call, fixtures_dir};
@@ -656,6 +661,136 @@ async fn a_runner_restarts_with_its_credential(backend: Backend) {
     app.assert_chain_intact().await;
 }
 crate::both_backends!(a_runner_restarts_with_its_credential);
+
+/// `emisar config check FILE`: (exit code, stdout).
+fn config_check(config: &std::path::Path) -> (i32, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_emisar"))
+        .args([
+            "config",
+            "check",
+            "--kind",
+            "runner",
+            config.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+/// The operator's path: the runner joins once with `--server` and the token on the command
+/// line; the token expires; systemd restarts it with `--config runner.toml` alone. Without
+/// `[join] server` in the file the start (and `config check`) name the line to add; with it,
+/// `config check` says ok and the runner re-registers with its credential. A runner.toml with
+/// the server but neither a credential nor a token says it has not joined yet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_joined_runner_restarts_from_its_config_alone() {
+    let app = fixture_app(Backend::Sqlite, vec![], None).await;
+    let base = app.base_url();
+    let (token_id, token) = app
+        .join_token(JoinTokenSpec {
+            name: NameRule::Exact("edge-1".into()),
+            ..once()
+        })
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let credential_path = state_dir(dir.path(), "edge-1").join("credential.json");
+    let echo = json!({"runners": ["edge-1"], "reason": "is it there?", "word": "hi"});
+
+    // First start: the server and the token on the command line only.
+    let bare = runner_toml(dir.path(), "edge-1", "");
+    let log = dir.path().join("first.log");
+    let runner = spawn_runner(&base, &bare, Some(&token), &log);
+    app.wait_for_runner("edge-1", &log).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("the server came from --server only")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the runner did not warn that runner.toml names no server: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(credential_path.exists());
+    drop(runner);
+    expire(&app, &token_id).await;
+
+    // Restarted from the file alone, which names no server: refused, naming the line to add.
+    let wanted = format!("server = \"{base}\"");
+    let (code, err) = run_runner_from_file_to_end(&bare).await;
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("runner `edge-1` names no server")
+            && err.contains(&wanted)
+            && err.contains(credential_path.to_str().unwrap()),
+        "{err}"
+    );
+    let (code, out) = config_check(&bare);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains(&wanted), "{out}");
+
+    // With the server in the file (and no token): config check accepts it, and the runner
+    // re-registers with its credential although its join token expired.
+    let config = runner_toml(
+        dir.path(),
+        "edge-1",
+        &format!("[join]\nserver = \"{base}\"\n"),
+    );
+    let (code, out) = config_check(&config);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.starts_with("ok: "), "{out}");
+    let log = dir.path().join("second.log");
+    let mut runner = spawn_runner_from_file(&config, &log);
+    let new_url = format!(
+        "http://{}",
+        bound_addr(&mut runner, &log, "runner listening").await
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while app.runner_status("edge-1").await.unwrap()["url"] != new_url.as_str() {
+        assert!(
+            Instant::now() < deadline,
+            "the runner did not re-register from its config alone: {}",
+            std::fs::read_to_string(&log).unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let log_text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        log_text.contains("re-registered with the kept credential")
+            && !log_text.contains("the server came from --server only"),
+        "{log_text}"
+    );
+    let client = app.mcp_client().await;
+    assert_eq!(
+        only_output(&call(&client, "testkit.echo", echo).await),
+        json!({"said": "hi"})
+    );
+    client.cancel().await.unwrap();
+    drop(runner);
+
+    // A runner that never joined, with the server but no token: both say what is missing.
+    let fresh = runner_toml(
+        dir.path(),
+        "edge-2",
+        &format!("[join]\nserver = \"{base}\"\n"),
+    );
+    let (code, out) = config_check(&fresh);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("join: runner `edge-2` has no credential for")
+            && out.contains("no join token"),
+        "{out}"
+    );
+    let (code, err) = run_runner_from_file_to_end(&fresh).await;
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("it has not joined yet"), "{err}");
+    app.assert_chain_intact().await;
+}
 
 /// The stored pin of runner `name` (NULL: none), straight from the store.
 async fn stored_pin(app: &TestApp, name: &str) -> Option<String> {

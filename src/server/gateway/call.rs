@@ -89,16 +89,31 @@ impl Gateway {
             return self.builtin_call(caller, offered, args, errors, ctx).await;
         };
         let policy = self.policy();
-        let targets = self.resolve_targets(caller, &policy, tool, &mut args, &mut errors);
+        let mut out_of_reach = Vec::new();
+        let targets = self.resolve_targets(
+            caller,
+            &policy,
+            tool,
+            &mut args,
+            (&mut errors, &mut out_of_reach),
+        );
         let shown_args = self.redact(tool, &args.params);
         if !errors.is_empty() {
             errors.dedup();
+            // The audit log tells the operator what the agent is not told: why a runner it
+            // named is out of its reach.
+            let why = errors
+                .iter()
+                .chain(&out_of_reach)
+                .map(String::as_str)
+                .collect::<Vec<_>>()
+                .join("; ");
             self.reject(
                 caller,
                 &tool.name,
                 Some(shown_args),
                 args.reason.clone(),
-                errors.join("; "),
+                why,
             )
             .await;
             return Err(CallError::Invalid {
@@ -253,14 +268,16 @@ impl Gateway {
     /// Step 3, second half: the runners a pack tool's call goes to, from `runners`, a
     /// `selector`, or (for a cluster-scoped tool) the server's choice; every one of them a
     /// runner the caller may target ([`Gateway::may_target`]). Problems are added to
-    /// `errors`; the targets are only meaningful when there are none.
+    /// `errors` (what the agent reads); the targets are only meaningful when there are none. A
+    /// named runner out of the caller's reach reads to the agent exactly as one that does not
+    /// exist; why it is out of reach goes to `out_of_reach`, for the audit log only.
     fn resolve_targets(
         &self,
         caller: &Principal,
         policy: &Policy,
         tool: &ToolRef,
         args: &mut Args,
-        errors: &mut Vec<String>,
+        (errors, out_of_reach): (&mut Vec<String>, &mut Vec<String>),
     ) -> Targets {
         let selector = match args
             .params
@@ -279,10 +296,13 @@ impl Gateway {
         let named = &args.named;
         for name in named {
             match self.may_target(caller, policy, name) {
-                None => errors.push(format!(
-                    "`runners`: no runner is named {}",
-                    crate::util::door::describe(name)
-                )),
+                None => {
+                    errors.push(format!(
+                        "`runners`: {} is not a runner this agent may use (the tool's schema and `emisar.runners` list those it may)",
+                        crate::util::door::describe(name)
+                    ));
+                    out_of_reach.push(self.out_of_reach(caller, policy, name));
+                }
                 Some(r) if !r.serves(&tool.pack) => errors.push(format!(
                     "`runners`: runner `{name}` does not serve pack `{}`",
                     tool.pack

@@ -254,6 +254,41 @@ impl Gateway {
         })
     }
 
+    /// Why `name` is not a runner `caller` may target, for the operator (the audit log's
+    /// `tool.rejected`), never for the agent, which learns nothing about runners outside its
+    /// reach: no such runner, or the line that keeps it out (the token's selector, the
+    /// policy's `agents.NAME.runners`) with the runner's labels.
+    pub(super) fn out_of_reach(&self, caller: &Principal, policy: &Policy, name: &str) -> String {
+        let Some(runner) = self.runners.get(name) else {
+            return format!("no runner is named {}", crate::util::door::describe(name));
+        };
+        let labels: Vec<String> = runner
+            .labels
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        let labels = labels.join(",");
+        let mut rules = Vec::new();
+        if let Some(selector) = &caller.selector
+            && !selector.matches(&runner.labels)
+        {
+            rules.push(format!(
+                "the selector `{selector}` of agent `{}`'s token",
+                caller.name
+            ));
+        }
+        if let Some((line, selector)) = policy.runner_rule(caller)
+            && !selector.matches(&runner.labels)
+        {
+            rules.push(format!("the policy's `{line} = \"{selector}\"`"));
+        }
+        format!(
+            "runner `{name}` (labels `{labels}`) is outside the runners agent `{}` may use: {}",
+            caller.name,
+            rules.join(" and ")
+        )
+    }
+
     /// The runners serving `pack` that `caller` may target, healthiest first (the order the
     /// server picks in).
     pub(super) fn targetable(

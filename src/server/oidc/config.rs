@@ -60,7 +60,7 @@ pub struct OidcConfig {
     pub client_id: String,
     /// A file holding the client secret (surrounding whitespace is ignored). At most one of
     /// `client_secret_file` and `client_secret_env`; neither means a public client, which
-    /// needs `token_auth_method = "none"`. Default: none.
+    /// needs `token_auth_method = "none"`. Default: none. E.g. `/etc/emisar/oidc-secret`.
     #[serde(default)]
     pub client_secret_file: Option<PathBuf>,
     /// An environment variable holding the client secret. Default: none.
@@ -73,12 +73,13 @@ pub struct OidcConfig {
     /// The name on the portal's "Sign in with …" button. Default: `OpenID Connect`.
     #[serde(default = "default_display_name")]
     pub display_name: String,
-    /// Scopes asked for; must include `openid`. Default: `["openid", "profile", "email"]`
-    /// (add the provider's group scope when it has one, e.g. `groups`).
+    /// Scopes asked for; must include `openid`. Default: `["openid", "profile", "email"]`;
+    /// add the provider's group scope when it has one, e.g.
+    /// `scopes = ["openid", "profile", "email", "groups"]`.
     #[serde(default = "default_scopes")]
     pub scopes: Vec<String>,
     /// Where the provider sends the browser back, registered at the provider. Default:
-    /// `<public_url>/login/oidc/callback`.
+    /// `<public_url>/login/oidc/callback`, e.g. `https://emisar.example.internal/login/oidc/callback`.
     #[serde(default)]
     pub redirect_url: Option<String>,
     /// The ID token claim that lists the person's groups: a claim name, or a dotted path into

@@ -106,26 +106,35 @@ pub fn state_dir(dir: &Path, name: &str) -> PathBuf {
     dir.join(format!("state-{name}"))
 }
 
-/// `emisar runner --config CONFIG --server SERVER` (with the join token in the environment
-/// when given), its stderr in `log`.
-pub fn spawn_runner(server: &str, config: &Path, join_token: Option<&str>, log: &Path) -> Proc {
+/// `emisar runner --config CONFIG [--server SERVER]`, no join token in its environment, its
+/// stderr in `log`.
+fn runner_command(server: Option<&str>, config: &Path, log: &Path) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_emisar"));
     command
-        .args([
-            "runner",
-            "--config",
-            config.to_str().unwrap(),
-            "--server",
-            server,
-        ])
+        .args(["runner", "--config", config.to_str().unwrap()])
         .env_remove("EMISAR_JOIN_TOKEN")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(log).unwrap());
+    if let Some(server) = server {
+        command.args(["--server", server]);
+    }
+    command
+}
+
+/// `emisar runner --config CONFIG --server SERVER` (with the join token in the environment
+/// when given), its stderr in `log`.
+pub fn spawn_runner(server: &str, config: &Path, join_token: Option<&str>, log: &Path) -> Proc {
+    let mut command = runner_command(Some(server), config, log);
     if let Some(token) = join_token {
         command.env("EMISAR_JOIN_TOKEN", token);
     }
     Proc(command.spawn().unwrap())
+}
+
+/// `emisar runner --config CONFIG` and nothing else, as systemd starts it; stderr in `log`.
+pub fn spawn_runner_from_file(config: &Path, log: &Path) -> Proc {
+    Proc(runner_command(None, config, log).spawn().unwrap())
 }
 
 /// Runs `emisar runner …` that is expected to fail to start; returns (exit code, stderr).
@@ -135,21 +144,22 @@ pub async fn run_runner_to_end(
     config: &Path,
     join_token: Option<&str>,
 ) -> (i32, String) {
+    run_to_end(Some(server), config, join_token).await
+}
+
+/// [`run_runner_to_end`] with no --server: runner.toml alone.
+pub async fn run_runner_from_file_to_end(config: &Path) -> (i32, String) {
+    run_to_end(None, config, None).await
+}
+
+async fn run_to_end(
+    server: Option<&str>,
+    config: &Path,
+    join_token: Option<&str>,
+) -> (i32, String) {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("stderr");
-    let mut command = Command::new(env!("CARGO_BIN_EXE_emisar"));
-    command
-        .args([
-            "runner",
-            "--config",
-            config.to_str().unwrap(),
-            "--server",
-            server,
-        ])
-        .env_remove("EMISAR_JOIN_TOKEN")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap());
+    let mut command = runner_command(server, config, &log);
     if let Some(token) = join_token {
         command.args(["--join-token", token]);
     }

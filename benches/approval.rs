@@ -899,7 +899,7 @@ fn time_signature_checks(out: &mut Out) {
             p99 as f64 / 1e6
         );
         let _ = writeln!(out.summary, "verify_{key}_p50_ms={:.3}", p50 as f64 / 1e6);
-        log(&format!(
+        log(format!(
             "{label}: p50 {:.3} ms, p99 {:.3} ms",
             p50 as f64 / 1e6,
             p99 as f64 / 1e6

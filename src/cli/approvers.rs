@@ -225,7 +225,7 @@ pub fn run(command: ApproversCommand) -> anyhow::Result<()> {
                 let sig_file = sig_path(&file);
                 let signature = std::fs::read_to_string(&sig_file)
                     .with_context(|| format!("reading {}", sig_file.display()))?;
-                SignedApprovers { text, signature }.verify(&[key.clone()])?;
+                SignedApprovers { text, signature }.verify(std::slice::from_ref(&key))?;
                 println!(
                     "signature: {} is good, by {}",
                     sig_file.display(),

@@ -229,11 +229,14 @@ impl Gate {
             ));
         }
         if file.serial > *highest {
-            write_atomically(
-                &self.state_dir.join(SERIAL_FILE),
+            std::fs::create_dir_all(&self.state_dir)
+                .map_err(|e| format!("cannot create {}: {e}", self.state_dir.display()))?;
+            crate::util::files::replace_private(
+                &self.state_dir,
+                SERIAL_FILE,
                 file.serial.to_string().as_bytes(),
             )
-            .map_err(|e| format!("cannot record the approvers file's serial: {e}"))?;
+            .map_err(|e| format!("cannot record the approvers file's serial: {e:#}"))?;
             *highest = file.serial;
         }
         Ok(file)
@@ -287,8 +290,11 @@ impl Gate {
                     .iter()
                     .map(|(id, e)| format!("{id} {e}\n"))
                     .collect();
-                write_atomically(&path, kept.as_bytes())
-                    .with_context(|| format!("rewriting {}", path.display()))?;
+                crate::util::files::replace_private(
+                    &self.state_dir,
+                    EXECUTED_FILE,
+                    kept.as_bytes(),
+                )?;
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
@@ -307,17 +313,4 @@ impl Gate {
         }
         Ok(())
     }
-}
-
-fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(std::path::Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    let tmp = path.with_extension("tmp");
-    {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, path)?;
-    std::fs::File::open(dir)?.sync_all()
 }

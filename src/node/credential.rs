@@ -6,7 +6,6 @@
 //! atomically (a temporary file, synced, then renamed), so a crash never leaves half a
 //! credential. A credential file that others may read is refused, not used.
 
-use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -125,22 +124,8 @@ impl CredentialStore {
 
     /// Writes `credential` (mode 0600), replacing any earlier one atomically.
     pub fn save(&self, credential: &Credential) -> anyhow::Result<()> {
-        let path = self.path();
-        let tmp = self.dir.join(format!(".{FILE}.tmp"));
         let text = serde_json::to_string_pretty(credential).expect("a credential is JSON");
-        let _ = std::fs::remove_file(&tmp);
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)
-            .with_context(|| format!("failed to create {}", tmp.display()))?;
-        f.write_all(text.as_bytes())
-            .and_then(|()| f.sync_all())
-            .with_context(|| format!("failed to write {}", tmp.display()))?;
-        std::fs::rename(&tmp, &path)
-            .with_context(|| format!("failed to move the credential to {}", path.display()))?;
-        Ok(())
+        crate::util::files::replace_private(&self.dir, FILE, text.as_bytes())
     }
 }
 

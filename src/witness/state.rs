@@ -7,8 +7,7 @@
 //! state file that cannot be read stops the witness at start; it is never reset silently.
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
@@ -91,25 +90,8 @@ impl StateFile {
 
     /// Replaces the file with `state`, durably, before returning.
     pub fn save(&self, state: &State) -> anyhow::Result<()> {
-        let path = self.path();
-        let tmp = self.dir.join(format!(".{FILE}.tmp"));
         let text = serde_json::to_vec_pretty(state).expect("the state is JSON");
-        let _ = std::fs::remove_file(&tmp);
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)
-            .with_context(|| format!("failed to create {}", tmp.display()))?;
-        f.write_all(&text)
-            .and_then(|()| f.sync_all())
-            .with_context(|| format!("failed to write {}", tmp.display()))?;
-        std::fs::rename(&tmp, &path)
-            .with_context(|| format!("failed to replace {}", path.display()))?;
-        std::fs::File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .with_context(|| format!("failed to sync {}", self.dir.display()))?;
-        Ok(())
+        crate::util::files::replace_private(&self.dir, FILE, &text)
     }
 }
 

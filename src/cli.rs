@@ -495,6 +495,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                     println!("  {m}");
                 }
             }
+            // Events written before the audit tree existed are folded into it now, rather
+            // than by the server's first append (which would hold the append lock for it).
+            let leaves = crate::server::audit::tree::fold_all(&db)
+                .await
+                .context("failed to fold the audit log into its Merkle tree")?;
+            println!("audit tree: {leaves} events");
         }
     }
     Ok(0)

@@ -25,8 +25,22 @@ pub enum AuditCommand {
         #[arg(long, conflicts_with = "from_seq")]
         since: Option<chrono::DateTime<chrono::Utc>>,
         /// Start at this seq (its predecessor's stored hash is the anchor).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "checkpoint")]
         from_seq: Option<i64>,
+        /// Verify only what is new since this checkpoint you kept (`emisar audit checkpoint`):
+        /// the log must extend it (a consistency proof) and the events since must make the
+        /// newest signed checkpoint. Needs --log-key.
+        #[arg(
+            long,
+            value_name = "FILE",
+            requires = "log_key",
+            conflicts_with = "since"
+        )]
+        checkpoint: Option<PathBuf>,
+        /// The log's verifier key (`name+id+base64`, as `emisar audit log-keygen` printed it),
+        /// or a file holding it. Take it from the operator, never from the server you audit.
+        #[arg(long, value_name = "KEY")]
+        log_key: Option<String>,
         /// The report as one JSON object instead of text.
         #[arg(long)]
         json: bool,
@@ -55,6 +69,50 @@ pub enum AuditCommand {
         json: bool,
         #[command(flatten)]
         db: DbArg,
+    },
+    /// Print the newest signed checkpoint of the audit log with its witnesses' cosignatures:
+    /// keep it somewhere the server cannot reach, and verify from it later.
+    #[command(
+        after_help = "Example: emisar audit checkpoint --cosigned-by 2 --database postgres://emisar@db/emisar > kept-checkpoint.txt"
+    )]
+    Checkpoint {
+        /// The newest checkpoint with at least this many cosignatures.
+        #[arg(long, default_value_t = 0)]
+        cosigned_by: usize,
+        #[command(flatten)]
+        db: DbArg,
+    },
+    /// Print an event with its inclusion proof in the newest checkpoint (JSON); with
+    /// --log-key, check it first and exit 1 if it does not verify.
+    #[command(
+        after_help = "Example: emisar audit prove 0193a6d2-7f1e-7c3a-9b1e-5d2f8a4c6e01 --log-key audit.example.com/log+1a2b3c4d+AXyz..."
+    )]
+    Prove {
+        /// The event's id (a UUID, as `audit query` shows it).
+        id: String,
+        /// A checkpoint with at least this many cosignatures.
+        #[arg(long, default_value_t = 0)]
+        cosigned_by: usize,
+        /// The log's verifier key, or a file holding it: check the proof before printing it.
+        #[arg(long, value_name = "KEY")]
+        log_key: Option<String>,
+        #[command(flatten)]
+        db: DbArg,
+    },
+    /// Make the audit log's signing key for checkpoints (emisar.toml's
+    /// `[transparency] log_key_file`); prints its verifier key for auditors and witnesses.
+    #[command(
+        name = "log-keygen",
+        after_help = "Example: emisar audit log-keygen --origin emisar.example.com/audit --key /etc/emisar/log.key"
+    )]
+    LogKeygen {
+        /// The log's origin (the first line of every checkpoint), usually the server's host and
+        /// a path, without scheme, spaces or `+`; keep it for the log's life.
+        #[arg(long)]
+        origin: String,
+        /// Where to write the private key (mode 0600; never overwritten).
+        #[arg(long)]
+        key: PathBuf,
     },
     /// The HMAC the audit log stores for a secret value: compare it with a stored event.
     #[command(
@@ -246,6 +304,8 @@ pub async fn run(command: AuditCommand) -> anyhow::Result<i32> {
         AuditCommand::Verify {
             since,
             from_seq,
+            checkpoint,
+            log_key,
             json,
             db,
             server,
@@ -258,6 +318,18 @@ pub async fn run(command: AuditCommand) -> anyhow::Result<i32> {
                 return Ok(2);
             }
             let db = db.connect().await?;
+            if let Some(path) = checkpoint {
+                let keys = log_keys(log_key.as_deref())?;
+                let kept = std::fs::read(&path)
+                    .with_context(|| format!("--checkpoint {}", path.display()))?;
+                let report = audit::proofs::verify_from(&db, &kept, &keys).await?;
+                if json {
+                    println!("{}", serde_json::to_string(&report)?);
+                } else {
+                    print!("{}", audit::proofs::report_text(&report));
+                }
+                return Ok(if report.problem.is_none() { 0 } else { 1 });
+            }
             let from_seq = match since {
                 None => from_seq,
                 Some(since) => {
@@ -343,6 +415,50 @@ pub async fn run(command: AuditCommand) -> anyhow::Result<i32> {
                 );
             }
             Ok(if report.failures.is_empty() { 0 } else { 1 })
+        }
+        AuditCommand::Checkpoint { cosigned_by, db } => {
+            let db = db.connect().await?;
+            match audit::checkpoints::latest(&db, cosigned_by).await? {
+                Some(cp) => {
+                    print!("{}", cp.cosigned());
+                    Ok(0)
+                }
+                None => {
+                    eprintln!(
+                        "error: no checkpoint{} yet: is [transparency] set in emisar.toml?",
+                        if cosigned_by > 0 {
+                            format!(" with {cosigned_by} cosignatures")
+                        } else {
+                            String::new()
+                        }
+                    );
+                    Ok(1)
+                }
+            }
+        }
+        AuditCommand::Prove {
+            id,
+            cosigned_by,
+            log_key,
+            db,
+        } => {
+            let db = db.connect().await?;
+            let proof = audit::proofs::prove(&db, &id, cosigned_by).await?;
+            if let Some(key) = log_key {
+                let keys = log_keys(Some(&key))?;
+                if let Err(e) = audit::proofs::check_inclusion(&proof, &keys) {
+                    eprintln!("FAILED: the proof of event {id} does not verify: {e}");
+                    return Ok(1);
+                }
+            }
+            println!("{}", serde_json::to_string_pretty(&proof)?);
+            Ok(0)
+        }
+        AuditCommand::LogKeygen { origin, key } => {
+            let vkey = audit::checkpoints::log_keygen(&origin, &key)?;
+            println!("wrote {} (keep it secret)", key.display());
+            println!("{vkey}");
+            Ok(0)
         }
         AuditCommand::Hash { key_file, value } => {
             let key = crate::server::secrets::AuditKey::from_file(&key_file)?;
@@ -537,6 +653,18 @@ fn csv_cell(f: &str) -> String {
     } else {
         f.to_owned()
     }
+}
+
+/// The log's verifier key from `--log-key`: the key text itself, or a file holding it.
+fn log_keys(arg: Option<&str>) -> anyhow::Result<crate::tlog::keys::Verifiers> {
+    let arg = arg.context("--log-key: give the log's verifier key (name+id+base64)")?;
+    let text = if std::path::Path::new(arg).is_file() {
+        std::fs::read_to_string(arg).with_context(|| format!("--log-key {arg}"))?
+    } else {
+        arg.to_owned()
+    };
+    crate::tlog::keys::Verifiers::parse([text.trim()])
+        .map_err(|e| anyhow::anyhow!("--log-key: {e}"))
 }
 
 #[cfg(test)]

@@ -67,6 +67,14 @@ impl Application {
         let public_pem = crate::protocol::signing::public_pem_of(&signing_pem)?;
         let db = Db::connect(database_url).await?;
         let audit = AuditLog::start(db.clone());
+        // Built before anything is served, so a bad log key or witness stops the server now.
+        let checkpointer = config
+            .transparency
+            .as_ref()
+            .map(|t| {
+                crate::server::audit::checkpoints::Checkpointer::new(db.clone(), audit.clone(), t)
+            })
+            .transpose()?;
         let audit_key = config
             .audit_key_file
             .as_deref()
@@ -172,6 +180,13 @@ impl Application {
             .context("failed to write the first audit event")?;
         gateway.spawn_sweeper(Duration::from_secs(2), shutdown.clone());
         audit.spawn_refusal_flusher(shutdown.clone());
+        if let Some(checkpointer) = checkpointer {
+            tracing::info!(
+                log_key = %checkpointer.verifier_key(),
+                "signing checkpoints of the audit log (give auditors and witnesses this key)"
+            );
+            checkpointer.spawn(audit.appended(), shutdown.clone());
+        }
         crate::server::fleet::spawn_sync(
             db.clone(),
             registry.clone(),

@@ -138,6 +138,11 @@ pub struct ServerConfig {
     /// `approvers_root_keys`.
     #[serde(default)]
     pub approvers_signature_file: Option<PathBuf>,
+    /// The audit log as a transparency log: the log key that signs checkpoints of its Merkle
+    /// tree, how often, and the witnesses that cosign them. Default: none (the tree is kept,
+    /// nothing is signed).
+    #[serde(default)]
+    pub transparency: Option<crate::server::audit::checkpoints::TransparencyConfig>,
 }
 
 /// `[webauthn]`: the relying party passkeys are registered for and approvals are signed
@@ -273,6 +278,7 @@ impl ServerConfig {
             webauthn: WebauthnConfig::default(),
             approvers_file: None,
             approvers_signature_file: None,
+            transparency: None,
         }
     }
 
@@ -289,6 +295,9 @@ impl ServerConfig {
 
     /// Checks what serde cannot: unique, well-formed runner names and URLs.
     pub fn check(&self) -> anyhow::Result<()> {
+        if let Some(t) = &self.transparency {
+            t.check()?;
+        }
         let mut seen = std::collections::BTreeSet::new();
         for (i, r) in self.runners.iter().enumerate() {
             if !crate::pack::is_identifier(&r.name) {

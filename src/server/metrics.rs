@@ -91,6 +91,23 @@ pub fn audit_batch(size: usize, seconds: f64, ok: bool) {
     }
 }
 
+/// The size of the latest checkpoint the log key signed.
+pub fn checkpoint_made(size: u64) {
+    metrics::gauge!("emisar_checkpoint_size").set(size as f64);
+}
+
+/// The size of the latest checkpoint the witness quorum cosigned.
+pub fn checkpoint_witnessed(size: u64) {
+    metrics::gauge!("emisar_checkpoint_witnessed_size").set(size as f64);
+}
+
+/// A witness refused a checkpoint (`status` is its HTTP answer; none when unreachable).
+pub fn witness_refused(witness: &str, status: Option<u16>) {
+    let status = status.map_or_else(|| "unreachable".to_owned(), |s| s.to_string());
+    metrics::counter!("emisar_witness_refusals_total", "witness" => name_label(witness), "status" => status)
+        .increment(1);
+}
+
 /// Seconds from a batch's oldest event being handed to the writer until it was durable.
 pub fn audit_lag(seconds: f64) {
     metrics::histogram!("emisar_audit_lag_seconds").record(seconds);

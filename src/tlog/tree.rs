@@ -390,6 +390,140 @@ impl SubtreeHashes for MemoryTree {
     }
 }
 
+/// The right edge of a tree: the complete subtrees its size decomposes into (one per set bit
+/// of the size, largest first). That is all an append reads and all a tree head needs, so a
+/// writer that keeps it appends without reading the store, and a verifier that has it extends
+/// a kept tree with new leaves in memory.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Frontier {
+    size: u64,
+    /// `(subtree, hash)` for each subtree of [`Frontier::subtrees_of`]`(size)`, in that order.
+    nodes: Vec<(Subtree, Hash)>,
+}
+
+/// A [`Frontier`] was built from hashes that do not match the subtrees of its size.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("a frontier of {size} leaves needs {expected} subtree hashes, got {got}")]
+pub struct FrontierMismatch {
+    pub size: u64,
+    pub expected: usize,
+    pub got: usize,
+}
+
+impl Frontier {
+    /// The complete subtrees a tree of `size` leaves decomposes into, largest first: for each
+    /// set bit `l` of `size`, the subtree of level `l` that ends where the bits above it end.
+    pub fn subtrees_of(size: u64) -> Vec<Subtree> {
+        (0..64u8)
+            .rev()
+            .filter(|&l| size >> l & 1 == 1)
+            .map(|l| Subtree {
+                level: l,
+                index: (size >> l) - 1,
+            })
+            .collect()
+    }
+
+    /// The frontier of a tree of `size` leaves from the hashes of [`Frontier::subtrees_of`]
+    /// `(size)`, in that order (as a store answers them).
+    pub fn new(size: u64, hashes: Vec<Hash>) -> Result<Self, FrontierMismatch> {
+        let subtrees = Self::subtrees_of(size);
+        if subtrees.len() != hashes.len() {
+            return Err(FrontierMismatch {
+                size,
+                expected: subtrees.len(),
+                got: hashes.len(),
+            });
+        }
+        Ok(Frontier {
+            size,
+            nodes: subtrees.into_iter().zip(hashes).collect(),
+        })
+    }
+
+    /// The number of leaves.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Appends a leaf hash; returns the subtrees a store must keep for it (as [`append`]).
+    pub fn push(&mut self, leaf: Hash) -> Vec<(Subtree, Hash)> {
+        let written = append(self.size, leaf, &*self).expect("a frontier holds every left sibling");
+        self.size += 1;
+        let keep = Self::subtrees_of(self.size);
+        let mut nodes = Vec::with_capacity(keep.len());
+        for subtree in keep {
+            let hash = written
+                .iter()
+                .chain(&self.nodes)
+                .find(|(s, _)| *s == subtree)
+                .map(|(_, h)| *h)
+                .expect("the new frontier is made of the old one and the subtrees just completed");
+            nodes.push((subtree, hash));
+        }
+        self.nodes = nodes;
+        written
+    }
+
+    /// The root hash of the tree (MTH of RFC 6962 §2.1).
+    pub fn root(&self) -> Hash {
+        tree_head(self.size, self).expect("a frontier holds the subtrees of its tree head")
+    }
+}
+
+impl SubtreeHashes for Frontier {
+    type Error = MissingSubtree;
+    fn subtree_hashes(&self, nodes: &[Subtree]) -> Result<Vec<Hash>, MissingSubtree> {
+        nodes
+            .iter()
+            .map(|n| {
+                self.nodes
+                    .iter()
+                    .find(|(s, _)| s == n)
+                    .map(|(_, h)| *h)
+                    .ok_or(MissingSubtree(*n))
+            })
+            .collect()
+    }
+}
+
+/// The subtrees `operation` reads from its store, whatever their hashes: which nodes a tree
+/// head or a proof needs depends only on the sizes and indexes asked, so an async store (the
+/// audit database) first learns them here, fetches them in one query, then runs the operation
+/// again over [`SubtreeMap`].
+pub fn subtrees_read_by<T>(operation: impl FnOnce(&Recorder) -> T) -> Vec<Subtree> {
+    let recorder = Recorder::default();
+    let _ = operation(&recorder);
+    recorder.0.into_inner()
+}
+
+/// A store that answers every subtree with zeros and remembers what it was asked
+/// ([`subtrees_read_by`]).
+#[derive(Default)]
+pub struct Recorder(RefCell<Vec<Subtree>>);
+
+impl SubtreeHashes for Recorder {
+    type Error = std::convert::Infallible;
+    fn subtree_hashes(&self, nodes: &[Subtree]) -> Result<Vec<Hash>, Self::Error> {
+        self.0.borrow_mut().extend_from_slice(nodes);
+        Ok(vec![Hash::default(); nodes.len()])
+    }
+}
+
+/// Subtree hashes fetched ahead (see [`subtrees_read_by`]).
+#[derive(Debug, Default, Clone)]
+pub struct SubtreeMap(pub std::collections::HashMap<Subtree, Hash>);
+
+impl SubtreeHashes for SubtreeMap {
+    type Error = MissingSubtree;
+    fn subtree_hashes(&self, nodes: &[Subtree]) -> Result<Vec<Hash>, MissingSubtree> {
+        nodes
+            .iter()
+            .map(|n| self.0.get(n).copied().ok_or(MissingSubtree(*n)))
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -504,6 +638,60 @@ mod tests {
         }
         // 16 leaves: 16 + 8 + 4 + 2 + 1 stored subtrees.
         assert_eq!(t.levels.iter().map(Vec::len).sum::<usize>(), 31);
+    }
+
+    #[test]
+    fn a_frontier_appends_and_roots_as_the_whole_tree_does() {
+        let mut whole = MemoryTree::default();
+        let mut edge = Frontier::default();
+        for i in 0..300u32 {
+            let leaf = leaf_hash(&i.to_be_bytes());
+            let size = whole.size();
+            let expected = append(size, leaf, &whole).unwrap();
+            whole.push_hash(leaf);
+            assert_eq!(edge.push(leaf), expected, "nodes written for leaf {i}");
+            assert_eq!(edge.root(), whole.root(), "root of {} leaves", i + 1);
+            let subtrees = Frontier::subtrees_of(edge.size());
+            let hashes = whole.subtree_hashes(&subtrees).unwrap();
+            assert_eq!(Frontier::new(edge.size(), hashes).unwrap(), edge);
+        }
+        assert_eq!(
+            Frontier::subtrees_of(6),
+            vec![
+                Subtree { level: 2, index: 0 },
+                Subtree { level: 1, index: 2 }
+            ]
+        );
+        assert!(Frontier::new(6, vec![Hash::default()]).is_err());
+    }
+
+    #[test]
+    fn recorded_subtrees_are_exactly_what_a_proof_reads() {
+        let tree = reference_tree(8);
+        for (old, new) in [(3u64, 7u64), (1, 8), (5, 6)] {
+            let asked = subtrees_read_by(|r| consistency_proof(old, new, r).map(|_| ()));
+            let map = SubtreeMap(
+                asked
+                    .iter()
+                    .map(|&s| (s, tree.subtree_hashes(&[s]).unwrap()[0]))
+                    .collect(),
+            );
+            assert_eq!(
+                consistency_proof(old, new, &map).unwrap(),
+                consistency_proof(old, new, &tree).unwrap()
+            );
+            let asked = subtrees_read_by(|r| inclusion_proof(new, old - 1, r).map(|_| ()));
+            let map = SubtreeMap(
+                asked
+                    .iter()
+                    .map(|&s| (s, tree.subtree_hashes(&[s]).unwrap()[0]))
+                    .collect(),
+            );
+            assert_eq!(
+                inclusion_proof(new, old - 1, &map).unwrap(),
+                inclusion_proof(new, old - 1, &tree).unwrap()
+            );
+        }
     }
 
     #[test]

@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -29,18 +28,7 @@ pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
 /// Reads the witness key (refused when others may read it).
 pub fn read_key(path: &Path) -> anyhow::Result<NoteKey> {
-    let meta =
-        std::fs::metadata(path).with_context(|| format!("failed to read {}", path.display()))?;
-    let mode = meta.permissions().mode() & 0o777;
-    if mode & 0o077 != 0 {
-        anyhow::bail!(
-            "{} is readable or writable by others (mode {mode:o}): it holds the witness's \
-             private key; `chmod 600` it",
-            path.display()
-        );
-    }
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("failed to read {}", path.display()))?;
+    let text = crate::util::files::read_private(path, "the witness's")?;
     NoteKey::parse(&text).with_context(|| format!("{} is not a witness key", path.display()))
 }
 
@@ -48,21 +36,7 @@ pub fn read_key(path: &Path) -> anyhow::Result<NoteKey> {
 /// returns the verifier key of its cosignatures, for the logs' and runners' configs.
 pub fn keygen(name: &str, path: &Path) -> anyhow::Result<String> {
     let key = NoteKey::generate(name).map_err(|e| anyhow::anyhow!("--name: {e}"))?;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| {
-            format!(
-                "failed to create {} (an existing key is never overwritten)",
-                path.display()
-            )
-        })?;
-    use std::io::Write;
-    f.write_all(format!("{}\n", key.private_text()).as_bytes())
-        .and_then(|()| f.sync_all())
-        .with_context(|| format!("failed to write {}", path.display()))?;
+    crate::util::files::create_private(path, format!("{}\n", key.private_text()).as_bytes())?;
     Ok(key.cosigner_key())
 }
 

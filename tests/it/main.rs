@@ -43,4 +43,5 @@ mod signed_approvals;
 mod sockets;
 mod tidy;
 mod tls;
+mod transparency;
 mod witness;

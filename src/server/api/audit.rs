@@ -1,6 +1,9 @@
-//! The audit API: `GET /api/audit` (one page of events and the cursor of the next) and
-//! `GET /api/audit/export` (every matching event as NDJSON). Behind `http::bearer_auth`,
-//! like all of `/api/*`.
+//! The audit API: `GET /api/audit` (one page of events and the cursor of the next),
+//! `GET /api/audit/export` (every matching event as NDJSON), and the transparency log's
+//! `GET /api/audit/checkpoint` (the newest signed checkpoint with its cosignatures),
+//! `GET /api/audit/proof?event=ID` (an event's inclusion proof) and
+//! `GET /api/audit/consistency?old=N` (the consistency proof from a kept size to the newest
+//! checkpoint). Behind `http::bearer_auth`, like all of `/api/*`.
 //!
 //! Invariants: the query string is parsed into the shared `audit::AuditFilter`, and a bad
 //! one is a 400 naming the problem; an export is streamed and holds one page of events in
@@ -108,6 +111,107 @@ enum Next {
     Page(Vec<crate::server::audit::Event>),
     Query,
     Done,
+}
+
+/// `?cosigned_by=N`: the newest checkpoint with at least N cosignatures.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointQuery {
+    #[serde(default)]
+    cosigned_by: usize,
+}
+
+/// `GET /api/audit/checkpoint`: the newest signed checkpoint and its cosignatures, as the
+/// signed note (text/plain), the file an auditor keeps.
+pub async fn checkpoint(
+    State(state): State<HttpState>,
+    axum::extract::Query(q): axum::extract::Query<CheckpointQuery>,
+) -> Response {
+    match crate::server::audit::checkpoints::latest(&state.db, q.cosigned_by).await {
+        Ok(Some(cp)) => (
+            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+            cp.cosigned(),
+        )
+            .into_response(),
+        Ok(None) => ApiError::new(
+            axum::http::StatusCode::NOT_FOUND,
+            format!(
+                "no checkpoint with {} cosignatures yet: is [transparency] set in emisar.toml?",
+                q.cosigned_by
+            ),
+        )
+        .into_response(),
+        Err(e) => audit_unavailable(e),
+    }
+}
+
+/// `?event=ID[&cosigned_by=N]`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProofQuery {
+    event: String,
+    #[serde(default)]
+    cosigned_by: usize,
+}
+
+/// `GET /api/audit/proof?event=ID`: the event, its leaf and audit path in the newest
+/// checkpoint that covers it (JSON, as `emisar audit prove` prints it).
+pub async fn proof(
+    State(state): State<HttpState>,
+    axum::extract::Query(q): axum::extract::Query<ProofQuery>,
+) -> Response {
+    match crate::server::audit::proofs::prove(&state.db, &q.event, q.cosigned_by).await {
+        Ok(p) => Json(p).into_response(),
+        Err(e) if e.downcast_ref::<sqlx::Error>().is_some() => audit_unavailable(e),
+        Err(e) => ApiError::new(axum::http::StatusCode::NOT_FOUND, e.to_string()).into_response(),
+    }
+}
+
+/// `?old=N`: the size of the checkpoint the caller kept.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsistencyQuery {
+    old: u64,
+}
+
+/// `GET /api/audit/consistency?old=N`: the newest checkpoint and the consistency proof from
+/// the tree of `old` events to it (base64 hashes, RFC 9162 §2.1.4.1).
+pub async fn consistency(
+    State(state): State<HttpState>,
+    axum::extract::Query(q): axum::extract::Query<ConsistencyQuery>,
+) -> Response {
+    let latest = match crate::server::audit::checkpoints::latest(&state.db, 0).await {
+        Ok(Some(cp)) => cp,
+        Ok(None) => {
+            return ApiError::new(axum::http::StatusCode::NOT_FOUND, "no checkpoint yet")
+                .into_response();
+        }
+        Err(e) => return audit_unavailable(e),
+    };
+    if q.old > latest.size {
+        return ApiError::bad_request(format!(
+            "`old`: {} is larger than the newest checkpoint's size {}",
+            q.old, latest.size
+        ))
+        .into_response();
+    }
+    match crate::server::audit::tree::consistency_proof(&state.db, q.old, latest.size).await {
+        Ok(proof) => {
+            use base64::Engine;
+            let proof: Vec<String> = proof
+                .iter()
+                .map(|h| base64::engine::general_purpose::STANDARD.encode(h.0))
+                .collect();
+            Json(json!({
+                "old": q.old,
+                "new": latest.size,
+                "checkpoint": latest.cosigned(),
+                "proof": proof,
+            }))
+            .into_response()
+        }
+        Err(e) => audit_unavailable(e),
+    }
 }
 
 fn audit_unavailable(e: impl std::fmt::Display) -> Response {

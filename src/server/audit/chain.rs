@@ -78,6 +78,10 @@ pub mod kind {
     /// instead of written one by one (`audit/refusals.rs`); the detail has the count, the
     /// first and last repeat, and the kind they would have been.
     pub const REFUSAL_REPEATED: &str = "refusal.repeated";
+    /// A witness refused a checkpoint of this log (`audit/checkpoints.rs`): a split view, a
+    /// tree that does not extend what it cosigned, or a bad signature; the detail names the
+    /// witness, the size and its answer.
+    pub const WITNESS_REFUSED: &str = "witness.refused";
 }
 
 /// An event as a caller hands it to the writer.

@@ -41,6 +41,7 @@ pub const KINDS: &[&str] = &[
     super::kind::PASSKEY_REGISTERED,
     super::kind::PASSKEY_REMOVED,
     super::kind::REFUSAL_REPEATED,
+    super::kind::WITNESS_REFUSED,
 ];
 
 /// Every outcome an event records.

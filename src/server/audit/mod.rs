@@ -6,10 +6,13 @@
 //! writes them as one event per caller and window.
 
 mod chain;
+pub mod checkpoints;
 mod filter;
+pub mod proofs;
 mod refusals;
 pub mod signed;
 mod store;
+pub mod tree;
 mod verify;
 mod writer;
 

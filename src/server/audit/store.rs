@@ -13,8 +13,10 @@ use serde_json::Value;
 use sqlx::AssertSqlSafe;
 
 use super::chain::{Event, EventText, GENESIS_HASH, NewEvent, format_at, hash_v};
+use super::tree::{self, NewNodes};
 use crate::digest::canonical_json;
 use crate::server::db::{Db, Pool};
+use crate::tlog::tree::Frontier;
 use crate::with_pool;
 
 /// Opens an append's transaction holding the advisory lock that serializes appends across
@@ -22,7 +24,7 @@ use crate::with_pool;
 /// key is 0x656d_6973_6172, "emisar" in ASCII; replicas of every version must share it. The
 /// last event is read by the next statement, whose snapshot (READ COMMITTED: one per
 /// statement) is taken after the lock is granted, so it sees every batch committed before.
-const PG_BEGIN_LOCKED: &str = "BEGIN; SELECT pg_advisory_xact_lock(111520595009906)";
+pub(super) const PG_BEGIN_LOCKED: &str = "BEGIN; SELECT pg_advisory_xact_lock(111520595009906)";
 
 /// `at` as the fixed-width text that is hashed (TIMESTAMPTZ keeps microseconds, so this is
 /// exactly the text that was written).
@@ -138,7 +140,7 @@ struct Prepared<'a> {
 
 /// Chains `batch` after the last event (`last`: its seq, hash and at) at time `now`: the seq,
 /// id, `at` and hashes of each event, in order.
-fn chain_after(last: Option<Head>, now: String, batch: &[Prepared<'_>]) -> Vec<Receipt> {
+fn chain_after(last: Option<Tip>, now: String, batch: &[Prepared<'_>]) -> Vec<Receipt> {
     let (mut seq, mut prev, last_at) = last.unwrap_or((0, GENESIS_HASH.to_owned(), String::new()));
     // `at` text is fixed width, so text order is time order.
     let at = if now < last_at { last_at } else { now };
@@ -184,8 +186,50 @@ fn chain_after(last: Option<Head>, now: String, batch: &[Prepared<'_>]) -> Vec<R
         .collect()
 }
 
-/// The last event a process appended: its seq, hash and `at`.
-pub(super) type Head = (i64, String, String);
+/// The last event: its seq, hash and `at`.
+type Tip = (i64, String, String);
+
+/// The last event a process appended, and the tree's right edge after it.
+#[derive(Debug, Clone)]
+pub(super) struct Head {
+    tip: Tip,
+    tree: Frontier,
+}
+
+impl Head {
+    /// The last event's seq: the tree's size.
+    pub fn seq(&self) -> i64 {
+        self.tip.0
+    }
+}
+
+/// A chained batch: the events' receipts, the subtrees they complete, and the tree after them.
+struct Chained {
+    receipts: Vec<Receipt>,
+    nodes: NewNodes,
+    tree: Frontier,
+}
+
+/// Chains `batch` after `last` and grows `tree` (the tree of `last`'s seq leaves) with it.
+fn chain_and_grow(
+    last: Option<Tip>,
+    mut tree: Frontier,
+    now: String,
+    batch: &[Prepared<'_>],
+) -> Result<Chained, sqlx::Error> {
+    let receipts = chain_after(last, now, batch);
+    let mut nodes = NewNodes::with_capacity(batch.len() * 2);
+    tree::grow(
+        &mut tree,
+        receipts.iter().map(|r| r.hash.as_str()),
+        &mut nodes,
+    )?;
+    Ok(Chained {
+        receipts,
+        nodes,
+        tree,
+    })
+}
 
 /// Appends `batch` in one transaction, chained after the current last event. All or nothing.
 ///
@@ -201,18 +245,19 @@ pub(super) async fn append_batch(
     batch: &[NewEvent],
     head: &mut Option<Head>,
 ) -> Result<Vec<Receipt>, sqlx::Error> {
-    let receipts = append_after(db, batch, head.take()).await?;
-    *head = receipts
-        .last()
-        .map(|r| (r.seq, r.hash.clone(), r.at.clone()));
-    Ok(receipts)
+    let chained = append_after(db, batch, head.take()).await?;
+    *head = chained.receipts.last().map(|r| Head {
+        tip: (r.seq, r.hash.clone(), r.at.clone()),
+        tree: chained.tree.clone(),
+    });
+    Ok(chained.receipts)
 }
 
 async fn append_after(
     db: &Db,
     batch: &[NewEvent],
     head: Option<Head>,
-) -> Result<Vec<Receipt>, sqlx::Error> {
+) -> Result<Chained, sqlx::Error> {
     // Everything that does not depend on the chain is done before taking the lock.
     let prepared: Vec<Prepared<'_>> = batch
         .iter()
@@ -228,19 +273,25 @@ async fn append_after(
                 let mut tx = pool.begin_with(PG_BEGIN_LOCKED).await?;
                 let result = async {
                     let now = format_at(chrono::Utc::now());
-                    if let Some(head) = head {
-                        let (seq, hash) = (head.0, head.1.clone());
-                        let receipts = chain_after(Some(head), now.clone(), &prepared);
+                    if let Some(Head { tip, tree }) = head {
+                        let (seq, hash) = (tip.0, tip.1.clone());
+                        let chained = chain_and_grow(Some(tip), tree, now.clone(), &prepared)?;
+                        let after = Some((seq, hash.as_str()));
                         let inserted =
-                            pg_insert(&mut tx, &prepared, &receipts, Some((seq, &hash))).await?;
+                            pg_insert(&mut tx, &prepared, &chained.receipts, after).await?;
                         if inserted == prepared.len() as u64 {
-                            return Ok(receipts);
+                            tree::pg_insert_nodes(&mut tx, &chained.nodes).await?;
+                            return Ok(chained);
                         }
                     }
-                    let last = sqlx::query_as(PG_LAST).fetch_optional(&mut *tx).await?;
-                    let receipts = chain_after(last, now, &prepared);
-                    pg_insert(&mut tx, &prepared, &receipts, None).await?;
-                    Ok::<_, sqlx::Error>(receipts)
+                    let last: Option<Tip> =
+                        sqlx::query_as(PG_LAST).fetch_optional(&mut *tx).await?;
+                    let tree =
+                        tree::pg_fold(&mut tx, last.as_ref().map_or(0, |l| l.0 as u64)).await?;
+                    let chained = chain_and_grow(last, tree, now, &prepared)?;
+                    pg_insert(&mut tx, &prepared, &chained.receipts, None).await?;
+                    tree::pg_insert_nodes(&mut tx, &chained.nodes).await?;
+                    Ok::<_, sqlx::Error>(chained)
                 }
                 .await;
                 finish(tx, result).await
@@ -250,10 +301,17 @@ async fn append_after(
                 // appending after it cannot interleave with another writer.
                 let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
                 let result = async {
-                    let last = sqlx::query_as(SQLITE_LAST).fetch_optional(&mut *tx).await?;
-                    let receipts = chain_after(last, format_at(chrono::Utc::now()), &prepared);
-                    sqlite_insert(&mut tx, &prepared, &receipts).await?;
-                    Ok::<_, sqlx::Error>(receipts)
+                    let last: Option<Tip> =
+                        sqlx::query_as(SQLITE_LAST).fetch_optional(&mut *tx).await?;
+                    // SQLite has one process writing, but not necessarily this one: the tree
+                    // edge is read back each time (a local read, no round trip).
+                    let tree =
+                        tree::sqlite_fold(&mut tx, last.as_ref().map_or(0, |l| l.0 as u64)).await?;
+                    let now = format_at(chrono::Utc::now());
+                    let chained = chain_and_grow(last, tree, now, &prepared)?;
+                    sqlite_insert(&mut tx, &prepared, &chained.receipts).await?;
+                    tree::sqlite_insert_nodes(&mut tx, &chained.nodes).await?;
+                    Ok::<_, sqlx::Error>(chained)
                 }
                 .await;
                 finish(tx, result).await

@@ -8,7 +8,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::chain::{Event, NewEvent};
@@ -57,6 +57,8 @@ pub struct AuditLog {
     /// The refusals callers repeat, counted until the window's end (`refusals.rs`); shared
     /// by every handle, so a caller's repeats are counted once whichever part refused them.
     refusals: RefusalCounter,
+    /// The seq of the last event this process appended (the checkpointer wakes on it).
+    appended: watch::Receiver<i64>,
 }
 
 impl AuditLog {
@@ -64,11 +66,13 @@ impl AuditLog {
     pub fn start(db: Db) -> AuditLog {
         let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
         let health = Arc::new(Mutex::new(None));
-        tokio::spawn(run(db, rx, health.clone()));
+        let (appended_tx, appended) = watch::channel(0);
+        tokio::spawn(run(db, rx, health.clone(), appended_tx));
         AuditLog {
             tx,
             health,
             refusals: RefusalCounter::default(),
+            appended,
         }
     }
 
@@ -103,6 +107,11 @@ impl AuditLog {
             let audit = audit.clone();
             async move { audit.append_all(events).await.map(|_| ()) }
         }));
+    }
+
+    /// The seq of the last event this process appended, as it changes.
+    pub fn appended(&self) -> watch::Receiver<i64> {
+        self.appended.clone()
     }
 
     /// `None` when the last batch was written; otherwise why it was not. Also degraded when
@@ -155,12 +164,22 @@ impl AuditLog {
     }
 }
 
-async fn run(db: Db, mut rx: mpsc::Receiver<Queued>, health: Arc<Mutex<Option<String>>>) {
+async fn run(
+    db: Db,
+    mut rx: mpsc::Receiver<Queued>,
+    health: Arc<Mutex<Option<String>>>,
+    appended: watch::Sender<i64>,
+) {
     let mut queued = Vec::with_capacity(MAX_BATCH);
     let mut failures = FailureLog::new(FAILURE_SUMMARY_INTERVAL);
     // The last event this task appended, so the next batch can be chained after it without
     // reading it back (store::append_batch).
     let mut head = None;
+    // A log older than its tree is folded in chunk by chunk before the first append, so that
+    // append does not hold the append lock for all of it (`emisar migrate` does it too).
+    if let Err(e) = super::tree::fold_all(&db).await {
+        tracing::error!(error = %e, "failed to fold the audit log into its Merkle tree; the next append tries again");
+    }
     while rx.recv_many(&mut queued, MAX_BATCH).await > 0 {
         let oldest = queued.first().map(|q| q.at);
         let appends = queued.len();
@@ -219,6 +238,9 @@ async fn run(db: Db, mut rx: mpsc::Receiver<Queued>, health: Arc<Mutex<Option<St
         if let Some(line) = line {
             let error = written.err().unwrap_or_default();
             line.log(&error);
+        }
+        if let Some(head) = &head {
+            appended.send_replace(head.seq());
         }
     }
 }

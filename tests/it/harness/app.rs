@@ -229,6 +229,8 @@ pub struct Options {
     pub approvers_signature_file: Option<PathBuf>,
     /// The server's `[webauthn]` (passkeys; derived from `public_url` when none).
     pub webauthn: Option<emisar::server::config::WebauthnConfig>,
+    /// The server's `[transparency]` (signed checkpoints and witnesses).
+    pub transparency: Option<emisar::server::audit::checkpoints::TransparencyConfig>,
 }
 
 pub async fn fresh_db(backend: Backend, dir: &std::path::Path) -> (String, Option<PgTestDb>) {
@@ -360,6 +362,7 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
         webauthn: options.webauthn.clone().unwrap_or_default(),
         approvers_file: options.approvers_file.clone(),
         approvers_signature_file: options.approvers_signature_file.clone(),
+        transparency: options.transparency.clone(),
         ..ServerConfig::with_signing_key(private_key.clone())
     };
     let config = match options.max_connections_per_address {

@@ -1,0 +1,403 @@
+//! What an auditor checks against the log's signed checkpoints: an event's inclusion proof
+//! (`emisar audit prove`, `GET /api/audit/proof`), and the log's growth since a checkpoint the
+//! auditor kept (`emisar audit verify --checkpoint`), at a cost that follows what is new.
+//!
+//! Verifying from a kept checkpoint of size `n` to the newest signed one of size `N`:
+//! 1. both checkpoints verify with the log's key (the auditor's copy of it, never the
+//!    server's word);
+//! 2. the stored tree's consistency proof from `n` to `N` verifies (RFC 9162 §2.1.4.2): the
+//!    log as stored extends what the auditor saw;
+//! 3. event `n`'s stored hash is leaf `n - 1` of the kept tree (an inclusion proof), so the
+//!    chain is anchored in what the checkpoint committed to;
+//! 4. events `n + 1 ..= N` are read, each one's hash recomputed from its fields and linked to
+//!    the one before, and their leaves appended to the kept tree's right edge: the result must
+//!    be the newest checkpoint's root. Events after `N` are chain-checked only, and counted.
+//!
+//! When step 2 or 3 fails, history the auditor saw was rewritten. The whole log up to `n` is
+//! then rebuilt from its events and compared with every checkpoint the log key signed (the
+//! stored ones that still verify, and the kept one), which names the first event that differs
+//! from what the key signed, or the narrowest range of events it lies in.
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as B64;
+use serde::Serialize;
+use tlog_tiles::Hash;
+
+use super::chain::Event;
+use super::checkpoints;
+use super::store::{AuditFilter, query};
+use super::tree::{self, leaf_of};
+use crate::server::db::Db;
+use crate::tlog::checkpoint::{self, Checkpoint};
+use crate::tlog::keys::Verifiers;
+use crate::tlog::tree::{Frontier, verify_consistency, verify_inclusion};
+
+/// Events read per query while verifying.
+const PAGE: i64 = 10_000;
+
+/// An event with its inclusion proof in a signed checkpoint.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct InclusionProof {
+    pub event: Event,
+    /// The event's leaf: `seq - 1`.
+    pub leaf_index: u64,
+    /// The checkpoint (signed note, with its cosignatures) the proof is against.
+    pub checkpoint: String,
+    /// The audit path, base64 hashes, leaf to root (RFC 9162 §2.1.3.1).
+    pub proof: Vec<String>,
+}
+
+/// The inclusion proof of event `id` (its UUID) in the newest checkpoint that covers it, with
+/// at least `min_cosigned` cosignatures; an error when there is no such event or no such
+/// checkpoint covers it yet.
+pub async fn prove(db: &Db, id: &str, min_cosigned: usize) -> anyhow::Result<InclusionProof> {
+    let seq: Option<i64> = db
+        .guard(async {
+            crate::with_pool!(db, pool => sqlx::query_scalar(
+                "SELECT seq FROM audit_events WHERE id = $1").bind(id).fetch_optional(pool).await)
+        })
+        .await?;
+    let seq = seq.ok_or_else(|| anyhow::anyhow!("no event has the id `{id}`"))?;
+    let latest = checkpoints::latest(db, min_cosigned).await?;
+    let Some(cp) = latest.filter(|c| c.size >= seq as u64) else {
+        anyhow::bail!(
+            "event {id} (seq {seq}) is in no checkpoint{} yet: try again after the next one",
+            if min_cosigned > 0 {
+                format!(" with {min_cosigned} cosignatures")
+            } else {
+                String::new()
+            }
+        );
+    };
+    let event = query(
+        db,
+        &AuditFilter {
+            after_seq: Some(seq - 1),
+            limit: 1,
+            ..Default::default()
+        },
+    )
+    .await?
+    .pop()
+    .ok_or_else(|| anyhow::anyhow!("event seq {seq} could not be read"))?;
+    let proof = tree::inclusion_proof(db, cp.size, seq as u64 - 1).await?;
+    Ok(InclusionProof {
+        event,
+        leaf_index: seq as u64 - 1,
+        checkpoint: cp.cosigned(),
+        proof: proof.iter().map(|h| B64.encode(h.0)).collect(),
+    })
+}
+
+/// Checks an inclusion proof as an auditor (or a runner) would: the checkpoint verifies with
+/// `log_key`, the event's hash is recomputed from its fields, and the audit path leads from
+/// its leaf to the checkpoint's root. Returns the checkpoint.
+pub fn check_inclusion(p: &InclusionProof, keys: &Verifiers) -> Result<Checkpoint, String> {
+    let (note, cp) = checkpoint::parse(p.checkpoint.as_bytes()).map_err(|e| e.to_string())?;
+    checkpoint::verify(&note, keys).map_err(|e| format!("checkpoint: {e}"))?;
+    let recomputed = p.event.compute_hash();
+    if recomputed != p.event.hash {
+        return Err(format!(
+            "the event's fields hash to {recomputed}, not to its stored hash {}",
+            p.event.hash
+        ));
+    }
+    if p.leaf_index + 1 != p.event.seq as u64 {
+        return Err(format!(
+            "leaf {} is not event seq {}",
+            p.leaf_index, p.event.seq
+        ));
+    }
+    let proof = decode_hashes(&p.proof)?;
+    verify_inclusion(
+        leaf_of(&p.event.hash)?,
+        p.leaf_index,
+        cp.size(),
+        &proof,
+        *cp.hash(),
+    )
+    .map_err(|e| format!("inclusion proof: {e}"))?;
+    Ok(cp)
+}
+
+fn decode_hashes(lines: &[String]) -> Result<Vec<Hash>, String> {
+    lines
+        .iter()
+        .map(|l| {
+            let b = B64
+                .decode(l)
+                .map_err(|e| format!("proof hash `{l}`: {e}"))?;
+            Ok(Hash(b.try_into().map_err(|_| {
+                format!("proof hash `{l}` is not 32 bytes")
+            })?))
+        })
+        .collect()
+}
+
+/// The outcome of verifying from a kept checkpoint.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct GrowthReport {
+    /// The kept checkpoint's size.
+    pub kept_size: u64,
+    /// The newest checkpoint the log key signed.
+    pub latest_size: u64,
+    /// Events checked against the newest checkpoint (`kept_size + 1 ..= latest_size`).
+    pub verified: u64,
+    /// Events after the newest checkpoint, chain-checked only.
+    pub unchecked_by_checkpoint: u64,
+    /// `None` when everything verified; else what failed.
+    pub problem: Option<String>,
+    /// The first event that differs from what the log key signed, or the range it lies in.
+    pub first_changed: Option<(i64, i64)>,
+}
+
+/// `audit verify --checkpoint`: see the module's documentation.
+pub async fn verify_from(db: &Db, kept: &[u8], keys: &Verifiers) -> anyhow::Result<GrowthReport> {
+    let (note, kept_cp) =
+        checkpoint::parse(kept).map_err(|e| anyhow::anyhow!("--checkpoint: {e}"))?;
+    checkpoint::verify(&note, keys).map_err(|e| anyhow::anyhow!("--checkpoint: {e}"))?;
+    let (n, kept_root) = (kept_cp.size(), *kept_cp.hash());
+    let mut report = GrowthReport {
+        kept_size: n,
+        ..Default::default()
+    };
+    let latest = checkpoints::latest(db, 0).await?;
+    let latest = match latest {
+        Some(l) => l,
+        None => {
+            report.problem = Some(
+                "the database holds no checkpoint at all, but you kept one: the log was replaced"
+                    .into(),
+            );
+            return finish_failed(db, report, n, kept_root, keys).await;
+        }
+    };
+    let (latest_note, latest_cp) = checkpoint::parse(latest.note.as_bytes())?;
+    if let Err(e) = checkpoint::verify(&latest_note, keys) {
+        report.problem = Some(format!(
+            "the newest stored checkpoint (size {}) is not signed by the log key: {e}",
+            latest.size
+        ));
+        return finish_failed(db, report, n, kept_root, keys).await;
+    }
+    let (big_n, latest_root) = (latest_cp.size(), *latest_cp.hash());
+    report.latest_size = big_n;
+    if big_n < n {
+        report.problem = Some(format!(
+            "the log's newest checkpoint has {big_n} events, fewer than the {n} of the one you kept: it was rolled back"
+        ));
+        return finish_failed(db, report, n, kept_root, keys).await;
+    }
+    // 2. The stored tree extends the kept one.
+    let proof = tree::consistency_proof(db, n, big_n).await?;
+    if n > 0
+        && let Err(e) = verify_consistency(n, big_n, kept_root, latest_root, &proof)
+    {
+        report.problem = Some(format!(
+            "the log does not extend the checkpoint you kept (size {n}): its consistency proof to size {big_n} fails ({e})"
+        ));
+        return finish_failed(db, report, n, kept_root, keys).await;
+    }
+    // 3. The chain is anchored in the kept tree.
+    let mut edge = tree::frontier(db, n).await?;
+    if edge.root() != kept_root {
+        report.problem = Some(format!(
+            "the stored tree's first {n} leaves do not hash to the checkpoint you kept"
+        ));
+        return finish_failed(db, report, n, kept_root, keys).await;
+    }
+    let mut prev = None;
+    if n > 0 {
+        let anchor = query(
+            db,
+            &AuditFilter {
+                after_seq: Some(n as i64 - 1),
+                limit: 1,
+                ..Default::default()
+            },
+        )
+        .await?
+        .pop();
+        let Some(anchor) = anchor else {
+            report.problem = Some(format!("event seq {n} is missing"));
+            report.first_changed = Some((n as i64, n as i64));
+            return Ok(report);
+        };
+        let path = tree::inclusion_proof(db, n, n - 1).await?;
+        let leaf = leaf_of(&anchor.hash).map_err(anyhow::Error::msg)?;
+        if verify_inclusion(leaf, n - 1, n, &path, kept_root).is_err() {
+            report.problem = Some(format!(
+                "event seq {n}'s stored hash is not the last leaf of the checkpoint you kept"
+            ));
+            return finish_failed(db, report, n, kept_root, keys).await;
+        }
+        prev = Some(anchor.hash);
+    }
+    // 4. The new events, recomputed, make the newest root.
+    let mut after = n as i64;
+    loop {
+        let page = query(
+            db,
+            &AuditFilter {
+                after_seq: Some(after),
+                limit: PAGE,
+                ..Default::default()
+            },
+        )
+        .await?;
+        let Some(last) = page.last() else { break };
+        after = last.seq;
+        for e in &page {
+            if let Some(problem) = check_link(e, prev.as_deref()) {
+                report.problem = Some(problem);
+                report.first_changed = Some((e.seq, e.seq));
+                return Ok(report);
+            }
+            prev = Some(e.hash.clone());
+            if (e.seq as u64) <= big_n {
+                edge.push(leaf_of(&e.hash).map_err(anyhow::Error::msg)?);
+                report.verified += 1;
+                if e.seq as u64 == big_n && edge.root() != latest_root {
+                    report.problem = Some(format!(
+                        "events {} to {big_n} do not hash to the newest checkpoint's root",
+                        n + 1
+                    ));
+                    report.first_changed = Some((n as i64 + 1, big_n as i64));
+                    return Ok(report);
+                }
+            } else {
+                report.unchecked_by_checkpoint += 1;
+            }
+        }
+    }
+    if edge.size() != big_n {
+        report.problem = Some(format!(
+            "the newest checkpoint has {big_n} events but the log only {}",
+            edge.size()
+        ));
+    }
+    Ok(report)
+}
+
+/// Why event `e` does not follow `prev` (its predecessor's hash), if it does not.
+fn check_link(e: &Event, prev: Option<&str>) -> Option<String> {
+    let recomputed = e.compute_hash();
+    if recomputed != e.hash {
+        return Some(format!(
+            "event seq {} ({}): its fields hash to {recomputed}, not to its stored hash",
+            e.seq, e.id
+        ));
+    }
+    if let Some(prev) = prev
+        && e.prev_hash != prev
+    {
+        return Some(format!(
+            "event seq {} ({}): prev_hash does not match the event before it",
+            e.seq, e.id
+        ));
+    }
+    None
+}
+
+/// History up to `n` was rewritten: rebuild it from the events and find the first event that
+/// differs from what the log key signed (see the module's documentation).
+async fn finish_failed(
+    db: &Db,
+    mut report: GrowthReport,
+    n: u64,
+    kept_root: Hash,
+    keys: &Verifiers,
+) -> anyhow::Result<GrowthReport> {
+    // Every root the log key signed up to `n`: the stored checkpoints that still verify, and
+    // the kept one.
+    let mut signed: Vec<(u64, Hash)> = Vec::new();
+    for (size, note) in checkpoints::all(db).await? {
+        if size > n {
+            break;
+        }
+        let Ok((parsed, cp)) = checkpoint::parse(note.as_bytes()) else {
+            continue;
+        };
+        if checkpoint::verify(&parsed, keys).is_ok() && cp.size() == size {
+            signed.push((size, *cp.hash()));
+        }
+    }
+    signed.retain(|(s, _)| *s != n);
+    signed.push((n, kept_root));
+    let mut edge = Frontier::default();
+    let mut prev: Option<String> = None;
+    let mut last_good = 0u64;
+    let mut signed = signed.into_iter().filter(|(s, _)| *s > 0).peekable();
+    let mut after = 0i64;
+    'events: while edge.size() < n {
+        let page = query(
+            db,
+            &AuditFilter {
+                after_seq: Some(after),
+                limit: PAGE,
+                ..Default::default()
+            },
+        )
+        .await?;
+        let Some(last) = page.last() else { break };
+        after = last.seq;
+        for e in &page {
+            if e.seq as u64 != edge.size() + 1 {
+                report.first_changed = Some((edge.size() as i64 + 1, edge.size() as i64 + 1));
+                break 'events;
+            }
+            if let Some(problem) = check_link(e, prev.as_deref()) {
+                // Not even recomputed: the stored chain names the event itself.
+                report.problem = Some(format!("{}; {problem}", report.problem.unwrap_or_default()));
+                report.first_changed = Some((e.seq, e.seq));
+                return Ok(report);
+            }
+            prev = Some(e.hash.clone());
+            edge.push(leaf_of(&e.hash).map_err(anyhow::Error::msg)?);
+            while let Some(&(size, root)) = signed.peek() {
+                if size != edge.size() {
+                    break;
+                }
+                signed.next();
+                if edge.root() == root {
+                    last_good = size;
+                } else {
+                    report.first_changed = Some((last_good as i64 + 1, size as i64));
+                    break 'events;
+                }
+            }
+            if edge.size() >= n {
+                break 'events;
+            }
+        }
+    }
+    if report.first_changed.is_none() {
+        report.first_changed = Some((last_good as i64 + 1, n as i64));
+    }
+    Ok(report)
+}
+
+/// The report as text, one line per finding, for `audit verify --checkpoint`.
+pub fn report_text(r: &GrowthReport) -> String {
+    match &r.problem {
+        None => format!(
+            "ok: the log extends the checkpoint you kept (size {}) to the newest signed checkpoint (size {}); {} new events verified, {} appended since (chain-checked)\n",
+            r.kept_size, r.latest_size, r.verified, r.unchecked_by_checkpoint
+        ),
+        Some(problem) => {
+            let mut text = format!("FAILED: {problem}\n");
+            if let Some((from, to)) = r.first_changed {
+                if from == to {
+                    text.push_str(&format!(
+                        "first changed event: seq {from} (differs from what the log key signed)\n"
+                    ));
+                } else {
+                    text.push_str(&format!(
+                        "first changed event: between seq {from} and seq {to} (the log key signed no checkpoint in between that could narrow it)\n"
+                    ));
+                }
+            }
+            text
+        }
+    }
+}

@@ -1,0 +1,573 @@
+//! The audit log as a transparency log, as it runs: the Merkle tree kept with every append on
+//! both backends (and folded in for an old log by `emisar migrate`), checkpoints signed with
+//! the log key and cosigned by two real `emisar witness` processes, proofs through the CLI and
+//! the API, and the attacker who owns the database: a rewrite of an old event with every later
+//! chain hash and tree node recomputed is named from a checkpoint the auditor kept, and every
+//! witness refuses the server's next checkpoint, loudly.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use emisar::server::audit::checkpoints::{self, TransparencyConfig, WitnessEntry};
+use emisar::server::audit::tree;
+use emisar::server::audit::{AuditFilter, NewEvent, proofs};
+use emisar::tlog::keys::Verifiers;
+use emisar::tlog::tree::{MemoryTree, SubtreeHashes, verify_consistency, verify_inclusion};
+
+use crate::harness::Backend;
+use crate::harness::app::{Options, TestApp, spawn_app};
+use crate::harness::tools::{Proc, bound_addr};
+
+const ORIGIN: &str = "emisar.test/audit";
+
+fn event(i: usize) -> NewEvent {
+    NewEvent {
+        actor: "system:test".into(),
+        kind: "server.started".into(),
+        reason: Some(format!("event {i}")),
+        detail: Some(serde_json::json!({"i": i, "text": "ünïcode"})),
+        ..Default::default()
+    }
+}
+
+/// Every event's leaf, rebuilt in memory from the events as stored.
+async fn memory_tree(app: &TestApp) -> MemoryTree {
+    let mut t = MemoryTree::default();
+    let mut after = 0;
+    loop {
+        let page = app
+            .events(AuditFilter {
+                after_seq: Some(after),
+                limit: 1000,
+                ..Default::default()
+            })
+            .await;
+        let Some(last) = page.last() else { break };
+        after = last.seq;
+        for e in &page {
+            assert_eq!(
+                t.push_hash(tree::leaf_of(&e.hash).unwrap()) + 1,
+                e.seq as u64
+            );
+        }
+    }
+    t
+}
+
+async fn the_tree_follows_every_append(backend: Backend) {
+    let app = spawn_app(backend, vec![], Options::default()).await;
+    // Batches of uneven sizes, and appends racing each other (group commit).
+    let mut i = 0;
+    for n in [1usize, 2, 3, 7, 1, 16, 5] {
+        app.audit
+            .append_all((0..n).map(|k| event(i + k)).collect())
+            .await
+            .unwrap();
+        i += n;
+    }
+    let racing: Vec<_> = (0..40)
+        .map(|k| {
+            let audit = app.audit.clone();
+            tokio::spawn(async move { audit.append(event(1000 + k)).await.unwrap() })
+        })
+        .collect();
+    for r in racing {
+        r.await.unwrap();
+    }
+    let rows = app.audit_rows().await as u64;
+    assert_eq!(
+        tree::size(&app.db).await.unwrap(),
+        rows,
+        "one leaf per event"
+    );
+    let mem = memory_tree(&app).await;
+    assert_eq!(mem.size(), rows);
+    for size in [1, 2, 3, 13, rows / 2, rows - 1, rows] {
+        assert_eq!(
+            tree::root(&app.db, size).await.unwrap(),
+            emisar::tlog::tree::tree_head(size, &mem).unwrap(),
+            "root of {size}"
+        );
+    }
+    // Proofs from the stored tree verify against the roots rebuilt from the events.
+    for (old, new) in [(1u64, rows), (7, 13), (rows / 2, rows), (rows - 1, rows)] {
+        let proof = tree::consistency_proof(&app.db, old, new).await.unwrap();
+        let old_root = emisar::tlog::tree::tree_head(old, &mem).unwrap();
+        let new_root = emisar::tlog::tree::tree_head(new, &mem).unwrap();
+        verify_consistency(old, new, old_root, new_root, &proof).unwrap();
+        let leaf = mem
+            .subtree_hashes(&[emisar::tlog::tree::Subtree {
+                level: 0,
+                index: old - 1,
+            }])
+            .unwrap()[0];
+        let path = tree::inclusion_proof(&app.db, new, old - 1).await.unwrap();
+        verify_inclusion(leaf, old - 1, new, &path, new_root).unwrap();
+    }
+    // The tree is append-only like the events.
+    let refused = emisar::with_pool!(&app.db, pool => sqlx::query(
+        "UPDATE audit_tree SET hash = hash WHERE level = 0 AND idx = 0").execute(pool).await.map(|_| ()));
+    let refused = refused.expect_err("an UPDATE of audit_tree is refused");
+    assert!(refused.to_string().contains("append-only"), "{refused}");
+
+    // An old log: the tree lost (as before the migration); `emisar migrate` folds it in again.
+    let root = tree::root(&app.db, rows).await.unwrap();
+    match backend {
+        Backend::Postgres => {
+            app.pg
+                .as_ref()
+                .unwrap()
+                .superuser_sql(
+                    "ALTER TABLE audit_tree DISABLE TRIGGER USER; DELETE FROM audit_tree; \
+                     ALTER TABLE audit_tree ENABLE TRIGGER USER;",
+                )
+                .unwrap();
+        }
+        Backend::Sqlite => {
+            emisar::with_pool!(&app.db, pool => {
+                sqlx::query("DROP TRIGGER audit_tree_no_delete").execute(pool).await.unwrap();
+                sqlx::query("DELETE FROM audit_tree").execute(pool).await.unwrap();
+            });
+        }
+    }
+    assert_eq!(tree::size(&app.db).await.unwrap(), 0);
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_emisar"))
+        .args(["migrate", "--database", &app.database_url])
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains(&format!("audit tree: {rows} events")),
+        "{stdout}"
+    );
+    assert_eq!(tree::root(&app.db, rows).await.unwrap(), root);
+    // And the next append continues the folded tree.
+    app.audit.append(event(5000)).await.unwrap();
+    assert_eq!(tree::size(&app.db).await.unwrap(), rows + 1);
+    assert_eq!(
+        tree::root(&app.db, rows + 1).await.unwrap(),
+        memory_tree(&app).await.root()
+    );
+}
+crate::both_backends!(the_tree_follows_every_append);
+
+/// A real `emisar witness` for the log `ORIGIN`.
+struct Witness {
+    _proc: Proc,
+    url: String,
+    vkey: String,
+}
+
+async fn witness(dir: &Path, name: &str, log_vkey: &str) -> Witness {
+    let key_file = dir.join(format!("{name}.key"));
+    let out = run(&[
+        "witness",
+        "keygen",
+        "--name",
+        &format!("witness.test/{name}"),
+        "--key",
+        key_file.to_str().unwrap(),
+    ])
+    .await;
+    assert!(out.0 == 0, "{}", out.1);
+    let vkey = out.1.lines().last().unwrap().to_owned();
+    let config = dir.join(format!("{name}.toml"));
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:0\"\nkey_file = \"{}\"\nstate_dir = \"{}\"\ninsecure_http = true\n\
+             [[log]]\norigin = \"{ORIGIN}\"\nkeys = [\"{log_vkey}\"]\n",
+            key_file.display(),
+            dir.join(format!("{name}-state")).display(),
+        ),
+    )
+    .unwrap();
+    let log = dir.join(format!("{name}.log"));
+    let mut proc = Proc(
+        std::process::Command::new(env!("CARGO_BIN_EXE_emisar"))
+            .args(["witness", "--config"])
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let addr = bound_addr(&mut proc, &log, "witness listening").await;
+    Witness {
+        _proc: proc,
+        url: format!("http://{addr}"),
+        vkey,
+    }
+}
+
+/// Runs `emisar` with `args` (without blocking the runtime the server runs on): exit code,
+/// stdout, stderr.
+async fn run(args: &[&str]) -> (i32, String, String) {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_emisar"))
+        .args(args)
+        .env_remove("DATABASE_URL")
+        .output()
+        .await
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Waits until the newest checkpoint with `cosigned` cosignatures covers `size` events.
+async fn checkpointed(app: &TestApp, size: u64, cosigned: usize) -> checkpoints::Stored {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(cp) = checkpoints::latest(&app.db, cosigned).await.unwrap()
+            && cp.size >= size
+        {
+            return cp;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no checkpoint of {size} events with {cosigned} cosignatures"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn append_checkpointed(app: &TestApp, i: usize) -> u64 {
+    let e = app.audit.append(event(i)).await.unwrap();
+    checkpointed(app, e.seq as u64, 2).await;
+    e.seq as u64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rewrite_is_named_from_a_kept_checkpoint_and_every_witness_refuses_what_follows() {
+    let dir = tempfile::tempdir().unwrap();
+    let log_key = dir.path().join("log.key");
+    let out = run(&[
+        "audit",
+        "log-keygen",
+        "--origin",
+        ORIGIN,
+        "--key",
+        log_key.to_str().unwrap(),
+    ])
+    .await;
+    assert_eq!(out.0, 0, "{}", out.2);
+    let log_vkey = out.1.lines().last().unwrap().to_owned();
+    let w1 = witness(dir.path(), "w1", &log_vkey).await;
+    let w2 = witness(dir.path(), "w2", &log_vkey).await;
+    let app = spawn_app(
+        Backend::Postgres,
+        vec![],
+        Options {
+            transparency: Some(TransparencyConfig {
+                log_key_file: log_key.clone(),
+                checkpoint_interval_ms: 50,
+                checkpoint_every_events: 1,
+                witnesses: vec![
+                    WitnessEntry {
+                        url: w1.url.clone(),
+                        key: w1.vkey.clone(),
+                    },
+                    WitnessEntry {
+                        url: w2.url.clone(),
+                        key: w2.vkey.clone(),
+                    },
+                ],
+                witness_quorum: Some(2),
+            }),
+            ..Default::default()
+        },
+    )
+    .await;
+    let db = app.database_url.clone();
+    // One event at a time, each witnessed before the next: the log key signs every size.
+    let mut last = 0;
+    for i in 0..12 {
+        last = append_checkpointed(&app, i).await;
+    }
+
+    // The auditor keeps the witnessed checkpoint elsewhere.
+    let out = run(&[
+        "audit",
+        "checkpoint",
+        "--cosigned-by",
+        "2",
+        "--database",
+        &db,
+    ])
+    .await;
+    assert_eq!(out.0, 0, "{}", out.2);
+    assert!(
+        out.1.starts_with(&format!("{ORIGIN}\n{last}\n")),
+        "{}",
+        out.1
+    );
+    assert_eq!(
+        out.1.matches("\n— ").count(),
+        3,
+        "the log's signature and two cosignatures: {}",
+        out.1
+    );
+    let kept_size = last;
+    let kept = dir.path().join("kept-checkpoint.txt");
+    std::fs::write(&kept, &out.1).unwrap();
+    let witnesses = Verifiers::parse([w1.vkey.as_str(), w2.vkey.as_str()]).unwrap();
+    let (note, _) = emisar::tlog::checkpoint::parse(out.1.as_bytes()).unwrap();
+    let (verified, _) = note.verify(&witnesses).unwrap();
+    assert_eq!(verified.len(), 2, "both witnesses' cosignatures verify");
+
+    // More events; verifying from the kept checkpoint checks only what is new.
+    for i in 12..20 {
+        last = append_checkpointed(&app, i).await;
+    }
+    let kept_arg = kept.to_str().unwrap();
+    let verify = [
+        "audit",
+        "verify",
+        "--checkpoint",
+        kept_arg,
+        "--log-key",
+        &log_vkey,
+        "--database",
+        &db,
+    ];
+    let out = run(&verify).await;
+    assert_eq!(out.0, 0, "{}{}", out.1, out.2);
+    assert!(
+        out.1.starts_with(&format!(
+            "ok: the log extends the checkpoint you kept (size {kept_size}) to the newest signed checkpoint (size {last})"
+        )),
+        "{}",
+        out.1
+    );
+    assert!(out.1.contains("8 new events verified"), "{}", out.1);
+    // A key that is not the log's is refused before anything is read.
+    let other = emisar::tlog::keys::NoteKey::generate(ORIGIN)
+        .unwrap()
+        .verifier_key();
+    let out = run(&[
+        "audit",
+        "verify",
+        "--checkpoint",
+        kept_arg,
+        "--log-key",
+        &other,
+        "--database",
+        &db,
+    ])
+    .await;
+    assert_ne!(out.0, 0);
+    assert!(out.2.contains("--checkpoint"), "{}", out.2);
+
+    // An inclusion proof, from the CLI and from the API, in a witnessed checkpoint.
+    let fifth = app
+        .events(AuditFilter {
+            after_seq: Some(4),
+            limit: 1,
+            ..Default::default()
+        })
+        .await
+        .remove(0);
+    let out = run(&[
+        "audit",
+        "prove",
+        &fifth.id,
+        "--cosigned-by",
+        "2",
+        "--log-key",
+        &log_vkey,
+        "--database",
+        &db,
+    ])
+    .await;
+    assert_eq!(out.0, 0, "{}{}", out.1, out.2);
+    let proof: proofs::InclusionProof = serde_json::from_str(&out.1).unwrap();
+    let log_keys = Verifiers::parse([log_vkey.as_str()]).unwrap();
+    assert_eq!(
+        proofs::check_inclusion(&proof, &log_keys).unwrap().size(),
+        last
+    );
+    let auditor = app
+        .issue_token("auditor", emisar::server::tokens::Role::Auditor)
+        .await;
+    let api: proofs::InclusionProof = app
+        .http()
+        .get(format!(
+            "{}/api/audit/proof?event={}",
+            app.base_url(),
+            fifth.id
+        ))
+        .bearer_auth(&auditor)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    proofs::check_inclusion(&api, &log_keys).unwrap();
+    let mut forged = api.clone();
+    forged.event.reason = Some("nothing happened".into());
+    let e = proofs::check_inclusion(&forged, &log_keys).unwrap_err();
+    assert!(e.contains("hash"), "{e}");
+    let served = app
+        .http()
+        .get(format!(
+            "{}/api/audit/checkpoint?cosigned_by=2",
+            app.base_url()
+        ))
+        .bearer_auth(&auditor)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(served.starts_with(&format!("{ORIGIN}\n")), "{served}");
+
+    // The attacker owns the database: event 5 is rewritten, then every later chain hash and
+    // every tree node is recomputed, so the log is consistent with itself again.
+    let witnessed = checkpointed(&app, app.audit_rows().await as u64, 2)
+        .await
+        .size;
+    rewrite_event(&app, 5).await;
+    assert!(
+        app.assert_chain_intact().await > 0,
+        "the chain alone no longer shows it"
+    );
+    let out = run(&verify).await;
+    assert_eq!(out.0, 1, "{}{}", out.1, out.2);
+    assert!(
+        out.1.starts_with(&format!(
+            "FAILED: the log does not extend the checkpoint you kept (size {kept_size})"
+        )),
+        "{}",
+        out.1
+    );
+    assert!(out.1.contains("first changed event: seq 5 "), "{}", out.1);
+
+    // The server's next checkpoint (a tree that does not extend what the witnesses
+    // cosigned) is refused by both, and the refusal is audited, counted and logged.
+    let next = app.audit.append(event(99)).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let refusals = loop {
+        let refusals = app
+            .events(AuditFilter {
+                kind: Some("witness.refused".into()),
+                limit: 100,
+                ..Default::default()
+            })
+            .await;
+        let named: std::collections::BTreeSet<String> = refusals
+            .iter()
+            .filter_map(|e| e.detail.as_ref()?["witness"].as_str().map(str::to_owned))
+            .collect();
+        if named.len() == 2 {
+            break refusals;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "both witnesses refuse: {refusals:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    for r in &refusals {
+        let d = r.detail.as_ref().unwrap();
+        assert_eq!(d["status"], 422, "{d}");
+        assert!(d["size"].as_u64().unwrap() >= next.seq as u64, "{d}");
+    }
+    let newest_witnessed = checkpoints::latest(&app.db, 1).await.unwrap().unwrap();
+    assert_eq!(
+        newest_witnessed.size, witnessed,
+        "nothing after the rewrite is witnessed"
+    );
+    let metrics = app
+        .http()
+        .get(format!("{}/metrics", app.base_url()))
+        .bearer_auth(&auditor)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.lines().any(
+            |l| l.starts_with("emisar_witness_refusals_total{") && l.contains("status=\"422\"")
+        ),
+        "{metrics}"
+    );
+}
+
+/// What an attacker with the database does: rewrites event `seq`'s reason, then recomputes
+/// every later chain hash and rebuilds every tree node from the rewritten events, with the
+/// append-only triggers off.
+async fn rewrite_event(app: &TestApp, seq: i64) {
+    let mut events = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = app
+            .events(AuditFilter {
+                after_seq: Some(after),
+                limit: 1000,
+                ..Default::default()
+            })
+            .await;
+        let Some(last) = page.last() else { break };
+        after = last.seq;
+        events.extend(page);
+    }
+    let mut sql = String::from(
+        "ALTER TABLE audit_events DISABLE TRIGGER USER; ALTER TABLE audit_tree DISABLE TRIGGER USER; ",
+    );
+    let mut prev: Option<String> = None;
+    let mut mem = MemoryTree::default();
+    let mut nodes = Vec::new();
+    for mut e in events {
+        assert_eq!(e.compute_hash(), e.hash, "before the rewrite: {e:?}");
+        if e.seq == seq {
+            e.reason = Some("nothing happened".into());
+        }
+        if let Some(p) = &prev {
+            e.prev_hash = p.clone();
+        }
+        if e.seq >= seq {
+            e.hash = e.compute_hash();
+            if e.seq == seq {
+                sql.push_str(&format!(
+                    "UPDATE audit_events SET reason = 'nothing happened' WHERE seq = {seq};"
+                ));
+            }
+            sql.push_str(&format!(
+                "UPDATE audit_events SET prev_hash = '{}', hash = '{}' WHERE seq = {};",
+                e.prev_hash, e.hash, e.seq
+            ));
+        }
+        let size = mem.size();
+        let leaf = tree::leaf_of(&e.hash).unwrap();
+        nodes.extend(emisar::tlog::tree::append(size, leaf, &mem).unwrap());
+        mem.push_hash(leaf);
+        prev = Some(e.hash.clone());
+    }
+    sql.push_str("DELETE FROM audit_tree;");
+    for (n, h) in nodes {
+        sql.push_str(&format!(
+            "INSERT INTO audit_tree (level, idx, hash) VALUES ({}, {}, '\\x{}');",
+            n.level,
+            n.index,
+            hex::encode(h.0)
+        ));
+    }
+    sql.push_str(
+        "ALTER TABLE audit_events ENABLE TRIGGER USER; ALTER TABLE audit_tree ENABLE TRIGGER USER;",
+    );
+    app.pg.as_ref().unwrap().superuser_sql(&sql).unwrap();
+}

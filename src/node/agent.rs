@@ -33,7 +33,9 @@ use super::engine::{self, Env};
 use super::seal::{SealKey, Sealed};
 use crate::node::config::RunnerConfig;
 use crate::pack::{PackSet, Risk, Tool, allowlist_admits, shown_value};
+use crate::protocol::approval::RunnerApprovals;
 use crate::protocol::signing::{CallClaims, CallVerifier, now};
+use crate::protocol::witnessed::WitnessTrust;
 use crate::protocol::{CallRequest, CallResponse, Mode};
 
 /// The most single-use ids remembered at once. Ids are forgotten when their token expires,
@@ -53,6 +55,8 @@ pub struct RunnerState {
     used_approvals: Mutex<HashMap<String, u64>>,
     /// Seals what previews capture, so an execution runs only with values this runner made.
     seal_key: SealKey,
+    /// `require_witnessed`: the keys a write's witnessed approval is checked against.
+    witnessed: Option<WitnessTrust>,
     /// People's signatures required before a write runs (`require_signed_approvals`).
     gate: Gate,
     http: reqwest::Client,
@@ -91,6 +95,7 @@ impl RunnerState {
             approvers_root_keys: &config.approvers_root_keys,
             state_dir: &config.state_dir,
         })?;
+        let witnessed = witness_trust(&config)?;
         let pem = server_public_key;
         let verifier = CallVerifier::from_pem(pem, &config.name)?;
         let http = reqwest::Client::builder()
@@ -107,6 +112,7 @@ impl RunnerState {
             used_approvals: Mutex::new(HashMap::new()),
             seal_key: SealKey::generate()?,
             gate,
+            witnessed,
             http,
         }))
     }
@@ -222,7 +228,10 @@ async fn health(State(state): State<Arc<RunnerState>>, headers: HeaderMap) -> Re
         "name": state.config.name,
         "packs": packs,
         "allowlists": state.config.allowlists,
-        "approvals": state.gate.report(),
+        "approvals": RunnerApprovals {
+            require_witnessed: state.witnessed.is_some(),
+            ..state.gate.report()
+        },
     }))
     .into_response()
 }
@@ -388,6 +397,30 @@ fn check_high_risk(
     if tool.risk != Risk::High || request.mode != Mode::Execute {
         return Ok(());
     }
+    if let Some(trust) = &state.witnessed {
+        // Before anything is recorded as executed: a refused proof leaves the approval
+        // runnable once a witnessed one arrives.
+        let Some(approval_id) = claims.approval_id.as_deref() else {
+            return Err(forbidden(format!(
+                "`{}` is risk:high and this runner requires witnessed approvals: the call carries no approval",
+                tool.name
+            )));
+        };
+        let Some(witnessed) = &request.witnessed else {
+            return Err(forbidden(format!(
+                "approval {approval_id}: this runner requires a witnessed approval (its approval.approved event in a checkpoint cosigned by {} witnesses), and the call carries none",
+                trust.quorum
+            )));
+        };
+        let cosigned =
+            crate::protocol::witnessed::verify(witnessed, approval_id, trust).map_err(|why| {
+                forbidden(format!(
+                    "approval {approval_id}: the witnessed proof is refused: {why}"
+                ))
+            })?;
+        tracing::info!(tool = %tool.name, %approval_id, event_seq = witnessed.event.seq, cosigned_by = ?cosigned,
+            "the approval is in the audit log as witnessed");
+    }
     if state.gate.requires(&tool.name) {
         // The gate records the approval id as executed, durably, once everything holds.
         let signed = state
@@ -485,4 +518,21 @@ fn check_preview_values(
             "the preview values carry no seal from this runner; nothing was run: request the change again".into(),
         ),
     }
+}
+
+/// `require_witnessed`'s keys from runner.toml, each bad one named.
+fn witness_trust(config: &RunnerConfig) -> anyhow::Result<Option<WitnessTrust>> {
+    if !config.require_witnessed {
+        return Ok(None);
+    }
+    let log_key = config.log_key.as_deref().ok_or_else(|| {
+        anyhow::anyhow!("require_witnessed = true needs log_key: the audit log's verifier key")
+    })?;
+    if config.witness_keys.is_empty() {
+        anyhow::bail!("require_witnessed = true needs witness_keys: the witnesses' verifier keys");
+    }
+    let quorum = config.witness_quorum.unwrap_or(config.witness_keys.len());
+    WitnessTrust::new(log_key, &config.witness_keys, quorum)
+        .map(Some)
+        .map_err(anyhow::Error::msg)
 }

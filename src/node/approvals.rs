@@ -134,6 +134,7 @@ impl Gate {
             require_signed: self.require_text.clone(),
             approvers_sha256: self.local.as_ref().map(|a| a.sha256.clone()),
             root_keys: self.root_keys.iter().map(sshsig::key_id).collect(),
+            require_witnessed: false,
         }
     }
 

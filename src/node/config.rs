@@ -98,6 +98,22 @@ pub struct RunnerConfig {
     /// approvers sign`), and never one older (by `serial`) than one accepted before.
     #[serde(default)]
     pub approvers_root_keys: Vec<String>,
+    /// Run a risk:high write only when the call carries its approval's `approval.approved`
+    /// audit event with an inclusion proof in a checkpoint signed by `log_key` and cosigned by
+    /// `witness_quorum` of `witness_keys`: then no approval runs here that every witness does
+    /// not hold in the log. Default: off.
+    #[serde(default)]
+    pub require_witnessed: bool,
+    /// The audit log's verifier key (`emisar audit log-keygen` printed it), e.g.
+    /// `emisar.example.com/audit+1a2b3c4d+AXyz…`.
+    #[serde(default)]
+    pub log_key: Option<String>,
+    /// The witnesses' cosignature verifier keys (`emisar witness keygen` printed them).
+    #[serde(default)]
+    pub witness_keys: Vec<String>,
+    /// How many of `witness_keys` must have cosigned (default: all of them).
+    #[serde(default)]
+    pub witness_quorum: Option<usize>,
 }
 
 #[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
@@ -205,6 +221,10 @@ impl RunnerConfig {
             require_signed_approvals: Vec::new(),
             approvers_file: None,
             approvers_root_keys: Vec::new(),
+            require_witnessed: false,
+            log_key: None,
+            witness_keys: Vec::new(),
+            witness_quorum: None,
         };
         c.fill_standard_services();
         c

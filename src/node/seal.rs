@@ -56,6 +56,7 @@ impl Sealed<'_> {
             preview_seal: None,
             raw: false,
             approval: None,
+            witnessed: None,
         }
         .digest();
         canonical_json(&json!({

@@ -40,6 +40,11 @@ pub struct CallRequest {
     /// [`crate::protocol::approval`]); a runner with `require_signed_approvals` checks them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<ApprovalProof>,
+    /// The approval's `approval.approved` event with its inclusion proof in a witnessed
+    /// checkpoint (see [`crate::protocol::witnessed`]); a runner with `require_witnessed`
+    /// checks it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub witnessed: Option<crate::protocol::witnessed::WitnessedApproval>,
 }
 
 impl CallRequest {

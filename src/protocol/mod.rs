@@ -3,9 +3,11 @@
 //! handshakes. Both sides import these types from here; neither side imports the other.
 
 pub mod approval;
+pub mod audit_event;
 pub mod call;
 pub mod join;
 pub mod signing;
+pub mod witnessed;
 
 pub use call::{CallRequest, CallResponse, Mode};
 pub use join::{

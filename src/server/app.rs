@@ -127,6 +127,13 @@ impl Application {
                 "approvers_signature_file is set without approvers_file: set both, or neither"
             );
         }
+        if let Some(t) = config
+            .transparency
+            .as_ref()
+            .filter(|t| !t.witnesses.is_empty())
+        {
+            gateway.set_witnessing(db.clone(), t.witness_quorum.unwrap_or(t.witnesses.len()));
+        }
         if !config.webhooks.is_empty() {
             gateway.set_notifier(
                 Notifier::start(config.webhooks.clone(), shutdown.clone()),

@@ -548,6 +548,7 @@ async fn approvals_refuse_what_they_should(backend: Backend) {
         preview_seal: None,
         raw: false,
         approval: None,
+        witnessed: None,
     };
     let claims = |aud: &str, req: &CallRequest, approval: Option<&str>| {
         let t = now();

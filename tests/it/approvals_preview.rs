@@ -192,6 +192,7 @@ async fn preview_values_run_only_under_the_runners_own_seal(backend: Backend) {
         preview_seal: seal,
         raw: false,
         approval: None,
+        witnessed: None,
     };
     let signed = |call_id: &str| Signed {
         call_id: call_id.into(),

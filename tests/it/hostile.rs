@@ -1418,6 +1418,7 @@ async fn runner(app: &TestApp, report: &mut Report, exec_log: &Path) {
         preview_seal: None,
         raw: false,
         approval: None,
+        witnessed: None,
     };
     let claims_for = |req: &CallRequest| {
         let t = now();

@@ -39,6 +39,7 @@ impl Fixture {
                 preview_seal: None,
                 raw: false,
                 approval: None,
+                witnessed: None,
             }
             .digest(),
             pack_sha256: self.pack_sha256.clone(),

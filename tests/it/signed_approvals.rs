@@ -148,6 +148,7 @@ async fn execute(
         preview_seal: None,
         raw: false,
         approval: proof,
+        witnessed: None,
     };
     let answer = app
         .signed_request(

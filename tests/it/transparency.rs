@@ -571,3 +571,222 @@ async fn rewrite_event(app: &TestApp, seq: i64) {
     );
     app.pg.as_ref().unwrap().superuser_sql(&sql).unwrap();
 }
+
+/// The server's witnesses and a log key, for a runner that requires witnessed approvals.
+struct WitnessedLab {
+    _dir: tempfile::TempDir,
+    _bin: tempfile::TempDir,
+    record: std::path::PathBuf,
+    app: TestApp,
+    _w1: Witness,
+    _w2: Witness,
+}
+
+async fn witnessed_lab() -> WitnessedLab {
+    let dir = tempfile::tempdir().unwrap();
+    let log_key = dir.path().join("log.key");
+    let key = emisar::tlog::keys::NoteKey::generate(ORIGIN).unwrap();
+    emisar::util::files::create_private(&log_key, key.private_text().as_bytes()).unwrap();
+    let w1 = witness(dir.path(), "w1", &key.verifier_key()).await;
+    let w2 = witness(dir.path(), "w2", &key.verifier_key()).await;
+    let bin = tempfile::tempdir().unwrap();
+    let record = crate::approvals::systemctl_standin(bin.path());
+    let runner = crate::harness::RunnerSpec::new("hvn05")
+        .path_first(bin.path())
+        .allow("systemd_units", &["consul", "nomad"])
+        .require_witnessed(
+            &key.verifier_key(),
+            &[w1.vkey.clone(), w2.vkey.clone()],
+            None,
+        );
+    let app = spawn_app(
+        Backend::Postgres,
+        vec![runner],
+        Options {
+            transparency: Some(TransparencyConfig {
+                log_key_file: log_key,
+                checkpoint_interval_ms: 200,
+                checkpoint_every_events: 1000,
+                witnesses: vec![
+                    WitnessEntry {
+                        url: w1.url.clone(),
+                        key: w1.vkey.clone(),
+                    },
+                    WitnessEntry {
+                        url: w2.url.clone(),
+                        key: w2.vkey.clone(),
+                    },
+                ],
+                witness_quorum: Some(2),
+            }),
+            ..Default::default()
+        },
+    )
+    .await;
+    WitnessedLab {
+        _dir: dir,
+        _bin: bin,
+        record,
+        app,
+        _w1: w1,
+        _w2: w2,
+    }
+}
+
+/// What a server holding server.key (and the log key) sends a runner on its own.
+async fn execute_with(
+    app: &TestApp,
+    approval_id: &str,
+    witnessed: Option<emisar::protocol::witnessed::WitnessedApproval>,
+) -> (u16, String) {
+    let request = emisar::protocol::CallRequest {
+        tool: "linux.systemctl_restart".into(),
+        args: serde_json::json!({"unit": "consul"})
+            .as_object()
+            .unwrap()
+            .clone(),
+        mode: emisar::protocol::Mode::Execute,
+        preview: None,
+        preview_seal: None,
+        raw: false,
+        approval: None,
+        witnessed,
+    };
+    let answer = app
+        .signed_request(
+            "hvn05",
+            &request,
+            &crate::harness::app::Signed {
+                call_id: uuid::Uuid::new_v4().to_string(),
+                approval_id: Some(approval_id.to_owned()),
+                lowered_by_policy: None,
+            },
+        )
+        .await;
+    (
+        answer.status,
+        answer.body["error"].as_str().unwrap_or_default().to_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_that_requires_witnessed_approvals_runs_only_what_the_quorum_cosigned() {
+    use crate::approvals::{call_in_background, finished, restarts, signed_in, wait_for_pending};
+    let lab = witnessed_lab().await;
+    let app = &lab.app;
+
+    // The governed path: the approval is witnessed by both before the runner runs it.
+    let client = app.mcp_client().await;
+    let call = call_in_background(
+        &client,
+        "linux.systemctl_restart",
+        serde_json::json!({"runners": ["hvn05"], "unit": "consul", "reason": "witnessed restart"}),
+    );
+    let alice = signed_in(app, "alice", emisar::server::tokens::Role::Approver).await;
+    let id = wait_for_pending(&alice).await;
+    let (status, body) = alice.approve(&id).await;
+    assert_eq!(status, 200, "{body}");
+    let res = finished(call).await;
+    let out = res.structured_content.unwrap();
+    assert_eq!(out["approval"]["state"], "executed", "{out}");
+    assert_eq!(restarts(&lab.record), 1, "it ran once");
+    let approved = app
+        .events(AuditFilter {
+            approval_id: Some(id.clone()),
+            kind: Some("approval.approved".into()),
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .remove(0);
+    let executing = app
+        .events(AuditFilter {
+            approval_id: Some(id.clone()),
+            kind: Some("approval.executing".into()),
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .remove(0);
+    let witnessed = checkpoints::latest(&app.db, 2).await.unwrap().unwrap();
+    assert!(
+        witnessed.size >= approved.seq as u64,
+        "the approval is witnessed"
+    );
+    assert!(executing.seq > approved.seq);
+
+    // A real witnessed proof of that approval, as the server built it.
+    let good = proofs::prove(&app.db, &approved.id, 2).await.unwrap();
+    let good = emisar::protocol::witnessed::WitnessedApproval {
+        event: good.event,
+        checkpoint: good.checkpoint,
+        proof: good.proof,
+    };
+    // Everything a compromised server can send is refused, and nothing runs.
+    let refused = |answer: (u16, String), why: &str| {
+        assert_eq!(answer.0, 403, "{}", answer.1);
+        assert!(
+            answer.1.contains(why),
+            "`{}` does not say `{why}`",
+            answer.1
+        );
+    };
+    let other = uuid::Uuid::new_v4().to_string();
+    // No proof at all.
+    refused(
+        execute_with(app, &other, None).await,
+        "the call carries none",
+    );
+    // The proof of another approval.
+    refused(
+        execute_with(app, &other, Some(good.clone())).await,
+        "not this call's approval",
+    );
+    // The event's fields edited (a different reason) under its hash.
+    let mut edited = good.clone();
+    edited.event.approval_id = Some(other.clone());
+    refused(execute_with(app, &other, Some(edited)).await, "hash to");
+    // Cosigned by one witness where the runner needs two.
+    let mut one = good.clone();
+    let keep: Vec<&str> = one.checkpoint.lines().collect();
+    let mut lines: Vec<&str> = keep.clone();
+    let last_cosig = lines
+        .iter()
+        .rposition(|l| l.starts_with("— witness.test/"))
+        .unwrap();
+    lines.remove(last_cosig);
+    one.checkpoint = format!("{}\n", lines.join("\n"));
+    let mut one_claims = one.clone();
+    one_claims.event = good.event.clone();
+    refused(
+        execute_with(app, &id, Some(one_claims)).await,
+        "cosigned by 1 of the witnesses",
+    );
+    // A wrong audit path.
+    let mut wrong = good.clone();
+    wrong.proof[0] = wrong.proof[1 % wrong.proof.len()].clone();
+    if wrong.proof == good.proof {
+        wrong.proof.push(good.proof[0].clone());
+    }
+    refused(
+        execute_with(app, &id, Some(wrong)).await,
+        "is not in the checkpoint",
+    );
+    // A checkpoint whose log signature is not the log key's (a stranger's tree).
+    let stranger = emisar::tlog::keys::NoteKey::generate(ORIGIN).unwrap();
+    let (_, cp) = emisar::tlog::checkpoint::parse(good.checkpoint.as_bytes()).unwrap();
+    let mut forged = good.clone();
+    forged.checkpoint = String::from_utf8(
+        emisar::tlog::checkpoint::sign(ORIGIN, cp.size(), *cp.hash(), "", &stranger).unwrap(),
+    )
+    .unwrap();
+    refused(
+        execute_with(app, &id, Some(forged)).await,
+        "the log's signature",
+    );
+    assert_eq!(restarts(&lab.record), 1, "nothing else ran");
+    // The genuine proof of the approval that already ran is a replay.
+    let (status, why) = execute_with(app, &id, Some(good)).await;
+    assert_eq!(status, 409, "{why}");
+    assert_eq!(restarts(&lab.record), 1);
+}

@@ -74,6 +74,9 @@ pub struct RunnerApprovals {
     /// The key ids of its `approvers_root_keys`.
     #[serde(default)]
     pub root_keys: Vec<String>,
+    /// `require_witnessed`: its risk:high writes need a witnessed proof of their approval.
+    #[serde(default)]
+    pub require_witnessed: bool,
 }
 
 impl RunnerApprovals {

@@ -125,6 +125,7 @@ impl Gateway {
                     approval_id: None,
                     lowered_by_policy: None,
                     approval: None,
+                    witnessed: None,
                 };
                 let answers = futures::future::join_all(
                     r.runners
@@ -507,9 +508,18 @@ impl Gateway {
             on_behalf_of: row.on_behalf_of.as_deref(),
         };
         let proof = self.proof_for(row);
+        let witnessed = if self.needs_witnessed(row) {
+            match self.witnessed_for(row).await {
+                Ok(w) => Some(w),
+                Err(why) => return (Vec::new(), Some(why)),
+            }
+        } else {
+            None
+        };
         let results = futures::future::join_all(row.runners.iter().map(|name| {
             let record = &record;
             let proof = proof.as_ref();
+            let witnessed = witnessed.as_ref();
             async move {
                 let preview = row.preview_vars(name);
                 let dispatch = Dispatch {
@@ -524,6 +534,7 @@ impl Gateway {
                     approval_id: Some(&row.id),
                     lowered_by_policy: None,
                     approval: proof,
+                    witnessed,
                 };
                 self.run_on(name, tool, &dispatch, record).await
             }

@@ -473,6 +473,7 @@ impl Gateway {
             approval_id: None,
             lowered_by_policy,
             approval: None,
+            witnessed: None,
         };
         futures::future::join_all(
             targets

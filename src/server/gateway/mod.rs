@@ -31,6 +31,7 @@ mod outcome;
 mod redact;
 mod signatures;
 mod state;
+mod witnessed;
 
 pub use builtins::{APPROVAL_STATUS_TOOL, APPROVAL_WAIT_TOOL, RUNNERS_TOOL};
 pub use call::{CallContext, Progress, ToolCall};

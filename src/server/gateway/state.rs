@@ -94,6 +94,9 @@ pub struct Gateway {
     pub(super) approvers: Option<Arc<super::signatures::ServerApprovers>>,
     /// Where people reach the portal, for links in notices.
     pub(super) public_url: Option<String>,
+    /// `[transparency]` with witnesses: approvals carry witnessed proofs to runners that
+    /// require them (see `witnessed.rs`).
+    pub(super) witnessing: Option<super::witnessed::Witnessing>,
 }
 
 impl Gateway {
@@ -148,6 +151,7 @@ impl Gateway {
             policy: std::sync::RwLock::new(Arc::new(Policy::builtin())),
             notifier: None,
             approvers: None,
+            witnessing: None,
             public_url: None,
         })
     }
@@ -155,6 +159,12 @@ impl Gateway {
     /// Approval requests are signed by the people of `approvers` (`approvers_file`).
     pub fn set_approvers(&mut self, approvers: super::signatures::ServerApprovers) {
         self.approvers = Some(Arc::new(approvers));
+    }
+
+    /// Approved executions to runners with `require_witnessed` wait for a checkpoint that
+    /// `quorum` witnesses cosigned and carry the approval's inclusion proof in it.
+    pub fn set_witnessing(&mut self, db: crate::server::db::Db, quorum: usize) {
+        self.witnessing = Some(super::witnessed::Witnessing::new(db, quorum));
     }
 
     /// New approval requests are announced through `notifier`, with links to `public_url`.

@@ -168,6 +168,9 @@ pub struct Dispatch<'a> {
     pub lowered_by_policy: Option<&'a str>,
     /// People's signatures over the approved request's statement, when it is signed.
     pub approval: Option<&'a ApprovalProof>,
+    /// The approval's event with its inclusion proof in a witnessed checkpoint, for runners
+    /// that require it.
+    pub witnessed: Option<&'a crate::protocol::witnessed::WitnessedApproval>,
 }
 
 /// Signs calls; each runner's own client (in its [`Endpoint`]) sends them.
@@ -215,6 +218,7 @@ impl RunnerClient {
             preview_seal: d.preview_seal.map(str::to_owned),
             raw: d.raw,
             approval: d.approval.cloned(),
+            witnessed: d.witnessed.cloned(),
         };
         let iat = now();
         let claims = CallClaims {

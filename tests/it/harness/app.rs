@@ -46,6 +46,8 @@ pub struct RunnerSpec {
     pub approvers_root_keys: Vec<String>,
     /// Where the runner keeps its state (default: a folder of the test's).
     pub state_dir: Option<PathBuf>,
+    /// `require_witnessed`: the log key, the witness keys and the quorum.
+    pub witnessed: Option<(String, Vec<String>, Option<usize>)>,
 }
 
 impl RunnerSpec {
@@ -64,7 +66,20 @@ impl RunnerSpec {
             approvers_file: None,
             approvers_root_keys: Vec::new(),
             state_dir: None,
+            witnessed: None,
         }
+    }
+
+    /// Runs risk:high writes only with a witnessed approval: a checkpoint signed by
+    /// `log_key` and cosigned by `quorum` (default all) of `witness_keys`.
+    pub fn require_witnessed(
+        mut self,
+        log_key: &str,
+        witness_keys: &[String],
+        quorum: Option<usize>,
+    ) -> Self {
+        self.witnessed = Some((log_key.to_owned(), witness_keys.to_vec(), quorum));
+        self
     }
 
     /// Executes writes of tools matching `tools` only with people's signatures, checked
@@ -290,6 +305,12 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
         config.require_signed_approvals = spec.require_signed.clone();
         config.approvers_file = spec.approvers_file.clone();
         config.approvers_root_keys = spec.approvers_root_keys.clone();
+        if let Some((log_key, witness_keys, quorum)) = &spec.witnessed {
+            config.require_witnessed = true;
+            config.log_key = Some(log_key.clone());
+            config.witness_keys = witness_keys.clone();
+            config.witness_quorum = *quorum;
+        }
         // Each runner keeps its state (executed signed approvals) in the test's folder.
         config.state_dir = spec
             .state_dir
@@ -579,6 +600,7 @@ impl TestApp {
             preview_seal: preview.map(|p| p.body["seal"].as_str().unwrap().to_owned()),
             raw: false,
             approval: None,
+            witnessed: None,
         };
         let signed = Signed {
             call_id: "direct-test-call".into(),

@@ -33,6 +33,10 @@
 //!   has the file, and every click carries an SSHSIG over the request's statement (made before
 //!   t0, as a person signs before the click reaches the server). Also times the signature
 //!   checks alone (`verify_quorum`: one SSH signature, one ES256 passkey assertion).
+//! - `BENCH_APPROVAL_WITNESSED` (0): the runner requires witnessed approvals
+//!   (`require_witnessed`): the server signs checkpoints at its defaults (every 1,000 ms or
+//!   1,000 events) and submits them to one `emisar witness` in this process (quorum 1), and an
+//!   execution waits for a checkpoint the witness cosigned over its approval.
 //! - `BENCH_SUMMARY`: a file to write `key=value` lines to (for scripts/bench's budget table).
 //!
 //! Progress goes to stderr; the results go to stdout as Markdown.
@@ -226,6 +230,51 @@ async fn start(url: &str, dir: &Path, tag: &str) -> (Rig, PathBuf, String) {
         runner.approvers_file = Some(file.clone());
         runner.state_dir = dir.join("runner-state");
     }
+    let transparency = if witnessed() {
+        // The log key and one witness (in this process, on loopback) that trusts it.
+        let log_key = emisar::tlog::keys::NoteKey::generate("bench.emisar.test/audit")
+            .expect("log key");
+        let log_key_file = dir.join("log.key");
+        emisar::util::files::create_private(&log_key_file, log_key.private_text().as_bytes())
+            .expect("log key file");
+        let witness_key = dir.join("witness.key");
+        let witness_vkey = emisar::witness::serve::keygen("bench.witness.test/w1", &witness_key)
+            .expect("witness key");
+        let witness_toml = dir.join("witness.toml");
+        std::fs::write(
+            &witness_toml,
+            format!(
+                "listen = \"127.0.0.1:0\"\nkey_file = \"{}\"\nstate_dir = \"{}\"\ninsecure_http = true\n\
+                 [[log]]\norigin = \"bench.emisar.test/audit\"\nkeys = [\"{}\"]\n",
+                witness_key.display(),
+                dir.join("witness-state").display(),
+                log_key.verifier_key()
+            ),
+        )
+        .expect("witness.toml");
+        let witness = emisar::witness::serve::WitnessServer::build(
+            &emisar::witness::config::WitnessConfig::load(&witness_toml).expect("witness config"),
+        )
+        .await
+        .expect("witness");
+        let witness_url = format!("http://{}", witness.local_addr());
+        tokio::spawn(witness.run_until_stopped(stop.clone()));
+        runner.require_witnessed = true;
+        runner.log_key = Some(log_key.verifier_key());
+        runner.witness_keys = vec![witness_vkey.clone()];
+        Some(emisar::server::audit::checkpoints::TransparencyConfig {
+            log_key_file,
+            checkpoint_interval_ms: 1000,
+            checkpoint_every_events: 1000,
+            witnesses: vec![emisar::server::audit::checkpoints::WitnessEntry {
+                url: witness_url,
+                key: witness_vkey,
+            }],
+            witness_quorum: None,
+        })
+    } else {
+        None
+    };
     let exec_path = runner.exec_path.clone();
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind runner");
     let runner_url = format!("http://{}", listener.local_addr().expect("addr"));
@@ -248,6 +297,7 @@ async fn start(url: &str, dir: &Path, tag: &str) -> (Rig, PathBuf, String) {
         rate_limit_burst: 1000,
         approval_wait_secs: 600,
         approvers_file,
+        transparency,
         ..ServerConfig::with_signing_key(private_key)
     };
     let app = Application::build(config, url)
@@ -806,6 +856,11 @@ async fn run_backend(label: &str, prefix: &str, url: &str, out: &mut Out) {
         ms(p50),
         ms(p95)
     ));
+}
+
+/// Whether the runner requires witnessed approvals in this run (`BENCH_APPROVAL_WITNESSED=1`).
+fn witnessed() -> bool {
+    env_num("BENCH_APPROVAL_WITNESSED", 0) != 0
 }
 
 /// Whether approvals are signed by people in this run (`BENCH_APPROVAL_SIGNED=1`).

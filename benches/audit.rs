@@ -669,6 +669,51 @@ async fn run_backend(label: &str, prefix: &str, url: &str, events: u64, seed: bo
 
     out.kv(prefix, "verify_best_s", format!("{best:.2}"));
 
+    // Verifying only what is new since a checkpoint the auditor kept (`audit verify
+    // --checkpoint`): the newest 10,000 events of the log, whatever its size.
+    let fresh = 10_000i64.min(count - 1).max(1);
+    let (kept_size, size) = ((count - fresh) as u64, count as u64);
+    let key = emisar::tlog::keys::NoteKey::generate("bench.emisar.test/audit").expect("log key");
+    let keys = emisar::tlog::keys::Verifiers::parse([key.verifier_key().as_str()]).expect("vkey");
+    let sign = |n: u64, root| {
+        emisar::tlog::checkpoint::sign("bench.emisar.test/audit", n, root, "", &key)
+            .expect("sign")
+    };
+    let kept = sign(kept_size, audit::tree::root(&db, kept_size).await.expect("root"));
+    let latest = sign(size, audit::tree::root(&db, size).await.expect("root"));
+    emisar::with_pool!(&db, pool => sqlx::query(
+        "INSERT INTO audit_checkpoints (size, note) VALUES ($1, $2) ON CONFLICT (size) DO NOTHING")
+        .bind(size as i64).bind(String::from_utf8(latest.clone()).expect("utf-8")).execute(pool).await.map(|_| ()))
+    .expect("store the newest checkpoint");
+    let mut runs = Vec::new();
+    for _ in 0..5 {
+        let t0 = Instant::now();
+        let r = audit::proofs::verify_from(&db, &kept, &keys)
+            .await
+            .expect("verify --checkpoint");
+        runs.push(t0.elapsed());
+        assert!(r.problem.is_none(), "{r:?}");
+        assert_eq!(r.verified, fresh as u64);
+    }
+    runs.sort();
+    let msf = |d: Duration| d.as_secs_f64() * 1e3;
+    let median = msf(runs[runs.len() / 2]);
+    out.kv(prefix, "verify_checkpoint_ms", ms(median));
+    out.kv(prefix, "verify_checkpoint_events", fresh);
+    let _ = writeln!(
+        report,
+        "\n**Verify from a kept checkpoint** (`proofs::verify_from`, as `audit verify \
+         --checkpoint`: the consistency proof from size {} to {}, the anchor's inclusion, then the \
+         newest {} events rehashed onto the kept tree): median of 5 runs {} ms (best {} ms, worst \
+         {} ms).",
+        thousands(kept_size),
+        thousands(size),
+        thousands(fresh as u64),
+        ms(median),
+        ms(msf(runs[0])),
+        ms(msf(runs[runs.len() - 1]))
+    );
+
     // Where verify's time goes: the hashing alone, on events already in memory.
     let sample = hash_sample(&db, 100_000).await;
     let t0 = Instant::now();

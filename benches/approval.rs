@@ -232,8 +232,8 @@ async fn start(url: &str, dir: &Path, tag: &str) -> (Rig, PathBuf, String) {
     }
     let transparency = if witnessed() {
         // The log key and one witness (in this process, on loopback) that trusts it.
-        let log_key = emisar::tlog::keys::NoteKey::generate("bench.emisar.test/audit")
-            .expect("log key");
+        let log_key =
+            emisar::tlog::keys::NoteKey::generate("bench.emisar.test/audit").expect("log key");
         let log_key_file = dir.join("log.key");
         emisar::util::files::create_private(&log_key_file, log_key.private_text().as_bytes())
             .expect("log key file");

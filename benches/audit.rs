@@ -676,10 +676,12 @@ async fn run_backend(label: &str, prefix: &str, url: &str, events: u64, seed: bo
     let key = emisar::tlog::keys::NoteKey::generate("bench.emisar.test/audit").expect("log key");
     let keys = emisar::tlog::keys::Verifiers::parse([key.verifier_key().as_str()]).expect("vkey");
     let sign = |n: u64, root| {
-        emisar::tlog::checkpoint::sign("bench.emisar.test/audit", n, root, "", &key)
-            .expect("sign")
+        emisar::tlog::checkpoint::sign("bench.emisar.test/audit", n, root, "", &key).expect("sign")
     };
-    let kept = sign(kept_size, audit::tree::root(&db, kept_size).await.expect("root"));
+    let kept = sign(
+        kept_size,
+        audit::tree::root(&db, kept_size).await.expect("root"),
+    );
     let latest = sign(size, audit::tree::root(&db, size).await.expect("root"));
     emisar::with_pool!(&db, pool => sqlx::query(
         "INSERT INTO audit_checkpoints (size, note) VALUES ($1, $2) ON CONFLICT (size) DO NOTHING")

@@ -208,6 +208,28 @@ async fn witness(dir: &Path, name: &str, log_vkey: &str) -> Witness {
     }
 }
 
+/// `[transparency]` with `witnesses` (quorum: all of them).
+fn transparency(
+    log_key_file: std::path::PathBuf,
+    witnesses: [&Witness; 2],
+    interval_ms: u64,
+    every: u64,
+) -> TransparencyConfig {
+    TransparencyConfig {
+        log_key_file,
+        checkpoint_interval_ms: interval_ms,
+        checkpoint_every_events: every,
+        witnesses: witnesses
+            .iter()
+            .map(|w| WitnessEntry {
+                url: w.url.clone(),
+                key: w.vkey.clone(),
+            })
+            .collect(),
+        witness_quorum: Some(2),
+    }
+}
+
 /// Runs `emisar` with `args` (without blocking the runtime the server runs on): exit code,
 /// stdout, stderr.
 async fn run(args: &[&str]) -> (i32, String, String) {
@@ -268,22 +290,7 @@ async fn a_rewrite_is_named_from_a_kept_checkpoint_and_every_witness_refuses_wha
         Backend::Postgres,
         vec![],
         Options {
-            transparency: Some(TransparencyConfig {
-                log_key_file: log_key.clone(),
-                checkpoint_interval_ms: 50,
-                checkpoint_every_events: 1,
-                witnesses: vec![
-                    WitnessEntry {
-                        url: w1.url.clone(),
-                        key: w1.vkey.clone(),
-                    },
-                    WitnessEntry {
-                        url: w2.url.clone(),
-                        key: w2.vkey.clone(),
-                    },
-                ],
-                witness_quorum: Some(2),
-            }),
+            transparency: Some(transparency(log_key.clone(), [&w1, &w2], 50, 1)),
             ..Default::default()
         },
     )
@@ -603,22 +610,7 @@ async fn witnessed_lab() -> WitnessedLab {
         Backend::Postgres,
         vec![runner],
         Options {
-            transparency: Some(TransparencyConfig {
-                log_key_file: log_key,
-                checkpoint_interval_ms: 200,
-                checkpoint_every_events: 1000,
-                witnesses: vec![
-                    WitnessEntry {
-                        url: w1.url.clone(),
-                        key: w1.vkey.clone(),
-                    },
-                    WitnessEntry {
-                        url: w2.url.clone(),
-                        key: w2.vkey.clone(),
-                    },
-                ],
-                witness_quorum: Some(2),
-            }),
+            transparency: Some(transparency(log_key, [&w1, &w2], 200, 1000)),
             ..Default::default()
         },
     )
@@ -742,24 +734,21 @@ async fn a_runner_that_requires_witnessed_approvals_runs_only_what_the_quorum_co
         execute_with(app, &other, Some(good.clone())).await,
         "not this call's approval",
     );
-    // The event's fields edited (a different reason) under its hash.
+    // The event's fields edited (another approval's id) under its hash.
     let mut edited = good.clone();
     edited.event.approval_id = Some(other.clone());
     refused(execute_with(app, &other, Some(edited)).await, "hash to");
     // Cosigned by one witness where the runner needs two.
     let mut one = good.clone();
-    let keep: Vec<&str> = one.checkpoint.lines().collect();
-    let mut lines: Vec<&str> = keep.clone();
-    let last_cosig = lines
+    let mut lines: Vec<&str> = good.checkpoint.lines().collect();
+    let last_cosignature = lines
         .iter()
         .rposition(|l| l.starts_with("— witness.test/"))
         .unwrap();
-    lines.remove(last_cosig);
+    lines.remove(last_cosignature);
     one.checkpoint = format!("{}\n", lines.join("\n"));
-    let mut one_claims = one.clone();
-    one_claims.event = good.event.clone();
     refused(
-        execute_with(app, &id, Some(one_claims)).await,
+        execute_with(app, &id, Some(one)).await,
         "cosigned by 1 of the witnesses",
     );
     // A wrong audit path.

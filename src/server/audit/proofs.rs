@@ -236,15 +236,7 @@ pub async fn verify_from(db: &Db, kept: &[u8], keys: &Verifiers) -> anyhow::Resu
     // 4. The new events, recomputed, make the newest root.
     let mut after = n as i64;
     loop {
-        let page = query(
-            db,
-            &AuditFilter {
-                after_seq: Some(after),
-                limit: PAGE,
-                ..Default::default()
-            },
-        )
-        .await?;
+        let page = page_after(db, after).await?;
         let Some(last) = page.last() else { break };
         after = last.seq;
         for e in &page {
@@ -277,6 +269,19 @@ pub async fn verify_from(db: &Db, kept: &[u8], keys: &Verifiers) -> anyhow::Resu
         ));
     }
     Ok(report)
+}
+
+/// The events after seq `after`, oldest first, a page at a time.
+async fn page_after(db: &Db, after: i64) -> Result<Vec<Event>, sqlx::Error> {
+    query(
+        db,
+        &AuditFilter {
+            after_seq: Some(after),
+            limit: PAGE,
+            ..Default::default()
+        },
+    )
+    .await
 }
 
 /// Why event `e` does not follow `prev` (its predecessor's hash), if it does not.
@@ -330,15 +335,7 @@ async fn finish_failed(
     let mut signed = signed.into_iter().filter(|(s, _)| *s > 0).peekable();
     let mut after = 0i64;
     'events: while edge.size() < n {
-        let page = query(
-            db,
-            &AuditFilter {
-                after_seq: Some(after),
-                limit: PAGE,
-                ..Default::default()
-            },
-        )
-        .await?;
+        let page = page_after(db, after).await?;
         let Some(last) = page.last() else { break };
         after = last.seq;
         for e in &page {

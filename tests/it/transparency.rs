@@ -158,6 +158,99 @@ async fn the_tree_follows_every_append(backend: Backend) {
 }
 crate::both_backends!(the_tree_follows_every_append);
 
+/// The leaves of the events after the ones `mem` holds, added to it.
+async fn catch_up(app: &TestApp, mem: &mut MemoryTree) {
+    loop {
+        let page = app
+            .events(AuditFilter {
+                after_seq: Some(mem.size() as i64),
+                limit: 1000,
+                ..Default::default()
+            })
+            .await;
+        if page.is_empty() {
+            return;
+        }
+        for e in &page {
+            mem.push_hash(tree::leaf_of(&e.hash).unwrap());
+        }
+    }
+}
+
+/// Random batches appended one after another, and after each, proofs between random sizes of
+/// the tree as it then stands: every root, consistency proof and inclusion proof the stored
+/// tree gives verifies against the tree rebuilt in memory from the events.
+async fn random_batches_prove_between_random_sizes(backend: Backend) {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestCaseError, TestRunner};
+    use std::cell::{Cell, RefCell};
+    let app = spawn_app(backend, vec![], Options::default()).await;
+    let handle = tokio::runtime::Handle::current();
+    let mut runner = TestRunner::new(Config {
+        cases: 48,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let mem = RefCell::new(MemoryTree::default());
+    let next = Cell::new(0usize);
+    // A batch's size, then (old, new, leaf) drawn as numbers folded into the tree's size.
+    let strategy = (
+        1usize..=40,
+        prop::collection::vec((any::<u64>(), any::<u64>(), any::<u64>()), 4),
+    );
+    let fail = |what: String| TestCaseError::fail(what);
+    let result = tokio::task::block_in_place(|| {
+        runner.run(&strategy, |(batch, draws)| {
+            handle.block_on(async {
+                let first = next.get();
+                next.set(first + batch);
+                app.audit
+                    .append_all((first..first + batch).map(event).collect())
+                    .await
+                    .map_err(|e| fail(format!("append of {batch}: {e}")))?;
+                let mut mem = mem.borrow_mut();
+                catch_up(&app, &mut mem).await;
+                let size = mem.size();
+                let stored = tree::size(&app.db).await.unwrap();
+                if stored != size {
+                    return Err(fail(format!("stored tree {stored} leaves, events {size}")));
+                }
+                for (a, b, c) in draws {
+                    let new = 1 + b % size;
+                    let old = 1 + a % new;
+                    let leaf_index = c % new;
+                    let new_root = emisar::tlog::tree::tree_head(new, &*mem).unwrap();
+                    let old_root = emisar::tlog::tree::tree_head(old, &*mem).unwrap();
+                    let stored_root = tree::root(&app.db, new).await.unwrap();
+                    if stored_root != new_root {
+                        return Err(fail(format!("root of {new} of {size} differs")));
+                    }
+                    let proof = tree::consistency_proof(&app.db, old, new).await.unwrap();
+                    verify_consistency(old, new, old_root, new_root, &proof)
+                        .map_err(|e| fail(format!("consistency {old} → {new} of {size}: {e}")))?;
+                    let leaf = mem
+                        .subtree_hashes(&[emisar::tlog::tree::Subtree {
+                            level: 0,
+                            index: leaf_index,
+                        }])
+                        .unwrap()[0];
+                    let path = tree::inclusion_proof(&app.db, new, leaf_index)
+                        .await
+                        .unwrap();
+                    verify_inclusion(leaf, leaf_index, new, &path, new_root).map_err(|e| {
+                        fail(format!("inclusion of {leaf_index} in {new} of {size}: {e}"))
+                    })?;
+                }
+                Ok(())
+            })
+        })
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+crate::both_backends!(random_batches_prove_between_random_sizes);
+
 /// A real `emisar witness` for the log `ORIGIN`.
 struct Witness {
     _proc: Proc,

@@ -199,6 +199,17 @@ impl Db {
         })
     }
 
+    /// The text form of a timestamp column in a `SELECT`: fixed-width RFC 3339 UTC with
+    /// microseconds, the same on both backends (SQLite stores that text already).
+    pub fn at_text(&self, column: &str) -> String {
+        match self.pool {
+            Pool::Pg(_) => {
+                format!("to_char({column} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')")
+            }
+            Pool::Sqlite(_) => column.to_owned(),
+        }
+    }
+
     pub fn is_postgres(&self) -> bool {
         matches!(self.pool, Pool::Pg(_))
     }

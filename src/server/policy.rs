@@ -21,7 +21,7 @@ use serde_json::Value;
 use crate::digest::{canonical_json, sha256_hex};
 use crate::pack::{PackSet, Risk, Tool, allowlist_admits, is_identifier, shown_value};
 use crate::selector::Selector;
-use crate::server::tokens::{Principal, Role};
+use crate::server::principal::{Principal, Role};
 
 /// The runner allowlist no pack param declares: the policy checks it itself against the `job`
 /// param of the nomad pack's writes.

@@ -17,8 +17,8 @@ use crate::pack::ToolRef;
 use crate::protocol::Mode;
 use crate::server::approvals::{self, Actor, Approval, ApprovalError, Due, Lock, State, Verdict};
 use crate::server::audit::{NewEvent, format_at, kind};
+use crate::server::principal::Principal;
 use crate::server::runners::client::Dispatch;
-use crate::server::tokens::Principal;
 use crate::server::webhook::Notice;
 
 /// A call that needs approval, after validation and policy.

@@ -19,8 +19,8 @@ use crate::protocol::Mode;
 use crate::selector::Selector;
 use crate::server::audit::{NewEvent, RefusalKey, kind};
 use crate::server::policy::{self, Decision, Policy};
+use crate::server::principal::Principal;
 use crate::server::runners::client::Dispatch;
-use crate::server::tokens::Principal;
 
 /// A call as the MCP adapter hands it over.
 #[derive(Debug, Clone)]

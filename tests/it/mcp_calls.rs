@@ -709,7 +709,8 @@ async fn a_revoked_token_is_refused_on_mcp_within_the_cache_lifetime(backend: Ba
         String::from_utf8_lossy(&out.stderr)
     );
     let revoked = Instant::now();
-    let bound = emisar::server::tokens::CACHE_TTL + Duration::from_secs(20);
+    // The promised 10 s (not `CACHE_TTL`, which a change would move with it), plus slack.
+    let bound = Duration::from_secs(10 + 20);
     loop {
         let status = initialize(issued.token.clone()).await;
         if status == 401 {

@@ -10,7 +10,7 @@ use std::net::IpAddr;
 use serde_json::{Map, Value, json};
 
 use super::raw::RawParam;
-use crate::util::door::MAX_IDENTIFIER;
+use crate::util::door::{IDENTIFIER_PATTERN, MAX_IDENTIFIER, is_identifier};
 
 /// The longest string any parameter accepts unless the pack sets `max_length`.
 const DEFAULT_MAX_LENGTH: u64 = 256;
@@ -192,20 +192,6 @@ impl Param {
         }
         s
     }
-}
-
-/// The pattern of [`ParamType::Identifier`] (and of pack, tool and runner names).
-pub const IDENTIFIER_PATTERN: &str = "^[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}$";
-
-/// The one definition of an identifier, for every name that comes from outside (tools,
-/// people, agents, runners, labels): 1 to [`MAX_IDENTIFIER`] ASCII letters, digits or
-/// `_ . @ -`, starting with a letter or digit. The length is checked first, so a 2 MB name
-/// costs nothing to refuse.
-pub fn is_identifier(s: &str) -> bool {
-    let mut chars = s.chars();
-    s.len() <= MAX_IDENTIFIER
-        && matches!(chars.next(), Some(c) if c.is_ascii_alphanumeric())
-        && chars.all(|c| c.is_ascii_alphanumeric() || "_.@-".contains(c))
 }
 
 /// A pattern must match the whole value: unanchored patterns let anything through around a match.

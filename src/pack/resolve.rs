@@ -14,9 +14,10 @@ use super::action::{
     Action, Phase, Scope as StepScope, Step, StepKind, resolve_exec, resolve_http, resolve_steps,
 };
 use super::jq::JqProgram;
-use super::params::{self, Param, is_identifier};
+use super::params::{self, Param};
 use super::raw::{RawPack, RawStep, RawTool};
 use crate::digest::sha256_hex;
+use crate::util::door::{IDENTIFIER_PATTERN, is_identifier};
 
 /// The packs that ship inside the binary. A pack directory can override any of them by name.
 const STOCK_PACKS: &[(&str, &str)] = &[
@@ -364,7 +365,7 @@ pub fn input_schema(tool: &Tool) -> Map<String, Value> {
     let mut schema = params::object_schema(&tool.params);
     let mut runners = json!({
         "type": "array",
-        "items": {"type": "string", "pattern": params::IDENTIFIER_PATTERN},
+        "items": {"type": "string", "pattern": IDENTIFIER_PATTERN},
         "minItems": 1,
         "uniqueItems": true,
         "description": match tool.scope {

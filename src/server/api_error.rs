@@ -14,7 +14,6 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use crate::server::approvals::ApprovalError;
-use crate::server::fleet::FleetError;
 
 /// An error answer: its status and the sentence the caller reads.
 #[derive(Debug)]
@@ -63,33 +62,6 @@ impl From<ApprovalError> for ApiError {
             ApprovalError::Audit(_) | ApprovalError::Store(_) => {
                 tracing::error!(error = %e, "approval request failed");
                 StatusCode::SERVICE_UNAVAILABLE
-            }
-        };
-        ApiError::new(status, e.to_string())
-    }
-}
-
-impl From<FleetError> for ApiError {
-    fn from(e: FleetError) -> Self {
-        let status = match &e {
-            FleetError::Invalid(_) => StatusCode::BAD_REQUEST,
-            FleetError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
-            FleetError::Forbidden(_) => StatusCode::FORBIDDEN,
-            FleetError::Conflict(_) => StatusCode::CONFLICT,
-            FleetError::TooMany(_) => StatusCode::TOO_MANY_REQUESTS,
-            FleetError::Store(_) => {
-                return ApiError::unavailable(
-                    "a runner's join, registration or heartbeat failed",
-                    &e,
-                    "the store is unavailable; try again later",
-                );
-            }
-            FleetError::Audit(_) => {
-                return ApiError::unavailable(
-                    "a runner's join, registration or heartbeat failed",
-                    &e,
-                    "the audit log cannot record this; try again later",
-                );
             }
         };
         ApiError::new(status, e.to_string())

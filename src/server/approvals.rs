@@ -327,7 +327,7 @@ impl Change {
 /// Whether `name` is a person signed in through the OpenID provider (`person:<id>`), not a
 /// local user (local names are identifiers, which never hold `:`).
 fn is_provider_person(name: &str) -> bool {
-    name.starts_with(crate::server::tokens::PERSON_PREFIX)
+    name.starts_with(crate::server::principal::PERSON_PREFIX)
 }
 
 /// What happened to the request after a decision. Refused: a request that is not pending or

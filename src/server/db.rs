@@ -2,9 +2,12 @@
 //! a gate that keeps a store outage from turning into a connection storm.
 //!
 //! Queries are runtime `sqlx::query` calls, not the compile-time macros, because the macros
-//! check every query of a crate against one database and we ship two. Each module keeps its
-//! per-backend SQL next to the code that uses it; [`with_pool!`](crate::with_pool) runs one
-//! block of code against whichever pool is live.
+//! check every query of a crate against one database and we ship two. A statement is written
+//! once, for PostgreSQL, next to the code that uses it: [`Db::sql`] drops the casts SQLite
+//! has no types for, [`Db::at_text`] selects a timestamp as the same text on both, and
+//! [`with_pool!`](crate::with_pool) runs one block of code against whichever pool is live.
+//! Only where the backends differ in kind is the SQL written twice (the audit log's batch
+//! insert and its append lock, the approvals' row locks, a join's write).
 //!
 //! Invariant: while the store is down, no request opens a connection. The first connection
 //! failure closes the gate (and cancels every query waiting in it, so sqlx's own connect
@@ -197,6 +200,17 @@ impl Db {
                     .replace("::text", ""),
             ),
         })
+    }
+
+    /// The text form of a timestamp column in a `SELECT`: fixed-width RFC 3339 UTC with
+    /// microseconds, the same on both backends (SQLite stores that text already).
+    pub fn at_text(&self, column: &str) -> String {
+        match self.pool {
+            Pool::Pg(_) => {
+                format!("to_char({column} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')")
+            }
+            Pool::Sqlite(_) => column.to_owned(),
+        }
     }
 
     pub fn is_postgres(&self) -> bool {

@@ -37,7 +37,7 @@ use crate::server::gateway::Gateway;
 use crate::server::http_state::{HttpState, Owner};
 use crate::server::mcp::GatewaySource;
 use crate::server::oidc::identity::Identity;
-use crate::server::tokens::{Principal, Role};
+use crate::server::principal::{Principal, Role};
 
 /// The longest MCP session id accepted (the ones this server issues are UUIDs).
 const MAX_SESSION_ID: usize = 128;

@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::pack::Risk;
 use crate::server::gateway::{CallContext, CallError, Gateway, OfferedTool, Progress, ToolCall};
-use crate::server::tokens::Principal;
+use crate::server::principal::Principal;
 
 /// Where the adapter's tools come from. `caller` is the principal the auth layer attached,
 /// if the wiring has auth.

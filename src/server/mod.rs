@@ -20,6 +20,7 @@ pub mod passkeys;
 pub mod policy;
 pub mod portal;
 pub mod portal_oidc;
+pub mod principal;
 pub mod rebinding;
 pub mod runners;
 pub mod secrets;

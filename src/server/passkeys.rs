@@ -246,8 +246,8 @@ async fn take_challenge(db: &Db, owner: &str, user: &str) -> Result<Vec<u8>, Pas
 fn select(db: &Db, filter: &str) -> String {
     format!(
         "SELECT id, user_name, credential_id, alg, public_key, name, {}, {} FROM passkeys WHERE {filter} ORDER BY created_at, id",
-        crate::server::fleet::at_text(db, "created_at"),
-        crate::server::fleet::at_text(db, "last_used_at"),
+        db.at_text("created_at"),
+        db.at_text("last_used_at"),
     )
 }
 

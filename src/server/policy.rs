@@ -21,10 +21,15 @@ use serde_json::Value;
 use crate::digest::{canonical_json, sha256_hex};
 use crate::pack::{PackSet, Risk, Tool, allowlist_admits, is_identifier, shown_value};
 use crate::selector::Selector;
-use crate::server::tokens::{Principal, Role};
+use crate::server::principal::{Principal, Role};
 
-/// The runner allowlist no pack param declares: the policy checks it itself against the `job`
-/// param of the nomad pack's writes.
+/// A list only the policy holds, checked against the `job` param of the nomad pack's writes.
+/// No pack param declares it, on purpose: `allowlist: NAME` in a pack makes every runner
+/// without `[allowlists] NAME` refuse every value, and a Nomad write is cluster-scoped (the
+/// server picks any runner serving the pack), so the jobs it may touch are one decision for
+/// the whole cluster, made here, not a list to repeat in every runner.toml before the tool
+/// works at all. It is the one list keyed on a pack by name; a second such list should
+/// become a pack field (a param's policy-only list) instead of another special case.
 const NOMAD_JOBS: &str = "nomad_jobs";
 
 /// The most approvers a write may require (more would make a tool effectively unusable).
@@ -250,8 +255,9 @@ struct RawPolicy {
     #[serde(default)]
     roles: BTreeMap<String, RawRole>,
     /// Per runner name, allowlist name → the values a param with `allowlist: NAME` may take,
-    /// on top of the runner's own `[allowlists]` (both must accept). `nomad_jobs` limits the
-    /// jobs the nomad pack's writes may touch.
+    /// on top of the runner's own `[allowlists]` (both must accept). One list is the policy's
+    /// alone: `nomad_jobs` limits the jobs the nomad pack's writes may touch (no runner list
+    /// applies to them, since the server may send a cluster-scoped write to any runner).
     #[serde(default)]
     runners: BTreeMap<String, BTreeMap<String, Vec<String>>>,
 }
@@ -874,7 +880,7 @@ impl Policy {
     fn allowlist_violation(&self, req: &Request) -> Option<String> {
         let tool = req.tool;
         // Every (param, list) pair to check: params that declare a list, plus the nomad pack's
-        // `job` on writes, which no pack param declares as `nomad_jobs`.
+        // `job` on writes against the policy-only `nomad_jobs` (see [`NOMAD_JOBS`]).
         let mut checks: Vec<(&crate::pack::Param, &str)> = tool
             .params
             .iter()

@@ -14,7 +14,7 @@ use serde_json::json;
 use crate::digest::sha256_hex;
 use crate::server::audit::{AuditLog, NewEvent, RefusalKey, format_at, kind};
 use crate::server::db::Db;
-use crate::server::tokens::Role;
+use crate::server::principal::Role;
 use crate::with_pool;
 
 /// How long a portal session lasts.
@@ -213,7 +213,7 @@ pub async fn list(db: &Db) -> Result<Vec<UserInfo>, UserError> {
     let now = format_at(chrono::Utc::now());
     let sql = format!(
         "SELECT u.name, u.role, {}, (SELECT COUNT(*) FROM sessions s WHERE s.user_name = u.name AND s.expires_at > $1::timestamptz) FROM users u ORDER BY u.name",
-        crate::server::fleet::at_text(db, "u.created_at")
+        db.at_text("u.created_at")
     );
     let rows: Vec<(String, String, String, i64)> =
         with_pool!(db, pool => sqlx::query_as(db.sql(sql)).bind(&now).fetch_all(pool).await?);

@@ -3,7 +3,7 @@
 //!
 //! Two shapes cover every field. An *identifier* (tool, login, runner, agent and label names)
 //! is 1 to [`MAX_IDENTIFIER`] ASCII letters, digits or `_ . @ -`, starting with a letter or a
-//! digit ([`crate::pack::is_identifier`], the one definition everything uses). *Text* (a
+//! digit ([`is_identifier`], the one definition everything uses). *Text* (a
 //! call's reason, a denial note) is at most a stated number of characters and holds no NUL,
 //! no other control character but tab, newline and carriage return, and no invisible
 //! formatting character (bidirectional overrides and isolates, zero-width spaces), which
@@ -17,12 +17,30 @@
 use serde_json::{Value, json};
 
 use crate::digest::sha256_hex;
-use crate::pack::is_identifier;
 
 /// The longest identifier, in bytes (all of them ASCII). Long enough for any pack, tool,
 /// runner or person's name (`nomad.task_resources_set`, `getty@tty1`), short enough to be an
 /// index key and a metric label.
 pub const MAX_IDENTIFIER: usize = 128;
+
+/// [`is_identifier`] as a JSON Schema pattern, for the schemas agents read (a tool's
+/// identifier params, a cluster tool's runner names).
+pub const IDENTIFIER_PATTERN: &str = "^[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}$";
+
+/// The one definition of an identifier, for every name that comes from outside (tools,
+/// people, agents, runners, labels): 1 to [`MAX_IDENTIFIER`] ASCII letters, digits or
+/// `_ . @ -`, starting with a letter or digit. The length is checked first, so a 2 MB name
+/// costs nothing to refuse.
+pub fn is_identifier(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_IDENTIFIER
+        && s.chars().enumerate().all(|(at, c)| identifier_char(at, c))
+}
+
+/// Whether `c` may stand at position `at` (from 0) of an identifier.
+fn identifier_char(at: usize, c: char) -> bool {
+    c.is_ascii_alphanumeric() || (at > 0 && "_.@-".contains(c))
+}
 
 /// How many characters of a refused value the audit log keeps, escaped.
 const PREVIEW_CHARS: usize = 32;
@@ -43,7 +61,7 @@ pub fn identifier(field: &str, value: &str) -> Result<(), String> {
         let (at, c) = value
             .chars()
             .enumerate()
-            .find(|&(i, c)| !(c.is_ascii_alphanumeric() || (i > 0 && "_.@-".contains(c))))
+            .find(|&(at, c)| !identifier_char(at, c))
             .expect("a short non-identifier has a character out of place");
         format!("character {} is {}", at + 1, code_point(c))
     };
@@ -270,6 +288,40 @@ mod tests {
         let err = identifier("name", ".hidden").unwrap_err();
         assert!(err.contains("character 1 is `.`"), "{err}");
         assert!(identifier("name", "").unwrap_err().contains("empty"));
+    }
+
+    /// The schema agents read and the check the server runs are one rule.
+    #[test]
+    fn the_schema_pattern_is_the_identifier_rule() {
+        let schema = serde_json::json!({"type": "string", "pattern": IDENTIFIER_PATTERN});
+        let pattern = jsonschema::validator_for(&schema).unwrap();
+        let long = "x".repeat(MAX_IDENTIFIER);
+        let too_long = "x".repeat(MAX_IDENTIFIER + 1);
+        for name in [
+            "a",
+            "getty@tty1",
+            "nomad.job_stop",
+            "9x",
+            &long,
+            &too_long,
+            "",
+            ".a",
+            "-a",
+            "_a",
+            "@a",
+            "a b",
+            "a/b",
+            "a:b",
+            "é",
+            "a\n",
+            "ａ",
+        ] {
+            assert_eq!(
+                pattern.is_valid(&serde_json::json!(name)),
+                is_identifier(name),
+                "{name:?}"
+            );
+        }
     }
 
     #[test]

@@ -822,6 +822,43 @@ async fn people_administration_from_the_cli(backend: Backend) {
 }
 crate::both_backends!(people_administration_from_the_cli);
 
+/// `emisar token list` tells a token past its `expires_at` from a live one (and a revoked
+/// one from both): the state is what an administrator acts on.
+async fn token_list_says_which_tokens_have_expired(backend: Backend) {
+    use emisar::server::tokens::{self, Role};
+    let app = spawn_app(backend, vec![], Options::default()).await;
+    let db = app.database_url.as_str();
+    let second = Duration::from_secs(1);
+    let year = Duration::from_secs(365 * 86_400);
+    for (name, ttl) in [("brief-agent", second), ("long-agent", year)] {
+        tokens::issue(&app.db, &app.audit, name, Role::Agent, ttl, "test")
+            .await
+            .unwrap();
+    }
+    let gone = tokens::issue(&app.db, &app.audit, "gone-agent", Role::Agent, year, "test")
+        .await
+        .unwrap();
+    assert!(
+        tokens::revoke(&app.db, &app.audit, &gone.id, "test")
+            .await
+            .unwrap()
+    );
+    tokio::time::sleep(second + Duration::from_millis(100)).await;
+    let (code, out, err) = emisar(&["token", "list", "--database", db]);
+    assert_eq!(code, 0, "{err}");
+    let state = |name: &str| {
+        let row = out
+            .lines()
+            .find(|l| l.contains(&format!(" {name} ")))
+            .unwrap_or_else(|| panic!("no row for {name}:\n{out}"));
+        row.split_whitespace().last().unwrap().to_owned()
+    };
+    assert_eq!(state("brief-agent"), "expired", "{out}");
+    assert_eq!(state("long-agent"), "live", "{out}");
+    assert_eq!(state("gone-agent"), "revoked", "{out}");
+}
+crate::both_backends!(token_list_says_which_tokens_have_expired);
+
 /// Writes `text` to `path` and runs `emisar config check` on it (with `--kind` if given).
 fn config_check(path: &std::path::Path, text: &str, kind: Option<&str>) -> (i32, String, String) {
     std::fs::write(path, text).unwrap();

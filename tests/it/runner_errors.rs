@@ -2,7 +2,11 @@
 //! reason, never a runner's raw answer body or the transport's errors (they name hosts,
 //! addresses and certificates of whatever a runner's URL reaches). Operators read the detail
 //! in the server's log, in the audit log's `error_detail` and, admins only, in
-//! `/api/runners`'s `last_error`. And a result whose outcome could not be recorded is withheld.
+//! `/api/runners`'s `last_error`. And a result whose outcome could not be recorded is withheld,
+//! and a write whose runner could not be heard from is never sent again.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use emisar::server::config::RunnerEntry;
 use emisar::server::tokens::Role;
@@ -281,3 +285,103 @@ async fn a_result_whose_outcome_was_not_recorded_is_withheld() {
     app.assert_chain_intact().await;
     client.cancel().await.unwrap();
 }
+
+/// An endpoint that reads each request's head and closes the connection without a byte of
+/// answer, as a runner that dies mid-call, or a network that loses its answer, does: the
+/// call may well have run. Returns its URL and how many `POST /v1/call` it has read.
+async fn answering_nothing() -> (String, Arc<AtomicUsize>) {
+    use tokio::io::AsyncReadExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = calls.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            let counted = counted.clone();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match socket.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                if head.starts_with(b"POST /v1/call ") {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                }
+            });
+        }
+    });
+    (url, calls)
+}
+
+/// A write whose runner took the request and went silent is sent once: it may have run, and
+/// running it twice is not the agent's to risk. A read in the same plight is sent again
+/// (the retry budget has room), which shows the failure is one the gateway does retry.
+async fn a_write_is_never_retried(backend: Backend) {
+    let (url, calls) = answering_nothing().await;
+    let policy_dir = tempfile::tempdir().unwrap();
+    let policy = policy_dir.path().join("policy.yaml");
+    // A risk:high write the policy lets run at once: nothing but the rule under test stands
+    // between the call and a second send.
+    std::fs::write(
+        &policy,
+        "risk:\n  testkit.touch: {risk: read, lower: true}\n",
+    )
+    .unwrap();
+    let app = spawn_app(
+        backend,
+        vec![],
+        Options {
+            packs_dir: Some(fixtures_dir()),
+            extra_runners: vec![extra("lossy", &url)],
+            policy_file: Some(policy),
+            ..Default::default()
+        },
+    )
+    .await;
+    let client = app.mcp_client().await;
+
+    let res = call(
+        &client,
+        "testkit.touch",
+        json!({"path": "/tmp/emisar-never-twice", "runners": ["lossy"],
+               "reason": "a write whose answer is lost"}),
+    )
+    .await;
+    let s = res.structured_content.unwrap();
+    assert_eq!(s["results"][0]["error_kind"], "runner_unreachable", "{s}");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "the write reached its runner more than once: {s}"
+    );
+    let events = app.events_of_call(s["call_id"].as_str().unwrap()).await;
+    let outcomes: Vec<&str> = events
+        .iter()
+        .filter(|e| e.kind.starts_with("call."))
+        .map(|e| e.kind.as_str())
+        .collect();
+    assert_eq!(outcomes, ["call.failed"], "{events:?}");
+
+    let res = call(
+        &client,
+        "testkit.echo",
+        json!({"word": "again", "runners": ["lossy"], "reason": "a read whose answer is lost"}),
+    )
+    .await;
+    let s = res.structured_content.unwrap();
+    assert_eq!(s["results"][0]["error_kind"], "runner_unreachable", "{s}");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        3,
+        "a read is sent again once (the retry budget starts with room for one): {s}"
+    );
+    app.assert_chain_intact().await;
+    client.cancel().await.unwrap();
+}
+both_backends!(a_write_is_never_retried);

@@ -76,11 +76,10 @@ fn port_of(url: &str) -> u16 {
     reqwest::Url::parse(url).unwrap().port().unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_connection_emisar_accepts_or_opens_has_nodelay() {
+async fn every_connection_emisar_accepts_or_opens_has_nodelay(backend: Backend) {
     let (traefik, _dead) = traefik_with_dead_backends().await;
     let app = spawn_app(
-        Backend::Sqlite,
+        backend,
         vec![RunnerSpec::new("node-1").service("traefik", &traefik.api_url)],
         Default::default(),
     )
@@ -108,6 +107,7 @@ async fn every_connection_emisar_accepts_or_opens_has_nodelay() {
     drop(raw);
     client.cancel().await.unwrap();
 }
+crate::both_backends!(every_connection_emisar_accepts_or_opens_has_nodelay);
 
 /// The connections the server accepted on `server_port`, the runner accepted on
 /// `runner_port`, and the server opened to the runner: at least one of each, and none with
@@ -143,8 +143,7 @@ fn assert_every_connection_has_nodelay(server_port: u16, runner_port: u16) {
 
 /// The same over TLS: the server's and the runner's HTTPS listeners accept through their own
 /// acceptor (not the plain listener's), so they are checked on their own.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_tls_connection_emisar_accepts_or_opens_has_nodelay() {
+async fn every_tls_connection_emisar_accepts_or_opens_has_nodelay(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let server_ca = TestCa::new(d, "server");
@@ -152,7 +151,7 @@ async fn every_tls_connection_emisar_accepts_or_opens_has_nodelay() {
     let runner_cert = self_signed(d, "node-1");
     let (traefik, _dead) = traefik_with_dead_backends().await;
     let app = spawn_app(
-        Backend::Sqlite,
+        backend,
         vec![
             RunnerSpec::new("node-1")
                 .service("traefik", &traefik.api_url)
@@ -193,6 +192,7 @@ async fn every_tls_connection_emisar_accepts_or_opens_has_nodelay() {
     drop(http);
     client.cancel().await.unwrap();
 }
+crate::both_backends!(every_tls_connection_emisar_accepts_or_opens_has_nodelay);
 
 /// Whether the server closed `stream` (end of stream or a reset) within two seconds, without
 /// the test sending a byte.
@@ -208,7 +208,7 @@ async fn closed_at_once(stream: &mut tokio::net::TcpStream) -> bool {
 /// A connection over `max_connections_per_address` is closed as soon as it is accepted, on
 /// plain HTTP and (before the handshake) on HTTPS; a connection that ends gives its place
 /// back. The test's connections all come from 127.0.0.1.
-async fn a_connection_over_the_per_address_cap_is_closed_at_once(tls: bool) {
+async fn a_connection_over_the_per_address_cap_is_closed_at_once(backend: Backend, tls: bool) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let dir = tempfile::tempdir().unwrap();
     let mut options = crate::harness::app::Options {
@@ -220,7 +220,7 @@ async fn a_connection_over_the_per_address_cap_is_closed_at_once(tls: bool) {
         options.server_tls = Some(ca.issue(dir.path(), "server", &["localhost", "127.0.0.1"]));
         options.client_ca_file = Some(ca.file.clone());
     }
-    let app = spawn_app(Backend::Sqlite, vec![], options).await;
+    let app = spawn_app(backend, vec![], options).await;
     let addr = app
         .base_url()
         .trim_start_matches("https://")
@@ -267,12 +267,12 @@ async fn a_connection_over_the_per_address_cap_is_closed_at_once(tls: bool) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_connection_over_the_per_address_cap_is_closed_at_once_on_http() {
-    a_connection_over_the_per_address_cap_is_closed_at_once(false).await;
+async fn a_connection_over_the_per_address_cap_is_closed_at_once_on_http(backend: Backend) {
+    a_connection_over_the_per_address_cap_is_closed_at_once(backend, false).await;
 }
+crate::both_backends!(a_connection_over_the_per_address_cap_is_closed_at_once_on_http);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_connection_over_the_per_address_cap_is_closed_at_once_on_https() {
-    a_connection_over_the_per_address_cap_is_closed_at_once(true).await;
+async fn a_connection_over_the_per_address_cap_is_closed_at_once_on_https(backend: Backend) {
+    a_connection_over_the_per_address_cap_is_closed_at_once(backend, true).await;
 }
+crate::both_backends!(a_connection_over_the_per_address_cap_is_closed_at_once_on_https);

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use crate::server::api_error::ApiError;
 use crate::server::approvals::{State as ApprovalState, Verdict};
 use crate::server::http_state::HttpState;
-use crate::server::tokens::Principal;
+use crate::server::principal::Principal;
 
 /// The longest note, in characters.
 const MAX_NOTE_CHARS: usize = 2000;

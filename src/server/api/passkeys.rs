@@ -22,7 +22,7 @@ use crate::protocol::approval::webauthn::CoseAlg;
 use crate::server::api_error::ApiError;
 use crate::server::http_state::HttpState;
 use crate::server::passkeys::{self, PasskeyError, Registration};
-use crate::server::tokens::{Principal, Role};
+use crate::server::principal::{Principal, Role};
 use crate::server::users::Session;
 
 impl From<PasskeyError> for ApiError {

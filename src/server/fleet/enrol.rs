@@ -15,7 +15,7 @@ use serde_json::json;
 use super::join_tokens::check_labels;
 use super::{
     FleetError, HEARTBEAT_INTERVAL, MAX_LABELS, MAX_PACKS, MAX_URL_LEN, NameRule, RUNNER_PREFIX,
-    at_text, kind, random_secret,
+    kind, random_secret,
 };
 use crate::digest::sha256_hex;
 use crate::pack::is_identifier;
@@ -442,7 +442,7 @@ impl Fleet {
         let now = format_at(chrono::Utc::now());
         let sql = self.db.sql(format!(
             "SELECT id, revoked_at IS NOT NULL, expires_at <= $2::timestamptz, uses, max_uses, {} FROM join_tokens WHERE token_hash = $1",
-            at_text(&self.db, "expires_at")
+            self.db.at_text("expires_at")
         ));
         let row: Option<(String, bool, bool, i32, i32, String)> = self
             .db

@@ -8,9 +8,7 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::json;
 
-use super::{
-    MAX_JOIN_TOKEN_TTL, MAX_JOIN_TOKEN_USES, MAX_LABELS, MAX_PACKS, at_text, kind, random_secret,
-};
+use super::{MAX_JOIN_TOKEN_TTL, MAX_JOIN_TOKEN_USES, MAX_LABELS, MAX_PACKS, kind, random_secret};
 use crate::digest::sha256_hex;
 use crate::pack::is_identifier;
 use crate::protocol::{JoinToken, ServerPins};
@@ -316,9 +314,9 @@ type JoinTokenRow = (
 pub async fn list_join_tokens(db: &Db) -> anyhow::Result<Vec<JoinTokenInfo>> {
     let sql = format!(
         "SELECT id, {}, {}, uses, max_uses, runner_name, name_pattern, labels::text, packs::text, {} FROM join_tokens ORDER BY created_at, id",
-        at_text(db, "created_at"),
-        at_text(db, "expires_at"),
-        at_text(db, "revoked_at"),
+        db.at_text("created_at"),
+        db.at_text("expires_at"),
+        db.at_text("revoked_at"),
     );
     let rows: Vec<JoinTokenRow> =
         with_pool!(db, pool => sqlx::query_as(db.sql(sql)).fetch_all(pool).await?);

@@ -26,9 +26,10 @@
 
 use std::time::Duration;
 
+use axum::http::StatusCode;
 use base64::Engine;
 
-use crate::server::db::{Db, Pool};
+use crate::server::api_error::ApiError;
 
 mod enrol;
 mod join_limits;
@@ -89,6 +90,35 @@ pub enum FleetError {
     Audit(#[from] crate::server::audit::AuditError),
 }
 
+// Here, not in `api_error`: `rebinding` answers with an `ApiError` and `config` (which fleet
+// imports) checks origins with `rebinding`, so `api_error` naming fleet closed a circle.
+impl From<FleetError> for ApiError {
+    fn from(e: FleetError) -> Self {
+        let status = match &e {
+            FleetError::Invalid(_) => StatusCode::BAD_REQUEST,
+            FleetError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            FleetError::Forbidden(_) => StatusCode::FORBIDDEN,
+            FleetError::Conflict(_) => StatusCode::CONFLICT,
+            FleetError::TooMany(_) => StatusCode::TOO_MANY_REQUESTS,
+            FleetError::Store(_) => {
+                return ApiError::unavailable(
+                    "a runner's join, registration or heartbeat failed",
+                    &e,
+                    "the store is unavailable; try again later",
+                );
+            }
+            FleetError::Audit(_) => {
+                return ApiError::unavailable(
+                    "a runner's join, registration or heartbeat failed",
+                    &e,
+                    "the audit log cannot record this; try again later",
+                );
+            }
+        };
+        ApiError::new(status, e.to_string())
+    }
+}
+
 fn random_secret(prefix: &str) -> anyhow::Result<String> {
     let mut secret = [0u8; 32];
     getrandom::fill(&mut secret).map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
@@ -96,14 +126,4 @@ fn random_secret(prefix: &str) -> anyhow::Result<String> {
         "{prefix}{}",
         base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(secret)
     ))
-}
-
-/// The text form of a timestamp column: fixed-width RFC 3339 UTC, the same on both backends.
-pub(crate) fn at_text(db: &Db, column: &str) -> String {
-    match db.pool() {
-        Pool::Pg(_) => {
-            format!("to_char({column} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')")
-        }
-        Pool::Sqlite(_) => column.to_owned(),
-    }
 }

@@ -10,7 +10,7 @@ use serde::Serialize;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::{at_text, kind};
+use super::kind;
 use crate::server::audit::{AuditLog, NewEvent};
 use crate::server::config::RunnerEntry;
 use crate::server::db::Db;
@@ -43,8 +43,8 @@ type RunnerRow = (
 pub async fn joined_runners(db: &Db) -> anyhow::Result<Vec<JoinedRunner>> {
     let sql = format!(
         "SELECT name, url, labels::text, packs::text, {}, {}, join_token_id FROM runners ORDER BY name",
-        at_text(db, "joined_at"),
-        at_text(db, "last_heartbeat"),
+        db.at_text("joined_at"),
+        db.at_text("last_heartbeat"),
     );
     let rows: Vec<RunnerRow> =
         with_pool!(db, pool => sqlx::query_as(db.sql(sql)).fetch_all(pool).await?);

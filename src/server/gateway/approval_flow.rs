@@ -17,8 +17,8 @@ use crate::pack::ToolRef;
 use crate::protocol::Mode;
 use crate::server::approvals::{self, Actor, Approval, ApprovalError, Due, Lock, State, Verdict};
 use crate::server::audit::{NewEvent, format_at, kind};
+use crate::server::principal::Principal;
 use crate::server::runners::client::Dispatch;
-use crate::server::tokens::Principal;
 use crate::server::webhook::Notice;
 
 /// A call that needs approval, after validation and policy.
@@ -86,22 +86,19 @@ impl Gateway {
             }
         };
         let required = signed_by.unwrap_or(r.approvers);
+        let record = Record {
+            actor: &actor,
+            tool: &tool.name,
+            args: &r.shown_args,
+            reason: Some(&r.reason),
+            call_id: &r.call_id,
+            approval_id: None,
+            on_behalf_of: r.principal.on_behalf_of.as_deref(),
+        };
+        let how =
+            json!({"needs_approval": true, "approvers": required, "signed": signed_by.is_some()});
         self.audit
-            .append(NewEvent {
-                actor: actor.clone(),
-                kind: kind::TOOL_CALLED.into(),
-                tool: Some(tool.name.clone()),
-                args: Some(r.shown_args.clone()),
-                reason: Some(r.reason.clone()),
-                call_id: Some(r.call_id.clone()),
-                detail: Some(on_behalf_of(
-                    json!({"runners": r.runners, "runner_chosen_by_server": r.runner_chosen_by_server,
-                           "needs_approval": true, "approvers": required,
-                           "signed": signed_by.is_some()}),
-                    r.principal.on_behalf_of.as_deref(),
-                )),
-                ..Default::default()
-            })
+            .append(record.tool_called(&r.runners, r.runner_chosen_by_server, how))
             .await
             .map_err(CallError::AuditUnavailable)?;
         let pack_sha256 = self
@@ -113,20 +110,13 @@ impl Gateway {
         let preview = match &tool.preview {
             None => None,
             Some(_) => {
-                let dispatch = Dispatch {
-                    call_id: &r.call_id,
-                    tool: &tool.name,
-                    pack_sha256: &pack_sha256,
-                    args: &r.params,
-                    mode: Mode::Preview,
-                    preview: None,
-                    preview_seal: None,
-                    raw: false,
-                    approval_id: None,
-                    lowered_by_policy: None,
-                    approval: None,
-                    witnessed: None,
-                };
+                let dispatch = Dispatch::new(
+                    &r.call_id,
+                    &tool.name,
+                    &pack_sha256,
+                    &r.params,
+                    Mode::Preview,
+                );
                 let answers = futures::future::join_all(
                     r.runners
                         .iter()
@@ -523,18 +513,19 @@ impl Gateway {
             async move {
                 let preview = row.preview_vars(name);
                 let dispatch = Dispatch {
-                    call_id: &row.call_id,
-                    tool: &row.tool,
-                    pack_sha256: &row.pack_sha256,
-                    args: &row.args,
-                    mode: Mode::Execute,
                     preview: preview.as_ref().map(|(vars, _)| vars),
                     preview_seal: preview.as_ref().and_then(|(_, seal)| seal.as_deref()),
                     raw: row.raw,
                     approval_id: Some(&row.id),
-                    lowered_by_policy: None,
                     approval: proof,
                     witnessed,
+                    ..Dispatch::new(
+                        &row.call_id,
+                        &row.tool,
+                        &row.pack_sha256,
+                        &row.args,
+                        Mode::Execute,
+                    )
                 };
                 self.run_on(name, tool, &dispatch, record).await
             }

@@ -14,7 +14,7 @@ use crate::digest::json_digest;
 use crate::pack::Risk;
 use crate::server::approvals::ApprovalError;
 use crate::server::audit::{NewEvent, kind};
-use crate::server::tokens::Principal;
+use crate::server::principal::Principal;
 
 /// The built-in tool that shows runner health to agents.
 pub const RUNNERS_TOOL: &str = "emisar.runners";

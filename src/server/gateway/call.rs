@@ -19,8 +19,8 @@ use crate::protocol::Mode;
 use crate::selector::Selector;
 use crate::server::audit::{NewEvent, RefusalKey, kind};
 use crate::server::policy::{self, Decision, Policy};
+use crate::server::principal::Principal;
 use crate::server::runners::client::Dispatch;
-use crate::server::tokens::Principal;
 
 /// A call as the MCP adapter hands it over.
 #[derive(Debug, Clone)]
@@ -430,22 +430,13 @@ impl Gateway {
         targets: &Targets,
         lowered_by_policy: Option<&str>,
     ) -> Result<(), CallError> {
-        let mut detail = json!({"runners": targets.runners,
-                                "runner_chosen_by_server": targets.runner_chosen_by_server});
-        if let Some(policy) = lowered_by_policy {
-            detail["lowered_by_policy"] = json!(policy);
-        }
+        let how = match lowered_by_policy {
+            Some(policy) => json!({"lowered_by_policy": policy}),
+            None => json!({}),
+        };
+        let event = record.tool_called(&targets.runners, targets.runner_chosen_by_server, how);
         self.audit
-            .append(NewEvent {
-                actor: record.actor.to_owned(),
-                kind: kind::TOOL_CALLED.into(),
-                tool: Some(record.tool.to_owned()),
-                args: Some(record.args.clone()),
-                reason: record.reason.map(str::to_owned),
-                call_id: Some(record.call_id.to_owned()),
-                detail: Some(on_behalf_of(detail, record.on_behalf_of)),
-                ..Default::default()
-            })
+            .append(event)
             .await
             .map(|_| ())
             .map_err(CallError::AuditUnavailable)
@@ -462,18 +453,15 @@ impl Gateway {
     ) -> Vec<RunnerResult> {
         let pack_sha256 = &self.packs.pack(&tool.pack).expect("tool has a pack").digest;
         let dispatch = Dispatch {
-            call_id: record.call_id,
-            tool: &tool.name,
-            pack_sha256,
-            args: &args.params,
-            mode: Mode::Execute,
-            preview: None,
-            preview_seal: None,
             raw: args.raw,
-            approval_id: None,
             lowered_by_policy,
-            approval: None,
-            witnessed: None,
+            ..Dispatch::new(
+                record.call_id,
+                &tool.name,
+                pack_sha256,
+                &args.params,
+                Mode::Execute,
+            )
         };
         futures::future::join_all(
             targets

@@ -190,7 +190,7 @@ fn to_result(
     }
 }
 
-/// Who and what one runner's outcome is recorded under.
+/// Who and what a call's events are recorded under: its intent and each runner's outcome.
 pub(super) struct Record<'a> {
     pub(super) actor: &'a str,
     pub(super) tool: &'a str,
@@ -198,6 +198,79 @@ pub(super) struct Record<'a> {
     pub(super) reason: Option<&'a str>,
     pub(super) call_id: &'a str,
     pub(super) approval_id: Option<&'a str>,
-    /// The person the calling agent acts for, named in every outcome event.
+    /// The person the calling agent acts for, named in every event of the call.
     pub(super) on_behalf_of: Option<&'a str>,
+}
+
+impl Record<'_> {
+    /// The call's `tool.called` (step 5), the one place it is built: who, what and why, and
+    /// in its detail where the call goes and `how` it runs (the keys of that object: lowered
+    /// by the policy, or waiting for approval and from how many people).
+    pub(super) fn tool_called(
+        &self,
+        runners: &[String],
+        runner_chosen_by_server: bool,
+        how: Value,
+    ) -> NewEvent {
+        let mut detail =
+            json!({"runners": runners, "runner_chosen_by_server": runner_chosen_by_server});
+        if let (Some(detail), Value::Object(how)) = (detail.as_object_mut(), how) {
+            detail.extend(how);
+        }
+        NewEvent {
+            actor: self.actor.to_owned(),
+            kind: kind::TOOL_CALLED.into(),
+            tool: Some(self.tool.to_owned()),
+            args: Some(self.args.clone()),
+            reason: self.reason.map(str::to_owned),
+            call_id: Some(self.call_id.to_owned()),
+            detail: Some(super::call::on_behalf_of(detail, self.on_behalf_of)),
+            ..Default::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both paths' intent has one shape: where the call goes, how it runs, and for whom.
+    #[test]
+    fn tool_called_holds_where_how_and_for_whom() {
+        let args = json!({"unit": "consul"});
+        let record = Record {
+            actor: "agent:bot",
+            tool: "linux.systemctl_restart",
+            args: &args,
+            reason: Some("stuck"),
+            call_id: "c1",
+            approval_id: None,
+            on_behalf_of: Some("person:alice"),
+        };
+        let runners = ["n1".to_owned(), "n2".to_owned()];
+        let how = json!({"needs_approval": true, "approvers": 2, "signed": false});
+        let event = record.tool_called(&runners, false, how);
+        assert_eq!(event.kind, kind::TOOL_CALLED);
+        assert_eq!(event.args, Some(args.clone()));
+        assert_eq!(event.reason.as_deref(), Some("stuck"));
+        assert_eq!(event.call_id.as_deref(), Some("c1"));
+        assert_eq!(
+            event.detail,
+            Some(
+                json!({"runners": ["n1", "n2"], "runner_chosen_by_server": false,
+                        "needs_approval": true, "approvers": 2, "signed": false,
+                        "on_behalf_of": "person:alice"})
+            )
+        );
+        let lowered = Record {
+            on_behalf_of: None,
+            ..record
+        }
+        .tool_called(&runners[..1], true, json!({"lowered_by_policy": "abc"}));
+        assert_eq!(
+            lowered.detail,
+            Some(json!({"runners": ["n1"], "runner_chosen_by_server": true,
+                        "lowered_by_policy": "abc"}))
+        );
+    }
 }

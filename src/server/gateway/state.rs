@@ -16,11 +16,11 @@ use crate::pack::{PackSet, Risk, ToolRef};
 use crate::server::approvals::Approvals;
 use crate::server::audit::{AuditLog, NewEvent, kind};
 use crate::server::policy::Policy;
+use crate::server::principal::Principal;
 use crate::server::runners::RetryBudget;
 use crate::server::runners::client::RunnerClient;
 use crate::server::runners::registry::Registry;
 use crate::server::secrets::AuditKey;
-use crate::server::tokens::Principal;
 use crate::server::webhook::Notifier;
 
 /// The most runner calls in flight at once, across all tool calls of this server.
@@ -322,7 +322,7 @@ impl Gateway {
         &self,
         caller: &Principal,
     ) -> Vec<crate::server::runners::registry::RunnerStatus> {
-        let admin = caller.role == crate::server::tokens::Role::Admin;
+        let admin = caller.role == crate::server::principal::Role::Admin;
         self.runners
             .snapshot()
             .into_iter()

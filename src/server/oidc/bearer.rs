@@ -18,7 +18,7 @@ use super::identity::AgentTokens;
 use super::jwt::{TokenError, unix_now};
 use super::resource::{AccessError, OAuthAgent, challenge, metadata_document};
 use crate::digest::{canonical_json, sha256_hex};
-use crate::server::tokens::{Principal, Role};
+use crate::server::principal::{Principal, Role};
 
 /// Why a bearer token did not name an agent.
 #[derive(Debug)]

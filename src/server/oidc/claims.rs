@@ -13,7 +13,7 @@ use serde_json::Value;
 use super::config::PersonRole;
 use super::jwt::Claims;
 
-pub use crate::server::tokens::PERSON_PREFIX;
+pub use crate::server::principal::PERSON_PREFIX;
 
 /// The longest identity value accepted, in bytes.
 pub const MAX_NAME_LEN: usize = 255;

@@ -15,7 +15,7 @@ use super::login::SignedInPerson;
 use crate::digest::sha256_hex;
 use crate::server::audit::{AuditLog, NewEvent, format_at, kind};
 use crate::server::db::Db;
-use crate::server::tokens::Role;
+use crate::server::principal::Role;
 use crate::server::users::{Session, UserError, random_token};
 use crate::with_pool;
 

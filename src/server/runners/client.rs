@@ -173,6 +173,34 @@ pub struct Dispatch<'a> {
     pub witnessed: Option<&'a crate::protocol::witnessed::WitnessedApproval>,
 }
 
+impl<'a> Dispatch<'a> {
+    /// A call of `tool` from the pack whose digest is `pack_sha256`, in `mode`, with nothing
+    /// that carries it further: no preview values, no approval (signed or witnessed), no lowering, shaped output.
+    /// A caller adds what it has with `Dispatch { raw, .., ..Dispatch::new(…) }`.
+    pub fn new(
+        call_id: &'a str,
+        tool: &'a str,
+        pack_sha256: &'a str,
+        args: &'a Map<String, Value>,
+        mode: Mode,
+    ) -> Self {
+        Dispatch {
+            call_id,
+            tool,
+            pack_sha256,
+            args,
+            mode,
+            preview: None,
+            preview_seal: None,
+            raw: false,
+            approval_id: None,
+            lowered_by_policy: None,
+            approval: None,
+            witnessed: None,
+        }
+    }
+}
+
 /// Signs calls; each runner's own client (in its [`Endpoint`]) sends them.
 #[derive(Clone)]
 pub struct RunnerClient {

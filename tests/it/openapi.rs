@@ -2,7 +2,9 @@
 //! every documented operation answered by its handler (never the router's 404 for an
 //! unknown path, nor 405 for a method it does not serve there). The other direction (no
 //! route under /api that the document lacks) holds by construction, the router being built
-//! from the document (`api::try_routes`, tested in `cargo test --lib api::`).
+//! from the document (`api::try_routes`, tested in `cargo test --lib api::`). The answers
+//! people read most (an approval and its votes, an event, a runner, a session) carry exactly
+//! the fields the document gives them.
 
 use emisar::server::api::Access;
 use emisar::server::api::openapi::{document, operations};
@@ -102,4 +104,78 @@ async fn the_document_is_what_the_server_serves() {
         .await
         .unwrap();
     assert_eq!(res.status(), 405);
+}
+
+/// The keys of `value` against the properties the document gives schema `name`: none
+/// undocumented, and with `exact`, none documented that the answer lacks.
+fn assert_documented(name: &str, value: &Value, exact: bool) {
+    let schema = &document()["components"]["schemas"][name];
+    let documented: std::collections::BTreeSet<&str> = schema["properties"]
+        .as_object()
+        .unwrap_or_else(|| panic!("schema {name} has no properties"))
+        .keys()
+        .map(String::as_str)
+        .collect();
+    let answered: std::collections::BTreeSet<&str> = value
+        .as_object()
+        .unwrap_or_else(|| panic!("{name}: {value} is not an object"))
+        .keys()
+        .map(String::as_str)
+        .collect();
+    let undocumented: Vec<_> = answered.difference(&documented).collect();
+    assert!(
+        undocumented.is_empty(),
+        "{name}: the answer has fields openapi.yaml does not document: {undocumented:?}"
+    );
+    if exact {
+        let missing: Vec<_> = documented.difference(&answered).collect();
+        assert!(
+            missing.is_empty(),
+            "{name}: openapi.yaml documents fields the answer lacks: {missing:?}"
+        );
+    }
+}
+
+/// The answers people and scripts read most carry exactly the fields the document gives
+/// them: an approval and its votes, an audit event, a runner, a session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_answers_carry_the_documented_fields() {
+    use crate::approvals::{
+        call_in_background, finished, restart_args, restart_lab, signed_in, wait_for_pending,
+    };
+    let (_bin, _record, app) = restart_lab(Backend::Sqlite, Options::default()).await;
+    let alice = signed_in(&app, "alice", Role::Approver).await;
+    let bob = signed_in(&app, "bob", Role::Approver).await;
+    let client = app.mcp_client().await;
+    let call = call_in_background(
+        &client,
+        "linux.systemctl_restart",
+        restart_args("the documented fields"),
+    );
+    let id = wait_for_pending(&alice).await;
+    let (status, _) = alice
+        .post(
+            &format!("/api/approvals/{id}/approve"),
+            json!({"note": "fine by me"}),
+            true,
+        )
+        .await;
+    assert_eq!(status, 200);
+    finished(call).await;
+
+    let (_, approval) = bob.get(&format!("/api/approvals/{id}")).await;
+    assert_documented("Approval", &approval, true);
+    assert_documented("Vote", &approval["approvals"][0], false);
+    assert_eq!(approval["approvals"][0]["note"], "fine by me");
+    let (_, listed) = bob.get("/api/approvals").await;
+    assert_documented("Approval", &listed["approvals"][0], true);
+    let (_, page) = bob.get(&format!("/api/audit?approval_id={id}")).await;
+    for event in page["events"].as_array().unwrap() {
+        assert_documented("Event", event, true);
+    }
+    let (_, runners) = bob.get("/api/runners").await;
+    assert_documented("Runner", &runners["runners"][0], true);
+    let (_, session) = bob.get("/api/session").await;
+    assert_documented("Session", &session, true);
+    client.cancel().await.unwrap();
 }

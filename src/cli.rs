@@ -86,12 +86,19 @@ pub enum Command {
         /// The server's address (`:0` picks a free port).
         #[arg(long, default_value = "127.0.0.1:7700")]
         listen: String,
-        /// A runner.toml for the local runner (services, listen address, packs).
+        /// A runner.toml for the local runner (services, listen address, packs, allowlists).
+        /// Without it the runner reaches services at their standard local addresses and
+        /// may restart one systemd unit, `cron` (the quickstart's write).
         #[arg(long)]
         runner_config: Option<PathBuf>,
         /// A directory of pack files that add to or replace the stock packs.
         #[arg(long)]
         packs_dir: Option<PathBuf>,
+        /// A policy file (see examples/policy.yaml; the dev agent is `dev-agent`), checked
+        /// and loaded at start. Without one, every agent may call every tool and one
+        /// approval decides a write.
+        #[arg(long)]
+        policy: Option<PathBuf>,
         /// Approvals signed by people: makes an approver SSH key and an approvers file in
         /// the state dir, and the local runner runs a write only with that key's signature
         /// (`emisar approvals approve ID --ssh-key …`, printed at start).
@@ -385,6 +392,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             listen,
             runner_config,
             packs_dir,
+            policy,
             signed_approvals,
         } => {
             let stop = stop_on_signal();
@@ -393,6 +401,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 listen,
                 runner_config,
                 packs_dir,
+                policy_file: policy,
                 signed_approvals,
             };
             crate::dev::run(opts, stop).await?;

@@ -28,12 +28,16 @@ pub struct DevOptions {
     /// A runner.toml to use instead of the defaults (its `listen` is honoured).
     pub runner_config: Option<PathBuf>,
     pub packs_dir: Option<PathBuf>,
+    /// A policy file for the server (the built-in policy when none).
+    pub policy_file: Option<PathBuf>,
     /// Approvals signed by people: a generated approver SSH key, an approvers file the server
     /// and the local runner use, and the runner requiring signatures for every write.
     pub signed_approvals: bool,
 }
 
 pub const DEV_RUNNER: &str = "local";
+/// The one systemd unit the default dev runner may restart: the quickstart's write.
+pub const DEV_UNIT: &str = "cron";
 pub const DEV_AGENT: &str = "dev-agent";
 pub const DEV_APPROVER: &str = "dev-approver";
 
@@ -62,6 +66,7 @@ pub async fn start(
     packs_dir: Option<PathBuf>,
     runners: Vec<RunnerConfig>,
     approvers_file: Option<PathBuf>,
+    policy_file: Option<PathBuf>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<Stack> {
     std::fs::create_dir_all(state_dir)
@@ -119,6 +124,7 @@ pub async fn start(
         // The runners are on loopback in this same process: nothing crosses a network.
         insecure_http: true,
         approvers_file,
+        policy_file,
         ..ServerConfig::with_signing_key(private)
     };
     let app = Application::build(config, &database_url).await?;
@@ -258,6 +264,10 @@ pub async fn run(opts: DevOptions, shutdown: CancellationToken) -> anyhow::Resul
             let mut c = RunnerConfig::with_name(DEV_RUNNER);
             c.listen = "127.0.0.1:0".into();
             c.packs_dir = opts.packs_dir.clone();
+            // The quickstart's write (docs/getting-started.md): without one admitted unit,
+            // every `linux.systemctl_restart` is refused before anyone is asked.
+            c.allowlists
+                .insert("systemd_units".into(), vec![DEV_UNIT.into()]);
             c
         }
     };
@@ -272,6 +282,7 @@ pub async fn run(opts: DevOptions, shutdown: CancellationToken) -> anyhow::Resul
         opts.packs_dir.clone(),
         vec![runner_config],
         signing.as_ref().map(|(file, _)| file.clone()),
+        opts.policy_file.clone(),
         shutdown,
     )
     .await?;

@@ -486,10 +486,14 @@ async function viewApproval(id) {
     field('Expires', absTime(a.expires_at)),
     field('Updated', absTime(a.updated_at)),
     field('Approvals', `${approvers.length} of ${a.required_approvals ?? 1} required`,
-      approvers.length ? el('ul', { class: 'approvers' },
-        approvers.map((x) => el('li', {}, x.user, ' ', el('span', { class: 'muted' }, relText(x.at))))) : ''),
+      // Each yes with its note: why they said yes is what an auditor asks.
+      approvers.length ? el('ul', { class: 'approvers', id: 'approvers' },
+        approvers.map((x) => el('li', {}, x.user, ' ', el('span', { class: 'muted' }, relText(x.at)),
+          x.note != null ? el('div', { class: 'reason approver-note' }, x.note) : ''))) : ''),
     a.decided_by != null ? field('Decided by', a.decided_by) : [],
-    a.note != null ? field('Note', el('div', { id: 'decision-note', class: 'reason' }, a.note)) : []);
+    // The request's own note: why it was denied, or why its execution failed.
+    a.note != null ? field(a.state === 'denied' ? 'Denial note' : 'Note',
+      el('div', { id: 'decision-note', class: 'reason' }, a.note)) : []);
 
   const section = el('section', { class: 'detail', 'data-approval-id': a.id },
     el('p', { class: 'crumbs' }, el('a', { href: '#/approvals' }, '← Approvals'), ' · ',

@@ -32,7 +32,8 @@ pub enum ApprovalsCommand {
     Approve {
         /// The request's id (from `emisar approvals list`).
         id: String,
-        /// A note kept with your approval.
+        /// A note kept with your approval: in the request's votes (`approvals show`) and in
+        /// its `approval.approved` audit event.
         #[arg(long)]
         note: Option<String>,
         /// The ssh-ed25519 key that signs: a private key file, or the .pub of one of the

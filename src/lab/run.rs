@@ -231,7 +231,7 @@ pub async fn start(opts: LabOptions, shutdown: CancellationToken) -> anyhow::Res
         c.allowlists = BTreeMap::from([("systemd_units".to_owned(), vec!["consul".to_owned()])]);
         runners.push(c);
     }
-    let stack = dev::start(&dir, &opts.listen, None, runners, None, stop.clone()).await?;
+    let stack = dev::start(&dir, &opts.listen, None, runners, None, None, stop.clone()).await?;
 
     let mut info = stack.info();
     info["lab"] = json!({

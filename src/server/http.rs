@@ -1,4 +1,5 @@
-//! The server's HTTP surface: `/mcp`, `/api/*` and `/metrics` behind auth; the portal (`/`,
+//! The server's HTTP surface: `/mcp`, `/api/*` (mounted from `api::routes`, the OpenAPI
+//! document's operations) and `/metrics` behind auth; the portal (`/`,
 //! `/assets/*`, from `web/`, embedded); `/healthz` and `/readyz` for probes. Every request
 //! first passes the DNS-rebinding door (`rebinding`: `Host` on every route, `Origin` on
 //! `/mcp`).
@@ -94,25 +95,18 @@ pub fn router(
         mcp_sessions,
         webauthn,
     );
+    // Every path under /api, mounted from the OpenAPI document (`api::routes`).
+    let (api_open, api_door) = crate::server::api::routes();
     let protected = Router::new()
         .nest_service("/mcp", mcp)
-        .route("/api/runners", get(api_runners))
         .route("/metrics", get(metrics))
-        .route("/api/session", get(crate::server::portal::session))
-        .route(
-            "/api/logout",
-            axum::routing::post(crate::server::portal::logout),
-        )
-        .merge(crate::server::api::routes())
+        .merge(api_door)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             bearer_auth,
         ));
     let mut public = Router::new()
-        .route(
-            "/api/login/options",
-            get(crate::server::portal_oidc::options),
-        )
+        .merge(api_open)
         .route(
             crate::server::portal_oidc::START_PATH,
             get(crate::server::portal_oidc::start),
@@ -138,21 +132,8 @@ pub fn router(
         .merge(public)
         .route("/", get(crate::server::portal::index))
         .route("/assets/{file}", get(crate::server::portal::asset))
-        .route(
-            "/api/login",
-            axum::routing::post(crate::server::portal::login),
-        )
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/readyz", get(readyz))
-        .route("/api/runners/join", axum::routing::post(runner_join))
-        .route(
-            "/api/runners/register",
-            axum::routing::post(runner_register),
-        )
-        .route(
-            "/api/runners/heartbeat",
-            axum::routing::post(runner_heartbeat),
-        )
         .merge(protected)
         .fallback(crate::server::portal::not_found)
         .layer(axum::middleware::from_fn_with_state(
@@ -236,7 +217,7 @@ async fn authenticate(state: &HttpState, req: &mut Request) -> Result<Principal,
         ApiError::unavailable("credential lookup failed", e, why).into_response()
     };
     match (
-        bearer(req.headers()).map(str::to_owned),
+        crate::server::api::runners::bearer(req.headers()).map(str::to_owned),
         crate::server::portal::session_cookie(req.headers()),
     ) {
         (Some(token), _) => match &state.identity.agents {
@@ -387,67 +368,6 @@ async fn portal_session(
         return Ok(None);
     }
     crate::server::oidc::sessions::find(&state.db, id).await
-}
-
-/// `GET /api/runners`: the runners the caller may see. A token limited to a selector sees
-/// only the runners it matches, as in `emisar.runners` and everywhere else.
-async fn api_runners(
-    State(state): State<HttpState>,
-    axum::Extension(principal): axum::Extension<Principal>,
-) -> Json<serde_json::Value> {
-    let visible = state.gateway.runners_visible_to(&principal);
-    Json(json!({"runners": visible}))
-}
-
-fn bearer(headers: &axum::http::HeaderMap) -> Option<&str> {
-    headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-}
-
-fn no_bearer(what: &str) -> ApiError {
-    crate::server::fleet::FleetError::Unauthorized(format!(
-        "{what} is required as `Authorization: Bearer …`"
-    ))
-    .into()
-}
-
-/// `POST /api/runners/join` with a join token's secret: registers a new runner. Attempts
-/// are limited per client address (counted as the login limits count it, trusted proxies
-/// included) before the store is asked: past the limit, 429.
-async fn runner_join(
-    State(state): State<HttpState>,
-    // Absent when the router is driven without a socket (in-process tests).
-    connect: Option<axum::Extension<axum::extract::ConnectInfo<std::net::SocketAddr>>>,
-    headers: axum::http::HeaderMap,
-    body: Result<Json<crate::protocol::JoinRequest>, axum::extract::rejection::JsonRejection>,
-) -> Result<Json<crate::protocol::JoinResponse>, ApiError> {
-    let token = bearer(&headers).ok_or_else(|| no_bearer("a join token"))?;
-    let Json(request) = body.map_err(|e| ApiError::bad_request(e.body_text()))?;
-    let client = state.logins.client(connect.map(|c| (c.0).0), &headers);
-    Ok(Json(state.fleet.join(client, token, request).await?))
-}
-
-/// `POST /api/runners/register` with a runner token: a runner that joined before is back.
-async fn runner_register(
-    State(state): State<HttpState>,
-    headers: axum::http::HeaderMap,
-    body: Result<Json<crate::protocol::RegisterRequest>, axum::extract::rejection::JsonRejection>,
-) -> Result<Json<crate::protocol::RegisterResponse>, ApiError> {
-    let token = bearer(&headers).ok_or_else(|| no_bearer("the runner's credential"))?;
-    let Json(request) = body.map_err(|e| ApiError::bad_request(e.body_text()))?;
-    Ok(Json(state.fleet.register(token, request).await?))
-}
-
-/// `POST /api/runners/heartbeat` with a runner token.
-async fn runner_heartbeat(
-    State(state): State<HttpState>,
-    headers: axum::http::HeaderMap,
-) -> Result<Json<serde_json::Value>, ApiError> {
-    let token = bearer(&headers).ok_or_else(|| no_bearer("the runner's credential"))?;
-    let name = state.fleet.heartbeat(token).await?;
-    Ok(Json(json!({"runner": name})))
 }
 
 /// Ready when the store answers and the audit writer is writing; otherwise 503 with reasons.

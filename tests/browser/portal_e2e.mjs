@@ -217,7 +217,9 @@ async function run() {
   checkProblems('detail');
   await screenshot('04-detail.png');
 
-  // 4. Approve; the execution result arrives live.
+  // 4. Approve with a note; the execution result arrives live, the note kept with the yes.
+  const approveNote = 'checked the preview <b>not bold</b>';
+  await page.fill('#note', approveNote);
   await page.click('#approve');
   const outcome = await page.waitForFunction(() => {
     const s = document.querySelector('#state');
@@ -235,6 +237,8 @@ async function run() {
   if (outcome.error) throw new Error(`approving showed an error: ${outcome.error} (state ${outcome.state})`);
   if (outcome.state !== 'executed') throw new Error(`approval ended in state ${outcome.state}, expected executed`);
   if (await page.evaluate(() => typeof window.__xss !== 'undefined')) throw new Error('window.__xss is set');
+  const kept = (await page.locator('#approvers .approver-note').textContent().catch(() => null));
+  if (kept !== approveNote) throw new Error(`the approver's note shows as ${JSON.stringify(kept)}, expected ${JSON.stringify(approveNote)}`);
   checkProblems('executed');
   await screenshot('05-executed.png');
   say({ done: true, state: 'executed' });

@@ -447,6 +447,156 @@ async fn denied_request_tells_the_agent_why(backend: Backend) {
 }
 both_backends!(denied_request_tells_the_agent_why);
 
+/// Runs the `emisar` binary with `args` without blocking the runtime the server runs on,
+/// with no server or token from the environment; its exit status and stdout.
+async fn emisar_cli(args: &[&str]) -> (bool, String) {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_emisar"))
+        .args(args)
+        .env_remove("EMISAR_SERVER")
+        .env_remove("EMISAR_TOKEN")
+        .env_remove("DATABASE_URL")
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "emisar {args:?}: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), stdout)
+}
+
+/// Why someone said yes is what an auditor asks: a note given on approve (here with
+/// `emisar approvals approve --note`) is kept in the stored request, in the
+/// `approval.approved` event, in `emisar approvals show`, in the portal's API and in the
+/// audit export, from the portal and from the CLI.
+async fn an_approvers_note_is_kept_everywhere(backend: Backend) {
+    const NOTE: &str = "checked the preview; consul on hvn05 is stuck since 09:12";
+    let (_bin, record, app) = restart_lab(backend, Options::default()).await;
+    let alice = app.issue_token("alice", Role::Approver).await;
+    let auditor = app.issue_token("audrey", Role::Auditor).await;
+    let ann = signed_in(&app, "ann", Role::Auditor).await;
+    let base = app.base_url();
+    let client = app.mcp_client().await;
+    let call = call_in_background(
+        &client,
+        "linux.systemctl_restart",
+        restart_args("consul is wedged"),
+    );
+    let id = wait_for_pending(&ann).await;
+
+    let (_, said) = emisar_cli(&[
+        "approvals",
+        "approve",
+        &id,
+        "--note",
+        NOTE,
+        "--server",
+        &base,
+        "--token",
+        &alice,
+    ])
+    .await;
+    assert!(said.contains("approved"), "{said}");
+    let res = finished(call).await;
+    assert_eq!(res.is_error, Some(false), "{res:?}");
+    assert_eq!(restarts(&record), 1);
+
+    // The stored request, as a new store reads it back from the database.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let store =
+        emisar::server::approvals::Approvals::new(app.db.clone(), app.audit.clone(), stop.clone());
+    let stored = store.get(&id).await.unwrap();
+    stop.cancel();
+    assert_eq!(stored.votes[0].note.as_deref(), Some(NOTE), "{stored:?}");
+    // `emisar approvals show`.
+    let (_, shown) = emisar_cli(&[
+        "approvals",
+        "show",
+        &id,
+        "--server",
+        &base,
+        "--token",
+        &alice,
+    ])
+    .await;
+    let shown: Value = serde_json::from_str(&shown).unwrap();
+    assert_eq!(shown["approvals"][0]["user"], "alice", "{shown}");
+    assert_eq!(shown["approvals"][0]["note"], NOTE, "{shown}");
+    // The portal's API, which the approval page renders (web/app.js, `#approvers`).
+    let (status, page) = ann.get(&format!("/api/approvals/{id}")).await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(page["approvals"][0]["note"], NOTE, "{page}");
+    let (_, listed) = ann.get("/api/approvals?state=executed").await;
+    assert_eq!(
+        listed["approvals"][0]["approvals"][0]["note"], NOTE,
+        "{listed}"
+    );
+    // The `approval.approved` event.
+    let approved: Vec<Value> = app
+        .events(AuditFilter {
+            approval_id: Some(id.clone()),
+            kind: Some("approval.approved".into()),
+            ..Default::default()
+        })
+        .await
+        .into_iter()
+        .map(|e| e.detail.unwrap())
+        .collect();
+    assert_eq!(approved.len(), 1);
+    assert_eq!(approved[0]["note"], NOTE, "{approved:?}");
+    // The portal's audit export…
+    let export = app
+        .http()
+        .get(format!("{base}/api/audit/export?approval_id={id}"))
+        .header("cookie", &ann.cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(export.status(), 200);
+    let text = export.text().await.unwrap();
+    let line: Value = text
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|e| e["kind"] == "approval.approved")
+        .unwrap_or_else(|| panic!("no approval.approved in the export: {text}"));
+    assert_eq!(line["detail"]["note"], NOTE, "{line}");
+    // …and the CLI's, from the server with an auditor's token and from the database.
+    let (_, jsonl) = emisar_cli(&[
+        "audit",
+        "export",
+        "--approval-id",
+        &id,
+        "--kind",
+        "approval.approved",
+        "--server",
+        &base,
+        "--token",
+        &auditor,
+    ])
+    .await;
+    let line: Value = serde_json::from_str(jsonl.trim()).unwrap();
+    assert_eq!(line["detail"]["note"], NOTE, "{jsonl}");
+    let (_, csv) = emisar_cli(&[
+        "audit",
+        "export",
+        "--approval-id",
+        &id,
+        "--kind",
+        "approval.approved",
+        "--format",
+        "csv",
+        "--database",
+        &app.database_url,
+    ])
+    .await;
+    assert!(csv.contains(NOTE), "{csv}");
+    app.assert_chain_intact().await;
+    client.cancel().await.unwrap();
+}
+both_backends!(an_approvers_note_is_kept_everywhere);
+
 /// Every way to get a write without a fresh, matching human approval fails.
 async fn approvals_refuse_what_they_should(backend: Backend) {
     let bin = tempfile::tempdir().unwrap();

@@ -192,6 +192,15 @@ async fn a_token_issued_by_the_cli_works_and_is_audited() {
 /// Starts `emisar dev` on a free port in `state` and returns it with its dev.json, once
 /// written.
 async fn start_dev(state: &std::path::Path, stdout: Stdio) -> (std::process::Child, Value) {
+    start_dev_with(state, stdout, &[]).await
+}
+
+/// [`start_dev`] with more arguments.
+async fn start_dev_with(
+    state: &std::path::Path,
+    stdout: Stdio,
+    more: &[&str],
+) -> (std::process::Child, Value) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_emisar"))
         .args([
             "dev",
@@ -200,6 +209,7 @@ async fn start_dev(state: &std::path::Path, stdout: Stdio) -> (std::process::Chi
             "--listen",
             "127.0.0.1:0",
         ])
+        .args(more)
         .stdin(Stdio::null())
         .stdout(stdout)
         .stderr(Stdio::null())
@@ -272,6 +282,98 @@ async fn emisar_dev_prints_a_working_url_and_token() {
         r["ok"] == true || r["error"].as_str().unwrap().contains("127.0.0.1:8080"),
         "{r}"
     );
+    // The quickstart's write (docs/getting-started.md) waits for a person, who denies it
+    // with a note the agent reads; a unit the dev runner does not admit is refused at once,
+    // once the server has read the runner's allowlists (from its health answer).
+    let http = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let allowlists = loop {
+        let runners: Value = http
+            .get(format!("{portal}api/runners"))
+            .bearer_auth(info["agent_token"].as_str().unwrap())
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let allowlists = &runners["runners"][0]["allowlists"];
+        if !allowlists.is_null() {
+            break allowlists.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "allowlists never read: {runners}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(
+        allowlists["systemd_units"],
+        serde_json::json!(["cron"]),
+        "{allowlists}"
+    );
+    let refused = call(
+        &client,
+        "linux.systemctl_restart",
+        serde_json::json!({"runners": ["local"], "unit": "ssh", "reason": "not admitted"}),
+    )
+    .await;
+    let refused = refused.structured_content.unwrap();
+    assert_eq!(
+        refused["error"]["kind"], "outside_runner_allowlist",
+        "{refused}"
+    );
+    let peer = client.peer().clone();
+    let write = tokio::spawn(async move {
+        let params = rmcp::model::CallToolRequestParams::new("linux.systemctl_restart")
+            .with_arguments(
+                serde_json::json!({"runners": ["local"], "unit": "cron", "reason": "quickstart: try a write"})
+                    .as_object()
+                    .unwrap()
+                    .clone(),
+            );
+        peer.call_tool(params).await.unwrap()
+    });
+    let cookie = login.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    let session: Value = login.json().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let id = loop {
+        let pending: Value = http
+            .get(format!("{portal}api/approvals?state=pending"))
+            .header("cookie", &cookie)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if let Some(id) = pending["approvals"][0]["id"].as_str() {
+            break id.to_owned();
+        }
+        assert!(Instant::now() < deadline, "no pending request: {pending}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let denied = http
+        .post(format!("{portal}api/approvals/{id}/deny"))
+        .header("cookie", &cookie)
+        .header("x-csrf-token", session["csrf"].as_str().unwrap())
+        .json(&serde_json::json!({"note": "not on this laptop"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(denied.status(), 200);
+    let res = tokio::time::timeout(Duration::from_secs(20), write)
+        .await
+        .unwrap()
+        .unwrap();
+    let out = res.structured_content.unwrap();
+    assert_eq!(out["error"]["kind"], "denied_by_human", "{out}");
     client.cancel().await.unwrap();
 
     nix::sys::signal::kill(
@@ -299,6 +401,74 @@ async fn emisar_dev_prints_a_working_url_and_token() {
         info["database_url"].as_str().unwrap(),
     ]);
     assert_eq!(code, 0, "{out}{err}");
+}
+
+/// `emisar dev --policy FILE` runs under that policy (docs/getting-started.md): a tool the
+/// file does not give the dev agent is not the agent's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn emisar_dev_runs_under_a_given_policy() {
+    let state = tempfile::tempdir().unwrap();
+    let policy = state.path().join("policy.yaml");
+    std::fs::write(
+        &policy,
+        "agents:\n  dev-agent:\n    tools: [\"linux.uptime\"]\n",
+    )
+    .unwrap();
+    let (child, info) = start_dev_with(
+        &state.path().join("dev"),
+        Stdio::null(),
+        &["--policy", policy.to_str().unwrap()],
+    )
+    .await;
+    // Stopped however the test ends.
+    struct Stop(std::process::Child);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let dev = Stop(child);
+    use rmcp::ServiceExt;
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+    let config =
+        StreamableHttpClientTransportConfig::with_uri(info["mcp_url"].as_str().unwrap().to_owned())
+            .auth_header(info["agent_token"].as_str().unwrap().to_owned());
+    let client = ().serve(StreamableHttpClientTransport::from_config(config)).await.unwrap();
+    // A tool outside the policy is not even listed to the agent.
+    let tools: Vec<String> = client
+        .list_all_tools()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    assert!(tools.contains(&"linux.uptime".to_owned()), "{tools:?}");
+    assert!(!tools.contains(&"traefik.ping".to_owned()), "{tools:?}");
+    let res = call(
+        &client,
+        "linux.uptime",
+        serde_json::json!({"runners": ["local"], "reason": "inside the policy"}),
+    )
+    .await;
+    assert_eq!(res.is_error, Some(false), "{res:?}");
+    client.cancel().await.unwrap();
+    drop(dev);
+
+    // A policy that does not check stops the start, naming the file.
+    std::fs::write(&policy, "agents:\n  dev-agent:\n    tools: [\"nope.*\"]\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_emisar"))
+        .args(["dev", "--listen", "127.0.0.1:0", "--state-dir"])
+        .arg(state.path().join("dev"))
+        .arg("--policy")
+        .arg(&policy)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("policy.yaml"), "{err}");
 }
 
 /// A stdio-only MCP client reaches the server through `emisar mcp-stdio`, under its token.

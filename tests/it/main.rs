@@ -22,6 +22,7 @@ mod mcp_calls;
 mod oidc;
 mod oidc_mcp;
 mod oidc_portal;
+mod openapi;
 mod ops;
 mod outage;
 mod packs_cluster;

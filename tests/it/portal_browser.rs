@@ -308,6 +308,18 @@ async fn approver_approves_in_a_real_browser() {
             ("call.executed".into(), "agent:test-agent".into()),
         ]
     );
+    // The note typed into the page is kept with the yes (the driver checked the page shows it).
+    let approved = app
+        .events(emisar::server::audit::AuditFilter {
+            approval_id: Some(id.clone()),
+            kind: Some("approval.approved".into()),
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(
+        approved[0].detail.as_ref().unwrap()["note"],
+        "checked the preview <b>not bold</b>"
+    );
     app.verify_with_cli();
 
     for name in SCREENSHOTS {

@@ -759,9 +759,13 @@ async function viewAudit(query) {
   const head = el('div', { class: 'view-head' }, el('h1', {}, 'Audit log'), exportLink);
 
   let data;
+  let checkpoint;
   try {
     const qs = auditQuery(query, { keepCursor: true }).toString();
-    data = await api('GET', `/api/audit${qs ? `?${qs}` : ''}`);
+    [data, checkpoint] = await Promise.all([
+      api('GET', `/api/audit${qs ? `?${qs}` : ''}`),
+      checkpointPanel(),
+    ]);
   } catch (e) {
     if (e.status === 401) throw e;
     return el('section', {}, head, form, errorBox(e.message));
@@ -800,8 +804,50 @@ async function viewAudit(query) {
     next.set('cursor', String(data.next_cursor));
     pager.append(el('a', { id: 'next-page', href: `#/audit?${next}` }, 'next page »'));
   }
-  return el('section', {}, head, form, errorBox(''),
+  return el('section', {}, head, checkpoint, form, errorBox(''),
     events.length ? table : el('p', { class: 'empty' }, 'No events match.'), pager);
+}
+
+// The newest checkpoint of the log (a C2SP signed note: origin, tree size, root hash, then the
+// log key's signature and the witnesses' cosignatures), parsed for people and offered as the
+// file an auditor keeps for `emisar audit verify --checkpoint`. The signatures are not checked
+// here: the page is served by the server the checkpoint vouches for (docs/auditor-guide.md).
+async function checkpointPanel() {
+  const box = (...children) => el('div', { class: 'checkpoint', id: 'checkpoint' }, ...children);
+  let res;
+  try {
+    res = await fetch('/api/audit/checkpoint', { credentials: 'same-origin', cache: 'no-store' });
+  } catch (e) {
+    return box(el('p', { class: 'muted' }, `Checkpoint: cannot reach the server (${e.message}).`));
+  }
+  if (res.status === 401) throw new ApiError(401, 'signed out');
+  if (res.status === 404) {
+    return box(el('p', { class: 'muted', id: 'checkpoint-none' },
+      'No signed checkpoint: the log is a hash chain only. With [transparency] in emisar.toml the ',
+      'server signs checkpoints and witnesses cosign them (docs/operator-guide.md, "Witnesses").'));
+  }
+  const text = await res.text();
+  if (!res.ok) {
+    let message = `HTTP ${res.status}`;
+    try { message = JSON.parse(text).error || message; } catch { /* not JSON */ }
+    return box(el('p', { class: 'muted' }, `Checkpoint: ${message}`));
+  }
+  const split = text.indexOf('\n\n');
+  const [origin = '', size = '', root = ''] = text.slice(0, split).split('\n');
+  const signers = text.slice(split + 2).split('\n')
+    .filter((l) => l.startsWith('\u2014 '))
+    .map((l) => l.slice(2).split(' ')[0]);
+  const witnesses = signers.filter((name) => name !== origin);
+  return box(
+    el('div', { class: 'view-head' }, el('h2', {}, 'Newest checkpoint'),
+      el('a', { id: 'checkpoint-download', class: 'button secondary', href: '/api/audit/checkpoint',
+        download: 'checkpoint.txt' }, 'Download checkpoint')),
+    el('dl', { class: 'fields' },
+      field('Log', el('span', { id: 'checkpoint-origin' }, origin)),
+      field('Events', el('span', { id: 'checkpoint-size' }, size)),
+      field('Root hash', el('span', { id: 'checkpoint-root', class: 'mono' }, root)),
+      field('Cosigned by', el('span', { id: 'checkpoint-witnesses' },
+        witnesses.length ? witnesses.join(', ') : 'no witness yet'))));
 }
 
 function auditDetail(ev) {

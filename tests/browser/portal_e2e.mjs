@@ -241,6 +241,27 @@ async function run() {
   if (kept !== approveNote) throw new Error(`the approver's note shows as ${JSON.stringify(kept)}, expected ${JSON.stringify(approveNote)}`);
   checkProblems('executed');
   await screenshot('05-executed.png');
+
+  // 5. The audit view shows the newest checkpoint signed for the log, and offers its file.
+  const origin = process.env.EXPECT_CHECKPOINT_ORIGIN;
+  if (origin) {
+    await page.click('a[data-nav="audit"]');
+    await page.locator('#checkpoint-size').waitFor({ state: 'visible', timeout: APPEAR_TIMEOUT_MS });
+    const shown = await page.evaluate(() => {
+      const text = (id) => document.getElementById(id).textContent.trim();
+      return {
+        origin: text('checkpoint-origin'),
+        size: Number(text('checkpoint-size')),
+        root: text('checkpoint-root'),
+        witnesses: text('checkpoint-witnesses'),
+        download: document.getElementById('checkpoint-download').getAttribute('href'),
+      };
+    });
+    if (shown.origin !== origin) throw new Error(`the checkpoint shows log ${JSON.stringify(shown.origin)}, expected ${JSON.stringify(origin)}`);
+    checkProblems('audit');
+    await screenshot('06-audit-checkpoint.png');
+    say({ checkpoint: shown });
+  }
   say({ done: true, state: 'executed' });
 }
 

@@ -1,11 +1,12 @@
 //! The portal in a real browser: headless Chromium, driven by
 //! tests/browser/portal_e2e.mjs over playwright-core, logs in as an approver, sees the
 //! agent's risk:high request appear live (no reload), reads the reason as text (a `<script>`
-//! in it stays inert), approves it, and sees the result arrive live. The Rust side makes the
-//! agent's call, then checks what the browser cannot: the agent's answer, one execution,
-//! the audit trail, and the CSP and login refusal over plain HTTP.
+//! in it stays inert), approves it, sees the result arrive live, and finds the log's newest
+//! signed checkpoint in the audit view. The Rust side makes the agent's call, then checks what
+//! the browser cannot: the agent's answer, one execution, the audit trail, that the checkpoint
+//! shown is the stored tree's, and the CSP and login refusal over plain HTTP.
 //!
-//! Screenshots (01-login … 05-executed, 99-failure on a failure) are kept under
+//! Screenshots (01-login … 06-audit-checkpoint, 99-failure on a failure) are kept under
 //! target/portal-e2e/ as test artifacts.
 
 use std::io::{BufRead, BufReader, Read};
@@ -14,6 +15,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use emisar::server::audit::checkpoints::{self, TransparencyConfig};
 use emisar::server::tokens::Role;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -32,13 +34,16 @@ const REASON: &str = "consul on hvn05 wedged <script>window.__xss=1</script> aft
 pub(crate) const CHROMIUM: &str = "/usr/bin/chromium";
 /// The whole browser part, from spawning the driver to its exit (the driver caps itself at 60 s).
 pub(crate) const BROWSER_BUDGET: Duration = Duration::from_secs(90);
-const SCREENSHOTS: [&str; 5] = [
+const SCREENSHOTS: [&str; 6] = [
     "01-login.png",
     "02-approvals-empty.png",
     "03-pending.png",
     "04-detail.png",
     "05-executed.png",
+    "06-audit-checkpoint.png",
 ];
+/// The origin (and log key name) of the checkpoints the audit view shows.
+const LOG_ORIGIN: &str = "emisar.test/portal";
 
 /// Like `require`, for what scripts/install-test-deps puts outside `.tools`.
 pub(crate) fn require_path(path: &Path) -> PathBuf {
@@ -176,7 +181,22 @@ async fn approver_approves_in_a_real_browser() {
 
     let bin = tempfile::tempdir().unwrap();
     let record = systemctl_standin(bin.path());
-    let app = restart_app(Backend::Sqlite, bin.path(), Options::default()).await;
+    // The log signs checkpoints (no witnesses here: tests/it/transparency.rs has them), for
+    // the audit view to show.
+    let keys = tempfile::tempdir().unwrap();
+    let log_key = keys.path().join("log.key");
+    checkpoints::log_keygen(LOG_ORIGIN, &log_key).unwrap();
+    let options = Options {
+        transparency: Some(TransparencyConfig {
+            log_key_file: log_key,
+            checkpoint_interval_ms: 100,
+            checkpoint_every_events: 1,
+            witnesses: vec![],
+            witness_quorum: None,
+        }),
+        ..Default::default()
+    };
+    let app = restart_app(Backend::Sqlite, bin.path(), options).await;
     let password = add_user(&app, "alice", Role::Approver).await;
     let base = app.base_url();
 
@@ -229,6 +249,7 @@ async fn approver_approves_in_a_real_browser() {
             ("SCREENSHOT_DIR", shots.display().to_string()),
             ("EXPECT_TOOL", TOOL.into()),
             ("EXPECT_REASON_SUBSTRING", REASON.into()),
+            ("EXPECT_CHECKPOINT_ORIGIN", LOG_ORIGIN.into()),
             ("CHROMIUM", chromium.display().to_string()),
             ("TMPDIR", tmp.path().display().to_string()),
         ],
@@ -263,6 +284,7 @@ async fn approver_approves_in_a_real_browser() {
             driver.transcript()
         );
 
+        let checkpoint = driver.expect_json("{\"checkpoint\": …}").await;
         let done = driver
             .expect_json("{\"done\": true, \"state\": \"executed\"}")
             .await;
@@ -279,9 +301,12 @@ async fn approver_approves_in_a_real_browser() {
             driver.transcript()
         );
         // The agent's call, which returns once the approved restart ran.
-        call.await.expect("the agent's call completes")
+        (
+            call.await.expect("the agent's call completes"),
+            checkpoint["checkpoint"].clone(),
+        )
     };
-    let res = match tokio::time::timeout(BROWSER_BUDGET, browser).await {
+    let (res, checkpoint) = match tokio::time::timeout(BROWSER_BUDGET, browser).await {
         Ok(res) => res,
         Err(_) => panic!(
             "the browser test (and the agent's call) did not finish within \
@@ -321,6 +346,24 @@ async fn approver_approves_in_a_real_browser() {
         "checked the preview <b>not bold</b>"
     );
     app.verify_with_cli();
+
+    // The audit view showed a checkpoint the log key signed, as stored: its size and root are
+    // those of the tree, and it offers the signed note to keep.
+    let size = checkpoint["size"].as_u64().unwrap_or(0);
+    assert!(size >= 1, "{checkpoint}");
+    let root = emisar::server::audit::tree::root(&app.db, size)
+        .await
+        .unwrap();
+    {
+        use base64::Engine;
+        assert_eq!(
+            checkpoint["root"],
+            base64::engine::general_purpose::STANDARD.encode(root.0),
+            "the page shows the root of the tree of {size} events"
+        );
+    }
+    assert_eq!(checkpoint["witnesses"], "no witness yet", "{checkpoint}");
+    assert_eq!(checkpoint["download"], "/api/audit/checkpoint");
 
     for name in SCREENSHOTS {
         assert_png(&shots.join(name));

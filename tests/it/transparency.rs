@@ -191,7 +191,7 @@ async fn random_batches_prove_between_random_sizes(backend: Backend) {
         failure_persistence: None,
         ..Config::default()
     });
-    let mem = RefCell::new(MemoryTree::default());
+    let cell = RefCell::new(MemoryTree::default());
     let next = Cell::new(0usize);
     // A batch's size, then (old, new, leaf) drawn as numbers folded into the tree's size.
     let strategy = (
@@ -208,7 +208,9 @@ async fn random_batches_prove_between_random_sizes(backend: Backend) {
                     .append_all((first..first + batch).map(event).collect())
                     .await
                     .map_err(|e| fail(format!("append of {batch}: {e}")))?;
-                let mut mem = mem.borrow_mut();
+                // Out of the cell while awaiting (a case that fails leaves it empty: the next
+                // rebuilds it from the events).
+                let mut mem = cell.take();
                 catch_up(&app, &mut mem).await;
                 let size = mem.size();
                 let stored = tree::size(&app.db).await.unwrap();
@@ -219,8 +221,8 @@ async fn random_batches_prove_between_random_sizes(backend: Backend) {
                     let new = 1 + b % size;
                     let old = 1 + a % new;
                     let leaf_index = c % new;
-                    let new_root = emisar::tlog::tree::tree_head(new, &*mem).unwrap();
-                    let old_root = emisar::tlog::tree::tree_head(old, &*mem).unwrap();
+                    let new_root = emisar::tlog::tree::tree_head(new, &mem).unwrap();
+                    let old_root = emisar::tlog::tree::tree_head(old, &mem).unwrap();
                     let stored_root = tree::root(&app.db, new).await.unwrap();
                     if stored_root != new_root {
                         return Err(fail(format!("root of {new} of {size} differs")));
@@ -241,6 +243,7 @@ async fn random_batches_prove_between_random_sizes(backend: Backend) {
                         fail(format!("inclusion of {leaf_index} in {new} of {size}: {e}"))
                     })?;
                 }
+                cell.replace(mem);
                 Ok(())
             })
         })

@@ -31,10 +31,9 @@ fn event(i: usize) -> NewEvent {
     }
 }
 
-/// Every event's leaf, rebuilt in memory from the events as stored.
-async fn memory_tree(app: &TestApp) -> MemoryTree {
-    let mut t = MemoryTree::default();
-    let mut after = 0;
+/// The events after seq `after`, oldest first, every page of them.
+async fn events_after(app: &TestApp, mut after: i64) -> Vec<emisar::server::audit::Event> {
+    let mut events = Vec::new();
     loop {
         let page = app
             .events(AuditFilter {
@@ -43,15 +42,18 @@ async fn memory_tree(app: &TestApp) -> MemoryTree {
                 ..Default::default()
             })
             .await;
-        let Some(last) = page.last() else { break };
+        let Some(last) = page.last() else {
+            return events;
+        };
         after = last.seq;
-        for e in &page {
-            assert_eq!(
-                t.push_hash(tree::leaf_of(&e.hash).unwrap()) + 1,
-                e.seq as u64
-            );
-        }
+        events.extend(page);
     }
+}
+
+/// Every event's leaf, rebuilt in memory from the events as stored.
+async fn memory_tree(app: &TestApp) -> MemoryTree {
+    let mut t = MemoryTree::default();
+    catch_up(app, &mut t).await;
     t
 }
 
@@ -160,20 +162,12 @@ crate::both_backends!(the_tree_follows_every_append);
 
 /// The leaves of the events after the ones `mem` holds, added to it.
 async fn catch_up(app: &TestApp, mem: &mut MemoryTree) {
-    loop {
-        let page = app
-            .events(AuditFilter {
-                after_seq: Some(mem.size() as i64),
-                limit: 1000,
-                ..Default::default()
-            })
-            .await;
-        if page.is_empty() {
-            return;
-        }
-        for e in &page {
-            mem.push_hash(tree::leaf_of(&e.hash).unwrap());
-        }
+    for e in events_after(app, mem.size() as i64).await {
+        assert_eq!(
+            mem.push_hash(tree::leaf_of(&e.hash).unwrap()) + 1,
+            e.seq as u64,
+            "one leaf per event, in seq order"
+        );
     }
 }
 
@@ -614,20 +608,7 @@ async fn a_rewrite_is_named_from_a_kept_checkpoint_and_every_witness_refuses_wha
 /// every later chain hash and rebuilds every tree node from the rewritten events, with the
 /// append-only triggers off.
 async fn rewrite_event(app: &TestApp, seq: i64) {
-    let mut events = Vec::new();
-    let mut after = 0;
-    loop {
-        let page = app
-            .events(AuditFilter {
-                after_seq: Some(after),
-                limit: 1000,
-                ..Default::default()
-            })
-            .await;
-        let Some(last) = page.last() else { break };
-        after = last.seq;
-        events.extend(page);
-    }
+    let events = events_after(app, 0).await;
     let mut sql = String::from(
         "ALTER TABLE audit_events DISABLE TRIGGER USER; ALTER TABLE audit_tree DISABLE TRIGGER USER; ",
     );

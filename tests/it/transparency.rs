@@ -535,7 +535,7 @@ async fn a_rewrite_is_named_from_a_kept_checkpoint_and_every_witness_refuses_wha
     let witnessed = checkpointed(&app, app.audit_rows().await as u64, 2)
         .await
         .size;
-    rewrite_event(&app, 5).await;
+    rewrite_event(&app, 5, Tree::Rebuilt).await;
     assert!(
         app.assert_chain_intact().await > 0,
         "the chain alone no longer shows it"
@@ -604,10 +604,107 @@ async fn a_rewrite_is_named_from_a_kept_checkpoint_and_every_witness_refuses_wha
     );
 }
 
+/// After the tree and the checkpoints check out, `audit verify --checkpoint` still reads what
+/// came after the kept checkpoint event by event: an event edited in place (its hash left
+/// alone) is named, and a rewrite with every later chain hash recomputed but the tree's nodes
+/// left as they were (so every stored proof still verifies) fails on the newest root.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_came_after_a_kept_checkpoint_is_read_event_by_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let log_key = dir.path().join("log.key");
+    let log_vkey = checkpoints::log_keygen(ORIGIN, &log_key).unwrap();
+    let keys = Verifiers::parse([log_vkey.as_str()]).unwrap();
+    let app = spawn_app(
+        Backend::Postgres,
+        vec![],
+        Options {
+            transparency: Some(TransparencyConfig {
+                log_key_file: log_key,
+                checkpoint_interval_ms: 50,
+                checkpoint_every_events: 1,
+                witnesses: vec![],
+                witness_quorum: None,
+            }),
+            ..Default::default()
+        },
+    )
+    .await;
+    for i in 0..10 {
+        app.audit.append(event(i)).await.unwrap();
+    }
+    let kept = checkpointed(&app, app.audit_rows().await as u64, 0).await;
+    let n = kept.size as i64;
+    for i in 10..20 {
+        app.audit.append(event(i)).await.unwrap();
+    }
+    let newest = checkpointed(&app, app.audit_rows().await as u64, 0)
+        .await
+        .size as i64;
+    let verify = || proofs::verify_from(&app.db, kept.note.as_bytes(), &keys);
+    let report = verify().await.unwrap();
+    assert_eq!(report.problem, None, "{report:?}");
+    assert_eq!(report.verified as i64, newest - n, "{report:?}");
+
+    // Edited in place, its hash left alone.
+    let k = n + 5;
+    let edit = |reason: &str| {
+        format!(
+            "ALTER TABLE audit_events DISABLE TRIGGER USER; \
+             UPDATE audit_events SET reason = '{reason}' WHERE seq = {k}; \
+             ALTER TABLE audit_events ENABLE TRIGGER USER;"
+        )
+    };
+    let original = events_after(&app, k - 1).await.remove(0);
+    assert_eq!(original.seq, k);
+    let pg = app.pg.as_ref().unwrap();
+    pg.superuser_sql(&edit("nothing happened")).unwrap();
+    let report = verify().await.unwrap();
+    assert_eq!(report.first_changed, Some((k, k)), "{report:?}");
+    let problem = report.problem.unwrap_or_default();
+    assert!(
+        problem.starts_with(&format!("event seq {k}: stored hash")),
+        "{problem}"
+    );
+    // Put back, it verifies again.
+    pg.superuser_sql(&edit(original.reason.as_deref().unwrap()))
+        .unwrap();
+    let report = verify().await.unwrap();
+    assert_eq!(report.problem, None, "{report:?}");
+
+    // Rewritten with every later chain hash recomputed, the tree's nodes left as they were.
+    rewrite_event(&app, n + 3, Tree::LeftAsItWas).await;
+    assert!(
+        emisar::server::audit::verify(&app.db, None)
+            .await
+            .unwrap()
+            .is_intact(),
+        "the chain alone shows nothing"
+    );
+    let report = verify().await.unwrap();
+    assert_eq!(report.first_changed, Some((n + 1, newest)), "{report:?}");
+    assert_eq!(
+        report.problem.as_deref(),
+        Some(
+            format!(
+                "events {} to {newest} do not hash to the newest checkpoint's root",
+                n + 1
+            )
+            .as_str()
+        )
+    );
+}
+
 /// What an attacker with the database does: rewrites event `seq`'s reason, then recomputes
 /// every later chain hash and rebuilds every tree node from the rewritten events, with the
 /// append-only triggers off.
-async fn rewrite_event(app: &TestApp, seq: i64) {
+/// What the attacker does with the tree's nodes after rewriting the events.
+#[derive(PartialEq)]
+enum Tree {
+    Rebuilt,
+    LeftAsItWas,
+}
+
+async fn rewrite_event(app: &TestApp, seq: i64, tree_nodes: Tree) {
     let events = events_after(app, 0).await;
     let mut sql = String::from(
         "ALTER TABLE audit_events DISABLE TRIGGER USER; ALTER TABLE audit_tree DISABLE TRIGGER USER; ",
@@ -641,7 +738,11 @@ async fn rewrite_event(app: &TestApp, seq: i64) {
         mem.push_hash(leaf);
         prev = Some(e.hash.clone());
     }
-    sql.push_str("DELETE FROM audit_tree;");
+    if tree_nodes == Tree::LeftAsItWas {
+        nodes.clear();
+    } else {
+        sql.push_str("DELETE FROM audit_tree;");
+    }
     for (n, h) in nodes {
         sql.push_str(&format!(
             "INSERT INTO audit_tree (level, idx, hash) VALUES ({}, {}, '\\x{}');",

@@ -24,6 +24,7 @@ use sha2::{Digest, Sha256};
 
 use crate::digest::canonical_json;
 pub use crate::protocol::audit_event::{Event, EventText};
+use crate::tlog::tree::Frontier;
 
 pub const GENESIS_HASH: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 
@@ -281,6 +282,9 @@ pub struct StoredEvent<'a> {
 pub struct Verifier {
     report: VerifyReport,
     prev: Option<Anchor>,
+    /// With `verify --checkpoint`: the Merkle tree's right edge, grown with the leaf of each
+    /// event's recomputed hash up to a size (the newest checkpoint's).
+    tree: Option<(Frontier, u64)>,
 }
 
 impl Verifier {
@@ -288,6 +292,17 @@ impl Verifier {
         Verifier {
             report: VerifyReport::default(),
             prev: anchor,
+            tree: None,
+        }
+    }
+
+    /// A verifier that also grows `tree` (whose size is the anchor's seq) with every event up
+    /// to seq `upto`, from the hash recomputed from the event's fields: the root then commits
+    /// to what the events say, whatever hash is stored.
+    pub fn growing(anchor: Option<Anchor>, tree: Frontier, upto: u64) -> Self {
+        Verifier {
+            tree: Some((tree, upto)),
+            ..Verifier::new(anchor)
         }
     }
 
@@ -339,6 +354,12 @@ impl Verifier {
             }
         }
         let expected: [u8; 32] = Sha256::digest(e.text).into();
+        if let Some((tree, upto)) = &mut self.tree
+            && tree.size() < *upto
+            && e.seq as u64 == tree.size() + 1
+        {
+            tree.push(crate::tlog::tree::leaf_hash(&expected));
+        }
         let mut expected_hex = [0u8; 64];
         hex::encode_to_slice(expected, &mut expected_hex).expect("64 bytes hold 32 in hex");
         if e.hash.as_bytes() != expected_hex {
@@ -382,6 +403,11 @@ impl Verifier {
 
     pub fn finish(self) -> VerifyReport {
         self.report
+    }
+
+    /// The report, and the tree grown (see [`Verifier::growing`]).
+    pub fn finish_growing(self) -> (VerifyReport, Option<Frontier>) {
+        (self.report, self.tree.map(|(tree, _)| tree))
     }
 }
 

@@ -27,6 +27,7 @@ use super::chain::Event;
 use super::checkpoints;
 use super::store::{AuditFilter, query};
 use super::tree::{self, leaf_of};
+use super::verify;
 use crate::server::db::Db;
 use crate::tlog::checkpoint::{self, Checkpoint};
 use crate::tlog::keys::Verifiers;
@@ -199,26 +200,15 @@ pub async fn verify_from(db: &Db, kept: &[u8], keys: &Verifiers) -> anyhow::Resu
         return finish_failed(db, report, n, kept_root, keys).await;
     }
     // 3. The chain is anchored in the kept tree.
-    let mut edge = tree::frontier(db, n).await?;
+    let edge = tree::frontier(db, n).await?;
     if edge.root() != kept_root {
         report.problem = Some(format!(
             "the stored tree's first {n} leaves do not hash to the checkpoint you kept"
         ));
         return finish_failed(db, report, n, kept_root, keys).await;
     }
-    let mut prev = None;
-    if n > 0 {
-        let anchor = query(
-            db,
-            &AuditFilter {
-                after_seq: Some(n as i64 - 1),
-                limit: 1,
-                ..Default::default()
-            },
-        )
-        .await?
-        .pop();
-        let Some(anchor) = anchor else {
+    let anchor = if n > 0 {
+        let Some(anchor) = verify::anchor(db, n as i64).await? else {
             report.problem = Some(format!("event seq {n} is missing"));
             report.first_changed = Some((n as i64, n as i64));
             return Ok(report);
@@ -231,42 +221,31 @@ pub async fn verify_from(db: &Db, kept: &[u8], keys: &Verifiers) -> anyhow::Resu
             ));
             return finish_failed(db, report, n, kept_root, keys).await;
         }
-        prev = Some(anchor.hash);
+        Some(anchor)
+    } else {
+        None
+    };
+    // 4. The new events, checked as `audit verify` checks them (fields → hash → link to the
+    // one before), and the leaves of their recomputed hashes make the newest root.
+    let (chain, edge) = verify::verify_growing(db, n as i64, anchor, edge, big_n).await?;
+    if let Some(broken) = chain.broken.first() {
+        report.problem = Some(format!("event seq {}: {}", broken.seq, broken.problem));
+        report.first_changed = Some((broken.seq, broken.seq));
+        return Ok(report);
     }
-    // 4. The new events, recomputed, make the newest root.
-    let mut after = n as i64;
-    loop {
-        let page = page_after(db, after).await?;
-        let Some(last) = page.last() else { break };
-        after = last.seq;
-        for e in &page {
-            if let Some(problem) = check_link(e, prev.as_deref()) {
-                report.problem = Some(problem);
-                report.first_changed = Some((e.seq, e.seq));
-                return Ok(report);
-            }
-            prev = Some(e.hash.clone());
-            if (e.seq as u64) <= big_n {
-                edge.push(leaf_of(&e.hash).map_err(anyhow::Error::msg)?);
-                report.verified += 1;
-                if e.seq as u64 == big_n && edge.root() != latest_root {
-                    report.problem = Some(format!(
-                        "events {} to {big_n} do not hash to the newest checkpoint's root",
-                        n + 1
-                    ));
-                    report.first_changed = Some((n as i64 + 1, big_n as i64));
-                    return Ok(report);
-                }
-            } else {
-                report.unchecked_by_checkpoint += 1;
-            }
-        }
-    }
+    report.verified = edge.size() - n;
+    report.unchecked_by_checkpoint = chain.checked.saturating_sub(report.verified);
     if edge.size() != big_n {
         report.problem = Some(format!(
             "the newest checkpoint has {big_n} events but the log only {}",
             edge.size()
         ));
+    } else if edge.root() != latest_root {
+        report.problem = Some(format!(
+            "events {} to {big_n} do not hash to the newest checkpoint's root",
+            n + 1
+        ));
+        report.first_changed = Some((n as i64 + 1, big_n as i64));
     }
     Ok(report)
 }

@@ -31,6 +31,7 @@ use super::chain::{
 use super::store::{PG_AT, STORED_COLUMNS};
 use crate::digest::canonical_json;
 use crate::server::db::{Db, Pool};
+use crate::tlog::tree::Frontier;
 
 /// Chunks in flight between the reading task and the checker: enough to keep both busy,
 /// bounded so a fast reader does not buffer the whole log.
@@ -60,7 +61,32 @@ pub async fn verify(db: &Db, since: Option<i64>) -> Result<VerifyReport, sqlx::E
     } else {
         None
     };
-    let verifier = Verifier::new(anchor);
+    Ok(read_and_check(db, since, Verifier::new(anchor))
+        .await?
+        .finish())
+}
+
+/// `audit verify --checkpoint`'s walk: the events after seq `after` (the kept checkpoint's
+/// size; `anchor` is that event, `None` when it is 0), checked as [`verify`] checks them, and
+/// `tree` (the kept tree's right edge) grown with the leaves of their recomputed hashes up to
+/// seq `upto` (the newest checkpoint's size). Reading and hashing overlap as in `verify`.
+pub(super) async fn verify_growing(
+    db: &Db,
+    after: i64,
+    anchor: Option<Anchor>,
+    tree: Frontier,
+    upto: u64,
+) -> Result<(VerifyReport, Frontier), sqlx::Error> {
+    let verifier = Verifier::growing(anchor, tree, upto);
+    let (report, tree) = read_and_check(db, after + 1, verifier)
+        .await?
+        .finish_growing();
+    Ok((report, tree.expect("a growing verifier keeps its tree")))
+}
+
+/// Feeds every event from seq `since` on to `verifier`, read on this task and checked on a
+/// blocking thread.
+async fn read_and_check(db: &Db, since: i64, verifier: Verifier) -> Result<Verifier, sqlx::Error> {
     match db.pool() {
         Pool::Pg(pool) => {
             // `since` is an integer: COPY takes no parameters.
@@ -129,7 +155,7 @@ pub async fn verify(db: &Db, since: Option<i64>) -> Result<VerifyReport, sqlx::E
 }
 
 /// The stored hash and `at` of event `seq`, if there is one.
-async fn anchor(db: &Db, seq: i64) -> Result<Option<Anchor>, sqlx::Error> {
+pub(super) async fn anchor(db: &Db, seq: i64) -> Result<Option<Anchor>, sqlx::Error> {
     let at = if db.is_postgres() { PG_AT } else { "at" };
     let sql = format!("SELECT seq, hash, {at} FROM audit_events WHERE seq = $1");
     let row: Option<(i64, String, String)> = crate::with_pool!(db, pool => {
@@ -139,8 +165,8 @@ async fn anchor(db: &Db, seq: i64) -> Result<Option<Anchor>, sqlx::Error> {
 }
 
 async fn join(
-    checker: tokio::task::JoinHandle<Result<VerifyReport, sqlx::Error>>,
-) -> Result<VerifyReport, sqlx::Error> {
+    checker: tokio::task::JoinHandle<Result<Verifier, sqlx::Error>>,
+) -> Result<Verifier, sqlx::Error> {
     match checker.await {
         Ok(report) => report,
         Err(e) => std::panic::resume_unwind(e.into_panic()),
@@ -368,7 +394,7 @@ impl CopyFrames {
 fn check_copy(
     mut verifier: Verifier,
     mut chunks: mpsc::Receiver<Vec<u8>>,
-) -> Result<VerifyReport, sqlx::Error> {
+) -> Result<Verifier, sqlx::Error> {
     let mut frames = CopyFrames::default();
     let mut text = Vec::with_capacity(1024);
     let mut at = String::with_capacity(32);
@@ -378,7 +404,7 @@ fn check_copy(
         })?;
     }
     frames.finish()?;
-    Ok(verifier.finish())
+    Ok(verifier)
 }
 
 fn check_fields(
@@ -535,7 +561,7 @@ fn pack_row(row: &sqlx::sqlite::SqliteRow, chunk: &mut Chunk) -> Result<(), sqlx
 }
 
 /// Hashes and checks the chunks in order, on a blocking thread.
-fn check_chunks(mut verifier: Verifier, mut chunks: mpsc::Receiver<Chunk>) -> VerifyReport {
+fn check_chunks(mut verifier: Verifier, mut chunks: mpsc::Receiver<Chunk>) -> Verifier {
     while let Some(chunk) = chunks.blocking_recv() {
         let text = |r: &Range<usize>| {
             std::str::from_utf8(&chunk.bytes[r.clone()]).expect("packed from a &str")
@@ -551,7 +577,7 @@ fn check_chunks(mut verifier: Verifier, mut chunks: mpsc::Receiver<Chunk>) -> Ve
             });
         }
     }
-    verifier.finish()
+    verifier
 }
 
 #[cfg(test)]

@@ -604,6 +604,113 @@ async fn a_rewrite_is_named_from_a_kept_checkpoint_and_every_witness_refuses_wha
     );
 }
 
+/// A split view: a second log under the same log key (a forked database, a replica restored
+/// from an edited backup), grown to the size the witness cosigned for the real one, with other
+/// events. Its server submits that checkpoint; the witness refuses it (the same size, another
+/// root), and the server that sent it shows the refusal: a `witness.refused` event with the
+/// witness's answer and the metric. The witness still cosigns the real log as it grows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_view_of_the_same_size_is_refused_and_the_refusal_is_seen() {
+    let dir = tempfile::tempdir().unwrap();
+    let log_key = dir.path().join("log.key");
+    let log_vkey = checkpoints::log_keygen(ORIGIN, &log_key).unwrap();
+    let w = witness(dir.path(), "w1", &log_vkey).await;
+    let config = TransparencyConfig {
+        log_key_file: log_key,
+        checkpoint_interval_ms: 50,
+        checkpoint_every_events: 1,
+        witnesses: vec![WitnessEntry {
+            url: w.url.clone(),
+            key: w.vkey.clone(),
+        }],
+        witness_quorum: Some(1),
+    };
+    let honest = spawn_app(
+        Backend::Postgres,
+        vec![],
+        Options {
+            transparency: Some(config.clone()),
+            ..Default::default()
+        },
+    )
+    .await;
+    for i in 0..30 {
+        honest.audit.append(event(i)).await.unwrap();
+    }
+    let cosigned = checkpointed(&honest, honest.audit_rows().await as u64, 1).await;
+
+    // The other log: its own database and events, grown to exactly the cosigned size.
+    let other = spawn_app(Backend::Postgres, vec![], Options::default()).await;
+    let mut i = 1000;
+    while (other.audit_rows().await as u64) < cosigned.size {
+        other.audit.append(event(i)).await.unwrap();
+        i += 1;
+    }
+    assert_eq!(tree::size(&other.db).await.unwrap(), cosigned.size);
+    assert_ne!(
+        tree::root(&other.db, cosigned.size).await.unwrap(),
+        tree::root(&honest.db, cosigned.size).await.unwrap()
+    );
+    let mut split =
+        checkpoints::Checkpointer::new(other.db.clone(), other.audit.clone(), &config).unwrap();
+    assert_eq!(split.tick().await.unwrap(), cosigned.size);
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let refused = loop {
+        let found = other
+            .events(AuditFilter {
+                kind: Some("witness.refused".into()),
+                ..Default::default()
+            })
+            .await;
+        if let Some(e) = found.into_iter().next() {
+            break e;
+        }
+        assert!(Instant::now() < deadline, "no witness.refused event");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let d = refused.detail.unwrap();
+    assert_eq!(d["witness"], "witness.test/w1", "{d}");
+    assert_eq!(d["status"], 422, "{d}");
+    assert_eq!(d["size"], cosigned.size, "{d}");
+    assert!(
+        d["answer"].as_str().unwrap().contains("different root"),
+        "{d}"
+    );
+    assert_eq!(refused.outcome.as_deref(), Some("refused"));
+    let auditor = other
+        .issue_token("auditor", emisar::server::tokens::Role::Auditor)
+        .await;
+    let metrics = other
+        .http()
+        .get(format!("{}/metrics", other.base_url()))
+        .bearer_auth(&auditor)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("emisar_witness_refusals_total{")
+                && l.contains("witness=\"witness.test/w1\"")
+                && l.contains("status=\"422\"")),
+        "{metrics}"
+    );
+    // Nothing of the other log was cosigned, and the real one goes on being witnessed.
+    assert_eq!(
+        checkpoints::latest(&other.db, 1)
+            .await
+            .unwrap()
+            .map(|c| c.size),
+        None
+    );
+    honest.audit.append(event(99)).await.unwrap();
+    checkpointed(&honest, cosigned.size + 1, 1).await;
+}
+
 /// After the tree and the checkpoints check out, `audit verify --checkpoint` still reads what
 /// came after the kept checkpoint event by event: an event edited in place (its hash left
 /// alone) is named, and a rewrite with every later chain hash recomputed but the tree's nodes

@@ -823,8 +823,9 @@ async function checkpointPanel() {
   if (res.status === 401) throw new ApiError(401, 'signed out');
   if (res.status === 404) {
     return box(el('p', { class: 'muted', id: 'checkpoint-none' },
-      'No signed checkpoint: the log is a hash chain only. With [transparency] in emisar.toml the ',
-      'server signs checkpoints and witnesses cosign them (docs/operator-guide.md, "Witnesses").'));
+      'No signed checkpoint yet. With [transparency] in emisar.toml the server signs one every ',
+      'second or so and witnesses cosign it (docs/operator-guide.md, "Witnesses"); without it the ',
+      'log is a hash chain only.'));
   }
   const text = await res.text();
   if (!res.ok) {

@@ -1226,7 +1226,10 @@ async fn the_audit_cli_reads_a_server_with_an_auditor_token() {
         "{out}"
     );
     let (_, out, _) = emisar(&["migrate", "--database", &fresh]);
-    assert_eq!(out.trim(), "sqlite schema is up to date");
+    assert_eq!(
+        out.trim(),
+        "sqlite schema is up to date\naudit tree: 0 events"
+    );
     let (code, out, err) = emisar(&["migrate", "--database", db]);
     assert_eq!(code, 0);
     assert!(out.contains("up to date"), "{out}");

@@ -336,6 +336,19 @@ async fn run(args: &[&str]) -> (i32, String, String) {
     )
 }
 
+/// What `/metrics` serves to `token` (an auditor's).
+async fn metrics_text(app: &TestApp, token: &str) -> String {
+    app.http()
+        .get(format!("{}/metrics", app.base_url()))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 /// Waits until the newest checkpoint with `cosigned` cosignatures covers `size` events.
 async fn checkpointed(app: &TestApp, size: u64, cosigned: usize) -> checkpoints::Stored {
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -586,16 +599,7 @@ async fn a_rewrite_is_named_from_a_kept_checkpoint_and_every_witness_refuses_wha
         newest_witnessed.size, witnessed,
         "nothing after the rewrite is witnessed"
     );
-    let metrics = app
-        .http()
-        .get(format!("{}/metrics", app.base_url()))
-        .bearer_auth(&auditor)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_text(&app, &auditor).await;
     assert!(
         metrics.lines().any(
             |l| l.starts_with("emisar_witness_refusals_total{") && l.contains("status=\"422\"")
@@ -681,16 +685,7 @@ async fn a_split_view_of_the_same_size_is_refused_and_the_refusal_is_seen() {
     let auditor = other
         .issue_token("auditor", emisar::server::tokens::Role::Auditor)
         .await;
-    let metrics = other
-        .http()
-        .get(format!("{}/metrics", other.base_url()))
-        .bearer_auth(&auditor)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_text(&other, &auditor).await;
     assert!(
         metrics
             .lines()

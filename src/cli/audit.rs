@@ -310,112 +310,12 @@ pub async fn run(command: AuditCommand) -> anyhow::Result<i32> {
             db,
             server,
             token: _,
-        } => {
-            if db.database.is_none() && server.is_some() {
-                eprintln!(
-                    "error: audit verify needs the database (--database or DATABASE_URL): it reads every event and recomputes its hash, which the server's API does not offer; `audit query` and `audit export` work with --server"
-                );
-                return Ok(2);
-            }
-            let db = db.connect().await?;
-            if let Some(path) = checkpoint {
-                let keys = log_keys(log_key.as_deref())?;
-                let kept = std::fs::read(&path)
-                    .with_context(|| format!("--checkpoint {}", path.display()))?;
-                let report = audit::proofs::verify_from(&db, &kept, &keys).await?;
-                if json {
-                    println!("{}", serde_json::to_string(&report)?);
-                } else {
-                    print!("{}", audit::proofs::report_text(&report));
-                }
-                return Ok(if report.problem.is_none() { 0 } else { 1 });
-            }
-            let from_seq = match since {
-                None => from_seq,
-                Some(since) => {
-                    let first = audit::query(
-                        &db,
-                        &AuditFilter {
-                            since: Some(since),
-                            limit: 1,
-                            ..Default::default()
-                        },
-                    )
-                    .await?;
-                    match first.first() {
-                        Some(e) => Some(e.seq),
-                        None => {
-                            println!("ok: no events at or after {since}");
-                            return Ok(0);
-                        }
-                    }
-                }
-            };
-            let report = audit::verify(&db, from_seq).await?;
-            if json {
-                println!("{}", serde_json::to_string(&report)?);
-            } else {
-                print!("{}", verify_text(&report));
-            }
-            Ok(if report.is_intact() { 0 } else { 1 })
-        }
+        } => verify(since, from_seq, checkpoint, log_key, json, db, server).await,
         AuditCommand::VerifyApprovals {
             approvers,
             json,
             db,
-        } => {
-            let text = std::fs::read_to_string(&approvers)
-                .with_context(|| format!("--approvers {}", approvers.display()))?;
-            let file = crate::protocol::approval::Approvers::parse(&text)
-                .with_context(|| format!("--approvers {}", approvers.display()))?;
-            let db = db.connect().await?;
-            let mut events = Vec::new();
-            for kind in [
-                audit::kind::APPROVAL_APPROVED,
-                audit::kind::APPROVAL_EXECUTING,
-            ] {
-                let mut after_seq = None;
-                loop {
-                    let page = audit::query(
-                        &db,
-                        &AuditFilter {
-                            kind: Some(kind.into()),
-                            after_seq,
-                            limit: audit::MAX_PAGE,
-                            ..Default::default()
-                        },
-                    )
-                    .await?;
-                    let Some(last) = page.last() else { break };
-                    after_seq = Some(last.seq);
-                    events.extend(page);
-                }
-            }
-            let report = audit::signed::verify(&events, &file);
-            if json {
-                println!("{}", serde_json::to_string(&report)?);
-            } else {
-                for f in &report.failures {
-                    println!(
-                        "FAILED approval {}: event seq {} ({}): {}",
-                        f.approval_id, f.seq, f.event_id, f.why
-                    );
-                }
-                println!(
-                    "{}: {} executed approvals verified against {} (sha256:{}), {} failed",
-                    if report.failures.is_empty() {
-                        "ok"
-                    } else {
-                        "FAILED"
-                    },
-                    report.verified,
-                    approvers.display(),
-                    file.sha256,
-                    report.failures.len()
-                );
-            }
-            Ok(if report.failures.is_empty() { 0 } else { 1 })
-        }
+        } => verify_approvals(approvers, json, db).await,
         AuditCommand::Checkpoint { cosigned_by, db } => {
             let db = db.connect().await?;
             match audit::checkpoints::latest(&db, cosigned_by).await? {
@@ -479,72 +379,204 @@ pub async fn run(command: AuditCommand) -> anyhow::Result<i32> {
             json,
             db,
             server,
-        } => {
-            let params = filter.into_params(limit);
-            let source = Source::open(db, server).await?;
-            let events = source.page(&params).await?;
-            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-            if !json {
-                // `at` is fixed-width RFC 3339 with microseconds: 27 characters.
-                writeln!(
-                    out,
-                    "{:>6} {:<27} {:<15} {:<20} {:<22} {:<12} {:<8} reason",
-                    "seq", "at", "kind", "actor", "tool", "runner", "outcome"
-                )?;
-            }
-            for e in &events {
-                if json {
-                    writeln!(out, "{}", serde_json::to_string(e)?)?;
-                } else {
-                    writeln!(
-                        out,
-                        "{:>6} {} {:<15} {:<20} {:<22} {:<12} {:<8} {}",
-                        e.seq,
-                        e.at,
-                        e.kind,
-                        e.actor,
-                        e.tool.as_deref().unwrap_or("-"),
-                        e.runner.as_deref().unwrap_or("-"),
-                        e.outcome.as_deref().unwrap_or("-"),
-                        e.reason.as_deref().unwrap_or("")
-                    )?;
-                }
-            }
-            out.flush()?;
-            Ok(0)
-        }
+        } => query(filter, limit, json, db, server).await,
         AuditCommand::Export {
             filter,
             format,
             db,
             server,
-        } => {
-            let mut params = filter.into_params(audit::MAX_PAGE);
-            let source = Source::open(db, server).await?;
-            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-            if format == "csv" {
-                writeln!(out, "{}", CSV_COLUMNS.join(","))?;
-            }
-            loop {
-                let events = source.page(&params).await?;
-                for e in &events {
-                    if format == "csv" {
-                        writeln!(out, "{}", csv_row(e))?;
-                    } else {
-                        writeln!(out, "{}", serde_json::to_string(e)?)?;
-                    }
+        } => export(filter, format, db, server).await,
+    }
+}
+
+/// `audit verify`: the whole chain (or from a sequence or a time), or only what came after a
+/// kept checkpoint.
+async fn verify(
+    since: Option<chrono::DateTime<chrono::Utc>>,
+    from_seq: Option<i64>,
+    checkpoint: Option<PathBuf>,
+    log_key: Option<String>,
+    json: bool,
+    db: DbArg,
+    server: Option<String>,
+) -> anyhow::Result<i32> {
+    if db.database.is_none() && server.is_some() {
+        eprintln!(
+            "error: audit verify needs the database (--database or DATABASE_URL): it reads every event and recomputes its hash, which the server's API does not offer; `audit query` and `audit export` work with --server"
+        );
+        return Ok(2);
+    }
+    let db = db.connect().await?;
+    if let Some(path) = checkpoint {
+        let keys = log_keys(log_key.as_deref())?;
+        let kept =
+            std::fs::read(&path).with_context(|| format!("--checkpoint {}", path.display()))?;
+        let report = audit::proofs::verify_from(&db, &kept, &keys).await?;
+        if json {
+            println!("{}", serde_json::to_string(&report)?);
+        } else {
+            print!("{}", audit::proofs::report_text(&report));
+        }
+        return Ok(if report.problem.is_none() { 0 } else { 1 });
+    }
+    let from_seq = match since {
+        None => from_seq,
+        Some(since) => {
+            let first = audit::query(
+                &db,
+                &AuditFilter {
+                    since: Some(since),
+                    limit: 1,
+                    ..Default::default()
+                },
+            )
+            .await?;
+            match first.first() {
+                Some(e) => Some(e.seq),
+                None => {
+                    println!("ok: no events at or after {since}");
+                    return Ok(0);
                 }
-                match events.last() {
-                    Some(last) if events.len() as i64 == audit::MAX_PAGE => {
-                        params.cursor = Some(last.seq.to_string())
-                    }
-                    _ => break,
-                }
             }
-            out.flush()?;
-            Ok(0)
+        }
+    };
+    let report = audit::verify(&db, from_seq).await?;
+    if json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print!("{}", verify_text(&report));
+    }
+    Ok(if report.is_intact() { 0 } else { 1 })
+}
+
+/// `audit verify-approvals`: every executed approval's signatures against an approvers file.
+async fn verify_approvals(approvers: PathBuf, json: bool, db: DbArg) -> anyhow::Result<i32> {
+    let text = std::fs::read_to_string(&approvers)
+        .with_context(|| format!("--approvers {}", approvers.display()))?;
+    let file = crate::protocol::approval::Approvers::parse(&text)
+        .with_context(|| format!("--approvers {}", approvers.display()))?;
+    let db = db.connect().await?;
+    let mut events = Vec::new();
+    for kind in [
+        audit::kind::APPROVAL_APPROVED,
+        audit::kind::APPROVAL_EXECUTING,
+    ] {
+        let mut after_seq = None;
+        loop {
+            let page = audit::query(
+                &db,
+                &AuditFilter {
+                    kind: Some(kind.into()),
+                    after_seq,
+                    limit: audit::MAX_PAGE,
+                    ..Default::default()
+                },
+            )
+            .await?;
+            let Some(last) = page.last() else { break };
+            after_seq = Some(last.seq);
+            events.extend(page);
         }
     }
+    let report = audit::signed::verify(&events, &file);
+    if json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        for f in &report.failures {
+            println!(
+                "FAILED approval {}: event seq {} ({}): {}",
+                f.approval_id, f.seq, f.event_id, f.why
+            );
+        }
+        println!(
+            "{}: {} executed approvals verified against {} (sha256:{}), {} failed",
+            if report.failures.is_empty() {
+                "ok"
+            } else {
+                "FAILED"
+            },
+            report.verified,
+            approvers.display(),
+            file.sha256,
+            report.failures.len()
+        );
+    }
+    Ok(if report.failures.is_empty() { 0 } else { 1 })
+}
+
+/// `audit query`: one page of events, as a table or JSON lines.
+async fn query(
+    filter: FilterArgs,
+    limit: i64,
+    json: bool,
+    db: DbArg,
+    server: AuditorServerArg,
+) -> anyhow::Result<i32> {
+    let params = filter.into_params(limit);
+    let source = Source::open(db, server).await?;
+    let events = source.page(&params).await?;
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    if !json {
+        // `at` is fixed-width RFC 3339 with microseconds: 27 characters.
+        writeln!(
+            out,
+            "{:>6} {:<27} {:<15} {:<20} {:<22} {:<12} {:<8} reason",
+            "seq", "at", "kind", "actor", "tool", "runner", "outcome"
+        )?;
+    }
+    for e in &events {
+        if json {
+            writeln!(out, "{}", serde_json::to_string(e)?)?;
+        } else {
+            writeln!(
+                out,
+                "{:>6} {} {:<15} {:<20} {:<22} {:<12} {:<8} {}",
+                e.seq,
+                e.at,
+                e.kind,
+                e.actor,
+                e.tool.as_deref().unwrap_or("-"),
+                e.runner.as_deref().unwrap_or("-"),
+                e.outcome.as_deref().unwrap_or("-"),
+                e.reason.as_deref().unwrap_or("")
+            )?;
+        }
+    }
+    out.flush()?;
+    Ok(0)
+}
+
+/// `audit export`: every event the filters match, page after page, as JSON lines or CSV.
+async fn export(
+    filter: FilterArgs,
+    format: String,
+    db: DbArg,
+    server: AuditorServerArg,
+) -> anyhow::Result<i32> {
+    let mut params = filter.into_params(audit::MAX_PAGE);
+    let source = Source::open(db, server).await?;
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    if format == "csv" {
+        writeln!(out, "{}", CSV_COLUMNS.join(","))?;
+    }
+    loop {
+        let events = source.page(&params).await?;
+        for e in &events {
+            if format == "csv" {
+                writeln!(out, "{}", csv_row(e))?;
+            } else {
+                writeln!(out, "{}", serde_json::to_string(e)?)?;
+            }
+        }
+        match events.last() {
+            Some(last) if events.len() as i64 == audit::MAX_PAGE => {
+                params.cursor = Some(last.seq.to_string())
+            }
+            _ => break,
+        }
+    }
+    out.flush()?;
+    Ok(0)
 }
 
 /// The report of `audit verify` as text: one line for the verdict, then one per listed event.

@@ -191,3 +191,177 @@ pub struct RunnerResult {
     pub error_kind: Option<String>,
     pub duration_ms: u64,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::server::audit::AuditError;
+    use crate::server::runners::client::RunnerError;
+
+    /// One of each refusal. `every_variant_is_here` fails to compile when a variant is added
+    /// and not listed here, so a new kind cannot miss the documents test below.
+    fn one_of_each() -> Vec<CallError> {
+        let id = || "0190c0de-0000-7000-8000-000000000000".to_string();
+        vec![
+            CallError::UnknownTool("x".into()),
+            CallError::Invalid {
+                tool: "x".into(),
+                errors: vec![],
+            },
+            CallError::DeniedByPolicy("x".into()),
+            CallError::OutsideRunnerAllowlist("x".into()),
+            CallError::SignaturesUnsatisfiable("x".into()),
+            CallError::NeedsApprovalSecret { tool: "x".into() },
+            CallError::PreviewFailed("x".into()),
+            CallError::DeniedByHuman {
+                approval_id: id(),
+                by: "ann".into(),
+                note: "no".into(),
+            },
+            CallError::Expired {
+                approval_id: id(),
+                why: "expired".into(),
+            },
+            CallError::Withdrawn { approval_id: id() },
+            CallError::TooManyPending {
+                agent: "a".into(),
+                pending: 20,
+                max: 20,
+            },
+            CallError::RateLimited {
+                agent: "a".into(),
+                per_second: 1,
+                burst: 1,
+                retry_after_ms: 1,
+            },
+            CallError::AuditUnavailable(AuditError::QueueFull),
+            CallError::Approval(ApprovalError::NotFound(id())),
+            CallError::Approval(ApprovalError::Refused("x".into())),
+            CallError::Approval(ApprovalError::WrongState {
+                state: State::Denied,
+                wanted: "pending",
+            }),
+            CallError::Approval(ApprovalError::Audit(AuditError::QueueFull)),
+            CallError::Approval(ApprovalError::Store(sqlx::Error::PoolClosed)),
+            CallError::Cancelled(String::new()),
+        ]
+    }
+
+    #[allow(dead_code)]
+    fn every_variant_is_here(e: &CallError) {
+        // No `_` arm on purpose: a new variant breaks this match until it is in `one_of_each`.
+        match e {
+            CallError::UnknownTool(_)
+            | CallError::Invalid { .. }
+            | CallError::DeniedByPolicy(_)
+            | CallError::OutsideRunnerAllowlist(_)
+            | CallError::SignaturesUnsatisfiable(_)
+            | CallError::NeedsApprovalSecret { .. }
+            | CallError::PreviewFailed(_)
+            | CallError::DeniedByHuman { .. }
+            | CallError::Expired { .. }
+            | CallError::Withdrawn { .. }
+            | CallError::TooManyPending { .. }
+            | CallError::RateLimited { .. }
+            | CallError::AuditUnavailable(_)
+            | CallError::Approval(
+                ApprovalError::NotFound(_)
+                | ApprovalError::Refused(_)
+                | ApprovalError::WrongState { .. }
+                | ApprovalError::Audit(_)
+                | ApprovalError::Store(_),
+            )
+            | CallError::Cancelled(_) => {}
+        }
+    }
+
+    /// The first column of the markdown table whose header's first cell is `header`: the
+    /// backquoted names, in order.
+    fn table_column(doc: &str, header: &str) -> Vec<String> {
+        let mut lines = doc
+            .lines()
+            .skip_while(|l| !l.starts_with(&format!("| {header} |")));
+        assert!(
+            lines.next().is_some(),
+            "docs/agent-guide.md has no table headed `{header}`"
+        );
+        lines
+            .skip(1) // the |---| line
+            .take_while(|l| l.starts_with('|'))
+            .map(|l| {
+                l.split('|')
+                    .nth(1)
+                    .unwrap()
+                    .trim()
+                    .trim_matches('`')
+                    .to_string()
+            })
+            .collect()
+    }
+
+    const AGENT_GUIDE: &str = include_str!("../../../docs/agent-guide.md");
+
+    /// The kinds agents branch on are a contract: every kind the server can send is in the
+    /// agent guide's table, and the table lists no kind the server never sends.
+    /// `unknown_tool` is the one refusal that is a JSON-RPC error, documented below the table.
+    #[test]
+    fn every_refusal_kind_is_documented_and_every_documented_kind_exists() {
+        let mut sent: Vec<&str> = one_of_each().iter().map(CallError::kind).collect();
+        sent.sort();
+        sent.dedup();
+        let mut documented = table_column(AGENT_GUIDE, "`kind`");
+        assert!(AGENT_GUIDE.contains(r#"`{"kind": "unknown_tool"}`"#));
+        documented.push("unknown_tool".into());
+        documented.sort();
+        assert_eq!(
+            sent, documented,
+            "CallError::kind against docs/agent-guide.md's `kind` table"
+        );
+    }
+
+    /// The same for a runner's failure (`error_kind` in a result): `RunnerError::kind`, and
+    /// `outcome_not_recorded`, which the gateway gives when it withholds a result.
+    #[test]
+    fn every_runner_error_kind_is_documented_and_every_documented_kind_exists() {
+        let errors = [
+            RunnerError::Unreachable {
+                detail: String::new(),
+            },
+            RunnerError::Untrusted {
+                detail: String::new(),
+            },
+            RunnerError::Timeout(std::time::Duration::from_secs(1)),
+            RunnerError::Refused {
+                status: 403,
+                reason: None,
+                detail: String::new(),
+            },
+            RunnerError::ActionFailed(String::new()),
+            RunnerError::BadAnswer {
+                detail: String::new(),
+            },
+            RunnerError::CircuitOpen(String::new()),
+        ];
+        for e in &errors {
+            // No `_` arm: a new variant breaks this match until it is in `errors` above.
+            match e {
+                RunnerError::Unreachable { .. }
+                | RunnerError::Untrusted { .. }
+                | RunnerError::Timeout(_)
+                | RunnerError::Refused { .. }
+                | RunnerError::ActionFailed(_)
+                | RunnerError::BadAnswer { .. }
+                | RunnerError::CircuitOpen(_) => {}
+            }
+        }
+        let mut sent: Vec<&str> = errors.iter().map(RunnerError::kind).collect();
+        sent.push("outcome_not_recorded");
+        sent.sort();
+        let mut documented = table_column(AGENT_GUIDE, "`error_kind`");
+        documented.sort();
+        assert_eq!(
+            sent, documented,
+            "RunnerError::kind against docs/agent-guide.md's `error_kind` table"
+        );
+    }
+}

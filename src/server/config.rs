@@ -225,7 +225,7 @@ pub struct RunnerEntry {
 }
 
 impl RunnerEntry {
-    pub fn serves(&self, pack: &str) -> bool {
+    pub(crate) fn serves(&self, pack: &str) -> bool {
         self.packs
             .as_ref()
             .is_none_or(|p| p.iter().any(|x| x == pack))
@@ -287,14 +287,14 @@ impl ServerConfig {
         self.tls_cert_file.is_some()
     }
 
-    pub fn load(path: &Path) -> anyhow::Result<Self> {
+    pub(crate) fn load(path: &Path) -> anyhow::Result<Self> {
         let c: Self = read_toml(path)?;
         c.check()?;
         Ok(c)
     }
 
     /// Checks what serde cannot: unique, well-formed runner names and URLs.
-    pub fn check(&self) -> anyhow::Result<()> {
+    pub(crate) fn check(&self) -> anyhow::Result<()> {
         if let Some(t) = &self.transparency {
             t.check()?;
         }
@@ -382,7 +382,7 @@ impl ServerConfig {
 
     /// The WebAuthn relying party: `[webauthn]`, with what it leaves out taken from
     /// `public_url`; an error naming the setting when neither gives one.
-    pub fn relying_party(
+    pub(crate) fn relying_party(
         &self,
     ) -> Result<crate::protocol::approval::webauthn::RelyingParty, String> {
         // The origin of `public_url` (which may have a path: a portal behind a prefix).
@@ -500,7 +500,7 @@ fn check_rp_id(rp_id: &str) -> Result<(), String> {
 
 /// A runner's URL (`what` names where it came from): https, or http only with
 /// `insecure_http`. The message names the setting, so whoever reads it knows the way out.
-pub fn check_runner_url(what: &str, url: &str, insecure_http: bool) -> anyhow::Result<()> {
+pub(crate) fn check_runner_url(what: &str, url: &str, insecure_http: bool) -> anyhow::Result<()> {
     if url.starts_with("https://") || (url.starts_with("http://") && insecure_http) {
         return Ok(());
     }

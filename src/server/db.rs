@@ -59,7 +59,7 @@ const PING_IDLE: Duration = Duration::from_secs(1);
 /// Connections to PostgreSQL per process: the approval transitions in flight (ten, each
 /// holding one while it waits on the audit writer), the audit writer, the LISTEN connection
 /// and every other store operation.
-pub const PG_POOL_SIZE: u32 = 16;
+pub(crate) const PG_POOL_SIZE: u32 = 16;
 
 #[derive(Clone, Debug)]
 pub enum Pool {
@@ -100,7 +100,7 @@ impl Db {
 
     /// Connects, brings the schema up to date, and says which migrations this call applied
     /// (`version description`, oldest first; empty when the schema was up to date).
-    pub async fn connect_and_migrate(url: &str) -> anyhow::Result<(Self, Vec<String>)> {
+    pub(crate) async fn connect_and_migrate(url: &str) -> anyhow::Result<(Self, Vec<String>)> {
         use anyhow::Context;
         let (pool, applied) = if url.starts_with("postgres://") || url.starts_with("postgresql://")
         {
@@ -204,7 +204,7 @@ impl Db {
 
     /// The text form of a timestamp column in a `SELECT`: fixed-width RFC 3339 UTC with
     /// microseconds, the same on both backends (SQLite stores that text already).
-    pub fn at_text(&self, column: &str) -> String {
+    pub(crate) fn at_text(&self, column: &str) -> String {
         match self.pool {
             Pool::Pg(_) => {
                 format!("to_char({column} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')")
@@ -213,11 +213,11 @@ impl Db {
         }
     }
 
-    pub fn is_postgres(&self) -> bool {
+    pub(crate) fn is_postgres(&self) -> bool {
         matches!(self.pool, Pool::Pg(_))
     }
 
-    pub fn backend(&self) -> &'static str {
+    pub(crate) fn backend(&self) -> &'static str {
         match self.pool {
             Pool::Pg(_) => "postgres",
             Pool::Sqlite(_) => "sqlite",
@@ -244,7 +244,7 @@ impl Db {
     }
 
     /// Returns once the store is believed reachable (at once if it is).
-    pub async fn until_up(&self) {
+    pub(crate) async fn until_up(&self) {
         let mut up = self.gate.up.subscribe();
         let _ = up.wait_for(|up| *up).await;
     }
@@ -253,7 +253,7 @@ impl Db {
     /// connection while the audit writer commits the write's event through another: first
     /// one of `slots` (kept well below the pool size, so the audit writer always finds a
     /// connection), then the transaction. The slot is held until the returned permit drops.
-    pub async fn begin_holding_slot<'s>(
+    pub(crate) async fn begin_holding_slot<'s>(
         &self,
         pool: &PgPool,
         slots: &'s tokio::sync::Semaphore,
@@ -275,7 +275,7 @@ impl Db {
     /// Runs one store operation through the gate: refused at once while the store is down,
     /// cancelled if the store goes down while it waits, and closing the gate if it fails
     /// to reach the store.
-    pub async fn guard<T>(
+    pub(crate) async fn guard<T>(
         &self,
         op: impl Future<Output = Result<T, sqlx::Error>>,
     ) -> Result<T, sqlx::Error> {
@@ -358,7 +358,7 @@ impl Db {
 }
 
 /// Errors that mean the store cannot be reached, as opposed to a bad query.
-pub fn is_connection_error(e: &sqlx::Error) -> bool {
+pub(crate) fn is_connection_error(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::PoolTimedOut => true,
         sqlx::Error::Database(db) => db.code().is_some_and(|code| {
@@ -370,7 +370,7 @@ pub fn is_connection_error(e: &sqlx::Error) -> bool {
 }
 
 /// Hides the password of a database URL, for messages and logs.
-pub fn redact_url(url: &str) -> String {
+pub(crate) fn redact_url(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(scheme_end), Some(at)) if at > scheme_end => {
             let userinfo = &url[scheme_end + 3..at];

@@ -41,11 +41,11 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 /// The most addresses, names or failures a limiter remembers at once.
-pub const MAX_TRACKED: usize = 100_000;
+pub(crate) const MAX_TRACKED: usize = 100_000;
 /// How long an address stays suspect for a name after it failed to log in as that name.
-pub const FAILURE_MEMORY: Duration = Duration::from_secs(15 * 60);
+pub(crate) const FAILURE_MEMORY: Duration = Duration::from_secs(15 * 60);
 /// The longest a suspect attempt waits for its turn before its address is told to retry.
-pub const MAX_PACE: Duration = Duration::from_secs(10);
+pub(crate) const MAX_PACE: Duration = Duration::from_secs(10);
 
 /// The `[login]` section of emisar.toml: attempts per minute (each also the burst).
 #[derive(schemars::JsonSchema, Debug, Clone, Deserialize)]
@@ -99,7 +99,7 @@ impl Default for LoginLimitsConfig {
 }
 
 impl LoginLimitsConfig {
-    pub fn check(&self) -> anyhow::Result<()> {
+    pub(crate) fn check(&self) -> anyhow::Result<()> {
         for (field, value) in [
             ("login.per_address_per_minute", self.per_address_per_minute),
             (
@@ -119,7 +119,7 @@ impl LoginLimitsConfig {
 
 /// Why an attempt was refused: always something about the address it came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     Address,
     /// This address tried this name too often.
     NameAddress,
@@ -130,7 +130,7 @@ pub enum Refusal {
 }
 
 impl Refusal {
-    pub fn message(self) -> &'static str {
+    pub(crate) fn message(self) -> &'static str {
         match self {
             Refusal::Address => "too many login attempts from this address: wait a minute",
             Refusal::NameAddress => {
@@ -175,7 +175,7 @@ fn room<K: std::hash::Hash + Eq + Clone>(
 }
 
 impl LoginLimits {
-    pub fn new(config: &LoginLimitsConfig) -> Self {
+    pub(crate) fn new(config: &LoginLimitsConfig) -> Self {
         LoginLimits {
             by_address: RateLimiter::keyed(per_minute(config.per_address_per_minute)),
             by_name_and_address: RateLimiter::keyed(per_minute(
@@ -189,7 +189,7 @@ impl LoginLimits {
     }
 
     /// The client's address as the limits count it: the peer, or what a trusted proxy says.
-    pub fn client(&self, peer: Option<SocketAddr>, headers: &HeaderMap) -> IpAddr {
+    pub(crate) fn client(&self, peer: Option<SocketAddr>, headers: &HeaderMap) -> IpAddr {
         // Without a peer (a router driven in-process) every such request shares one bucket.
         let peer = peer.map_or(IpAddr::from([0, 0, 0, 0]), |p| p.ip().to_canonical());
         let mut client = peer;
@@ -221,7 +221,7 @@ impl LoginLimits {
     /// One attempt from `client` for `name` (already checked to be an identifier): refused
     /// (the address's own limits), or admitted once its turn has come. Returns how long it
     /// waited.
-    pub async fn admit(&self, client: IpAddr, name: &str) -> Result<Duration, Refusal> {
+    pub(crate) async fn admit(&self, client: IpAddr, name: &str) -> Result<Duration, Refusal> {
         room(&self.by_address)?;
         self.by_address
             .check_key(&client)
@@ -263,7 +263,7 @@ impl LoginLimits {
     }
 
     /// `client` gave a wrong password for `name` (or a name that does not exist).
-    pub fn failed(&self, client: IpAddr, name: &str) {
+    pub(crate) fn failed(&self, client: IpAddr, name: &str) {
         let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
         if failures.len() >= MAX_TRACKED {
             failures.retain(|_, at| at.elapsed() < FAILURE_MEMORY);
@@ -276,7 +276,7 @@ impl LoginLimits {
     }
 
     /// `client` logged in as `name`: it is no longer suspect for it.
-    pub fn succeeded(&self, client: IpAddr, name: &str) {
+    pub(crate) fn succeeded(&self, client: IpAddr, name: &str) {
         self.failures
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -284,7 +284,7 @@ impl LoginLimits {
     }
 
     /// Forgets every bucket that is full again and every failure past [`FAILURE_MEMORY`].
-    pub fn forget_idle(&self) {
+    pub(crate) fn forget_idle(&self) {
         self.by_address.retain_recent();
         self.by_address.shrink_to_fit();
         self.by_name_and_address.retain_recent();
@@ -309,7 +309,7 @@ impl LoginLimits {
     }
 
     /// Forgets idle buckets every `every` until `shutdown`.
-    pub fn spawn_sweeper(self: &Arc<Self>, every: Duration, shutdown: CancellationToken) {
+    pub(crate) fn spawn_sweeper(self: &Arc<Self>, every: Duration, shutdown: CancellationToken) {
         let limits = self.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);

@@ -24,7 +24,7 @@ static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
 /// Installs the recorder once per process and returns the handle that renders it. (Tests run
 /// several servers in one process; they share it.)
-pub fn handle() -> PrometheusHandle {
+pub(crate) fn handle() -> PrometheusHandle {
     HANDLE
         .get_or_init(|| {
             let recorder = PrometheusBuilder::new()
@@ -47,7 +47,7 @@ pub fn handle() -> PrometheusHandle {
 static KNOWN_TOOLS: RwLock<BTreeSet<String>> = RwLock::new(BTreeSet::new());
 
 /// Adds `names` to the tools a `tool` label may name (a gateway calls it with its tools).
-pub fn known_tools<'a>(names: impl IntoIterator<Item = &'a str>) {
+pub(crate) fn known_tools<'a>(names: impl IntoIterator<Item = &'a str>) {
     let mut known = KNOWN_TOOLS.write().unwrap_or_else(|p| p.into_inner());
     known.extend(names.into_iter().map(str::to_owned));
 }
@@ -72,18 +72,18 @@ fn name_label(name: &str) -> String {
     }
 }
 
-pub fn tool_call(tool: &str, outcome: &'static str) {
+pub(crate) fn tool_call(tool: &str, outcome: &'static str) {
     metrics::counter!("emisar_tool_calls_total", "tool" => tool_label(tool), "outcome" => outcome)
         .increment(1);
 }
 
-pub fn runner_call(tool: &str, runner: &str, outcome: &'static str, seconds: f64) {
+pub(crate) fn runner_call(tool: &str, runner: &str, outcome: &'static str, seconds: f64) {
     metrics::counter!("emisar_runner_calls_total", "tool" => tool_label(tool), "runner" => name_label(runner), "outcome" => outcome)
         .increment(1);
     metrics::histogram!("emisar_runner_call_seconds", "tool" => tool_label(tool), "runner" => name_label(runner)).record(seconds);
 }
 
-pub fn audit_batch(size: usize, seconds: f64, ok: bool) {
+pub(crate) fn audit_batch(size: usize, seconds: f64, ok: bool) {
     metrics::histogram!("emisar_audit_batch_size").record(size as f64);
     metrics::histogram!("emisar_audit_append_seconds").record(seconds);
     if !ok {
@@ -92,12 +92,12 @@ pub fn audit_batch(size: usize, seconds: f64, ok: bool) {
 }
 
 /// The size of the latest checkpoint the log key signed.
-pub fn checkpoint_made(size: u64) {
+pub(crate) fn checkpoint_made(size: u64) {
     metrics::gauge!("emisar_checkpoint_size").set(size as f64);
 }
 
 /// The size of the latest checkpoint the witness quorum cosigned.
-pub fn checkpoint_witnessed(size: u64) {
+pub(crate) fn checkpoint_witnessed(size: u64) {
     metrics::gauge!("emisar_checkpoint_witnessed_size").set(size as f64);
 }
 
@@ -105,23 +105,23 @@ pub fn checkpoint_witnessed(size: u64) {
 /// `witness` is the name of its key (`witness.example.org/w1`), as listed in the operator's
 /// `[transparency]`: a bounded set, so the label is the name itself (an identifier check
 /// would turn every such name, with its dots and slash, into `unknown`).
-pub fn witness_refused(witness: &str, status: Option<u16>) {
+pub(crate) fn witness_refused(witness: &str, status: Option<u16>) {
     let status = status.map_or_else(|| "unreachable".to_owned(), |s| s.to_string());
     metrics::counter!("emisar_witness_refusals_total", "witness" => witness.to_owned(), "status" => status)
         .increment(1);
 }
 
 /// Seconds from a batch's oldest event being handed to the writer until it was durable.
-pub fn audit_lag(seconds: f64) {
+pub(crate) fn audit_lag(seconds: f64) {
     metrics::histogram!("emisar_audit_lag_seconds").record(seconds);
 }
 
-pub fn breaker_state(runner: &str, level: u8) {
+pub(crate) fn breaker_state(runner: &str, level: u8) {
     metrics::gauge!("emisar_runner_breaker_state", "runner" => name_label(runner))
         .set(level as f64);
 }
 
-pub fn runner_up(runner: &str, up: bool) {
+pub(crate) fn runner_up(runner: &str, up: bool) {
     metrics::gauge!("emisar_runner_up", "runner" => name_label(runner)).set(if up {
         1.0
     } else {
@@ -129,43 +129,43 @@ pub fn runner_up(runner: &str, up: bool) {
     });
 }
 
-pub fn rate_limited(agent: &str) {
+pub(crate) fn rate_limited(agent: &str) {
     metrics::counter!("emisar_rate_limited_total", "agent" => name_label(agent)).increment(1);
 }
 
 /// A refusal was counted into an aggregate rather than written on its own. `kind` is an audit
 /// event kind (a constant), `how` is `counted` or `folded`.
-pub fn refusal_counted(kind: &'static str, how: &'static str) {
+pub(crate) fn refusal_counted(kind: &'static str, how: &'static str) {
     metrics::counter!("emisar_audit_refusals_counted_total", "kind" => kind, "how" => how)
         .increment(1);
 }
 
 /// A join was refused by the per-address join limit, before the store was asked.
-pub fn join_rate_limited() {
+pub(crate) fn join_rate_limited() {
     metrics::counter!("emisar_join_rate_limited_total").increment(1);
 }
 
 /// A webhook delivery finished: `delivered`, `refused` (4xx) or `failed` (after retries).
-pub fn webhook_delivery(host: &str, outcome: &'static str) {
+pub(crate) fn webhook_delivery(host: &str, outcome: &'static str) {
     metrics::counter!("emisar_webhook_deliveries_total", "host" => host.to_owned(), "outcome" => outcome)
         .increment(1);
 }
 
 /// A notice never reached a webhook's queue: `queue_full` or `stopped`.
-pub fn webhook_dropped(host: &str, reason: &'static str) {
+pub(crate) fn webhook_dropped(host: &str, reason: &'static str) {
     metrics::counter!("emisar_webhook_dropped_total", "host" => host.to_owned(), "reason" => reason)
         .increment(1);
 }
 
 /// A sign-in through the OpenID provider ended: `ok`, or why it was refused (a stable code
 /// such as `nonce_mismatch`, never text from the request).
-pub fn oidc_sign_in(outcome: &'static str) {
+pub(crate) fn oidc_sign_in(outcome: &'static str) {
     metrics::counter!("emisar_oidc_sign_ins_total", "outcome" => outcome).increment(1);
 }
 
 /// A bearer token on `/mcp` that is not emisar's own was refused as an OAuth access token,
 /// by the check it failed (`expired`, `wrong_audience`, `unknown_key`, ...).
-pub fn oauth_refused(code: &'static str) {
+pub(crate) fn oauth_refused(code: &'static str) {
     metrics::counter!("emisar_oauth_refused_total", "check" => code).increment(1);
 }
 

@@ -21,11 +21,11 @@ use crate::server::db::Db;
 use crate::with_pool;
 
 /// How long a registration challenge is good for.
-pub const CHALLENGE_TTL: Duration = Duration::from_secs(5 * 60);
+pub(crate) const CHALLENGE_TTL: Duration = Duration::from_secs(5 * 60);
 /// The longest name a person gives a passkey, in characters.
-pub const MAX_NAME_CHARS: usize = 64;
+pub(crate) const MAX_NAME_CHARS: usize = 64;
 /// The most passkeys one person may register.
-pub const MAX_PER_PERSON: i64 = 20;
+pub(crate) const MAX_PER_PERSON: i64 = 20;
 /// The longest attestation object or client data accepted, in bytes (base64url decoded).
 const MAX_CEREMONY_BYTES: usize = 16 * 1024;
 
@@ -94,7 +94,7 @@ impl Passkey {
 
 /// Starts a registration for `user`, from the session or token `owner`: a fresh random
 /// challenge replaces any earlier one of the same owner. Returns the challenge.
-pub async fn start(db: &Db, owner: &str, user: &str) -> Result<[u8; 32], PasskeyError> {
+pub(crate) async fn start(db: &Db, owner: &str, user: &str) -> Result<[u8; 32], PasskeyError> {
     let mut challenge = [0u8; 32];
     getrandom::fill(&mut challenge)
         .map_err(|e| PasskeyError::Invalid(format!("failed to get random bytes: {e}")))?;
@@ -120,7 +120,7 @@ pub async fn start(db: &Db, owner: &str, user: &str) -> Result<[u8; 32], Passkey
 }
 
 /// What the browser's `navigator.credentials.create` returned, as the finish route reads it.
-pub struct Registration<'a> {
+pub(crate) struct Registration<'a> {
     pub name: &'a str,
     /// base64url, as the browser's `rawId`.
     pub credential_id: &'a str,
@@ -130,7 +130,7 @@ pub struct Registration<'a> {
 
 /// Finishes the registration `owner` started for `user`: takes (and so uses up) its
 /// challenge, checks the browser's answer against it and `rp`, audits, stores.
-pub async fn finish(
+pub(crate) async fn finish(
     db: &Db,
     audit: &AuditLog,
     rp: &RelyingParty,
@@ -290,7 +290,7 @@ pub async fn of_user(db: &Db, user: &str) -> Result<Vec<Passkey>, PasskeyError> 
 }
 
 /// The passkey with this credential id (base64url), whoever's it is.
-pub async fn find_by_credential(
+pub(crate) async fn find_by_credential(
     db: &Db,
     credential_id: &str,
 ) -> Result<Option<Passkey>, PasskeyError> {
@@ -325,7 +325,7 @@ pub async fn touch(db: &Db, credential_id: &str) -> Result<(), PasskeyError> {
 
 /// Removes passkey `id`: the caller's own, or anyone's for an admin (`any_owner`). Audited
 /// before it is deleted.
-pub async fn remove(
+pub(crate) async fn remove(
     db: &Db,
     audit: &AuditLog,
     id: &str,

@@ -31,7 +31,7 @@ pub enum Role {
 }
 
 impl Role {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Role::Agent => "agent",
             Role::Auditor => "auditor",
@@ -54,7 +54,7 @@ impl Role {
     }
 
     /// The broadest of `roles` (people only), or [`Role::None`] when there is none.
-    pub fn broadest(roles: &[Role]) -> Role {
+    pub(crate) fn broadest(roles: &[Role]) -> Role {
         roles
             .iter()
             .copied()
@@ -63,7 +63,7 @@ impl Role {
             .unwrap_or(Role::None)
     }
 
-    pub fn parse(s: &str) -> Result<Role, String> {
+    pub(crate) fn parse(s: &str) -> Result<Role, String> {
         match s {
             "agent" => Ok(Role::Agent),
             "auditor" => Ok(Role::Auditor),
@@ -102,7 +102,12 @@ pub struct Principal {
 
 impl Principal {
     /// A caller with one role, acting for nobody: a token's, or a local user's.
-    pub fn new(name: String, token_id: String, role: Role, selector: Option<Selector>) -> Self {
+    pub(crate) fn new(
+        name: String,
+        token_id: String,
+        role: Role,
+        selector: Option<Selector>,
+    ) -> Self {
         Principal {
             name,
             token_id,
@@ -115,7 +120,7 @@ impl Principal {
 
     /// How the audit log names this caller: `<role>:<name>`, or a provider person's own
     /// `person:<id>` (their roles at sign-in are in their `login` event).
-    pub fn actor(&self) -> String {
+    pub(crate) fn actor(&self) -> String {
         if self.name.starts_with(PERSON_PREFIX) {
             return self.name.clone();
         }

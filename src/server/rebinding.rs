@@ -66,7 +66,7 @@ impl HostPort {
 /// An origin (RFC 6454): scheme, host and port, the port filled in from the scheme when the
 /// serialization leaves it out.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Origin {
+pub(crate) struct Origin {
     scheme: String,
     host: String,
     port: u16,
@@ -75,7 +75,7 @@ pub struct Origin {
 impl Origin {
     /// `scheme://host[:port]` (`http` or `https`, nothing after the authority but an optional
     /// `/`), or a message naming the rule it broke (without echoing it).
-    pub fn parse(text: &str) -> Result<Origin, String> {
+    pub(crate) fn parse(text: &str) -> Result<Origin, String> {
         let uri: Uri = text
             .trim()
             .parse()
@@ -101,18 +101,18 @@ impl Origin {
     }
 
     /// The host, lowercase (an IPv6 address without brackets).
-    pub fn host(&self) -> &str {
+    pub(crate) fn host(&self) -> &str {
         &self.host
     }
 
     /// `http` or `https`.
-    pub fn scheme(&self) -> &str {
+    pub(crate) fn scheme(&self) -> &str {
         &self.scheme
     }
 
     /// The origin as a browser serializes it: `scheme://host`, with `:port` only when it is
     /// not the scheme's default.
-    pub fn serialized(&self) -> String {
+    pub(crate) fn serialized(&self) -> String {
         let default = if self.scheme == "https" { 443 } else { 80 };
         let host = if self.host.contains(':') {
             format!("[{}]", self.host)
@@ -140,7 +140,7 @@ impl Origin {
 
 /// The hosts and origins this server answers to.
 #[derive(Debug, Clone)]
-pub struct Allowed {
+pub(crate) struct Allowed {
     /// A host without a port allows every port; with one, only that port.
     hosts: Vec<HostPort>,
     /// Origins besides the server's own that may call `/mcp`.
@@ -151,7 +151,7 @@ impl Allowed {
     /// `hosts` as in `allowed_hosts` (`name` or `name:port`), `origins` as in
     /// `allowed_origins`. Entries that do not parse allow nothing (the configuration check
     /// refuses them before the server starts).
-    pub fn new(hosts: &[String], origins: &[String]) -> Allowed {
+    pub(crate) fn new(hosts: &[String], origins: &[String]) -> Allowed {
         Allowed {
             hosts: hosts.iter().filter_map(|h| HostPort::allowed(h)).collect(),
             origins: origins
@@ -210,7 +210,11 @@ impl Allowed {
 }
 
 /// The middleware: refuses a request whose `Host` or `Origin` is not this server's.
-pub async fn check(State(allowed): State<Arc<Allowed>>, req: Request, next: Next) -> Response {
+pub(crate) async fn check(
+    State(allowed): State<Arc<Allowed>>,
+    req: Request,
+    next: Next,
+) -> Response {
     if let Err(refusal) = allowed.check(req.uri(), req.headers()) {
         tracing::warn!(
             path = %req.uri().path(),

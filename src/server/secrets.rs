@@ -11,7 +11,7 @@ use sha2::Sha256;
 
 /// The shortest key accepted, in bytes.
 const MIN_KEY_LEN: usize = 32;
-pub const PREFIX: &str = "hmac-sha256:";
+pub(crate) const PREFIX: &str = "hmac-sha256:";
 
 #[derive(Clone)]
 pub struct AuditKey(Vec<u8>);

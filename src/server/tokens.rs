@@ -101,7 +101,7 @@ pub async fn issue_scoped(
 }
 
 /// Whether `token` is one of emisar's own (as opposed to an OAuth access token).
-pub fn is_emisar_token(token: &str) -> bool {
+pub(crate) fn is_emisar_token(token: &str) -> bool {
     token.starts_with(PREFIX)
 }
 
@@ -148,7 +148,7 @@ async fn authenticate_until(
 /// Recently authenticated tokens, so a request does not need the store just to say who it
 /// is. A revoked token keeps working on a replica for at most [`CACHE_TTL`]; an expired one
 /// not at all (each entry carries its token's `expires_at`, checked on every use).
-pub struct TokenCache {
+pub(crate) struct TokenCache {
     entries: std::sync::Mutex<std::collections::HashMap<String, Cached>>,
 }
 
@@ -180,7 +180,7 @@ impl TokenCache {
     /// reached, a token seen in the last [`STALE_MAX`] still names its caller: nothing can
     /// run without the store anyway (the audit log fails closed), but the caller then gets
     /// that clear refusal instead of an anonymous 503.
-    pub async fn authenticate(
+    pub(crate) async fn authenticate(
         &self,
         db: &Db,
         token: &str,
@@ -247,7 +247,7 @@ impl TokenCache {
 }
 
 /// How old a cached authentication may be and still name its caller during a store outage.
-pub const STALE_MAX: Duration = Duration::from_secs(600);
+pub(crate) const STALE_MAX: Duration = Duration::from_secs(600);
 
 /// Revokes a token by id. Returns false if no such live token exists.
 pub async fn revoke(db: &Db, audit: &AuditLog, id: &str, revoked_by: &str) -> anyhow::Result<bool> {
@@ -271,7 +271,7 @@ pub async fn revoke(db: &Db, audit: &AuditLog, id: &str, revoked_by: &str) -> an
 }
 
 /// Parses a lifetime such as `90s`, `30m`, `12h` or `30d`.
-pub fn parse_ttl(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_ttl(text: &str) -> Result<Duration, String> {
     let (number, unit) = text.split_at(
         text.find(|c: char| !c.is_ascii_digit())
             .unwrap_or(text.len()),

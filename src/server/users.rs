@@ -18,12 +18,12 @@ use crate::server::principal::Role;
 use crate::with_pool;
 
 /// How long a portal session lasts.
-pub const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
+pub(crate) const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
 /// The shortest password `emisar user add` accepts.
-pub const MIN_PASSWORD: usize = 12;
+pub(crate) const MIN_PASSWORD: usize = 12;
 /// The longest password, in bytes, anywhere: checked before hashing, so a 2 MB "password"
 /// costs nothing.
-pub const MAX_PASSWORD: usize = 1024;
+pub(crate) const MAX_PASSWORD: usize = 1024;
 /// The longest a login waits for a turn at password hashing before it is told to retry.
 const HASHING_WAIT: Duration = Duration::from_secs(10);
 
@@ -67,7 +67,7 @@ pub struct Session {
 
 impl Session {
     /// How the audit log names the person of this session.
-    pub fn actor(&self) -> String {
+    pub(crate) fn actor(&self) -> String {
         if self.display_name.is_some() {
             self.user.clone()
         } else {
@@ -77,7 +77,7 @@ impl Session {
 }
 
 /// 256 random bits, URL-safe.
-pub fn random_token() -> Result<String, UserError> {
+pub(crate) fn random_token() -> Result<String, UserError> {
     let mut bytes = [0u8; 32];
     getrandom::fill(&mut bytes)
         .map_err(|e| UserError::Invalid(format!("failed to get random bytes: {e}")))?;
@@ -166,7 +166,7 @@ pub async fn add(
 /// Removes a person: their sessions end and their API tokens are revoked at once (a
 /// replica that cached a token stops accepting it within 10 s). Their past votes stay in
 /// the approval history and the audit log.
-pub async fn remove(
+pub(crate) async fn remove(
     db: &Db,
     audit: &AuditLog,
     name: &str,
@@ -200,7 +200,7 @@ pub async fn remove(
 
 /// A person as `emisar user list` shows them (never the password hash).
 #[derive(Debug, Clone)]
-pub struct UserInfo {
+pub(crate) struct UserInfo {
     pub name: String,
     pub role: String,
     pub created_at: String,
@@ -209,7 +209,7 @@ pub struct UserInfo {
 }
 
 /// Every local user, by name.
-pub async fn list(db: &Db) -> Result<Vec<UserInfo>, UserError> {
+pub(crate) async fn list(db: &Db) -> Result<Vec<UserInfo>, UserError> {
     let now = format_at(chrono::Utc::now());
     let sql = format!(
         "SELECT u.name, u.role, {}, (SELECT COUNT(*) FROM sessions s WHERE s.user_name = u.name AND s.expires_at > $1::timestamptz) FROM users u ORDER BY u.name",
@@ -230,7 +230,7 @@ pub async fn list(db: &Db) -> Result<Vec<UserInfo>, UserError> {
 
 /// What a role or password change ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Ended {
+pub(crate) struct Ended {
     pub sessions: u64,
     pub tokens: u64,
 }
@@ -238,7 +238,7 @@ pub struct Ended {
 /// Changes a person's role. Their portal sessions end, and their API tokens are revoked:
 /// a token carries the role it was issued with, so one issued before the change would keep
 /// acting with the old role. Audited before it is written.
-pub async fn set_role(
+pub(crate) async fn set_role(
     db: &Db,
     audit: &AuditLog,
     name: &str,
@@ -281,7 +281,7 @@ pub async fn set_role(
 /// Changes a person's password (the same rules as [`add`]). Their portal sessions end;
 /// their API tokens stay (they do not depend on the password). Audited before it is written,
 /// the password never.
-pub async fn set_password(
+pub(crate) async fn set_password(
     db: &Db,
     audit: &AuditLog,
     name: &str,
@@ -325,7 +325,7 @@ pub async fn set_password(
 }
 
 /// The role of user `name`, if they exist.
-pub async fn role_of(db: &Db, name: &str) -> Result<Option<Role>, UserError> {
+pub(crate) async fn role_of(db: &Db, name: &str) -> Result<Option<Role>, UserError> {
     let role = with_pool!(db, pool => sqlx::query_scalar::<_, String>("SELECT role FROM users WHERE name = $1")
         .bind(name)
         .fetch_optional(pool)
@@ -417,7 +417,7 @@ pub async fn login(
 }
 
 /// The shape checks of a login, which need neither the store nor a hash.
-pub fn check_login(name: &str, password: &str) -> Result<(), UserError> {
+pub(crate) fn check_login(name: &str, password: &str) -> Result<(), UserError> {
     crate::util::door::identifier("name", name).map_err(UserError::Invalid)?;
     crate::util::door::secret("password", password, MAX_PASSWORD).map_err(UserError::Invalid)
 }
@@ -449,7 +449,7 @@ pub async fn session(db: &Db, id: &str) -> Result<Option<Session>, UserError> {
 }
 
 /// Ends a session.
-pub async fn logout(db: &Db, audit: &AuditLog, s: &Session) -> Result<(), UserError> {
+pub(crate) async fn logout(db: &Db, audit: &AuditLog, s: &Session) -> Result<(), UserError> {
     with_pool!(db, pool => sqlx::query("DELETE FROM sessions WHERE id_hash = $1").bind(&s.id_hash).execute(pool).await.map(|_| ())?);
     audit
         .append(NewEvent {
@@ -463,7 +463,7 @@ pub async fn logout(db: &Db, audit: &AuditLog, s: &Session) -> Result<(), UserEr
 }
 
 /// Compares two secrets in time independent of where they differ.
-pub fn same_secret(a: &str, b: &str) -> bool {
+pub(crate) fn same_secret(a: &str, b: &str) -> bool {
     let (a, b) = (a.as_bytes(), b.as_bytes());
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }

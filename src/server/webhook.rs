@@ -23,11 +23,11 @@ use tokio_util::sync::CancellationToken;
 use crate::util::Backoff;
 
 /// Notices waiting for one hook; past this, new ones are dropped.
-pub const QUEUE: usize = 1024;
+pub(crate) const QUEUE: usize = 1024;
 /// Deliveries in flight to one hook at once.
-pub const CONCURRENCY: usize = 16;
+pub(crate) const CONCURRENCY: usize = 16;
 /// Attempts per delivery, the first included.
-pub const MAX_ATTEMPTS: u32 = 5;
+pub(crate) const MAX_ATTEMPTS: u32 = 5;
 
 #[derive(
     schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize,
@@ -77,7 +77,7 @@ impl fmt::Debug for WebhookConfig {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum WebhookError {
+pub(crate) enum WebhookError {
     #[error("`{field}`: {rule}")]
     Invalid { field: String, rule: String },
 }
@@ -85,7 +85,7 @@ pub enum WebhookError {
 impl WebhookConfig {
     /// The URL, checked: absolute, http or https, with a host. `field` is how the config names
     /// this hook's url (`webhooks[0].url`). The error never repeats the URL.
-    pub fn parse_url(&self, field: &str) -> Result<Url, WebhookError> {
+    pub(crate) fn parse_url(&self, field: &str) -> Result<Url, WebhookError> {
         let invalid = |rule: String| WebhookError::Invalid {
             field: field.to_owned(),
             rule,
@@ -105,7 +105,7 @@ impl WebhookConfig {
 }
 
 /// Checks every hook's URL, naming each as `webhooks[i].url`.
-pub fn validate(hooks: &[WebhookConfig]) -> Result<(), WebhookError> {
+pub(crate) fn validate(hooks: &[WebhookConfig]) -> Result<(), WebhookError> {
     for (i, hook) in hooks.iter().enumerate() {
         hook.parse_url(&format!("webhooks[{i}].url"))?;
     }
@@ -114,7 +114,7 @@ pub fn validate(hooks: &[WebhookConfig]) -> Result<(), WebhookError> {
 
 /// A new pending approval request, as hooks are told about it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Notice {
+pub(crate) struct Notice {
     pub approval_id: String,
     pub tool: String,
     pub runners: Vec<String>,
@@ -205,7 +205,7 @@ struct Hook {
 
 /// Hands notices to the hooks' workers. Cheap to clone.
 #[derive(Clone)]
-pub struct Notifier {
+pub(crate) struct Notifier {
     /// One queue per hook, with the host for logs. Empty when no hook is configured.
     queues: Arc<[(String, mpsc::Sender<Arc<Notice>>)]>,
 }
@@ -213,7 +213,7 @@ pub struct Notifier {
 impl Notifier {
     /// Starts one worker per hook (on the current tokio runtime). Hooks with an invalid URL
     /// are logged and left out; validate the config with [`validate`] to refuse them instead.
-    pub fn start(hooks: Vec<WebhookConfig>, shutdown: CancellationToken) -> Notifier {
+    pub(crate) fn start(hooks: Vec<WebhookConfig>, shutdown: CancellationToken) -> Notifier {
         Notifier::start_with(hooks, shutdown, Settings::default())
     }
 
@@ -273,7 +273,7 @@ impl Notifier {
 
     /// Queues `notice` for every hook and returns at once. A hook whose queue is full (or
     /// whose worker has stopped) misses it, with a warn log and a metric.
-    pub fn notify(&self, notice: Notice) {
+    pub(crate) fn notify(&self, notice: Notice) {
         let notice = Arc::new(notice);
         for (host, queue) in self.queues.iter() {
             let reason = match queue.try_send(notice.clone()) {

@@ -38,31 +38,31 @@ pub mod kind {
     pub const CALL_EXECUTED: &str = "call.executed";
     /// The action failed or the runner could not be reached.
     pub const CALL_FAILED: &str = "call.failed";
-    pub const TOKEN_ISSUED: &str = "token.issued";
-    pub const TOKEN_REVOKED: &str = "token.revoked";
-    pub const SERVER_STARTED: &str = "server.started";
+    pub(crate) const TOKEN_ISSUED: &str = "token.issued";
+    pub(crate) const TOKEN_REVOKED: &str = "token.revoked";
+    pub(crate) const SERVER_STARTED: &str = "server.started";
     /// A call that needs humans became a pending approval request.
-    pub const APPROVAL_REQUESTED: &str = "approval.requested";
+    pub(crate) const APPROVAL_REQUESTED: &str = "approval.requested";
     /// One approver said yes (the detail says whether that settled it).
-    pub const APPROVAL_APPROVED: &str = "approval.approved";
-    pub const APPROVAL_DENIED: &str = "approval.denied";
-    pub const APPROVAL_EXPIRED: &str = "approval.expired";
+    pub(crate) const APPROVAL_APPROVED: &str = "approval.approved";
+    pub(crate) const APPROVAL_DENIED: &str = "approval.denied";
+    pub(crate) const APPROVAL_EXPIRED: &str = "approval.expired";
     /// The agent cancelled its call while the request was still pending.
-    pub const APPROVAL_WITHDRAWN: &str = "approval.withdrawn";
+    pub(crate) const APPROVAL_WITHDRAWN: &str = "approval.withdrawn";
     /// An approved request was claimed for execution; written before any runner is called.
-    pub const APPROVAL_EXECUTING: &str = "approval.executing";
+    pub(crate) const APPROVAL_EXECUTING: &str = "approval.executing";
     /// Execution was interrupted (a crash) and its outcome is not known; never re-run.
-    pub const CALL_UNKNOWN: &str = "call.unknown";
-    pub const POLICY_LOADED: &str = "policy.loaded";
-    pub const USER_ADDED: &str = "user.added";
-    pub const USER_REMOVED: &str = "user.removed";
+    pub(crate) const CALL_UNKNOWN: &str = "call.unknown";
+    pub(crate) const POLICY_LOADED: &str = "policy.loaded";
+    pub(crate) const USER_ADDED: &str = "user.added";
+    pub(crate) const USER_REMOVED: &str = "user.removed";
     /// A person's role changed; their sessions ended and their API tokens were revoked.
-    pub const USER_ROLE_CHANGED: &str = "user.role_changed";
+    pub(crate) const USER_ROLE_CHANGED: &str = "user.role_changed";
     /// A person's password changed; their sessions ended.
-    pub const USER_PASSWORD_CHANGED: &str = "user.password_changed";
-    pub const LOGIN: &str = "login";
-    pub const LOGIN_FAILED: &str = "login.failed";
-    pub const LOGOUT: &str = "logout";
+    pub(crate) const USER_PASSWORD_CHANGED: &str = "user.password_changed";
+    pub(crate) const LOGIN: &str = "login";
+    pub(crate) const LOGIN_FAILED: &str = "login.failed";
+    pub(crate) const LOGOUT: &str = "logout";
     /// The fleet's events (src/server/fleet/).
     pub const JOIN_TOKEN_ISSUED: &str = "join_token.issued";
     pub const JOIN_TOKEN_REVOKED: &str = "join_token.revoked";
@@ -74,16 +74,16 @@ pub mod kind {
     pub const RUNNER_REMOVED: &str = "runner.removed";
     /// A person registered a passkey (`server/passkeys.rs`); the detail names the credential
     /// id, its algorithm and the SHA-256 of its public key.
-    pub const PASSKEY_REGISTERED: &str = "passkey.registered";
-    pub const PASSKEY_REMOVED: &str = "passkey.removed";
+    pub(crate) const PASSKEY_REGISTERED: &str = "passkey.registered";
+    pub(crate) const PASSKEY_REMOVED: &str = "passkey.removed";
     /// The repeats of one caller's refusals of one kind and class in one window, counted
     /// instead of written one by one (`audit/refusals.rs`); the detail has the count, the
     /// first and last repeat, and the kind they would have been.
-    pub const REFUSAL_REPEATED: &str = "refusal.repeated";
+    pub(crate) const REFUSAL_REPEATED: &str = "refusal.repeated";
     /// A witness refused a checkpoint of this log (`audit/checkpoints.rs`): a split view, a
     /// tree that does not extend what it cosigned, or a bad signature; the detail names the
     /// witness, the size and its answer.
-    pub const WITNESS_REFUSED: &str = "witness.refused";
+    pub(crate) const WITNESS_REFUSED: &str = "witness.refused";
 }
 
 /// An event as a caller hands it to the writer.
@@ -118,7 +118,7 @@ pub mod hash_v {
     pub const VALUE: i16 = 1;
     /// `args` and `detail` are stored as the canonical JSON text that was hashed, and hashed
     /// again exactly as stored.
-    pub const TEXT: i16 = 2;
+    pub(crate) const TEXT: i16 = 2;
 }
 
 /// A sealed event and the text of its JSON columns, exactly as hashed and to be stored.
@@ -133,7 +133,7 @@ impl Event {
     /// `new` as event number `seq` after `prev_hash`, carrying `hash` in the current format:
     /// the one place a caller's event becomes a stored one, for sealing and for handing the
     /// appended event back.
-    pub fn from_new(
+    pub(crate) fn from_new(
         new: NewEvent,
         seq: i64,
         id: String,
@@ -192,7 +192,7 @@ pub fn format_at(t: chrono::DateTime<chrono::Utc>) -> String {
 /// machinery was ~6 % of `audit verify`'s CPU): verify formats the `at` of every event it
 /// reads, and PostgreSQL's `to_char` doing the same cost the database ~1.8 s of CPU per
 /// 1,000,000 events.
-pub fn write_at(out: &mut String, t: chrono::DateTime<chrono::Utc>) {
+pub(crate) fn write_at(out: &mut String, t: chrono::DateTime<chrono::Utc>) {
     use chrono::{Datelike, Timelike};
     let n = t.naive_utc();
     let (year, micros) = (n.year(), t.timestamp_subsec_micros());
@@ -257,7 +257,7 @@ impl VerifyReport {
 
 /// The event just before the first one a verifier is fed (`verify --since`).
 #[derive(Debug, Clone)]
-pub struct Anchor {
+pub(crate) struct Anchor {
     pub seq: i64,
     pub hash: String,
     pub at: String,
@@ -266,7 +266,7 @@ pub struct Anchor {
 /// One stored event as the verifier sees it: its links, its stored hash, and its event text
 /// as built from the stored columns.
 #[derive(Debug, Clone, Copy)]
-pub struct StoredEvent<'a> {
+pub(crate) struct StoredEvent<'a> {
     pub seq: i64,
     pub at: &'a str,
     pub prev_hash: &'a str,
@@ -279,7 +279,7 @@ pub struct StoredEvent<'a> {
 /// needs to know whether one event was altered or everything after it, and a chain broken
 /// once must not hide what follows.
 #[derive(Debug)]
-pub struct Verifier {
+pub(crate) struct Verifier {
     report: VerifyReport,
     prev: Option<Anchor>,
     /// With `verify --checkpoint`: the Merkle tree's right edge, grown with the leaf of each
@@ -288,7 +288,7 @@ pub struct Verifier {
 }
 
 impl Verifier {
-    pub fn new(anchor: Option<Anchor>) -> Self {
+    pub(crate) fn new(anchor: Option<Anchor>) -> Self {
         Verifier {
             report: VerifyReport::default(),
             prev: anchor,
@@ -299,7 +299,7 @@ impl Verifier {
     /// A verifier that also grows `tree` (whose size is the anchor's seq) with every event up
     /// to seq `upto`, from the hash recomputed from the event's fields: the root then commits
     /// to what the events say, whatever hash is stored.
-    pub fn growing(anchor: Option<Anchor>, tree: Frontier, upto: u64) -> Self {
+    pub(crate) fn growing(anchor: Option<Anchor>, tree: Frontier, upto: u64) -> Self {
         Verifier {
             tree: Some((tree, upto)),
             ..Verifier::new(anchor)
@@ -307,7 +307,7 @@ impl Verifier {
     }
 
     /// Checks one event against its predecessor and its stored hash.
-    pub fn feed(&mut self, e: StoredEvent<'_>) {
+    pub(crate) fn feed(&mut self, e: StoredEvent<'_>) {
         let mut problems = Vec::new();
         match &self.prev {
             None => {
@@ -401,12 +401,12 @@ impl Verifier {
         }
     }
 
-    pub fn finish(self) -> VerifyReport {
+    pub(crate) fn finish(self) -> VerifyReport {
         self.report
     }
 
     /// The report, and the tree grown (see [`Verifier::growing`]).
-    pub fn finish_growing(self) -> (VerifyReport, Option<Frontier>) {
+    pub(crate) fn finish_growing(self) -> (VerifyReport, Option<Frontier>) {
         (self.report, self.tree.map(|(tree, _)| tree))
     }
 }

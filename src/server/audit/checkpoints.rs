@@ -77,7 +77,7 @@ fn default_every() -> u64 {
 
 impl TransparencyConfig {
     /// Refuses what cannot work, naming the field.
-    pub fn check(&self) -> anyhow::Result<()> {
+    pub(crate) fn check(&self) -> anyhow::Result<()> {
         if self.checkpoint_interval_ms == 0 || self.checkpoint_every_events == 0 {
             anyhow::bail!(
                 "transparency.checkpoint_interval_ms and checkpoint_every_events must be at least 1"
@@ -105,7 +105,7 @@ impl TransparencyConfig {
 }
 
 /// Reads the log key (refused when others may read it).
-pub fn read_log_key(path: &std::path::Path) -> anyhow::Result<NoteKey> {
+pub(crate) fn read_log_key(path: &std::path::Path) -> anyhow::Result<NoteKey> {
     let text = crate::util::files::read_private(path, "the audit log's")?;
     NoteKey::parse(&text).with_context(|| format!("{} is not a signed-note key", path.display()))
 }
@@ -130,7 +130,7 @@ pub struct Stored {
 
 impl Stored {
     /// The note with every cosignature appended: what an auditor keeps and a runner checks.
-    pub fn cosigned(&self) -> String {
+    pub(crate) fn cosigned(&self) -> String {
         let mut text = self.note.clone();
         for line in &self.cosignatures {
             text.push_str(line);
@@ -170,7 +170,7 @@ pub async fn latest(db: &Db, min_cosigned: usize) -> Result<Option<Stored>, sqlx
 }
 
 /// Every stored checkpoint's size and note, oldest first (for `audit verify --checkpoint`).
-pub async fn all(db: &Db) -> Result<Vec<(u64, String)>, sqlx::Error> {
+pub(crate) async fn all(db: &Db) -> Result<Vec<(u64, String)>, sqlx::Error> {
     let rows: Vec<(i64, String)> = db
         .guard(async {
             crate::with_pool!(db, pool => sqlx::query_as(
@@ -280,13 +280,13 @@ impl Checkpointer {
     }
 
     /// The log's verifier key (for auditors, witnesses and runners).
-    pub fn verifier_key(&self) -> String {
+    pub(crate) fn verifier_key(&self) -> String {
         self.key.verifier_key()
     }
 
     /// Runs until `shutdown`: a checkpoint every interval, or sooner when `every` events
     /// were appended.
-    pub fn spawn(mut self, mut appended: watch::Receiver<i64>, shutdown: CancellationToken) {
+    pub(crate) fn spawn(mut self, mut appended: watch::Receiver<i64>, shutdown: CancellationToken) {
         tokio::spawn(async move {
             loop {
                 let due = self.last_size + self.every;

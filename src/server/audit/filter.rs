@@ -83,7 +83,10 @@ pub struct AuditParams {
 
 impl AuditFilter {
     /// The filter `params` ask for, or a message naming the field and the rule it broke.
-    pub fn from_params(params: AuditParams, default_limit: i64) -> Result<AuditFilter, String> {
+    pub(crate) fn from_params(
+        params: AuditParams,
+        default_limit: i64,
+    ) -> Result<AuditFilter, String> {
         let q = params;
         let time = |field: &str,
                     v: &Option<String>|

@@ -354,7 +354,7 @@ async fn finish_failed(
 }
 
 /// The report as text, one line per finding, for `audit verify --checkpoint`.
-pub fn report_text(r: &GrowthReport) -> String {
+pub(crate) fn report_text(r: &GrowthReport) -> String {
     match &r.problem {
         None => format!(
             "ok: the log extends the checkpoint you kept (size {}) to the newest signed checkpoint (size {}); {} new events verified, {} appended since (chain-checked)\n",

@@ -35,10 +35,10 @@ use super::chain::{NewEvent, format_at, kind};
 pub const WINDOW: Duration = Duration::from_secs(60);
 
 /// The most distinct keys one window tracks before it folds new ones into an overflow key.
-pub const MAX_KEYS: usize = 10_000;
+pub(crate) const MAX_KEYS: usize = 10_000;
 
 /// The actor of an overflow aggregate: many callers, none of them named.
-pub const OVERFLOW_ACTOR: &str = "system:overflow";
+pub(crate) const OVERFLOW_ACTOR: &str = "system:overflow";
 
 /// What one aggregate counts: refusals of one `kind` (e.g. `tool.rejected`), for one
 /// `caller` (its actor, e.g. `agent:ci`, or `address:203.0.113.7` for the unauthenticated),
@@ -97,7 +97,7 @@ impl Tally {
 
 /// The counts of the current window.
 #[derive(Debug, Default)]
-pub struct Refusals {
+pub(crate) struct Refusals {
     window: HashMap<RefusalKey, Tally>,
     /// Keys folded into an overflow key this window (for the overflow aggregate's detail).
     folded_callers: u64,
@@ -106,7 +106,7 @@ pub struct Refusals {
 impl Refusals {
     /// Notes one refusal of `key`, described by `event` (the event that would be written),
     /// at `at`.
-    pub fn note(&mut self, key: RefusalKey, event: &NewEvent, at: DateTime<Utc>) -> Noted {
+    pub(crate) fn note(&mut self, key: RefusalKey, event: &NewEvent, at: DateTime<Utc>) -> Noted {
         if let Some(tally) = self.window.get_mut(&key) {
             tally.add(at, sample(event, at));
             return Noted::Counted;

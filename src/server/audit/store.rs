@@ -140,7 +140,7 @@ pub(super) struct Receipt {
 }
 
 impl Receipt {
-    pub fn into_event(self, new: NewEvent) -> Event {
+    pub(crate) fn into_event(self, new: NewEvent) -> Event {
         Event::from_new(new, self.seq, self.id, self.at, self.prev_hash, self.hash)
     }
 }
@@ -212,7 +212,7 @@ pub(super) struct Head {
 
 impl Head {
     /// The last event's seq: the tree's size.
-    pub fn seq(&self) -> i64 {
+    pub(crate) fn seq(&self) -> i64 {
         self.tip.0
     }
 }

@@ -102,7 +102,7 @@ pub(super) struct NewNodes {
 }
 
 impl NewNodes {
-    pub fn with_capacity(n: usize) -> Self {
+    pub(crate) fn with_capacity(n: usize) -> Self {
         NewNodes {
             levels: Vec::with_capacity(n),
             indexes: Vec::with_capacity(n),
@@ -110,7 +110,7 @@ impl NewNodes {
         }
     }
 
-    pub fn extend(&mut self, nodes: Vec<(Subtree, Hash)>) {
+    pub(crate) fn extend(&mut self, nodes: Vec<(Subtree, Hash)>) {
         for (s, h) in nodes {
             self.levels.push(i16::from(s.level));
             self.indexes.push(s.index as i64);
@@ -118,7 +118,7 @@ impl NewNodes {
         }
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.levels.is_empty()
     }
 }
@@ -234,7 +234,7 @@ pub(super) async fn sqlite_fold(
 }
 
 /// Subtree hashes read ahead for one tree operation (see [`tree::subtrees_read_by`]).
-pub async fn read_for<T>(
+pub(crate) async fn read_for<T>(
     db: &Db,
     operation: impl FnOnce(&tree::Recorder) -> T,
 ) -> Result<SubtreeMap, sqlx::Error> {
@@ -270,7 +270,7 @@ pub async fn root(db: &Db, size: u64) -> Result<Hash, sqlx::Error> {
 }
 
 /// The right edge of the stored tree's first `size` leaves.
-pub async fn frontier(db: &Db, size: u64) -> Result<Frontier, sqlx::Error> {
+pub(crate) async fn frontier(db: &Db, size: u64) -> Result<Frontier, sqlx::Error> {
     let subtrees = Frontier::subtrees_of(size);
     let map = read_for(db, |r| {
         use tree::SubtreeHashes;
@@ -295,7 +295,7 @@ pub async fn consistency_proof(db: &Db, old: u64, new: u64) -> Result<Vec<Hash>,
 
 /// Folds every event the tree lacks into it (`emisar migrate`, and the writer at start):
 /// chunk by chunk, each under the append lock, so a live server's appends interleave.
-pub async fn fold_all(db: &Db) -> Result<u64, sqlx::Error> {
+pub(crate) async fn fold_all(db: &Db) -> Result<u64, sqlx::Error> {
     loop {
         let folded = db
             .guard(async {

@@ -210,25 +210,25 @@ impl Columns<'_> {
 
 /// Column positions of [`STORED_COLUMNS`].
 mod col {
-    pub const SEQ: usize = 0;
-    pub const ID: usize = 1;
-    pub const AT: usize = 2;
-    pub const ACTOR: usize = 3;
-    pub const KIND: usize = 4;
-    pub const TOOL: usize = 5;
-    pub const RUNNER: usize = 6;
-    pub const ARGS: usize = 7;
-    pub const REASON: usize = 8;
-    pub const CALL_ID: usize = 9;
-    pub const APPROVAL_ID: usize = 10;
-    pub const OUTCOME: usize = 11;
-    pub const RESULT_DIGEST: usize = 12;
-    pub const DETAIL: usize = 13;
-    pub const PREV_HASH: usize = 14;
-    pub const HASH: usize = 15;
-    pub const HASH_V: usize = 16;
-    pub const COUNT: usize = 17;
-    pub const NAMES: [&str; COUNT] = [
+    pub(crate) const SEQ: usize = 0;
+    pub(crate) const ID: usize = 1;
+    pub(crate) const AT: usize = 2;
+    pub(crate) const ACTOR: usize = 3;
+    pub(crate) const KIND: usize = 4;
+    pub(crate) const TOOL: usize = 5;
+    pub(crate) const RUNNER: usize = 6;
+    pub(crate) const ARGS: usize = 7;
+    pub(crate) const REASON: usize = 8;
+    pub(crate) const CALL_ID: usize = 9;
+    pub(crate) const APPROVAL_ID: usize = 10;
+    pub(crate) const OUTCOME: usize = 11;
+    pub(crate) const RESULT_DIGEST: usize = 12;
+    pub(crate) const DETAIL: usize = 13;
+    pub(crate) const PREV_HASH: usize = 14;
+    pub(crate) const HASH: usize = 15;
+    pub(crate) const HASH_V: usize = 16;
+    pub(crate) const COUNT: usize = 17;
+    pub(crate) const NAMES: [&str; COUNT] = [
         "seq",
         "id",
         "at",

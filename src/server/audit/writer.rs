@@ -80,7 +80,11 @@ impl AuditLog {
     /// call, a refused join, a failed login): the first of `key` in the current window is
     /// appended as `event` and waited for; the rest are counted and written as one
     /// `refusal.repeated` event at the window's end (see `refusals.rs`).
-    pub async fn refused(&self, key: RefusalKey, event: NewEvent) -> Result<Noted, AuditError> {
+    pub(crate) async fn refused(
+        &self,
+        key: RefusalKey,
+        event: NewEvent,
+    ) -> Result<Noted, AuditError> {
         let noted = self.refusals.note(key, &event);
         if noted == Noted::First {
             self.append(event).await?;
@@ -100,7 +104,7 @@ impl AuditLog {
 
     /// Flushes the refusal counts at the end of every window, and once more at `shutdown`.
     /// Only the server starts this; a CLI command refuses nothing repeatedly.
-    pub fn spawn_refusal_flusher(&self, shutdown: CancellationToken) {
+    pub(crate) fn spawn_refusal_flusher(&self, shutdown: CancellationToken) {
         let audit = self.clone();
         let refusals = self.refusals.clone();
         tokio::spawn(refusals.run_flusher(WINDOW, shutdown, move |events| {
@@ -110,7 +114,7 @@ impl AuditLog {
     }
 
     /// The seq of the last event this process appended, as it changes.
-    pub fn appended(&self) -> watch::Receiver<i64> {
+    pub(crate) fn appended(&self) -> watch::Receiver<i64> {
         self.appended.clone()
     }
 

@@ -95,7 +95,7 @@ const CONSUME: &str = "UPDATE join_tokens SET uses = uses + 1 WHERE token_hash =
 const INSERT_RUNNER: &str = "INSERT INTO runners (name, url, labels, packs, runner_token_hash, joined_at, last_heartbeat, join_token_id, tls_fingerprint, granted_packs) VALUES ($1, $2, $3::jsonb, $4::jsonb, $5, $6::timestamptz, $6::timestamptz, $7, $8, $9::jsonb) ON CONFLICT (name) DO NOTHING RETURNING name";
 
 impl Fleet {
-    pub fn new(
+    pub(crate) fn new(
         db: Db,
         audit: AuditLog,
         registry: Arc<Registry>,
@@ -114,7 +114,7 @@ impl Fleet {
 
     /// Joins a runner with the join token whose secret is `secret`, for a request from
     /// `client` (the address the join limits count); see the module's invariants.
-    pub async fn join(
+    pub(crate) async fn join(
         &self,
         client: IpAddr,
         secret: &str,
@@ -473,7 +473,7 @@ impl Fleet {
 
     /// Re-registers the runner that holds `runner_token`: its URL and packs may change, its
     /// name and labels never do. Audited (`runner.registered`) before it is written.
-    pub async fn register(
+    pub(crate) async fn register(
         &self,
         runner_token: &str,
         request: RegisterRequest,
@@ -552,7 +552,7 @@ impl Fleet {
     }
 
     /// Records a heartbeat from the runner that holds `runner_token`; returns its name.
-    pub async fn heartbeat(&self, runner_token: &str) -> Result<String, FleetError> {
+    pub(crate) async fn heartbeat(&self, runner_token: &str) -> Result<String, FleetError> {
         let now = format_at(chrono::Utc::now());
         let sql = self.db.sql("UPDATE runners SET last_heartbeat = $2::timestamptz WHERE runner_token_hash = $1 RETURNING name");
         let hash = sha256_hex(runner_token.as_bytes());

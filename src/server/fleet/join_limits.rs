@@ -22,7 +22,7 @@ use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 pub const JOINS_PER_MINUTE: u32 = 20;
 
 /// The most addresses the limiter remembers at once.
-pub const MAX_TRACKED: usize = 100_000;
+pub(crate) const MAX_TRACKED: usize = 100_000;
 
 /// Why an attempt was refused before the store was asked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,7 +34,7 @@ pub enum JoinLimited {
 }
 
 impl JoinLimited {
-    pub fn message(self) -> String {
+    pub(crate) fn message(self) -> String {
         match self {
             JoinLimited::Address => format!(
                 "too many join attempts from this address (at most {JOINS_PER_MINUTE} a minute): wait a minute and try again"
@@ -57,7 +57,7 @@ impl Default for JoinLimits {
 }
 
 impl JoinLimits {
-    pub fn per_minute(n: u32) -> Self {
+    pub(crate) fn per_minute(n: u32) -> Self {
         let n = NonZeroU32::new(n.max(1)).expect("max(1)");
         JoinLimits {
             by_address: RateLimiter::keyed(Quota::per_minute(n).allow_burst(n)),
@@ -65,7 +65,7 @@ impl JoinLimits {
     }
 
     /// One join attempt from `client`.
-    pub fn check(&self, client: IpAddr) -> Result<(), JoinLimited> {
+    pub(crate) fn check(&self, client: IpAddr) -> Result<(), JoinLimited> {
         if self.by_address.len() >= MAX_TRACKED {
             self.by_address.retain_recent();
             if self.by_address.len() >= MAX_TRACKED {

@@ -28,7 +28,7 @@ pub enum NameRule {
 
 impl NameRule {
     /// From `--name` or `--name-pattern` (at most one).
-    pub fn parse(name: Option<&str>, pattern: Option<&str>) -> Result<Self, String> {
+    pub(crate) fn parse(name: Option<&str>, pattern: Option<&str>) -> Result<Self, String> {
         match (name, pattern) {
             (None, None) => Ok(NameRule::Any),
             (Some(_), Some(_)) => Err("give --name or --name-pattern, not both".into()),
@@ -70,7 +70,7 @@ impl NameRule {
         }
     }
 
-    pub fn matches(&self, name: &str) -> bool {
+    pub(crate) fn matches(&self, name: &str) -> bool {
         match self {
             NameRule::Any => true,
             NameRule::Exact(n) => n == name,
@@ -119,7 +119,7 @@ impl JoinTokenSpec {
 
     /// What an operator should hear before handing this token out: a token that admits any
     /// name lets whoever holds it pick the name its runner is known by.
-    pub fn warnings(&self) -> Vec<String> {
+    pub(crate) fn warnings(&self) -> Vec<String> {
         let mut warnings = Vec::new();
         if self.name == NameRule::Any {
             warnings.push(
@@ -134,7 +134,7 @@ impl JoinTokenSpec {
         warnings
     }
 
-    pub fn check(&self) -> Result<(), String> {
+    pub(crate) fn check(&self) -> Result<(), String> {
         if self.ttl.is_zero() || self.ttl > MAX_JOIN_TOKEN_TTL {
             return Err(format!(
                 "--ttl must be between 1s and {}d: a join token is needed once per runner",
@@ -272,7 +272,7 @@ pub enum JoinTokenState {
 }
 
 impl JoinTokenState {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             JoinTokenState::Live => "live",
             JoinTokenState::UsedUp => "used up",

@@ -46,12 +46,12 @@ pub use roster::{JoinedRunner, joined_runners, remove_runner, spawn_sync};
 
 const RUNNER_PREFIX: &str = "emr_";
 /// How often a joined runner sends a heartbeat.
-pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(10);
+pub(crate) const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(10);
 /// The longest a join token may live: it is needed once per runner, so a long life only
 /// widens the window in which a copy of it is worth stealing.
-pub const MAX_JOIN_TOKEN_TTL: Duration = Duration::from_secs(30 * 86_400);
+pub(crate) const MAX_JOIN_TOKEN_TTL: Duration = Duration::from_secs(30 * 86_400);
 /// The most joins one token may allow.
-pub const MAX_JOIN_TOKEN_USES: u32 = 10_000;
+pub(crate) const MAX_JOIN_TOKEN_USES: u32 = 10_000;
 /// The most labels a join token may grant and packs a runner may announce.
 const MAX_LABELS: usize = 32;
 const MAX_PACKS: usize = 256;
@@ -68,7 +68,7 @@ pub mod kind {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum FleetError {
+pub(crate) enum FleetError {
     /// The request is malformed (400).
     #[error("{0}")]
     Invalid(String),

@@ -65,7 +65,7 @@ impl Gateway {
     }
 
     /// The call path, top to bottom.
-    pub async fn call_with(
+    pub(crate) async fn call_with(
         &self,
         call: ToolCall,
         ctx: &CallContext,

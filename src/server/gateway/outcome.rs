@@ -74,7 +74,7 @@ pub enum CallError {
 impl CallError {
     /// A stable, machine-readable name for this refusal. Agents branch on it; the text
     /// beside it is for people and may change.
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             CallError::UnknownTool(_) => "unknown_tool",
             CallError::Invalid { .. } => "invalid_arguments",
@@ -101,7 +101,7 @@ impl CallError {
 
     /// The refusal as an agent reads it: `{kind, message}` and the facts it may act on (the
     /// request id, when to retry, which arguments were wrong).
-    pub fn to_json(&self) -> Value {
+    pub(crate) fn to_json(&self) -> Value {
         let mut error = json!({"kind": self.kind(), "message": self.to_string()});
         match self {
             CallError::Invalid { errors, .. } => error["errors"] = json!(errors),
@@ -159,12 +159,12 @@ impl CallOutcome {
         }
     }
 
-    pub fn all_failed(&self) -> bool {
+    pub(crate) fn all_failed(&self) -> bool {
         !self.results.is_empty() && self.results.iter().all(|r| !r.ok)
     }
 
     /// The agent should read this as a failure.
-    pub fn is_error(&self) -> bool {
+    pub(crate) fn is_error(&self) -> bool {
         self.all_failed()
             || self
                 .approval

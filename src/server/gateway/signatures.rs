@@ -26,7 +26,7 @@ pub struct ServerApprovers {
 }
 
 impl ServerApprovers {
-    pub fn load(file: &Path, signature: Option<&Path>) -> anyhow::Result<ServerApprovers> {
+    pub(crate) fn load(file: &Path, signature: Option<&Path>) -> anyhow::Result<ServerApprovers> {
         let text = std::fs::read_to_string(file)
             .with_context(|| format!("approvers_file {}", file.display()))?;
         let approvers = Approvers::parse(&text)

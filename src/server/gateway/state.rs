@@ -60,7 +60,7 @@ pub struct Limits {
 }
 
 impl Limits {
-    pub fn new(call_timeout: Duration, rate_per_second: u32, rate_burst: u32) -> Limits {
+    pub(crate) fn new(call_timeout: Duration, rate_per_second: u32, rate_burst: u32) -> Limits {
         Limits {
             call_timeout,
             rate_per_second,
@@ -100,7 +100,7 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    pub fn new(
+    pub(crate) fn new(
         packs: Arc<PackSet>,
         runners: Arc<Registry>,
         audit: AuditLog,
@@ -157,24 +157,24 @@ impl Gateway {
     }
 
     /// Approval requests are signed by the people of `approvers` (`approvers_file`).
-    pub fn set_approvers(&mut self, approvers: super::signatures::ServerApprovers) {
+    pub(crate) fn set_approvers(&mut self, approvers: super::signatures::ServerApprovers) {
         self.approvers = Some(Arc::new(approvers));
     }
 
     /// Approved executions to runners with `require_witnessed` wait for a checkpoint that
     /// `quorum` witnesses cosigned and carry the approval's inclusion proof in it.
-    pub fn set_witnessing(&mut self, db: crate::server::db::Db, quorum: usize) {
+    pub(crate) fn set_witnessing(&mut self, db: crate::server::db::Db, quorum: usize) {
         self.witnessing = Some(super::witnessed::Witnessing::new(db, quorum));
     }
 
     /// New approval requests are announced through `notifier`, with links to `public_url`.
-    pub fn set_notifier(&mut self, notifier: Notifier, public_url: Option<String>) {
+    pub(crate) fn set_notifier(&mut self, notifier: Notifier, public_url: Option<String>) {
         self.notifier = Some(notifier);
         self.public_url = public_url;
     }
 
     /// The policy in force.
-    pub fn policy(&self) -> Arc<Policy> {
+    pub(crate) fn policy(&self) -> Arc<Policy> {
         self.policy
             .read()
             .unwrap_or_else(|p| p.into_inner())
@@ -184,7 +184,7 @@ impl Gateway {
     /// Checks `policy` against the loaded packs, records `policy.loaded` (with its digest
     /// and source) and puts it in force. A policy that does not check is not loaded, and
     /// the refusal is audited too.
-    pub async fn load_policy(
+    pub(crate) async fn load_policy(
         &self,
         policy: Result<Policy, crate::server::policy::PolicyError>,
         source: &str,
@@ -210,7 +210,7 @@ impl Gateway {
     }
 
     /// The tools `caller` may see: the built-ins, and the pack tools the policy lets it use.
-    pub fn tools_for<'a>(
+    pub(crate) fn tools_for<'a>(
         &'a self,
         caller: &'a Principal,
     ) -> impl Iterator<Item = &'a OfferedTool> + 'a {
@@ -220,14 +220,18 @@ impl Gateway {
             .filter(move |t| t.tool.is_none() || policy.may_use_tool(caller, &t.name))
     }
 
-    pub fn tool_for(&self, caller: &Principal, name: &str) -> Option<&OfferedTool> {
+    pub(crate) fn tool_for(&self, caller: &Principal, name: &str) -> Option<&OfferedTool> {
         self.tools
             .get(name)
             .filter(|t| t.tool.is_none() || self.policy().may_use_tool(caller, name))
     }
 
     /// The input schema `caller` sees for `offered`: pack tools list the runners it may name.
-    pub fn schema_for(&self, caller: &Principal, offered: &OfferedTool) -> Arc<Map<String, Value>> {
+    pub(crate) fn schema_for(
+        &self,
+        caller: &Principal,
+        offered: &OfferedTool,
+    ) -> Arc<Map<String, Value>> {
         match &offered.tool {
             Some(tool) => {
                 let mut names = self.targetable(caller, &self.policy(), &tool.pack);
@@ -318,7 +322,7 @@ impl Gateway {
     /// for the `emisar.runners` tool and `GET /api/runners`. Only admins read `last_error`: it
     /// holds transport errors and runner answers that name hosts, addresses and certificates
     /// of whatever a runner's URL reaches; everyone else reads the breaker and health alone.
-    pub fn runners_visible_to(
+    pub(crate) fn runners_visible_to(
         &self,
         caller: &Principal,
     ) -> Vec<crate::server::runners::registry::RunnerStatus> {
@@ -342,23 +346,23 @@ impl Gateway {
     }
 
     /// A tool by name, whoever asks (for schema lookups, not for authorization).
-    pub fn tool(&self, name: &str) -> Option<&OfferedTool> {
+    pub(crate) fn tool(&self, name: &str) -> Option<&OfferedTool> {
         self.tools.get(name)
     }
 
-    pub fn audit(&self) -> &AuditLog {
+    pub(crate) fn audit(&self) -> &AuditLog {
         &self.audit
     }
 
-    pub fn runners(&self) -> &Arc<Registry> {
+    pub(crate) fn runners(&self) -> &Arc<Registry> {
         &self.runners
     }
 
-    pub fn approvals(&self) -> &Approvals {
+    pub(crate) fn approvals(&self) -> &Approvals {
         &self.approvals
     }
 
-    pub fn packs(&self) -> &PackSet {
+    pub(crate) fn packs(&self) -> &PackSet {
         &self.packs
     }
 }

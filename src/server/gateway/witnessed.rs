@@ -18,13 +18,13 @@ const WAIT: Duration = Duration::from_secs(10);
 /// How often the stored checkpoints are looked at while waiting.
 const POLL: Duration = Duration::from_millis(25);
 
-pub struct Witnessing {
+pub(crate) struct Witnessing {
     db: Db,
     quorum: usize,
 }
 
 impl Witnessing {
-    pub fn new(db: Db, quorum: usize) -> Self {
+    pub(crate) fn new(db: Db, quorum: usize) -> Self {
         Witnessing { db, quorum }
     }
 }

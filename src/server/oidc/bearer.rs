@@ -22,7 +22,7 @@ use crate::server::principal::{Principal, Role};
 
 /// Why a bearer token did not name an agent.
 #[derive(Debug)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     /// The token was checked and refused.
     Token(AccessError),
     /// The authorization server's metadata or keys cannot be had: nothing can be verified.
@@ -46,7 +46,7 @@ fn binding(issuer: &str, agent: &OAuthAgent) -> String {
 }
 
 /// The caller an accepted access token stands for.
-pub fn principal_of(issuer: &str, agent: OAuthAgent) -> Principal {
+pub(crate) fn principal_of(issuer: &str, agent: OAuthAgent) -> Principal {
     Principal {
         token_id: binding(issuer, &agent),
         name: agent.agent,
@@ -59,7 +59,7 @@ pub fn principal_of(issuer: &str, agent: OAuthAgent) -> Principal {
 
 impl AgentTokens {
     /// The agent `token` names, if the authorization server issued it for emisar.
-    pub async fn principal(&self, token: &str) -> Result<Principal, Refusal> {
+    pub(crate) async fn principal(&self, token: &str) -> Result<Principal, Refusal> {
         let rs = self.resource.get().map_err(Refusal::Unavailable)?;
         match rs.authenticate(token, unix_now()).await {
             Ok(agent) => Ok(principal_of(&self.config.issuer, agent)),
@@ -72,7 +72,7 @@ impl AgentTokens {
 
     /// 401 for a request to `/mcp` without a usable credential: the challenge says where the
     /// metadata is, so an MCP client can go and get a token.
-    pub fn unauthorized(&self, message: &str) -> Response {
+    pub(crate) fn unauthorized(&self, message: &str) -> Response {
         (
             StatusCode::UNAUTHORIZED,
             [(header::WWW_AUTHENTICATE, challenge(&self.config, None))],
@@ -82,7 +82,7 @@ impl AgentTokens {
     }
 
     /// The answer to a refused token.
-    pub fn refused(&self, refusal: Refusal) -> Response {
+    pub(crate) fn refused(&self, refusal: Refusal) -> Response {
         match refusal {
             Refusal::Token(e) => {
                 crate::server::metrics::oauth_refused(e.code());
@@ -113,7 +113,7 @@ impl AgentTokens {
     }
 
     /// `GET /.well-known/oauth-protected-resource[/…]`: the RFC 9728 document.
-    pub fn metadata(&self) -> Response {
+    pub(crate) fn metadata(&self) -> Response {
         Json(metadata_document(&self.config)).into_response()
     }
 }

@@ -16,7 +16,7 @@ use super::jwt::Claims;
 pub use crate::server::principal::PERSON_PREFIX;
 
 /// The longest identity value accepted, in bytes.
-pub const MAX_NAME_LEN: usize = 255;
+pub(crate) const MAX_NAME_LEN: usize = 255;
 /// Groups beyond this many in one claim are ignored.
 const MAX_GROUPS: usize = 1000;
 
@@ -31,7 +31,7 @@ pub enum ClaimError {
 /// The value at `path`: the claim named exactly `path` when there is one (claim names may
 /// contain dots, e.g. namespaced URLs), otherwise the dotted path through nested objects
 /// (`realm_access.roles`).
-pub fn claim_at<'a>(claims: &'a Claims, path: &str) -> Option<&'a Value> {
+pub(crate) fn claim_at<'a>(claims: &'a Claims, path: &str) -> Option<&'a Value> {
     if let Some(v) = claims.get(path) {
         return Some(v);
     }
@@ -45,7 +45,7 @@ pub fn claim_at<'a>(claims: &'a Claims, path: &str) -> Option<&'a Value> {
 
 /// A claim as a list of strings: a string is one entry, an array gives its string entries
 /// (others skipped), anything else gives none.
-pub fn strings(value: Option<&Value>) -> Vec<&str> {
+pub(crate) fn strings(value: Option<&Value>) -> Vec<&str> {
     match value {
         Some(Value::String(s)) => vec![s.as_str()],
         Some(Value::Array(items)) => items
@@ -59,7 +59,7 @@ pub fn strings(value: Option<&Value>) -> Vec<&str> {
 
 /// The roles granted by the groups in `roles_claim`; none when the claim is absent or no
 /// group is mapped.
-pub fn roles_for(
+pub(crate) fn roles_for(
     claims: &Claims,
     roles_claim: &str,
     group_roles: &BTreeMap<&str, BTreeSet<PersonRole>>,
@@ -74,7 +74,7 @@ pub fn roles_for(
 
 /// A name fit for the audit log: 1 to [`MAX_NAME_LEN`] bytes, no whitespace or control
 /// characters.
-pub fn is_name(s: &str) -> bool {
+pub(crate) fn is_name(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= MAX_NAME_LEN
         && !s.chars().any(|c| c.is_control() || c.is_whitespace())
@@ -96,7 +96,7 @@ fn string_claim<'a>(claims: &'a Claims, claim: &str) -> Result<&'a str, ClaimErr
 }
 
 /// The person's identity in the audit log: `person:<value of identity_claim>`.
-pub fn person_identity(claims: &Claims, identity_claim: &str) -> Result<String, ClaimError> {
+pub(crate) fn person_identity(claims: &Claims, identity_claim: &str) -> Result<String, ClaimError> {
     Ok(format!(
         "{PERSON_PREFIX}{}",
         string_claim(claims, identity_claim)?
@@ -105,7 +105,7 @@ pub fn person_identity(claims: &Claims, identity_claim: &str) -> Result<String, 
 
 /// The agent named by `agent_claim`: it must be an agent name the policy can know (an
 /// identifier: letters, digits, `_ . @ -`, starting with a letter or digit, at most 128).
-pub fn agent_name(claims: &Claims, agent_claim: &str) -> Result<String, ClaimError> {
+pub(crate) fn agent_name(claims: &Claims, agent_claim: &str) -> Result<String, ClaimError> {
     let name = string_claim(claims, agent_claim)?;
     if !crate::pack::is_identifier(name) {
         return Err(ClaimError::Invalid {
@@ -119,7 +119,10 @@ pub fn agent_name(claims: &Claims, agent_claim: &str) -> Result<String, ClaimErr
 /// The person an agent acts for, `person:<value>`, when the claim is configured. A configured
 /// claim that is absent from the token means the agent acts for nobody (a headless agent);
 /// one that is present but malformed is an error.
-pub fn on_behalf_of(claims: &Claims, claim: Option<&str>) -> Result<Option<String>, ClaimError> {
+pub(crate) fn on_behalf_of(
+    claims: &Claims,
+    claim: Option<&str>,
+) -> Result<Option<String>, ClaimError> {
     let Some(claim) = claim else { return Ok(None) };
     match person_identity(claims, claim) {
         Ok(p) => Ok(Some(p)),

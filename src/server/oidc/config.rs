@@ -26,7 +26,7 @@ pub enum PersonRole {
 }
 
 impl PersonRole {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             PersonRole::Approver => "approver",
             PersonRole::Auditor => "auditor",
@@ -204,7 +204,7 @@ fn default_agent_claim() -> String {
 
 /// The client secret. Its `Debug` and `Display` never show the value.
 #[derive(Clone)]
-pub struct ClientSecret(String);
+pub(crate) struct ClientSecret(String);
 
 impl std::fmt::Debug for ClientSecret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -213,12 +213,8 @@ impl std::fmt::Debug for ClientSecret {
 }
 
 impl ClientSecret {
-    pub fn new(value: String) -> Self {
-        ClientSecret(value)
-    }
-
     /// The secret itself, for the token request only.
-    pub fn expose(&self) -> &str {
+    pub(crate) fn expose(&self) -> &str {
         &self.0
     }
 }
@@ -285,7 +281,7 @@ fn check_scope_token(field: &str, scope: &str) -> anyhow::Result<()> {
 
 impl OidcConfig {
     /// Checks what serde cannot; each error names the field and the rule.
-    pub fn check(&self) -> anyhow::Result<()> {
+    pub(crate) fn check(&self) -> anyhow::Result<()> {
         check_url("oidc.issuer", &self.issuer)?;
         if self.client_id.is_empty() || self.client_id.chars().any(char::is_control) {
             bail!("oidc.client_id must be non-empty and have no control characters");
@@ -353,7 +349,7 @@ impl OidcConfig {
 
     /// Reads the client secret from its file or environment variable (none for a public
     /// client). The error names where it looked, never the value.
-    pub fn client_secret(&self) -> anyhow::Result<Option<ClientSecret>> {
+    pub(crate) fn client_secret(&self) -> anyhow::Result<Option<ClientSecret>> {
         let value = if let Some(path) = &self.client_secret_file {
             let text = std::fs::read_to_string(path).with_context(|| {
                 format!("failed to read oidc.client_secret_file {}", path.display())
@@ -374,7 +370,7 @@ impl OidcConfig {
     }
 
     /// Group name → the roles it grants (a group may be listed under several roles).
-    pub fn group_roles(&self) -> BTreeMap<&str, BTreeSet<PersonRole>> {
+    pub(crate) fn group_roles(&self) -> BTreeMap<&str, BTreeSet<PersonRole>> {
         let mut map: BTreeMap<&str, BTreeSet<PersonRole>> = BTreeMap::new();
         for (role, groups) in &self.roles {
             for g in groups {
@@ -387,7 +383,7 @@ impl OidcConfig {
 
 impl OAuthConfig {
     /// Checks what serde cannot; each error names the field and the rule.
-    pub fn check(&self) -> anyhow::Result<()> {
+    pub(crate) fn check(&self) -> anyhow::Result<()> {
         check_url("oauth.issuer", &self.issuer)?;
         check_url("oauth.resource", &self.resource)?;
         if self.resource.contains('?') {
@@ -538,7 +534,7 @@ mod tests {
 
     #[test]
     fn the_secret_never_prints() {
-        let s = ClientSecret::new("hunter2".into());
+        let s = ClientSecret("hunter2".into());
         assert_eq!(format!("{s:?}"), "ClientSecret(..)");
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("secret");

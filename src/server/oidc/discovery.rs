@@ -57,7 +57,7 @@ pub enum DiscoveryError {
 }
 
 /// `issuer` + `/.well-known/openid-configuration` (OpenID Connect Discovery §4: appended).
-pub fn openid_configuration_url(issuer: &str) -> String {
+pub(crate) fn openid_configuration_url(issuer: &str) -> String {
     format!(
         "{}/.well-known/openid-configuration",
         issuer.trim_end_matches('/')
@@ -65,12 +65,12 @@ pub fn openid_configuration_url(issuer: &str) -> String {
 }
 
 /// RFC 8414 §3.1: the well-known segment goes between the host and the issuer's path.
-pub fn oauth_authorization_server_url(issuer: &str) -> String {
+pub(crate) fn oauth_authorization_server_url(issuer: &str) -> String {
     well_known_inserted(issuer, "oauth-authorization-server")
 }
 
 /// `scheme://host[:port]/.well-known/<name><path>`: the RFC 8414 / RFC 9728 construction.
-pub fn well_known_inserted(url: &str, name: &str) -> String {
+pub(crate) fn well_known_inserted(url: &str, name: &str) -> String {
     let (scheme, rest) = url.split_once("://").unwrap_or(("https", url));
     let (authority, path) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i..]),
@@ -82,7 +82,7 @@ pub fn well_known_inserted(url: &str, name: &str) -> String {
 
 impl ProviderMetadata {
     /// Checks the document against the configured issuer and for usable endpoints.
-    pub fn check(&self, url: &str, expected_issuer: &str) -> Result<(), DiscoveryError> {
+    pub(crate) fn check(&self, url: &str, expected_issuer: &str) -> Result<(), DiscoveryError> {
         if self.issuer != expected_issuer {
             return Err(DiscoveryError::IssuerMismatch {
                 url: url.to_owned(),
@@ -138,7 +138,7 @@ pub async fn discover_openid(
 /// Metadata of an OAuth authorization server: OpenID Connect Discovery first (Keycloak, Okta,
 /// Entra ID, oidc-provider all serve it), then RFC 8414's path-inserted document. Only a 404
 /// moves on to the next; any other failure is the answer.
-pub async fn discover_authorization_server(
+pub(crate) async fn discover_authorization_server(
     http: &reqwest::Client,
     issuer: &str,
 ) -> Result<ProviderMetadata, DiscoveryError> {

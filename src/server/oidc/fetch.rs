@@ -9,9 +9,9 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 
 /// The largest discovery document or key set read, in bytes.
-pub const METADATA_LIMIT: usize = 256 * 1024;
+pub(crate) const METADATA_LIMIT: usize = 256 * 1024;
 /// The largest token endpoint answer read, in bytes.
-pub const TOKEN_LIMIT: usize = 64 * 1024;
+pub(crate) const TOKEN_LIMIT: usize = 64 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FetchError {
@@ -43,7 +43,7 @@ pub fn client(timeout: Duration) -> reqwest::Client {
 }
 
 /// Reads at most `limit` bytes of `resp`'s body.
-pub async fn read_limited(
+pub(crate) async fn read_limited(
     url: &str,
     mut resp: reqwest::Response,
     limit: usize,
@@ -71,7 +71,7 @@ pub async fn read_limited(
 }
 
 /// A short, printable excerpt of an error body: no control characters, at most 200 chars.
-pub fn excerpt(body: &[u8]) -> String {
+pub(crate) fn excerpt(body: &[u8]) -> String {
     let text = String::from_utf8_lossy(body);
     let mut out: String = text
         .chars()
@@ -84,7 +84,7 @@ pub fn excerpt(body: &[u8]) -> String {
     out
 }
 
-pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut s = e.to_string();
     let mut source = e.source();
     while let Some(inner) = source {
@@ -96,7 +96,7 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// GETs `url` and parses its JSON body (2xx only, at most `limit` bytes).
-pub async fn get_json<T: DeserializeOwned>(
+pub(crate) async fn get_json<T: DeserializeOwned>(
     http: &reqwest::Client,
     url: &str,
     limit: usize,

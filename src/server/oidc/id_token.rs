@@ -25,7 +25,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// The checks after the signature: registered claims, `azp`, `sub` and `nonce`. Pure.
-pub fn check_id_token_claims(
+pub(crate) fn check_id_token_claims(
     claims: &Claims,
     issuer: &str,
     client_id: &str,

@@ -50,7 +50,7 @@ impl Identity {
     }
 
     /// Builds what the config asks for and discovers the providers (see the module invariants).
-    pub async fn start(
+    pub(crate) async fn start(
         oidc: Option<&OidcConfig>,
         oauth: Option<&OAuthConfig>,
         public_url: Option<&str>,

@@ -23,12 +23,12 @@ use super::fetch::{FetchError, METADATA_LIMIT, get_json};
 use super::jwt::TokenError;
 
 /// A cached key set older than this is fetched again at the next lookup.
-pub const MAX_AGE: Duration = Duration::from_secs(3600);
+pub(crate) const MAX_AGE: Duration = Duration::from_secs(3600);
 /// Keys beyond this many in one set are ignored.
 const MAX_KEYS: usize = 100;
 
 /// One verification key and the algorithms it may verify.
-pub struct VerifyKey {
+pub(crate) struct VerifyKey {
     pub kid: Option<String>,
     pub key: DecodingKey,
     pub algorithms: Vec<Algorithm>,
@@ -65,12 +65,16 @@ struct RawSet {
 }
 
 /// May an unknown `kid` cause a fetch now? Pure, so the rate limit is tested without a clock.
-pub fn may_refresh(last_fetch: Option<Instant>, now: Instant, min_interval: Duration) -> bool {
+pub(crate) fn may_refresh(
+    last_fetch: Option<Instant>,
+    now: Instant,
+    min_interval: Duration,
+) -> bool {
     last_fetch.is_none_or(|at| now.saturating_duration_since(at) >= min_interval)
 }
 
 /// The signature algorithms a JWK may verify, or `None` when it is not a usable signing key.
-pub fn algorithms_for(jwk: &Jwk) -> Option<Vec<Algorithm>> {
+pub(crate) fn algorithms_for(jwk: &Jwk) -> Option<Vec<Algorithm>> {
     if matches!(jwk.common.public_key_use, Some(ref u) if *u != PublicKeyUse::Signature) {
         return None;
     }
@@ -121,7 +125,7 @@ fn key_algorithm(k: KeyAlgorithm) -> Option<Algorithm> {
 
 /// The usable keys of a JWKS document; keys this server cannot use are skipped, not errors
 /// (providers publish encryption keys and other types next to their signing keys).
-pub fn parse_key_set(doc: &[serde_json::Value]) -> Vec<Arc<VerifyKey>> {
+pub(crate) fn parse_key_set(doc: &[serde_json::Value]) -> Vec<Arc<VerifyKey>> {
     doc.iter()
         .take(MAX_KEYS)
         .filter_map(|raw| {
@@ -223,7 +227,7 @@ impl JwksCache {
     }
 
     /// The key that verifies a token with header `kid` and `alg`.
-    pub async fn key_for(
+    pub(crate) async fn key_for(
         &self,
         kid: Option<&str>,
         alg: Algorithm,

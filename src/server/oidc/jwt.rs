@@ -17,9 +17,9 @@ use super::fetch::FetchError;
 use super::jwks::JwksCache;
 
 /// The largest token accepted, in bytes; real ones are a few KiB.
-pub const MAX_TOKEN_LEN: usize = 16 * 1024;
+pub(crate) const MAX_TOKEN_LEN: usize = 16 * 1024;
 
-pub type Claims = Map<String, Value>;
+pub(crate) type Claims = Map<String, Value>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TokenError {
@@ -74,7 +74,7 @@ pub enum TokenError {
 
 impl TokenError {
     /// A short, stable name for metrics and logs.
-    pub fn code(&self) -> &'static str {
+    pub(crate) fn code(&self) -> &'static str {
         match self {
             TokenError::Malformed(_) => "malformed",
             TokenError::UnsupportedAlgorithm(_) => "unsupported_algorithm",
@@ -100,7 +100,7 @@ impl TokenError {
 
 /// What the registered claims must say.
 #[derive(Debug, Clone)]
-pub struct Expected<'a> {
+pub(crate) struct Expected<'a> {
     pub issuer: &'a str,
     pub audience: &'a str,
     /// Unix seconds.
@@ -181,7 +181,7 @@ fn numeric_date(claims: &Claims, name: &'static str) -> Result<Option<i64>, Toke
 }
 
 /// `aud` as a list: a string is one audience (RFC 7519 §4.1.3).
-pub fn audiences(claims: &Claims) -> Result<Vec<String>, TokenError> {
+pub(crate) fn audiences(claims: &Claims) -> Result<Vec<String>, TokenError> {
     match claims.get("aud") {
         None => Err(TokenError::MissingClaim("aud")),
         Some(Value::String(s)) => Ok(vec![s.clone()]),
@@ -204,7 +204,7 @@ pub fn audiences(claims: &Claims) -> Result<Vec<String>, TokenError> {
 }
 
 /// Checks `iss`, `aud`, `exp`, `nbf` and `iat` against `e`. Pure: `now` is given.
-pub fn check_claims(claims: &Claims, e: &Expected<'_>) -> Result<(), TokenError> {
+pub(crate) fn check_claims(claims: &Claims, e: &Expected<'_>) -> Result<(), TokenError> {
     let iss = match claims.get("iss") {
         None => return Err(TokenError::MissingClaim("iss")),
         Some(Value::String(s)) => s,

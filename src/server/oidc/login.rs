@@ -30,9 +30,9 @@ use super::jwks::JwksCache;
 use super::jwt::{Claims, TokenError, unix_now};
 
 /// At most this many sign-ins may be in progress at once.
-pub const MAX_PENDING: usize = 10_000;
+pub(crate) const MAX_PENDING: usize = 10_000;
 /// The path the provider sends the browser back to, under the server's public URL.
-pub const CALLBACK_PATH: &str = "/login/oidc/callback";
+pub(crate) const CALLBACK_PATH: &str = "/login/oidc/callback";
 
 /// application/x-www-form-urlencoded: everything but the unreserved characters is escaped.
 const FORM: &AsciiSet = &NON_ALPHANUMERIC
@@ -104,7 +104,7 @@ pub struct PendingLogins {
 }
 
 impl PendingLogins {
-    pub fn new(ttl: Duration, max: usize) -> Self {
+    pub(crate) fn new(ttl: Duration, max: usize) -> Self {
         PendingLogins {
             by_state: Mutex::new(HashMap::new()),
             ttl,
@@ -227,7 +227,7 @@ fn form_encode(pairs: &[(&str, &str)]) -> String {
 
 /// A local path to come back to after sign-in: `/…`, never `//host` or `/\host` (which a
 /// browser reads as another site), no control characters.
-pub fn safe_return_path(path: &str) -> Option<&str> {
+pub(crate) fn safe_return_path(path: &str) -> Option<&str> {
     let ok = path.starts_with('/')
         && !path.starts_with("//")
         && !path.starts_with("/\\")
@@ -238,7 +238,10 @@ pub fn safe_return_path(path: &str) -> Option<&str> {
 
 /// The redirect URL registered at the provider: `oidc.redirect_url`, or the public URL +
 /// [`CALLBACK_PATH`].
-pub fn redirect_url(config: &OidcConfig, public_url: Option<&str>) -> anyhow::Result<String> {
+pub(crate) fn redirect_url(
+    config: &OidcConfig,
+    public_url: Option<&str>,
+) -> anyhow::Result<String> {
     match (&config.redirect_url, public_url) {
         (Some(u), _) => Ok(u.clone()),
         (None, Some(base)) => Ok(format!("{}{CALLBACK_PATH}", base.trim_end_matches('/'))),
@@ -332,7 +335,7 @@ impl OidcLogin {
     }
 
     /// Verifies a back-channel logout token from the provider; `now` in Unix seconds.
-    pub async fn verify_logout_token(
+    pub(crate) async fn verify_logout_token(
         &self,
         token: &str,
         now: i64,

@@ -12,11 +12,11 @@ use serde_json::Value;
 use super::jwt::{Claims, Expected, TokenError, check_claims};
 
 /// The member of `events` that makes a JWT a logout token (§2.4).
-pub const BACKCHANNEL_EVENT: &str = "http://schemas.openid.net/event/backchannel-logout";
+pub(crate) const BACKCHANNEL_EVENT: &str = "http://schemas.openid.net/event/backchannel-logout";
 
 /// What a verified logout token says ended.
 #[derive(Debug, Clone, PartialEq)]
-pub struct LogoutRequest {
+pub(crate) struct LogoutRequest {
     /// The provider's session id: only the portal sessions opened from it end.
     pub sid: Option<String>,
     /// The person at the provider: without `sid`, all their portal sessions end.
@@ -35,7 +35,7 @@ fn optional_string(claims: &Claims, name: &str) -> Result<Option<String>, TokenE
 }
 
 /// The checks after the signature (§2.6). Pure: `now` is given.
-pub fn check_logout_claims(
+pub(crate) fn check_logout_claims(
     claims: &Claims,
     issuer: &str,
     client_id: &str,

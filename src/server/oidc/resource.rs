@@ -62,7 +62,7 @@ pub enum AccessError {
 
 impl AccessError {
     /// A short, stable name for metrics and logs.
-    pub fn code(&self) -> &'static str {
+    pub(crate) fn code(&self) -> &'static str {
         match self {
             AccessError::Token(t) => t.code(),
             AccessError::Claim(_) => "agent_claim",
@@ -81,12 +81,12 @@ impl AccessError {
 
 /// Where the metadata of `resource` is served: RFC 9728 §3.1 inserts the well-known segment
 /// between the host and the resource's path (`/.well-known/oauth-protected-resource/mcp`).
-pub fn metadata_url(resource: &str) -> String {
+pub(crate) fn metadata_url(resource: &str) -> String {
     well_known_inserted(resource, "oauth-protected-resource")
 }
 
 /// The path part of [`metadata_url`], for the router.
-pub fn metadata_path(resource: &str) -> String {
+pub(crate) fn metadata_path(resource: &str) -> String {
     let url = metadata_url(resource);
     let after_scheme = url.split_once("://").map_or(url.as_str(), |(_, r)| r);
     after_scheme
@@ -113,7 +113,7 @@ fn quoted(s: &str) -> String {
 /// The `WWW-Authenticate` value of a 401 (or 403) from `/mcp`: `Bearer
 /// resource_metadata="…"`, plus `error`, `error_description` and `scope` when a token was
 /// presented and refused. (A request without a token gets no `error`: RFC 6750 §3.1.)
-pub fn www_authenticate(
+pub(crate) fn www_authenticate(
     resource_metadata_url: &str,
     refusal: Option<&AccessError>,
     scope: Option<&str>,
@@ -134,7 +134,7 @@ pub fn www_authenticate(
 
 /// The RFC 9728 document of the resource `config` describes. It needs no discovery, so it is
 /// served even while the authorization server cannot be reached.
-pub fn metadata_document(config: &OAuthConfig) -> ProtectedResourceMetadata {
+pub(crate) fn metadata_document(config: &OAuthConfig) -> ProtectedResourceMetadata {
     ProtectedResourceMetadata {
         resource: config.resource.clone(),
         authorization_servers: vec![config.issuer.clone()],
@@ -145,7 +145,7 @@ pub fn metadata_document(config: &OAuthConfig) -> ProtectedResourceMetadata {
 }
 
 /// The challenge of a 401 from the resource `config` describes (no discovery needed).
-pub fn challenge(config: &OAuthConfig, refusal: Option<&AccessError>) -> String {
+pub(crate) fn challenge(config: &OAuthConfig, refusal: Option<&AccessError>) -> String {
     www_authenticate(
         &metadata_url(&config.resource),
         refusal,
@@ -155,7 +155,7 @@ pub fn challenge(config: &OAuthConfig, refusal: Option<&AccessError>) -> String 
 
 /// The scopes of an access token: `scope` (RFC 9068, space-separated) or `scp` (a string or
 /// an array, as some providers send).
-pub fn token_scopes(claims: &Claims) -> Vec<String> {
+pub(crate) fn token_scopes(claims: &Claims) -> Vec<String> {
     let from = |v: &Value| match v {
         Value::String(s) => s
             .split(' ')
@@ -177,7 +177,7 @@ pub fn token_scopes(claims: &Claims) -> Vec<String> {
 }
 
 /// The checks after the signature, and the agent the claims name. Pure.
-pub fn agent_from_claims(
+pub(crate) fn agent_from_claims(
     claims: &Claims,
     config: &OAuthConfig,
     now: i64,

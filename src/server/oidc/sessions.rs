@@ -22,7 +22,7 @@ use crate::with_pool;
 use super::config::PersonRole;
 
 /// The emisar roles of a person's provider roles.
-pub fn roles_of(person: &SignedInPerson) -> Vec<Role> {
+pub(crate) fn roles_of(person: &SignedInPerson) -> Vec<Role> {
     person
         .roles
         .iter()
@@ -109,7 +109,7 @@ pub async fn open(
 }
 
 /// The live provider session with this id, if any.
-pub async fn find(db: &Db, id: &str) -> Result<Option<Session>, UserError> {
+pub(crate) async fn find(db: &Db, id: &str) -> Result<Option<Session>, UserError> {
     let id_hash = sha256_hex(id.as_bytes());
     let now = format_at(Utc::now());
     let sql = db.sql("SELECT identity, display_name, roles, csrf_token FROM provider_sessions WHERE id_hash = $1 AND expires_at > $2::timestamptz");
@@ -136,7 +136,7 @@ pub async fn find(db: &Db, id: &str) -> Result<Option<Session>, UserError> {
 }
 
 /// Ends one session (the person logged out of emisar; the provider's session is theirs).
-pub async fn close(db: &Db, audit: &AuditLog, s: &Session) -> Result<(), UserError> {
+pub(crate) async fn close(db: &Db, audit: &AuditLog, s: &Session) -> Result<(), UserError> {
     with_pool!(db, pool => sqlx::query("DELETE FROM provider_sessions WHERE id_hash = $1").bind(&s.id_hash).execute(pool).await.map(|_| ())?);
     audit
         .append(NewEvent {
@@ -151,7 +151,7 @@ pub async fn close(db: &Db, audit: &AuditLog, s: &Session) -> Result<(), UserErr
 
 /// Ends the sessions the provider says ended (back-channel logout): those of its session
 /// `sid`, or every session of `subject` when it names no session. Returns how many ended.
-pub async fn end_by_provider(
+pub(crate) async fn end_by_provider(
     db: &Db,
     audit: &AuditLog,
     issuer: &str,

@@ -38,7 +38,7 @@ pub struct Discovered<T> {
 
 impl<T: Send + Sync + 'static> Discovered<T> {
     /// A value that is already there.
-    pub fn ready(what: &'static str, value: T) -> Arc<Self> {
+    pub(crate) fn ready(what: &'static str, value: T) -> Arc<Self> {
         Arc::new(Discovered {
             what,
             status: RwLock::new(Status::Ready(Arc::new(value))),
@@ -47,7 +47,7 @@ impl<T: Send + Sync + 'static> Discovered<T> {
 
     /// A value whose first discovery failed with `problem`: `attempt` is retried in the
     /// background until it succeeds or `shutdown` is cancelled.
-    pub fn retrying<F, Fut>(
+    pub(crate) fn retrying<F, Fut>(
         what: &'static str,
         problem: String,
         attempt: F,
@@ -96,7 +96,7 @@ impl<T: Send + Sync + 'static> Discovered<T> {
     }
 
     /// The value, or why it is not there yet.
-    pub fn get(&self) -> Result<Arc<T>, String> {
+    pub(crate) fn get(&self) -> Result<Arc<T>, String> {
         match &*self.status.read().unwrap_or_else(|p| p.into_inner()) {
             Status::Ready(v) => Ok(v.clone()),
             Status::Waiting { problem, attempts } => Err(format!(

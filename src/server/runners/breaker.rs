@@ -48,7 +48,7 @@ pub struct Rejection {
 }
 
 impl Breaker {
-    pub fn new(threshold: u32, cooldown: Backoff) -> Self {
+    pub(crate) fn new(threshold: u32, cooldown: Backoff) -> Self {
         Breaker {
             state: State::Closed { failures: 0 },
             threshold: threshold.max(1),
@@ -62,7 +62,7 @@ impl Breaker {
     }
 
     /// 0 closed, 1 half-open, 2 open (for metrics).
-    pub fn level(&self) -> u8 {
+    pub(crate) fn level(&self) -> u8 {
         match self.state {
             State::Closed { .. } => 0,
             State::HalfOpen { .. } => 1,
@@ -70,16 +70,16 @@ impl Breaker {
         }
     }
 
-    pub fn name(&self) -> &'static str {
+    pub(crate) fn name(&self) -> &'static str {
         ["closed", "half-open", "open"][self.level() as usize]
     }
 
-    pub fn opened_at(&self) -> Option<chrono::DateTime<chrono::Utc>> {
+    pub(crate) fn opened_at(&self) -> Option<chrono::DateTime<chrono::Utc>> {
         self.opened_at
     }
 
     /// May a call start now? Moves open → half-open once the cooldown has passed.
-    pub fn admit(&mut self, now: Instant) -> Result<(), Rejection> {
+    pub(crate) fn admit(&mut self, now: Instant) -> Result<(), Rejection> {
         match &self.state {
             State::Closed { .. } => Ok(()),
             State::Open {
@@ -127,12 +127,12 @@ impl Breaker {
         }
     }
 
-    pub fn on_success(&mut self) {
+    pub(crate) fn on_success(&mut self) {
         self.state = State::Closed { failures: 0 };
         self.opened_at = None;
     }
 
-    pub fn on_failure(&mut self, now: Instant, reason: &str) {
+    pub(crate) fn on_failure(&mut self, now: Instant, reason: &str) {
         match &self.state {
             State::Closed { failures } if failures + 1 < self.threshold => {
                 self.state = State::Closed {

@@ -12,7 +12,7 @@ pub struct RetryBudget {
 }
 
 impl RetryBudget {
-    pub fn new(ratio: f64, cap: f64) -> Self {
+    pub(crate) fn new(ratio: f64, cap: f64) -> Self {
         RetryBudget {
             tokens: Mutex::new(cap.min(1.0)),
             ratio,
@@ -20,13 +20,13 @@ impl RetryBudget {
         }
     }
 
-    pub fn deposit(&self) {
+    pub(crate) fn deposit(&self) {
         let mut t = self.tokens.lock().unwrap_or_else(|p| p.into_inner());
         *t = (*t + self.ratio).min(self.cap);
     }
 
     /// Takes a token for one retry, if there is one.
-    pub fn try_withdraw(&self) -> bool {
+    pub(crate) fn try_withdraw(&self) -> bool {
         let mut t = self.tokens.lock().unwrap_or_else(|p| p.into_inner());
         if *t >= 1.0 {
             *t -= 1.0;

@@ -23,7 +23,7 @@ use crate::util::error_chain;
 const MAX_ANSWER_BYTES: usize = 8 * 1024 * 1024;
 
 /// The most characters of a runner's own refusal or action error an agent reads.
-pub const MAX_REASON_CHARS: usize = 300;
+pub(crate) const MAX_REASON_CHARS: usize = 300;
 /// The most characters of an operator's detail (a raw body, a transport error) kept.
 const MAX_DETAIL_CHARS: usize = 1000;
 /// The most characters of an action's error (written by the runner about its service) kept.
@@ -32,7 +32,7 @@ const MAX_ACTION_ERROR_CHARS: usize = 4000;
 /// Why one runner call failed. The `Display` text is what the agent reads; `detail` fields
 /// are for the server's log and admins only (see the module's invariant).
 #[derive(Debug, Clone, thiserror::Error)]
-pub enum RunnerError {
+pub(crate) enum RunnerError {
     /// The connection failed (refused, reset, DNS, a TLS handshake that did not complete).
     #[error("runner unreachable: the connection failed (the server's log has the details)")]
     Unreachable { detail: String },
@@ -64,7 +64,7 @@ pub enum RunnerError {
 
 impl RunnerError {
     /// A stable, machine-readable name for this failure (documented in docs/agent-guide.md).
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             RunnerError::Unreachable { .. } => "runner_unreachable",
             RunnerError::Untrusted { .. } => "runner_untrusted",
@@ -78,7 +78,7 @@ impl RunnerError {
 
     /// The failure as operators read it (the server's log, `last_error` for admins): the
     /// agent's text and what lies behind it, cleaned of control characters and bounded.
-    pub fn detail(&self) -> String {
+    pub(crate) fn detail(&self) -> String {
         match self {
             RunnerError::Unreachable { detail }
             | RunnerError::Untrusted { detail }
@@ -94,7 +94,7 @@ impl RunnerError {
 /// `text` as one line an agent or a log may show: control and invisible characters (those
 /// the door refuses in text, see [`crate::util::door::refused_in_text`]) and line breaks
 /// become spaces, and past `max_chars` characters it is cut with `…`.
-pub fn clean_line(text: &str, max_chars: usize) -> String {
+pub(crate) fn clean_line(text: &str, max_chars: usize) -> String {
     clean(text, max_chars, |c| {
         crate::util::door::refused_in_text(c) || c.is_control()
     })
@@ -102,7 +102,7 @@ pub fn clean_line(text: &str, max_chars: usize) -> String {
 
 /// Like [`clean_line`], keeping tabs and line breaks (an action's error may quote a
 /// program's output over several lines).
-pub fn clean_text(text: &str, max_chars: usize) -> String {
+pub(crate) fn clean_text(text: &str, max_chars: usize) -> String {
     clean(text, max_chars, crate::util::door::refused_in_text)
 }
 
@@ -151,7 +151,7 @@ pub struct RunnerAnswer {
 }
 
 /// What one call to one runner needs besides the runner itself.
-pub struct Dispatch<'a> {
+pub(crate) struct Dispatch<'a> {
     pub call_id: &'a str,
     pub tool: &'a str,
     pub pack_sha256: &'a str,
@@ -177,7 +177,7 @@ impl<'a> Dispatch<'a> {
     /// A call of `tool` from the pack whose digest is `pack_sha256`, in `mode`, with nothing
     /// that carries it further: no preview values, no approval (signed or witnessed), no lowering, shaped output.
     /// A caller adds what it has with `Dispatch { raw, .., ..Dispatch::new(…) }`.
-    pub fn new(
+    pub(crate) fn new(
         call_id: &'a str,
         tool: &'a str,
         pack_sha256: &'a str,
@@ -203,12 +203,12 @@ impl<'a> Dispatch<'a> {
 
 /// Signs calls; each runner's own client (in its [`Endpoint`]) sends them.
 #[derive(Clone)]
-pub struct RunnerClient {
+pub(crate) struct RunnerClient {
     signer: Arc<CallSigner>,
 }
 
 /// What a failed send says to operators, with a pinned certificate's mismatch spelled out.
-pub fn describe_send_error(e: &reqwest::Error) -> String {
+pub(crate) fn describe_send_error(e: &reqwest::Error) -> String {
     match super::tls::pin_mismatch(e) {
         Some(mismatch) => clean_line(&mismatch.to_string(), MAX_DETAIL_CHARS),
         None => detail_of(e),
@@ -227,11 +227,11 @@ fn send_error(e: &reqwest::Error) -> RunnerError {
 }
 
 impl RunnerClient {
-    pub fn new(signer: Arc<CallSigner>) -> Self {
+    pub(crate) fn new(signer: Arc<CallSigner>) -> Self {
         RunnerClient { signer }
     }
 
-    pub async fn call(
+    pub(crate) async fn call(
         &self,
         runner: &str,
         endpoint: &Endpoint,

@@ -25,7 +25,7 @@ use ipnet::IpNet;
 
 /// The networks a joined runner may be reached in, and this server's own addresses.
 #[derive(Debug, Clone)]
-pub struct JoinNetworks {
+pub(crate) struct JoinNetworks {
     allowed: Vec<IpNet>,
     /// `allowed_networks` was given: its list, not the default, decides.
     explicit: bool,
@@ -45,7 +45,7 @@ const DEFAULT_ALLOWED: &[&str] = &[
 impl JoinNetworks {
     /// `allowed`: the `[join] allowed_networks` list (CIDRs or single addresses), or `None`
     /// for the default. Each entry that does not parse is an error naming it.
-    pub fn new(allowed: Option<&[String]>, own: Vec<SocketAddr>) -> Result<Self, String> {
+    pub(crate) fn new(allowed: Option<&[String]>, own: Vec<SocketAddr>) -> Result<Self, String> {
         let explicit = allowed.is_some();
         let texts: Vec<String> = match allowed {
             Some(list) => list.to_vec(),
@@ -68,12 +68,12 @@ impl JoinNetworks {
     }
 
     /// The default networks, with `own` as this server's addresses.
-    pub fn default_with(own: Vec<SocketAddr>) -> Self {
+    pub(crate) fn default_with(own: Vec<SocketAddr>) -> Self {
         Self::new(None, own).expect("the default networks parse")
     }
 
     /// Why a joined runner may not be reached at `addr`, if it may not.
-    pub fn refuses(&self, addr: SocketAddr) -> Option<String> {
+    pub(crate) fn refuses(&self, addr: SocketAddr) -> Option<String> {
         let ip = addr.ip().to_canonical();
         if self.is_own(ip, addr.port()) {
             return Some(format!(
@@ -112,7 +112,7 @@ impl JoinNetworks {
 
     /// Checks the host of `url` (an address, or a name and every address it resolves to
     /// now). The message names the rule, never the resolver's own error text.
-    pub async fn check_url(&self, url: &reqwest::Url) -> Result<(), String> {
+    pub(crate) async fn check_url(&self, url: &reqwest::Url) -> Result<(), String> {
         let port = url
             .port_or_known_default()
             .ok_or("`url` has no port and no known default port")?;
@@ -148,7 +148,7 @@ impl JoinNetworks {
 }
 
 /// The address in `url`'s host, when it is one rather than a name.
-pub fn literal_ip(url: &reqwest::Url) -> Option<IpAddr> {
+pub(crate) fn literal_ip(url: &reqwest::Url) -> Option<IpAddr> {
     // An IPv6 host is written in brackets; a name never parses as an address.
     url.host_str()?
         .trim_start_matches('[')
@@ -178,14 +178,14 @@ fn is_broadcast(ip: IpAddr) -> bool {
 /// The resolver of a joined runner's client: the system's answer, less every address the
 /// networks refuse. A name that resolves only to refused addresses fails to connect, and
 /// the error says why (not which addresses), so a rebinding name reaches nothing outside.
-pub struct AllowedResolver {
+pub(crate) struct AllowedResolver {
     networks: Arc<JoinNetworks>,
     /// The port of the runner's URL: the server's own address is an address *and* a port.
     port: u16,
 }
 
 impl AllowedResolver {
-    pub fn new(networks: Arc<JoinNetworks>, port: u16) -> Self {
+    pub(crate) fn new(networks: Arc<JoinNetworks>, port: u16) -> Self {
         AllowedResolver { networks, port }
     }
 }

@@ -42,7 +42,7 @@ struct Health {
 }
 
 /// A runner's allowlists: list name → the values it admits.
-pub type Allowlists = BTreeMap<String, Vec<String>>;
+pub(crate) type Allowlists = BTreeMap<String, Vec<String>>;
 
 /// The part of a runner's `/healthz` answer the server keeps.
 #[derive(serde::Deserialize)]
@@ -73,7 +73,7 @@ enum Origin {
 /// A runner as the server reaches it: its entry and the HTTP client that trusts exactly that
 /// runner (its pinned certificate, or the runner CA), with its own pool of connections.
 #[derive(Clone)]
-pub struct Endpoint {
+pub(crate) struct Endpoint {
     pub entry: RunnerEntry,
     pub http: reqwest::Client,
 }
@@ -100,7 +100,7 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// One runner's health as the API, the metrics and the `emisar.runners` tool show it.
 #[derive(Debug, Clone, Serialize)]
-pub struct RunnerStatus {
+pub(crate) struct RunnerStatus {
     pub name: String,
     /// `config` (the server's `[[runners]]`) or `joined`.
     pub origin: &'static str,
@@ -138,7 +138,7 @@ fn new_health() -> Health {
 impl Registry {
     /// The configured runners, each with its client; a runner that cannot be trusted as
     /// configured (plain HTTP without `insecure_http`, a malformed pin) is an error.
-    pub fn new(runners: Vec<RunnerEntry>, trust: RunnerTrust) -> anyhow::Result<Arc<Self>> {
+    pub(crate) fn new(runners: Vec<RunnerEntry>, trust: RunnerTrust) -> anyhow::Result<Arc<Self>> {
         let mut slots = BTreeMap::new();
         for entry in runners {
             let http = trust.client(&entry)?;
@@ -159,7 +159,7 @@ impl Registry {
     }
 
     /// How runners are trusted here (join requests are checked against it too).
-    pub fn trust(&self) -> &RunnerTrust {
+    pub(crate) fn trust(&self) -> &RunnerTrust {
         &self.trust
     }
 
@@ -181,7 +181,7 @@ impl Registry {
     }
 
     /// Is `name` a runner from the server's config?
-    pub fn is_configured(&self, name: &str) -> bool {
+    pub(crate) fn is_configured(&self, name: &str) -> bool {
         self.slot(name)
             .is_some_and(|s| matches!(s.origin, Origin::Configured))
     }
@@ -191,7 +191,7 @@ impl Registry {
     /// of the same name is never replaced: returns `Ok(false)` and changes nothing. A runner
     /// that cannot be trusted as given (plain HTTP without `insecure_http`, a malformed pin)
     /// is an error and changes nothing.
-    pub fn upsert_joined(self: &Arc<Self>, entry: RunnerEntry) -> anyhow::Result<bool> {
+    pub(crate) fn upsert_joined(self: &Arc<Self>, entry: RunnerEntry) -> anyhow::Result<bool> {
         let name = entry.name.clone();
         let http = self.trust.joined_client(&entry)?;
         let endpoint = Endpoint { entry, http };
@@ -236,7 +236,7 @@ impl Registry {
     /// Forgets the joined runners that are not in `present` (they were removed) and that this
     /// replica has not learnt of since `read_at`, when `present` was read. Runners from the
     /// config are never removed. Returns the names removed. Their probes stop on their own.
-    pub fn retain_joined(
+    pub(crate) fn retain_joined(
         &self,
         present: &std::collections::BTreeSet<String>,
         read_at: Instant,
@@ -259,12 +259,12 @@ impl Registry {
         gone
     }
 
-    pub fn get(&self, name: &str) -> Option<RunnerEntry> {
+    pub(crate) fn get(&self, name: &str) -> Option<RunnerEntry> {
         self.endpoint(name).map(|e| e.entry)
     }
 
     /// The runner and the client to reach it with.
-    pub fn endpoint(&self, name: &str) -> Option<Endpoint> {
+    pub(crate) fn endpoint(&self, name: &str) -> Option<Endpoint> {
         self.slot(name)
             .map(|s| s.known.read().unwrap_or_else(|p| p.into_inner()).clone())
     }
@@ -289,7 +289,7 @@ impl Registry {
     /// (closed breaker and a good heartbeat), then configured runners before joined ones,
     /// then by name. The order never depends on anything a joining runner chooses but its
     /// name, and a name sorts only among runners the operator designated for the pack.
-    pub fn serving(&self, pack: &str, scope: Option<&Selector>) -> Vec<String> {
+    pub(crate) fn serving(&self, pack: &str, scope: Option<&Selector>) -> Vec<String> {
         let mut names: Vec<(u8, bool, String)> = self
             .slots()
             .into_iter()
@@ -316,7 +316,7 @@ impl Registry {
     }
 
     /// May a call to `name` start now?
-    pub fn admit(&self, name: &str) -> Result<(), Rejection> {
+    pub(crate) fn admit(&self, name: &str) -> Result<(), Rejection> {
         match self.slot(name) {
             Some(s) => s
                 .health
@@ -332,7 +332,7 @@ impl Registry {
     /// (unreachable, timed out, unreadable); a service error behind a healthy runner does not.
     /// The breaker keeps the agent's text of the failure (an open breaker's refusal quotes
     /// it); `last_error` the operator's detail, which only admins read.
-    pub fn record(&self, name: &str, runner_failure: Option<&super::client::RunnerError>) {
+    pub(crate) fn record(&self, name: &str, runner_failure: Option<&super::client::RunnerError>) {
         if let Some(s) = self.slot(name) {
             let mut h = s.health.lock().unwrap_or_else(|p| p.into_inner());
             h.last_call = Some(chrono::Utc::now());
@@ -351,7 +351,7 @@ impl Registry {
     }
 
     /// A probe's or a runner heartbeat's result. Returns the consecutive failures so far.
-    pub fn record_heartbeat(&self, name: &str, result: Result<(), String>) -> u32 {
+    pub(crate) fn record_heartbeat(&self, name: &str, result: Result<(), String>) -> u32 {
         let Some(s) = self.slot(name) else {
             return 0;
         };
@@ -378,7 +378,7 @@ impl Registry {
     }
 
     /// Keeps the allowlists a runner reported in its health answer.
-    pub fn record_allowlists(&self, name: &str, allowlists: Allowlists) {
+    pub(crate) fn record_allowlists(&self, name: &str, allowlists: Allowlists) {
         if let Some(s) = self.slot(name) {
             s.health
                 .lock()
@@ -388,27 +388,27 @@ impl Registry {
     }
 
     /// Keeps what a runner reported of its signed approvals in its health answer.
-    pub fn record_approvals(&self, name: &str, approvals: Option<RunnerApprovals>) {
+    pub(crate) fn record_approvals(&self, name: &str, approvals: Option<RunnerApprovals>) {
         if let Some(s) = self.slot(name) {
             s.health.lock().unwrap_or_else(|p| p.into_inner()).approvals = approvals;
         }
     }
 
     /// What `name` last reported of its signed approvals, if a probe has read it.
-    pub fn approvals(&self, name: &str) -> Option<RunnerApprovals> {
+    pub(crate) fn approvals(&self, name: &str) -> Option<RunnerApprovals> {
         let s = self.slot(name)?;
         let h = s.health.lock().unwrap_or_else(|p| p.into_inner());
         h.approvals.clone()
     }
 
     /// The allowlists `name` last reported, if a probe has read them.
-    pub fn allowlists(&self, name: &str) -> Option<Allowlists> {
+    pub(crate) fn allowlists(&self, name: &str) -> Option<Allowlists> {
         let s = self.slot(name)?;
         let h = s.health.lock().unwrap_or_else(|p| p.into_inner());
         h.allowlists.clone()
     }
 
-    pub fn snapshot(&self) -> Vec<RunnerStatus> {
+    pub(crate) fn snapshot(&self) -> Vec<RunnerStatus> {
         self.slots()
             .into_iter()
             .map(|(name, s)| {
@@ -444,7 +444,7 @@ impl Registry {
     /// Probes every runner's `/healthz` every `interval` (jittered), backing off per runner
     /// while it fails, until `shutdown`. Runners added later are probed from then on. Each
     /// probe carries a health token `signer` signs for that runner, which its details need.
-    pub fn spawn_prober(
+    pub(crate) fn spawn_prober(
         self: &Arc<Self>,
         interval: Duration,
         shutdown: CancellationToken,
@@ -541,7 +541,7 @@ async fn reported(mut answer: reqwest::Response) -> Option<HealthAnswer> {
 }
 
 /// The message of a call refused by an open breaker.
-pub fn rejection_message(r: &Rejection) -> String {
+pub(crate) fn rejection_message(r: &Rejection) -> String {
     let since = r
         .since
         .map(|t| {

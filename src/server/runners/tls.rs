@@ -31,7 +31,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The server-wide part of how runners are trusted.
 #[derive(Clone)]
-pub struct RunnerTrust {
+pub(crate) struct RunnerTrust {
     ca: Option<Arc<rustls::RootCertStore>>,
     insecure_http: bool,
     /// Where joined runners may be reached (`[join] allowed_networks`).
@@ -39,7 +39,7 @@ pub struct RunnerTrust {
 }
 
 impl RunnerTrust {
-    pub fn new(runner_ca_file: Option<&Path>, insecure_http: bool) -> anyhow::Result<Self> {
+    pub(crate) fn new(runner_ca_file: Option<&Path>, insecure_http: bool) -> anyhow::Result<Self> {
         let ca = match runner_ca_file {
             None => None,
             Some(path) => {
@@ -63,25 +63,25 @@ impl RunnerTrust {
     }
 
     /// Joined runners may be reached only where `networks` allows.
-    pub fn with_join_networks(mut self, networks: JoinNetworks) -> Self {
+    pub(crate) fn with_join_networks(mut self, networks: JoinNetworks) -> Self {
         self.joined = Arc::new(networks);
         self
     }
 
     /// Whether `http://` runner URLs are allowed.
-    pub fn insecure_http(&self) -> bool {
+    pub(crate) fn insecure_http(&self) -> bool {
         self.insecure_http
     }
 
     /// Where joined runners may be reached.
-    pub fn join_networks(&self) -> &JoinNetworks {
+    pub(crate) fn join_networks(&self) -> &JoinNetworks {
         &self.joined
     }
 
     /// The client of a joined runner: like [`RunnerTrust::client`], and it connects only to
     /// addresses in the join networks. An address in the URL is checked here; a name is
     /// checked on every connection, by the resolver.
-    pub fn joined_client(&self, entry: &RunnerEntry) -> anyhow::Result<reqwest::Client> {
+    pub(crate) fn joined_client(&self, entry: &RunnerEntry) -> anyhow::Result<reqwest::Client> {
         let url = reqwest::Url::parse(&entry.url)
             .with_context(|| format!("runner `{}` url is not a URL", entry.name))?;
         let port = url
@@ -97,7 +97,7 @@ impl RunnerTrust {
     }
 
     /// The client that calls (and probes) the runner `entry` describes.
-    pub fn client(&self, entry: &RunnerEntry) -> anyhow::Result<reqwest::Client> {
+    pub(crate) fn client(&self, entry: &RunnerEntry) -> anyhow::Result<reqwest::Client> {
         self.build(entry, None)
     }
 
@@ -173,7 +173,7 @@ struct PinnedVerifier {
 #[error(
     "runner `{runner}` presented TLS certificate {presented}, but {pinned} is pinned for it (tls_fingerprint): the call was not sent"
 )]
-pub struct PinMismatch {
+pub(crate) struct PinMismatch {
     pub runner: String,
     pub presented: Fingerprint,
     pub pinned: Fingerprint,
@@ -239,7 +239,9 @@ impl ServerCertVerifier for PinnedVerifier {
 /// The pin mismatch behind a failed request, if that is why it failed. rustls's error sits
 /// inside `io::Error`s (nested: the TLS stream's inside the connector's), whose `source()`
 /// skips the error they wrap, so each one is opened by hand.
-pub fn pin_mismatch<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a PinMismatch> {
+pub(crate) fn pin_mismatch<'a>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a PinMismatch> {
     let mut next = Some(error);
     while let Some(e) = next {
         if let Some(rustls::Error::InvalidCertificate(CertificateError::Other(OtherError(inner)))) =

@@ -11,6 +11,7 @@ mod conformance;
 mod door;
 mod edges;
 mod fleet;
+mod fleet_scale;
 mod floods;
 mod governance;
 mod governance_rules;

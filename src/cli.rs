@@ -108,6 +108,9 @@ pub enum Command {
     /// A fleet-wide 502 incident, replayable: the server, five edge runners
     /// (nomad-hvn01..05) and the lab's Consul, Nomad, Traefik, FRR and metrics behind them.
     #[command(after_help = "Example: emisar lab --speed 10")]
+    // A build without the `lab` feature keeps the command, so that `emisar lab` says why it
+    // cannot run (`no_lab`) instead of clap's "unrecognized subcommand", but does not list it.
+    #[cfg_attr(not(feature = "lab"), command(hide = true))]
     Lab {
         /// Where the lab keeps its database, keys and the services' state.
         #[arg(long, default_value = ".emisar-lab")]
@@ -352,6 +355,18 @@ fn cli_actor() -> String {
     )
 }
 
+/// What `emisar lab` answers in a build without the `lab` feature (the package's, the
+/// container image's): the lab is a demonstration, not part of the product.
+#[cfg(not(feature = "lab"))]
+fn no_lab(command: &str) -> anyhow::Error {
+    anyhow::anyhow!(
+        "`emisar {command}` is not in this build: the Debian package and the container image \
+         leave the lab (the case study's incident with emulated Consul, Nomad and Traefik) out \
+         of the production binary. Run it from a source checkout with `cargo run -- lab`, or \
+         build emisar with the `lab` cargo feature (docs/getting-started.md, \"The lab\")"
+    )
+}
+
 /// Runs a command; the exit code is 0 unless it returns an error or says otherwise.
 pub async fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
@@ -406,6 +421,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             };
             crate::dev::run(opts, stop).await?;
         }
+        #[cfg(feature = "lab")]
         Command::Lab {
             state_dir,
             listen,
@@ -421,11 +437,16 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             };
             crate::lab::run::run(opts, stop_on_signal()).await?;
         }
+        #[cfg(feature = "lab")]
         Command::LabExec {
             control,
             node,
             argv,
         } => return Ok(crate::lab::standin::run(&control, &node, &argv).await),
+        #[cfg(not(feature = "lab"))]
+        Command::Lab { .. } => return Err(no_lab("lab")),
+        #[cfg(not(feature = "lab"))]
+        Command::LabExec { .. } => return Err(no_lab("lab-exec")),
         Command::Packs { command } => return packs::run(command).await,
         Command::Audit { command } => return audit::run(command).await,
         Command::Token { command } => return people::token(command).await,

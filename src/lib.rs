@@ -21,16 +21,17 @@
 //! checkpoints (C2SP tlog-witness); it uses [`tlog`] and [`util`], nothing of the server.
 //!
 //! At the top, the composition roots put the rooms together: [`cli`] (every subcommand),
-//! [`dev`] (`emisar dev`: a server and a local runner in one process), [`lab`] (`emisar lab`:
-//! a fleet-wide 502 incident on one machine; nothing in the product imports it) and
-//! [`stdio_bridge`] (`emisar mcp-stdio`).
+//! [`dev`] (`emisar dev`: a server and a local runner in one process), `lab` (`emisar lab`:
+//! a fleet-wide 502 incident on one machine; nothing in the product imports it, and only the
+//! `lab` cargo feature builds it: the package's binary leaves it out) and [`stdio_bridge`]
+//! (`emisar mcp-stdio`).
 
 #[cfg(feature = "server")]
 pub mod cli;
 #[cfg(feature = "server")]
 pub mod dev;
 pub mod digest;
-#[cfg(feature = "server")]
+#[cfg(feature = "lab")]
 pub mod lab;
 pub mod node;
 pub mod pack;

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::Subcommand;
 
-use crate::pack::{Action, PackSet};
+use crate::pack::PackSet;
 
 #[derive(Subcommand)]
 pub enum PacksCommand {
@@ -76,11 +76,12 @@ pub async fn run(command: PacksCommand) -> anyhow::Result<i32> {
             let Some(t) = set.tool(&tool) else {
                 anyhow::bail!("no tool named `{tool}` (see `emisar packs list`)");
             };
-            let steps: Vec<serde_json::Value> = t.steps.iter().map(describe_step).collect();
+            let steps: Vec<serde_json::Value> =
+                t.steps.iter().map(crate::pack::Step::describe).collect();
             let preview: Option<Vec<serde_json::Value>> = t
                 .preview
                 .as_ref()
-                .map(|p| p.steps.iter().map(describe_step).collect());
+                .map(|p| p.steps.iter().map(crate::pack::Step::describe).collect());
             let shown = serde_json::json!({
                 "tool": t.name,
                 "description": t.description,
@@ -96,27 +97,4 @@ pub async fn run(command: PacksCommand) -> anyhow::Result<i32> {
         }
     }
     Ok(0)
-}
-
-fn describe_step(step: &crate::pack::Step) -> serde_json::Value {
-    use crate::pack::StepKind;
-    let what = match &step.kind {
-        StepKind::Run(Action::Http(h)) => serde_json::json!({
-            "http": {"method": h.method, "path": h.path.source(),
-                      "query": h.query.iter().map(|(k, v)| (k.clone(), v.source().to_owned())).collect::<std::collections::BTreeMap<_, _>>(),
-                      "body": h.body.as_ref().map(|b| b.source())}
-        }),
-        StepKind::Run(Action::Exec(e)) => serde_json::json!({
-            "exec": {"argv": e.argv.iter().map(|a| a.source()).collect::<Vec<_>>()}
-        }),
-        StepKind::Check { check, message } => serde_json::json!({
-            "check": check.source(), "message": message.source()
-        }),
-    };
-    serde_json::json!({
-        "name": step.name,
-        "do": what,
-        "capture": step.capture.iter().map(|(k, v)| (k.clone(), v.source().to_owned())).collect::<std::collections::BTreeMap<_, _>>(),
-        "optional": step.optional,
-    })
 }

@@ -5,15 +5,15 @@
 //! their templates. The context a jq program sees is
 //! `{"args": {...}, "vars": {...}, "steps": {"NAME": result}}`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::is_identifier;
 use super::jq::JqProgram;
 use super::params::Param;
-use super::raw::{RawExec, RawHttp, RawStep};
+use super::raw::{RawAction, RawExec, RawHttp, RawStep, RawStepKind};
 use super::template::Template;
 
 const DEFAULT_HTTP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -83,6 +83,35 @@ pub struct Step {
     pub optional: bool,
 }
 
+impl Step {
+    /// The step as `emisar packs show` prints it: its name, what it does (as the pack wrote
+    /// it, under the key of its kind), its captures and whether it is optional.
+    pub fn describe(&self) -> Value {
+        fn sources<T>(pairs: &[(String, T)], source: fn(&T) -> &str) -> BTreeMap<String, &str> {
+            pairs.iter().map(|(k, v)| (k.clone(), source(v))).collect()
+        }
+        let what = match &self.kind {
+            StepKind::Run(Action::Http(h)) => json!({
+                "http": {"method": h.method, "path": h.path.source(),
+                          "query": sources(&h.query, Template::source),
+                          "body": h.body.as_ref().map(JqProgram::source)}
+            }),
+            StepKind::Run(Action::Exec(e)) => json!({
+                "exec": {"argv": e.argv.iter().map(Template::source).collect::<Vec<_>>()}
+            }),
+            StepKind::Check { check, message } => json!({
+                "check": check.source(), "message": message.source()
+            }),
+        };
+        json!({
+            "name": self.name,
+            "do": what,
+            "capture": sources(&self.capture, JqProgram::source),
+            "optional": self.optional,
+        })
+    }
+}
+
 /// What templates of a step may refer to: params (with whether they are required) and vars.
 pub(super) struct Scope<'a> {
     pub params: &'a [Param],
@@ -130,7 +159,7 @@ impl Scope<'_> {
     }
 }
 
-pub(super) fn resolve_http(h: &RawHttp, scope: &Scope<'_>) -> Result<HttpAction, String> {
+fn resolve_http(h: &RawHttp, scope: &Scope<'_>) -> Result<HttpAction, String> {
     let method = h.method.to_ascii_uppercase();
     if !["GET", "HEAD", "POST", "PUT", "DELETE"].contains(&method.as_str()) {
         return Err(format!("http method `{}` is not supported", h.method));
@@ -175,7 +204,7 @@ pub(super) fn resolve_http(h: &RawHttp, scope: &Scope<'_>) -> Result<HttpAction,
     })
 }
 
-pub(super) fn resolve_exec(e: &RawExec, scope: &Scope<'_>) -> Result<ExecAction, String> {
+fn resolve_exec(e: &RawExec, scope: &Scope<'_>) -> Result<ExecAction, String> {
     let Some(program) = e.argv.first() else {
         return Err("exec argv must not be empty".into());
     };
@@ -204,6 +233,23 @@ pub(super) fn resolve_exec(e: &RawExec, scope: &Scope<'_>) -> Result<ExecAction,
     })
 }
 
+/// Checks an action of a pack whose `service` is `has_service` (http actions need one).
+pub(super) fn resolve_action(
+    raw: &RawAction,
+    scope: &Scope<'_>,
+    has_service: bool,
+) -> Result<Action, String> {
+    Ok(match raw {
+        RawAction::Http(h) => {
+            if !has_service {
+                return Err("an http action needs the pack's `service`".into());
+            }
+            Action::Http(resolve_http(h, scope)?)
+        }
+        RawAction::Exec(e) => Action::Exec(resolve_exec(e, scope)?),
+    })
+}
+
 /// Whether steps run at request time, before anyone approved anything (a preview), or as
 /// the tool's own action.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -224,28 +270,23 @@ fn check_read_only(step: &RawStep, phase: Phase) -> Result<(), String> {
         }
         return Ok(());
     }
-    if let Some(h) = &step.http {
-        match h.method.to_ascii_uppercase().as_str() {
-            "GET" | "HEAD" => {}
-            "POST" if step.read_only => {}
-            "POST" => {
-                return Err(
-                    "a preview step runs before anyone approved: a POST must be marked `read_only: true` (only for an endpoint that changes nothing)".into(),
-                );
-            }
-            other => {
-                return Err(format!(
-                    "a preview step runs before anyone approved: it may not {other}"
-                ));
-            }
-        }
-    }
-    if step.exec.is_some() && !step.read_only {
-        return Err(
+    match &step.kind {
+        RawStepKind::Check { .. } => Ok(()),
+        RawStepKind::Run(RawAction::Http(h)) => match h.method.to_ascii_uppercase().as_str() {
+            "GET" | "HEAD" => Ok(()),
+            "POST" if step.read_only => Ok(()),
+            "POST" => Err(
+                "a preview step runs before anyone approved: a POST must be marked `read_only: true` (only for an endpoint that changes nothing)".into(),
+            ),
+            other => Err(format!(
+                "a preview step runs before anyone approved: it may not {other}"
+            )),
+        },
+        RawStepKind::Run(RawAction::Exec(_)) if step.read_only => Ok(()),
+        RawStepKind::Run(RawAction::Exec(_)) => Err(
             "a preview step runs before anyone approved: a command must be marked `read_only: true` (only for one that changes nothing)".into(),
-        );
+        ),
     }
-    Ok(())
 }
 
 /// Resolves steps in order; each step's captures become vars for the steps after it.
@@ -269,38 +310,19 @@ pub(super) fn resolve_steps(
             return Err(at("the name is used twice".into()));
         }
         check_read_only(s, phase).map_err(at)?;
-        let kind = match (&s.http, &s.exec, &s.check) {
-            (Some(h), None, None) => {
-                if !service {
-                    return Err(at("an http step needs the pack's `service`".into()));
-                }
-                StepKind::Run(Action::Http(resolve_http(h, scope).map_err(at)?))
+        let kind = match &s.kind {
+            RawStepKind::Run(action) => {
+                StepKind::Run(resolve_action(action, scope, service).map_err(at)?)
             }
-            (None, Some(e), None) => {
-                StepKind::Run(Action::Exec(resolve_exec(e, scope).map_err(at)?))
-            }
-            (None, None, Some(c)) => {
-                let message = Template::parse(
-                    s.message
-                        .as_deref()
-                        .ok_or_else(|| at("a check needs a `message`".into()))?,
-                )
-                .map_err(at)?;
+            RawStepKind::Check { check, message } => {
+                let message = Template::parse(message).map_err(at)?;
                 scope.check_refs(&message, Optional::Allowed).map_err(at)?;
                 StepKind::Check {
-                    check: JqProgram::compile(c).map_err(at)?,
+                    check: JqProgram::compile(check).map_err(at)?,
                     message,
                 }
             }
-            _ => {
-                return Err(at(
-                    "a step has exactly one of `http`, `exec` or `check`".into()
-                ));
-            }
         };
-        if s.message.is_some() && !matches!(kind, StepKind::Check { .. }) {
-            return Err(at("only a check step takes a `message`".into()));
-        }
         let mut capture = Vec::new();
         for (var, program) in &s.capture {
             if !is_identifier(var) || var.contains(['.', '@', '-']) {

@@ -1,8 +1,14 @@
 //! Tool packs: declarative YAML files that define every tool emisar offers.
 //!
-//! `raw` is the serde shape of the file, `resolve` turns it into checked [`Tool`]s, `params`
-//! owns the typed parameters and their JSON Schema, `template` fills path, query and argv
-//! templates, `jq` compiles and runs the output-shaping programs.
+//! `raw` is the serde shape of the file (an action or step is an enum of its kinds there, and
+//! serde refuses a file with none or several), `resolve` turns it into checked [`Tool`]s,
+//! `action` checks actions and steps, `params` owns the typed parameters and their JSON
+//! Schema, `template` fills path, query and argv templates, `jq` compiles and runs the
+//! output-shaping programs.
+//!
+//! A new kind of action touches this module (`raw.rs`, `action.rs`), the node's engine that
+//! runs it (`node/engine.rs` and its `Answers`, and so `emisar packs test`'s recorded answers)
+//! and the docs (docs/pack-author-guide.md).
 
 mod action;
 mod jq;

@@ -78,42 +78,152 @@ fn default_true() -> bool {
     true
 }
 
-/// Exactly one of `http` or `exec` (a struct rather than an enum: YAML would otherwise want
-/// `!http` tags).
+/// One action: what a step does on the node. Serde reads it from [`ActionKeys`], a map with
+/// one key per kind (YAML would want `!http` tags for a serde enum), and refuses a map with
+/// none or several, so the rest of the pack module only ever matches on the kind.
+///
+/// A new kind of action is a variant here, its key in [`ActionKeys`] and [`StepKeys`], its
+/// checked form in `action.rs`, and its run in the node's engine.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawAction {
-    #[serde(default)]
-    pub http: Option<RawHttp>,
-    #[serde(default)]
-    pub exec: Option<RawExec>,
+#[serde(try_from = "ActionKeys")]
+pub enum RawAction {
+    Http(RawHttp),
+    Exec(RawExec),
 }
 
-/// One step: an http or exec action, or a `check` (a precondition), plus captures.
+/// How an action is written: `{http: …}` or `{exec: …}`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
+struct ActionKeys {
+    #[serde(default)]
+    http: Option<RawHttp>,
+    #[serde(default)]
+    exec: Option<RawExec>,
+}
+
+impl ActionKeys {
+    /// The keys of the kinds, in the order of [`ActionKeys::into_actions`].
+    const KINDS: [&str; 2] = ["http", "exec"];
+
+    /// Every action written, in the order of the kinds.
+    fn into_actions(self) -> Vec<RawAction> {
+        let ActionKeys { http, exec } = self;
+        [http.map(RawAction::Http), exec.map(RawAction::Exec)]
+            .into_iter()
+            .flatten()
+            .collect()
+    }
+}
+
+impl TryFrom<ActionKeys> for RawAction {
+    type Error = String;
+
+    fn try_from(keys: ActionKeys) -> Result<Self, String> {
+        let mut actions = keys.into_actions();
+        match actions.pop() {
+            Some(action) if actions.is_empty() => Ok(action),
+            _ => Err(format!(
+                "`action` has exactly one of {}",
+                one_of(&ActionKeys::KINDS)
+            )),
+        }
+    }
+}
+
+/// `keys` as a sentence names alternatives: "`a`, `b` or `c`".
+fn one_of(keys: &[&str]) -> String {
+    let quoted: Vec<String> = keys.iter().map(|k| format!("`{k}`")).collect();
+    match quoted.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+        _ => quoted.concat(),
+    }
+}
+
+/// One step: an action or a `check` (a precondition), plus captures. Serde reads it from
+/// [`StepKeys`] and refuses a step with no kind or several.
+#[derive(Debug, Deserialize)]
+#[serde(try_from = "StepKeys")]
 pub struct RawStep {
     pub name: String,
-    #[serde(default)]
-    pub http: Option<RawHttp>,
-    #[serde(default)]
-    pub exec: Option<RawExec>,
-    /// A jq program over the context that must yield `true`, or the call stops here with
-    /// `message` (a template over params and vars) and nothing after it runs.
-    #[serde(default)]
-    pub check: Option<String>,
-    #[serde(default)]
-    pub message: Option<String>,
+    pub kind: RawStepKind,
     /// var name → jq program over the context (this step's result included).
-    #[serde(default)]
     pub capture: BTreeMap<String, String>,
     /// A failed optional step records its error and the steps go on.
-    #[serde(default)]
     pub optional: bool,
     /// The pack's word that this step changes nothing: required of a preview step that runs a
     /// command, or that POSTs to an endpoint which only reads (such as Nomad's job plan).
-    #[serde(default)]
     pub read_only: bool,
+}
+
+#[derive(Debug)]
+pub enum RawStepKind {
+    Run(RawAction),
+    /// A jq program over the context that must yield `true`, or the call stops here with
+    /// `message` (a template over params and vars) and nothing after it runs.
+    Check {
+        check: String,
+        message: String,
+    },
+}
+
+/// How a step is written: its name, the keys of one action ([`ActionKeys`]) or a `check`
+/// with its `message`, and the rest.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StepKeys {
+    name: String,
+    #[serde(default)]
+    http: Option<RawHttp>,
+    #[serde(default)]
+    exec: Option<RawExec>,
+    #[serde(default)]
+    check: Option<String>,
+    #[serde(default)]
+    message: Option<String>,
+    #[serde(default)]
+    capture: BTreeMap<String, String>,
+    #[serde(default)]
+    optional: bool,
+    #[serde(default)]
+    read_only: bool,
+}
+
+impl TryFrom<StepKeys> for RawStep {
+    type Error = String;
+
+    fn try_from(keys: StepKeys) -> Result<Self, String> {
+        let StepKeys {
+            name,
+            http,
+            exec,
+            check,
+            message,
+            capture,
+            optional,
+            read_only,
+        } = keys;
+        let at = |m: &str| format!("step `{name}`: {m}");
+        let mut actions = ActionKeys { http, exec }.into_actions();
+        let kind = match (actions.pop(), actions.is_empty(), check, message) {
+            (Some(action), true, None, None) => RawStepKind::Run(action),
+            (Some(_), true, None, Some(_)) => {
+                return Err(at("only a check step takes a `message`"));
+            }
+            (None, _, Some(check), Some(message)) => RawStepKind::Check { check, message },
+            (None, _, Some(_), None) => return Err(at("a check needs a `message`")),
+            _ => {
+                let keys: Vec<&str> = ActionKeys::KINDS.into_iter().chain(["check"]).collect();
+                return Err(at(&format!("a step has exactly one of {}", one_of(&keys))));
+            }
+        };
+        Ok(RawStep {
+            name,
+            kind,
+            capture,
+            optional,
+            read_only,
+        })
+    }
 }
 
 #[derive(Debug, Deserialize)]

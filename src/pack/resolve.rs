@@ -10,12 +10,10 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value, json};
 
-use super::action::{
-    Action, Phase, Scope as StepScope, Step, StepKind, resolve_exec, resolve_http, resolve_steps,
-};
+use super::action::{Phase, Scope as StepScope, Step, StepKind, resolve_action, resolve_steps};
 use super::jq::JqProgram;
 use super::params::{self, Param};
-use super::raw::{RawPack, RawStep, RawTool};
+use super::raw::{RawPack, RawTool};
 use crate::digest::sha256_hex;
 use crate::util::door::{IDENTIFIER_PATTERN, is_identifier};
 
@@ -289,29 +287,9 @@ fn resolve_tool(pack: &RawPack, name: &str, raw: &RawTool) -> Result<Tool, Strin
     };
     let (steps, single_action) = match (&raw.action, &raw.steps) {
         (Some(action), None) => {
-            let raw_step = RawStep {
-                name: "action".into(),
-                http: None,
-                exec: None,
-                check: None,
-                message: None,
-                capture: Default::default(),
-                optional: false,
-                read_only: false,
-            };
-            let kind = match (&action.http, &action.exec) {
-                (Some(h), None) => {
-                    if !has_service {
-                        return Err("an http action needs the pack's `service`".into());
-                    }
-                    StepKind::Run(Action::Http(resolve_http(h, &scope)?))
-                }
-                (None, Some(e)) => StepKind::Run(Action::Exec(resolve_exec(e, &scope)?)),
-                _ => return Err("action must have exactly one of `http` or `exec`".into()),
-            };
             let step = Step {
-                name: raw_step.name,
-                kind,
+                name: "action".into(),
+                kind: StepKind::Run(resolve_action(action, &scope, has_service)?),
                 capture: Vec::new(),
                 optional: false,
             };
@@ -587,6 +565,75 @@ mod tests {
                 .to_string()
                 .contains("a read needs no preview")
         );
+    }
+
+    /// The kind of an action or step is one key: the pack file is refused, naming the rule
+    /// (and the step), when it has none, several, or a `message` without a `check`.
+    #[test]
+    fn an_action_or_step_has_exactly_one_kind() {
+        let action = |action: &str| {
+            format!(
+                "pack: t\ndescription: d\nservice: s\ntools:\n  x:\n    description: d\n    risk: read\n    scope: node\n    action: {action}\n"
+            )
+        };
+        for bad in [
+            "{http: {method: GET, path: /}, exec: {argv: [uname]}}",
+            "{}",
+        ] {
+            let err = load_one(&action(bad)).unwrap_err().to_string();
+            assert!(
+                err.contains("tools.x: `action` has exactly one of `http` or `exec`"),
+                "{bad}: {err}"
+            );
+        }
+        assert!(load_one(&action("{exec: {argv: [uname]}}")).is_ok());
+        let err = load_one(&action("{http: {method: GET, path: /}, check: 'true'}"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unknown field `check`"), "{err}");
+
+        let step = |step: &str| {
+            format!(
+                "pack: t\ndescription: d\nservice: s\ntools:\n  x:\n    description: d\n    risk: read\n    scope: node\n    steps:\n      - {step}\n"
+            )
+        };
+        for (bad, want) in [
+            (
+                "{name: a, http: {method: GET, path: /}, exec: {argv: [uname]}}",
+                "step `a`: a step has exactly one of `http`, `exec` or `check`",
+            ),
+            (
+                "{name: a, exec: {argv: [uname]}, check: 'true', message: m}",
+                "step `a`: a step has exactly one of `http`, `exec` or `check`",
+            ),
+            (
+                "{name: a}",
+                "step `a`: a step has exactly one of `http`, `exec` or `check`",
+            ),
+            (
+                "{name: a, message: m}",
+                "step `a`: a step has exactly one of `http`, `exec` or `check`",
+            ),
+            (
+                "{name: a, exec: {argv: [uname]}, message: m}",
+                "step `a`: only a check step takes a `message`",
+            ),
+            (
+                "{name: a, check: 'true'}",
+                "step `a`: a check needs a `message`",
+            ),
+        ] {
+            let err = load_one(&step(bad)).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("tools.x.steps: {want}")),
+                "{bad}: {err}"
+            );
+        }
+        let set = load_one(&step("{name: a, check: 'true', message: m}")).unwrap();
+        assert!(matches!(
+            set.tool("t.x").unwrap().steps[0].kind,
+            StepKind::Check { .. }
+        ));
     }
 
     #[test]

@@ -48,7 +48,10 @@ async fn one_read_fans_out_to_200_runners() {
     for r in results {
         assert_eq!(r["ok"], true, "{r}");
         assert_eq!(r["output"]["said"], "hello", "{r}");
-        assert!(answered.insert(r["runner"].as_str().unwrap().to_owned()), "{r}: twice");
+        assert!(
+            answered.insert(r["runner"].as_str().unwrap().to_owned()),
+            "{r}: twice"
+        );
     }
     assert_eq!(answered, names.iter().cloned().collect::<BTreeSet<_>>());
 

@@ -6,8 +6,8 @@
 //! people read most (an approval and its votes, an event, a runner, a session) carry exactly
 //! the fields the document gives them.
 
-use emisar::server::api::Access;
-use emisar::server::api::openapi::{document, operations};
+use emisar::server::http::api::Access;
+use emisar::server::http::api::openapi::{document, operations};
 use emisar::server::tokens::Role;
 use serde_json::{Value, json};
 
@@ -16,7 +16,7 @@ use crate::harness::{Backend, spawn_app};
 
 /// The router's answer to a path it does not serve (`portal::not_found`).
 fn is_unrouted(status: u16, body: &Value) -> bool {
-    status == 404 && body == &json!({"error": "not found"})
+    status == 404 && body == &json!({"error": "not found", "code": "not_found"})
 }
 
 // One backend suffices: which routes exist does not depend on the store.

@@ -84,6 +84,15 @@ async fn the_document_is_what_the_server_serves() {
                 .await
                 .unwrap();
             assert_eq!(res.status(), 401, "{} {path} without a token", op.method);
+            // With the code the document's `Error` schema lists for it.
+            let body: Value = res.json().await.unwrap_or(Value::Null);
+            assert_eq!(
+                body["code"], "unauthenticated",
+                "{} {path}: {body}",
+                op.method
+            );
+            let codes = &document()["components"]["schemas"]["Error"]["properties"]["code"]["enum"];
+            assert!(codes.as_array().unwrap().contains(&body["code"]), "{codes}");
         }
     }
 

@@ -1,5 +1,6 @@
-//! The door of `/mcp`, `/api/*` behind it and `/metrics`: the middleware ([`bearer_auth`])
-//! every request to them passes before its handler. It says who is calling (a bearer token,
+//! The door of `/mcp`, the `/api/*` operations behind it (`api::Access::Door`) and
+//! `/metrics`: the middleware ([`bearer_auth`]) every request to them passes before its
+//! handler. It says who is calling (a bearer token,
 //! emisar's own or with `[oauth]` an OAuth access token, or the portal's session cookie),
 //! whether a cookie's change carries its CSRF token, whether the caller's role may use the
 //! path, and whether an MCP session is the caller's own; it binds the sessions the server

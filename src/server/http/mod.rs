@@ -1,7 +1,8 @@
 //! The server's HTTP surface, one router and the rooms behind it:
 //!
-//! - the door (`door`): `/mcp`, `/api/*` behind it and `/metrics` pass `door::bearer_auth`
-//!   first (who is calling, CSRF, role, MCP session ownership);
+//! - the door (`door`): `/mcp`, the `/api/*` operations the document puts behind it and
+//!   `/metrics` pass `door::bearer_auth` first (who is calling, CSRF, role, MCP session
+//!   ownership);
 //! - MCP (`mcp`): the rmcp adapter at `/mcp`, over the gateway;
 //! - the API (`api`): every path under `/api`, mounted from the OpenAPI document's
 //!   operations (`api::routes`), its one error type `api::error::ApiError`;
@@ -13,7 +14,7 @@
 //! `[oauth]` the protected-resource metadata, served unauthenticated at
 //! `/.well-known/oauth-protected-resource` and its path-suffixed form (a 401 from `/mcp`
 //! points to it). Every request first passes the DNS-rebinding check (`rebinding`: `Host` on
-//! every route, `Origin` on `/mcp`).
+//! every route, `Origin` on `/mcp`), whose refusal is answered here (`refuse_rebinding`).
 //!
 //! Callers authenticate with a bearer token (agents, and people who live in a terminal) or
 //! with the portal's session cookie. Each role reaches only its paths: agents `/mcp` and
@@ -23,9 +24,12 @@
 //! token that is not emisar's own (`emt_…`) is an OAuth access token (`oidc::bearer`).
 //!
 //! Invariants: the rooms share `state` and never import the router (this file); the router
-//! imports their handlers, never the other way round. Every response carries a strict Content-Security-Policy; the
-//! portal inserts all data as text, never as HTML. The door's own invariants (MCP sessions,
-//! CSRF) are in `door`.
+//! imports their handlers, never the other way round. Every response carries a strict
+//! Content-Security-Policy; the portal inserts all data as text, never as HTML. The door's and
+//! the rebinding check's refusals are `ApiError`s with their codes, as the API's are (but
+//! with `[oauth]`, a missing or refused credential on `/mcp` is answered by `oidc::bearer`,
+//! with the OAuth challenge and no code). The door's own invariants (MCP sessions, CSRF) are
+//! in `door`.
 
 pub mod api;
 mod door;

@@ -1,7 +1,7 @@
 //! `ApiError`: the one error type of the HTTP API (`/api/*`, the portal's endpoints, the
-//! runners' join, registration and heartbeat, and the door's refusals in front of `/mcp` and
-//! `/metrics`). Handlers return it, or turn a domain error into it with `From`, instead of
-//! building their own error responses.
+//! runners' join, registration and heartbeat) and of the refusals in front of every route
+//! (the door's, the DNS-rebinding check's). Handlers return it, or turn a domain error into
+//! it with `From`, instead of building their own error responses.
 //!
 //! Invariants: every error body is `{"error": "<message>", "code": "<code>"}`, the shape the
 //! portal and the command line read: `message` is for people and may change, `code` is a

@@ -1,8 +1,6 @@
 //! The server: `emisar serve`. Everything here runs on the server's host and nothing here
 //! runs on a node; it reaches runners only through [`crate::protocol`] on the wire.
 
-pub mod api;
-pub mod api_error;
 pub mod app;
 pub mod approvals;
 pub mod audit;
@@ -11,15 +9,11 @@ pub mod db;
 pub mod fleet;
 pub mod gateway;
 pub mod http;
-pub mod http_state;
 pub mod login_limits;
-pub mod mcp;
 pub mod metrics;
 pub mod oidc;
 pub mod passkeys;
 pub mod policy;
-pub mod portal;
-pub mod portal_oidc;
 pub mod principal;
 pub mod rebinding;
 pub mod runners;

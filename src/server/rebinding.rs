@@ -8,20 +8,17 @@
 //! handler, so it can neither sign in, join, read the portal nor call tools. A request without
 //! `Origin` is not from a page that a browser guards (MCP clients, the CLI, runners) and passes.
 //!
+//! The router answers a refusal (`http`'s `refuse_rebinding`, a 403 whose code is
+//! `host_not_allowed` or `origin_not_allowed`); here is only the check, which `config` also
+//! uses to read the allowed origins.
+//!
 //! Invariants: the check runs before authentication and touches no state; `/healthz` and
 //! `/readyz` skip the `Host` check (load balancers and orchestrators probe each replica by its
 //! address, and the answers say only whether it is up); a refusal names the header and the
 //! setting to change, never the header's value.
 
-use std::sync::Arc;
-
-use axum::extract::{Request, State};
 use axum::http::uri::Authority;
-use axum::http::{HeaderMap, StatusCode, Uri, header};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
-
-use crate::server::api_error::ApiError;
+use axum::http::{HeaderMap, Uri, header};
 
 /// Paths probes reach by a replica's address, whatever name clients use.
 const PROBES: [&str; 2] = ["/healthz", "/readyz"];
@@ -168,8 +165,8 @@ impl Allowed {
     }
 
     /// The refusal, if the request's `Host` (on every path but the probes) or its `Origin`
-    /// (on `/mcp`) is not this server's.
-    fn check(&self, uri: &Uri, headers: &HeaderMap) -> Result<(), ApiError> {
+    /// (on `/mcp`) is not this server's: which header, and the sentence the caller reads.
+    pub fn check(&self, uri: &Uri, headers: &HeaderMap) -> Result<(), Refusal> {
         let path = uri.path();
         if PROBES.contains(&path) {
             return Ok(());
@@ -182,8 +179,7 @@ impl Allowed {
         let host = match host {
             Some(host) if self.host_allowed(&host) => host,
             _ => {
-                return Err(ApiError::new(
-                    StatusCode::FORBIDDEN,
+                return Err(Refusal::Host(
                     "refused: the Host header does not name this server; add the name clients use to allowed_hosts (DNS-rebinding protection)",
                 ));
             }
@@ -202,27 +198,19 @@ impl Allowed {
         if allowed {
             return Ok(());
         }
-        Err(ApiError::new(
-            StatusCode::FORBIDDEN,
+        Err(Refusal::Origin(
             "refused: the Origin header is not this server's; a browser-based MCP client's origin must be in allowed_origins",
         ))
     }
 }
 
-/// The middleware: refuses a request whose `Host` or `Origin` is not this server's.
-pub(crate) async fn check(
-    State(allowed): State<Arc<Allowed>>,
-    req: Request,
-    next: Next,
-) -> Response {
-    if let Err(refusal) = allowed.check(req.uri(), req.headers()) {
-        tracing::warn!(
-            path = %req.uri().path(),
-            "refused a request whose Host or Origin is not this server's (possible DNS rebinding)"
-        );
-        return refusal.into_response();
-    }
-    next.run(req).await
+/// Why [`Allowed::check`] refused a request, with the sentence the caller reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The `Host` header does not name this server.
+    Host(&'static str),
+    /// The `Origin` of a request to `/mcp` is not this server's nor an allowed one.
+    Origin(&'static str),
 }
 
 #[cfg(test)]
@@ -240,7 +228,7 @@ mod tests {
         )
     }
 
-    fn check(path: &str, host: &str, origin: Option<&str>) -> Result<(), ApiError> {
+    fn check(path: &str, host: &str, origin: Option<&str>) -> Result<(), Refusal> {
         let mut headers = HeaderMap::new();
         headers.insert(header::HOST, host.parse().unwrap());
         if let Some(o) = origin {
@@ -264,7 +252,7 @@ mod tests {
             ("/api/login", "user@localhost"),
         ] {
             let e = check(path, host, None).unwrap_err();
-            assert_eq!(e.status(), StatusCode::FORBIDDEN, "{path} {host}");
+            assert!(matches!(e, Refusal::Host(_)), "{path} {host}: {e:?}");
         }
         assert!(check("/healthz", "10.0.0.2:7700", None).is_ok());
         assert!(check("/readyz", "10.0.0.2:7700", None).is_ok());
@@ -285,7 +273,7 @@ mod tests {
             "not an origin",
         ] {
             let e = check("/mcp", "localhost:7700", Some(origin)).unwrap_err();
-            assert_eq!(e.status(), StatusCode::FORBIDDEN, "{origin}");
+            assert!(matches!(e, Refusal::Origin(_)), "{origin}: {e:?}");
         }
         // The portal's own requests are same-origin; Origin is checked on /mcp only.
         assert!(check("/api/login", "localhost:7700", Some("http://evil.example")).is_ok());

@@ -640,15 +640,19 @@ async fn approvals_refuse_what_they_should(backend: Backend) {
             .contains("requested this yourself"),
         "{body}"
     );
+    // Each refusal carries its code from docs/api.md's table, to branch on.
+    assert_eq!(body["code"], "forbidden", "{body}");
     // An auditor reads but does not decide.
     let (status, body) = dave.approve(&id).await;
     assert_eq!(status, 403, "{body}");
+    assert_eq!(body["code"], "forbidden", "{body}");
     // A cookie without the CSRF token changes nothing.
     let (status, body) = carol
         .post(&format!("/api/approvals/{id}/approve"), json!({}), false)
         .await;
     assert_eq!(status, 403, "{body}");
     assert!(body["error"].as_str().unwrap().contains("CSRF"), "{body}");
+    assert_eq!(body["code"], "csrf_required", "{body}");
     let (_, still) = carol.get(&format!("/api/approvals/{id}")).await;
     assert_eq!(still["state"], "pending");
     assert_eq!(still["approvals"], json!([]));

@@ -3,7 +3,7 @@
 //! adapter.
 //!
 //! The suite's client sends no auth header and calls fixture tools by fixed names, so this
-//! test plugs a fixture [`ToolSource`] into the real adapter ([`emisar::server::mcp::service`]) and
+//! test plugs a fixture [`ToolSource`] into the real adapter ([`emisar::server::http::mcp::service`]) and
 //! serves it on loopback with no auth layer. That wiring exists only here: no production
 //! config can reach it. The production source (the gateway behind bearer auth) is covered
 //! by the other MCP tests.
@@ -18,7 +18,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use emisar::server::mcp::ToolSource;
+use emisar::server::http::mcp::ToolSource;
 use emisar::server::tokens::Principal;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock,
@@ -234,7 +234,7 @@ impl ToolSource for Fixtures {
 /// The adapter with [`Fixtures`], on loopback, without auth. Cancel the token to stop it.
 async fn serve_fixtures() -> (String, CancellationToken) {
     let shutdown = CancellationToken::new();
-    let mcp = emisar::server::mcp::service(
+    let mcp = emisar::server::http::mcp::service(
         Arc::new(Fixtures),
         vec!["localhost".into(), "127.0.0.1".into()],
         shutdown.clone(),

@@ -142,9 +142,11 @@ async fn wrong_passwords_from_one_address_do_not_lock_the_person_out(backend: Ba
     for i in 1..=10 {
         let (status, answer) = login(&app, &wrong, Some(attacker)).await;
         assert_eq!(status, 401, "wrong password {i}: {answer}");
+        assert_eq!(answer["code"], "unauthenticated", "{answer}");
     }
     let (status, answer) = login(&app, &wrong, Some(attacker)).await;
     assert_eq!(status, 429, "wrong password 11: {answer}");
+    assert_eq!(answer["code"], "rate_limited", "{answer}");
     assert!(
         answer["error"]
             .as_str()
@@ -215,6 +217,7 @@ async fn login_attempts_are_refused_per_address_and_paced_per_name_and_server() 
     let (status, answer) = login(&app, &wrong("bad\u{0}name"), Some("203.0.113.1")).await;
     assert_eq!(status, 400, "{answer}");
     assert!(answer["error"].as_str().unwrap().contains("`name`"));
+    assert_eq!(answer["code"], "invalid_request", "{answer}");
 
     // Per name, attempts are paced, not refused: 12 a minute (a turn every 5 s), the burst
     // drawn by twelve clean addresses. An address that failed for `bob` now waits its turn;

@@ -243,6 +243,7 @@ async fn foreign_hosts_are_refused_everywhere_and_foreign_origins_on_mcp() {
             body["error"].as_str().unwrap().contains("allowed_hosts"),
             "{body}"
         );
+        assert_eq!(body["code"], "host_not_allowed", "{body}");
         assert!(
             !body.to_string().contains("evil"),
             "the value is not echoed"

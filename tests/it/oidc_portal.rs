@@ -454,6 +454,7 @@ async fn a_person_in_no_mapped_group_can_approve_nothing(backend: Backend) {
             .contains("person:u-bob is signed in but holds no role in emisar"),
         "{body}"
     );
+    assert_eq!(body["code"], "no_role", "{body}");
     let (status, body) = bob.approve(&id).await;
     assert_eq!(status, 403, "{body}");
     let (status, body) = bob
@@ -663,6 +664,7 @@ async fn password_login_can_be_switched_off() {
         body["error"],
         "password login is switched off here (oidc.local_login = false): sign in with Test provider"
     );
+    assert_eq!(body["code"], "password_login_off", "{body}");
     let options: Value = reqwest::get(format!("{}/api/login/options", w.base()))
         .await
         .unwrap()

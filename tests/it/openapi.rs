@@ -6,8 +6,8 @@
 //! people read most (an approval and its votes, an event, a runner, a session) carry exactly
 //! the fields the document gives them.
 
-use emisar::server::api::Access;
-use emisar::server::api::openapi::{document, operations};
+use emisar::server::http::api::Access;
+use emisar::server::http::api::openapi::{document, operations};
 use emisar::server::tokens::Role;
 use serde_json::{Value, json};
 
@@ -16,7 +16,7 @@ use crate::harness::{Backend, spawn_app};
 
 /// The router's answer to a path it does not serve (`portal::not_found`).
 fn is_unrouted(status: u16, body: &Value) -> bool {
-    status == 404 && body == &json!({"error": "not found"})
+    status == 404 && body == &json!({"error": "not found", "code": "not_found"})
 }
 
 // One backend suffices: which routes exist does not depend on the store.
@@ -84,6 +84,15 @@ async fn the_document_is_what_the_server_serves() {
                 .await
                 .unwrap();
             assert_eq!(res.status(), 401, "{} {path} without a token", op.method);
+            // With the code the document's `Error` schema lists for it.
+            let body: Value = res.json().await.unwrap_or(Value::Null);
+            assert_eq!(
+                body["code"], "unauthenticated",
+                "{} {path}: {body}",
+                op.method
+            );
+            let codes = &document()["components"]["schemas"]["Error"]["properties"]["code"]["enum"];
+            assert!(codes.as_array().unwrap().contains(&body["code"]), "{codes}");
         }
     }
 

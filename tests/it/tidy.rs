@@ -311,9 +311,9 @@ fn circles_are_found_whole() {
 fn the_server_module_graph_has_no_circle() {
     let graph = server_module_graph();
     assert!(
-        graph.get("http").is_some_and(|i| i.contains_key("portal"))
+        graph.get("http").is_some_and(|i| i.contains_key("gateway"))
             && graph.get("tokens").is_some_and(|i| i.contains_key("db")),
-        "the module graph was not read: `http` should import `portal` and `tokens` `db` \
+        "the module graph was not read: `http` should import `gateway` and `tokens` `db` \
          ({graph:?})"
     );
     let found: Vec<String> = circles(&graph)

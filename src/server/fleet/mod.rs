@@ -26,10 +26,7 @@
 
 use std::time::Duration;
 
-use axum::http::StatusCode;
 use base64::Engine;
-
-use crate::server::api_error::ApiError;
 
 mod enrol;
 mod join_limits;
@@ -88,35 +85,6 @@ pub(crate) enum FleetError {
     Store(#[from] sqlx::Error),
     #[error("the audit log cannot record this: {0}")]
     Audit(#[from] crate::server::audit::AuditError),
-}
-
-// Here, not in `api_error`: `rebinding` answers with an `ApiError` and `config` (which fleet
-// imports) checks origins with `rebinding`, so `api_error` naming fleet closed a circle.
-impl From<FleetError> for ApiError {
-    fn from(e: FleetError) -> Self {
-        let status = match &e {
-            FleetError::Invalid(_) => StatusCode::BAD_REQUEST,
-            FleetError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
-            FleetError::Forbidden(_) => StatusCode::FORBIDDEN,
-            FleetError::Conflict(_) => StatusCode::CONFLICT,
-            FleetError::TooMany(_) => StatusCode::TOO_MANY_REQUESTS,
-            FleetError::Store(_) => {
-                return ApiError::unavailable(
-                    "a runner's join, registration or heartbeat failed",
-                    &e,
-                    "the store is unavailable; try again later",
-                );
-            }
-            FleetError::Audit(_) => {
-                return ApiError::unavailable(
-                    "a runner's join, registration or heartbeat failed",
-                    &e,
-                    "the audit log cannot record this; try again later",
-                );
-            }
-        };
-        ApiError::new(status, e.to_string())
-    }
 }
 
 fn random_secret(prefix: &str) -> anyhow::Result<String> {

@@ -11,8 +11,8 @@ use axum::extract::State;
 use axum::http::header;
 use serde_json::json;
 
-use crate::server::api_error::ApiError;
-use crate::server::http_state::HttpState;
+use crate::server::http::api::error::ApiError;
+use crate::server::http::state::HttpState;
 use crate::server::tokens::Principal;
 
 /// `GET /api/runners`: the runners the caller may see. A token limited to a selector sees

@@ -23,11 +23,11 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use crate::server::audit::{NewEvent, kind};
-use crate::server::http_state::HttpState;
+use crate::server::http::portal::cookie_value;
+use crate::server::http::state::HttpState;
 use crate::server::oidc::config::OidcConfig;
 use crate::server::oidc::jwt::unix_now;
 use crate::server::oidc::login::{CALLBACK_PATH, Callback, LoginError};
-use crate::server::portal::cookie_value;
 
 /// Where a sign-in starts.
 pub const START_PATH: &str = "/login/oidc";
@@ -63,7 +63,7 @@ pub async fn start(
     query: Result<Query<StartQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
     let Some(people) = &state.identity.people else {
-        return crate::server::portal::not_found().await;
+        return crate::server::http::portal::not_found().await;
     };
     let return_to = query.ok().and_then(|Query(q)| q.return_to);
     let login = match people.login.get() {
@@ -112,7 +112,7 @@ pub async fn callback(
     query: Result<Query<Callback>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
     let Some(people) = &state.identity.people else {
-        return crate::server::portal::not_found().await;
+        return crate::server::http::portal::not_found().await;
     };
     let mut response = match query {
         Err(e) => refused_page(
@@ -154,7 +154,7 @@ async fn signed_in(
             let mut response = (StatusCode::SEE_OTHER, [(header::LOCATION, to)]).into_response();
             response.headers_mut().append(
                 header::SET_COOKIE,
-                crate::server::portal::session_cookie_header(state, &id, lifetime),
+                crate::server::http::portal::session_cookie_header(state, &id, lifetime),
             );
             response
         }
@@ -252,7 +252,7 @@ pub async fn backchannel_logout(
     form: Result<Form<LogoutForm>, axum::extract::rejection::FormRejection>,
 ) -> Response {
     let Some(people) = &state.identity.people else {
-        return crate::server::portal::not_found().await;
+        return crate::server::http::portal::not_found().await;
     };
     let bad = |description: String| {
         (

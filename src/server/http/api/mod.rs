@@ -16,10 +16,11 @@
 use axum::Router;
 use axum::routing::{MethodFilter, MethodRouter, on};
 
-use crate::server::http_state::HttpState;
+use crate::server::http::state::HttpState;
 
 pub mod approvals;
 pub mod audit;
+pub mod error;
 pub mod openapi;
 pub mod passkeys;
 pub mod runners;
@@ -30,7 +31,7 @@ pub enum Access {
     /// Anyone: the handler checks what it needs itself (a password, a join token, a
     /// runner's credential), or there is nothing to protect.
     Open,
-    /// Behind `http::bearer_auth`: a person's or agent's token, or the portal's session.
+    /// Behind `http::door::bearer_auth`: a person's or agent's token, or the portal's session.
     Door,
 }
 
@@ -75,28 +76,28 @@ pub const HANDLERS: &[Handler] = &[
     Handler {
         operation: "login",
         access: Access::Open,
-        route: |m| on(m, crate::server::portal::login),
-        body: Some(body::<crate::server::portal::Login>),
+        route: |m| on(m, crate::server::http::portal::login),
+        body: Some(body::<crate::server::http::portal::Login>),
         query: None,
     },
     Handler {
         operation: "login_options",
         access: Access::Open,
-        route: |m| on(m, crate::server::portal_oidc::options),
+        route: |m| on(m, crate::server::http::portal::oidc::options),
         body: None,
         query: None,
     },
     Handler {
         operation: "session",
         access: Access::Door,
-        route: |m| on(m, crate::server::portal::session),
+        route: |m| on(m, crate::server::http::portal::session),
         body: None,
         query: None,
     },
     Handler {
         operation: "logout",
         access: Access::Door,
-        route: |m| on(m, crate::server::portal::logout),
+        route: |m| on(m, crate::server::http::portal::logout),
         body: None,
         query: None,
     },

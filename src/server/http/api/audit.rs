@@ -3,7 +3,7 @@
 //! `GET /api/audit/checkpoint` (the newest signed checkpoint with its cosignatures),
 //! `GET /api/audit/proof?event=ID` (an event's inclusion proof) and
 //! `GET /api/audit/consistency?old=N` (the consistency proof from a kept size to the newest
-//! checkpoint). Behind `http::bearer_auth`, like all of `/api/*`.
+//! checkpoint). Behind `http::door::bearer_auth`, like all of `/api/*`.
 //!
 //! Invariants: the query string is parsed into the shared `audit::AuditFilter`, and a bad
 //! one is a 400 naming the problem; an export is streamed and holds one page of events in
@@ -16,8 +16,8 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-use crate::server::api_error::ApiError;
-use crate::server::http_state::HttpState;
+use crate::server::http::api::error::{ApiError, Code};
+use crate::server::http::state::HttpState;
 
 /// The query string of `GET /api/audit`: the shared audit params.
 pub type AuditQuery = crate::server::audit::AuditParams;
@@ -134,7 +134,7 @@ pub async fn checkpoint(
         )
             .into_response(),
         Ok(None) => ApiError::new(
-            axum::http::StatusCode::NOT_FOUND,
+            Code::NotFound,
             format!(
                 "no checkpoint with {} cosignatures yet: is [transparency] set in emisar.toml?",
                 q.cosigned_by
@@ -163,7 +163,7 @@ pub async fn proof(
     match crate::server::audit::proofs::prove(&state.db, &q.event, q.cosigned_by).await {
         Ok(p) => Json(p).into_response(),
         Err(e) if e.downcast_ref::<sqlx::Error>().is_some() => audit_unavailable(e),
-        Err(e) => ApiError::new(axum::http::StatusCode::NOT_FOUND, e.to_string()).into_response(),
+        Err(e) => ApiError::new(Code::NotFound, e.to_string()).into_response(),
     }
 }
 
@@ -183,8 +183,7 @@ pub async fn consistency(
     let latest = match crate::server::audit::checkpoints::latest(&state.db, 0).await {
         Ok(Some(cp)) => cp,
         Ok(None) => {
-            return ApiError::new(axum::http::StatusCode::NOT_FOUND, "no checkpoint yet")
-                .into_response();
+            return ApiError::new(Code::NotFound, "no checkpoint yet").into_response();
         }
         Err(e) => return audit_unavailable(e),
     };

@@ -1,6 +1,6 @@
 //! The approvals API: `/api/approvals` (list, show, approve, deny) and `/api/events` (the
 //! approval changes as server-sent events), which both the portal's page and
-//! `emisar approvals` call. Behind `http::bearer_auth`, like all of `/api/*`.
+//! `emisar approvals` call. Behind `http::door::bearer_auth`, like all of `/api/*`.
 //!
 //! Invariants: an approval id from a path is checked to be a UUID before it reaches the
 //! store; a denial's note is bounded text; every approval shown carries its tool's
@@ -12,9 +12,9 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde_json::{Value, json};
 
-use crate::server::api_error::ApiError;
 use crate::server::approvals::{State as ApprovalState, Verdict};
-use crate::server::http_state::HttpState;
+use crate::server::http::api::error::ApiError;
+use crate::server::http::state::HttpState;
 use crate::server::principal::Principal;
 
 /// The longest note, in characters.

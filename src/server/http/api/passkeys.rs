@@ -1,7 +1,7 @@
 //! The passkeys API: `POST /api/passkeys/register/start` and `/register/finish` (the WebAuthn
 //! registration ceremony, the browser's `navigator.credentials.create` in between),
 //! `GET /api/passkeys` (one's own; an admin may ask for `?user=NAME`) and
-//! `DELETE /api/passkeys/{id}`. Behind `http::bearer_auth`, like all of `/api/*`: a
+//! `DELETE /api/passkeys/{id}`. Behind `http::door::bearer_auth`, like all of `/api/*`: a
 //! cookie's change carries its CSRF token.
 //!
 //! Invariants: only people who approve (role approver or admin) register passkeys, each
@@ -10,7 +10,6 @@
 //! anyone's.
 
 use axum::extract::{Query, State};
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use base64::Engine;
@@ -19,21 +18,21 @@ use serde_json::json;
 use sha2::Digest;
 
 use crate::protocol::approval::webauthn::CoseAlg;
-use crate::server::api_error::ApiError;
-use crate::server::http_state::HttpState;
+use crate::server::http::api::error::{ApiError, Code};
+use crate::server::http::state::HttpState;
 use crate::server::passkeys::{self, PasskeyError, Registration};
 use crate::server::principal::{Principal, Role};
 use crate::server::users::Session;
 
 impl From<PasskeyError> for ApiError {
     fn from(e: PasskeyError) -> Self {
-        let status = match &e {
+        let code = match &e {
             PasskeyError::Invalid(_) | PasskeyError::Refused(_) | PasskeyError::NoChallenge => {
-                StatusCode::BAD_REQUEST
+                Code::InvalidRequest
             }
-            PasskeyError::Forbidden(_) => StatusCode::FORBIDDEN,
-            PasskeyError::NotFound(_) => StatusCode::NOT_FOUND,
-            PasskeyError::Duplicate | PasskeyError::NotConfigured(_) => StatusCode::CONFLICT,
+            PasskeyError::Forbidden(_) => Code::Forbidden,
+            PasskeyError::NotFound(_) => Code::NotFound,
+            PasskeyError::Duplicate | PasskeyError::NotConfigured(_) => Code::Conflict,
             PasskeyError::Store(_) => {
                 return ApiError::unavailable(
                     "a passkey request failed",
@@ -49,7 +48,7 @@ impl From<PasskeyError> for ApiError {
                 );
             }
         };
-        ApiError::new(status, e.to_string())
+        ApiError::new(code, e.to_string())
     }
 }
 

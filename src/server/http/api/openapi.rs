@@ -25,7 +25,7 @@ use super::Access;
 pub const SOURCE: &str = include_str!("openapi.yaml");
 
 static DOCUMENT: LazyLock<Value> = LazyLock::new(|| {
-    yaml_serde::from_str(SOURCE).expect("src/server/api/openapi.yaml is YAML (tested)")
+    yaml_serde::from_str(SOURCE).expect("src/server/http/api/openapi.yaml is YAML (tested)")
 });
 
 /// The document, as JSON.
@@ -60,7 +60,7 @@ const METHODS: [(&str, MethodFilter); 5] = [
     ("delete", MethodFilter::DELETE),
 ];
 
-/// The security schemes that `http::bearer_auth` checks: an operation that names one is
+/// The security schemes that `http::door::bearer_auth` checks: an operation that names one is
 /// behind the door; one that names only the others (or none) is open, its handler checking
 /// its own credential.
 const DOOR_SCHEMES: [&str; 2] = ["bearer", "session"];
@@ -115,7 +115,7 @@ pub fn deref(value: &Value) -> &Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::server::api::{HANDLERS, handler, try_routes};
+    use crate::server::http::api::{HANDLERS, handler, try_routes};
 
     #[test]
     fn the_document_is_openapi_3_1_with_one_id_per_operation() {

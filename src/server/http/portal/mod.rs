@@ -4,25 +4,27 @@
 //! Invariants: the page is one static HTML file with one script and one stylesheet from
 //! this origin, under a CSP that allows nothing else (no inline script or style), and the
 //! script inserts every piece of data as text. The session cookie is HttpOnly and
-//! SameSite=Strict (Secure under TLS); the CSRF check lives in `http::bearer_auth`.
+//! SameSite=Strict (Secure under TLS); the CSRF check lives in `http::door::bearer_auth`.
+
+pub mod oidc;
 
 use axum::extract::{Path, Request, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde_json::{Value, json};
 
-use crate::server::api_error::ApiError;
-use crate::server::http_state::HttpState;
+use crate::server::http::api::error::{ApiError, Code};
+use crate::server::http::state::HttpState;
 use crate::server::users::{Session, UserError};
 
 const COOKIE: &str = "emisar_session";
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
 
-const INDEX_HTML: &str = include_str!("../../web/index.html");
-const APP_JS: &str = include_str!("../../web/app.js");
-const APP_CSS: &str = include_str!("../../web/app.css");
+const INDEX_HTML: &str = include_str!("../../../../web/index.html");
+const APP_JS: &str = include_str!("../../../../web/app.js");
+const APP_CSS: &str = include_str!("../../../../web/app.css");
 
 pub async fn index() -> Response {
     (
@@ -45,7 +47,7 @@ pub async fn asset(Path(file): Path<String>) -> Response {
 }
 
 pub async fn not_found() -> Response {
-    ApiError::new(StatusCode::NOT_FOUND, "not found").into_response()
+    ApiError::new(Code::NotFound, "not found").into_response()
 }
 
 /// Headers every response carries.
@@ -130,7 +132,7 @@ pub async fn login(
             .as_ref()
             .map_or("the OpenID provider", |p| p.config.display_name.as_str());
         return ApiError::new(
-            StatusCode::FORBIDDEN,
+            Code::PasswordLoginOff,
             format!(
                 "password login is switched off here (oidc.local_login = false): sign in with {provider}"
             ),
@@ -139,8 +141,8 @@ pub async fn login(
     let Json(login) = match body {
         Ok(b) => b,
         Err(e) => {
-            return ApiError::new(
-                e.status(),
+            return ApiError::unreadable_body(
+                &e,
                 format!(
                     "invalid login: {} (send {{\"name\": ..., \"password\": ...}} as JSON)",
                     e.body_text()
@@ -154,7 +156,7 @@ pub async fn login(
     }
     let client = state.logins.client(connect.map(|c| (c.0).0), &headers);
     if let Err(refusal) = state.logins.admit(client, &login.name).await {
-        return ApiError::new(StatusCode::TOO_MANY_REQUESTS, refusal.message()).into_response();
+        return ApiError::new(Code::RateLimited, refusal.message()).into_response();
     }
     let outcome = crate::server::users::login(
         &state.db,
@@ -178,12 +180,10 @@ pub async fn login(
             response
         }
         Err(UserError::BadLogin) => {
-            ApiError::new(StatusCode::UNAUTHORIZED, UserError::BadLogin.to_string()).into_response()
+            ApiError::new(Code::Unauthenticated, UserError::BadLogin.to_string()).into_response()
         }
         Err(e @ UserError::Invalid(_)) => ApiError::bad_request(e.to_string()).into_response(),
-        Err(e @ UserError::Busy) => {
-            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response()
-        }
+        Err(e @ UserError::Busy) => ApiError::new(Code::Busy, e.to_string()).into_response(),
         Err(e) => ApiError::unavailable("login failed", &e, "the user store is unavailable")
             .into_response(),
     }

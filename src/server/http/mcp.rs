@@ -63,7 +63,7 @@ pub fn service<S: ToolSource>(
 
 /// The session manager [`service_with_sessions`] expects: the router keeps a handle to close
 /// the sessions it stops vouching for.
-pub fn sessions() -> Arc<LocalSessionManager> {
+pub(crate) fn sessions() -> Arc<LocalSessionManager> {
     let mut sessions = LocalSessionManager::default();
     // Long enough for a slow fan-out; sessions idle longer than this are reaped.
     sessions.session_config.keep_alive = Some(Duration::from_secs(3600));
@@ -71,7 +71,7 @@ pub fn sessions() -> Arc<LocalSessionManager> {
 }
 
 /// [`service`], with its sessions kept by `sessions`.
-pub fn service_with_sessions<S: ToolSource>(
+pub(crate) fn service_with_sessions<S: ToolSource>(
     source: Arc<S>,
     allowed_hosts: Vec<String>,
     shutdown: CancellationToken,
@@ -155,7 +155,7 @@ fn call_context(context: &RequestContext<RoleServer>) -> CallContext {
 }
 
 /// The production source: the gateway, behind bearer auth.
-pub struct GatewaySource(pub Arc<Gateway>);
+pub(crate) struct GatewaySource(pub Arc<Gateway>);
 
 fn to_mcp_tool(
     offered: &OfferedTool,

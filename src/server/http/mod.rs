@@ -68,7 +68,7 @@ const LOGIN_SWEEP: Duration = Duration::from_secs(60);
 // Each argument is a separate piece the composition root built; a struct would only
 // rename them.
 #[allow(clippy::too_many_arguments)]
-pub fn router(
+pub(crate) fn router(
     gateway: Arc<Gateway>,
     db: Db,
     server_public_key: String,

@@ -22,9 +22,9 @@ use crate::server::oidc::identity::Identity;
 
 /// The most MCP sessions open at once on this server; past it a new one is refused (503)
 /// rather than any open one forgotten.
-pub const MAX_SESSIONS: usize = 100_000;
+pub(crate) const MAX_SESSIONS: usize = 100_000;
 /// The most MCP sessions one token keeps open; opening another closes its own oldest.
-pub const MAX_SESSIONS_PER_TOKEN: usize = 64;
+pub(crate) const MAX_SESSIONS_PER_TOKEN: usize = 64;
 
 #[derive(Clone)]
 pub struct HttpState {
@@ -55,7 +55,7 @@ impl HttpState {
         clippy::too_many_arguments,
         reason = "each is a separate piece the composition root built; a struct would only rename them"
     )]
-    pub fn new(
+    pub(crate) fn new(
         db: Db,
         logins: Arc<crate::server::login_limits::LoginLimits>,
         secure_cookies: bool,
@@ -81,7 +81,7 @@ impl HttpState {
 
 /// Whose an MCP session is, as far as this server knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Owner {
+pub(crate) enum Owner {
     /// The presenting token opened it.
     Caller,
     /// Another token opened it, or the server never did: to the caller, it does not exist.
@@ -89,7 +89,7 @@ pub enum Owner {
 }
 
 /// MCP session id → the token that opened it, for the sessions this server opened.
-pub struct McpSessions {
+pub(crate) struct McpSessions {
     bindings: Mutex<Bindings>,
     /// Where the sessions live, to close the ones a token's cap pushes out (absent in unit
     /// tests, which only look at the bindings).
@@ -105,7 +105,7 @@ struct Bindings {
 }
 
 impl McpSessions {
-    pub fn new(manager: Option<Arc<LocalSessionManager>>) -> Self {
+    pub(crate) fn new(manager: Option<Arc<LocalSessionManager>>) -> Self {
         McpSessions {
             bindings: Mutex::default(),
             manager,
@@ -117,7 +117,7 @@ impl McpSessions {
     }
 
     /// Whether `session` belongs to `token_id`. Looking never binds.
-    pub fn owner(&self, session: &str, token_id: &str) -> Owner {
+    pub(crate) fn owner(&self, session: &str, token_id: &str) -> Owner {
         match self.lock().by_id.get(session) {
             Some(owner) if owner == token_id => Owner::Caller,
             _ => Owner::Unknown,
@@ -125,14 +125,14 @@ impl McpSessions {
     }
 
     /// Whether a new session may be opened now: false once [`MAX_SESSIONS`] are open.
-    pub fn has_room(&self) -> bool {
+    pub(crate) fn has_room(&self) -> bool {
         self.lock().by_id.len() < MAX_SESSIONS
     }
 
     /// The server just opened `session` for `token_id`. Past the token's cap its own oldest
     /// session is closed; past the server's cap (a race with [`has_room`](Self::has_room))
     /// the new one is closed instead. Returns whether it was bound.
-    pub fn opened(&self, session: &str, token_id: &str) -> bool {
+    pub(crate) fn opened(&self, session: &str, token_id: &str) -> bool {
         let mut closing = Vec::new();
         let bound = {
             let mut b = self.lock();
@@ -163,7 +163,7 @@ impl McpSessions {
     }
 
     /// Forgets `session`: its client closed it.
-    pub fn closed(&self, session: &str) {
+    pub(crate) fn closed(&self, session: &str) {
         let mut b = self.lock();
         if let Some(token) = b.by_id.remove(session)
             && let Some(own) = b.by_token.get_mut(&token)
@@ -176,7 +176,8 @@ impl McpSessions {
     }
 
     /// How many sessions are bound.
-    pub fn bound(&self) -> usize {
+    #[cfg(test)]
+    fn bound(&self) -> usize {
         self.lock().by_id.len()
     }
 

@@ -50,12 +50,12 @@ fn view(state: &HttpState, a: &crate::server::approvals::Approval) -> Value {
 
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ListQuery {
+pub(crate) struct ListQuery {
     state: Option<String>,
     limit: Option<i64>,
 }
 
-pub async fn list(
+pub(crate) async fn list(
     State(state): State<HttpState>,
     query: Result<axum::extract::Query<ListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
@@ -99,7 +99,7 @@ fn bad_id(id: &str) -> Option<Response> {
     })
 }
 
-pub async fn show(State(state): State<HttpState>, Path(id): Path<String>) -> Response {
+pub(crate) async fn show(State(state): State<HttpState>, Path(id): Path<String>) -> Response {
     if let Some(refused) = bad_id(&id) {
         return refused;
     }
@@ -111,7 +111,7 @@ pub async fn show(State(state): State<HttpState>, Path(id): Path<String>) -> Res
 
 #[derive(serde::Deserialize, Default)]
 #[serde(deny_unknown_fields)]
-pub struct Decision {
+pub(crate) struct Decision {
     #[serde(default)]
     note: Option<String>,
     /// The person's signature over the request's statement (approve only).
@@ -164,7 +164,7 @@ async fn decide(
     }
 }
 
-pub async fn approve(
+pub(crate) async fn approve(
     State(state): State<HttpState>,
     Extension(who): Extension<Principal>,
     Path(id): Path<String>,
@@ -173,7 +173,7 @@ pub async fn approve(
     decide(state, who, id, body, Choice::Approve).await
 }
 
-pub async fn deny(
+pub(crate) async fn deny(
     State(state): State<HttpState>,
     Extension(who): Extension<Principal>,
     Path(id): Path<String>,
@@ -183,7 +183,7 @@ pub async fn deny(
 }
 
 /// `GET /api/events`: every approval creation and state change, as server-sent events.
-pub async fn events(State(state): State<HttpState>) -> Response {
+pub(crate) async fn events(State(state): State<HttpState>) -> Response {
     let changes = state.gateway.approvals().subscribe();
     let stream = futures::stream::unfold(changes, |mut rx| async move {
         let event = match rx.recv().await {

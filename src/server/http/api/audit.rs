@@ -20,7 +20,7 @@ use crate::server::http::api::error::{ApiError, Code};
 use crate::server::http::state::HttpState;
 
 /// The query string of `GET /api/audit`: the shared audit params.
-pub type AuditQuery = crate::server::audit::AuditParams;
+pub(crate) type AuditQuery = crate::server::audit::AuditParams;
 
 /// The longest page the API returns.
 const MAX_PAGE: i64 = crate::server::audit::MAX_PAGE;
@@ -29,7 +29,7 @@ type AuditQueryResult =
     Result<axum::extract::Query<AuditQuery>, axum::extract::rejection::QueryRejection>;
 
 /// `GET /api/audit`: one page of the events the filters match.
-pub async fn page(State(state): State<HttpState>, query: AuditQueryResult) -> Response {
+pub(crate) async fn page(State(state): State<HttpState>, query: AuditQueryResult) -> Response {
     let filter = match audit_filter(query, 100) {
         Ok(f) => f,
         Err(e) => return ApiError::bad_request(e).into_response(),
@@ -52,7 +52,7 @@ pub async fn page(State(state): State<HttpState>, query: AuditQueryResult) -> Re
 /// and holds no store connection between pages. The first page is read before the answer
 /// starts, so a store that is down is a 503; a store that fails later cuts the answer off
 /// (the client sees a transfer error, never a short export that looks complete).
-pub async fn export(State(state): State<HttpState>, query: AuditQueryResult) -> Response {
+pub(crate) async fn export(State(state): State<HttpState>, query: AuditQueryResult) -> Response {
     let mut filter = match audit_filter(query, MAX_PAGE) {
         Ok(f) => f,
         Err(e) => return ApiError::bad_request(e).into_response(),
@@ -116,14 +116,14 @@ enum Next {
 /// `?cosigned_by=N`: the newest checkpoint with at least N cosignatures.
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct CheckpointQuery {
+pub(crate) struct CheckpointQuery {
     #[serde(default)]
     cosigned_by: usize,
 }
 
 /// `GET /api/audit/checkpoint`: the newest signed checkpoint and its cosignatures, as the
 /// signed note (text/plain), the file an auditor keeps.
-pub async fn checkpoint(
+pub(crate) async fn checkpoint(
     State(state): State<HttpState>,
     axum::extract::Query(q): axum::extract::Query<CheckpointQuery>,
 ) -> Response {
@@ -148,7 +148,7 @@ pub async fn checkpoint(
 /// `?event=ID[&cosigned_by=N]`.
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ProofQuery {
+pub(crate) struct ProofQuery {
     event: String,
     #[serde(default)]
     cosigned_by: usize,
@@ -156,7 +156,7 @@ pub struct ProofQuery {
 
 /// `GET /api/audit/proof?event=ID`: the event, its leaf and audit path in the newest
 /// checkpoint that covers it (JSON, as `emisar audit prove` prints it).
-pub async fn proof(
+pub(crate) async fn proof(
     State(state): State<HttpState>,
     axum::extract::Query(q): axum::extract::Query<ProofQuery>,
 ) -> Response {
@@ -170,13 +170,13 @@ pub async fn proof(
 /// `?old=N`: the size of the checkpoint the caller kept.
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ConsistencyQuery {
+pub(crate) struct ConsistencyQuery {
     old: u64,
 }
 
 /// `GET /api/audit/consistency?old=N`: the newest checkpoint and the consistency proof from
 /// the tree of `old` events to it (base64 hashes, RFC 9162 §2.1.4.1).
-pub async fn consistency(
+pub(crate) async fn consistency(
     State(state): State<HttpState>,
     axum::extract::Query(q): axum::extract::Query<ConsistencyQuery>,
 ) -> Response {

@@ -28,23 +28,25 @@ macro_rules! codes {
     ($($(#[doc = $doc:literal])* $variant:ident = $name:literal, $status:ident;)*) => {
         /// What went wrong, as a program branches on it: the `code` of every error body.
         #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-        pub enum Code {
+        pub(crate) enum Code {
             $($(#[doc = $doc])* $variant,)*
         }
 
         impl Code {
-            /// Every code, in the order docs/api.md tables them.
-            pub const ALL: &[Code] = &[$(Code::$variant,)*];
+            /// Every code, in the order docs/api.md tables them (for the test that holds
+            /// the two together).
+            #[cfg(test)]
+            pub(crate) const ALL: &[Code] = &[$(Code::$variant,)*];
 
             /// The stable name, as the body carries it.
-            pub fn as_str(self) -> &'static str {
+            pub(crate) fn as_str(self) -> &'static str {
                 match self {
                     $(Code::$variant => $name,)*
                 }
             }
 
             /// The HTTP status it is answered with.
-            pub fn status(self) -> StatusCode {
+            pub(crate) fn status(self) -> StatusCode {
                 match self {
                     $(Code::$variant => StatusCode::$status,)*
                 }
@@ -84,14 +86,14 @@ codes! {
 
 /// An error answer: its status, its code and the sentence the caller reads.
 #[derive(Debug)]
-pub struct ApiError {
+pub(crate) struct ApiError {
     status: StatusCode,
     code: Code,
     message: String,
 }
 
 impl ApiError {
-    pub fn new(code: Code, message: impl Into<String>) -> Self {
+    pub(crate) fn new(code: Code, message: impl Into<String>) -> Self {
         ApiError {
             status: code.status(),
             code,
@@ -100,13 +102,13 @@ impl ApiError {
     }
 
     /// 400: the request broke a rule; `message` names the field and the rule.
-    pub fn bad_request(message: impl Into<String>) -> Self {
+    pub(crate) fn bad_request(message: impl Into<String>) -> Self {
         Self::new(Code::InvalidRequest, message)
     }
 
     /// A body the JSON reader refused: `invalid_request`, with the reader's own status (400,
     /// or 413, 415 or 422 for a body too large, not JSON, or of the wrong shape).
-    pub fn unreadable_body(rejection: &JsonRejection, message: impl Into<String>) -> Self {
+    pub(crate) fn unreadable_body(rejection: &JsonRejection, message: impl Into<String>) -> Self {
         ApiError {
             status: rejection.status(),
             ..Self::bad_request(message)
@@ -115,17 +117,9 @@ impl ApiError {
 
     /// 503 for an internal failure: `cause` is logged under `what`, and the caller reads
     /// only `message`.
-    pub fn unavailable(what: &str, cause: &dyn Display, message: impl Into<String>) -> Self {
+    pub(crate) fn unavailable(what: &str, cause: &dyn Display, message: impl Into<String>) -> Self {
         tracing::error!(error = %cause, "{what}");
         Self::new(Code::Unavailable, message)
-    }
-
-    pub fn status(&self) -> StatusCode {
-        self.status
-    }
-
-    pub fn code(&self) -> Code {
-        self.code
     }
 }
 

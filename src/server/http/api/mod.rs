@@ -37,8 +37,8 @@ pub enum Access {
 
 /// How a handler reads its input, for the tests that check the document's examples against
 /// the handler's own types: `Err` says what the handler would refuse.
-pub type BodyCheck = fn(&serde_json::Value) -> Result<(), String>;
-pub type QueryCheck = fn(&axum::http::Uri) -> Result<(), String>;
+pub(crate) type BodyCheck = fn(&serde_json::Value) -> Result<(), String>;
+pub(crate) type QueryCheck = fn(&axum::http::Uri) -> Result<(), String>;
 
 /// One handler of the table: the document's `operationId`, its door, the route (for the
 /// method the document gives), and how it reads a body or a query string.
@@ -65,7 +65,7 @@ fn query<T: serde::de::DeserializeOwned>(uri: &axum::http::Uri) -> Result<(), St
 }
 
 /// Every handler under `/api`, by the `operationId` that documents it.
-pub const HANDLERS: &[Handler] = &[
+pub(crate) const HANDLERS: &[Handler] = &[
     Handler {
         operation: "openapi",
         access: Access::Open,
@@ -230,13 +230,13 @@ pub const HANDLERS: &[Handler] = &[
 ];
 
 /// The handler of `operation`.
-pub fn handler(operation: &str) -> Option<&'static Handler> {
+pub(crate) fn handler(operation: &str) -> Option<&'static Handler> {
     HANDLERS.iter().find(|h| h.operation == operation)
 }
 
 /// The open routes and the routes behind the door, mounted from the document's operations;
 /// or why the table and the document disagree.
-pub fn try_routes() -> Result<(Router<HttpState>, Router<HttpState>), String> {
+pub(crate) fn try_routes() -> Result<(Router<HttpState>, Router<HttpState>), String> {
     let mut open = Router::new();
     let mut door = Router::new();
     let mut used = std::collections::BTreeSet::new();
@@ -275,6 +275,6 @@ pub fn try_routes() -> Result<(Router<HttpState>, Router<HttpState>), String> {
 }
 
 /// [`try_routes`], which `cargo test --lib api::` proves consistent.
-pub fn routes() -> (Router<HttpState>, Router<HttpState>) {
+pub(crate) fn routes() -> (Router<HttpState>, Router<HttpState>) {
     try_routes().expect("the API table and openapi.yaml agree (tested)")
 }

@@ -22,7 +22,7 @@ use serde_json::Value;
 use super::Access;
 
 /// The document as written.
-pub const SOURCE: &str = include_str!("openapi.yaml");
+pub(crate) const SOURCE: &str = include_str!("openapi.yaml");
 
 static DOCUMENT: LazyLock<Value> = LazyLock::new(|| {
     yaml_serde::from_str(SOURCE).expect("src/server/http/api/openapi.yaml is YAML (tested)")
@@ -34,7 +34,7 @@ pub fn document() -> &'static Value {
 }
 
 /// `GET /api/openapi.json`.
-pub async fn serve() -> Response {
+pub(crate) async fn serve() -> Response {
     Json(document()).into_response()
 }
 

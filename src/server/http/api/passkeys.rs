@@ -87,7 +87,7 @@ fn relying_party(
 
 /// `POST /api/passkeys/register/start`: the options for `navigator.credentials.create`, in
 /// the JSON form `PublicKeyCredential.parseCreationOptionsFromJSON` reads.
-pub async fn register_start(
+pub(crate) async fn register_start(
     State(state): State<HttpState>,
     Extension(who): Extension<Principal>,
     session: Option<Extension<Session>>,
@@ -124,7 +124,7 @@ pub async fn register_start(
 
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Finish {
+pub(crate) struct Finish {
     name: String,
     credential_id: String,
     attestation_object: String,
@@ -133,7 +133,7 @@ pub struct Finish {
 
 /// `POST /api/passkeys/register/finish`: the browser's answer, checked against the
 /// challenge this session started; the passkey as stored.
-pub async fn register_finish(
+pub(crate) async fn register_finish(
     State(state): State<HttpState>,
     Extension(who): Extension<Principal>,
     session: Option<Extension<Session>>,
@@ -163,13 +163,13 @@ pub async fn register_finish(
 
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ListQuery {
+pub(crate) struct ListQuery {
     user: Option<String>,
 }
 
 /// `GET /api/passkeys`: the caller's passkeys (an admin: `?user=NAME`'s), and the relying
 /// party they are registered for, which an approvers file names with them.
-pub async fn list(
+pub(crate) async fn list(
     State(state): State<HttpState>,
     Extension(who): Extension<Principal>,
     query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
@@ -225,7 +225,7 @@ fn check_person(field: &str, name: &str) -> Result<(), String> {
 }
 
 /// `DELETE /api/passkeys/{id}`: one of the caller's passkeys (an admin: anyone's).
-pub async fn remove(
+pub(crate) async fn remove(
     State(state): State<HttpState>,
     Extension(who): Extension<Principal>,
     axum::extract::Path(id): axum::extract::Path<String>,

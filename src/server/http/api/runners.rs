@@ -17,7 +17,7 @@ use crate::server::tokens::Principal;
 
 /// `GET /api/runners`: the runners the caller may see. A token limited to a selector sees
 /// only the runners it matches, as in `emisar.runners` and everywhere else.
-pub async fn list(
+pub(crate) async fn list(
     State(state): State<HttpState>,
     axum::Extension(principal): axum::Extension<Principal>,
 ) -> Json<serde_json::Value> {
@@ -43,7 +43,7 @@ fn no_bearer(what: &str) -> ApiError {
 /// `POST /api/runners/join` with a join token's secret: registers a new runner. Attempts
 /// are limited per client address (counted as the login limits count it, trusted proxies
 /// included) before the store is asked: past the limit, 429.
-pub async fn join(
+pub(crate) async fn join(
     State(state): State<HttpState>,
     // Absent when the router is driven without a socket (in-process tests).
     connect: Option<axum::Extension<axum::extract::ConnectInfo<std::net::SocketAddr>>>,
@@ -57,7 +57,7 @@ pub async fn join(
 }
 
 /// `POST /api/runners/register` with a runner token: a runner that joined before is back.
-pub async fn register(
+pub(crate) async fn register(
     State(state): State<HttpState>,
     headers: axum::http::HeaderMap,
     body: Result<Json<crate::protocol::RegisterRequest>, axum::extract::rejection::JsonRejection>,
@@ -68,7 +68,7 @@ pub async fn register(
 }
 
 /// `POST /api/runners/heartbeat` with a runner token.
-pub async fn heartbeat(
+pub(crate) async fn heartbeat(
     State(state): State<HttpState>,
     headers: axum::http::HeaderMap,
 ) -> Result<Json<serde_json::Value>, ApiError> {

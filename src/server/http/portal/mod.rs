@@ -26,7 +26,7 @@ const INDEX_HTML: &str = include_str!("../../../../web/index.html");
 const APP_JS: &str = include_str!("../../../../web/app.js");
 const APP_CSS: &str = include_str!("../../../../web/app.css");
 
-pub async fn index() -> Response {
+pub(crate) async fn index() -> Response {
     (
         [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
         INDEX_HTML,
@@ -34,7 +34,7 @@ pub async fn index() -> Response {
         .into_response()
 }
 
-pub async fn asset(Path(file): Path<String>) -> Response {
+pub(crate) async fn asset(Path(file): Path<String>) -> Response {
     match file.as_str() {
         "app.js" => (
             [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
@@ -46,12 +46,12 @@ pub async fn asset(Path(file): Path<String>) -> Response {
     }
 }
 
-pub async fn not_found() -> Response {
+pub(crate) async fn not_found() -> Response {
     ApiError::new(Code::NotFound, "not found").into_response()
 }
 
 /// Headers every response carries.
-pub async fn security_headers(req: Request, next: Next) -> Response {
+pub(crate) async fn security_headers(req: Request, next: Next) -> Response {
     let mut response = next.run(req).await;
     let h = response.headers_mut();
     h.insert(
@@ -73,13 +73,13 @@ pub async fn security_headers(req: Request, next: Next) -> Response {
 }
 
 /// The session id from the `Cookie` header, if any.
-pub fn session_cookie(headers: &HeaderMap) -> Option<String> {
+pub(crate) fn session_cookie(headers: &HeaderMap) -> Option<String> {
     cookie_value(headers, COOKIE)
 }
 
 /// The non-empty value of cookie `name` in the request, if present. (A few cookies of ours;
 /// parsing the header by hand is shorter than a cookie-jar dependency.)
-pub fn cookie_value(headers: &HeaderMap, name: &str) -> Option<String> {
+pub(crate) fn cookie_value(headers: &HeaderMap, name: &str) -> Option<String> {
     headers
         .get_all(header::COOKIE)
         .iter()
@@ -108,7 +108,7 @@ fn session_json(s: &Session) -> Value {
 
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Login {
+pub(crate) struct Login {
     name: String,
     password: String,
 }
@@ -118,7 +118,7 @@ pub struct Login {
 /// address: per address and per name and address; an address that failed for the name
 /// waits its turn under the per-name and server-wide pace), then the store and the hash. A
 /// wrong password marks the address as failed for the name; a right one clears it.
-pub async fn login(
+pub(crate) async fn login(
     State(state): State<HttpState>,
     // Absent when the router is driven without a socket (in-process tests).
     connect: Option<Extension<axum::extract::ConnectInfo<std::net::SocketAddr>>>,
@@ -189,7 +189,7 @@ pub async fn login(
     }
 }
 
-pub async fn session(session: Option<Extension<Session>>) -> Response {
+pub(crate) async fn session(session: Option<Extension<Session>>) -> Response {
     match session {
         Some(Extension(s)) => Json(session_json(&s)).into_response(),
         None => ApiError::bad_request("this request carries a bearer token, not a portal session")
@@ -197,7 +197,7 @@ pub async fn session(session: Option<Extension<Session>>) -> Response {
     }
 }
 
-pub async fn logout(
+pub(crate) async fn logout(
     State(state): State<HttpState>,
     session: Option<Extension<Session>>,
 ) -> Response {

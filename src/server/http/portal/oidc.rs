@@ -30,14 +30,14 @@ use crate::server::oidc::jwt::unix_now;
 use crate::server::oidc::login::{CALLBACK_PATH, Callback, LoginError};
 
 /// Where a sign-in starts.
-pub const START_PATH: &str = "/login/oidc";
+pub(crate) const START_PATH: &str = "/login/oidc";
 /// Where the provider's back-channel logout posts (register it at the provider).
-pub const BACKCHANNEL_LOGOUT_PATH: &str = "/login/oidc/backchannel-logout";
+pub(crate) const BACKCHANNEL_LOGOUT_PATH: &str = "/login/oidc/backchannel-logout";
 /// Binds a sign-in to the browser that started it.
 const BINDING_COOKIE: &str = "emisar_oidc";
 
 /// `GET /api/login/options`.
-pub async fn options(State(state): State<HttpState>) -> Response {
+pub(crate) async fn options(State(state): State<HttpState>) -> Response {
     let identity = &state.identity;
     let oidc = identity.people.as_ref().map(|p| {
         let status = p.login.get();
@@ -52,13 +52,13 @@ pub async fn options(State(state): State<HttpState>) -> Response {
 }
 
 #[derive(serde::Deserialize)]
-pub struct StartQuery {
+pub(crate) struct StartQuery {
     #[serde(default)]
     return_to: Option<String>,
 }
 
 /// `GET /login/oidc`.
-pub async fn start(
+pub(crate) async fn start(
     State(state): State<HttpState>,
     query: Result<Query<StartQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
@@ -106,7 +106,7 @@ pub async fn start(
 }
 
 /// `GET /login/oidc/callback`.
-pub async fn callback(
+pub(crate) async fn callback(
     State(state): State<HttpState>,
     headers: HeaderMap,
     query: Result<Query<Callback>, axum::extract::rejection::QueryRejection>,
@@ -242,12 +242,12 @@ fn unavailable(config: &OidcConfig, local_login: bool, problem: &str) -> Respons
 }
 
 #[derive(serde::Deserialize)]
-pub struct LogoutForm {
+pub(crate) struct LogoutForm {
     logout_token: String,
 }
 
 /// `POST /login/oidc/backchannel-logout` (OpenID Connect Back-Channel Logout 1.0).
-pub async fn backchannel_logout(
+pub(crate) async fn backchannel_logout(
     State(state): State<HttpState>,
     form: Result<Form<LogoutForm>, axum::extract::rejection::FormRejection>,
 ) -> Response {
@@ -361,7 +361,7 @@ fn page(status: StatusCode, title: &str, message: &str) -> Response {
 }
 
 /// The callback path, for the router.
-pub const CALLBACK: &str = CALLBACK_PATH;
+pub(crate) const CALLBACK: &str = CALLBACK_PATH;
 
 #[cfg(test)]
 mod tests {

@@ -43,14 +43,7 @@ impl Application {
     pub async fn build(config: ServerConfig, database_url: &str) -> anyhow::Result<Self> {
         config.check()?;
         // Read the certificate before anything else starts, so a bad one stops the server at once.
-        let tls = match (&config.tls_cert_file, &config.tls_key_file) {
-            (Some(cert), Some(key)) => {
-                let (tls, fingerprint) = crate::util::tls::server_config_from_files(cert, key)?;
-                tracing::info!(%fingerprint, cert = %cert.display(), "serving HTTPS");
-                Some(tls)
-            }
-            _ => None,
-        };
+        let tls = serving_tls(&config)?;
         if config.insecure_http {
             tracing::warn!(
                 "insecure_http = true: runners may be reached over plain HTTP, with calls, arguments and results in clear"
@@ -98,48 +91,16 @@ impl Application {
         let registry = Registry::new(config.runners.clone(), trust)?;
         let shutdown = CancellationToken::new();
         let approvals = Approvals::new(db.clone(), audit.clone(), shutdown.clone());
-        let mut limits = Limits::new(
-            Duration::from_millis(config.call_timeout_ms),
-            config.rate_limit_per_second,
-            config.rate_limit_burst,
-        );
-        limits.approval_ttl = Duration::from_secs(config.approval_ttl_secs);
-        limits.approval_wait = Duration::from_secs(config.approval_wait_secs);
-        limits.progress_every = Duration::from_millis(config.approval_progress_ms);
-        limits.approved_start_within = Duration::from_secs(config.approved_start_within_secs);
-        limits.max_pending_per_agent = config.max_pending_per_agent;
         let mut gateway = Gateway::new(
             packs.clone(),
             registry.clone(),
             audit.clone(),
             RunnerClient::new(signer.clone()),
-            limits,
+            limits(&config),
             audit_key,
             approvals,
         )?;
-        if let Some(file) = &config.approvers_file {
-            gateway.set_approvers(crate::server::gateway::ServerApprovers::load(
-                file,
-                config.approvers_signature_file.as_deref(),
-            )?);
-        } else if config.approvers_signature_file.is_some() {
-            anyhow::bail!(
-                "approvers_signature_file is set without approvers_file: set both, or neither"
-            );
-        }
-        if let Some(t) = config
-            .transparency
-            .as_ref()
-            .filter(|t| !t.witnesses.is_empty())
-        {
-            gateway.set_witnessing(db.clone(), t.witness_quorum.unwrap_or(t.witnesses.len()));
-        }
-        if !config.webhooks.is_empty() {
-            gateway.set_notifier(
-                Notifier::start(config.webhooks.clone(), shutdown.clone()),
-                config.public_url.clone(),
-            );
-        }
+        what_the_gateway_is_told(&mut gateway, &config, &db, &shutdown)?;
         let gateway = Arc::new(gateway);
         if let Some(path) = &config.policy_file {
             // `check_file` rather than `Policy::load`: a name the packs lack is then reported
@@ -170,19 +131,7 @@ impl Application {
             .await?,
         );
         audit
-            .append(NewEvent {
-                actor: "system".into(),
-                kind: kind::SERVER_STARTED.into(),
-                outcome: Some("ok".into()),
-                detail: Some(json!({
-                    "version": env!("CARGO_PKG_VERSION"),
-                    "listen": addr.to_string(),
-                    "tls": tls.is_some(),
-                    "packs": packs.packs().map(|p| json!({"name": p.name, "sha256": p.digest, "origin": p.origin})).collect::<Vec<_>>(),
-                    "runners": config.runners.iter().map(|r| r.name.clone()).collect::<Vec<_>>(),
-                })),
-                ..Default::default()
-            })
+            .append(server_started(&config, addr, tls.is_some(), &packs))
             .await
             .context("failed to write the first audit event")?;
         gateway.spawn_sweeper(Duration::from_secs(2), shutdown.clone());
@@ -205,21 +154,7 @@ impl Application {
             shutdown.clone(),
             signer,
         );
-        let mut hosts = config.allowed_hosts.clone();
-        // The bound address itself is always acceptable (tests and `dev` use port 0).
-        hosts.push(addr.to_string());
-        let mut origins = config.allowed_origins.clone();
-        // Where people reach the server is its own name and origin, even when a proxy in
-        // front passes its Host on.
-        if let Some(public) = config
-            .public_url
-            .as_deref()
-            .and_then(|u| u.parse::<axum::http::Uri>().ok())
-            && let (Some(scheme), Some(authority)) = (public.scheme_str(), public.authority())
-        {
-            hosts.push(authority.as_str().to_owned());
-            origins.push(format!("{scheme}://{authority}"));
-        }
+        let (hosts, origins) = hosts_and_origins(&config, addr);
         let router = crate::server::http::router(
             gateway,
             db.clone(),
@@ -308,6 +243,102 @@ impl Application {
 
 /// Reloads the policy file on SIGHUP. A file that does not load leaves the policy in force
 /// unchanged; both outcomes are audited. Without a policy file, SIGHUP is logged and ignored.
+/// The TLS config the listener serves with, when `tls_cert_file` and `tls_key_file` are set:
+/// read before anything else starts, so a bad certificate stops the server at once.
+fn serving_tls(config: &ServerConfig) -> anyhow::Result<Option<Arc<rustls::ServerConfig>>> {
+    let (Some(cert), Some(key)) = (&config.tls_cert_file, &config.tls_key_file) else {
+        return Ok(None);
+    };
+    let (tls, fingerprint) = crate::util::tls::server_config_from_files(cert, key)?;
+    tracing::info!(%fingerprint, cert = %cert.display(), "serving HTTPS");
+    Ok(Some(tls))
+}
+
+/// The call path's limits, from the config.
+fn limits(config: &ServerConfig) -> Limits {
+    let mut limits = Limits::new(
+        Duration::from_millis(config.call_timeout_ms),
+        config.rate_limit_per_second,
+        config.rate_limit_burst,
+    );
+    limits.approval_ttl = Duration::from_secs(config.approval_ttl_secs);
+    limits.approval_wait = Duration::from_secs(config.approval_wait_secs);
+    limits.progress_every = Duration::from_millis(config.approval_progress_ms);
+    limits.approved_start_within = Duration::from_secs(config.approved_start_within_secs);
+    limits.max_pending_per_agent = config.max_pending_per_agent;
+    limits
+}
+
+/// What the gateway learns beyond its parts: the approvers file the server carries, whether
+/// executions wait for witnessed checkpoints, and the hooks told about new requests.
+fn what_the_gateway_is_told(
+    gateway: &mut Gateway,
+    config: &ServerConfig,
+    db: &Db,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<()> {
+    if let Some(file) = &config.approvers_file {
+        gateway.set_approvers(crate::server::gateway::ServerApprovers::load(
+            file,
+            config.approvers_signature_file.as_deref(),
+        )?);
+    } else if config.approvers_signature_file.is_some() {
+        anyhow::bail!(
+            "approvers_signature_file is set without approvers_file: set both, or neither"
+        );
+    }
+    if let Some(t) = config
+        .transparency
+        .as_ref()
+        .filter(|t| !t.witnesses.is_empty())
+    {
+        gateway.set_witnessing(db.clone(), t.witness_quorum.unwrap_or(t.witnesses.len()));
+    }
+    if !config.webhooks.is_empty() {
+        gateway.set_notifier(
+            Notifier::start(config.webhooks.clone(), shutdown.clone()),
+            config.public_url.clone(),
+        );
+    }
+    Ok(())
+}
+
+/// The first event a starting server writes: its version, address, packs and runners.
+fn server_started(config: &ServerConfig, addr: SocketAddr, tls: bool, packs: &PackSet) -> NewEvent {
+    NewEvent {
+        actor: "system".into(),
+        kind: kind::SERVER_STARTED.into(),
+        outcome: Some("ok".into()),
+        detail: Some(json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "listen": addr.to_string(),
+            "tls": tls,
+            "packs": packs.packs().map(|p| json!({"name": p.name, "sha256": p.digest, "origin": p.origin})).collect::<Vec<_>>(),
+            "runners": config.runners.iter().map(|r| r.name.clone()).collect::<Vec<_>>(),
+        })),
+        ..Default::default()
+    }
+}
+
+/// The `Host`s and `Origin`s the server answers to: the configured ones, the bound address
+/// (tests and `dev` use port 0), and the name and origin of `public_url`, where people reach
+/// the server even when a proxy in front passes its own `Host` on.
+fn hosts_and_origins(config: &ServerConfig, addr: SocketAddr) -> (Vec<String>, Vec<String>) {
+    let mut hosts = config.allowed_hosts.clone();
+    hosts.push(addr.to_string());
+    let mut origins = config.allowed_origins.clone();
+    if let Some(public) = config
+        .public_url
+        .as_deref()
+        .and_then(|u| u.parse::<axum::http::Uri>().ok())
+        && let (Some(scheme), Some(authority)) = (public.scheme_str(), public.authority())
+    {
+        hosts.push(authority.as_str().to_owned());
+        origins.push(format!("{scheme}://{authority}"));
+    }
+    (hosts, origins)
+}
+
 fn spawn_policy_reload(
     gateway: Arc<Gateway>,
     path: Option<std::path::PathBuf>,

@@ -128,7 +128,7 @@ fn files() -> Vec<(&'static str, &'static str, Value)> {
         ),
         (
             "The policy file",
-            "src/server/policy.rs: `RawPolicy`",
+            "src/server/policy/format.rs: `RawPolicy`",
             json(crate::server::policy::file_schema()),
         ),
     ]

@@ -15,7 +15,7 @@
 //! runner (its purpose `health`, see [`crate::protocol::signing`]): they tell a stranger which
 //! packs to pretend to serve and which values would run here.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -32,7 +32,7 @@ use super::approvals::{Gate, GateConfig};
 use super::engine::{self, Env};
 use super::seal::{SealKey, Sealed};
 use crate::node::config::RunnerConfig;
-use crate::pack::{PackSet, Risk, Tool, allowlist_admits, shown_value};
+use crate::pack::{PackInfo, PackSet, Risk, Tool, ToolRef, allowlist_admits, shown_value};
 use crate::protocol::approval::RunnerApprovals;
 use crate::protocol::signing::{CallClaims, CallVerifier, now};
 use crate::protocol::witnessed::WitnessTrust;
@@ -198,11 +198,7 @@ pub async fn run_https(
 }
 
 async fn health(State(state): State<Arc<RunnerState>>, headers: HeaderMap) -> Response {
-    let token = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    let Some(token) = token else {
+    let Some(token) = bearer(&headers) else {
         // Liveness, for load balancers, orchestrators and scripts that wait for a start.
         return Json(json!({"status": "ok"})).into_response();
     };
@@ -242,64 +238,118 @@ fn refuse(status: StatusCode, message: impl Into<String>) -> Response {
     (status, Json(json!({"error": message}))).into_response()
 }
 
+/// A refusal: the status it answers with and the reason the caller reads.
+type Refused = (StatusCode, String);
+
+/// A call that passed every check, ready to run.
+struct Admitted<'s> {
+    claims: CallClaims,
+    request: CallRequest,
+    tool: &'s ToolRef,
+    pack: &'s PackInfo,
+}
+
 async fn call(
     State(state): State<Arc<RunnerState>>,
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
-    let Some(token) = headers
+    let Some(token) = bearer(&headers) else {
+        return refuse(StatusCode::UNAUTHORIZED, "a signed call token is required");
+    };
+    match admit(&state, token, &body) {
+        Ok(call) => execute(&state, call).await,
+        Err((status, why)) => refuse(status, why),
+    }
+}
+
+/// The bearer token of a request, if it carries one.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
-    else {
-        return refuse(StatusCode::UNAUTHORIZED, "a signed call token is required");
-    };
-    let claims = match state.verifier.verify(token) {
-        Ok(c) => c,
-        Err(e) => return refuse(StatusCode::UNAUTHORIZED, e.to_string()),
-    };
-    if let Err(why) = state.first_use(&claims.jti, claims.exp) {
-        return refuse(StatusCode::CONFLICT, why);
-    }
-    let request: CallRequest = match serde_json::from_slice(&body) {
-        Ok(r) => r,
-        Err(e) => return refuse(StatusCode::BAD_REQUEST, format!("invalid call body: {e}")),
-    };
-    if claims.tool != request.tool || claims.request_sha256 != request.digest() {
-        return refuse(
-            StatusCode::UNAUTHORIZED,
-            "the call token was signed for another tool or another request",
-        );
-    }
+}
+
+/// Every check a call passes before anything runs, in the order the module doc gives; the
+/// first that fails refuses it.
+fn admit<'s>(state: &'s RunnerState, token: &str, body: &[u8]) -> Result<Admitted<'s>, Refused> {
+    let claims = state
+        .verifier
+        .verify(token)
+        .map_err(|e| (StatusCode::UNAUTHORIZED, e.to_string()))?;
+    state
+        .first_use(&claims.jti, claims.exp)
+        .map_err(|why| (StatusCode::CONFLICT, why.to_owned()))?;
+    let request: CallRequest = serde_json::from_slice(body)
+        .map_err(|e| (StatusCode::BAD_REQUEST, format!("invalid call body: {e}")))?;
+    check_signed_for(&claims, &request)?;
     let Some(tool) = state.packs.tool(&request.tool) else {
-        return refuse(
+        return Err((
             StatusCode::NOT_FOUND,
             format!("unknown tool `{}` on this runner", request.tool),
-        );
+        ));
     };
     let pack = state
         .packs
         .pack(&tool.pack)
         .expect("every tool has its pack");
+    check_same_pack(pack, &claims)?;
+    check_args(tool, &request, &state.config.allowlists)?;
+    check_preview_values(&state.seal_key, &state.config.name, tool, &claims, &request)
+        .map_err(|why| (StatusCode::FORBIDDEN, why))?;
+    check_high_risk(state, tool, &claims, &request)?;
+    Ok(Admitted {
+        claims,
+        request,
+        tool,
+        pack,
+    })
+}
+
+/// The token was signed for this very request: its tool and the digest of its whole body.
+fn check_signed_for(claims: &CallClaims, request: &CallRequest) -> Result<(), Refused> {
+    if claims.tool != request.tool || claims.request_sha256 != request.digest() {
+        return Err((
+            StatusCode::UNAUTHORIZED,
+            "the call token was signed for another tool or another request".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The server resolved the tool from the same pack file this runner loaded.
+fn check_same_pack(pack: &PackInfo, claims: &CallClaims) -> Result<(), Refused> {
     if pack.digest != claims.pack_sha256 {
-        return refuse(
+        return Err((
             StatusCode::CONFLICT,
             format!(
                 "pack `{}` differs between server ({}) and runner ({}): deploy the same packs to both",
                 pack.name, claims.pack_sha256, pack.digest
             ),
-        );
+        ));
     }
+    Ok(())
+}
+
+/// The arguments validate against this runner's own schema of the tool, and every value of a
+/// param with an allowlist is in this runner's list of that name (a list it lacks admits
+/// nothing).
+fn check_args(
+    tool: &Tool,
+    request: &CallRequest,
+    allowlists: &BTreeMap<String, Vec<String>>,
+) -> Result<(), Refused> {
     let args = Value::Object(request.args.clone());
     if let Err(errors) = tool.validate(&args) {
-        return refuse(
+        return Err((
             StatusCode::BAD_REQUEST,
             format!(
                 "invalid arguments for `{}`: {}",
                 tool.name,
                 errors.join("; ")
             ),
-        );
+        ));
     }
     for param in tool.params.iter() {
         // Every value is checked, whatever its type: a list on a number holds for numbers.
@@ -307,29 +357,32 @@ async fn call(
         else {
             continue;
         };
-        let allowed = state
-            .config
-            .allowlists
+        let allowed = allowlists
             .get(list_name)
             .is_some_and(|list| allowlist_admits(&param.kind, value, list));
         if !allowed {
             let shown = shown_value(param, value);
-            return refuse(
+            return Err((
                 StatusCode::FORBIDDEN,
                 format!(
                     "`{}` = {shown} is not in this runner's allowlist `{list_name}` ([allowlists] in runner.toml); nothing was run",
                     param.name
                 ),
-            );
+            ));
         }
     }
-    if let Err(why) = check_preview_values(&state, tool, &claims, &request) {
-        return refuse(StatusCode::FORBIDDEN, why);
-    }
-    if let Err((status, why)) = check_high_risk(&state, tool, &claims, &request) {
-        return refuse(status, why);
-    }
+    Ok(())
+}
 
+/// Runs an admitted call and answers with its outcome; a preview's answer carries this
+/// runner's seal over what it captured.
+async fn execute(state: &RunnerState, call: Admitted<'_>) -> Response {
+    let Admitted {
+        claims,
+        request,
+        tool,
+        pack,
+    } = call;
     tracing::info!(tool = %tool.name, call_id = %claims.call_id, approval_id = ?claims.approval_id, mode = ?request.mode, "executing");
     let started = Instant::now();
     let service = pack
@@ -386,7 +439,7 @@ fn check_high_risk(
     tool: &Tool,
     claims: &CallClaims,
     request: &CallRequest,
-) -> Result<(), (StatusCode, String)> {
+) -> Result<(), Refused> {
     let forbidden = |why: String| (StatusCode::FORBIDDEN, why);
     let reused = |approval_id: &str, why: &str| {
         (
@@ -468,7 +521,8 @@ fn check_high_risk(
 /// named like a param (a value would stand in for the approved argument in a template), and
 /// exactly the ones this runner sealed for this call and these arguments.
 fn check_preview_values(
-    state: &RunnerState,
+    seal_key: &SealKey,
+    runner: &str,
     tool: &Tool,
     claims: &CallClaims,
     request: &CallRequest,
@@ -502,7 +556,7 @@ fn check_preview_values(
         }
     }
     let sealed = Sealed {
-        runner: &state.config.name,
+        runner,
         call_id: &claims.call_id,
         tool: &tool.name,
         pack_sha256: &claims.pack_sha256,
@@ -510,7 +564,7 @@ fn check_preview_values(
         vars: given,
     };
     match &request.preview_seal {
-        Some(seal) if state.seal_key.verify(&sealed, seal) => Ok(()),
+        Some(seal) if seal_key.verify(&sealed, seal) => Ok(()),
         Some(_) => Err(
             "the preview values differ from the ones this runner sealed at request time for this call and these arguments (changed on the way, or sealed before this runner restarted); nothing was run: request the change again".into(),
         ),
@@ -535,4 +589,344 @@ fn witness_trust(config: &RunnerConfig) -> anyhow::Result<Option<WitnessTrust>> 
     WitnessTrust::new(log_key, &config.witness_keys, quorum)
         .map(Some)
         .map_err(anyhow::Error::msg)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::Map;
+
+    use super::*;
+    use crate::protocol::signing::{CallSigner, ISSUER, Purpose, TOKEN_LIFETIME, generate_keypair};
+
+    /// A runner named `edge1` on the stock packs, and the server's signer it trusts.
+    struct Fixture {
+        state: Arc<RunnerState>,
+        signer: CallSigner,
+        _dir: tempfile::TempDir,
+    }
+
+    fn runner(tweak: impl FnOnce(&mut RunnerConfig)) -> Fixture {
+        let (private, public) = generate_keypair().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = RunnerConfig::with_name("edge1");
+        config.state_dir = dir.path().to_owned();
+        tweak(&mut config);
+        Fixture {
+            state: RunnerState::with_key(config, &public).unwrap(),
+            signer: CallSigner::from_pem(&private).unwrap(),
+            _dir: dir,
+        }
+    }
+
+    fn request(tool: &str, args: Value, mode: Mode) -> CallRequest {
+        CallRequest {
+            tool: tool.into(),
+            args: args.as_object().unwrap().clone(),
+            mode,
+            preview: None,
+            preview_seal: None,
+            raw: false,
+            approval: None,
+            witnessed: None,
+        }
+    }
+
+    impl Fixture {
+        /// The claims the server signs for `request`, with this runner's pack digest.
+        fn claims(&self, request: &CallRequest) -> CallClaims {
+            let pack = self
+                .state
+                .packs
+                .tool(&request.tool)
+                .map(|t| self.state.packs.pack(&t.pack).unwrap().digest.clone())
+                .unwrap_or_default();
+            let iat = now();
+            CallClaims {
+                iss: ISSUER.into(),
+                aud: "edge1".into(),
+                iat,
+                exp: iat + TOKEN_LIFETIME,
+                purpose: Purpose::Call,
+                jti: uuid::Uuid::new_v4().to_string(),
+                call_id: "c1".into(),
+                tool: request.tool.clone(),
+                request_sha256: request.digest(),
+                pack_sha256: pack,
+                approval_id: None,
+                lowered_by_policy: None,
+            }
+        }
+
+        /// `admit` of `request` under `claims`: Ok, or the refusal's status and reason.
+        fn admit_with(&self, claims: &CallClaims, request: &CallRequest) -> Result<(), Refused> {
+            let token = self.signer.sign(claims).unwrap();
+            let body = serde_json::to_vec(request).unwrap();
+            admit(&self.state, &token, &body).map(|_| ())
+        }
+
+        fn admit(&self, request: &CallRequest) -> Result<(), Refused> {
+            self.admit_with(&self.claims(request), request)
+        }
+
+        /// The seal a preview of `request` on this runner gives `vars`.
+        fn seal(
+            &self,
+            claims: &CallClaims,
+            request: &CallRequest,
+            vars: &Map<String, Value>,
+        ) -> String {
+            self.state.seal_key.seal(&Sealed {
+                runner: "edge1",
+                call_id: &claims.call_id,
+                tool: &request.tool,
+                pack_sha256: &claims.pack_sha256,
+                args: &request.args,
+                vars,
+            })
+        }
+    }
+
+    fn refused(result: Result<(), Refused>, status: StatusCode, part: &str) {
+        let (got, why) = result.expect_err("the call was admitted");
+        assert_eq!(got, status, "{why}");
+        assert!(why.contains(part), "want `{part}` in `{why}`");
+    }
+
+    fn members() -> CallRequest {
+        request("consul.members", json!({}), Mode::Execute)
+    }
+
+    #[test]
+    fn a_token_must_be_signed_by_the_server_for_this_runner() {
+        let f = runner(|_| {});
+        assert!(f.admit(&members()).is_ok());
+        let stranger = runner(|_| {});
+        let claims = f.claims(&members());
+        let token = stranger.signer.sign(&claims).unwrap();
+        let body = serde_json::to_vec(&members()).unwrap();
+        refused(
+            admit(&f.state, &token, &body).map(|_| ()),
+            StatusCode::UNAUTHORIZED,
+            "the token is invalid",
+        );
+        let elsewhere = CallClaims {
+            aud: "edge2".into(),
+            ..f.claims(&members())
+        };
+        refused(
+            f.admit_with(&elsewhere, &members()),
+            StatusCode::UNAUTHORIZED,
+            "the token is invalid",
+        );
+    }
+
+    #[test]
+    fn a_token_runs_once() {
+        let f = runner(|_| {});
+        let claims = f.claims(&members());
+        assert!(f.admit_with(&claims, &members()).is_ok());
+        refused(
+            f.admit_with(&claims, &members()),
+            StatusCode::CONFLICT,
+            "this call token was already used",
+        );
+    }
+
+    #[test]
+    fn the_token_is_for_this_very_request() {
+        let f = runner(|_| {});
+        let token = f.signer.sign(&f.claims(&members())).unwrap();
+        refused(
+            admit(&f.state, &token, b"{not json").map(|_| ()),
+            StatusCode::BAD_REQUEST,
+            "invalid call body",
+        );
+        let other = request("consul.catalog_services", json!({}), Mode::Execute);
+        refused(
+            f.admit_with(&f.claims(&members()), &other),
+            StatusCode::UNAUTHORIZED,
+            "signed for another tool or another request",
+        );
+        let raw = CallRequest {
+            raw: true,
+            ..members()
+        };
+        refused(
+            f.admit_with(&f.claims(&members()), &raw),
+            StatusCode::UNAUTHORIZED,
+            "signed for another tool or another request",
+        );
+    }
+
+    #[test]
+    fn the_tool_and_its_pack_are_this_runners() {
+        let f = runner(|_| {});
+        let unknown = request("consul.nope", json!({}), Mode::Execute);
+        refused(
+            f.admit(&unknown),
+            StatusCode::NOT_FOUND,
+            "unknown tool `consul.nope`",
+        );
+        let stale = CallClaims {
+            pack_sha256: "0".repeat(64),
+            ..f.claims(&members())
+        };
+        refused(
+            f.admit_with(&stale, &members()),
+            StatusCode::CONFLICT,
+            "pack `consul` differs between server",
+        );
+    }
+
+    #[test]
+    fn the_arguments_fit_the_schema_and_the_allowlists() {
+        let f = runner(|c| {
+            c.allowlists
+                .insert("systemd_units".into(), vec!["consul".into()]);
+        });
+        let restart = |unit: &str| {
+            let r = request(
+                "linux.systemctl_restart",
+                json!({"unit": unit}),
+                Mode::Preview,
+            );
+            f.admit(&r)
+        };
+        assert!(restart("consul").is_ok());
+        assert!(restart("consul.service").is_ok());
+        refused(
+            restart("vault"),
+            StatusCode::FORBIDDEN,
+            "`unit` = `vault` is not in this runner's allowlist `systemd_units`",
+        );
+        let invalid = request("linux.systemctl_restart", json!({"unit": 7}), Mode::Preview);
+        refused(
+            f.admit(&invalid),
+            StatusCode::BAD_REQUEST,
+            "invalid arguments for `linux.systemctl_restart`",
+        );
+        // A runner without the list admits no value.
+        let bare = runner(|_| {});
+        let r = request(
+            "linux.systemctl_restart",
+            json!({"unit": "consul"}),
+            Mode::Preview,
+        );
+        refused(
+            bare.admit(&r),
+            StatusCode::FORBIDDEN,
+            "is not in this runner's allowlist",
+        );
+    }
+
+    #[test]
+    fn preview_values_are_the_ones_this_runner_sealed() {
+        let f = runner(|_| {});
+        let tool = f.state.packs.tool("nomad.task_resources_set").unwrap();
+        let var = tool.preview.as_ref().unwrap().vars[0].clone();
+        let args = json!({"job": "traefik", "group": "g", "task": "t", "cpu": 100});
+        let with = |vars: Value, seal: Option<&str>, mode: Mode| CallRequest {
+            preview: Some(vars.as_object().unwrap().clone()),
+            preview_seal: seal.map(str::to_owned),
+            ..request("nomad.task_resources_set", args.clone(), mode)
+        };
+        let vars = json!({ var.clone(): 7 });
+        let execute = with(vars.clone(), None, Mode::Execute);
+        let claims = CallClaims {
+            approval_id: Some("a1".into()),
+            ..f.claims(&execute)
+        };
+        let good = f.seal(&claims, &execute, vars.as_object().unwrap());
+        let sealed = with(vars.clone(), Some(&good), Mode::Execute);
+        let fresh = |r: &CallRequest| CallClaims {
+            jti: uuid::Uuid::new_v4().to_string(),
+            request_sha256: r.digest(),
+            ..claims.clone()
+        };
+        assert!(f.admit_with(&fresh(&sealed), &sealed).is_ok());
+
+        let cases = [
+            (
+                with(vars.clone(), Some(&good), Mode::Preview),
+                "a preview call carries no preview values",
+            ),
+            (
+                with(vars.clone(), None, Mode::Execute),
+                "carry no seal from this runner",
+            ),
+            (
+                with(vars.clone(), Some("bogus"), Mode::Execute),
+                "differ from the ones this runner sealed",
+            ),
+            (
+                with(json!({ var.clone(): 8 }), Some(&good), Mode::Execute),
+                "differ from the ones this runner sealed",
+            ),
+            (
+                with(json!({"job": "x"}), Some(&good), Mode::Execute),
+                "the preview value `job` is named like a param",
+            ),
+            (
+                with(json!({"other": 1}), Some(&good), Mode::Execute),
+                "the preview value `other` is not one the preview",
+            ),
+        ];
+        for (r, want) in cases {
+            refused(f.admit_with(&fresh(&r), &r), StatusCode::FORBIDDEN, want);
+        }
+        let no_preview = CallRequest {
+            preview: Some(vars.as_object().unwrap().clone()),
+            ..request(
+                "linux.systemctl_restart",
+                json!({"unit": "consul"}),
+                Mode::Execute,
+            )
+        };
+        let restart = f.state.packs.tool("linux.systemctl_restart").unwrap();
+        refused(
+            check_preview_values(&f.state.seal_key, "edge1", restart, &claims, &no_preview)
+                .map_err(|why| (StatusCode::FORBIDDEN, why)),
+            StatusCode::FORBIDDEN,
+            "has no preview, so its execution takes no preview values",
+        );
+    }
+
+    #[test]
+    fn a_high_risk_execution_carries_an_approval_used_once_or_the_policys_lowering() {
+        let f = runner(|c| {
+            c.allowlists
+                .insert("systemd_units".into(), vec!["consul".into()]);
+        });
+        let restart = |mode| request("linux.systemctl_restart", json!({"unit": "consul"}), mode);
+        let execute = restart(Mode::Execute);
+        refused(
+            f.admit(&execute),
+            StatusCode::FORBIDDEN,
+            "is risk:high: this runner executes it only under a human's approval or the server policy's lowering",
+        );
+        assert!(
+            f.admit(&restart(Mode::Preview)).is_ok(),
+            "a preview needs no approval"
+        );
+        assert!(f.admit(&members()).is_ok(), "a read needs no approval");
+        let approved = CallClaims {
+            approval_id: Some("a1".into()),
+            ..f.claims(&execute)
+        };
+        assert!(f.admit_with(&approved, &execute).is_ok());
+        let again = CallClaims {
+            jti: uuid::Uuid::new_v4().to_string(),
+            ..approved
+        };
+        refused(
+            f.admit_with(&again, &execute),
+            StatusCode::CONFLICT,
+            "approval a1: this approval was already executed on this runner",
+        );
+        let lowered = CallClaims {
+            lowered_by_policy: Some("f".repeat(64)),
+            ..f.claims(&execute)
+        };
+        assert!(f.admit_with(&lowered, &execute).is_ok());
+    }
 }

@@ -1,0 +1,333 @@
+//! A person's decision, and the execution of an approved request: claimed once across
+//! replicas (`approved` → `executing`), run with the args, runners and preview values stored
+//! at request time, its outcome recorded; an approval that did not start in time is expired.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use super::super::dispatch::Record;
+use super::super::outcome::{CallOutcome, RunnerResult};
+use super::super::state::Gateway;
+use crate::protocol::Mode;
+use crate::server::approvals::{self, Actor, Approval, ApprovalError, Lock, State, Verdict};
+use crate::server::audit::kind;
+use crate::server::principal::Principal;
+use crate::server::runners::client::Dispatch;
+
+impl Gateway {
+    /// A person's decision on a pending request. The decision that approves it also claims
+    /// it (`approval.executing`) in the same transition, so this replica runs it: the two
+    /// events share one audit commit and the row one commit, where a separate claim took
+    /// two more, in sequence, between the click and the runner call.
+    pub async fn decide(
+        self: &Arc<Self>,
+        who: &Principal,
+        id: &str,
+        verdict: Verdict,
+    ) -> Result<Approval, ApprovalError> {
+        let policy = self.policy();
+        let row = self
+            .approvals
+            .transition(id, Lock::Wait, |r| {
+                // The tool comes from the locked row: no second read to learn it.
+                let actor = Actor {
+                    name: who.name.clone(),
+                    actor: who.actor(),
+                    // A person from the provider may hold several roles; any one that may
+                    // approve this tool is enough.
+                    may_approve: who
+                        .roles
+                        .iter()
+                        .any(|role| policy.may_approve(*role, &r.tool)),
+                };
+                let now = chrono::Utc::now();
+                let verdict = self.verify_vote(r, &verdict)?;
+                let decided = approvals::decide(r, &actor, &verdict, now)?;
+                if decided.row.state != State::Approved {
+                    return Ok(decided);
+                }
+                let claim = claim(&decided.row, now)?;
+                Ok(decided.then(claim))
+            })
+            .await?
+            .expect("a transition that waits for the lock always returns the row");
+        if row.state == State::Executing {
+            let me = self.clone();
+            let claimed = row.clone();
+            tokio::spawn(async move { me.run_claimed(claimed).await });
+        }
+        Ok(row)
+    }
+
+    /// Claims an approved request nobody claimed (exactly once across replicas: the sweep
+    /// finds it when the replica that approved it stopped before its claim committed), then
+    /// runs it.
+    pub async fn execute_approved(&self, id: &str) {
+        let start_within = self.limits.approved_start_within;
+        let claimed = self
+            .approvals
+            .transition(id, Lock::SkipLocked, |r| {
+                if r.state == State::Approved
+                    && too_late_to_start(r, start_within, chrono::Utc::now())
+                {
+                    // Left for the sweeper, which expires it and says why.
+                    return Err(ApprovalError::WrongState {
+                        state: r.state,
+                        wanted: "approved recently enough to start",
+                    });
+                }
+                claim(r, chrono::Utc::now())
+            })
+            .await;
+        match claimed {
+            Ok(Some(row)) => self.run_claimed(row).await,
+            // Another replica holds it, or it moved on already: not ours to run.
+            Ok(None) | Err(ApprovalError::WrongState { .. }) => {}
+            Err(e) => {
+                tracing::error!(error = %e, approval_id = %id, "could not claim an approved request");
+            }
+        }
+    }
+
+    /// Runs a request this replica claimed (`executing`): calls its runners with the approval
+    /// id and the preview's vars, and records the outcome.
+    async fn run_claimed(&self, row: Approval) {
+        let id = &row.id;
+        let started = Instant::now();
+        let (results, problem) = self.run_approved(&row).await;
+        let ok = problem.is_none() && results.iter().all(|r| r.ok);
+        let note = problem.or_else(|| {
+            results
+                .iter()
+                .find_map(|r| r.error.as_ref().map(|e| format!("{}: {e}", r.runner)))
+        });
+        let outcome = CallOutcome::of_approval(&row, results);
+        crate::server::metrics::tool_call(&row.tool, if ok { "ok" } else { "error" });
+        let result = serde_json::to_value(&outcome).expect("outcomes are JSON");
+        let finished = self
+            .approvals
+            .finish(
+                id,
+                if ok { State::Executed } else { State::Failed },
+                result,
+                note,
+            )
+            .await;
+        if let Err(e) = finished {
+            tracing::error!(error = %e, approval_id = %id, "could not record the end of an execution");
+        }
+        tracing::info!(approval_id = %id, ok, elapsed_ms = started.elapsed().as_millis() as u64, "approved call ran");
+    }
+
+    /// Steps 6 and 7 for an approved request. The second value explains a failure that
+    /// happened before any runner was called.
+    async fn run_approved(&self, row: &Approval) -> (Vec<RunnerResult>, Option<String>) {
+        let Some(tool) = self.packs.tool(&row.tool) else {
+            return (
+                Vec::new(),
+                Some(format!("tool `{}` is no longer loaded", row.tool)),
+            );
+        };
+        let pack = self.packs.pack(&tool.pack).expect("tool has a pack");
+        if pack.digest != row.pack_sha256 {
+            return (
+                Vec::new(),
+                Some(format!(
+                    "pack `{}` changed since the request ({} → {}): nothing was run; ask again",
+                    pack.name, row.pack_sha256, pack.digest
+                )),
+            );
+        }
+        let record = Record {
+            actor: &row.requester,
+            tool: &row.tool,
+            args: &row.shown_args,
+            reason: Some(&row.reason),
+            call_id: &row.call_id,
+            approval_id: Some(&row.id),
+            on_behalf_of: row.on_behalf_of.as_deref(),
+        };
+        let proof = self.proof_for(row);
+        let witnessed = if self.needs_witnessed(row) {
+            match self.witnessed_for(row).await {
+                Ok(w) => Some(w),
+                Err(why) => return (Vec::new(), Some(why)),
+            }
+        } else {
+            None
+        };
+        let results = futures::future::join_all(row.runners.iter().map(|name| {
+            let record = &record;
+            let proof = proof.as_ref();
+            let witnessed = witnessed.as_ref();
+            async move {
+                let preview = row.preview_vars(name);
+                let dispatch = Dispatch {
+                    preview: preview.as_ref().map(|(vars, _)| vars),
+                    preview_seal: preview.as_ref().and_then(|(_, seal)| seal.as_deref()),
+                    raw: row.raw,
+                    approval_id: Some(&row.id),
+                    approval: proof,
+                    witnessed,
+                    ..Dispatch::new(
+                        &row.call_id,
+                        &row.tool,
+                        &row.pack_sha256,
+                        &row.args,
+                        Mode::Execute,
+                    )
+                };
+                self.run_on(name, tool, &dispatch, record).await
+            }
+        }))
+        .await;
+        (results, None)
+    }
+
+    /// Expires an approved request whose execution never started within
+    /// `approved_start_within` of its approval; nothing runs.
+    pub(super) async fn expire_approved(&self, id: &str) {
+        let start_within = self.limits.approved_start_within;
+        let result = self
+            .approvals
+            .transition(id, Lock::SkipLocked, |r| {
+                if r.state == State::Approved && !too_late_to_start(r, start_within, chrono::Utc::now()) {
+                    return Err(ApprovalError::WrongState {
+                        state: r.state,
+                        wanted: "expired",
+                    });
+                }
+                let why = format!(
+                    "was approved at {}, but its execution did not start within {} s of the approval; nothing ran: ask again",
+                    r.updated_at,
+                    start_within.as_secs()
+                );
+                let mut change = approvals::moved(
+                    r,
+                    &[State::Approved],
+                    State::Expired,
+                    "system",
+                    kind::APPROVAL_EXPIRED,
+                    json!({"approved_at": r.updated_at, "why": why}),
+                    chrono::Utc::now(),
+                )?;
+                change.row.note = Some(why);
+                Ok(change)
+            })
+            .await;
+        match result {
+            Ok(_) | Err(ApprovalError::WrongState { .. }) => {}
+            Err(e) => tracing::error!(error = %e, approval_id = %id, "could not expire"),
+        }
+    }
+}
+
+/// `approved` → `executing`: this replica will run the request, audited with who approved it.
+fn claim(
+    r: &Approval,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<approvals::Change, ApprovalError> {
+    let by = r.decided_by.clone().unwrap_or_else(|| "system".into());
+    approvals::moved(
+        r,
+        &[State::Approved],
+        State::Executing,
+        &by,
+        kind::APPROVAL_EXECUTING,
+        json!({"runners": r.runners, "approvals": r.votes}),
+        now,
+    )
+}
+
+/// Whether an approved request's execution may no longer start: more than `within` since
+/// the approval that settled it, at `now` (an unreadable time counts as too late).
+fn too_late_to_start(row: &Approval, within: Duration, now: chrono::DateTime<chrono::Utc>) -> bool {
+    let Ok(approved) = chrono::DateTime::parse_from_rfc3339(&row.updated_at) else {
+        return true;
+    };
+    let within = chrono::Duration::from_std(within).unwrap_or(chrono::Duration::minutes(5));
+    approved.with_timezone(&chrono::Utc) + within <= now
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::server::approvals::testing::{at, row};
+
+    use super::*;
+
+    #[test]
+    fn a_claim_moves_an_approved_request_to_executing_by_its_approver() {
+        let now = at("2026-11-30T10:06:00Z");
+        let approved = Approval {
+            state: State::Approved,
+            decided_by: Some("approver:alice".into()),
+            ..row()
+        };
+        let change = claim(&approved, now).unwrap();
+        assert_eq!(change.row.state, State::Executing);
+        assert_eq!(change.row.updated_at, "2026-11-30T10:06:00.000000Z");
+        let [event] = &change.events[..] else {
+            panic!("a claim is audited by one event");
+        };
+        assert_eq!(event.kind, kind::APPROVAL_EXECUTING);
+        assert_eq!(event.actor, "approver:alice");
+        assert_eq!(
+            event.detail,
+            Some(json!({"runners": ["hvn05"], "approvals": []}))
+        );
+        // Without a recorded approver, the system claims it.
+        let nobody = Approval {
+            decided_by: None,
+            ..approved
+        };
+        assert_eq!(claim(&nobody, now).unwrap().events[0].actor, "system");
+        // Only an approved request is claimed.
+        for state in State::ALL.into_iter().filter(|s| *s != State::Approved) {
+            let other = Approval { state, ..row() };
+            assert!(
+                matches!(claim(&other, now), Err(ApprovalError::WrongState { .. })),
+                "{state:?} was claimed"
+            );
+        }
+    }
+
+    #[test]
+    fn an_approval_starts_only_within_its_window() {
+        let approved = Approval {
+            state: State::Approved,
+            updated_at: "2026-11-30T10:05:00.000000Z".into(),
+            ..row()
+        };
+        let within = Duration::from_secs(300);
+        assert!(!too_late_to_start(
+            &approved,
+            within,
+            at("2026-11-30T10:05:00Z")
+        ));
+        assert!(!too_late_to_start(
+            &approved,
+            within,
+            at("2026-11-30T10:09:59Z")
+        ));
+        assert!(too_late_to_start(
+            &approved,
+            within,
+            at("2026-11-30T10:10:00Z")
+        ));
+        assert!(too_late_to_start(
+            &approved,
+            within,
+            at("2026-11-30T11:00:00Z")
+        ));
+        let unreadable = Approval {
+            updated_at: "yesterday".into(),
+            ..approved
+        };
+        assert!(
+            too_late_to_start(&unreadable, within, at("2026-11-30T10:05:00Z")),
+            "an unreadable approval time counts as too late"
+        );
+    }
+}

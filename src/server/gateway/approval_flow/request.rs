@@ -1,0 +1,380 @@
+//! A call that needs approval becomes a pending request: refused before anything is stored
+//! when it holds a secret, when its agent has too many pending or when no one could sign it;
+//! else its intent is audited, its preview runs on every target and the request is stored
+//! bound to all of it.
+
+use serde_json::{Map, Value, json};
+
+use super::super::call::on_behalf_of;
+use super::super::dispatch::Record;
+use super::super::outcome::CallError;
+use super::super::state::Gateway;
+use crate::digest::{canonical_json, json_digest};
+use crate::pack::ToolRef;
+use crate::protocol::Mode;
+use crate::server::approvals::{Approval, State};
+use crate::server::audit::{NewEvent, format_at, kind};
+use crate::server::principal::Principal;
+use crate::server::runners::client::{Dispatch, RunnerAnswer, RunnerError};
+use crate::server::webhook::Notice;
+
+/// A call that needs approval, after validation and policy.
+pub(in crate::server::gateway) struct Request<'a> {
+    pub(in crate::server::gateway) call_id: String,
+    pub(in crate::server::gateway) tool: &'a ToolRef,
+    pub(in crate::server::gateway) principal: &'a Principal,
+    pub(in crate::server::gateway) params: Map<String, Value>,
+    pub(in crate::server::gateway) shown_args: Value,
+    pub(in crate::server::gateway) runners: Vec<String>,
+    pub(in crate::server::gateway) runner_chosen_by_server: bool,
+    pub(in crate::server::gateway) raw: bool,
+    pub(in crate::server::gateway) reason: String,
+    pub(in crate::server::gateway) approvers: u32,
+}
+
+impl Gateway {
+    /// Refuses a request before it is stored: audited as `tool.rejected` with the args and
+    /// reason it came with, and `err` (whose text is the record's error) handed back.
+    async fn refuse_request(&self, r: Request<'_>, err: CallError) -> CallError {
+        let why = err.to_string();
+        self.refuse(
+            r.principal,
+            &r.tool.name,
+            r.shown_args,
+            Some(r.reason),
+            why,
+            err,
+        )
+        .await
+    }
+
+    /// Audits the intent, runs the tool's read-only preview on every target, and stores a
+    /// pending request bound to all of it.
+    pub(in crate::server::gateway) async fn request_approval(
+        &self,
+        r: Request<'_>,
+    ) -> Result<Approval, CallError> {
+        let actor = r.principal.actor();
+        let tool = r.tool;
+        if tool.secret_params().next().is_some() {
+            // A request keeps the args its execution will use; a secret would sit in the
+            // approvals table in clear. Refuse until requests can hold secrets sealed.
+            let err = CallError::NeedsApprovalSecret {
+                tool: tool.name.clone(),
+            };
+            return Err(self.refuse_request(r, err).await);
+        }
+        // Checked before the preview runs, so a flood of requests runs no previews. Requests
+        // made at the same moment can pass together and overshoot by their number.
+        let max = self.limits.max_pending_per_agent;
+        let pending = self.approvals.pending_of(&r.principal.name).await?;
+        if pending >= u64::from(max) {
+            let err = CallError::TooManyPending {
+                agent: r.principal.name.clone(),
+                pending,
+                max,
+            };
+            return Err(self.refuse_request(r, err).await);
+        }
+        // Runners that check people's signatures: as many people as their approvers file
+        // needs, or a refusal now when it could never be satisfied (nobody is asked).
+        let signed_by = match self.signatures_needed(&tool.name, &r.runners, r.approvers) {
+            Ok(needed) => needed,
+            Err(why) => {
+                let err = CallError::SignaturesUnsatisfiable(why);
+                return Err(self.refuse_request(r, err).await);
+            }
+        };
+        let required = signed_by.unwrap_or(r.approvers);
+        let record = Record {
+            actor: &actor,
+            tool: &tool.name,
+            args: &r.shown_args,
+            reason: Some(&r.reason),
+            call_id: &r.call_id,
+            approval_id: None,
+            on_behalf_of: r.principal.on_behalf_of.as_deref(),
+        };
+        let how =
+            json!({"needs_approval": true, "approvers": required, "signed": signed_by.is_some()});
+        self.audit
+            .append(record.tool_called(&r.runners, r.runner_chosen_by_server, how))
+            .await
+            .map_err(CallError::AuditUnavailable)?;
+        let pack_sha256 = self
+            .packs
+            .pack(&tool.pack)
+            .expect("tool has a pack")
+            .digest
+            .clone();
+        let preview = match &tool.preview {
+            None => None,
+            Some(_) => Some(self.run_preview(&r, &actor, &pack_sha256).await?),
+        };
+        let now = chrono::Utc::now();
+        let ttl = chrono::Duration::from_std(self.limits.approval_ttl)
+            .unwrap_or(chrono::Duration::minutes(15));
+        let id = uuid::Uuid::new_v4().to_string();
+        let statement = match signed_by {
+            None => None,
+            Some(_) => {
+                let start_within = chrono::Duration::from_std(self.limits.approved_start_within)
+                    .unwrap_or(chrono::Duration::minutes(5));
+                let text = self.statement_for(
+                    &id,
+                    &tool.name,
+                    &pack_sha256,
+                    &r.params,
+                    &r.runners,
+                    preview.as_ref(),
+                    required,
+                    &actor,
+                    // Whole seconds, rounded up: the statement's form has no fraction.
+                    now + ttl + start_within + chrono::Duration::seconds(1),
+                );
+                match text {
+                    Ok(text) => Some(text),
+                    Err(e) => {
+                        let err = CallError::SignaturesUnsatisfiable(format!(
+                            "the statement to sign could not be written: {e}"
+                        ));
+                        return Err(self.refuse_request(r, err).await);
+                    }
+                }
+            }
+        };
+        let approval = Approval {
+            id,
+            call_id: r.call_id,
+            tool: tool.name.clone(),
+            risk: self.policy().risk(tool).as_str().to_owned(),
+            args: r.params,
+            shown_args: r.shown_args,
+            runners: r.runners,
+            runner_chosen_by_server: r.runner_chosen_by_server,
+            raw: r.raw,
+            reason: r.reason,
+            requester: actor.clone(),
+            requester_name: r.principal.name.clone(),
+            on_behalf_of: r.principal.on_behalf_of.clone(),
+            pack_sha256,
+            preview,
+            required_approvals: required,
+            votes: Vec::new(),
+            state: State::Pending,
+            note: None,
+            statement,
+            decided_by: None,
+            result: None,
+            created_at: format_at(now),
+            expires_at: format_at(now + ttl),
+            updated_at: format_at(now),
+        };
+        self.file_request(approval).await
+    }
+
+    /// Audits a new request (`approval.requested`, with the preview's digest), stores it and
+    /// tells the people who may approve it.
+    async fn file_request(&self, approval: Approval) -> Result<Approval, CallError> {
+        let actor = &approval.requester;
+        let mut event = approval.event(
+            actor,
+            kind::APPROVAL_REQUESTED,
+            on_behalf_of(
+                json!({"runners": approval.runners, "required_approvals": approval.required_approvals,
+                       "expires_at": approval.expires_at}),
+                approval.on_behalf_of.as_deref(),
+            ),
+        );
+        if let Some(p) = &approval.preview {
+            event.result_digest = Some(json_digest(p));
+        }
+        self.audit
+            .append(event)
+            .await
+            .map_err(CallError::AuditUnavailable)?;
+        self.approvals.insert(&approval).await?;
+        crate::server::metrics::tool_call(&approval.tool, "pending");
+        if let Some(notifier) = &self.notifier {
+            notifier.notify(Notice {
+                approval_id: approval.id.clone(),
+                tool: approval.tool.clone(),
+                runners: approval.runners.clone(),
+                requester: approval.requester.clone(),
+                reason: approval.reason.clone(),
+                risk: approval.risk.clone(),
+                expires_at: approval.expires_at.clone(),
+                portal_url: self
+                    .public_url
+                    .as_ref()
+                    .map(|u| format!("{}/#/approvals/{}", u.trim_end_matches('/'), approval.id)),
+            });
+        }
+        Ok(approval)
+    }
+
+    /// Runs the tool's read-only preview on every target of `r`. Its answers, as the request
+    /// keeps them; or, when a runner failed or did not seal what it captured, `call.failed`
+    /// audited and the call refused.
+    async fn run_preview(
+        &self,
+        r: &Request<'_>,
+        actor: &str,
+        pack_sha256: &str,
+    ) -> Result<Value, CallError> {
+        let tool = r.tool;
+        let dispatch = Dispatch::new(
+            &r.call_id,
+            &tool.name,
+            pack_sha256,
+            &r.params,
+            Mode::Preview,
+        );
+        let answers = futures::future::join_all(
+            r.runners
+                .iter()
+                .map(|name| self.dispatch_one(name, tool, &dispatch)),
+        )
+        .await;
+        let PreviewFailed { failures, details } = match previews(&r.runners, answers) {
+            Ok(per_runner) => return Ok(Value::Object(per_runner)),
+            Err(failed) => failed,
+        };
+        let why = failures.join("; ");
+        let event = NewEvent {
+            actor: actor.to_owned(),
+            kind: kind::CALL_FAILED.into(),
+            tool: Some(tool.name.clone()),
+            args: Some(r.shown_args.clone()),
+            reason: Some(r.reason.clone()),
+            call_id: Some(r.call_id.clone()),
+            outcome: Some("error".into()),
+            detail: Some(
+                json!({"mode": "preview", "error": why, "error_detail": details.join("; ")}),
+            ),
+            ..Default::default()
+        };
+        self.audit
+            .append(event)
+            .await
+            .map_err(CallError::AuditUnavailable)?;
+        Err(CallError::PreviewFailed(why))
+    }
+}
+
+/// Why a preview did not give the request what it needs.
+#[derive(Debug, PartialEq)]
+struct PreviewFailed {
+    /// Per runner that failed, what the agent reads.
+    failures: Vec<String>,
+    /// What operators read behind each runner's error (a runner that did not seal has none).
+    details: Vec<String>,
+}
+
+/// The preview a request keeps, from each target's answer in `runners`' order: per runner
+/// `{ok, output, vars, seal, sealed_vars}`, `sealed_vars` being the canonical text of the vars
+/// exactly as the runner sealed them; or every failure, where an answer without a seal is
+/// one (its execution could not use the values).
+fn previews(
+    runners: &[String],
+    answers: Vec<Result<RunnerAnswer, RunnerError>>,
+) -> Result<Map<String, Value>, PreviewFailed> {
+    let mut per_runner = Map::new();
+    let mut failures = Vec::new();
+    let mut details = Vec::new();
+    for (name, answer) in runners.iter().zip(answers) {
+        match answer {
+            Ok(a) if a.seal.is_none() => failures.push(format!(
+                "preview on `{name}`: the runner did not seal the values it captured, so its execution could not use them (is it an older runner?)"
+            )),
+            Ok(a) => {
+                let sealed = canonical_json(&Value::Object(a.vars.clone()));
+                per_runner.insert(
+                    name.clone(),
+                    json!({"ok": true, "output": a.output, "vars": a.vars,
+                           "seal": a.seal, "sealed_vars": sealed}),
+                );
+            }
+            Err(e) => {
+                failures.push(format!("preview on `{name}`: {e}"));
+                details.push(format!("preview on `{name}`: {}", e.detail()));
+            }
+        }
+    }
+    if failures.is_empty() {
+        Ok(per_runner)
+    } else {
+        Err(PreviewFailed { failures, details })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn answer(vars: Value, seal: Option<&str>) -> Result<RunnerAnswer, RunnerError> {
+        Ok(RunnerAnswer {
+            output: json!({"plan": "+1 task"}),
+            truncated: false,
+            duration_ms: 3,
+            vars: vars.as_object().unwrap().clone(),
+            seal: seal.map(str::to_owned),
+        })
+    }
+
+    fn runners(names: &[&str]) -> Vec<String> {
+        names.iter().map(|n| n.to_string()).collect()
+    }
+
+    #[test]
+    fn a_sealed_preview_is_kept_per_runner_with_the_vars_as_sealed() {
+        let kept = previews(
+            &runners(&["r1", "r2"]),
+            vec![
+                answer(json!({"index": 7, "b": "x"}), Some("seal-1")),
+                answer(json!({"index": 8}), Some("seal-2")),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            Value::Object(kept),
+            json!({
+                "r1": {"ok": true, "output": {"plan": "+1 task"}, "vars": {"index": 7, "b": "x"},
+                       "seal": "seal-1", "sealed_vars": "{\"b\":\"x\",\"index\":7}"},
+                "r2": {"ok": true, "output": {"plan": "+1 task"}, "vars": {"index": 8},
+                       "seal": "seal-2", "sealed_vars": "{\"index\":8}"},
+            })
+        );
+    }
+
+    #[test]
+    fn a_preview_without_a_seal_or_with_an_error_fails_the_request() {
+        let failed = previews(
+            &runners(&["r1", "r2", "r3"]),
+            vec![
+                answer(json!({"index": 7}), None),
+                answer(json!({"index": 8}), Some("seal-2")),
+                Err(RunnerError::Unreachable {
+                    detail: "connection refused".into(),
+                }),
+            ],
+        )
+        .unwrap_err();
+        assert_eq!(
+            failed.failures,
+            [
+                "preview on `r1`: the runner did not seal the values it captured, so its execution could not use them (is it an older runner?)",
+                "preview on `r3`: runner unreachable: the connection failed (the server's log has the details)",
+            ]
+        );
+        assert_eq!(
+            failed.details,
+            [
+                "preview on `r3`: runner unreachable: the connection failed (the server's log has the details): connection refused"
+            ],
+            "operators read the detail behind an error; a missing seal has none"
+        );
+    }
+}

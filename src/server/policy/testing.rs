@@ -1,0 +1,25 @@
+//! What the policy's tests share: the packs its names are checked against.
+
+use std::sync::OnceLock;
+
+use crate::pack::{PackSet, Tool};
+
+/// The stock packs, plus a pack with a risk:low write (no stock tool is low).
+pub(super) fn packs() -> &'static PackSet {
+    static PACKS: OnceLock<PackSet> = OnceLock::new();
+    PACKS.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("t.yaml"),
+            "pack: t\ndescription: d\ntools:\n  low_write:\n    description: d\n    risk: low\n    scope: node\n    action: {exec: {argv: [\"true\"]}}\n  port:\n    description: d\n    risk: read\n    scope: node\n    params: {port: {type: integer, allowlist: ports}}\n    action: {exec: {argv: [echo, \"{port}\"]}}\n",
+        )
+        .unwrap();
+        PackSet::load(Some(dir.path())).unwrap()
+    })
+}
+
+pub(super) fn tool(name: &str) -> &'static Tool {
+    packs()
+        .tool(name)
+        .unwrap_or_else(|| panic!("no tool {name}"))
+}

@@ -24,7 +24,7 @@ pub struct Changed {
 
 impl Approvals {
     /// Every creation and state change, on this replica and (PostgreSQL) every other.
-    pub fn subscribe(&self) -> broadcast::Receiver<Changed> {
+    pub(crate) fn subscribe(&self) -> broadcast::Receiver<Changed> {
         self.changes.subscribe()
     }
 

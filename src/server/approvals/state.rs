@@ -26,7 +26,7 @@ pub enum State {
 }
 
 impl State {
-    pub const ALL: [State; 9] = [
+    pub(crate) const ALL: [State; 9] = [
         State::Pending,
         State::Approved,
         State::Denied,
@@ -38,7 +38,7 @@ impl State {
         State::Unknown,
     ];
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             State::Pending => "pending",
             State::Approved => "approved",
@@ -52,7 +52,7 @@ impl State {
         }
     }
 
-    pub fn parse(s: &str) -> Result<State, String> {
+    pub(crate) fn parse(s: &str) -> Result<State, String> {
         State::ALL
             .into_iter()
             .find(|st| st.as_str() == s)
@@ -116,7 +116,7 @@ pub struct Change {
 impl Change {
     /// This change, then `next` (a change of the row this one produced) as one transition:
     /// `next`'s row, recorded by both changes' events.
-    pub fn then(mut self, next: Change) -> Change {
+    pub(crate) fn then(mut self, next: Change) -> Change {
         self.events.extend(next.events);
         Change {
             row: next.row,

@@ -124,7 +124,7 @@ impl Approvals {
     }
 
     /// Stores a new pending request; its `approval.requested` event must already be durable.
-    pub async fn insert(&self, a: &Approval) -> Result<(), ApprovalError> {
+    pub(crate) async fn insert(&self, a: &Approval) -> Result<(), ApprovalError> {
         // One statement and bind order for both backends (`Db::sql` drops the casts).
         macro_rules! insert {
             ($sql:expr) => {
@@ -197,7 +197,7 @@ impl Approvals {
     }
 
     /// Newest first; `state` narrows the list, `requester` limits it to one requester.
-    pub async fn list(
+    pub(crate) async fn list(
         &self,
         state: Option<State>,
         requester_name: Option<&str>,
@@ -227,7 +227,7 @@ impl Approvals {
     }
 
     /// How many requests of agent `name` are pending and not yet past their expiry.
-    pub async fn pending_of(&self, name: &str) -> Result<u64, ApprovalError> {
+    pub(crate) async fn pending_of(&self, name: &str) -> Result<u64, ApprovalError> {
         let sql = self.db.sql(
             "SELECT COUNT(*) FROM approvals WHERE state = $1 AND requester_name = $2 AND expires_at > $3::timestamptz",
         );
@@ -249,7 +249,7 @@ impl Approvals {
     }
 
     /// Ids in `state` whose `due` time is before `before`, for the sweeper.
-    pub async fn ids_in(
+    pub(crate) async fn ids_in(
         &self,
         state: State,
         before: &str,
@@ -280,7 +280,7 @@ impl Approvals {
     /// The one way a request changes: lock the row (with [`Lock::SkipLocked`], give up at
     /// once if another replica holds it, returning `Ok(None)`), let `change` decide from the
     /// locked row, make the audit event durable, write the row, announce it.
-    pub async fn transition<F>(
+    pub(crate) async fn transition<F>(
         &self,
         id: &str,
         lock: Lock,
@@ -353,7 +353,7 @@ impl Approvals {
     /// Ends an execution: `executing` → `state`, with the call's outcome. When runners were
     /// called, their per-runner outcome events (written before this) record it; when none
     /// was (the execution failed before dispatch), it is recorded here as `call.failed`.
-    pub async fn finish(
+    pub(crate) async fn finish(
         &self,
         id: &str,
         state: State,

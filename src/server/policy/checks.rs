@@ -65,14 +65,14 @@ fn approvers_in_range(path: &str, n: u32, problems: &mut Vec<String>) {
 impl Policy {
     /// The policy when no file is configured: reads run; low and high writes need 1 approval;
     /// every agent may use every tool and runner; approver and admin may approve every tool.
-    pub fn builtin() -> Policy {
+    pub(crate) fn builtin() -> Policy {
         Policy::resolve(RawPolicy::default(), &Value::Object(Default::default()))
             .expect("the empty policy is valid")
     }
 
     /// Parses and checks everything that needs no packs. Errors name the field path and the
     /// rule broken, and list every problem found.
-    pub fn parse(text: &str, format: Format) -> Result<Policy, PolicyError> {
+    pub(crate) fn parse(text: &str, format: Format) -> Result<Policy, PolicyError> {
         let value = to_value(text, format).map_err(|e| invalid(vec![e]))?;
         let raw = to_raw(value.clone(), format).map_err(|e| invalid(vec![e]))?;
         Policy::resolve(raw, &value).map_err(invalid)
@@ -219,7 +219,7 @@ impl Policy {
     /// and `roles` (an exact name must exist, a pattern must match at least one tool), a risk
     /// lowered without `lower: true`, `auto_approve` on a risk:high tool, and allowlist names
     /// no loaded param declares. Returns every problem at once.
-    pub fn check(&self, packs: &PackSet) -> Result<(), PolicyError> {
+    pub(crate) fn check(&self, packs: &PackSet) -> Result<(), PolicyError> {
         let tools: Vec<&Tool> = packs.tools().map(|t| &**t).collect();
         let mut problems = Vec::new();
         let known = |path: String, pattern: &Pattern, problems: &mut Vec<String>| {

@@ -50,7 +50,7 @@ impl Policy {
     }
 
     /// May a human with `role` approve calls of `tool`? Agents and auditors never may.
-    pub fn may_approve(&self, role: Role, tool: &str) -> bool {
+    pub(crate) fn may_approve(&self, role: Role, tool: &str) -> bool {
         let may = match role {
             Role::Approver => &self.approver_may,
             Role::Admin => &self.admin_may,
@@ -60,7 +60,7 @@ impl Policy {
     }
 
     /// May `caller` use `tool` at all (whatever the runners and arguments)? For `tools/list`.
-    pub fn may_use_tool(&self, caller: &Principal, tool: &str) -> bool {
+    pub(crate) fn may_use_tool(&self, caller: &Principal, tool: &str) -> bool {
         match self.access(&caller.name) {
             Access::Everything => true,
             Access::Unlisted => false,
@@ -70,14 +70,14 @@ impl Policy {
 
     /// The runner selector the policy limits `caller` to, if any (for the runner names a
     /// tool's schema lists).
-    pub fn runner_selector(&self, caller: &Principal) -> Option<&Selector> {
+    pub(crate) fn runner_selector(&self, caller: &Principal) -> Option<&Selector> {
         self.runner_rule(caller).map(|(_, selector)| selector)
     }
 
     /// The policy line that limits `caller`'s runners, if any: its path
     /// (`agents.NAME.runners`, or `agents."*".runners`) and its selector. For the audit log,
     /// which tells the operator which line kept a runner out of reach.
-    pub fn runner_rule(&self, caller: &Principal) -> Option<(String, &Selector)> {
+    pub(crate) fn runner_rule(&self, caller: &Principal) -> Option<(String, &Selector)> {
         match self.access(&caller.name) {
             Access::Entry(entry, rule) => rule
                 .runners
@@ -89,7 +89,7 @@ impl Policy {
 
     /// The risk a tool runs at under this policy: its override when the line applies, else
     /// its own.
-    pub fn risk(&self, tool: &Tool) -> Risk {
+    pub(crate) fn risk(&self, tool: &Tool) -> Risk {
         self.risk_rule(tool).0
     }
 

@@ -21,7 +21,7 @@ pub enum Format {
 
 impl Format {
     /// The format a file name's extension says: `.toml`, `.yaml` or `.yml`.
-    pub fn from_path(path: &Path) -> Option<Format> {
+    pub(crate) fn from_path(path: &Path) -> Option<Format> {
         match path.extension()?.to_str()? {
             "toml" => Some(Format::Toml),
             "yaml" | "yml" => Some(Format::Yaml),

@@ -64,7 +64,7 @@ impl Gateway {
     /// Claims an approved request nobody claimed (exactly once across replicas: the sweep
     /// finds it when the replica that approved it stopped before its claim committed), then
     /// runs it.
-    pub async fn execute_approved(&self, id: &str) {
+    pub(crate) async fn execute_approved(&self, id: &str) {
         let start_within = self.limits.approved_start_within;
         let claimed = self
             .approvals

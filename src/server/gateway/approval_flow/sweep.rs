@@ -16,7 +16,7 @@ impl Gateway {
     /// within `approved_start_within`), executes approved ones nobody claimed (their replica
     /// stopped between the decision and the claim), and marks executions that outlived
     /// every deadline `unknown`: a crash interrupted them, and they are never re-run.
-    pub async fn sweep(&self) {
+    pub(crate) async fn sweep(&self) {
         let now = chrono::Utc::now();
         for id in self.due(State::Pending, now, Due::Expiry).await {
             self.expire(&id).await;
@@ -83,7 +83,7 @@ impl Gateway {
     }
 
     /// Runs [`Gateway::sweep`] every `every` until `shutdown`.
-    pub fn spawn_sweeper(self: &Arc<Self>, every: Duration, shutdown: CancellationToken) {
+    pub(crate) fn spawn_sweeper(self: &Arc<Self>, every: Duration, shutdown: CancellationToken) {
         let me = Arc::downgrade(self);
         tokio::spawn(async move {
             loop {

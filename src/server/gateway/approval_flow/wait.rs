@@ -17,7 +17,11 @@ impl Gateway {
     /// Waits for the request to settle, sending progress; returns its outcome, or the
     /// request as pending once `approval_wait` has passed. A cancelled call withdraws a
     /// request that is still pending.
-    pub async fn wait(&self, a: &Approval, ctx: &CallContext) -> Result<CallOutcome, CallError> {
+    pub(crate) async fn wait(
+        &self,
+        a: &Approval,
+        ctx: &CallContext,
+    ) -> Result<CallOutcome, CallError> {
         let mut changes = self.approvals.subscribe();
         let started = Instant::now();
         let deadline = started + self.limits.approval_wait;

@@ -220,3 +220,8 @@ pub enum ApprovalError {
     #[error("the approval store is unavailable: {0}")]
     Store(#[from] sqlx::Error),
 }
+
+/// The JSON text of a stored column (`store`) and of a NOTIFY payload (`notify`).
+fn text(v: &impl Serialize) -> String {
+    serde_json::to_string(v).expect("approval fields are JSON")
+}

@@ -8,8 +8,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::sync::broadcast;
 
-use super::store::text;
-use super::{Approval, Approvals, State};
+use super::{Approval, Approvals, State, text};
 use crate::server::db::{Db, Pool};
 
 /// The PostgreSQL channel that carries approval changes between replicas.

@@ -4,13 +4,12 @@
 use std::sync::Arc;
 
 use chrono::Utc;
-use serde::Serialize;
 use serde_json::{Value, json};
 use sqlx::{AssertSqlSafe, Row};
 use tokio::sync::broadcast;
 
 use super::notify::{Changed, listen, notify_committed};
-use super::{Approval, ApprovalError, Change, Due, Lock, State};
+use super::{Approval, ApprovalError, Change, Due, Lock, State, text};
 use crate::server::audit::{AuditLog, format_at};
 use crate::server::db::{Db, Pool};
 use crate::with_pool;
@@ -90,11 +89,6 @@ where
         expires_at: row.try_get("expires_at")?,
         updated_at: row.try_get("updated_at")?,
     })
-}
-
-/// The JSON text of a stored column (and of a NOTIFY payload).
-pub(super) fn text(v: &impl Serialize) -> String {
-    serde_json::to_string(v).expect("approval fields are JSON")
 }
 
 impl Approvals {

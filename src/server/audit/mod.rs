@@ -2,12 +2,13 @@
 //!
 //! `chain` is pure (event shape, the event text and its hash, verification), `writer` is the
 //! single task that appends events in group-committed batches, `store` holds the per-backend
-//! SQL, `verify` walks the stored chain, `refusals` counts the refusals a caller repeats and
+//! SQL, `lock` the advisory lock every writer of the log takes, `verify` walks the stored chain, `refusals` counts the refusals a caller repeats and
 //! writes them as one event per caller and window.
 
 mod chain;
 pub mod checkpoints;
 mod filter;
+mod lock;
 pub mod proofs;
 mod refusals;
 pub mod signed;

@@ -13,18 +13,12 @@ use serde_json::Value;
 use sqlx::AssertSqlSafe;
 
 use super::chain::{Event, EventText, GENESIS_HASH, NewEvent, format_at, hash_v};
+use super::lock::PG_BEGIN_LOCKED;
 use super::tree::{self, NewNodes};
 use crate::digest::canonical_json;
 use crate::server::db::{Db, Pool};
 use crate::tlog::tree::Frontier;
 use crate::with_pool;
-
-/// Opens an append's transaction holding the advisory lock that serializes appends across
-/// every `emisar serve` replica, in one round trip (a simple query of two statements). The
-/// key is 0x656d_6973_6172, "emisar" in ASCII; replicas of every version must share it. The
-/// last event is read by the next statement, whose snapshot (READ COMMITTED: one per
-/// statement) is taken after the lock is granted, so it sees every batch committed before.
-pub(super) const PG_BEGIN_LOCKED: &str = "BEGIN; SELECT pg_advisory_xact_lock(111520595009906)";
 
 /// `at` as the fixed-width text that is hashed (TIMESTAMPTZ keeps microseconds, so this is
 /// exactly the text that was written).

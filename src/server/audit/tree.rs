@@ -301,7 +301,7 @@ pub(crate) async fn fold_all(db: &Db) -> Result<u64, sqlx::Error> {
             .guard(async {
                 match db.pool() {
                     Pool::Pg(pool) => {
-                        let mut tx = pool.begin_with(super::store::PG_BEGIN_LOCKED).await?;
+                        let mut tx = pool.begin_with(super::lock::PG_BEGIN_LOCKED).await?;
                         let last: Option<i64> =
                             sqlx::query_scalar("SELECT MAX(seq) FROM audit_events")
                                 .fetch_one(&mut *tx)

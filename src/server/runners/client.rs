@@ -13,10 +13,10 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-use super::registry::Endpoint;
 use crate::protocol::approval::ApprovalProof;
 use crate::protocol::signing::{CallClaims, CallSigner, ISSUER, Purpose, TOKEN_LIFETIME, now};
 use crate::protocol::{CallRequest, CallResponse, Mode};
+use crate::server::config::RunnerEntry;
 use crate::util::error_chain;
 
 /// The most bytes the server reads from one runner answer.
@@ -199,6 +199,14 @@ impl<'a> Dispatch<'a> {
             witnessed: None,
         }
     }
+}
+
+/// A runner as the server reaches it: its entry and the HTTP client that trusts exactly that
+/// runner (its pinned certificate, or the runner CA), with its own pool of connections.
+#[derive(Clone)]
+pub(crate) struct Endpoint {
+    pub entry: RunnerEntry,
+    pub http: reqwest::Client,
 }
 
 /// Signs calls; each runner's own client (in its [`Endpoint`]) sends them.

@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::breaker::{Breaker, Rejection};
+use super::client::Endpoint;
 use super::tls::RunnerTrust;
 use crate::protocol::approval::RunnerApprovals;
 use crate::protocol::signing::{CallSigner, HealthClaims};
@@ -68,14 +69,6 @@ enum Origin {
     /// when this replica last learnt of it, so a sync that read the table before a join
     /// through this replica committed does not remove the runner that just joined.
     Joined { touched: Mutex<Instant> },
-}
-
-/// A runner as the server reaches it: its entry and the HTTP client that trusts exactly that
-/// runner (its pinned certificate, or the runner CA), with its own pool of connections.
-#[derive(Clone)]
-pub(crate) struct Endpoint {
-    pub entry: RunnerEntry,
-    pub http: reqwest::Client,
 }
 
 pub struct Registry {

@@ -22,8 +22,8 @@ use serde_json::json;
 use crate::server::approvals::ApprovalError;
 use crate::server::fleet::FleetError;
 
-/// Declares [`Code`] with each code's name and status, and [`Code::ALL`] from the same list,
-/// so no code can be left out of what the docs test reads.
+/// Declares [`Code`] with each code's name and status, and (for the tests) `Code::ALL` from
+/// the same list, so no code can be left out of what the docs test reads.
 macro_rules! codes {
     ($($(#[doc = $doc:literal])* $variant:ident = $name:literal, $status:ident;)*) => {
         /// What went wrong, as a program branches on it: the `code` of every error body.

@@ -227,15 +227,17 @@ function closeEvents() {
   if ($('#live')) setLive('offline');
 }
 
-// Re-fetch the current view when an approval changed (id null = anything may have changed).
+// Re-fetch the approvals view when an approval changed (id null = anything may have changed).
+// The route is checked again when the timer fires: a refresh scheduled on the approvals page
+// must not re-render the page the person moved to meanwhile (it would drop what they typed
+// there, such as a passkey's name).
 function scheduleRefresh(id) {
-  const route = parseHash();
-  if (route.page !== 'approvals') return;
-  if (route.id && id && route.id !== id) return;
+  const wanted = (route) => route.page === 'approvals' && !(route.id && id && route.id !== id);
+  if (!wanted(parseHash())) return;
   if (app.refreshTimer) return;
   app.refreshTimer = setTimeout(() => {
     app.refreshTimer = null;
-    render({ quiet: true });
+    if (wanted(parseHash())) render({ quiet: true });
   }, 50);
 }
 

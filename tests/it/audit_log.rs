@@ -3,7 +3,7 @@
 
 use emisar::server::audit::{self, AuditFilter, AuditLog, NewEvent};
 use emisar::server::db::Db;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::both_backends;
 use crate::harness::Backend;
@@ -170,14 +170,24 @@ async fn concurrent_writers_keep_one_chain(backend: Backend) {
 }
 both_backends!(concurrent_writers_keep_one_chain);
 
+/// A write whose intent cannot be recorded does not run. A read runs (it has no side effect)
+/// but, its intent and outcome unrecorded, the agent gets nothing of its answer.
 async fn an_unwritable_log_refuses_the_call(backend: Backend) {
     use crate::harness::{RunnerSpec, spawn_app};
     use crate::mcp_calls::{call, fixtures_dir};
+    // `testkit.touch` is a write the policy lets run without approval.
+    let policy = tempfile::Builder::new().suffix(".yaml").tempfile().unwrap();
+    std::fs::write(
+        policy.path(),
+        "risk:\n  testkit.touch: {risk: read, lower: true}\n",
+    )
+    .unwrap();
     let app = spawn_app(
         backend,
         vec![RunnerSpec::new("node-1")],
         crate::harness::app::Options {
             packs_dir: Some(fixtures_dir()),
+            policy_file: Some(policy.path().to_owned()),
             ..Default::default()
         },
     )
@@ -186,6 +196,9 @@ async fn an_unwritable_log_refuses_the_call(backend: Backend) {
     let marker = app.dir.path().join("ran");
     let args =
         json!({"runners": ["node-1"], "reason": "does it run?", "path": marker.to_str().unwrap()});
+    let read_marker = app.dir.path().join("read");
+    let read_args =
+        json!({"runners": ["node-1"], "reason": "a read", "path": read_marker.to_str().unwrap()});
     // The store refuses every new audit event (as a full disk or a broken replica would).
     match &app.pg {
         Some(pg) => {
@@ -204,7 +217,7 @@ async fn an_unwritable_log_refuses_the_call(backend: Backend) {
                 .unwrap();
         }),
     }
-    let res = call(&client, "testkit.mark", args.clone()).await;
+    let res = call(&client, "testkit.touch", args.clone()).await;
     assert_eq!(res.is_error, Some(true));
     let text = serde_json::to_string(&res.content).unwrap();
     assert!(
@@ -216,6 +229,14 @@ async fn an_unwritable_log_refuses_the_call(backend: Backend) {
         !marker.exists(),
         "the action ran without its intent on record"
     );
+    let res = call(&client, "testkit.mark", read_args).await;
+    assert_eq!(res.is_error, Some(true), "{res:?}");
+    let s = res.structured_content.unwrap();
+    assert_eq!(s["results"][0]["error_kind"], "outcome_not_recorded", "{s}");
+    assert_eq!(s["results"][0]["output"], Value::Null, "{s}");
+    assert!(read_marker.exists(), "the read did not run");
+    let events = app.events_of_call(s["call_id"].as_str().unwrap()).await;
+    assert!(events.is_empty(), "{events:?}");
 
     // With the store healthy again, the same call runs.
     match &app.pg {
@@ -227,7 +248,7 @@ async fn an_unwritable_log_refuses_the_call(backend: Backend) {
             sqlx::query("DROP TRIGGER refuse_insert").execute(pool).await.unwrap();
         }),
     }
-    let res = call(&client, "testkit.mark", args).await;
+    let res = call(&client, "testkit.touch", args).await;
     assert_eq!(res.is_error, Some(false));
     assert!(marker.exists());
     app.assert_chain_intact().await;

@@ -218,12 +218,59 @@ async fn agents_read_a_kind_and_a_short_reason_never_a_runner_body(backend: Back
 }
 both_backends!(agents_read_a_kind_and_a_short_reason_never_a_runner_body);
 
-/// ARCHITECTURE.md: "a result whose outcome could not be recorded is withheld from the
-/// agent". Only the outcome write fails here: a trigger the test adds to PostgreSQL refuses
-/// `call.executed` rows, so the intent (`tool.called`) is recorded, the runner runs the call,
-/// and its answer is not handed to the agent.
+/// A trigger the tests add to PostgreSQL that refuses every `call.executed` row (and so the
+/// whole transaction that carries one), until [`allow_outcomes`] drops it.
+async fn refuse_outcomes(app: &TestApp) {
+    let setup = [
+        "CREATE FUNCTION refuse_outcomes() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN IF NEW.kind = 'call.executed' THEN \
+         RAISE EXCEPTION 'this test refuses outcome rows'; END IF; RETURN NEW; END $$",
+        "CREATE TRIGGER refuse_outcomes BEFORE INSERT ON audit_events \
+         FOR EACH ROW EXECUTE FUNCTION refuse_outcomes()",
+    ];
+    for sql in setup {
+        emisar::with_pool!(&app.db, pool => {
+            sqlx::query(sql).execute(pool).await.unwrap();
+        });
+    }
+}
+
+async fn allow_outcomes(app: &TestApp) {
+    emisar::with_pool!(&app.db, pool => {
+        sqlx::query("DROP TRIGGER refuse_outcomes ON audit_events")
+            .execute(pool)
+            .await
+            .unwrap();
+    });
+}
+
+/// The agent was told its call ran on `node-1` and nothing of what it answered.
+fn assert_withheld(res: &rmcp::model::CallToolResult, word: &str) -> Value {
+    assert_eq!(res.is_error, Some(true), "{res:?}");
+    let s = res.structured_content.clone().unwrap();
+    assert!(
+        !s.to_string().contains(word),
+        "the agent read the result: {s}"
+    );
+    let r = &s["results"][0];
+    assert_eq!(r["ok"], false, "{s}");
+    assert_eq!(r["output"], Value::Null, "{s}");
+    assert_eq!(r["error_kind"], "outcome_not_recorded", "{s}");
+    let error = r["error"].as_str().unwrap();
+    assert!(error.contains("the result is withheld"), "{error}");
+    // The store's own words stay in the server's log.
+    assert!(!error.contains("this test refuses"), "{error}");
+    s
+}
+
+/// ARCHITECTURE.md: a read's intent and outcomes are one durable append after the runners
+/// answered; "a result whose outcome could not be recorded is withheld from the agent". The
+/// trigger refuses `call.executed`, so the read's one transaction fails: the read ran on its
+/// runner (its marker file is there), the agent reads nothing of its answer, the log holds
+/// nothing of the call, and the chain verifies. Once outcomes can be written, a read's
+/// `tool.called` and `call.executed` are consecutive events of one commit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_result_whose_outcome_was_not_recorded_is_withheld() {
+async fn a_read_whose_combined_append_fails_returns_nothing_and_leaves_the_log_verifiable() {
     let app = spawn_app(
         Backend::Postgres,
         vec![RunnerSpec::new("node-1")],
@@ -238,50 +285,86 @@ async fn a_result_whose_outcome_was_not_recorded_is_withheld() {
     let res = call(&client, "testkit.echo", echo("before")).await;
     assert_eq!(res.is_error, Some(false), "{res:?}");
 
-    let setup = [
-        "CREATE FUNCTION refuse_outcomes() RETURNS trigger LANGUAGE plpgsql AS $$ \
-         BEGIN IF NEW.kind = 'call.executed' THEN \
-         RAISE EXCEPTION 'this test refuses outcome rows'; END IF; RETURN NEW; END $$",
-        "CREATE TRIGGER refuse_outcomes BEFORE INSERT ON audit_events \
-         FOR EACH ROW EXECUTE FUNCTION refuse_outcomes()",
-    ];
-    for sql in setup {
-        emisar::with_pool!(&app.db, pool => {
-            sqlx::query(sql).execute(pool).await.unwrap();
-        });
-    }
-
+    refuse_outcomes(&app).await;
     let res = call(&client, "testkit.echo", echo("withheld-word")).await;
-    assert_eq!(res.is_error, Some(true), "{res:?}");
-    let s = res.structured_content.unwrap();
-    assert!(
-        !s.to_string().contains("withheld-word"),
-        "the agent read the result: {s}"
-    );
-    let r = &s["results"][0];
-    assert_eq!(r["ok"], false, "{s}");
-    assert_eq!(r["output"], Value::Null, "{s}");
-    assert_eq!(r["error_kind"], "outcome_not_recorded", "{s}");
-    let error = r["error"].as_str().unwrap();
-    assert!(error.contains("the result is withheld"), "{error}");
-    // The store's own words stay in the server's log.
-    assert!(!error.contains("this test refuses"), "{error}");
-
-    // The intent was recorded; the outcome was not.
+    let s = assert_withheld(&res, "withheld-word");
     let events = app.events_of_call(s["call_id"].as_str().unwrap()).await;
-    let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
-    assert!(kinds.contains(&"tool.called"), "{kinds:?}");
-    assert!(!kinds.contains(&"call.executed"), "{kinds:?}");
+    assert!(events.is_empty(), "the failed append left {events:?}");
+    // The read did run: a marker only its action creates is there.
+    let marker = tempfile::Builder::new()
+        .prefix("emisar-read-ran-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let path = marker.path().join("ran");
+    let res = call(
+        &client,
+        "testkit.mark",
+        json!({"runners": ["node-1"], "reason": "mark", "path": path.to_str().unwrap()}),
+    )
+    .await;
+    assert_withheld(&res, "\"said\"");
+    assert!(path.exists(), "the read did not run on its runner");
+    app.assert_chain_intact().await;
 
-    // Once outcomes can be written again, results flow and the chain is whole.
-    emisar::with_pool!(&app.db, pool => {
-        sqlx::query("DROP TRIGGER refuse_outcomes ON audit_events")
-            .execute(pool)
-            .await
-            .unwrap();
-    });
+    allow_outcomes(&app).await;
     let res = call(&client, "testkit.echo", echo("after")).await;
     assert_eq!(res.is_error, Some(false), "{res:?}");
+    let s = res.structured_content.unwrap();
+    assert_eq!(s["results"][0]["output"]["said"], "after", "{s}");
+    let events = app.events_of_call(s["call_id"].as_str().unwrap()).await;
+    let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
+    assert_eq!(kinds, ["tool.called", "call.executed"], "{events:?}");
+    assert_eq!(events[1].seq, events[0].seq + 1, "{events:?}");
+    assert_eq!(events[1].at, events[0].at, "one commit: {events:?}");
+    app.assert_chain_intact().await;
+    client.cancel().await.unwrap();
+}
+
+/// A write keeps intent before dispatch: with the same trigger, a write the policy lets run
+/// without approval has its `tool.called` recorded before it runs, runs, and its result is
+/// withheld because its outcome could not be recorded. So does a read the policy raised to a
+/// write (`testkit.mark`, low and auto-approved).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_records_its_intent_first_and_is_withheld_without_its_outcome() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(
+        &policy,
+        "risk:\n  testkit.touch: {risk: read, lower: true}\n  \
+         testkit.mark: {risk: low, auto_approve: true}\n",
+    )
+    .unwrap();
+    let app = spawn_app(
+        Backend::Postgres,
+        vec![RunnerSpec::new("node-1")],
+        Options {
+            packs_dir: Some(fixtures_dir()),
+            policy_file: Some(policy),
+            ..Default::default()
+        },
+    )
+    .await;
+    let client = app.mcp_client().await;
+    refuse_outcomes(&app).await;
+    let marker = tempfile::Builder::new()
+        .prefix("emisar-write-ran-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    for tool in ["testkit.touch", "testkit.mark"] {
+        let path = marker.path().join(tool);
+        let res = call(
+            &client,
+            tool,
+            json!({"runners": ["node-1"], "reason": "write", "path": path.to_str().unwrap()}),
+        )
+        .await;
+        let s = assert_withheld(&res, "\"said\"");
+        assert!(path.exists(), "{tool} did not run");
+        let events = app.events_of_call(s["call_id"].as_str().unwrap()).await;
+        let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
+        assert_eq!(kinds, ["tool.called"], "{tool}: {events:?}");
+    }
+    allow_outcomes(&app).await;
     app.assert_chain_intact().await;
     client.cancel().await.unwrap();
 }

@@ -30,7 +30,8 @@ pub const GENESIS_HASH: &str = "000000000000000000000000000000000000000000000000
 
 /// Event kinds, as stored in the `kind` column.
 pub mod kind {
-    /// A tool call passed validation and policy; written before anything runs.
+    /// A tool call passed validation and policy; a write's is written before anything runs,
+    /// a read's in one commit with its outcomes, before the agent gets them.
     pub const TOOL_CALLED: &str = "tool.called";
     /// A tool call was refused (bad input, unknown runner, policy).
     pub const TOOL_REJECTED: &str = "tool.rejected";

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::approval_flow::Request;
 use super::dispatch::Record;
-use super::outcome::{CallError, CallOutcome, RunnerResult};
+use super::outcome::{CallError, CallOutcome};
 use super::state::{Gateway, OfferedTool};
 use crate::pack::{Risk, Scope, ToolRef, allowlist_admits, shown_value};
 use crate::protocol::Mode;
@@ -159,8 +159,9 @@ impl Gateway {
                 .await);
         }
 
-        // 5. Audit the intent, durably, before anything runs (fail closed). A call that needs
-        //    approval becomes a pending request instead, and waits for people.
+        // 5. Audit the intent, durably, before anything runs (fail closed): a write's, now; a
+        //    read's, with its outcomes (below). A call that needs approval becomes a pending
+        //    request instead, and waits for people.
         // Time-ordered (UUIDv7), as event ids are: see `store::chain_after`.
         let call_id = uuid::Uuid::now_v7().to_string();
         if let Some(approvers) = approvers {
@@ -188,19 +189,31 @@ impl Gateway {
             approval_id: None,
             on_behalf_of: caller.on_behalf_of.as_deref(),
         };
-        self.audit_intent(&record, &targets, lowered_by_policy.as_deref())
-            .await?;
-
-        // 6. Dispatch to every runner in parallel; 7. audit each outcome as it lands.
-        let results = self
-            .dispatch_all(
-                tool,
-                &args,
-                &targets.runners,
-                &record,
-                lowered_by_policy.as_deref(),
+        let lowered_by_policy = lowered_by_policy.as_deref();
+        let dispatch = self.dispatch(tool, &args, &call_id, lowered_by_policy);
+        let intent = intent(&record, &targets, lowered_by_policy);
+        // A read its pack declares without side effect, and the policy has not raised: its
+        // intent and outcomes are one durable append after the runners answered and before
+        // the agent reads anything (6, 7 and 5 as one commit); if it fails, every result is
+        // withheld. A write's intent is durable before it is sent.
+        let read = tool.risk == Risk::Read && policy.risk(tool) == Risk::Read;
+        let results = if read {
+            self.read_on_all(tool, &dispatch, &targets.runners, &record, intent)
+                .await
+        } else {
+            self.audit
+                .append(intent)
+                .await
+                .map_err(CallError::AuditUnavailable)?;
+            // 6. Dispatch to every runner in parallel; 7. audit each outcome as it lands.
+            futures::future::join_all(
+                targets
+                    .runners
+                    .iter()
+                    .map(|name| self.run_on(name, tool, &dispatch, &record)),
             )
-            .await;
+            .await
+        };
 
         // 8. Hand the per-runner results back.
         let outcome = CallOutcome {
@@ -423,52 +436,26 @@ impl Gateway {
         policy::decide(policy, &request)
     }
 
-    /// Step 5: `tool.called`, durable, or the call fails and nothing runs.
-    async fn audit_intent(
-        &self,
-        record: &Record<'_>,
-        targets: &Targets,
-        lowered_by_policy: Option<&str>,
-    ) -> Result<(), CallError> {
-        let how = match lowered_by_policy {
-            Some(policy) => json!({"lowered_by_policy": policy}),
-            None => json!({}),
-        };
-        let event = record.tool_called(&targets.runners, targets.runner_chosen_by_server, how);
-        self.audit
-            .append(event)
-            .await
-            .map(|_| ())
-            .map_err(CallError::AuditUnavailable)
-    }
-
-    /// Steps 6 and 7: every target at once, each outcome audited as it lands.
-    async fn dispatch_all(
-        &self,
-        tool: &ToolRef,
-        args: &Args,
-        targets: &[String],
-        record: &Record<'_>,
-        lowered_by_policy: Option<&str>,
-    ) -> Vec<RunnerResult> {
+    /// What steps 6 and 7 send each runner: the call, signed per runner by the client.
+    fn dispatch<'a>(
+        &'a self,
+        tool: &'a ToolRef,
+        args: &'a Args,
+        call_id: &'a str,
+        lowered_by_policy: Option<&'a str>,
+    ) -> Dispatch<'a> {
         let pack_sha256 = &self.packs.pack(&tool.pack).expect("tool has a pack").digest;
-        let dispatch = Dispatch {
+        Dispatch {
             raw: args.raw,
             lowered_by_policy,
             ..Dispatch::new(
-                record.call_id,
+                call_id,
                 &tool.name,
                 pack_sha256,
                 &args.params,
                 Mode::Execute,
             )
-        };
-        futures::future::join_all(
-            targets
-                .iter()
-                .map(|name| self.run_on(name, tool, &dispatch, record)),
-        )
-        .await
+        }
     }
 
     /// Refuses a call that passed validation: [`Self::reject`] records it (its shown args,
@@ -536,6 +523,15 @@ impl Gateway {
             tracing::error!(error = %e, tool = %logged, "could not audit a rejected call");
         }
     }
+}
+
+/// Step 5's event, `tool.called`: where the call goes, and a lowering by the policy.
+fn intent(record: &Record<'_>, targets: &Targets, lowered_by_policy: Option<&str>) -> NewEvent {
+    let how = match lowered_by_policy {
+        Some(policy) => json!({"lowered_by_policy": policy}),
+        None => json!({}),
+    };
+    record.tool_called(&targets.runners, targets.runner_chosen_by_server, how)
 }
 
 /// The `tool.rejected` event of a refused call (see [`Gateway::reject`]).

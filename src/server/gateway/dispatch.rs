@@ -1,6 +1,7 @@
 //! Steps 6 and 7: dispatch to one runner through its breaker (a read that could not reach
 //! its runner may be retried once, within the retry budget; writes never are), and the
-//! audited outcome of each runner.
+//! audited outcome of each runner: for a write one append per outcome as it lands (its
+//! intent is already durable); for a read one append of the intent and every outcome.
 
 use std::time::Instant;
 
@@ -10,7 +11,7 @@ use super::outcome::RunnerResult;
 use super::state::Gateway;
 use crate::digest::json_digest;
 use crate::pack::{Risk, ToolRef};
-use crate::server::audit::{AuditError, NewEvent, kind};
+use crate::server::audit::{NewEvent, kind};
 use crate::server::runners::client::{Dispatch, RunnerAnswer, RunnerError};
 use crate::server::runners::registry::rejection_message;
 
@@ -82,48 +83,95 @@ impl Gateway {
         dispatch: &Dispatch<'_>,
         record: &Record<'_>,
     ) -> RunnerResult {
+        let answered = self.answer_of(name, tool, dispatch).await;
+        let event = answered.outcome_event(name, record);
+        if self
+            .audit
+            .append(event)
+            .await
+            .inspect_err(|e| {
+                tracing::error!(error = %e, tool = record.tool, runner = name, call_id = record.call_id, "could not audit a call outcome");
+            })
+            .is_err()
+        {
+            // The store's error is in the server's log, not in the answer.
+            return withheld(answered.result);
+        }
+        answered.result
+    }
+
+    /// Steps 5 to 7 for a read, which has no side effect: every target at once, then the
+    /// call's `intent` and every runner's outcome in one durable append (one transaction:
+    /// all or none), and only then the results. If that append fails, every result is
+    /// withheld and the log holds nothing of the call.
+    pub(super) async fn read_on_all(
+        &self,
+        tool: &ToolRef,
+        dispatch: &Dispatch<'_>,
+        targets: &[String],
+        record: &Record<'_>,
+        intent: NewEvent,
+    ) -> Vec<RunnerResult> {
+        let answered = futures::future::join_all(
+            targets
+                .iter()
+                .map(|name| self.answer_of(name, tool, dispatch)),
+        )
+        .await;
+        let mut events = Vec::with_capacity(1 + answered.len());
+        events.push(intent);
+        events.extend(
+            targets
+                .iter()
+                .zip(&answered)
+                .map(|(name, a)| a.outcome_event(name, record)),
+        );
+        let recorded = self.audit.append_all(events).await.inspect_err(|e| {
+            tracing::error!(error = %e, tool = record.tool, call_id = record.call_id, runners = targets.len(), "could not audit a read and its outcomes");
+        });
+        let results = answered.into_iter().map(|a| a.result);
+        match recorded {
+            Ok(_) => results.collect(),
+            Err(_) => results.map(withheld).collect(),
+        }
+    }
+
+    /// Step 6 for one runner: its answer as the agent will read it, with what operators read
+    /// of a failure.
+    async fn answer_of(&self, name: &str, tool: &ToolRef, dispatch: &Dispatch<'_>) -> Answered {
         let started = Instant::now();
         let answer = self.dispatch_one(name, tool, dispatch).await;
         let elapsed = started.elapsed();
         // What operators read of a failure; the agent reads `result.error` alone.
-        let detail = answer.as_ref().err().map(RunnerError::detail);
-        let mut result = to_result(name, answer, elapsed.as_millis() as u64);
+        let error_detail = answer.as_ref().err().map(RunnerError::detail);
+        let result = to_result(name, answer, elapsed.as_millis() as u64);
         crate::server::metrics::runner_call(
-            record.tool,
+            dispatch.tool,
             name,
             if result.ok { "ok" } else { "error" },
             elapsed.as_secs_f64(),
         );
-        // The store's error is in the server's log (see `audit_outcome`), not in the answer.
-        if self
-            .audit_outcome(name, record, &result, detail.as_deref())
-            .await
-            .is_err()
-        {
-            result = RunnerResult {
-                ok: false,
-                output: None,
-                truncated: false,
-                error_kind: Some("outcome_not_recorded".into()),
-                error: Some(format!(
-                    "the call ran on `{name}`, but its outcome could not be recorded (the server's log has the details); the result is withheld"
-                )),
-                ..result
-            };
+        Answered {
+            result,
+            error_detail,
         }
-        result
     }
+}
 
-    /// The audit keeps what the agent read (`error`, `error_kind`) and, when there is more
-    /// behind it, the operator's `error_detail` (cleaned and bounded like the log's): the
-    /// audit log is read by auditors and admins, never by agents.
-    async fn audit_outcome(
-        &self,
-        runner: &str,
-        r: &Record<'_>,
-        result: &RunnerResult,
-        error_detail: Option<&str>,
-    ) -> Result<(), AuditError> {
+/// One runner's answer, before its outcome is recorded.
+struct Answered {
+    result: RunnerResult,
+    /// What operators read of a failure, when there is more than the agent's `error`.
+    error_detail: Option<String>,
+}
+
+impl Answered {
+    /// Step 7: the outcome's event (`call.executed` or `call.failed`). The audit keeps what
+    /// the agent read (`error`, `error_kind`) and, when there is more behind it, the
+    /// operator's `error_detail` (cleaned and bounded like the log's): the audit log is read
+    /// by auditors and admins, never by agents.
+    fn outcome_event(&self, runner: &str, r: &Record<'_>) -> NewEvent {
+        let result = &self.result;
         let (kind, outcome) = if result.ok {
             (kind::CALL_EXECUTED, "ok")
         } else {
@@ -137,14 +185,18 @@ impl Gateway {
         if let Some(kind) = &result.error_kind {
             detail["error_kind"] = json!(kind);
         }
-        if let Some(d) = error_detail.filter(|d| Some(*d) != result.error.as_deref()) {
+        if let Some(d) = self
+            .error_detail
+            .as_deref()
+            .filter(|d| Some(*d) != result.error.as_deref())
+        {
             detail["error_detail"] = json!(d);
         }
         if let Some(output) = &result.output {
             let text = output.to_string();
             detail["excerpt"] = json!(text.chars().take(500).collect::<String>());
         }
-        let event = NewEvent {
+        NewEvent {
             actor: r.actor.to_owned(),
             kind: kind.into(),
             tool: Some(r.tool.to_owned()),
@@ -156,10 +208,23 @@ impl Gateway {
             outcome: Some(outcome.into()),
             result_digest: result.output.as_ref().map(json_digest),
             detail: Some(detail),
-        };
-        self.audit.append(event).await.map(|_| ()).inspect_err(|e| {
-            tracing::error!(error = %e, tool = r.tool, runner, call_id = r.call_id, "could not audit a call outcome");
-        })
+        }
+    }
+}
+
+/// A result whose outcome could not be recorded: the agent reads that it ran, not what it
+/// answered.
+fn withheld(result: RunnerResult) -> RunnerResult {
+    let name = &result.runner;
+    RunnerResult {
+        ok: false,
+        output: None,
+        truncated: false,
+        error_kind: Some("outcome_not_recorded".into()),
+        error: Some(format!(
+            "the call ran on `{name}`, but its outcome could not be recorded (the server's log has the details); the result is withheld"
+        )),
+        ..result
     }
 }
 

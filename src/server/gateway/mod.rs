@@ -8,7 +8,8 @@
 //!    policy's selectors; rejections are audited as `tool.rejected`);
 //! 4. **policy** (`policy::decide`, pure): allow, deny (audited), or needs approval; a
 //!    risk:high tool the policy lowered carries the policy's digest in the signed call;
-//! 5. **audit intent** (`tool.called`): durable before anything runs, or nothing runs;
+//! 5. **audit intent** (`tool.called`): a write's is durable before anything runs, or nothing
+//!    runs; a read's is appended with its outcomes at step 7 (below);
 //!    a call that needs approval then runs its read-only *preview* on the runners, becomes a
 //!    pending request (`approval.requested`, at most `max_pending_per_agent` per agent) and
 //!    waits for humans ([`Gateway::wait`], with progress); the decision that approves it
@@ -19,10 +20,13 @@
 //! 6. **dispatch** to every named runner in parallel, each with its own deadline, through its
 //!    circuit breaker; a read that could not reach its runner may be retried once, within
 //!    the retry budget; writes never are;
-//! 7. **audit outcome** per runner (`call.executed` / `call.failed`);
-//! 8. hand the per-runner results back.
+//! 7. **audit outcome** per runner (`call.executed` / `call.failed`): a write's as each lands;
+//!    a read's, once every runner answered, in one append with its intent (a read has no side
+//!    effect, so one commit instead of two in sequence);
+//! 8. hand the per-runner results back: a result whose outcome is not durable is withheld.
 //!
-//! Invariant: no runner is called for a call whose intent is not in the audit log.
+//! Invariant: no runner is called for a write whose intent is not in the audit log, and no
+//! result reaches the agent before its outcome and its call's intent are.
 
 mod approval_flow;
 mod builtins;

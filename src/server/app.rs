@@ -288,11 +288,9 @@ fn what_the_gateway_is_told(
             "approvers_signature_file is set without approvers_file: set both, or neither"
         );
     }
-    if let Some(shared) = crate::server::gateway::SharedLimit::new(
-        db,
-        config.rate_limit_per_second,
-        config.rate_limit_burst,
-    ) {
+    use crate::server::shared_limit::{Quota, SharedLimit};
+    let quota = Quota::per_second(config.rate_limit_per_second, config.rate_limit_burst);
+    if let Some(shared) = SharedLimit::new(db, "agent:", quota) {
         let shared = Arc::new(shared);
         shared.clone().spawn_flusher(shutdown.clone());
         gateway.set_shared_limit(shared);

@@ -136,7 +136,7 @@ pub(crate) fn rate_limited(agent: &str) {
 }
 
 /// A call admitted on this replica's own rate limit alone, because the shared one
-/// (`gateway/shared_limit.rs`) did not answer; or a flush of admitted calls the store refused.
+/// (`shared_limit.rs`) did not answer; or a flush of admitted calls the store refused.
 pub(crate) fn rate_limit_fallback() {
     metrics::counter!("emisar_rate_limit_fallbacks_total").increment(1);
 }

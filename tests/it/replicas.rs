@@ -1,6 +1,7 @@
 //! Two `emisar serve` processes on one PostgreSQL: 10,000 audit events written at once
 //! through both make one unbroken chain, every seq once; and an agent driven at three times
-//! its rate limit through both is served about what one replica would serve it.
+//! its rate limit through both is served about what one replica would serve it, and so is
+//! one client address trying to log in.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -20,7 +21,7 @@ const CLIENTS_PER_REPLICA: usize = 20;
 async fn two_replicas_write_one_unbroken_chain() {
     let dir = tempfile::tempdir().unwrap();
     let pg = tokio::task::spawn_blocking(PgTestDb::create).await.unwrap();
-    let (_replicas, urls) = replicas(dir.path(), &pg, 100_000, 100_000).await;
+    let (_replicas, urls) = replicas(dir.path(), &pg, (100_000, 100_000), "").await;
     let (db, token) = agent_token(&pg, "load").await;
 
     // Every call writes one event (emisar.runners is answered by the server itself).
@@ -100,7 +101,7 @@ const DRIVERS_PER_REPLICA: u32 = 3;
 async fn an_agents_rate_limit_holds_across_two_replicas() {
     let dir = tempfile::tempdir().unwrap();
     let pg = tokio::task::spawn_blocking(PgTestDb::create).await.unwrap();
-    let (_replicas, urls) = replicas(dir.path(), &pg, RATE, BURST).await;
+    let (_replicas, urls) = replicas(dir.path(), &pg, (RATE, BURST), "").await;
     let (_db, token) = agent_token(&pg, "eager").await;
     let mut clients = Vec::new();
     for url in &urls {
@@ -164,13 +165,63 @@ async fn an_agents_rate_limit_holds_across_two_replicas() {
     assert!(refused > 0, "the agent was never refused");
 }
 
-/// Two `emisar serve` processes on `pg`, with the rate limit given; their base URLs, once
-/// both answer `/healthz`.
+/// A client address's login limits hold across the replicas: four attempts a minute from one
+/// address (any name, then one name), tried six times on each replica, are refused after the
+/// fourth (plus at most one more per replica, `shared_limit.rs`'s bound), where each replica
+/// alone would check four.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn login_limits_hold_across_two_replicas() {
+    let per_address = "per_address_per_minute = 4\nper_name_and_address_per_minute = 100";
+    // Names no one has, so no attempt is paced for having failed before.
+    let checked = logins_checked_of_twelve(per_address, |i| format!("guess-{i}")).await;
+    assert!(
+        (4..=6).contains(&checked),
+        "{checked} of 12 attempts from one address were checked across two replicas, with 4 a minute allowed"
+    );
+    let per_name = "per_address_per_minute = 100\nper_name_and_address_per_minute = 4";
+    let checked = logins_checked_of_twelve(per_name, |_| "guess".into()).await;
+    assert!(
+        (4..=6).contains(&checked),
+        "{checked} of 12 attempts for one name from one address were checked across two replicas, with 4 a minute allowed"
+    );
+}
+
+/// Twelve wrong logins from this test's address, alternating between two fresh replicas
+/// with `limits` in `[login]`, attempt `i` for `name(i)`: how many were checked (401) rather
+/// than refused (429).
+async fn logins_checked_of_twelve(limits: &str, name: fn(usize) -> String) -> usize {
+    let dir = tempfile::tempdir().unwrap();
+    let pg = tokio::task::spawn_blocking(PgTestDb::create).await.unwrap();
+    let login =
+        format!("[login]\n{limits}\nper_name_per_minute = 1000\nglobal_per_minute = 1000\n");
+    let (_replicas, urls) = replicas(dir.path(), &pg, (20, 20), &login).await;
+    let http = reqwest::Client::new();
+    let (mut checked, mut refused) = (0, 0);
+    for i in 0..12 {
+        let body = json!({"name": name(i), "password": "not-the-password"});
+        let res = http
+            .post(format!("{}/api/login", urls[i % 2]))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        match res.status().as_u16() {
+            401 => checked += 1,
+            429 => refused += 1,
+            other => panic!("attempt {i}: {other} {}", res.text().await.unwrap()),
+        }
+    }
+    eprintln!("logins across replicas ({limits:?}): {checked} checked, {refused} refused");
+    checked
+}
+
+/// Two `emisar serve` processes on `pg`, with the rate limit given and `more` config lines
+/// after it; their base URLs, once both answer `/healthz`.
 async fn replicas(
     d: &Path,
     pg: &PgTestDb,
-    per_second: u32,
-    burst: u32,
+    (per_second, burst): (u32, u32),
+    more: &str,
 ) -> (Vec<Proc>, Vec<String>) {
     emisar::protocol::signing::write_keypair(&d.join("server.key"), &d.join("server.pub")).unwrap();
     let mut replicas = Vec::new();
@@ -180,7 +231,7 @@ async fn replicas(
         std::fs::write(
             &config,
             format!(
-                "listen = \"127.0.0.1:0\"\ndatabase_url = \"{}\"\nsigning_key_file = \"{}\"\nrate_limit_per_second = {per_second}\nrate_limit_burst = {burst}\n",
+                "listen = \"127.0.0.1:0\"\ndatabase_url = \"{}\"\nsigning_key_file = \"{}\"\nrate_limit_per_second = {per_second}\nrate_limit_burst = {burst}\n{more}",
                 pg.url,
                 d.join("server.key").display()
             ),

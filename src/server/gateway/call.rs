@@ -246,7 +246,7 @@ impl Gateway {
     }
 
     /// Step 1: a token bucket per agent, on a monotonic clock; once this replica's admits,
-    /// on PostgreSQL the agent's bucket shared by every replica (`shared_limit.rs`).
+    /// on PostgreSQL the agent's bucket shared by every replica (`server/shared_limit.rs`).
     async fn rate_limit(&self, caller: &Principal, tool: &str) -> Result<(), CallError> {
         let wait = match self.limiter.check_key(&caller.name) {
             Err(not_until) => not_until.wait_time_from(governor::clock::Clock::now(

@@ -84,7 +84,7 @@ pub struct Gateway {
     /// This replica's bucket per agent (on SQLite, one process, the whole rate limit).
     pub(super) limiter: DefaultKeyedRateLimiter<String>,
     /// On PostgreSQL, the buckets every replica shares, asked after `limiter` admits.
-    pub(super) shared_limit: Option<Arc<super::shared_limit::SharedLimit>>,
+    pub(super) shared_limit: Option<Arc<crate::server::shared_limit::SharedLimit>>,
     pub(super) retry_budget: RetryBudget,
     pub(super) in_flight: Semaphore,
     pub(super) audit_key: Option<AuditKey>,
@@ -166,7 +166,10 @@ impl Gateway {
     }
 
     /// Agents' rate limits also hold across the replicas sharing `shared`'s store.
-    pub(crate) fn set_shared_limit(&mut self, shared: Arc<super::shared_limit::SharedLimit>) {
+    pub(crate) fn set_shared_limit(
+        &mut self,
+        shared: Arc<crate::server::shared_limit::SharedLimit>,
+    ) {
         self.shared_limit = Some(shared);
     }
 

@@ -1,23 +1,25 @@
-//! The agents' rate limit across replicas (PostgreSQL only): behind each replica's own token
-//! bucket (governor, `state.rs`), one bucket per agent in the `rate_buckets` table, which every
-//! replica shares, so that N replicas together admit about what one would.
+//! Rate limits across replicas (PostgreSQL only): behind each replica's own token bucket
+//! (governor: an agent's in `gateway/state.rs`, a login address's in `login_limits.rs`), one
+//! bucket per key in the `rate_buckets` table, which every replica shares, so that N replicas
+//! together admit about what one would. Each [`SharedLimit`] is one kind of key (its prefix
+//! in the table) with one quota.
 //!
 //! The shared bucket is the algorithm governor runs (GCRA, the generic cell rate algorithm),
-//! with the same quota: a row holds the agent's theoretical arrival time `tat` (microseconds
+//! with the same quota: a row holds the key's theoretical arrival time `tat` (microseconds
 //! on the database's clock, the one clock every replica reads, so replicas' clocks may
 //! differ); a call fits when `max(tat, now) + interval - now <= burst × interval`, and moves
-//! `tat` to `max(tat, now) + interval`. What a replica remembers is the agent's *debt*,
+//! `tat` to `max(tat, now) + interval`. What a replica remembers is the key's *debt*,
 //! `tat - now`, as the database last said it, aged on the replica's own monotonic clock.
 //!
-//! No round trip while an agent is well under its limit: a replica admits a call on its own
+//! No round trip while a key is well under its limit: a replica admits a call on its own
 //! ([`admit_locally`]) while the remembered debt plus the calls it admitted and has not yet
 //! reported fill at most half the bucket, and it holds fewer than `local_budget` such calls
 //! (`rate × FLUSH_EVERY`, at least 1). Every [`FLUSH_EVERY`] one statement adds those calls of
-//! every agent to the shared buckets, whether they fit or not (they were admitted), and
-//! brings back each agent's debt. Past that, each call takes one atomic statement that admits
+//! every key to the shared buckets, whether they fit or not (they were admitted), and
+//! brings back each key's debt. Past that, each call takes one atomic statement that admits
 //! it only if it fits.
 //!
-//! Bound: over any time `t`, an agent is admitted at most `burst + rate × t` calls (what one
+//! Bound: over any time `t`, a key is admitted at most `burst + rate × t` calls (what one
 //! bucket of the quota admits) plus `N × local_budget` for N replicas. Only calls admitted
 //! locally can push a bucket past full, each replica holds at most `local_budget` unreported
 //! at a time, and a bucket past full refuses every replica's atomic statement until it has
@@ -39,14 +41,14 @@ use tokio_util::sync::CancellationToken;
 
 use crate::server::db::{Db, Pool};
 
-/// How often a replica reports the calls it admitted on its own and learns the agents'
-/// debts. Shorter costs more statements while agents are busy; longer lets each replica
+/// How often a replica reports the calls it admitted on its own and learns the buckets'
+/// debts. Shorter costs more statements while buckets are busy; longer lets each replica
 /// admit more on its own (`local_budget` grows with it), so the bound above grows too.
 /// 50 ms: at the default 20 calls/s, one call per replica per flush.
 pub(crate) const FLUSH_EVERY: Duration = Duration::from_millis(50);
 
 /// Buckets whose `tat` passed this long ago are deleted (they are full, as if absent); and the
-/// replica forgets agents it has heard nothing of for as long.
+/// replica forgets keys it has heard nothing of for as long.
 const FORGET_AFTER: Duration = Duration::from_secs(60);
 
 /// The database's clock, in microseconds since the epoch (`now()`: the statement's start,
@@ -77,7 +79,7 @@ const TAKE_ONE: &str = concat!(
     now_us!()
 );
 
-/// Calls already admitted, for many agents at once: `$1` keys, `$2` counts, `$3` interval.
+/// Calls already admitted, for many buckets at once: `$1` keys, `$2` counts, `$3` interval.
 const ADD_ADMITTED: &str = concat!(
     "INSERT INTO rate_buckets AS b (key, tat) ",
     "SELECT key, ",
@@ -93,9 +95,9 @@ const ADD_ADMITTED: &str = concat!(
 
 const FORGET: &str = concat!("DELETE FROM rate_buckets WHERE tat < ", now_us!(), " - $1");
 
-/// The quota in the units of the shared bucket.
+/// A quota in the units of the shared bucket.
 #[derive(Debug, Clone, Copy, PartialEq)]
-struct Quota {
+pub(crate) struct Quota {
     /// One call's worth of time: 1 s / rate.
     interval: Duration,
     /// A full bucket's worth: burst × interval.
@@ -105,10 +107,20 @@ struct Quota {
 }
 
 impl Quota {
-    fn new(per_second: u32, burst: u32) -> Quota {
-        let per_second = per_second.max(1);
-        let interval = Duration::from_secs(1) / per_second;
-        let in_one_flush = u64::from(per_second) * FLUSH_EVERY.as_millis() as u64 / 1000;
+    /// `per_second` calls a second, bursts of `burst`: governor's `Quota::per_second(..)
+    /// .allow_burst(..)`.
+    pub(crate) fn per_second(per_second: u32, burst: u32) -> Quota {
+        Quota::every(Duration::from_secs(1), per_second, burst)
+    }
+
+    /// `n` calls a minute, bursts of `n`: governor's `Quota::per_minute(n).allow_burst(n)`.
+    pub(crate) fn per_minute(n: u32) -> Quota {
+        Quota::every(Duration::from_secs(60), n, n)
+    }
+
+    fn every(period: Duration, n: u32, burst: u32) -> Quota {
+        let interval = period / n.max(1);
+        let in_one_flush = FLUSH_EVERY.as_nanos() / interval.as_nanos().max(1);
         Quota {
             interval,
             tolerance: interval * burst.max(1),
@@ -118,16 +130,16 @@ impl Quota {
 }
 
 /// Whether a replica may admit a call without asking the store: it holds fewer than
-/// `local_budget` unreported calls, and the agent's debt as last heard (aged), plus those
+/// `local_budget` unreported calls, and the key's debt as last heard (aged), plus those
 /// calls, plus this one, fill at most half the bucket.
 fn admit_locally(debt: Duration, unreported: u32, quota: &Quota) -> bool {
     unreported < quota.local_budget
         && debt + quota.interval * (unreported + 1) <= quota.tolerance / 2
 }
 
-/// What a replica knows of one agent's shared bucket.
+/// What a replica knows of one key's shared bucket.
 #[derive(Debug)]
-struct Agent {
+struct Bucket {
     /// The debt (`tat - now`) the store last answered, and when it answered.
     debt: Duration,
     heard_at: Instant,
@@ -136,63 +148,66 @@ struct Agent {
     unreported: u32,
 }
 
-impl Agent {
+impl Bucket {
     fn debt_now(&self, now: Instant) -> Duration {
         self.debt
             .saturating_sub(now.saturating_duration_since(self.heard_at))
     }
 }
 
-/// The shared half of the agents' rate limit. Built for PostgreSQL only: on SQLite there is
+/// The shared half of one kind of rate limit. Built for PostgreSQL only: on SQLite there is
 /// one process, and its own bucket is the whole limit.
 pub(crate) struct SharedLimit {
     db: Db,
     pool: PgPool,
+    /// Put before each key in the table, so kinds of keys never meet: `agent:`, ….
+    prefix: &'static str,
     quota: Quota,
-    agents: Mutex<HashMap<String, Agent>>,
+    buckets: Mutex<HashMap<String, Bucket>>,
     /// Set while the store does not answer, so the fallback is logged once per outage.
     degraded: AtomicBool,
 }
 
 impl SharedLimit {
     /// `None` unless the store is PostgreSQL.
-    pub(crate) fn new(db: &Db, per_second: u32, burst: u32) -> Option<SharedLimit> {
+    pub(crate) fn new(db: &Db, prefix: &'static str, quota: Quota) -> Option<SharedLimit> {
         let Pool::Pg(pool) = db.pool() else {
             return None;
         };
         Some(SharedLimit {
             db: db.clone(),
             pool: pool.clone(),
-            quota: Quota::new(per_second, burst),
-            agents: Mutex::new(HashMap::new()),
+            prefix,
+            quota,
+            buckets: Mutex::new(HashMap::new()),
             degraded: AtomicBool::new(false),
         })
     }
 
-    /// Admits one call of `agent`, or says how long until one would fit. Well under the
+    /// Admits one call of `key`, or says how long until one would fit. Well under the
     /// limit this touches no store; above half the bucket it is one statement.
     ///
     /// When the store does not answer, the call is admitted on the replica's own bucket
     /// alone (logged once, counted in `emisar_rate_limit_fallbacks_total`). Failing closed
-    /// would turn a store outage into refusals of calls that are refused anyway: every call
-    /// needs its audit append, which fails the same way. Each replica's own bucket still
-    /// holds the agent to the quota per replica meanwhile.
-    pub(crate) async fn admit(&self, agent: &str) -> Result<(), Duration> {
+    /// would only add refusals of calls that cannot succeed anyway: a tool call needs its
+    /// audit append and a login its user's row, in the same store. Each replica's own bucket
+    /// still holds the key to the quota per replica meanwhile.
+    pub(crate) async fn admit(&self, key: &str) -> Result<(), Duration> {
         let now = Instant::now();
         {
-            let mut agents = self.agents.lock().unwrap_or_else(|p| p.into_inner());
-            // Looked up by `&str` first, so a known agent costs no allocation.
-            if !agents.contains_key(agent) {
-                agents.insert(
-                    agent.to_owned(),
-                    Agent {
+            let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+            // Looked up by `&str` first, so a known key costs no allocation.
+            if !buckets.contains_key(key) {
+                buckets.insert(
+                    key.to_owned(),
+                    Bucket {
                         debt: Duration::ZERO,
                         heard_at: now,
                         unreported: 0,
                     },
                 );
             }
-            let known = agents.get_mut(agent).expect("inserted above");
+            let known = buckets.get_mut(key).expect("inserted above");
             if admit_locally(known.debt_now(now), known.unreported, &self.quota) {
                 known.unreported += 1;
                 return Ok(());
@@ -202,7 +217,7 @@ impl SharedLimit {
             .db
             .guard(
                 sqlx::query_as::<_, (Option<i64>, Option<i64>, i64)>(TAKE_ONE)
-                    .bind(agent)
+                    .bind(format!("{}{key}", self.prefix))
                     .bind(micros(self.quota.interval))
                     .bind(micros(self.quota.tolerance))
                     .fetch_one(&self.pool),
@@ -223,7 +238,7 @@ impl SharedLimit {
             (None, held) => (false, held.unwrap_or(db_now)),
         };
         let debt = Duration::from_micros(u64::try_from(tat - db_now).unwrap_or(0));
-        self.heard(agent, debt);
+        self.heard(key, debt);
         if admitted {
             Ok(())
         } else {
@@ -231,20 +246,20 @@ impl SharedLimit {
         }
     }
 
-    /// Records what the store said of `agent`'s debt.
-    fn heard(&self, agent: &str, debt: Duration) {
-        let mut agents = self.agents.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(known) = agents.get_mut(agent) {
+    /// Records what the store said of `key`'s debt.
+    fn heard(&self, key: &str, debt: Duration) {
+        let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(known) = buckets.get_mut(key) {
             known.debt = debt;
             known.heard_at = Instant::now();
         }
     }
 
-    /// Reports every agent's unreported calls in one statement and learns their debts.
+    /// Reports every key's unreported calls in one statement and learns their debts.
     async fn flush(&self) {
         let (keys, counts): (Vec<String>, Vec<i64>) = {
-            let agents = self.agents.lock().unwrap_or_else(|p| p.into_inner());
-            agents
+            let buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+            buckets
                 .iter()
                 .filter(|(_, a)| a.unreported > 0)
                 .map(|(k, a)| (k.clone(), i64::from(a.unreported)))
@@ -257,7 +272,11 @@ impl SharedLimit {
             .db
             .guard(
                 sqlx::query_as::<_, (String, i64)>(ADD_ADMITTED)
-                    .bind(&keys)
+                    .bind(
+                        keys.iter()
+                            .map(|k| format!("{}{k}", self.prefix))
+                            .collect::<Vec<_>>(),
+                    )
                     .bind(&counts)
                     .bind(micros(self.quota.interval))
                     .fetch_all(&self.pool),
@@ -266,7 +285,9 @@ impl SharedLimit {
         let debts: HashMap<String, i64> = match answer {
             Ok(rows) => {
                 self.recovered();
-                rows.into_iter().collect()
+                rows.into_iter()
+                    .filter_map(|(k, debt)| Some((k.strip_prefix(self.prefix)?.to_owned(), debt)))
+                    .collect()
             }
             // The calls are forgotten rather than kept: admitted while the store was away,
             // they were bounded by this replica's own bucket, and adding them later would
@@ -277,9 +298,9 @@ impl SharedLimit {
             }
         };
         let now = Instant::now();
-        let mut agents = self.agents.lock().unwrap_or_else(|p| p.into_inner());
+        let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
         for (key, count) in keys.iter().zip(counts) {
-            let Some(known) = agents.get_mut(key) else {
+            let Some(known) = buckets.get_mut(key) else {
                 continue;
             };
             known.unreported = known
@@ -292,13 +313,13 @@ impl SharedLimit {
         }
     }
 
-    /// Deletes the buckets long full, and forgets the agents heard of long ago, so the table
-    /// and this map hold only agents that called within `FORGET_AFTER`.
+    /// Deletes the buckets long full (of every kind), and forgets the keys heard of long ago,
+    /// so the table and this map hold only keys that called within `FORGET_AFTER`.
     async fn forget_old(&self) {
         {
             let now = Instant::now();
-            let mut agents = self.agents.lock().unwrap_or_else(|p| p.into_inner());
-            agents.retain(|_, a| {
+            let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+            buckets.retain(|_, a| {
                 a.unreported > 0 || now.saturating_duration_since(a.heard_at) < FORGET_AFTER
             });
         }
@@ -336,13 +357,13 @@ impl SharedLimit {
     fn fell_back(&self, e: &sqlx::Error) {
         crate::server::metrics::rate_limit_fallback();
         if !self.degraded.swap(true, Ordering::Relaxed) {
-            tracing::warn!(error = %e, "the shared rate limit is unreachable; each replica limits agents on its own until it answers");
+            tracing::warn!(error = %e, kind = self.prefix, "the shared rate limit is unreachable; this replica limits on its own until it answers");
         }
     }
 
     fn recovered(&self) {
         if self.degraded.swap(false, Ordering::Relaxed) {
-            tracing::info!("the shared rate limit answers again");
+            tracing::info!(kind = self.prefix, "the shared rate limit answers again");
         }
     }
 }
@@ -357,17 +378,21 @@ mod tests {
 
     #[test]
     fn the_quota_in_bucket_units() {
-        let q = Quota::new(20, 40);
+        let q = Quota::per_second(20, 40);
         assert_eq!(q.interval, Duration::from_millis(50));
         assert_eq!(q.tolerance, Duration::from_secs(2));
         assert_eq!(q.local_budget, 1, "20/s × 50 ms");
-        assert_eq!(Quota::new(1000, 1000).local_budget, 50);
-        assert_eq!(Quota::new(1, 1).local_budget, 1, "never below one");
+        assert_eq!(Quota::per_second(1000, 1000).local_budget, 50);
+        assert_eq!(Quota::per_second(1, 1).local_budget, 1, "never below one");
+        let login = Quota::per_minute(30);
+        assert_eq!(login.interval, Duration::from_secs(2));
+        assert_eq!(login.tolerance, Duration::from_secs(60));
+        assert_eq!(login.local_budget, 1);
     }
 
     #[test]
     fn well_under_the_limit_a_call_is_admitted_locally() {
-        let q = Quota::new(20, 40);
+        let q = Quota::per_second(20, 40);
         assert!(admit_locally(Duration::ZERO, 0, &q));
         // Half the bucket is 1 s of debt: a call that brings it to exactly half still passes.
         assert!(admit_locally(Duration::from_millis(950), 0, &q));
@@ -376,7 +401,7 @@ mod tests {
 
     #[test]
     fn unreported_calls_count_and_are_capped_by_the_local_budget() {
-        let q = Quota::new(1000, 1000);
+        let q = Quota::per_second(1000, 1000);
         assert_eq!(q.local_budget, 50);
         assert!(admit_locally(Duration::ZERO, 49, &q));
         assert!(
@@ -390,14 +415,14 @@ mod tests {
 
     #[test]
     fn a_bucket_of_one_always_asks_the_store() {
-        let q = Quota::new(5, 1);
+        let q = Quota::per_second(5, 1);
         assert!(!admit_locally(Duration::ZERO, 0, &q));
     }
 
     #[test]
     fn remembered_debt_drains_with_time() {
         let then = Instant::now();
-        let agent = Agent {
+        let agent = Bucket {
             debt: Duration::from_millis(300),
             heard_at: then,
             unreported: 0,

@@ -59,11 +59,13 @@ pub(crate) const MAX_PACE: Duration = Duration::from_secs(10);
 #[derive(schemars::JsonSchema, Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LoginLimitsConfig {
-    /// From one client address (an IPv6 /64), any name; past it the address is refused.
+    /// From one client address (an IPv6 /64), any name; past it the address is refused. On
+    /// PostgreSQL, counted across all replicas.
     #[serde(default = "default_per_address")]
     pub per_address_per_minute: u32,
     /// From one client address for one user name; past it that address is refused for that
-    /// name (the person, from anywhere else, is not).
+    /// name (the person, from anywhere else, is not). On PostgreSQL, counted across all
+    /// replicas.
     #[serde(default = "default_per_name_and_address")]
     pub per_name_and_address_per_minute: u32,
     /// For one user name, from anywhere: past it, attempts from addresses that failed for

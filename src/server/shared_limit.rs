@@ -17,7 +17,8 @@
 //! (`rate × FLUSH_EVERY`, at least 1). Every [`FLUSH_EVERY`] one statement adds those calls of
 //! every key to the shared buckets, whether they fit or not (they were admitted), and
 //! brings back each key's debt. Past that, each call takes one atomic statement that admits
-//! it only if it fits.
+//! it only if it fits. A flood costs no more statements than that: what the replica's own
+//! bucket refuses never reaches this one.
 //!
 //! Bound: over any time `t`, a key is admitted at most `burst + rate × t` calls (what one
 //! bucket of the quota admits) plus `N × local_budget` for N replicas. Only calls admitted

@@ -52,10 +52,22 @@ whose default is *required* must be given; *none* means the feature is off until
   cut at this many bytes and marked truncated; an output program then sees text, not JSON.
 - **`audit_key_file`** (emisar.toml): required as soon as a loaded pack has a `secret` param
   (the audit log stores a keyed HMAC of the value); make it with `emisar keygen --audit-key FILE`.
-- **`rate_limit_per_second`, `rate_limit_burst`** (emisar.toml): per agent, for tool calls;
-  a refused call is audited as `tool.rejected` (after the first in a minute, an agent's
+- **`rate_limit_per_second`, `rate_limit_burst`** (emisar.toml): per agent, for tool calls:
+  a token bucket that holds `rate_limit_burst` calls and refills at `rate_limit_per_second`.
+  A refused call is audited as `tool.rejected` (after the first in a minute, an agent's
   rate-limited calls are counted into one `refusal.repeated` event a minute). Logins have
   their own limits in `[login]`; joins are limited to 20 a minute per client address.
+  **Across replicas** (PostgreSQL) the limit holds for all of them together: each replica
+  keeps its own bucket and, behind it, asks the agent's bucket in the database, which every
+  replica shares. While that bucket is less than half spent, a replica admits the agent's
+  calls without a round trip and reports them every 50 ms, at most `max(1, rate × 50 ms)`
+  calls at a time; beyond half, each call takes one statement. The bound: over any time
+  `t`, an agent is served at most `burst + rate × t` calls (what one replica serves) plus
+  `replicas × max(1, rate × 50 ms)`. With the defaults (20/s, bursts of 40) and 3 replicas
+  that is at most 3 calls more, whatever `t`; at 1,000 calls/s, 150. If the database does not
+  answer, each replica limits on its own until it does (`emisar_rate_limit_fallbacks_total`
+  counts those calls), so N replicas then allow up to N times the rate. On SQLite (one
+  process) the replica's own bucket is the whole limit.
 - **`health_probe_interval_ms`** (emisar.toml): how often each runner's `/healthz` is probed;
   a runner that fails probes is left out of cluster tools' picks until it answers again.
 ";

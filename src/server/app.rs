@@ -269,8 +269,9 @@ fn limits(config: &ServerConfig) -> Limits {
     limits
 }
 
-/// What the gateway learns beyond its parts: the approvers file the server carries, whether
-/// executions wait for witnessed checkpoints, and the hooks told about new requests.
+/// What the gateway learns beyond its parts: the approvers file the server carries, the rate
+/// limit's buckets shared with other replicas (PostgreSQL), whether executions wait for
+/// witnessed checkpoints, and the hooks told about new requests.
 fn what_the_gateway_is_told(
     gateway: &mut Gateway,
     config: &ServerConfig,
@@ -286,6 +287,13 @@ fn what_the_gateway_is_told(
         anyhow::bail!(
             "approvers_signature_file is set without approvers_file: set both, or neither"
         );
+    }
+    use crate::server::shared_limit::{Quota, SharedLimit};
+    let quota = Quota::per_second(config.rate_limit_per_second, config.rate_limit_burst);
+    if let Some(shared) = SharedLimit::new(db, "agent:", quota) {
+        let shared = Arc::new(shared);
+        shared.clone().spawn_flusher(shutdown.clone());
+        gateway.set_shared_limit(shared);
     }
     if let Some(t) = config
         .transparency

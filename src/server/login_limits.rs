@@ -20,6 +20,11 @@
 //! attempts cause. The hashing itself always runs behind a semaphore (`users::hashing`), so
 //! no rate of logins, suspect or not, takes more than its share of the cores.
 //!
+//! On PostgreSQL the two refusing limits hold across replicas: behind each, the same key's
+//! bucket in the database that every replica shares (`shared_limit.rs`, with its bound: at
+//! most one attempt more per replica, since a minute's quota reports one at a time). The
+//! pacing buckets stay per replica: they slow suspect attempts and refuse nobody.
+//!
 //! Invariants: state is bounded. A sweeper forgets every bucket that is full again and
 //! every failure older than [`FAILURE_MEMORY`]; past [`MAX_TRACKED`] keys a limiter forgets
 //! at once and then refuses new keys rather than grow, and a failure record that cannot be
@@ -40,6 +45,9 @@ use serde::Deserialize;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::server::db::Db;
+use crate::server::shared_limit::{Quota as SharedQuota, SharedLimit};
+
 /// The most addresses, names or failures a limiter remembers at once.
 pub(crate) const MAX_TRACKED: usize = 100_000;
 /// How long an address stays suspect for a name after it failed to log in as that name.
@@ -51,11 +59,13 @@ pub(crate) const MAX_PACE: Duration = Duration::from_secs(10);
 #[derive(schemars::JsonSchema, Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LoginLimitsConfig {
-    /// From one client address (an IPv6 /64), any name; past it the address is refused.
+    /// From one client address (an IPv6 /64), any name; past it the address is refused. On
+    /// PostgreSQL, counted across all replicas.
     #[serde(default = "default_per_address")]
     pub per_address_per_minute: u32,
     /// From one client address for one user name; past it that address is refused for that
-    /// name (the person, from anywhere else, is not).
+    /// name (the person, from anywhere else, is not). On PostgreSQL, counted across all
+    /// replicas.
     #[serde(default = "default_per_name_and_address")]
     pub per_name_and_address_per_minute: u32,
     /// For one user name, from anywhere: past it, attempts from addresses that failed for
@@ -154,6 +164,15 @@ pub struct LoginLimits {
     /// (name, address) → when that address last failed to log in as that name.
     failures: Mutex<HashMap<(String, IpAddr), Instant>>,
     trusted_proxies: Vec<IpAddr>,
+    /// On PostgreSQL, the buckets of `by_address` and `by_name_and_address` that every
+    /// replica shares, asked after this replica's own admit.
+    shared: Option<Shared>,
+}
+
+/// The refusing limits' shared buckets (see `shared_limit.rs`).
+struct Shared {
+    by_address: Arc<SharedLimit>,
+    by_name_and_address: Arc<SharedLimit>,
 }
 
 fn per_minute(n: u32) -> Quota {
@@ -185,7 +204,38 @@ impl LoginLimits {
             global: RateLimiter::direct(per_minute(config.global_per_minute)),
             failures: Mutex::default(),
             trusted_proxies: config.trusted_proxies.clone(),
+            shared: None,
         }
+    }
+
+    /// The refusing limits also hold across the replicas sharing `db`, when it is
+    /// PostgreSQL; their reports run until `shutdown`.
+    pub(crate) fn shared_through(
+        mut self,
+        db: &Db,
+        config: &LoginLimitsConfig,
+        shutdown: &CancellationToken,
+    ) -> Self {
+        let address = SharedLimit::new(
+            db,
+            "login-address:",
+            SharedQuota::per_minute(config.per_address_per_minute),
+        );
+        let name_and_address = SharedLimit::new(
+            db,
+            "login-name-address:",
+            SharedQuota::per_minute(config.per_name_and_address_per_minute),
+        );
+        if let (Some(address), Some(name_and_address)) = (address, name_and_address) {
+            let (address, name_and_address) = (Arc::new(address), Arc::new(name_and_address));
+            address.clone().spawn_flusher(shutdown.clone());
+            name_and_address.clone().spawn_flusher(shutdown.clone());
+            self.shared = Some(Shared {
+                by_address: address,
+                by_name_and_address: name_and_address,
+            });
+        }
+        self
     }
 
     /// The client's address as the limits count it: the peer, or what a trusted proxy says.
@@ -226,10 +276,25 @@ impl LoginLimits {
         self.by_address
             .check_key(&client)
             .map_err(|_| Refusal::Address)?;
+        if let Some(shared) = &self.shared {
+            shared
+                .by_address
+                .admit(&client.to_string())
+                .await
+                .map_err(|_| Refusal::Address)?;
+        }
         room(&self.by_name_and_address)?;
         self.by_name_and_address
             .check_key(&(name.to_owned(), client))
             .map_err(|_| Refusal::NameAddress)?;
+        if let Some(shared) = &self.shared {
+            // A space is in neither a name (an identifier) nor an address.
+            shared
+                .by_name_and_address
+                .admit(&format!("{client} {name}"))
+                .await
+                .map_err(|_| Refusal::NameAddress)?;
+        }
         room(&self.by_name)?;
         let name = name.to_owned();
         if !self.failed_recently(client, &name) {

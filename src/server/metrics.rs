@@ -5,6 +5,8 @@
 //! `emisar_audit_append_seconds`, `emisar_audit_lag_seconds`, `emisar_audit_batches_failed_total`,
 //! `emisar_runner_breaker_state{runner}` (0 closed, 1 half-open, 2 open),
 //! `emisar_runner_up{runner}`, `emisar_rate_limited_total{agent}`,
+//! `emisar_rate_limit_fallbacks_total` (calls admitted without the shared rate limit, whose
+//! store did not answer),
 //! `emisar_webhook_deliveries_total{host,outcome}`, `emisar_webhook_dropped_total{host,reason}`,
 //! `emisar_audit_refusals_counted_total{kind,how}` (refusals counted into a `refusal.repeated`
 //! aggregate instead of written one by one; `how` is `counted`, or `folded` into the overflow
@@ -131,6 +133,12 @@ pub(crate) fn runner_up(runner: &str, up: bool) {
 
 pub(crate) fn rate_limited(agent: &str) {
     metrics::counter!("emisar_rate_limited_total", "agent" => name_label(agent)).increment(1);
+}
+
+/// A call admitted on this replica's own rate limit alone, because the shared one
+/// (`shared_limit.rs`) did not answer; or a flush of admitted calls the store refused.
+pub(crate) fn rate_limit_fallback() {
+    metrics::counter!("emisar_rate_limit_fallbacks_total").increment(1);
 }
 
 /// A refusal was counted into an aggregate rather than written on its own. `kind` is an audit

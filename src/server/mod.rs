@@ -18,6 +18,7 @@ pub mod principal;
 pub mod rebinding;
 pub mod runners;
 pub mod secrets;
+pub(crate) mod shared_limit;
 pub mod tokens;
 pub mod users;
 pub mod webhook;

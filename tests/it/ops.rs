@@ -10,6 +10,7 @@ use emisar::server::config::RunnerEntry;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
+use crate::both_backends;
 use crate::harness::app::Options;
 use crate::harness::{Backend, RunnerSpec, spawn_app};
 use crate::mcp_calls::{call, fixtures_dir};
@@ -322,10 +323,11 @@ async fn readiness_follows_the_audit_writer_and_liveness_does_not() {
     client.cancel().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn agents_are_rate_limited_with_a_time_to_retry() {
+/// On PostgreSQL the limit is also the replicas' shared bucket; one replica alone behaves as
+/// on SQLite.
+async fn agents_are_rate_limited_with_a_time_to_retry(backend: Backend) {
     let app = spawn_app(
-        Backend::Sqlite,
+        backend,
         vec![RunnerSpec::new("node-1")],
         Options {
             packs_dir: Some(fixtures_dir()),
@@ -380,6 +382,45 @@ async fn agents_are_rate_limited_with_a_time_to_retry() {
     );
     client.cancel().await.unwrap();
     other_client.cancel().await.unwrap();
+}
+both_backends!(agents_are_rate_limited_with_a_time_to_retry);
+
+/// Well under its limit, an agent's call takes no round trip to the bucket the replicas
+/// share: with that table locked by someone else, calls are still answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_well_under_its_limit_does_not_wait_for_the_shared_bucket() {
+    use sqlx::Connection;
+    let app = spawn_app(
+        Backend::Postgres,
+        vec![RunnerSpec::new("node-1")],
+        Options {
+            rate_limit: Some((1000, 1000)),
+            ..Default::default()
+        },
+    )
+    .await;
+    let client = app.mcp_client().await;
+    let mut locker = sqlx::PgConnection::connect(&app.database_url)
+        .await
+        .unwrap();
+    let mut lock = locker.begin().await.unwrap();
+    sqlx::query("LOCK TABLE rate_buckets IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    // 1000 calls/s: each replica admits up to 50 (1000/s × 50 ms) on its own between
+    // reports, and the reports wait for the lock.
+    for i in 0..10 {
+        let res = tokio::time::timeout(
+            Duration::from_secs(10),
+            call(&client, "emisar.runners", json!({"reason": "r"})),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("call {i} waited for the locked shared bucket"));
+        assert_eq!(res.is_error, Some(false));
+    }
+    lock.rollback().await.unwrap();
+    client.cancel().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,6 +1,9 @@
-//! Two `emisar serve` processes on one PostgreSQL, writing 10,000 audit events at once
-//! through both: one unbroken chain, every seq once.
+//! Two `emisar serve` processes on one PostgreSQL: 10,000 audit events written at once
+//! through both make one unbroken chain, every seq once; and an agent driven at three times
+//! its rate limit through both is served about what one replica would serve it, and so is
+//! one client address trying to log in.
 
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -17,60 +20,9 @@ const CLIENTS_PER_REPLICA: usize = 20;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_write_one_unbroken_chain() {
     let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
     let pg = tokio::task::spawn_blocking(PgTestDb::create).await.unwrap();
-    emisar::protocol::signing::write_keypair(&d.join("server.key"), &d.join("server.pub")).unwrap();
-    let mut replicas = Vec::new();
-    let mut urls = Vec::new();
-    for i in 0..2 {
-        let config = d.join(format!("emisar-{i}.toml"));
-        std::fs::write(
-            &config,
-            format!(
-                "listen = \"127.0.0.1:0\"\ndatabase_url = \"{}\"\nsigning_key_file = \"{}\"\nrate_limit_per_second = 100000\nrate_limit_burst = 100000\n",
-                pg.url,
-                d.join("server.key").display()
-            ),
-        )
-        .unwrap();
-        let log = d.join(format!("replica-{i}.log"));
-        let mut replica = Proc(
-            Command::new(env!("CARGO_BIN_EXE_emisar"))
-                .args(["serve", "--config", config.to_str().unwrap()])
-                .env_remove("DATABASE_URL")
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(std::fs::File::create(&log).unwrap())
-                .spawn()
-                .unwrap(),
-        );
-        let addr = bound_addr(&mut replica, &log, "emisar serving MCP").await;
-        replicas.push(replica);
-        urls.push(format!("http://{addr}"));
-    }
-    for url in &urls {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !reqwest::get(format!("{url}/healthz"))
-            .await
-            .is_ok_and(|r| r.status().is_success())
-        {
-            assert!(Instant::now() < deadline, "{url} did not come up");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-    let db = emisar::server::db::Db::connect(&pg.url).await.unwrap();
-    let audit = emisar::server::audit::AuditLog::start(db.clone());
-    let token = emisar::server::tokens::issue(
-        &db,
-        &audit,
-        "load",
-        emisar::server::tokens::Role::Agent,
-        Duration::from_secs(3600),
-        "test",
-    )
-    .await
-    .unwrap()
-    .token;
+    let (_replicas, urls) = replicas(dir.path(), &pg, (100_000, 100_000), "").await;
+    let (db, token) = agent_token(&pg, "load").await;
 
     // Every call writes one event (emisar.runners is answered by the server itself).
     let per_client = EVENTS / (2 * CLIENTS_PER_REPLICA);
@@ -135,4 +87,198 @@ async fn two_replicas_write_one_unbroken_chain() {
     // Everything else in the log: two server.started and one token.issued.
     assert_eq!(report.checked as usize, written + 3);
     eprintln!("replicas test: {written} events through two replicas in {elapsed:?}");
+}
+
+/// The agent's rate limit in the limit test: 20 calls/s, bursts of 20.
+const RATE: u32 = 20;
+const BURST: u32 = 20;
+/// How long the agent is driven, and by how many clients per replica (each paced to
+/// `RATE / 2` calls/s, so both replicas together are offered three times the limit).
+const DRIVEN_FOR: Duration = Duration::from_secs(3);
+const DRIVERS_PER_REPLICA: u32 = 3;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agents_rate_limit_holds_across_two_replicas() {
+    let dir = tempfile::tempdir().unwrap();
+    let pg = tokio::task::spawn_blocking(PgTestDb::create).await.unwrap();
+    let (_replicas, urls) = replicas(dir.path(), &pg, (RATE, BURST), "").await;
+    let (_db, token) = agent_token(&pg, "eager").await;
+    let mut clients = Vec::new();
+    for url in &urls {
+        for _ in 0..DRIVERS_PER_REPLICA {
+            clients.push(crate::harness::tools::mcp_client(&format!("{url}/mcp"), &token).await);
+        }
+    }
+
+    // Each client calls every 2/RATE seconds (or as fast as it is answered, if slower) until
+    // DRIVEN_FOR has passed; `(served, refused)` per client.
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for client in clients {
+        tasks.push(tokio::spawn(async move {
+            let mut pace = tokio::time::interval(Duration::from_secs(2) / RATE);
+            pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let (mut served, mut refused) = (0u32, 0u32);
+            while started.elapsed() < DRIVEN_FOR {
+                pace.tick().await;
+                let args = json!({"reason": "eager"}).as_object().unwrap().clone();
+                let r = client
+                    .call_tool(CallToolRequestParams::new("emisar.runners").with_arguments(args))
+                    .await
+                    .unwrap();
+                if r.is_error == Some(true) {
+                    let text = serde_json::to_string(&r.content).unwrap();
+                    assert!(text.contains("rate limited"), "{text}");
+                    refused += 1;
+                } else {
+                    served += 1;
+                }
+            }
+            client.cancel().await.ok();
+            (served, refused)
+        }));
+    }
+    let (mut served, mut refused) = (0u32, 0u32);
+    for t in tasks {
+        let (s, r) = t.await.unwrap();
+        served += s;
+        refused += r;
+    }
+    // Every admission happened between the first call and the last answer: over that time
+    // one bucket of the quota admits BURST + RATE × t, and the replicas together at most
+    // 2 × local_budget more (docs/configuration.md; local_budget is RATE × 50 ms = 1 here).
+    // The longer the machine took, the looser the bound; it never flakes by slowness.
+    let t = started.elapsed().as_secs_f64();
+    let bound = f64::from(BURST) + f64::from(RATE) * t + 2.0;
+    eprintln!(
+        "rate limit across replicas: {served} served, {refused} refused in {t:.2} s (bound {bound:.1})"
+    );
+    assert!(
+        f64::from(served) <= bound,
+        "{served} calls served in {t:.2} s, more than one limit allows across two replicas ({bound:.1})"
+    );
+    // A limiter that refused everything fails too: the first burst always passes.
+    assert!(
+        served >= BURST,
+        "only {served} calls served, fewer than one burst"
+    );
+    assert!(refused > 0, "the agent was never refused");
+}
+
+/// A client address's login limits hold across the replicas: four attempts a minute from one
+/// address (any name, then one name), tried six times on each replica, are refused after the
+/// fourth (plus at most one more per replica, `shared_limit.rs`'s bound), where each replica
+/// alone would check four.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn login_limits_hold_across_two_replicas() {
+    let per_address = "per_address_per_minute = 4\nper_name_and_address_per_minute = 100";
+    // Names no one has, so no attempt is paced for having failed before.
+    let checked = logins_checked_of_twelve(per_address, |i| format!("guess-{i}")).await;
+    assert!(
+        (4..=6).contains(&checked),
+        "{checked} of 12 attempts from one address were checked across two replicas, with 4 a minute allowed"
+    );
+    let per_name = "per_address_per_minute = 100\nper_name_and_address_per_minute = 4";
+    let checked = logins_checked_of_twelve(per_name, |_| "guess".into()).await;
+    assert!(
+        (4..=6).contains(&checked),
+        "{checked} of 12 attempts for one name from one address were checked across two replicas, with 4 a minute allowed"
+    );
+}
+
+/// Twelve wrong logins from this test's address, alternating between two fresh replicas
+/// with `limits` in `[login]`, attempt `i` for `name(i)`: how many were checked (401) rather
+/// than refused (429).
+async fn logins_checked_of_twelve(limits: &str, name: fn(usize) -> String) -> usize {
+    let dir = tempfile::tempdir().unwrap();
+    let pg = tokio::task::spawn_blocking(PgTestDb::create).await.unwrap();
+    let login =
+        format!("[login]\n{limits}\nper_name_per_minute = 1000\nglobal_per_minute = 1000\n");
+    let (_replicas, urls) = replicas(dir.path(), &pg, (20, 20), &login).await;
+    let http = reqwest::Client::new();
+    let (mut checked, mut refused) = (0, 0);
+    for i in 0..12 {
+        let body = json!({"name": name(i), "password": "not-the-password"});
+        let res = http
+            .post(format!("{}/api/login", urls[i % 2]))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        match res.status().as_u16() {
+            401 => checked += 1,
+            429 => refused += 1,
+            other => panic!("attempt {i}: {other} {}", res.text().await.unwrap()),
+        }
+    }
+    eprintln!("logins across replicas ({limits:?}): {checked} checked, {refused} refused");
+    checked
+}
+
+/// Two `emisar serve` processes on `pg`, with the rate limit given and `more` config lines
+/// after it; their base URLs, once both answer `/healthz`.
+async fn replicas(
+    d: &Path,
+    pg: &PgTestDb,
+    (per_second, burst): (u32, u32),
+    more: &str,
+) -> (Vec<Proc>, Vec<String>) {
+    emisar::protocol::signing::write_keypair(&d.join("server.key"), &d.join("server.pub")).unwrap();
+    let mut replicas = Vec::new();
+    let mut urls = Vec::new();
+    for i in 0..2 {
+        let config = d.join(format!("emisar-{i}.toml"));
+        std::fs::write(
+            &config,
+            format!(
+                "listen = \"127.0.0.1:0\"\ndatabase_url = \"{}\"\nsigning_key_file = \"{}\"\nrate_limit_per_second = {per_second}\nrate_limit_burst = {burst}\n{more}",
+                pg.url,
+                d.join("server.key").display()
+            ),
+        )
+        .unwrap();
+        let log = d.join(format!("replica-{i}.log"));
+        let mut replica = Proc(
+            Command::new(env!("CARGO_BIN_EXE_emisar"))
+                .args(["serve", "--config", config.to_str().unwrap()])
+                .env_remove("DATABASE_URL")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(&log).unwrap())
+                .spawn()
+                .unwrap(),
+        );
+        let addr = bound_addr(&mut replica, &log, "emisar serving MCP").await;
+        replicas.push(replica);
+        urls.push(format!("http://{addr}"));
+    }
+    for url in &urls {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !reqwest::get(format!("{url}/healthz"))
+            .await
+            .is_ok_and(|r| r.status().is_success())
+        {
+            assert!(Instant::now() < deadline, "{url} did not come up");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    (replicas, urls)
+}
+
+/// The store, and a token for agent `name`.
+async fn agent_token(pg: &PgTestDb, name: &str) -> (emisar::server::db::Db, String) {
+    let db = emisar::server::db::Db::connect(&pg.url).await.unwrap();
+    let audit = emisar::server::audit::AuditLog::start(db.clone());
+    let token = emisar::server::tokens::issue(
+        &db,
+        &audit,
+        name,
+        emisar::server::tokens::Role::Agent,
+        Duration::from_secs(3600),
+        "test",
+    )
+    .await
+    .unwrap()
+    .token;
+    (db, token)
 }

@@ -258,14 +258,21 @@ impl Gateway {
         ))
     }
 
-    /// Step 1: a token bucket per agent, on a monotonic clock.
+    /// Step 1: a token bucket per agent, on a monotonic clock; once this replica's admits,
+    /// on PostgreSQL the agent's bucket shared by every replica (`server/shared_limit.rs`).
     async fn rate_limit(&self, caller: &Principal, tool: &str) -> Result<(), CallError> {
-        let Err(not_until) = self.limiter.check_key(&caller.name) else {
-            return Ok(());
+        let wait = match self.limiter.check_key(&caller.name) {
+            Err(not_until) => not_until.wait_time_from(governor::clock::Clock::now(
+                &governor::clock::DefaultClock::default(),
+            )),
+            Ok(()) => match &self.shared_limit {
+                None => return Ok(()),
+                Some(shared) => match shared.admit(&caller.name).await {
+                    Ok(()) => return Ok(()),
+                    Err(wait) => wait,
+                },
+            },
         };
-        let wait = not_until.wait_time_from(governor::clock::Clock::now(
-            &governor::clock::DefaultClock::default(),
-        ));
         crate::server::metrics::rate_limited(&caller.name);
         let err = CallError::RateLimited {
             agent: caller.name.clone(),

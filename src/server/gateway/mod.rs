@@ -1,7 +1,7 @@
 //! The call path. Every tool call takes this one route, in this order:
 //!
-//! 1. **rate limit** the agent (a token bucket on a monotonic clock), before any work, so
-//!    refusals of unknown names count too;
+//! 1. **rate limit** the agent (a token bucket on a monotonic clock, and on PostgreSQL one
+//!    shared by the replicas), before any work, so refusals of unknown names count too;
 //! 2. **find** the tool (a tool the caller may not use is reported as unknown);
 //! 3. **validate** the arguments against the tool's input schema, and `runners` against the
 //!    runners that serve the tool's pack and that the caller may target (the token's and the

@@ -81,7 +81,10 @@ pub struct Gateway {
     pub(super) audit: AuditLog,
     pub(super) client: RunnerClient,
     pub(super) limits: Limits,
+    /// This replica's bucket per agent (on SQLite, one process, the whole rate limit).
     pub(super) limiter: DefaultKeyedRateLimiter<String>,
+    /// On PostgreSQL, the buckets every replica shares, asked after `limiter` admits.
+    pub(super) shared_limit: Option<Arc<crate::server::shared_limit::SharedLimit>>,
     pub(super) retry_budget: RetryBudget,
     pub(super) in_flight: Semaphore,
     pub(super) audit_key: Option<AuditKey>,
@@ -143,6 +146,7 @@ impl Gateway {
             audit,
             client,
             limiter: RateLimiter::keyed(quota),
+            shared_limit: None,
             limits,
             retry_budget: RetryBudget::new(0.1, 10.0),
             in_flight: Semaphore::new(MAX_IN_FLIGHT),
@@ -159,6 +163,14 @@ impl Gateway {
     /// Approval requests are signed by the people of `approvers` (`approvers_file`).
     pub(crate) fn set_approvers(&mut self, approvers: super::signatures::ServerApprovers) {
         self.approvers = Some(Arc::new(approvers));
+    }
+
+    /// Agents' rate limits also hold across the replicas sharing `shared`'s store.
+    pub(crate) fn set_shared_limit(
+        &mut self,
+        shared: Arc<crate::server::shared_limit::SharedLimit>,
+    ) {
+        self.shared_limit = Some(shared);
     }
 
     /// Approved executions to runners with `require_witnessed` wait for a checkpoint that

@@ -80,7 +80,9 @@ pub(crate) fn router(
     webauthn: Result<crate::protocol::approval::webauthn::RelyingParty, String>,
     shutdown: CancellationToken,
 ) -> Router {
-    let logins = Arc::new(crate::server::login_limits::LoginLimits::new(login));
+    let logins = Arc::new(
+        crate::server::login_limits::LoginLimits::new(login).shared_through(&db, login, &shutdown),
+    );
     logins.spawn_sweeper(LOGIN_SWEEP, shutdown.clone());
     let rebinding = Arc::new(crate::server::rebinding::Allowed::new(
         &allowed_hosts,

@@ -45,6 +45,17 @@
 //!   machine, and so the most calls/s its cores allow, whatever the latency.
 //! - `BENCH_MCP_LIST` (1): also measure `tools/list` with one kept-alive client: the MCP layer
 //!   alone (HTTP, token, session, SSE) without the audit log or a runner. 0 skips it.
+//! - `BENCH_REFERENCE_URL` (optional): the MCP endpoint of the official TypeScript reference
+//!   server (`@modelcontextprotocol/server-everything` in Streamable HTTP mode), e.g.
+//!   `http://127.0.0.1:3001/mcp`. At each kept-alive level that is also in
+//!   `BENCH_REFERENCE_CLIENTS` (`1,50`), right after emisar's row of that level, the same
+//!   clients (the same `McpClient`: one connection, `initialize`, `notifications/initialized`,
+//!   the session and protocol headers, the SSE answer read to its end) call its `echo` tool
+//!   with `{"message": "bench"}` and check the answer is `Echo: bench`. The report sets the
+//!   governed read's p50 against that bare echo's (`cN.read_vs_reference_p50`). The reference
+//!   answers every POST with an SSE stream (a priming event with empty data, then the answer),
+//!   the same shape as emisar's. `BENCH_REFERENCE_PIDS` (optional, `name=PID,…` as
+//!   `BENCH_MCP_PIDS`): its process(es), for the CPU per echo.
 //!
 //! Progress goes to stderr; the results go to stdout as Markdown. Calls that fail are counted
 //! per configuration; a run with any error says so in bold and in the summary (`.errors`).
@@ -70,6 +81,18 @@ fn env_str(name: &str) -> String {
 
 fn env_or(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_owned())
+}
+
+/// A comma-separated list of client counts.
+fn env_levels(name: &str, default: &str) -> Vec<usize> {
+    env_or(name, default)
+        .split(',')
+        .map(|s| {
+            s.trim()
+                .parse()
+                .unwrap_or_else(|_| panic!("{name}: `{s}` is not a number"))
+        })
+        .collect()
 }
 
 /// `http://HOST:PORT/PATH` → the socket address, the Host header and the path. Only plain
@@ -181,10 +204,14 @@ impl Target {
 /// What the MCP clients share.
 struct McpSettings {
     target: Target,
-    token: String,
+    /// The agent's bearer token; `None` for the reference server, which has no auth.
+    token: Option<String>,
     protocol: String,
     tool: String,
 }
+
+/// What the reference server's `echo` is asked to echo.
+const ECHO_MESSAGE: &str = "bench";
 
 /// An MCP client over streamable HTTP: one session on one connection.
 struct McpClient {
@@ -267,9 +294,11 @@ impl McpClient {
             .method(method)
             .uri(&s.target.path)
             .header(header::HOST, &s.target.host)
-            .header(header::AUTHORIZATION, format!("Bearer {}", s.token))
             .header(header::ACCEPT, "application/json, text/event-stream")
             .header("mcp-protocol-version", &self.protocol);
+        if let Some(token) = &s.token {
+            r = r.header(header::AUTHORIZATION, format!("Bearer {token}"));
+        }
         if let Some(session) = &self.session {
             r = r.header("mcp-session-id", session);
         }
@@ -324,28 +353,34 @@ impl McpClient {
         Ok(())
     }
 
-    /// One `tools/call`; on success, the slowest runner's `duration_ms` in the answer.
-    async fn call(&mut self, runners: &[String]) -> Result<u64, String> {
+    /// One `tools/call` of the settings' tool with `arguments`; on success, its `result`.
+    /// The governed read and the reference echo both go through here.
+    async fn tools_call(&mut self, arguments: Value) -> Result<Value, String> {
         let id = self.next_id;
         self.next_id += 1;
         let body = json!({
             "jsonrpc": "2.0", "id": id, "method": "tools/call",
-            "params": {
-                "name": self.settings.tool,
-                "arguments": {"runners": runners, "reason": "bench"},
-            },
+            "params": {"name": self.settings.tool, "arguments": arguments},
         });
         let answer = self
             .conn
             .send(self.request(Method::POST, Some(&body)))
             .await?;
-        let v = jsonrpc_answer(&answer, id)?;
-        let result = v
-            .get("result")
-            .ok_or_else(|| format!("JSON-RPC error: {}", v["error"]))?;
+        let mut v = jsonrpc_answer(&answer, id)?;
+        let Some(result) = v.get_mut("result").map(Value::take) else {
+            return Err(format!("JSON-RPC error: {}", v["error"]));
+        };
         if result["isError"].as_bool() == Some(true) {
             return Err(format!("tool error: {}", result["content"]));
         }
+        Ok(result)
+    }
+
+    /// One governed read; on success, the slowest runner's `duration_ms` in the answer.
+    async fn call(&mut self, runners: &[String]) -> Result<u64, String> {
+        let result = self
+            .tools_call(json!({"runners": runners, "reason": "bench"}))
+            .await?;
         let results = result["structuredContent"]["results"]
             .as_array()
             .ok_or_else(|| format!("no structuredContent.results in {result}"))?;
@@ -364,6 +399,16 @@ impl McpClient {
             slowest = slowest.max(r["duration_ms"].as_u64().unwrap_or(0));
         }
         Ok(slowest)
+    }
+
+    /// The reference server's `echo` of [`ECHO_MESSAGE`]; the answer must be its echo.
+    async fn echo(&mut self) -> Result<u64, String> {
+        let result = self.tools_call(json!({"message": ECHO_MESSAGE})).await?;
+        let text = result["content"][0]["text"].as_str();
+        if text != Some(&format!("Echo: {ECHO_MESSAGE}")) {
+            return Err(format!("not the echo of `{ECHO_MESSAGE}`: {result}"));
+        }
+        Ok(0)
     }
 
     /// One `tools/list`; the answer must list the tool the calls use.
@@ -428,6 +473,8 @@ enum Client {
     Mcp(McpClient, Arc<Vec<String>>),
     /// `tools/list` on a session: the MCP layer without the audit log or a runner.
     List(McpClient),
+    /// `echo` on a session with the reference server.
+    Echo(McpClient),
 }
 
 impl Client {
@@ -436,13 +483,14 @@ impl Client {
             Client::Direct(c) => c.call().await,
             Client::Mcp(c, runners) => c.call(runners).await,
             Client::List(c) => c.list().await,
+            Client::Echo(c) => c.echo().await,
         }
     }
 
     fn connects(&self) -> u64 {
         match self {
             Client::Direct(c) => c.conn.connects,
-            Client::Mcp(c, _) | Client::List(c) => c.conn.connects,
+            Client::Mcp(c, _) | Client::List(c) | Client::Echo(c) => c.conn.connects,
         }
     }
 }
@@ -456,15 +504,16 @@ struct Watched {
     children: bool,
 }
 
-/// `BENCH_MCP_PIDS`, plus the generator itself.
-fn watched() -> Vec<Watched> {
-    let mut out: Vec<Watched> = env_or("BENCH_MCP_PIDS", "")
+/// The processes `name=PID,…` in the setting `var` (`BENCH_MCP_PIDS`, `BENCH_REFERENCE_PIDS`),
+/// plus the generator itself.
+fn watched(var: &str) -> Vec<Watched> {
+    let mut out: Vec<Watched> = env_or(var, "")
         .split(',')
         .filter(|s| !s.trim().is_empty())
         .map(|item| {
             let (name, pid) = item
                 .split_once('=')
-                .unwrap_or_else(|| panic!("BENCH_MCP_PIDS: `{item}` is not name=PID"));
+                .unwrap_or_else(|| panic!("{var}: `{item}` is not name=PID"));
             let (pid, children) = match pid.strip_suffix('+') {
                 Some(p) => (p, true),
                 None => (pid, false),
@@ -474,7 +523,7 @@ fn watched() -> Vec<Watched> {
                 pid: pid
                     .trim()
                     .parse()
-                    .unwrap_or_else(|_| panic!("BENCH_MCP_PIDS: `{pid}` is not a PID")),
+                    .unwrap_or_else(|_| panic!("{var}: `{pid}` is not a PID")),
                 children,
             }
         })
@@ -684,33 +733,44 @@ async fn direct_clients(url: &Target, n: usize, keep_alive: bool) -> Vec<Client>
         .collect()
 }
 
-/// `n` MCP clients, each with its session open; a client that cannot open one stops the run.
+/// `n` MCP clients, each with its session open, or the first error met opening one.
+async fn open_sessions(
+    settings: &Arc<McpSettings>,
+    n: usize,
+    keep_alive: bool,
+) -> Result<Vec<McpClient>, String> {
+    futures::future::join_all((0..n).map(|_| async {
+        let mut c = McpClient::new(settings.clone(), keep_alive);
+        c.initialize().await.map(|()| c)
+    }))
+    .await
+    .into_iter()
+    .collect()
+}
+
+/// `n` clients of the governed read, each with its session open; a client that cannot open
+/// one stops the run.
 async fn mcp_clients(
     settings: &Arc<McpSettings>,
     runners: &Arc<Vec<String>>,
     n: usize,
     keep_alive: bool,
 ) -> Vec<Client> {
-    let opened = futures::future::join_all((0..n).map(|_| async {
-        let mut c = McpClient::new(settings.clone(), keep_alive);
-        c.initialize().await.map(|()| c)
-    }))
-    .await;
-    opened
-        .into_iter()
-        .map(|r| match r {
-            Ok(c) => Client::Mcp(c, runners.clone()),
-            Err(e) => {
-                eprintln!("[bench] ERROR: an MCP client could not open its session: {e}");
-                std::process::exit(1);
-            }
-        })
-        .collect()
+    match open_sessions(settings, n, keep_alive).await {
+        Ok(clients) => clients
+            .into_iter()
+            .map(|c| Client::Mcp(c, runners.clone()))
+            .collect(),
+        Err(e) => {
+            eprintln!("[bench] ERROR: an MCP client could not open its session: {e}");
+            std::process::exit(1);
+        }
+    }
 }
 
 async fn close_all(clients: Vec<Client>) {
     futures::future::join_all(clients.into_iter().map(|c| async move {
-        if let Client::Mcp(mut c, _) | Client::List(mut c) = c {
+        if let Client::Mcp(mut c, _) | Client::List(mut c) | Client::Echo(mut c) = c {
             c.close().await;
         }
     }))
@@ -771,6 +831,11 @@ fn summarise(out: &mut Out, prefix: &str, key: &str, l: &Level) {
     );
     out.kv(
         prefix,
+        &format!("{key}.p95_ms"),
+        format!("{:.3}", l.latency.pct(95.0)),
+    );
+    out.kv(
+        prefix,
         &format!("{key}.p99_ms"),
         format!("{:.3}", l.latency.pct(99.0)),
     );
@@ -788,7 +853,7 @@ async fn path_run(out: &mut Out, prefix: &str, label: &str) {
     let direct = Target::parse(&env_str("BENCH_DIRECT_URL"));
     let settings = Arc::new(McpSettings {
         target: Target::parse(&env_str("BENCH_MCP_URL")),
-        token: env_str("BENCH_MCP_TOKEN"),
+        token: Some(env_str("BENCH_MCP_TOKEN")),
         protocol: env_or("BENCH_MCP_PROTOCOL", "2025-11-25"),
         tool: env_or("BENCH_MCP_TOOL", "traefik.ping"),
     });
@@ -798,20 +863,31 @@ async fn path_run(out: &mut Out, prefix: &str, label: &str) {
             .map(str::to_owned)
             .collect(),
     );
-    let levels: Vec<usize> = env_or("BENCH_MCP_CLIENTS", "1,50,200")
-        .split(',')
-        .map(|s| {
-            s.trim()
-                .parse()
-                .unwrap_or_else(|_| panic!("BENCH_MCP_CLIENTS: `{s}` is not a number"))
-        })
-        .collect();
+    let levels = env_levels("BENCH_MCP_CLIENTS", "1,50,200");
+    // The reference server's echo, called by the same clients as the read (see the header).
+    let reference = std::env::var("BENCH_REFERENCE_URL")
+        .ok()
+        .filter(|url| !url.is_empty())
+        .map(|url| {
+            Arc::new(McpSettings {
+                target: Target::parse(&url),
+                token: None,
+                protocol: settings.protocol.clone(),
+                tool: "echo".to_owned(),
+            })
+        });
+    let reference_levels = env_levels("BENCH_REFERENCE_CLIENTS", "1,50");
+    let reference_watched = watched("BENCH_REFERENCE_PIDS");
+    // (index of emisar's row at the same level in `rows`, the reference's row)
+    let mut references: Vec<(usize, Level)> = Vec::new();
+    // Why the reference could not be measured, when it could not.
+    let mut reference_failed: Option<String> = None;
     let window = Window {
         warmup: Duration::from_secs(env_num("BENCH_MCP_WARMUP_SECS", 2)),
         measured: Duration::from_secs(env_num("BENCH_MCP_SECS", 10)),
     };
     let fresh_secs = env_num("BENCH_MCP_FRESH_SECS", 5);
-    let watched = watched();
+    let watched = watched("BENCH_MCP_PIDS");
 
     let mut rows: Vec<Level> = Vec::new();
     let mut pairs: Vec<(usize, bool, usize)> = Vec::new(); // (clients, kept alive, index of direct)
@@ -864,6 +940,37 @@ async fn path_run(out: &mut Out, prefix: &str, label: &str) {
         pairs.push((*n, *keep_alive, rows.len()));
         rows.push(d);
         rows.push(e);
+        let Some(reference) = &reference else {
+            continue;
+        };
+        if !*keep_alive || !reference_levels.contains(n) || reference_failed.is_some() {
+            continue;
+        }
+        log(format!(
+            "{label}: {n} client(s), kept alive connection: the reference server's echo"
+        ));
+        match open_sessions(reference, *n, true).await {
+            Ok(clients) => {
+                let clients = clients.into_iter().map(Client::Echo).collect();
+                let (l, clients) = drive(
+                    "reference server: `echo`",
+                    clients,
+                    true,
+                    w,
+                    &reference_watched,
+                )
+                .await;
+                close_all(clients).await;
+                log_level("reference echo", &l);
+                references.push((rows.len() - 1, l));
+            }
+            Err(e) => {
+                log(format!(
+                    "ERROR: a client could not open its session on the reference server: {e}"
+                ));
+                reference_failed = Some(e);
+            }
+        }
     }
     // The MCP layer alone: the same session handling and SSE answer, no audit, no runner.
     let list = if env_num("BENCH_MCP_LIST", 1) == 1 {
@@ -900,13 +1007,16 @@ async fn path_run(out: &mut Out, prefix: &str, label: &str) {
         rows.push(l);
     }
     let total_errors: u64 = rows.iter().map(|l| l.errors).sum();
+    let reference_errors: u64 = references.iter().map(|(_, l)| l.errors).sum();
     let _ = writeln!(r, "\n#### {label}\n");
-    if total_errors > 0 {
+    if total_errors + reference_errors > 0 {
         let _ = writeln!(
             r,
-            "**{total_errors} calls failed in this run; the figures below are not a clean measurement.** First errors:\n"
+            "**{} calls failed in this run; the figures below are not a clean measurement.** First errors:\n",
+            total_errors + reference_errors
         );
-        for l in rows.iter().filter(|l| l.errors > 0) {
+        let all = rows.iter().chain(references.iter().map(|(_, l)| l));
+        for l in all.filter(|l| l.errors > 0) {
             for e in &l.first_errors {
                 let _ = writeln!(
                     r,
@@ -924,7 +1034,7 @@ async fn path_run(out: &mut Out, prefix: &str, label: &str) {
         "| path | clients | connection | calls | calls/s | p50 ms | p99 ms | max ms | errors | connections opened (warm-up included) |"
     );
     let _ = writeln!(r, "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|");
-    for l in &rows {
+    for l in rows.iter().chain(references.iter().map(|(_, l)| l)) {
         let _ = writeln!(r, "{}", level_row(l));
     }
     let _ = writeln!(
@@ -983,11 +1093,109 @@ async fn path_run(out: &mut Out, prefix: &str, label: &str) {
         summarise(out, prefix, "list", l);
     }
     cpu_table(r, out, prefix, &rows);
+    if reference.is_some() {
+        reference_report(r, out, prefix, &rows, &references, reference_failed);
+    }
     out.report.push_str(&report);
     out.kv(prefix, "errors", total_errors);
     if total_errors > 0 {
         log(format!(
             "ERROR: {total_errors} calls failed in the {label} run; see the report"
+        ));
+    }
+}
+
+/// The governed read set against the reference server's bare echo, level by level, with the
+/// reference's CPU per echo; `failed` says why it could not be measured, when it could not.
+fn reference_report(
+    r: &mut String,
+    out: &mut Out,
+    prefix: &str,
+    rows: &[Level],
+    references: &[(usize, Level)],
+    failed: Option<String>,
+) {
+    use std::fmt::Write;
+    if let Some(e) = failed {
+        let _ = writeln!(
+            r,
+            "\n**The reference server could not be measured:** a client could not open its session: `{}`",
+            e.replace('`', "'")
+        );
+        out.kv(prefix, "reference.failed", 1);
+    }
+    if references.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        r,
+        "\nThe governed read against the reference MCP server's bare `echo` (`@modelcontextprotocol/server-everything`, Streamable HTTP: no auth, no audit, no runner), the same clients in the same run:\n"
+    );
+    let _ = writeln!(
+        r,
+        "| clients | governed read p50 / p95 / p99 ms | reference `echo` p50 / p95 / p99 ms | p50 ratio (read ÷ echo) | calls/s read / echo | calls/s ratio (read ÷ echo) |"
+    );
+    let _ = writeln!(r, "|---:|---:|---:|---:|---:|---:|");
+    let pcts = |l: &Level| {
+        format!(
+            "{} / {} / {}",
+            ms(l.latency.pct(50.0)),
+            ms(l.latency.pct(95.0)),
+            ms(l.latency.pct(99.0))
+        )
+    };
+    for (i, l) in references {
+        let e = &rows[*i];
+        let ratio = e.latency.pct(50.0) / l.latency.pct(50.0);
+        let tput = e.per_second / l.per_second;
+        let _ = writeln!(
+            r,
+            "| {} | {} | {} | **{ratio:.2}×** | {:.0} / {:.0} | {} |",
+            l.clients,
+            pcts(e),
+            pcts(l),
+            e.per_second,
+            l.per_second,
+            ratio_text(tput)
+        );
+        let key = format!("c{}", l.clients);
+        summarise(out, prefix, &format!("{key}.reference"), l);
+        out.kv(
+            prefix,
+            &format!("{key}.read_vs_reference_p50"),
+            format!("{ratio:.2}"),
+        );
+        out.kv(
+            prefix,
+            &format!("{key}.read_vs_reference_calls_per_s"),
+            ratio_text(tput),
+        );
+    }
+    // Its CPU per echo: the reference's process(es) and the generator, as for the read.
+    let cpu: Vec<String> = references
+        .iter()
+        .filter(|(_, l)| l.completed > 0 && l.cpu.len() > 1)
+        .map(|(_, l)| {
+            let cells: Vec<String> = l
+                .cpu
+                .iter()
+                .map(|(name, s)| format!("{name} {:.0}", s / l.completed as f64 * 1e6))
+                .collect();
+            format!("{} client(s): {}", l.clients, cells.join(", "))
+        })
+        .collect();
+    if !cpu.is_empty() {
+        let _ = writeln!(
+            r,
+            "\nCPU per completed `echo` in the measured window (µs, user + system from `/proc/PID/stat`): {}.",
+            cpu.join("; ")
+        );
+    }
+    let errors: u64 = references.iter().map(|(_, l)| l.errors).sum();
+    out.kv(prefix, "reference.errors", errors);
+    if errors > 0 {
+        log(format!(
+            "ERROR: {errors} calls to the reference server failed; see the report"
         ));
     }
 }
@@ -1050,7 +1258,7 @@ fn cpu_table(r: &mut String, out: &mut Out, prefix: &str, rows: &[Level]) {
 async fn fanout_run(out: &mut Out) {
     let settings = Arc::new(McpSettings {
         target: Target::parse(&env_str("BENCH_MCP_URL")),
-        token: env_str("BENCH_MCP_TOKEN"),
+        token: Some(env_str("BENCH_MCP_TOKEN")),
         protocol: env_or("BENCH_MCP_PROTOCOL", "2025-11-25"),
         tool: env_or("BENCH_MCP_TOOL", "traefik.ping"),
     });

@@ -19,7 +19,9 @@
 //!
 //! Environment (scripts/bench sets the addresses and the token):
 //! - `BENCH_MCP_URL`: the server's MCP endpoint, e.g. `http://127.0.0.1:7700/mcp` (required).
-//! - `BENCH_MCP_TOKEN`: an agent bearer token (required).
+//! - `BENCH_MCP_TOKEN`: agent bearer tokens, comma-separated (required). Client *i* uses token
+//!   *i* mod their number: the server keeps at most 64 MCP sessions per token (its oldest
+//!   closed past that), so 200 clients need at least 4 tokens (scripts/bench issues 4).
 //! - `BENCH_MCP_RUNNERS`: comma-separated runner names the call names (required).
 //! - `BENCH_MCP_TOOL` (`traefik.ping`): the tool; its arguments are
 //!   `{"runners": [...], "reason": "bench"}`.
@@ -204,8 +206,9 @@ impl Target {
 /// What the MCP clients share.
 struct McpSettings {
     target: Target,
-    /// The agent's bearer token; `None` for the reference server, which has no auth.
-    token: Option<String>,
+    /// The agent's bearer tokens, one per client in turn; empty for the reference server,
+    /// which has no auth.
+    tokens: Vec<String>,
     protocol: String,
     tool: String,
 }
@@ -220,6 +223,19 @@ struct McpClient {
     session: Option<String>,
     protocol: String,
     next_id: u64,
+    /// This client's bearer token (see `BENCH_MCP_TOKEN`).
+    token: Option<String>,
+}
+
+/// How many clients were made: client *i* takes token *i* mod their number.
+static CLIENTS_MADE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+fn tokens_of(list: &str) -> Vec<String> {
+    list.split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .map(str::to_owned)
+        .collect()
 }
 
 /// The one JSON-RPC message in an answer: the JSON body, or the SSE event whose data is the
@@ -279,12 +295,16 @@ impl McpClient {
     fn new(settings: Arc<McpSettings>, keep_alive: bool) -> McpClient {
         let conn = Conn::new(settings.target.addr, keep_alive);
         let protocol = settings.protocol.clone();
+        let n = CLIENTS_MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let token = (!settings.tokens.is_empty())
+            .then(|| settings.tokens[n % settings.tokens.len()].clone());
         McpClient {
             settings,
             conn,
             session: None,
             protocol,
             next_id: 1,
+            token,
         }
     }
 
@@ -296,7 +316,7 @@ impl McpClient {
             .header(header::HOST, &s.target.host)
             .header(header::ACCEPT, "application/json, text/event-stream")
             .header("mcp-protocol-version", &self.protocol);
-        if let Some(token) = &s.token {
+        if let Some(token) = &self.token {
             r = r.header(header::AUTHORIZATION, format!("Bearer {token}"));
         }
         if let Some(session) = &self.session {
@@ -853,7 +873,7 @@ async fn path_run(out: &mut Out, prefix: &str, label: &str) {
     let direct = Target::parse(&env_str("BENCH_DIRECT_URL"));
     let settings = Arc::new(McpSettings {
         target: Target::parse(&env_str("BENCH_MCP_URL")),
-        token: Some(env_str("BENCH_MCP_TOKEN")),
+        tokens: tokens_of(&env_str("BENCH_MCP_TOKEN")),
         protocol: env_or("BENCH_MCP_PROTOCOL", "2025-11-25"),
         tool: env_or("BENCH_MCP_TOOL", "traefik.ping"),
     });
@@ -871,7 +891,7 @@ async fn path_run(out: &mut Out, prefix: &str, label: &str) {
         .map(|url| {
             Arc::new(McpSettings {
                 target: Target::parse(&url),
-                token: None,
+                tokens: Vec::new(),
                 protocol: settings.protocol.clone(),
                 tool: "echo".to_owned(),
             })
@@ -1258,7 +1278,7 @@ fn cpu_table(r: &mut String, out: &mut Out, prefix: &str, rows: &[Level]) {
 async fn fanout_run(out: &mut Out) {
     let settings = Arc::new(McpSettings {
         target: Target::parse(&env_str("BENCH_MCP_URL")),
-        token: Some(env_str("BENCH_MCP_TOKEN")),
+        tokens: tokens_of(&env_str("BENCH_MCP_TOKEN")),
         protocol: env_or("BENCH_MCP_PROTOCOL", "2025-11-25"),
         tool: env_or("BENCH_MCP_TOOL", "traefik.ping"),
     });

@@ -290,9 +290,7 @@ fn what_the_gateway_is_told(
     }
     use crate::server::shared_limit::{Quota, SharedLimit};
     let quota = Quota::per_second(config.rate_limit_per_second, config.rate_limit_burst);
-    if let Some(shared) = SharedLimit::new(db, "agent:", quota) {
-        let shared = Arc::new(shared);
-        shared.clone().spawn_flusher(shutdown.clone());
+    if let Some(shared) = SharedLimit::start(db, "agent:", quota, shutdown) {
         gateway.set_shared_limit(shared);
     }
     if let Some(t) = config

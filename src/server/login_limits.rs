@@ -216,20 +216,19 @@ impl LoginLimits {
         config: &LoginLimitsConfig,
         shutdown: &CancellationToken,
     ) -> Self {
-        let address = SharedLimit::new(
+        let address = SharedLimit::start(
             db,
             "login-address:",
             SharedQuota::per_minute(config.per_address_per_minute),
+            shutdown,
         );
-        let name_and_address = SharedLimit::new(
+        let name_and_address = SharedLimit::start(
             db,
             "login-name-address:",
             SharedQuota::per_minute(config.per_name_and_address_per_minute),
+            shutdown,
         );
         if let (Some(address), Some(name_and_address)) = (address, name_and_address) {
-            let (address, name_and_address) = (Arc::new(address), Arc::new(name_and_address));
-            address.clone().spawn_flusher(shutdown.clone());
-            name_and_address.clone().spawn_flusher(shutdown.clone());
             self.shared = Some(Shared {
                 by_address: address,
                 by_name_and_address: name_and_address,

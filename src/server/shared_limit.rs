@@ -32,8 +32,8 @@
 //! [`SharedLimit::admit`]).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sqlx::PgPool;
@@ -170,19 +170,27 @@ pub(crate) struct SharedLimit {
 }
 
 impl SharedLimit {
-    /// `None` unless the store is PostgreSQL.
-    pub(crate) fn new(db: &Db, prefix: &'static str, quota: Quota) -> Option<SharedLimit> {
+    /// The shared half of the limit on `prefix` keys, reporting to the store until
+    /// `shutdown`; `None` unless the store is PostgreSQL.
+    pub(crate) fn start(
+        db: &Db,
+        prefix: &'static str,
+        quota: Quota,
+        shutdown: &CancellationToken,
+    ) -> Option<Arc<SharedLimit>> {
         let Pool::Pg(pool) = db.pool() else {
             return None;
         };
-        Some(SharedLimit {
+        let shared = Arc::new(SharedLimit {
             db: db.clone(),
             pool: pool.clone(),
             prefix,
             quota,
             buckets: Mutex::new(HashMap::new()),
             degraded: AtomicBool::new(false),
-        })
+        });
+        shared.clone().spawn_flusher(shutdown.clone());
+        Some(shared)
     }
 
     /// Admits one call of `key`, or says how long until one would fit. Well under the
@@ -339,7 +347,7 @@ impl SharedLimit {
 
     /// Flushes every [`FLUSH_EVERY`] and forgets old buckets every [`FORGET_AFTER`], until
     /// `shutdown`.
-    pub(crate) fn spawn_flusher(self: std::sync::Arc<Self>, shutdown: CancellationToken) {
+    fn spawn_flusher(self: Arc<Self>, shutdown: CancellationToken) {
         tokio::spawn(async move {
             let mut flush = tokio::time::interval(FLUSH_EVERY);
             flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

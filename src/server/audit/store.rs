@@ -5,9 +5,10 @@
 //! TIMESTAMPTZ is formatted in the fixed `at` format), so one hash serves both.
 //!
 //! Invariants: a batch is appended in one transaction under the append lock (PostgreSQL
-//! advisory lock, SQLite `BEGIN IMMEDIATE`), with one INSERT statement; its `at` is stamped
-//! under that lock as `max(now, at of the last event)`, so `at` never decreases along `seq`,
-//! whichever replica writes and whatever its clock does. Time filters rely on that.
+//! advisory lock, SQLite `BEGIN IMMEDIATE`): on PostgreSQL one statement, which checks under
+//! the lock that the event the batch was chained after is still the last (`PG_APPEND`); its
+//! `at` is `max(now, at of that last event)`, so `at` never decreases along `seq`, whichever
+//! replica writes and whatever its clock does. Time filters rely on that.
 
 use serde_json::Value;
 use sqlx::AssertSqlSafe;
@@ -31,41 +32,15 @@ const PG_COLUMNS: &str = "seq, id, to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T
 /// producing them (EXPLAIN ANALYZE of the whole scan: 2.4 s with it, 0.65 s without).
 pub(super) const STORED_COLUMNS: &str = "seq, id, at, actor, kind, tool, runner, args, reason, call_id, approval_id, outcome, result_digest, detail, prev_hash, hash, hash_v";
 
-/// One statement per batch: a round trip per event was what bounded the append rate. The
-/// batch shares one `at`, bound once; every other column is an array, one element per event.
-/// A macro, not a const, so that [`PG_INSERT_AFTER`] can extend the same literal (`concat!`).
-macro_rules! pg_insert_sql {
-    () => {
-        "INSERT INTO audit_events (seq, id, at, actor, kind, tool, runner, args, reason, call_id, approval_id, outcome, result_digest, detail, prev_hash, hash, hash_v) \
-         SELECT seq, id, $3::timestamptz, actor, kind, tool, runner, args, reason, call_id, approval_id, outcome, result_digest, detail, prev_hash, hash, $17::smallint \
-         FROM UNNEST($1::bigint[], $2::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::text[], $15::text[], $16::text[]) \
-         AS t(seq, id, actor, kind, tool, runner, args, reason, call_id, approval_id, outcome, result_digest, detail, prev_hash, hash)"
-    };
-}
-/// The events and the tree nodes they complete (`$18`–`$20`: levels, indexes, hashes) in one
-/// statement, so that the tree costs no round trip inside the append lock (A/B on 300,000
-/// events: a second statement cost 10–20 % of the append rate). The nodes are inserted only
-/// if the events were; every batch completes at least its leaves, so the statement's row
-/// count is 0 exactly when no event was inserted.
-const PG_INSERT: &str = concat!(
-    "WITH ev AS (",
-    pg_insert_sql!(),
-    " RETURNING 1) ",
-    "INSERT INTO audit_tree (level, idx, hash) \
-     SELECT * FROM UNNEST($18::smallint[], $19::bigint[], $20::bytea[]) WHERE EXISTS (SELECT 1 FROM ev)"
-);
-/// [`PG_INSERT`], inserting only if the last event is still `$21` (seq) with hash `$22`: the
-/// event this process appended last. Its statement snapshot is taken after the append lock
-/// was granted, so it sees every batch committed before. When another replica appended in
-/// between it inserts nothing, and the batch is chained again after the last event read.
-const PG_INSERT_AFTER: &str = concat!(
-    "WITH ev AS (",
-    pg_insert_sql!(),
-    " WHERE EXISTS (SELECT 1 FROM (SELECT seq, hash FROM audit_events ORDER BY seq DESC LIMIT 1) AS last \
-     WHERE last.seq = $21::bigint AND last.hash = $22::text) RETURNING 1) ",
-    "INSERT INTO audit_tree (level, idx, hash) \
-     SELECT * FROM UNNEST($18::smallint[], $19::bigint[], $20::bytea[]) WHERE EXISTS (SELECT 1 FROM ev)"
-);
+/// One statement per batch, in one round trip: the function (migration
+/// `20261204150001_audit_append_function.sql`) takes the append lock, checks that the last
+/// event is still `$21` (seq) with hash `$22` when they are given, and inserts the events and
+/// the tree nodes they complete (`$18`–`$20`: levels, indexes, hashes); it returns false,
+/// having inserted nothing, when another replica appended in between. The batch shares one
+/// `at`, bound once; every other column is an array, one element per event (a round trip per
+/// event was what bounded the append rate; a second statement for the tree cost 10–20 % of
+/// it).
+const PG_APPEND: &str = "SELECT emisar_audit_append($1::bigint[], $2::text[], $3::timestamptz, $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::text[], $15::text[], $16::text[], $17::smallint, $18::smallint[], $19::bigint[], $20::bytea[], $21::bigint, $22::text)";
 const SQLITE_INSERT: &str = "INSERT INTO audit_events (seq, id, at, actor, kind, tool, runner, args, reason, call_id, approval_id, outcome, result_digest, detail, prev_hash, hash, hash_v) VALUES ";
 /// Rows per SQLite INSERT: 17 parameters each stays well under SQLite's 32,766 limit.
 const SQLITE_ROWS_PER_INSERT: usize = 500;
@@ -242,12 +217,16 @@ fn chain_and_grow(
 /// Appends `batch` in one transaction, chained after the current last event. All or nothing.
 ///
 /// `head` is the last event this process appended (the writer keeps it; `None` when unknown).
-/// On PostgreSQL the batch is first chained after it and inserted only if it is still the
-/// last event: one round trip fewer than reading the last event first (three instead of
-/// four: BEGIN with the lock, INSERT, COMMIT). Every round trip wakes the database and this
-/// process in turn, and a read makes two appends, one after the other. If another replica
-/// appended since, the last event is read and the batch chained again, under the same lock.
-/// `head` is updated on commit and forgotten on any failure.
+/// On PostgreSQL the batch is first chained after it and appended, in one statement of its
+/// own (an implicit transaction: one round trip, committed when it ends, the append lock held
+/// only while it runs), only if that is still the last event. If another replica appended
+/// since, the last event is read and the batch chained again, in a transaction holding the
+/// lock. `head` is updated on commit and forgotten on any failure.
+///
+/// A statement the server stops waiting for (the store went down, the connection broke) may
+/// still have committed, as a `COMMIT` whose answer was lost may have: the caller then treats
+/// the batch as not recorded (a read's result is withheld) although the log may hold it: the
+/// log can hold more than the agents read, never less.
 pub(super) async fn append_batch(
     db: &Db,
     batch: &[NewEvent],
@@ -278,23 +257,22 @@ async fn append_after(
     db.guard(async {
         match db.pool() {
             Pool::Pg(pool) => {
+                let now = format_at(chrono::Utc::now());
+                if let Some(Head { tip, tree }) = head {
+                    let (seq, hash) = (tip.0, tip.1.clone());
+                    let chained = chain_and_grow(Some(tip), tree, now.clone(), &prepared)?;
+                    if pg_append(pool, &prepared, &chained, Some((seq, hash.as_str()))).await? {
+                        return Ok(chained);
+                    }
+                }
                 let mut tx = pool.begin_with(PG_BEGIN_LOCKED).await?;
                 let result = async {
-                    let now = format_at(chrono::Utc::now());
-                    if let Some(Head { tip, tree }) = head {
-                        let (seq, hash) = (tip.0, tip.1.clone());
-                        let chained = chain_and_grow(Some(tip), tree, now.clone(), &prepared)?;
-                        let after = Some((seq, hash.as_str()));
-                        if pg_insert(&mut tx, &prepared, &chained, after).await? {
-                            return Ok(chained);
-                        }
-                    }
                     let last: Option<Tip> =
                         sqlx::query_as(PG_LAST).fetch_optional(&mut *tx).await?;
                     let tree =
                         tree::pg_fold(&mut tx, last.as_ref().map_or(0, |l| l.0 as u64)).await?;
                     let chained = chain_and_grow(last, tree, now, &prepared)?;
-                    pg_insert(&mut tx, &prepared, &chained, None).await?;
+                    pg_append(&mut *tx, &prepared, &chained, None).await?;
                     Ok::<_, sqlx::Error>(chained)
                 }
                 .await;
@@ -343,12 +321,10 @@ async fn finish<DB: sqlx::Database, T>(
     }
 }
 
-/// Inserts the chained batch; with `after` (seq, hash), only if that is the last event.
-/// Returns the rows inserted.
-/// Inserts the batch's events and tree nodes; `false` when `after` is no longer the last
-/// event (nothing inserted).
-async fn pg_insert(
-    tx: &mut sqlx::PgConnection,
+/// Appends the chained batch's events and tree nodes ([`PG_APPEND`]); with `after` (seq,
+/// hash), only if that is still the last event. `false` when it was not (nothing inserted).
+async fn pg_append<'e>(
+    db: impl sqlx::PgExecutor<'e>,
     batch: &[Prepared<'_>],
     chained: &Chained,
     after: Option<(i64, &str)>,
@@ -361,12 +337,7 @@ async fn pg_insert(
         batch.iter().map(f).collect()
     }
     let at = receipts.first().map_or("", |r| r.at.as_str());
-    let query = sqlx::query(if after.is_some() {
-        PG_INSERT_AFTER
-    } else {
-        PG_INSERT
-    });
-    let query = query
+    sqlx::query_scalar(PG_APPEND)
         .bind(receipts.iter().map(|r| r.seq).collect::<Vec<_>>())
         .bind(receipts.iter().map(|r| r.id.as_str()).collect::<Vec<_>>())
         .bind(at)
@@ -401,12 +372,11 @@ async fn pg_insert(
         .bind(hash_v::TEXT)
         .bind(&chained.nodes.levels)
         .bind(&chained.nodes.indexes)
-        .bind(&chained.nodes.hashes);
-    let query = match after {
-        Some((seq, hash)) => query.bind(seq).bind(hash),
-        None => query,
-    };
-    Ok(query.execute(tx).await?.rows_affected() > 0)
+        .bind(&chained.nodes.hashes)
+        .bind(after.map(|(seq, _)| seq))
+        .bind(after.map(|(_, hash)| hash))
+        .fetch_one(db)
+        .await
 }
 
 async fn sqlite_insert(
@@ -544,5 +514,20 @@ mod tests {
             PG_BEGIN_LOCKED,
             format!("BEGIN; SELECT pg_advisory_xact_lock({key})")
         );
+    }
+
+    /// The append function, which every append in the common case runs, takes the same lock
+    /// as the transactions that read the last event first and fold the tree.
+    #[test]
+    fn the_append_function_takes_the_append_lock() {
+        let function = include_str!(
+            "../../../migrations/postgres/20261204150001_audit_append_function.sql"
+        );
+        let lock = PG_BEGIN_LOCKED.trim_start_matches("BEGIN; SELECT ");
+        assert!(
+            function.contains(&format!("PERFORM {lock};")),
+            "the append function does not take `{lock}`"
+        );
+        assert!(PG_APPEND.starts_with("SELECT emisar_audit_append("));
     }
 }

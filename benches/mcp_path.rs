@@ -59,6 +59,17 @@
 //!   the same shape as emisar's. `BENCH_REFERENCE_PIDS` (optional, `name=PID,…` as
 //!   `BENCH_MCP_PIDS`): its process(es), for the CPU per echo.
 //!
+//! - `BENCH_MCP_LIMIT` (0): 1 measures an agent's rate limit across replicas instead: the
+//!   server's endpoints in `BENCH_MCP_URL` are comma-separated (one per replica), every client
+//!   uses the same agent's token and calls `BENCH_MCP_TOOL` (here `emisar.runners`, which the
+//!   server answers itself: no runner on the path) with `{"reason": "bench"}`.
+//!   `BENCH_LIMIT_CLIENTS_PER_URL` (2) clients per endpoint together offer
+//!   `BENCH_LIMIT_OFFER_PER_S` (60) calls/s, evenly paced and spread, for `BENCH_MCP_SECS`;
+//!   each answer is served, refused (`rate limited`) or an error. `BENCH_LIMIT_RATE` (20) and
+//!   `BENCH_LIMIT_BURST` (40), the agent's limit as the servers were configured, give the
+//!   limit over the run, `burst + rate × t` (t from the first call to the last answer), and
+//!   `shared_limit.rs`'s bound, that plus `replicas × max(1, rate × 50 ms)`.
+//!
 //! Progress goes to stderr; the results go to stdout as Markdown. Calls that fail are counted
 //! per configuration; a run with any error says so in bold and in the summary (`.errors`).
 
@@ -1439,11 +1450,180 @@ async fn fanout_run(out: &mut Out) {
     }
 }
 
+/// What one paced client of the limit run got: served, refused (rate limited), the other
+/// errors (the first few of them), and when its last answer came.
+struct Paced {
+    replica: usize,
+    served: u64,
+    refused: u64,
+    errors: u64,
+    first_errors: Vec<String>,
+    last_answer: Instant,
+}
+
+/// `BENCH_MCP_LIMIT=1`: one agent offered `BENCH_LIMIT_OFFER_PER_S` across the replicas in
+/// `BENCH_MCP_URL` (see the header).
+async fn limit_run(out: &mut Out) {
+    let urls: Vec<String> = env_str("BENCH_MCP_URL")
+        .split(',')
+        .map(str::to_owned)
+        .collect();
+    let tokens = tokens_of(&env_str("BENCH_MCP_TOKEN"));
+    let protocol = env_or("BENCH_MCP_PROTOCOL", "2025-11-25");
+    let tool = env_or("BENCH_MCP_TOOL", "emisar.runners");
+    let per_url = env_num("BENCH_LIMIT_CLIENTS_PER_URL", 2) as usize;
+    let offer = env_num("BENCH_LIMIT_OFFER_PER_S", 60) as f64;
+    let rate = env_num("BENCH_LIMIT_RATE", 20) as f64;
+    let burst = env_num("BENCH_LIMIT_BURST", 40) as f64;
+    let secs = Duration::from_secs(env_num("BENCH_MCP_SECS", 10));
+    let n = urls.len() * per_url;
+
+    // Every session is open before the first call: opening one is not a tool call.
+    let mut clients = Vec::new();
+    for (replica, url) in urls.iter().enumerate() {
+        let settings = Arc::new(McpSettings {
+            target: Target::parse(url),
+            tokens: tokens.clone(),
+            protocol: protocol.clone(),
+            tool: tool.clone(),
+        });
+        match open_sessions(&settings, per_url, true).await {
+            Ok(opened) => clients.extend(opened.into_iter().map(|c| (replica, c))),
+            Err(e) => {
+                eprintln!("[bench] ERROR: a client of {url} could not open its session: {e}");
+                std::process::exit(1);
+            }
+        }
+    }
+    log(format!(
+        "rate limit: {offer} calls/s offered by {n} clients across {} replicas for {secs:?} (limit {rate}/s, burst {burst})",
+        urls.len()
+    ));
+
+    // Client k calls every n/offer seconds, its first call k/offer seconds after the start,
+    // so the calls are evenly spread in time and over the replicas. Ticks missed while an
+    // answer was slow are made up at once (tokio's default): the offer stays what was set.
+    let period = Duration::from_secs_f64(n as f64 / offer);
+    let start = tokio::time::Instant::now() + Duration::from_millis(100);
+    let until = start + secs;
+    let tasks: Vec<_> = clients
+        .into_iter()
+        .enumerate()
+        .map(|(k, (replica, mut client))| {
+            tokio::spawn(async move {
+                let first = start + Duration::from_secs_f64(k as f64 / offer);
+                let mut pace = tokio::time::interval_at(first, period);
+                let mut p = Paced {
+                    replica,
+                    served: 0,
+                    refused: 0,
+                    errors: 0,
+                    first_errors: Vec::new(),
+                    last_answer: Instant::now(),
+                };
+                loop {
+                    if pace.tick().await >= until {
+                        break;
+                    }
+                    let r = client.tools_call(json!({"reason": "bench"})).await;
+                    p.last_answer = Instant::now();
+                    match r {
+                        Ok(_) => p.served += 1,
+                        Err(e) if e.contains("rate limited") => p.refused += 1,
+                        Err(e) => {
+                            p.errors += 1;
+                            if p.first_errors.len() < 3 {
+                                p.first_errors.push(e);
+                            }
+                        }
+                    }
+                }
+                client.close().await;
+                p
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for t in tasks {
+        all.push(t.await.expect("a client task panicked"));
+    }
+
+    let served: u64 = all.iter().map(|p| p.served).sum();
+    let refused: u64 = all.iter().map(|p| p.refused).sum();
+    let errors: u64 = all.iter().map(|p| p.errors).sum();
+    let offered = served + refused + errors;
+    let last = all.iter().map(|p| p.last_answer).max().expect("clients");
+    // Every admission happened between the first call and the last answer.
+    let t = last
+        .saturating_duration_since(start.into_std())
+        .as_secs_f64();
+    let limit = burst + rate * t;
+    let ratio = served as f64 / limit;
+    let local_budget = (rate * 0.05).max(1.0);
+    let bound = limit + urls.len() as f64 * local_budget;
+    let per_replica: Vec<String> = (0..urls.len())
+        .map(|i| {
+            let s: u64 = all
+                .iter()
+                .filter(|p| p.replica == i)
+                .map(|p| p.served)
+                .sum();
+            s.to_string()
+        })
+        .collect();
+
+    use std::fmt::Write;
+    let r = &mut out.report;
+    if errors > 0 {
+        let _ = writeln!(
+            r,
+            "**{errors} calls failed (neither served nor refused); the figures below are not a clean measurement.** First errors:\n"
+        );
+        for e in all.iter().flat_map(|p| &p.first_errors).take(3) {
+            let _ = writeln!(r, "- `{}`", e.replace('`', "'"));
+        }
+        let _ = writeln!(r);
+    }
+    let _ = writeln!(
+        r,
+        "| replicas | offered | served (per replica) | refused | t | limit over t = {burst} + {rate} × t | **served ÷ limit** | documented bound |"
+    );
+    let _ = writeln!(r, "|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(
+        r,
+        "| {} | {offered} ({:.1}/s) | {served} ({}) | {refused} | {t:.2} s | {limit:.1} | **{ratio:.3}** | {bound:.1} (served ÷ bound {:.3}) |",
+        urls.len(),
+        offered as f64 / t,
+        per_replica.join(" + "),
+        served as f64 / bound
+    );
+    let p = "replicas";
+    out.kv(p, "replicas", urls.len());
+    out.kv(p, "clients", n);
+    out.kv(p, "rate", rate);
+    out.kv(p, "burst", burst);
+    out.kv(p, "offered", offered);
+    out.kv(p, "offered_per_s", format!("{:.1}", offered as f64 / t));
+    out.kv(p, "served", served);
+    out.kv(p, "served_per_replica", per_replica.join("+"));
+    out.kv(p, "refused", refused);
+    out.kv(p, "errors", errors);
+    out.kv(p, "t_s", format!("{t:.2}"));
+    out.kv(p, "limit", format!("{limit:.1}"));
+    out.kv(p, "ratio", format!("{ratio:.3}"));
+    out.kv(p, "bound", format!("{bound:.1}"));
+    log(format!(
+        "rate limit: {served} served, {refused} refused, {errors} errors of {offered} in {t:.2} s; limit {limit:.1}, served ÷ limit {ratio:.3}, bound {bound:.1}"
+    ));
+}
+
 #[tokio::main]
 async fn main() {
     let mut out = Out::default();
     if env_num("BENCH_MCP_FANOUT", 0) == 1 {
         fanout_run(&mut out).await;
+    } else if env_num("BENCH_MCP_LIMIT", 0) == 1 {
+        limit_run(&mut out).await;
     } else {
         let label = env_or("BENCH_MCP_LABEL", "PostgreSQL");
         let prefix = env_or("BENCH_MCP_PREFIX", "pg");

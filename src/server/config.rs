@@ -56,7 +56,8 @@ pub struct ServerConfig {
     /// The calls an agent may make at once above `rate_limit_per_second` before it is refused.
     #[serde(default = "default_burst")]
     pub rate_limit_burst: u32,
-    /// How often each runner's /healthz is probed, in milliseconds (jittered).
+    /// How often each runner's /healthz is probed, in milliseconds, on average (each wait is
+    /// 0.75–1.25 times it).
     #[serde(default = "default_probe_ms")]
     pub health_probe_interval_ms: u64,
     /// The policy file (TOML or YAML): who may use which tools and runners, risk overrides,

@@ -520,9 +520,8 @@ mod tests {
     /// as the transactions that read the last event first and fold the tree.
     #[test]
     fn the_append_function_takes_the_append_lock() {
-        let function = include_str!(
-            "../../../migrations/postgres/20261204150001_audit_append_function.sql"
-        );
+        let function =
+            include_str!("../../../migrations/postgres/20261204150001_audit_append_function.sql");
         let lock = PG_BEGIN_LOCKED.trim_start_matches("BEGIN; SELECT ");
         assert!(
             function.contains(&format!("PERFORM {lock};")),

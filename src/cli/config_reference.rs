@@ -56,7 +56,8 @@ whose default is *required* must be given; *none* means the feature is off until
   a token bucket that holds `rate_limit_burst` calls and refills at `rate_limit_per_second`.
   A refused call is audited as `tool.rejected` (after the first in a minute, an agent's
   rate-limited calls are counted into one `refusal.repeated` event a minute). Logins have
-  their own limits in `[login]`; joins are limited to 20 a minute per client address.
+  their own limits in `[login]`; joins are limited to 20 a minute per client address
+  (`[join] attempts_per_address_per_minute`).
   **Across replicas** (PostgreSQL) the limit holds for all of them together: each replica
   keeps its own bucket and, behind it, asks the agent's bucket in the database, which every
   replica shares. While that bucket is less than half spent, a replica admits the agent's

@@ -167,6 +167,7 @@ impl Application {
                     .as_deref()
                     .is_some_and(|u| u.starts_with("https://")),
             &config.login,
+            config.join.attempts_per_address_per_minute,
             identity,
             config.relying_party(),
             shutdown.clone(),

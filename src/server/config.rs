@@ -122,7 +122,7 @@ pub struct ServerConfig {
     /// The most approval requests one agent may have pending at once (default 20).
     #[serde(default = "default_max_pending")]
     pub max_pending_per_agent: u32,
-    /// How runners that join are bounded: where they may be reached.
+    /// How runners that join are bounded: where they may be reached, and how often one address may try.
     #[serde(default)]
     pub join: JoinConfig,
     /// Passkeys (WebAuthn) people register in the portal to sign approvals. Default: the
@@ -165,7 +165,7 @@ pub struct WebauthnConfig {
 }
 
 /// `[join]`: bounds on runners that join with a join token.
-#[derive(schemars::JsonSchema, Debug, Clone, Default, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct JoinConfig {
     /// The networks (CIDRs, or single addresses) a joined runner's URL may point into,
@@ -176,7 +176,30 @@ pub struct JoinConfig {
     /// bound by it.
     #[serde(default)]
     pub allowed_networks: Option<Vec<String>>,
+    /// Join attempts one client address (an IPv6 /64) may make a minute, also the burst;
+    /// past it the address is answered 429 before the store is asked, and a runner retries
+    /// with backoff. Raise it when a large fleet joins from behind one NAT (1,000 runners
+    /// take 50 minutes at the default); a flood of made-up tokens from one address then
+    /// reaches the store this often. Counted per replica. 1 to 100000.
+    #[serde(default = "default_join_attempts")]
+    pub attempts_per_address_per_minute: u32,
 }
+
+impl Default for JoinConfig {
+    fn default() -> Self {
+        JoinConfig {
+            allowed_networks: None,
+            attempts_per_address_per_minute: default_join_attempts(),
+        }
+    }
+}
+
+fn default_join_attempts() -> u32 {
+    crate::server::fleet::JOINS_PER_MINUTE
+}
+
+/// The most `join.attempts_per_address_per_minute` may say.
+const MAX_JOIN_ATTEMPTS_PER_MINUTE: u32 = 100_000;
 
 fn default_approval_ttl() -> u64 {
     15 * 60
@@ -337,6 +360,13 @@ impl ServerConfig {
         }
         crate::server::webhook::validate(&self.webhooks)?;
         self.login.check()?;
+        if !(1..=MAX_JOIN_ATTEMPTS_PER_MINUTE).contains(&self.join.attempts_per_address_per_minute)
+        {
+            anyhow::bail!(
+                "join.attempts_per_address_per_minute must be between 1 and {MAX_JOIN_ATTEMPTS_PER_MINUTE}, not {}",
+                self.join.attempts_per_address_per_minute
+            );
+        }
         // The same parse as `runners::networks::JoinNetworks::new`, which `app.rs` builds from
         // this list; checked here so `config check` reports it without importing `runners`.
         for text in self.join.allowed_networks.iter().flatten() {
@@ -553,6 +583,19 @@ mod tests {
                 .to_string()
                 .contains("runners[0].url")
         );
+        c.runners[0].url = "http://x".into();
+        c.insecure_http = true;
+        c.check().unwrap();
+        for bad in [0, MAX_JOIN_ATTEMPTS_PER_MINUTE + 1] {
+            c.join.attempts_per_address_per_minute = bad;
+            let err = c.check().unwrap_err().to_string();
+            assert!(
+                err.contains("join.attempts_per_address_per_minute must be between 1 and 100000"),
+                "{err}"
+            );
+        }
+        let c: ServerConfig = toml::from_str("signing_key_file = 'k'").unwrap();
+        assert_eq!(c.join.attempts_per_address_per_minute, 20, "the default");
     }
 
     #[test]

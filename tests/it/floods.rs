@@ -257,3 +257,53 @@ async fn repeated_failed_logins_are_counted_not_written_one_by_one(backend: Back
     app.assert_chain_intact().await;
 }
 crate::both_backends!(repeated_failed_logins_are_counted_not_written_one_by_one);
+
+/// `[join] attempts_per_address_per_minute` is the limit in force: raised above the default
+/// (a fleet joining from behind one NAT), that many attempts from one address reach the
+/// store, the next is refused with 429 naming the limit, and another address has its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operators_join_limit_is_the_one_in_force() {
+    let per_minute = emisar::server::fleet::JOINS_PER_MINUTE + 5;
+    let app = spawn_app(
+        Backend::Sqlite,
+        vec![],
+        Options {
+            join: Some(emisar::server::config::JoinConfig {
+                allowed_networks: Some(vec!["127.0.0.0/8".into()]),
+                attempts_per_address_per_minute: per_minute,
+            }),
+            ..Default::default()
+        },
+    )
+    .await;
+    let url = format!("{}/api/runners/join", app.base_url());
+    let attempt = |client: &reqwest::Client, i: u32| {
+        client
+            .post(&url)
+            .bearer_auth(format!("emj_made-up-{i:04}-{}", "x".repeat(30)))
+            .json(&join_body(&format!("nat-{i}")))
+            .send()
+    };
+    let one_address = reqwest::Client::new();
+    for i in 0..per_minute {
+        let status = attempt(&one_address, i).await.unwrap().status().as_u16();
+        assert_eq!(
+            status, 401,
+            "attempt {i} reaches the store (a made-up token)"
+        );
+    }
+    let refused = attempt(&one_address, per_minute).await.unwrap();
+    assert_eq!(refused.status().as_u16(), 429);
+    let answer: Value = refused.json().await.unwrap();
+    let error = answer["error"].as_str().unwrap();
+    assert!(
+        error.contains(&format!("at most {per_minute} a minute")),
+        "{error}"
+    );
+    let other = reqwest::Client::builder()
+        .local_address(IpAddr::from([127, 0, 0, 2]))
+        .build()
+        .unwrap();
+    let status = attempt(&other, 0).await.unwrap().status().as_u16();
+    assert_eq!(status, 401, "another address has its own bucket");
+}

@@ -100,6 +100,7 @@ impl Fleet {
         audit: AuditLog,
         registry: Arc<Registry>,
         server_public_key: String,
+        joins_per_minute: u32,
     ) -> Self {
         Fleet {
             db,
@@ -108,7 +109,7 @@ impl Fleet {
             server_public_key,
             local: tokio::sync::Mutex::new(()),
             in_flight: tokio::sync::Semaphore::new(4),
-            limits: super::JoinLimits::default(),
+            limits: super::JoinLimits::per_minute(joins_per_minute),
         }
     }
 

@@ -2,7 +2,8 @@
 //! a token bucket per address on a monotonic clock (governor), like the login limits.
 //!
 //! A runner joins once in its life (afterwards it re-registers with its own credential, on
-//! another path), so a few joins a minute from one address is plenty; a flood of made-up
+//! another path), so a few joins a minute from one address is plenty (the operator raises
+//! it, `[join] attempts_per_address_per_minute`, for a fleet joining from behind one NAT); a flood of made-up
 //! tokens from one address is answered 429 without a query, a slot or an audit row of its
 //! own (the refusals are counted, `audit/refusals.rs`).
 //!
@@ -16,9 +17,10 @@ use std::num::NonZeroU32;
 
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 
-/// Join attempts one address may make a minute (also the burst). Twenty: a rack behind one
-/// NAT can bring twenty new runners up at once, and a runner refused with 429 retries with
-/// backoff; a flood from one address reaches the store twenty times a minute at most.
+/// Join attempts one address may make a minute (also the burst) unless the operator says
+/// otherwise (`[join] attempts_per_address_per_minute`). Twenty: a rack behind one NAT can
+/// bring twenty new runners up at once, and a runner refused with 429 retries with backoff;
+/// a flood from one address reaches the store twenty times a minute at most.
 pub const JOINS_PER_MINUTE: u32 = 20;
 
 /// The most addresses the limiter remembers at once.
@@ -27,8 +29,8 @@ pub(crate) const MAX_TRACKED: usize = 100_000;
 /// Why an attempt was refused before the store was asked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum JoinLimited {
-    /// This address used up its joins for now.
-    Address,
+    /// This address used up its joins for now (the limit a minute).
+    Address(u32),
     /// More addresses than [`MAX_TRACKED`] are trying to join at once.
     Crowded,
 }
@@ -36,8 +38,8 @@ pub enum JoinLimited {
 impl JoinLimited {
     pub(crate) fn message(self) -> String {
         match self {
-            JoinLimited::Address => format!(
-                "too many join attempts from this address (at most {JOINS_PER_MINUTE} a minute): wait a minute and try again"
+            JoinLimited::Address(per_minute) => format!(
+                "too many join attempts from this address (at most {per_minute} a minute): wait a minute and try again"
             ),
             JoinLimited::Crowded => {
                 "too many addresses are trying to join at once: wait a minute and try again".into()
@@ -48,12 +50,7 @@ impl JoinLimited {
 
 pub struct JoinLimits {
     by_address: DefaultKeyedRateLimiter<IpAddr>,
-}
-
-impl Default for JoinLimits {
-    fn default() -> Self {
-        Self::per_minute(JOINS_PER_MINUTE)
-    }
+    per_minute: u32,
 }
 
 impl JoinLimits {
@@ -61,6 +58,7 @@ impl JoinLimits {
         let n = NonZeroU32::new(n.max(1)).expect("max(1)");
         JoinLimits {
             by_address: RateLimiter::keyed(Quota::per_minute(n).allow_burst(n)),
+            per_minute: n.get(),
         }
     }
 
@@ -74,7 +72,7 @@ impl JoinLimits {
         }
         self.by_address
             .check_key(&client)
-            .map_err(|_| JoinLimited::Address)
+            .map_err(|_| JoinLimited::Address(self.per_minute))
     }
 }
 
@@ -90,7 +88,13 @@ mod tests {
         for _ in 0..3 {
             assert_eq!(limits.check(a), Ok(()));
         }
-        assert_eq!(limits.check(a), Err(JoinLimited::Address));
+        assert_eq!(limits.check(a), Err(JoinLimited::Address(3)));
+        assert!(
+            JoinLimited::Address(3)
+                .message()
+                .contains("at most 3 a minute"),
+            "the message names the limit in force"
+        );
         assert_eq!(limits.check(b), Ok(()), "another address is not held up");
     }
 }

@@ -76,6 +76,7 @@ pub(crate) fn router(
     allowed_origins: Vec<String>,
     secure_cookies: bool,
     login: &crate::server::login_limits::LoginLimitsConfig,
+    joins_per_minute: u32,
     identity: Arc<Identity>,
     webauthn: Result<crate::protocol::approval::webauthn::RelyingParty, String>,
     shutdown: CancellationToken,
@@ -100,6 +101,7 @@ pub(crate) fn router(
         gateway.audit().clone(),
         gateway.runners().clone(),
         server_public_key,
+        joins_per_minute,
     ));
     let state = HttpState::new(
         db,

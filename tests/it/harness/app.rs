@@ -379,6 +379,7 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
             .clone()
             .unwrap_or_else(|| emisar::server::config::JoinConfig {
                 allowed_networks: Some(vec!["127.0.0.0/8".into(), "::1".into()]),
+                ..Default::default()
             }),
         webauthn: options.webauthn.clone().unwrap_or_default(),
         approvers_file: options.approvers_file.clone(),

@@ -199,13 +199,32 @@ pub fn check_server_key(
     Ok(())
 }
 
-/// Sends a heartbeat every `interval` until `shutdown`; failures back off (capped at the
-/// interval, full jitter) and are logged, never fatal.
+/// The longest heartbeat interval a server may ask for.
+const MAX_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(600);
+
+/// The heartbeat interval the server asked for, kept between a second and ten minutes
+/// whatever it says.
+pub(crate) fn told_interval(ms: u64) -> Duration {
+    Duration::from_millis(ms).clamp(Duration::from_secs(1), MAX_HEARTBEAT_INTERVAL)
+}
+
+/// The interval to keep after a heartbeat the server answered with `body`: the one it asks
+/// for, or `current` when it names none (a server before the field) or is unreadable.
+fn interval_after(current: Duration, body: &[u8]) -> Duration {
+    serde_json::from_slice::<crate::protocol::HeartbeatResponse>(body)
+        .ok()
+        .and_then(|answer| answer.heartbeat_interval_ms)
+        .map_or(current, told_interval)
+}
+
+/// Sends a heartbeat every `interval` (or what the server's answers ask for since: it
+/// lengthens the interval as the fleet grows) until `shutdown`; failures back off (capped at
+/// the first interval, full jitter) and are logged, never fatal.
 pub fn spawn_heartbeats(
     http: reqwest::Client,
     server: String,
     runner_token: String,
-    interval: Duration,
+    mut interval: Duration,
     shutdown: CancellationToken,
 ) {
     tokio::spawn(async move {
@@ -227,7 +246,18 @@ pub fn spawn_heartbeats(
                 _ = tokio::time::sleep(wait) => {}
             }
             match http.post(&url).bearer_auth(&runner_token).send().await {
-                Ok(r) if r.status().is_success() => failures = 0,
+                Ok(r) if r.status().is_success() => {
+                    failures = 0;
+                    // An answer that cannot be read still counts as heard.
+                    let told = interval_after(interval, &r.bytes().await.unwrap_or_default());
+                    if told != interval {
+                        tracing::info!(
+                            interval_ms = told.as_millis() as u64,
+                            "the server asks for heartbeats at another interval"
+                        );
+                        interval = told;
+                    }
+                }
                 Ok(r) => {
                     failures = failures.saturating_add(1);
                     tracing::warn!(status = %r.status(), "heartbeat refused");
@@ -245,6 +275,26 @@ pub fn spawn_heartbeats(
 mod tests {
     use super::*;
     use crate::protocol::signing::generate_keypair;
+
+    #[test]
+    fn the_server_sets_the_heartbeat_interval_within_bounds() {
+        let now = Duration::from_secs(10);
+        let told = |body: &str| interval_after(now, body.as_bytes());
+        assert_eq!(
+            told(r#"{"runner":"a","heartbeat_interval_ms":20000}"#),
+            Duration::from_secs(20)
+        );
+        assert_eq!(told(r#"{"runner":"a"}"#), now, "an older server: kept");
+        assert_eq!(told("not json"), now);
+        assert_eq!(
+            told(r#"{"runner":"a","heartbeat_interval_ms":5}"#),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            told(r#"{"runner":"a","heartbeat_interval_ms":86400000}"#),
+            MAX_HEARTBEAT_INTERVAL
+        );
+    }
 
     #[test]
     fn a_substituted_key_is_refused() {

@@ -174,7 +174,7 @@ async fn establish(
                 return Ok(Identity {
                     server_public_key: configured_key.unwrap_or(credential.server_public_key),
                     runner_token: credential.runner_token,
-                    heartbeat_interval: interval(registered.heartbeat_interval_ms),
+                    heartbeat_interval: join::told_interval(registered.heartbeat_interval_ms),
                 });
             }
             Err(ServerRefusal::Refused { status, body }) => {
@@ -230,7 +230,7 @@ async fn establish(
     Ok(Identity {
         server_public_key: configured_key.unwrap_or(joined.server_public_key),
         runner_token: joined.runner_token,
-        heartbeat_interval: interval(joined.heartbeat_interval_ms),
+        heartbeat_interval: join::told_interval(joined.heartbeat_interval_ms),
     })
 }
 
@@ -271,9 +271,4 @@ pub fn kept_credential(
             config.state_dir.display()
         ),
     }
-}
-
-/// The server's heartbeat interval, never below a second whatever it says.
-fn interval(ms: u64) -> Duration {
-    Duration::from_millis(ms.max(1000))
 }

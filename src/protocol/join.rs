@@ -73,6 +73,17 @@ pub struct RegisterResponse {
     pub heartbeat_interval_ms: u64,
 }
 
+/// The answer to `POST /api/runners/heartbeat`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HeartbeatResponse {
+    /// The name the credential belongs to.
+    pub runner: String,
+    /// The interval the runner is to keep from now on (the server lengthens it as the fleet
+    /// grows). Absent from servers before it was added: the runner keeps the one it has.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_interval_ms: Option<u64>,
+}
+
 /// The fingerprints of the server that issued a join token.
 ///
 /// Each is written `kind=HEX` after the secret, separated by dots. Only `key` exists today;

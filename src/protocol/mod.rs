@@ -11,6 +11,6 @@ pub mod witnessed;
 
 pub use call::{CallRequest, CallResponse, Mode};
 pub use join::{
-    JoinRequest, JoinResponse, JoinToken, JoinTokenError, RegisterRequest, RegisterResponse,
-    ServerPins,
+    HeartbeatResponse, JoinRequest, JoinResponse, JoinToken, JoinTokenError, RegisterRequest,
+    RegisterResponse, ServerPins,
 };

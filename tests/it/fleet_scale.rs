@@ -69,3 +69,57 @@ async fn one_read_fans_out_to_200_runners() {
     assert_eq!(outcome_runners, answered);
     app.assert_chain_intact().await;
 }
+
+/// A fleet past 500 runners is told to send heartbeats less often, in every heartbeat's
+/// answer: at most 50 a second from the whole fleet (here 600 listed runners where nothing
+/// listens, and one that joined).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_fleet_is_told_to_heartbeat_less_often() {
+    let listed = 600;
+    let app = spawn_app(
+        Backend::Sqlite,
+        vec![],
+        Options {
+            extra_runners: (0..listed)
+                .map(|i| emisar::server::config::RunnerEntry {
+                    name: format!("listed-{i:03}"),
+                    url: "http://127.0.0.1:9".into(),
+                    tls_fingerprint: None,
+                    packs: None,
+                    labels: Default::default(),
+                })
+                .collect(),
+            ..Default::default()
+        },
+    )
+    .await;
+    let (_, token) = app
+        .join_token(emisar::server::fleet::JoinTokenSpec::once(
+            std::time::Duration::from_secs(600),
+        ))
+        .await;
+    let (status, joined) = app
+        .raw_join(
+            &token,
+            &json!({"name": "joined-1", "url": "http://127.0.0.1:9/", "labels": {}, "packs": {}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{joined}");
+    // 601 runners at 50 a second: one each 12.02 s.
+    assert_eq!(joined["heartbeat_interval_ms"], 12_020, "{joined}");
+    let answer: serde_json::Value = reqwest::Client::new()
+        .post(format!("{}/api/runners/heartbeat", app.base_url()))
+        .bearer_auth(joined["runner_token"].as_str().unwrap())
+        .send()
+        .await
+        .unwrap()
+        .error_for_status()
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        answer,
+        json!({"runner": "joined-1", "heartbeat_interval_ms": 12_020})
+    );
+}

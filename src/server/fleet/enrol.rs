@@ -14,8 +14,7 @@ use serde_json::json;
 
 use super::join_tokens::check_labels;
 use super::{
-    FleetError, HEARTBEAT_INTERVAL, MAX_LABELS, MAX_PACKS, MAX_URL_LEN, NameRule, RUNNER_PREFIX,
-    kind, random_secret,
+    FleetError, MAX_LABELS, MAX_PACKS, MAX_URL_LEN, NameRule, RUNNER_PREFIX, kind, random_secret,
 };
 use crate::digest::sha256_hex;
 use crate::pack::is_identifier;
@@ -294,7 +293,7 @@ impl Fleet {
         Ok(JoinResponse {
             runner_token,
             server_public_key: self.server_public_key.clone(),
-            heartbeat_interval_ms: HEARTBEAT_INTERVAL.as_millis() as u64,
+            heartbeat_interval_ms: self.heartbeat_interval_ms(),
             labels: grant.labels,
             packs,
         })
@@ -548,12 +547,21 @@ impl Fleet {
         self.registry.record_heartbeat(&name, Ok(()));
         Ok(RegisterResponse {
             runner: name,
-            heartbeat_interval_ms: HEARTBEAT_INTERVAL.as_millis() as u64,
+            heartbeat_interval_ms: self.heartbeat_interval_ms(),
         })
     }
 
-    /// Records a heartbeat from the runner that holds `runner_token`; returns its name.
-    pub(crate) async fn heartbeat(&self, runner_token: &str) -> Result<String, FleetError> {
+    /// The heartbeat interval to tell runners now (see [`super::heartbeat_interval`]).
+    fn heartbeat_interval_ms(&self) -> u64 {
+        super::heartbeat_interval(self.registry.len()).as_millis() as u64
+    }
+
+    /// Records a heartbeat from the runner that holds `runner_token`; answers its name and
+    /// the interval it is to keep.
+    pub(crate) async fn heartbeat(
+        &self,
+        runner_token: &str,
+    ) -> Result<crate::protocol::HeartbeatResponse, FleetError> {
         let now = format_at(chrono::Utc::now());
         let sql = self.db.sql("UPDATE runners SET last_heartbeat = $2::timestamptz WHERE runner_token_hash = $1 RETURNING name");
         let hash = sha256_hex(runner_token.as_bytes());
@@ -568,7 +576,10 @@ impl Fleet {
         if !self.registry.is_configured(&name) {
             self.registry.record_heartbeat(&name, Ok(()));
         }
-        Ok(name)
+        Ok(crate::protocol::HeartbeatResponse {
+            runner: name,
+            heartbeat_interval_ms: Some(self.heartbeat_interval_ms()),
+        })
     }
 }
 

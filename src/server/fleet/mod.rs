@@ -42,8 +42,23 @@ pub use join_tokens::{
 pub use roster::{JoinedRunner, joined_runners, remove_runner, spawn_sync};
 
 const RUNNER_PREFIX: &str = "emr_";
-/// How often a joined runner sends a heartbeat.
+/// How often a joined runner sends a heartbeat in a fleet of up to 500 runners; a larger
+/// fleet's runners are told to send them less often ([`heartbeat_interval`]).
 pub(crate) const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(10);
+/// The most heartbeats a second the server asks of the whole fleet: each costs a TLS request
+/// and a write, so 1,000 runners at one every 10 s would cost more than everything else an
+/// idle server does. Nomad's servers do the same (`max_heartbeats_per_second`, 50 by
+/// default, with a 10 s floor, `min_heartbeat_ttl`).
+pub(crate) const HEARTBEATS_PER_SECOND: u32 = 50;
+
+/// The heartbeat interval a runner is told (when it joins, re-registers, and in every
+/// heartbeat's answer) in a fleet of `runners`: [`HEARTBEAT_INTERVAL`], or longer so that
+/// the fleet together sends at most [`HEARTBEATS_PER_SECOND`]. A fleet that grows is told
+/// within one interval; a runner's health meanwhile comes from the server's probes.
+pub(crate) fn heartbeat_interval(runners: usize) -> Duration {
+    let spread = Duration::from_millis(runners as u64 * 1000 / u64::from(HEARTBEATS_PER_SECOND));
+    HEARTBEAT_INTERVAL.max(spread)
+}
 /// The longest a join token may live: it is needed once per runner, so a long life only
 /// widens the window in which a copy of it is worth stealing.
 pub(crate) const MAX_JOIN_TOKEN_TTL: Duration = Duration::from_secs(30 * 86_400);
@@ -94,4 +109,24 @@ fn random_secret(prefix: &str) -> anyhow::Result<String> {
         "{prefix}{}",
         base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(secret)
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_large_fleet_is_told_to_heartbeat_less_often() {
+        assert_eq!(heartbeat_interval(0), HEARTBEAT_INTERVAL);
+        assert_eq!(heartbeat_interval(500), HEARTBEAT_INTERVAL, "50 a second");
+        assert_eq!(heartbeat_interval(1000), Duration::from_secs(20));
+        assert_eq!(heartbeat_interval(10_000), Duration::from_secs(200));
+        for n in [1, 499, 501, 1000, 3333] {
+            let per_second = n as f64 / heartbeat_interval(n).as_secs_f64();
+            assert!(
+                per_second <= f64::from(HEARTBEATS_PER_SECOND),
+                "{n}: {per_second}"
+            );
+        }
+    }
 }

@@ -263,6 +263,11 @@ impl Registry {
     }
 
     /// Every runner, in name order.
+    /// How many runners are known (configured and joined).
+    pub(crate) fn len(&self) -> usize {
+        self.slots.read().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
     pub fn entries(&self) -> Vec<RunnerEntry> {
         self.slots()
             .into_iter()

@@ -67,12 +67,12 @@ pub(crate) async fn register(
     Ok(Json(state.fleet.register(token, request).await?))
 }
 
-/// `POST /api/runners/heartbeat` with a runner token.
+/// `POST /api/runners/heartbeat` with a runner token: the runner's name, and the interval
+/// it is to keep.
 pub(crate) async fn heartbeat(
     State(state): State<HttpState>,
     headers: axum::http::HeaderMap,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<crate::protocol::HeartbeatResponse>, ApiError> {
     let token = bearer(&headers).ok_or_else(|| no_bearer("the runner's credential"))?;
-    let name = state.fleet.heartbeat(token).await?;
-    Ok(Json(json!({"runner": name})))
+    Ok(Json(state.fleet.heartbeat(token).await?))
 }

@@ -19,6 +19,9 @@
 //!
 //! Environment (scripts/bench sets the addresses and the token):
 //! - `BENCH_MCP_URL`: the server's MCP endpoint, e.g. `http://127.0.0.1:7700/mcp` (required).
+//!   `https://` when `BENCH_MCP_CA_FILE` names the CA (PEM) that signed the server's
+//!   certificate: each client's one connection is then TLS (rustls, as the runners' and the
+//!   server's own), and its handshake is part of the connect.
 //! - `BENCH_MCP_TOKEN`: agent bearer tokens, comma-separated (required). Client *i* uses token
 //!   *i* mod their number: the server keeps at most 64 MCP sessions per token (its oldest
 //!   closed past that), so 200 clients need at least 4 tokens (scripts/bench issues 4).
@@ -108,20 +111,56 @@ fn env_levels(name: &str, default: &str) -> Vec<usize> {
         .collect()
 }
 
-/// `http://HOST:PORT/PATH` → the socket address, the Host header and the path. Only plain
-/// HTTP on an IP literal: the generator measures loopback and resolves nothing.
-fn split_url(url: &str) -> (SocketAddr, String, String) {
-    let rest = url
-        .strip_prefix("http://")
-        .unwrap_or_else(|| panic!("`{url}` must start with http://"));
+/// `http(s)://HOST:PORT/PATH` → the socket address, the Host header, the path, and the TLS
+/// client for `https://` (which needs `BENCH_MCP_CA_FILE`). Only an IP literal: the
+/// generator measures loopback and resolves nothing.
+fn split_url(url: &str) -> (SocketAddr, String, String, Option<Arc<Tls>>) {
+    let (rest, https) = match (url.strip_prefix("http://"), url.strip_prefix("https://")) {
+        (Some(rest), _) => (rest, false),
+        (_, Some(rest)) => (rest, true),
+        _ => panic!("`{url}` must start with http:// or https://"),
+    };
     let (authority, path) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, "/"),
     };
-    let addr = authority
+    let addr: SocketAddr = authority
         .parse()
         .unwrap_or_else(|e| panic!("`{authority}` in `{url}` must be IP:PORT: {e}"));
-    (addr, authority.to_owned(), path.to_owned())
+    let tls = https.then(|| Arc::new(Tls::from_env(addr.ip())));
+    (addr, authority.to_owned(), path.to_owned(), tls)
+}
+
+/// The TLS client of an `https://` target: it trusts only `BENCH_MCP_CA_FILE`'s CA and checks
+/// the certificate names the target's IP address.
+struct Tls {
+    connector: tokio_rustls::TlsConnector,
+    name: rustls::pki_types::ServerName<'static>,
+}
+
+impl Tls {
+    fn from_env(ip: std::net::IpAddr) -> Tls {
+        use rustls::pki_types::{CertificateDer, pem::PemObject};
+        let file = env_str("BENCH_MCP_CA_FILE");
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_file_iter(&file)
+            .unwrap_or_else(|e| panic!("BENCH_MCP_CA_FILE `{file}`: {e}"))
+        {
+            roots
+                .add(cert.unwrap_or_else(|e| panic!("BENCH_MCP_CA_FILE `{file}`: {e}")))
+                .unwrap_or_else(|e| panic!("BENCH_MCP_CA_FILE `{file}`: {e}"));
+        }
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("the provider supports TLS 1.2 and 1.3")
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        Tls {
+            connector: tokio_rustls::TlsConnector::from(Arc::new(config)),
+            name: rustls::pki_types::ServerName::IpAddress(ip.into()),
+        }
+    }
 }
 
 /// One HTTP/1.1 connection that a client keeps (or, with `keep_alive` off, opens anew for
@@ -129,10 +168,26 @@ fn split_url(url: &str) -> (SocketAddr, String, String) {
 /// number of connections is exactly what the client does, and visible.
 struct Conn {
     addr: SocketAddr,
+    tls: Option<Arc<Tls>>,
     keep_alive: bool,
     sender: Option<SendRequest<Full<Bytes>>>,
     /// Connections opened so far (1 for a client that kept its connection throughout).
     connects: u64,
+}
+
+/// An HTTP/1.1 client connection over `io`; its task ends when the sender is dropped or the
+/// peer closes.
+async fn http1<IO>(io: IO) -> Result<SendRequest<Full<Bytes>>, String>
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+        .await
+        .map_err(|e| format!("HTTP handshake: {e}"))?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(sender)
 }
 
 struct Answer {
@@ -142,9 +197,10 @@ struct Answer {
 }
 
 impl Conn {
-    fn new(addr: SocketAddr, keep_alive: bool) -> Conn {
+    fn new(target: &Target, keep_alive: bool) -> Conn {
         Conn {
-            addr,
+            addr: target.addr,
+            tls: target.tls.clone(),
             keep_alive,
             sender: None,
             connects: 0,
@@ -157,13 +213,18 @@ impl Conn {
             .map_err(|e| format!("connect {}: {e}", self.addr))?;
         tcp.set_nodelay(true)
             .map_err(|e| format!("TCP_NODELAY: {e}"))?;
-        let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
-            .await
-            .map_err(|e| format!("HTTP handshake: {e}"))?;
-        // The connection task ends when the sender is dropped or the peer closes.
-        tokio::spawn(async move {
-            let _ = connection.await;
-        });
+        let sender = match &self.tls {
+            None => http1(tcp).await?,
+            Some(tls) => {
+                http1(
+                    tls.connector
+                        .connect(tls.name.clone(), tcp)
+                        .await
+                        .map_err(|e| format!("TLS handshake with {}: {e}", self.addr))?,
+                )
+                .await?
+            }
+        };
         self.connects += 1;
         Ok(sender)
     }
@@ -205,12 +266,18 @@ struct Target {
     addr: SocketAddr,
     host: String,
     path: String,
+    tls: Option<Arc<Tls>>,
 }
 
 impl Target {
     fn parse(url: &str) -> Target {
-        let (addr, host, path) = split_url(url);
-        Target { addr, host, path }
+        let (addr, host, path, tls) = split_url(url);
+        Target {
+            addr,
+            host,
+            path,
+            tls,
+        }
     }
 }
 
@@ -304,7 +371,7 @@ fn jsonrpc_answer(a: &Answer, id: u64) -> Result<Value, String> {
 
 impl McpClient {
     fn new(settings: Arc<McpSettings>, keep_alive: bool) -> McpClient {
-        let conn = Conn::new(settings.target.addr, keep_alive);
+        let conn = Conn::new(&settings.target, keep_alive);
         let protocol = settings.protocol.clone();
         let n = CLIENTS_MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let token = (!settings.tokens.is_empty())
@@ -758,7 +825,7 @@ async fn direct_clients(url: &Target, n: usize, keep_alive: bool) -> Vec<Client>
         .map(|_| {
             Client::Direct(DirectClient {
                 target: url.clone(),
-                conn: Conn::new(url.addr, keep_alive),
+                conn: Conn::new(url, keep_alive),
             })
         })
         .collect()

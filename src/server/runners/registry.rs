@@ -489,7 +489,7 @@ impl Registry {
             // Start at a random point in the interval so probes never march in step.
             let mut wait = Duration::from_millis(random_below(interval.as_millis() as u64 + 1));
             let mut token = HealthToken::default();
-            let mut url = HealthUrl::default();
+            let mut health_url = HealthUrl::default();
             loop {
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
@@ -498,39 +498,21 @@ impl Registry {
                 let Some(Endpoint { entry, http }) = registry.endpoint(&name) else {
                     return;
                 };
-                let url = match url.of(&entry.url) {
-                    Ok(url) => url.clone(),
-                    Err(e) => {
-                        let failures = registry.record_heartbeat(&name, Err(e));
-                        wait = failing.delay(failures);
-                        continue;
-                    }
-                };
-                // The runner's own client: the probe checks its certificate like a call does.
-                let mut request = http.get(url).timeout(PROBE_TIMEOUT);
-                // Without a token the runner answers liveness only, so a failure to sign
-                // still probes; it cannot happen with a key that signed at start.
-                match token.current(&signer, &name, signing::now()) {
-                    Ok(token) => request = request.bearer_auth(token),
-                    Err(e) => {
-                        tracing::error!(runner = %name, error = %e, "could not sign a health token")
-                    }
-                }
-                let result = match request.send().await {
-                    Ok(r) if r.status().is_success() => {
-                        // An older runner, or an answer that does not parse or is too large,
-                        // leaves the last known allowlists as they were: the runner checks
-                        // every call anyway.
-                        if let Some(answer) = reported(r).await {
-                            if let Some(lists) = answer.allowlists {
-                                registry.record_allowlists(&name, lists);
+                let result = match health_url.of(&entry.url) {
+                    Ok(url) => {
+                        let url = url.clone();
+                        // Without a token the runner answers liveness only, so a failure to
+                        // sign still probes; it cannot happen with a key that signed at start.
+                        let token = match token.current(&signer, &name, signing::now()) {
+                            Ok(token) => Some(token),
+                            Err(e) => {
+                                tracing::error!(runner = %name, error = %e, "could not sign a health token");
+                                None
                             }
-                            registry.record_approvals(&name, answer.approvals);
-                        }
-                        Ok(())
+                        };
+                        registry.probe(&name, &http, url, token).await
                     }
-                    Ok(r) => Err(format!("HTTP {}", r.status())),
-                    Err(e) => Err(super::client::describe_send_error(&e)),
+                    Err(e) => Err(e),
                 };
                 if let Err(e) = &result {
                     // The detail names hosts and certificates: the log and admins read it.
@@ -544,6 +526,36 @@ impl Registry {
                 };
             }
         });
+    }
+
+    /// One probe of `name` at `url` with its own client (which checks its certificate like
+    /// a call does), keeping what the answer reports.
+    async fn probe(
+        &self,
+        name: &str,
+        http: &reqwest::Client,
+        url: reqwest::Url,
+        token: Option<&str>,
+    ) -> Result<(), String> {
+        let mut request = http.get(url).timeout(PROBE_TIMEOUT);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        match request.send().await {
+            Ok(r) if r.status().is_success() => {
+                // An older runner, or an answer that does not parse or is too large, leaves
+                // the last known allowlists as they were: the runner checks every call anyway.
+                if let Some(answer) = reported(r).await {
+                    if let Some(lists) = answer.allowlists {
+                        self.record_allowlists(name, lists);
+                    }
+                    self.record_approvals(name, answer.approvals);
+                }
+                Ok(())
+            }
+            Ok(r) => Err(format!("HTTP {}", r.status())),
+            Err(e) => Err(super::client::describe_send_error(&e)),
+        }
     }
 }
 

@@ -3,9 +3,9 @@
 //!
 //! A runner joins once in its life (afterwards it re-registers with its own credential, on
 //! another path), so a few joins a minute from one address is plenty (the operator raises
-//! it, `[join] attempts_per_address_per_minute`, for a fleet joining from behind one NAT); a flood of made-up
-//! tokens from one address is answered 429 without a query, a slot or an audit row of its
-//! own (the refusals are counted, `audit/refusals.rs`).
+//! it, `[join] attempts_per_address_per_minute`, for a fleet joining from behind one NAT);
+//! a flood of made-up tokens from one address is answered 429 without a query, a slot or an
+//! audit row of its own (the refusals are counted, `audit/refusals.rs`).
 //!
 //! Invariants: state is bounded. Past [`MAX_TRACKED`] addresses the limiter forgets every
 //! bucket that is full again, and if that is not enough refuses new addresses rather than

@@ -195,8 +195,14 @@ impl Default for JoinConfig {
 }
 
 fn default_join_attempts() -> u32 {
-    crate::server::fleet::JOINS_PER_MINUTE
+    DEFAULT_JOIN_ATTEMPTS_PER_MINUTE
 }
+
+/// Join attempts one address may make a minute (also the burst) unless the operator says
+/// otherwise. Twenty: a rack behind one NAT can bring twenty new runners up at once, and a
+/// runner refused with 429 retries with backoff; a flood from one address reaches the store
+/// twenty times a minute at most. Here, not in `fleet`, which reads the config.
+pub const DEFAULT_JOIN_ATTEMPTS_PER_MINUTE: u32 = 20;
 
 /// The most `join.attempts_per_address_per_minute` may say.
 const MAX_JOIN_ATTEMPTS_PER_MINUTE: u32 = 100_000;

@@ -18,10 +18,9 @@ use std::num::NonZeroU32;
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 
 /// Join attempts one address may make a minute (also the burst) unless the operator says
-/// otherwise (`[join] attempts_per_address_per_minute`). Twenty: a rack behind one NAT can
-/// bring twenty new runners up at once, and a runner refused with 429 retries with backoff;
-/// a flood from one address reaches the store twenty times a minute at most.
-pub const JOINS_PER_MINUTE: u32 = 20;
+/// otherwise (`[join] attempts_per_address_per_minute`); why twenty is said where the config
+/// defines it.
+pub const JOINS_PER_MINUTE: u32 = crate::server::config::DEFAULT_JOIN_ATTEMPTS_PER_MINUTE;
 
 /// The most addresses the limiter remembers at once.
 pub(crate) const MAX_TRACKED: usize = 100_000;

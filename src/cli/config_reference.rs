@@ -71,6 +71,9 @@ whose default is *required* must be given; *none* means the feature is off until
   process) the replica's own bucket is the whole limit.
 - **`health_probe_interval_ms`** (emisar.toml): how often each runner's `/healthz` is probed;
   a runner that fails probes is left out of cluster tools' picks until it answers again.
+  A fleet larger than `health_probes_per_second` × the interval is probed less often, so
+  the whole fleet gets at most that many probes a second (1,000 runners at the defaults:
+  each every 20 s). A failing runner is probed again sooner, on its own backoff.
 ";
 
 /// One documented key.
@@ -413,6 +416,7 @@ mod tests {
             "`rate_limit_per_second`",
             "`rate_limit_burst`",
             "`health_probe_interval_ms`",
+            "`health_probes_per_second`",
             "`login.per_address_per_minute`",
             "`runners[].tls_fingerprint`",
             "`services.NAME.base_url`",

@@ -151,6 +151,7 @@ impl Application {
         );
         registry.spawn_prober(
             Duration::from_millis(config.health_probe_interval_ms),
+            config.health_probes_per_second,
             shutdown.clone(),
             signer,
         );

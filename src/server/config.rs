@@ -57,9 +57,15 @@ pub struct ServerConfig {
     #[serde(default = "default_burst")]
     pub rate_limit_burst: u32,
     /// How often each runner's /healthz is probed, in milliseconds, on average (each wait is
-    /// 0.75–1.25 times it).
+    /// 0.75–1.25 times it), in a fleet small enough for `health_probes_per_second`.
     #[serde(default = "default_probe_ms")]
     pub health_probe_interval_ms: u64,
+    /// The most health probes a second this server sends to the whole fleet: a larger fleet
+    /// is probed less often than `health_probe_interval_ms` (1,000 runners at the default 50:
+    /// each every 20 s). Raise it to notice a dead runner sooner in a large fleet, at a cost
+    /// in CPU (each probe is a TLS request).
+    #[serde(default = "default_probes_per_second")]
+    pub health_probes_per_second: u32,
     /// The policy file (TOML or YAML): who may use which tools and runners, risk overrides,
     /// approvers per tool, per-runner allowlists. Without one, reads run and every write
     /// needs one approval. Reloaded on SIGHUP. E.g. `/etc/emisar/policy.toml`.
@@ -206,6 +212,12 @@ pub const DEFAULT_JOIN_ATTEMPTS_PER_MINUTE: u32 = 20;
 
 /// The most `join.attempts_per_address_per_minute` may say.
 const MAX_JOIN_ATTEMPTS_PER_MINUTE: u32 = 100_000;
+/// `health_probes_per_second` by default: as many as the heartbeats a fleet sends at most
+/// (`fleet::HEARTBEATS_PER_SECOND`). Consul scales its agents' anti-entropy the same way
+/// (a rate for the whole cluster, not an interval per node).
+pub const DEFAULT_PROBES_PER_SECOND: u32 = 50;
+/// The most probes a second `health_probes_per_second` may ask for.
+const MAX_PROBES_PER_SECOND: u32 = 100_000;
 
 fn default_approval_ttl() -> u64 {
     15 * 60
@@ -234,6 +246,9 @@ fn default_connections_per_address() -> usize {
 }
 fn default_probe_ms() -> u64 {
     10_000
+}
+fn default_probes_per_second() -> u32 {
+    DEFAULT_PROBES_PER_SECOND
 }
 
 #[derive(schemars::JsonSchema, Debug, Clone, Default, Deserialize)]
@@ -289,6 +304,7 @@ impl ServerConfig {
             rate_limit_per_second: default_rate(),
             rate_limit_burst: default_burst(),
             health_probe_interval_ms: default_probe_ms(),
+            health_probes_per_second: default_probes_per_second(),
             policy_file: None,
             webhooks: Vec::new(),
             public_url: None,
@@ -360,6 +376,12 @@ impl ServerConfig {
         }
         if self.health_probe_interval_ms < 100 {
             anyhow::bail!("health_probe_interval_ms must be at least 100");
+        }
+        if !(1..=MAX_PROBES_PER_SECOND).contains(&self.health_probes_per_second) {
+            anyhow::bail!(
+                "health_probes_per_second must be between 1 and {MAX_PROBES_PER_SECOND}, not {}",
+                self.health_probes_per_second
+            );
         }
         if self.call_timeout_ms == 0 || self.call_timeout_ms > 600_000 {
             anyhow::bail!("call_timeout_ms must be between 1 and 600000");
@@ -600,8 +622,18 @@ mod tests {
                 "{err}"
             );
         }
+        c.join.attempts_per_address_per_minute = 20;
+        for bad in [0, MAX_PROBES_PER_SECOND + 1] {
+            c.health_probes_per_second = bad;
+            let err = c.check().unwrap_err().to_string();
+            assert!(
+                err.contains("health_probes_per_second must be between 1 and 100000"),
+                "{err}"
+            );
+        }
         let c: ServerConfig = toml::from_str("signing_key_file = 'k'").unwrap();
         assert_eq!(c.join.attempts_per_address_per_minute, 20, "the default");
+        assert_eq!(c.health_probes_per_second, 50, "the default");
     }
 
     #[test]

@@ -81,7 +81,10 @@ pub struct Registry {
 
 #[derive(Clone)]
 struct Prober {
+    /// The configured mean interval between two probes of one runner.
     interval: Duration,
+    /// The most probes a second to the whole fleet ([`probe_interval`]).
+    per_second: u32,
     /// Where the probe ticks count from: every probe is due on a [`PROBE_TICK`] after it.
     epoch: Instant,
     shutdown: CancellationToken,
@@ -454,19 +457,22 @@ impl Registry {
             .collect()
     }
 
-    /// Probes every runner's `/healthz` every `interval` on average (jittered, each start
-    /// rounded up to a [`PROBE_TICK`] so probes due together share a wake-up), backing off
-    /// per runner while it fails, until `shutdown`. Runners added later are probed from then
-    /// on. Each probe carries a health token `signer` signed for that runner (kept for most of
-    /// its lifetime: [`HealthToken`]), which its details need.
+    /// Probes every runner's `/healthz` every `interval` on average, or less often in a
+    /// fleet too large for `per_second` ([`probe_interval`]; jittered, each start rounded up
+    /// to a [`PROBE_TICK`] so probes due together share a wake-up), backing off per runner
+    /// while it fails, until `shutdown`. Runners added later are probed from then on. Each
+    /// probe carries a health token `signer` signed for that runner (kept for most of its
+    /// lifetime: [`HealthToken`]), which its details need.
     pub(crate) fn spawn_prober(
         self: &Arc<Self>,
         interval: Duration,
+        per_second: u32,
         shutdown: CancellationToken,
         signer: Arc<CallSigner>,
     ) {
         let prober = Prober {
             interval,
+            per_second,
             epoch: Instant::now(),
             shutdown,
             signer,
@@ -481,6 +487,7 @@ impl Registry {
         let registry = self.clone();
         let Prober {
             interval,
+            per_second,
             epoch,
             shutdown,
             signer,
@@ -525,7 +532,7 @@ impl Registry {
                 }
                 let failures = registry.record_heartbeat(&name, result);
                 wait = if failures == 0 {
-                    next_probe(interval)
+                    next_probe(probe_interval(interval, per_second, registry.len()))
                 } else {
                     failing.delay(failures)
                 };
@@ -564,9 +571,19 @@ impl Registry {
     }
 }
 
+/// The mean interval between two probes of one runner in a fleet of `runners`: `configured`,
+/// or longer so that the whole fleet is sent at most `per_second` probes (1,000 runners at
+/// 50 a second: each every 20 s). Each probe is a TLS request the server sends and reads;
+/// at 1,000 runners every 10 s they were most of an idle server's CPU. A fleet that grows
+/// is probed less often from each runner's next probe on; a failing runner keeps its own
+/// quicker backoff. Consul spaces its agents' anti-entropy syncs by cluster size the same way.
+pub(crate) fn probe_interval(configured: Duration, per_second: u32, runners: usize) -> Duration {
+    let spread = Duration::from_millis(runners as u64 * 1000 / u64::from(per_second.max(1)));
+    configured.max(spread)
+}
+
 /// The wait after a probe that succeeded: `interval` × a uniform draw from [0.75, 1.25], so
-/// probes of many runners never march in step and `interval` is the mean (1,000 runners at
-/// the default 10 s are 100 probes a second).
+/// probes of many runners never march in step and `interval` is the mean.
 fn next_probe(interval: Duration) -> Duration {
     let ms = interval.as_millis() as u64;
     Duration::from_millis(ms * 3 / 4 + random_below(ms / 2 + 1))
@@ -695,6 +712,62 @@ mod tests {
             "mean {mean:?}"
         );
         assert!(waits.iter().any(|w| *w != waits[0]), "jittered");
+    }
+
+    #[test]
+    fn a_large_fleet_is_probed_less_often_than_configured() {
+        let ten = Duration::from_secs(10);
+        assert_eq!(probe_interval(ten, 50, 0), ten);
+        assert_eq!(probe_interval(ten, 50, 500), ten, "50 a second");
+        assert_eq!(probe_interval(ten, 50, 1000), Duration::from_secs(20));
+        assert_eq!(
+            probe_interval(ten, 200, 1000),
+            ten,
+            "raised by the operator"
+        );
+        assert_eq!(
+            probe_interval(Duration::from_secs(60), 50, 1000),
+            Duration::from_secs(60)
+        );
+        let second = Duration::from_secs(1);
+        assert_eq!(
+            probe_interval(second, 0, 10),
+            ten,
+            "0 counts as 1, never divides"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_prober_keeps_the_fleet_to_its_probes_per_second() {
+        // Five runners at one address that counts its probes, a configured interval of
+        // 100 ms, and at most two probes a second: each runner every 2.5 s, not 10 times a
+        // second. The first round starts within the configured interval.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let probes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = probes.clone();
+        let app = axum::Router::new().route(
+            "/healthz",
+            axum::routing::get(move || {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                async { "{}" }
+            }),
+        );
+        let server = tokio::spawn(async move { axum::serve(listener, app).await });
+        let names = ["n1", "n2", "n3", "n4", "n5"];
+        let entries = names.iter().map(|n| entry(n, &url)).collect();
+        let registry =
+            Arc::new(Registry::new(entries, RunnerTrust::new(None, true).unwrap()).unwrap());
+        let (private, _) = signing::generate_keypair().unwrap();
+        let signer = Arc::new(CallSigner::from_pem(&private).unwrap());
+        let shutdown = CancellationToken::new();
+        registry.spawn_prober(Duration::from_millis(100), 2, shutdown.clone(), signer);
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        shutdown.cancel();
+        server.abort();
+        let probed = probes.load(std::sync::atomic::Ordering::SeqCst);
+        // One round (5), never the 60–75 of the configured interval alone.
+        assert!((5..=7).contains(&probed), "{probed} probes in 1.5 s");
     }
 
     #[test]

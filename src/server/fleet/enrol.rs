@@ -88,6 +88,8 @@ pub struct Fleet {
     in_flight: tokio::sync::Semaphore,
     /// Join attempts per client address, checked before anything else.
     limits: super::JoinLimits,
+    /// Writes heartbeats, those that arrive together with one statement.
+    heartbeats: super::heartbeats::Heartbeats,
 }
 
 const CONSUME: &str = "UPDATE join_tokens SET uses = uses + 1 WHERE token_hash = $1 AND revoked_at IS NULL AND expires_at > $2::timestamptz AND uses < max_uses RETURNING id, runner_name, name_pattern, labels::text, packs::text";
@@ -102,6 +104,7 @@ impl Fleet {
         joins_per_minute: u32,
     ) -> Self {
         Fleet {
+            heartbeats: super::heartbeats::Heartbeats::new(db.clone()),
             db,
             audit,
             registry,
@@ -562,14 +565,8 @@ impl Fleet {
         &self,
         runner_token: &str,
     ) -> Result<crate::protocol::HeartbeatResponse, FleetError> {
-        let now = format_at(chrono::Utc::now());
-        let sql = self.db.sql("UPDATE runners SET last_heartbeat = $2::timestamptz WHERE runner_token_hash = $1 RETURNING name");
         let hash = sha256_hex(runner_token.as_bytes());
-        let name: Option<(String,)> = self
-            .db
-            .guard(async { with_pool!(self.db, pool => sqlx::query_as(sql).bind(&hash).bind(&now).fetch_optional(pool).await) })
-            .await?;
-        let Some((name,)) = name else {
+        let Some(name) = self.heartbeats.beat(hash).await? else {
             return Err(unknown_credential());
         };
         // A joined runner never vouches for the health of a configured one of the same name.

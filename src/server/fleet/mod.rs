@@ -21,7 +21,8 @@
 //! - A join or re-registration is written only after its audit event is durable.
 //!
 //! `join_tokens` issues, lists and revokes join tokens; `enrol` is the HTTP side of runners
-//! (join, re-register, heartbeat); `roster` lists and removes joined runners and keeps each
+//! (join, re-register, heartbeat); `heartbeats` writes the heartbeats that arrive together
+//! with one statement, which also authenticates each; `roster` lists and removes joined runners and keeps each
 //! replica's registry in step with the table.
 
 use std::time::Duration;
@@ -29,6 +30,7 @@ use std::time::Duration;
 use base64::Engine;
 
 mod enrol;
+mod heartbeats;
 mod join_limits;
 mod join_tokens;
 mod roster;

@@ -9,20 +9,28 @@
 use axum::Json;
 use axum::extract::State;
 use axum::http::header;
-use serde_json::json;
 
 use crate::server::http::api::error::ApiError;
 use crate::server::http::state::HttpState;
 use crate::server::tokens::Principal;
 
+/// `GET /api/runners`' answer.
+#[derive(serde::Serialize)]
+pub(crate) struct RunnerList {
+    runners: Vec<crate::server::runners::registry::RunnerStatus>,
+}
+
 /// `GET /api/runners`: the runners the caller may see. A token limited to a selector sees
-/// only the runners it matches, as in `emisar.runners` and everywhere else.
+/// only the runners it matches, as in `emisar.runners` and everywhere else. Serialized
+/// straight from the statuses, not through a `serde_json::Value` (a tree with an allocation
+/// for every field of every runner).
 pub(crate) async fn list(
     State(state): State<HttpState>,
     axum::Extension(principal): axum::Extension<Principal>,
-) -> Json<serde_json::Value> {
-    let visible = state.gateway.runners_visible_to(&principal);
-    Json(json!({"runners": visible}))
+) -> Json<RunnerList> {
+    Json(RunnerList {
+        runners: state.gateway.runners_visible_to(&principal),
+    })
 }
 
 /// The bearer token of a request, when it has one.

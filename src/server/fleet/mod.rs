@@ -22,8 +22,8 @@
 //!
 //! `join_tokens` issues, lists and revokes join tokens; `enrol` is the HTTP side of runners
 //! (join, re-register, heartbeat); `heartbeats` writes the heartbeats that arrive together
-//! with one statement, which also authenticates each; `roster` lists and removes joined runners and keeps each
-//! replica's registry in step with the table.
+//! with one statement, which also authenticates each; `roster` lists and removes joined
+//! runners and keeps each replica's registry in step with the table.
 
 use std::time::Duration;
 

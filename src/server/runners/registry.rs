@@ -766,8 +766,9 @@ mod tests {
         shutdown.cancel();
         server.abort();
         let probed = probes.load(std::sync::atomic::Ordering::SeqCst);
-        // One round (5), never the 60–75 of the configured interval alone.
-        assert!((5..=7).contains(&probed), "{probed} probes in 1.5 s");
+        // One round (5; fewer if the machine is slow to answer), a retry or two at most,
+        // never the dozens of the configured interval alone (45 when it was used).
+        assert!((1..=7).contains(&probed), "{probed} probes in 1.5 s");
     }
 
     #[test]

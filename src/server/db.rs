@@ -55,7 +55,7 @@ fn newly_applied(migrator: &Migrator, before: &std::collections::BTreeSet<i64>) 
 /// The longest one probe connection may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// A pooled PostgreSQL connection idle longer than this is pinged before it is used.
-const PING_IDLE: Duration = Duration::from_secs(1);
+pub(crate) const PING_IDLE: Duration = Duration::from_secs(1);
 /// Connections to PostgreSQL per process: the approval transitions in flight (ten, each
 /// holding one while it waits on the audit writer), the audit writer, the LISTEN connection
 /// and every other store operation.

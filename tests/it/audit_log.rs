@@ -170,6 +170,46 @@ async fn concurrent_writers_keep_one_chain(backend: Backend) {
 }
 both_backends!(concurrent_writers_keep_one_chain);
 
+/// On PostgreSQL the writer keeps the connection of one batch for the next (sqlx tests every
+/// connection given back to its pool with a round trip of its own), and gives it back once no
+/// batch has followed for a second, so an idle server holds none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_writer_keeps_its_connection_between_batches_and_gives_it_back_when_idle() {
+    let dir = tempfile::tempdir().unwrap();
+    let (url, _pg) = fresh_db(Backend::Postgres, dir.path()).await;
+    let db = Db::connect(&url).await.unwrap();
+    let emisar::server::db::Pool::Pg(pool) = db.pool().clone() else {
+        unreachable!("a PostgreSQL URL")
+    };
+    let log = AuditLog::start(db);
+    // The first append reads the chain's end in a transaction; the ones after it are chained
+    // after what this writer appended, one statement each.
+    for i in 0..5 {
+        log.append(event(i)).await.unwrap();
+        // Long enough for a connection given back to reach the pool (sqlx pings it first).
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        if i > 0 {
+            assert_eq!(
+                pool.size() - pool.num_idle() as u32,
+                1,
+                "after append {i} the writer still holds its connection"
+            );
+        }
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    assert_eq!(
+        pool.num_idle() as u32,
+        pool.size(),
+        "idle for more than a second, the writer gave its connection back"
+    );
+    // And takes one again for the next append.
+    log.append(event(5)).await.unwrap();
+    let db = Db::connect(&url).await.unwrap();
+    let report = audit::verify(&db, None).await.unwrap();
+    assert!(report.is_intact(), "{report:?}");
+    assert_eq!(report.checked, 6);
+}
+
 /// A write whose intent cannot be recorded does not run. A read runs (it has no side effect)
 /// but, its intent and outcome unrecorded, the agent gets nothing of its answer.
 async fn an_unwritable_log_refuses_the_call(backend: Backend) {

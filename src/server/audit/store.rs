@@ -10,14 +10,17 @@
 //! `at` is `max(now, at of that last event)`, so `at` never decreases along `seq`, whichever
 //! replica writes and whatever its clock does. Time filters rely on that.
 
+use std::time::Instant;
+
 use serde_json::Value;
-use sqlx::AssertSqlSafe;
+use sqlx::pool::PoolConnection;
+use sqlx::{AssertSqlSafe, Postgres};
 
 use super::chain::{Event, EventText, GENESIS_HASH, NewEvent, format_at, hash_v};
 use super::lock::PG_BEGIN_LOCKED;
 use super::tree::{self, NewNodes};
 use crate::digest::canonical_json;
-use crate::server::db::{Db, Pool};
+use crate::server::db::{self, Db, Pool};
 use crate::tlog::tree::Frontier;
 use crate::with_pool;
 
@@ -229,10 +232,11 @@ fn chain_and_grow(
 /// log can hold more than the agents read, never less.
 pub(super) async fn append_batch(
     db: &Db,
+    held: &mut Held,
     batch: &[NewEvent],
     head: &mut Option<Head>,
 ) -> Result<Vec<Receipt>, sqlx::Error> {
-    let chained = append_after(db, batch, head.take()).await?;
+    let chained = append_after(db, held, batch, head.take()).await?;
     *head = chained.receipts.last().map(|r| Head {
         tip: (r.seq, r.hash.clone(), r.at.clone()),
         tree: chained.tree.clone(),
@@ -240,8 +244,44 @@ pub(super) async fn append_batch(
     Ok(chained.receipts)
 }
 
+/// The writer's PostgreSQL connection between two batches that follow each other closely.
+///
+/// sqlx tests every connection given back to its pool with a round trip (a `Sync` and its
+/// `ReadyForQuery`: sqlx-core's `return_to_pool` always pings), so a writer that took a
+/// connection for each batch paid a second round trip, and woke PostgreSQL a second time,
+/// per batch. The writer keeps the connection of a batch that succeeded for the next one
+/// instead, for at most [`db::PING_IDLE`]: one idle longer goes back to the pool (which pings
+/// it before anyone uses it again), as does one whose statement failed.
+#[derive(Default)]
+pub(super) struct Held(Option<(PoolConnection<Postgres>, Instant)>);
+
+impl Held {
+    /// The connection kept from the last batch, if it was used within [`db::PING_IDLE`].
+    fn take_recent(&mut self) -> Option<PoolConnection<Postgres>> {
+        self.0
+            .take()
+            .filter(|(_, used)| used.elapsed() <= db::PING_IDLE)
+            .map(|(conn, _)| conn)
+    }
+
+    fn keep(&mut self, conn: PoolConnection<Postgres>) {
+        self.0 = Some((conn, Instant::now()));
+    }
+
+    /// Whether a connection is kept.
+    pub(super) fn is_held(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// Gives the kept connection back to the pool.
+    pub(super) fn release(&mut self) {
+        self.0 = None;
+    }
+}
+
 async fn append_after(
     db: &Db,
+    held: &mut Held,
     batch: &[NewEvent],
     head: Option<Head>,
 ) -> Result<Chained, sqlx::Error> {
@@ -261,7 +301,15 @@ async fn append_after(
                 if let Some(Head { tip, tree }) = head {
                     let (seq, hash) = (tip.0, tip.1.clone());
                     let chained = chain_and_grow(Some(tip), tree, now.clone(), &prepared)?;
-                    if pg_append(pool, &prepared, &chained, Some((seq, hash.as_str()))).await? {
+                    let mut conn = match held.take_recent() {
+                        Some(conn) => conn,
+                        None => pool.acquire().await?,
+                    };
+                    let after = Some((seq, hash.as_str()));
+                    // On an error `conn` is dropped here: back to the pool, which tests it.
+                    let appended = pg_append(&mut *conn, &prepared, &chained, after).await?;
+                    held.keep(conn);
+                    if appended {
                         return Ok(chained);
                     }
                 }

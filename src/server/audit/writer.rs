@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::chain::{Event, NewEvent};
 use super::refusals::{Noted, RefusalCounter, RefusalKey, WINDOW};
 use super::store;
-use crate::server::db::Db;
+use crate::server::db::{Db, PING_IDLE};
 
 /// How many appends one transaction may carry (an append is one event, or the few events of
 /// one `append_all`).
@@ -184,7 +184,25 @@ async fn run(
     if let Err(e) = super::tree::fold_all(&db).await {
         tracing::error!(error = %e, "failed to fold the audit log into its Merkle tree; the next append tries again");
     }
-    while rx.recv_many(&mut queued, MAX_BATCH).await > 0 {
+    // The connection of the last batch, kept for the next (`store::Held`); given back when no
+    // batch follows within `PING_IDLE`, so an idle server holds none.
+    let mut held = store::Held::default();
+    loop {
+        let received = if held.is_held() {
+            // `recv_many` is cancel safe: a timeout loses nothing.
+            match tokio::time::timeout(PING_IDLE, rx.recv_many(&mut queued, MAX_BATCH)).await {
+                Ok(received) => received,
+                Err(_) => {
+                    held.release();
+                    continue;
+                }
+            }
+        } else {
+            rx.recv_many(&mut queued, MAX_BATCH).await
+        };
+        if received == 0 {
+            break;
+        }
         let oldest = queued.first().map(|q| q.at);
         let appends = queued.len();
         let mut events = Vec::with_capacity(appends);
@@ -198,7 +216,7 @@ async fn run(
         }
         let size = events.len();
         let started = Instant::now();
-        let result = store::append_batch(&db, &events, &mut head).await;
+        let result = store::append_batch(&db, &mut held, &events, &mut head).await;
         crate::server::metrics::audit_batch(size, started.elapsed().as_secs_f64(), result.is_ok());
         if let Some(oldest) = oldest {
             crate::server::metrics::audit_lag(oldest.elapsed().as_secs_f64());
@@ -221,7 +239,7 @@ async fn run(
                 // transaction, so the poison fails only its own caller and every other
                 // caller's events are written and acknowledged.
                 tracing::debug!(error = %e, events = size, "audit batch refused; retrying its appends one at a time");
-                one_at_a_time(&db, &mut head, events, groups, replies).await
+                one_at_a_time(&db, &mut held, &mut head, events, groups, replies).await
             }
             Err(e) => {
                 let err = AuditError::Store(e.to_string());
@@ -255,6 +273,7 @@ async fn run(
 /// log speaks for the refusals.
 async fn one_at_a_time(
     db: &Db,
+    held: &mut store::Held,
     head: &mut Option<store::Head>,
     events: Vec<NewEvent>,
     groups: Vec<usize>,
@@ -266,7 +285,7 @@ async fn one_at_a_time(
     let mut events = events.into_iter();
     for (n, reply) in groups.into_iter().zip(replies) {
         let group: Vec<NewEvent> = events.by_ref().take(n).collect();
-        let outcome = match store::append_batch(db, &group, head).await {
+        let outcome = match store::append_batch(db, held, &group, head).await {
             Ok(receipts) => {
                 written += 1;
                 Ok(receipts

@@ -864,3 +864,128 @@ async fn an_unknown_mcp_session_id_is_404_and_never_bound() {
     let (status, _, body) = post(&app.token, Some(&opened), list).await;
     assert_eq!(status, 200, "{body}");
 }
+
+/// One POST of an MCP session opened by hand, read chunk by chunk as the bytes arrive: the
+/// first chunk of the body, and the whole body once it ends.
+struct Chunked {
+    first: String,
+    first_after: Duration,
+    whole: String,
+}
+
+async fn post_chunked(
+    http: &reqwest::Client,
+    url: &str,
+    token: &str,
+    session: Option<&str>,
+    body: String,
+) -> (Option<String>, Chunked) {
+    let started = Instant::now();
+    let mut req = http
+        .post(url)
+        .bearer_auth(token)
+        .header("accept", "application/json, text/event-stream")
+        .header("content-type", "application/json")
+        .header("mcp-protocol-version", "2025-11-25")
+        .body(body);
+    if let Some(session) = session {
+        req = req.header("mcp-session-id", session);
+    }
+    let mut res = req.send().await.unwrap();
+    assert!(res.status().is_success(), "{}", res.status());
+    let session = res
+        .headers()
+        .get("mcp-session-id")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let first = res.chunk().await.unwrap().unwrap_or_default();
+    let first_after = started.elapsed();
+    let mut whole = first.to_vec();
+    while let Some(more) = res.chunk().await.unwrap() {
+        whole.extend_from_slice(&more);
+    }
+    let text = |b: &[u8]| String::from_utf8(b.to_vec()).unwrap();
+    (
+        session,
+        Chunked {
+            first: text(&first),
+            first_after,
+            whole: text(&whole),
+        },
+    )
+}
+
+/// An SSE answer that is ready at once goes out in one piece with the priming event before it
+/// (`http/mcp.rs`, `coalesce_sse`): the client's first read holds the answer. One that waits
+/// for people still gets its priming event at once, alone, and its answer when it comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quick_answer_comes_with_its_priming_event_and_a_slow_one_after_it() {
+    let app = spawn_app(
+        Backend::Sqlite,
+        vec![RunnerSpec::new("node-1")],
+        Options {
+            packs_dir: Some(fixtures_dir()),
+            approval_wait_secs: Some(2),
+            ..Default::default()
+        },
+    )
+    .await;
+    let http = reqwest::Client::new();
+    let (url, token) = (app.mcp_url.as_str(), app.token.as_str());
+    let init = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;
+    let (session, _) = post_chunked(&http, url, token, None, init.into()).await;
+    let session = session.expect("the server opens a session");
+    let initialized = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+    http.post(url)
+        .bearer_auth(token)
+        .header("accept", "application/json, text/event-stream")
+        .header("content-type", "application/json")
+        .header("mcp-protocol-version", "2025-11-25")
+        .header("mcp-session-id", &session)
+        .body(initialized)
+        .send()
+        .await
+        .unwrap();
+
+    // `tools/list` answers at once. A busy machine may hold one answer past the hold, so
+    // most of ten, not every one, must come in one piece.
+    let mut whole = 0;
+    for id in 1..=10 {
+        let list = format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/list"}}"#);
+        let (_, answer) = post_chunked(&http, url, token, Some(&session), list).await;
+        assert!(answer.whole.contains(r#""tools":"#), "{}", answer.whole);
+        let priming = answer
+            .first
+            .find("data: \n")
+            .or(answer.first.find("data:\n"));
+        let result = answer.first.find(r#""result""#);
+        if let (Some(p), Some(r)) = (priming, result) {
+            assert!(p < r, "the priming event comes first: {}", answer.first);
+            whole += 1;
+        }
+    }
+    assert!(
+        whole >= 7,
+        "{whole} of 10 quick answers came in the first read"
+    );
+
+    // A write waits for approval (2 s here): the priming event comes at once, alone.
+    let touch = json!({"jsonrpc": "2.0", "id": 11, "method": "tools/call", "params": {
+        "name": "testkit.touch",
+        "arguments": {"runners": ["node-1"], "reason": "wait", "path": app.dir.path().join("w").to_str().unwrap()}}});
+    let (_, answer) = post_chunked(&http, url, token, Some(&session), touch.to_string()).await;
+    assert!(
+        answer.first_after < Duration::from_millis(1500),
+        "the stream opened after {:?}, while the call still waited",
+        answer.first_after
+    );
+    assert!(
+        !answer.first.contains(r#""result""#),
+        "the first read holds no answer yet: {}",
+        answer.first
+    );
+    assert!(
+        answer.whole.contains(r#""pending""#),
+        "the answer follows on the same stream: {}",
+        answer.whole
+    );
+}

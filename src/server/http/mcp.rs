@@ -11,6 +11,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::middleware::Next;
+use axum::response::Response;
+use futures::{FutureExt, StreamExt};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
     ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ServerCapabilities,
@@ -82,6 +85,73 @@ pub(crate) fn service_with_sessions<S: ToolSource>(
         .with_cancellation_token(shutdown.child_token());
     let handler = EmisarMcp { source };
     StreamableHttpService::new(move || Ok(handler.clone()), sessions, config)
+}
+
+/// How long the SSE answer to a POST may hold back its priming event, waiting for the answer
+/// to go with it.
+const PRIMING_HOLD: Duration = Duration::from_millis(50);
+
+/// In front of the MCP service: a POST's SSE answer goes out as one write when the call
+/// answers within [`PRIMING_HOLD`].
+///
+/// rmcp opens each answer with a priming event (the event id a client resumes from if the
+/// connection drops) before the call has run, so hyper sent the headers and that event, then
+/// the answer: two writes per call, two wake-ups of the client. Here the response waits until
+/// the answer follows the priming event (and the stream's end, if that is ready too) or the
+/// hold is over, whichever is first; what arrived goes out together, and the rest streams as
+/// before. A call that waits for people gets its priming event 50 ms late, which changes
+/// nothing it resumes from. Everything else (a JSON answer, a 202, an error) passes
+/// untouched.
+pub(crate) async fn coalesce_sse(request: axum::extract::Request, next: Next) -> Response {
+    let response = next.run(request).await;
+    let sse = response
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    if !sse {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let mut body = body.into_data_stream();
+    let mut held = Vec::new();
+    let mut events = 0;
+    let hold = tokio::time::sleep(PRIMING_HOLD);
+    tokio::pin!(hold);
+    let (failed, ended) = loop {
+        let event = if events < 2 {
+            tokio::select! {
+                biased;
+                event = body.next() => event,
+                _ = &mut hold => break (None, false),
+            }
+        } else {
+            // The answer is here; its stream's end goes with it if it is ready now.
+            match body.next().now_or_never() {
+                Some(event) => event,
+                None => break (None, false),
+            }
+        };
+        match event {
+            None => break (None, true),
+            Some(Err(e)) => break (Some(e), true),
+            Some(Ok(data)) => {
+                held.extend_from_slice(&data);
+                events += 1;
+            }
+        }
+    };
+    let head = futures::stream::iter(
+        (!held.is_empty())
+            .then(|| Ok(axum::body::Bytes::from(held)))
+            .into_iter()
+            .chain(failed.map(Err)),
+    );
+    let body = if ended {
+        axum::body::Body::from_stream(head)
+    } else {
+        axum::body::Body::from_stream(head.chain(body))
+    };
+    Response::from_parts(parts, body)
 }
 
 /// The principal the auth middleware attached to this HTTP request, if any.

@@ -116,7 +116,14 @@ pub(crate) fn router(
     // Every path under /api, mounted from the OpenAPI document (`api::routes`).
     let (api_open, api_door) = crate::server::http::api::routes();
     let protected = Router::new()
-        .nest_service("/mcp", mcp)
+        .nest_service(
+            "/mcp",
+            Router::new()
+                .fallback_service(mcp)
+                .layer(axum::middleware::from_fn(
+                    crate::server::http::mcp::coalesce_sse,
+                )),
+        )
         .route("/metrics", get(metrics))
         .merge(api_door)
         .layer(axum::middleware::from_fn_with_state(

@@ -222,16 +222,24 @@ pub fn object_schema<'a>(params: impl IntoIterator<Item = &'a Param>) -> Map<Str
     schema
 }
 
-/// Compiles a validator that knows emisar's own formats (ip, cidr, systemd-unit).
+/// Compiles a validator that knows emisar's own formats (ip, cidr, systemd-unit, and
+/// selector: what [`crate::selector::Selector::parse`] accepts).
 pub fn compile_validator(schema: &Value) -> Result<jsonschema::Validator, String> {
     jsonschema::options()
         .should_validate_formats(true)
         .with_format("ip", |s: &str| s.parse::<IpAddr>().is_ok())
         .with_format("cidr", is_cidr)
         .with_format("systemd-unit", is_systemd_unit)
+        .with_format(SELECTOR_FORMAT, |s: &str| {
+            crate::selector::Selector::parse(s).is_ok()
+        })
         .build(schema)
         .map_err(|e| format!("invalid schema: {e}"))
 }
+
+/// The format a validator checks a `selector` with, in place of [`crate::selector::PATTERN`]
+/// (see [`super::input_validator`]).
+pub const SELECTOR_FORMAT: &str = "selector";
 
 /// Validates `args` and returns every error as "`field`: rule broken".
 ///

@@ -389,8 +389,23 @@ pub fn with_runner_names(mut schema: Map<String, Value>, names: &[String]) -> Ma
 }
 
 /// Compiles a validator for [`input_schema`].
+///
+/// The validator checks `selector` with the parser ([`params::SELECTOR_FORMAT`]) rather
+/// than its pattern, which the listed schema keeps for agents: both admit the same texts
+/// (`selector`'s tests hold that), and the pattern's sixteen pairs of counted repetitions
+/// compile to ~230 KB of automata per tool, which were two thirds of the idle server's heap.
 pub fn input_validator(schema: &Map<String, Value>) -> Result<jsonschema::Validator, String> {
-    params::compile_validator(&Value::Object(schema.clone()))
+    let mut schema = schema.clone();
+    if let Some(selector) = schema
+        .get_mut("properties")
+        .and_then(|p| p.get_mut("selector"))
+        .and_then(Value::as_object_mut)
+        && selector.get("pattern").and_then(Value::as_str) == Some(crate::selector::PATTERN)
+    {
+        selector.remove("pattern");
+        selector.insert("format".into(), json!(params::SELECTOR_FORMAT));
+    }
+    params::compile_validator(&Value::Object(schema))
 }
 
 #[cfg(test)]

@@ -393,7 +393,7 @@ pub fn with_runner_names(mut schema: Map<String, Value>, names: &[String]) -> Ma
 /// The validator checks `selector` with the parser ([`params::SELECTOR_FORMAT`]) rather
 /// than its pattern, which the listed schema keeps for agents: both admit the same texts
 /// (`selector`'s tests hold that), and the pattern's sixteen pairs of counted repetitions
-/// compile to ~230 KB of automata per tool, which were two thirds of the idle server's heap.
+/// compile to ~230 KB of automata per tool: three quarters of the idle server's heap.
 pub fn input_validator(schema: &Map<String, Value>) -> Result<jsonschema::Validator, String> {
     let mut schema = schema.clone();
     if let Some(selector) = schema

@@ -112,10 +112,23 @@ impl Step {
     }
 }
 
-/// What templates of a step may refer to: params (with whether they are required) and vars.
+/// What templates of a step may refer to: params (with whether they are required) and vars;
+/// and how the tool's jq programs are checked.
 pub(super) struct Scope<'a> {
     pub params: &'a [Param],
     pub vars: BTreeSet<String>,
+    pub programs: Programs,
+}
+
+/// How a pack's jq programs are checked when it loads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Programs {
+    /// Each is compiled now: a pack from a directory with a program that does not compile
+    /// does not load.
+    Compile,
+    /// A stock pack's, compiled into the binary: the unit test that compiles every one of
+    /// them stands for the check ([`JqProgram::stock`]).
+    Stock,
 }
 
 /// Whether a template may use params the caller may leave out.
@@ -128,6 +141,14 @@ enum Optional {
 }
 
 impl Scope<'_> {
+    /// The jq program `code`, checked as [`Programs`] says.
+    pub(super) fn program(&self, code: &str) -> Result<JqProgram, String> {
+        match self.programs {
+            Programs::Compile => JqProgram::compile(code),
+            Programs::Stock => Ok(JqProgram::stock(code)),
+        }
+    }
+
     fn check_refs(&self, t: &Template, optional: Optional) -> Result<(), String> {
         for n in t.params() {
             if self.vars.contains(n) {
@@ -198,7 +219,7 @@ fn resolve_http(h: &RawHttp, scope: &Scope<'_>) -> Result<HttpAction, String> {
         method,
         path,
         query,
-        body: h.body.as_deref().map(JqProgram::compile).transpose()?,
+        body: h.body.as_deref().map(|b| scope.program(b)).transpose()?,
         accept,
         timeout: timeout(h.timeout_ms, DEFAULT_HTTP_TIMEOUT)?,
     })
@@ -318,7 +339,7 @@ pub(super) fn resolve_steps(
                 let message = Template::parse(message).map_err(at)?;
                 scope.check_refs(&message, Optional::Allowed).map_err(at)?;
                 StepKind::Check {
-                    check: JqProgram::compile(check).map_err(at)?,
+                    check: scope.program(check).map_err(at)?,
                     message,
                 }
             }
@@ -335,7 +356,7 @@ pub(super) fn resolve_steps(
                     "var `{var}` is already a param or an earlier var"
                 )));
             }
-            capture.push((var.clone(), JqProgram::compile(program).map_err(at)?));
+            capture.push((var.clone(), scope.program(program).map_err(at)?));
         }
         for (var, _) in &capture {
             scope.vars.insert(var.clone());

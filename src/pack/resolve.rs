@@ -2,7 +2,8 @@
 //!
 //! Invariant: a `Tool` that exists is valid: its name is an identifier, every param is typed
 //! and constrained, every template refers only to declared params (path and argv only to
-//! required ones), its jq program compiles and its argument validator is built.
+//! required ones), its jq programs compile and its argument validator is built. A stock
+//! pack's programs were compiled by a unit test, not at each start ([`JqProgram::stock`]).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -10,7 +11,9 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value, json};
 
-use super::action::{Phase, Scope as StepScope, Step, StepKind, resolve_action, resolve_steps};
+use super::action::{
+    Phase, Programs, Scope as StepScope, Step, StepKind, resolve_action, resolve_steps,
+};
 use super::jq::JqProgram;
 use super::params::{self, Param};
 use super::raw::{RawPack, RawTool};
@@ -140,10 +143,24 @@ impl PackSet {
     /// Loads the stock packs, then every `*.yaml` in `dir` (if given); a pack in `dir`
     /// replaces the stock pack of the same name.
     pub fn load(dir: Option<&Path>) -> Result<Self, PackError> {
-        let mut sources: BTreeMap<String, (String, String)> = BTreeMap::new();
-        for (file, text) in STOCK_PACKS {
+        Self::load_from(STOCK_PACKS, Programs::Stock, dir)
+    }
+
+    /// [`Self::load`] with `stock` as the stock packs, their jq programs checked as
+    /// `programs` says (the unit tests compile them; a start does not). A pack from `dir`
+    /// always has its programs compiled.
+    fn load_from(
+        stock: &[(&str, &str)],
+        programs: Programs,
+        dir: Option<&Path>,
+    ) -> Result<Self, PackError> {
+        let mut sources: BTreeMap<String, (String, String, Programs)> = BTreeMap::new();
+        for (file, text) in stock {
             let name = pack_name(file, text)?;
-            sources.insert(name, (format!("stock:{file}"), (*text).to_owned()));
+            sources.insert(
+                name,
+                (format!("stock:{file}"), (*text).to_owned(), programs),
+            );
         }
         if let Some(dir) = dir {
             let io = |source| PackError::Io {
@@ -163,17 +180,17 @@ impl PackSet {
                     source,
                 })?;
                 let name = pack_name(&file, &text)?;
-                sources.insert(name, (file, text));
+                sources.insert(name, (file, text, Programs::Compile));
             }
         }
         let mut set = PackSet::default();
-        for (origin, text) in sources.into_values() {
-            set.add(&origin, &text)?;
+        for (origin, text, programs) in sources.into_values() {
+            set.add(&origin, &text, programs)?;
         }
         Ok(set)
     }
 
-    fn add(&mut self, origin: &str, text: &str) -> Result<(), PackError> {
+    fn add(&mut self, origin: &str, text: &str, programs: Programs) -> Result<(), PackError> {
         let invalid = |message: String| PackError::Invalid {
             file: origin.to_owned(),
             message,
@@ -190,7 +207,7 @@ impl PackSet {
         }
         let mut tools = Vec::new();
         for (tool_name, raw_tool) in &raw.tools {
-            let tool = resolve_tool(&raw, tool_name, raw_tool)
+            let tool = resolve_tool(&raw, tool_name, raw_tool, programs)
                 .map_err(|m| invalid(format!("tool `{}.{tool_name}`: {m}", raw.pack)))?;
             tools.push(Arc::new(tool));
         }
@@ -240,7 +257,12 @@ fn pack_name(file: &str, text: &str) -> Result<String, PackError> {
     Ok(head.pack)
 }
 
-fn resolve_tool(pack: &RawPack, name: &str, raw: &RawTool) -> Result<Tool, String> {
+fn resolve_tool(
+    pack: &RawPack,
+    name: &str,
+    raw: &RawTool,
+    programs: Programs,
+) -> Result<Tool, String> {
     if !is_identifier(name) || name.contains('.') {
         return Err("tool name must be an identifier without dots".into());
     }
@@ -267,6 +289,7 @@ fn resolve_tool(pack: &RawPack, name: &str, raw: &RawTool) -> Result<Tool, Strin
     let mut scope = StepScope {
         params: &params,
         vars: Default::default(),
+        programs,
     };
     let preview = match &raw.preview {
         None => None,
@@ -280,7 +303,7 @@ fn resolve_tool(pack: &RawPack, name: &str, raw: &RawTool) -> Result<Tool, Strin
                 .map_err(|e| format!("preview: {e}"))?;
             Some(Preview {
                 steps,
-                output: p.output.as_deref().map(JqProgram::compile).transpose()?,
+                output: p.output.as_deref().map(|o| scope.program(o)).transpose()?,
                 vars: scope.vars.iter().cloned().collect(),
             })
         }
@@ -301,7 +324,11 @@ fn resolve_tool(pack: &RawPack, name: &str, raw: &RawTool) -> Result<Tool, Strin
         ),
         _ => return Err("a tool has exactly one of `action` or `steps`".into()),
     };
-    let output = raw.output.as_deref().map(JqProgram::compile).transpose()?;
+    let output = raw
+        .output
+        .as_deref()
+        .map(|o| scope.program(o))
+        .transpose()?;
     let params_schema = Value::Object(params::object_schema(&params));
     let validator = params::compile_validator(&params_schema)?;
     Ok(Tool {
@@ -423,9 +450,50 @@ mod tests {
         assert_eq!(set.pack("traefik").unwrap().digest.len(), 64);
     }
 
+    /// A start does not compile the stock packs' jq programs ([`JqProgram::stock`]); this
+    /// test compiles every one of them, as a pack from a directory has its compiled.
+    #[test]
+    fn every_stock_program_compiles() {
+        let checked = PackSet::load_from(STOCK_PACKS, Programs::Compile, None).unwrap();
+        let started = PackSet::load(None).unwrap();
+        assert_eq!(checked.tools().count(), started.tools().count());
+    }
+
+    /// A program that does not compile, in each place a pack has programs: refused when the
+    /// pack comes from a directory (or is a stock pack as the tests load it); kept as text
+    /// when loaded as a start loads the stock packs.
+    #[test]
+    fn a_program_that_does_not_compile_is_refused_where_it_is_checked() {
+        let places = ["PREVIEW", "CAPTURE", "CHECK", "BODY", "OUTPUT"];
+        let template = "pack: t\ndescription: d\nservice: s\ntools:\n  x:\n    description: d\n    risk: low\n    scope: node\n    preview:\n      steps:\n        - name: p\n          http: {method: GET, path: /v1}\n      output: 'PREVIEW'\n    steps:\n      - name: a\n        http: {method: GET, path: /v1}\n        capture:\n          v: 'CAPTURE'\n      - name: b\n        check: 'CHECK'\n        message: m\n      - name: c\n        http: {method: POST, path: /v1, body: 'BODY'}\n    output: 'OUTPUT'\n";
+        let with_bad = |bad: &str| {
+            places.iter().fold(template.to_owned(), |pack, place| {
+                pack.replace(place, if *place == bad { "nosuchfn(1)" } else { "." })
+            })
+        };
+        assert!(load_one(&with_bad("none")).is_ok());
+        for place in places {
+            let pack = with_bad(place);
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(dir.path().join("t.yaml"), &pack).unwrap();
+            let err = PackSet::load(Some(dir.path())).unwrap_err().to_string();
+            assert!(err.contains("undefined `nosuchfn`"), "{place}: {err}");
+            let stock = [("t.yaml", pack.as_str())];
+            let err = PackSet::load_from(&stock, Programs::Compile, None).unwrap_err();
+            assert!(
+                err.to_string().contains("undefined `nosuchfn`"),
+                "{place}: {err}"
+            );
+            assert!(
+                PackSet::load_from(&stock, Programs::Stock, None).is_ok(),
+                "{place}: a stock program was compiled at load"
+            );
+        }
+    }
+
     fn load_one(yaml: &str) -> Result<PackSet, PackError> {
         let mut set = PackSet::default();
-        set.add("test.yaml", yaml).map(|_| set)
+        set.add("test.yaml", yaml, Programs::Compile).map(|_| set)
     }
 
     #[test]

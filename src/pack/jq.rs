@@ -49,7 +49,7 @@ impl JqProgram {
 
     /// A program of a stock pack, kept as text and compiled on its first run: the unit test
     /// named in the module docs has shown that it compiles.
-    pub fn stock(code: &str) -> Self {
+    pub(super) fn stock(code: &str) -> Self {
         JqProgram {
             source: code.to_owned(),
             filter: std::sync::OnceLock::new(),

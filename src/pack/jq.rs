@@ -41,10 +41,7 @@ impl JqProgram {
     /// first run (see the module docs).
     pub fn compile(code: &str) -> Result<Self, String> {
         compile_filter(code)?;
-        Ok(JqProgram {
-            source: code.to_owned(),
-            filter: std::sync::OnceLock::new(),
-        })
+        Ok(Self::stock(code))
     }
 
     /// A program of a stock pack, kept as text and compiled on its first run: the unit test

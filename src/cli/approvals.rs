@@ -40,6 +40,12 @@ pub enum ApprovalsCommand {
         /// ssh-agent's keys. Default: the ssh-agent's only ssh-ed25519 key.
         #[arg(long, value_name = "PATH")]
         ssh_key: Option<std::path::PathBuf>,
+        /// The longest an approval may live from its request to its expiry, in seconds: a
+        /// statement that lives longer is not signed. Default 1260 (the server's default 15 min
+        /// approval_ttl_secs, 5 min approved_start_within_secs, and a minute); match the
+        /// runners' max_approval_lifetime_secs.
+        #[arg(long, value_name = "SECS", default_value_t = crate::protocol::approval::DEFAULT_MAX_LIFETIME_SECS)]
+        max_lifetime: u64,
     },
     /// Deny a request; the note reaches the agent.
     #[command(
@@ -61,6 +67,124 @@ fn whoami() -> String {
         .ok()
         .filter(|u| crate::pack::is_identifier(u))
         .unwrap_or_else(|| "cli".into())
+}
+
+/// Checks the statement of `request` (as `GET /api/approvals/ID` answers) against what the
+/// request shows, line by line, and returns what is signed as people should read it. Nothing
+/// the server computed is trusted: the `args` digest is recomputed from the arguments shown
+/// (secret params as their commitments, the shown value sealed), each runner's preview digest
+/// from the values it sealed, and the runners, the count of people, the tool and the id are
+/// compared with the request's; the lifetime is bounded by `max_lifetime`. An error names the
+/// statement's field.
+pub(crate) fn check_before_signing(
+    id: &str,
+    request: &serde_json::Value,
+    now: u64,
+    max_lifetime: u64,
+) -> Result<String, String> {
+    use crate::digest::json_digest;
+    use crate::protocol::approval::{Statement, check_lifetime, statement::COMMIT_PREFIX};
+    use serde_json::Value;
+    let text = request["statement"]["text"]
+        .as_str()
+        .ok_or("the request has no statement")?;
+    let st = Statement::parse(text).map_err(|e| format!("the server's statement: {e}"))?;
+    if st.approval_id != id {
+        return Err(format!(
+            "`approval`: the statement names approval {}, not {id}",
+            st.approval_id
+        ));
+    }
+    if request["tool"].as_str() != Some(st.tool.as_str()) {
+        return Err(format!(
+            "`tool`: the statement names `{}`, the request shows {}",
+            st.tool, request["tool"]
+        ));
+    }
+    // The arguments: the statement's digest is of these, and these are the ones shown.
+    let signed = request["statement"]["args"]
+        .as_object()
+        .ok_or("`args`: the server sent no arguments for the statement's digest")?;
+    if json_digest(&Value::Object(signed.clone())) != st.args_sha256 {
+        return Err(
+            "`args`: the statement's digest is not the digest of the arguments shown".into(),
+        );
+    }
+    let shown = request["args"]
+        .as_object()
+        .ok_or("`args`: the request shows no arguments")?;
+    if shown.len() != signed.len() {
+        return Err("`args`: the statement covers other arguments than the request shows".into());
+    }
+    for (k, v) in signed {
+        let same = match (v.as_str(), shown.get(k)) {
+            (Some(c), Some(Value::String(sealed))) if c.starts_with(COMMIT_PREFIX) => {
+                sealed.starts_with("hmac-sha256:")
+            }
+            (_, Some(s)) => s == v,
+            (_, None) => false,
+        };
+        if !same {
+            return Err(format!(
+                "`args`: `{k}` is {} in the statement and {} in the request shown",
+                v,
+                shown.get(k).unwrap_or(&Value::Null)
+            ));
+        }
+    }
+    // The runners, and the preview values each sealed.
+    let runners: Vec<&str> = request["runners"]
+        .as_array()
+        .ok_or("`runner`: the request shows no runners")?
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let mut listed: Vec<&str> = st.runners.keys().map(String::as_str).collect();
+    let mut wanted = runners.clone();
+    listed.sort_unstable();
+    wanted.sort_unstable();
+    if listed != wanted {
+        return Err(format!(
+            "`runner`: the statement names {listed:?}, the request shows {wanted:?}"
+        ));
+    }
+    let mut out = format!(
+        "  tool     {}\n  args     {}\n",
+        st.tool,
+        crate::digest::canonical_json(&Value::Object(signed.clone()))
+    );
+    for (runner, digest) in &st.runners {
+        let sealed = request["preview"][runner]["sealed_vars"].as_str();
+        let vars = match sealed {
+            Some(t) => Some(serde_json::from_str::<Value>(t).map_err(|_| {
+                format!("`runner {runner} preview`: the sealed values are not JSON")
+            })?),
+            None => None,
+        };
+        if vars.as_ref().map(json_digest) != *digest {
+            return Err(format!(
+                "`runner {runner} preview`: the statement's digest is not the digest of the preview values shown"
+            ));
+        }
+        out.push_str(&format!(
+            "  runner   {runner}, preview values {}\n",
+            vars.as_ref()
+                .map_or_else(|| "none".to_owned(), crate::digest::canonical_json)
+        ));
+    }
+    if request["required_approvals"].as_u64() != Some(u64::from(st.required)) {
+        return Err(format!(
+            "`required`: the statement says {}, the request shows {}",
+            st.required, request["required_approvals"]
+        ));
+    }
+    let expires = st.expires_unix().map_err(|e| e.to_string())?;
+    check_lifetime(id, expires, now, max_lifetime)?;
+    out.push_str(&format!(
+        "  required {}\n  expires  {}\n",
+        st.required, st.expires_at
+    ));
+    Ok(out)
 }
 
 /// `emisar approvals …`: the server's `/api/approvals` with a person's token.
@@ -124,23 +248,29 @@ pub async fn run(server: ServerArg, command: ApprovalsCommand) -> anyhow::Result
                 );
             }
         }
-        ApprovalsCommand::Approve { id, note, ssh_key } => {
+        ApprovalsCommand::Approve {
+            id,
+            note,
+            ssh_key,
+            max_lifetime,
+        } => {
             let request = send(http.get(format!("{base}/api/approvals/{id}"))).await?;
             let signature = match request["statement"]["text"].as_str() {
                 None => None,
                 Some(text) => {
-                    // The statement is checked before it is signed: the same text the runners
-                    // will rebuild, so a server that sends something else gets nothing.
-                    let parsed = crate::protocol::approval::Statement::parse(text)
-                        .context("the server sent a statement that is not one")?;
-                    if parsed.approval_id != id || request["tool"].as_str() != Some(&parsed.tool) {
-                        anyhow::bail!(
-                            "the server's statement names another request or tool than {id}: not signed"
-                        );
-                    }
+                    // Every line of the statement is recomputed from what is shown here
+                    // before it is signed; a server (or a database writer) that shows one
+                    // write and asks for a signature over another gets nothing.
+                    let shown = check_before_signing(
+                        &id,
+                        &request,
+                        crate::protocol::signing::now(),
+                        max_lifetime,
+                    )
+                    .map_err(|e| anyhow::anyhow!("{e}: not signed"))?;
                     eprintln!(
-                        "signing the statement of {id} (sha256:{}):\n{text}",
-                        request["statement"]["sha256"].as_str().unwrap_or("?")
+                        "signing approval {id} (statement sha256:{}):\n{shown}",
+                        crate::digest::sha256_hex(text.as_bytes())
                     );
                     let armored = super::ssh_sign::sign(
                         ssh_key.as_deref(),

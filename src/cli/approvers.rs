@@ -57,7 +57,9 @@ pub enum ApproversCommand {
         ssh_key: Option<PathBuf>,
     },
     /// Sign the file with the organisation's root key (SSHSIG, namespace emisar-approvers):
-    /// writes FILE.sig, which the server carries to runners with `approvers_root_keys`.
+    /// writes FILE.sig, which the server carries to runners with `approvers_root_keys`. A file
+    /// changed since a serial was signed gets its serial raised first (runners take one file
+    /// per serial); FILE.signed keeps each serial signed here with its SHA-256.
     #[command(
         after_help = "Example: emisar approvers sign --file /etc/emisar/approvers.toml --ssh-key ~/.ssh/org_root.pub"
     )]
@@ -166,9 +168,7 @@ pub fn run(command: ApproversCommand) -> anyhow::Result<()> {
             write(&file, f)
         }
         ApproversCommand::Sign { file, ssh_key } => {
-            let text = std::fs::read_to_string(&file)
-                .with_context(|| format!("--file {}", file.display()))?;
-            Approvers::parse(&text)?;
+            let text = one_file_per_serial(&file)?;
             let sig = super::ssh_sign::sign(
                 ssh_key.as_deref(),
                 sshsig::APPROVERS_NAMESPACE,
@@ -176,7 +176,22 @@ pub fn run(command: ApproversCommand) -> anyhow::Result<()> {
             )?;
             let out = sig_path(&file);
             std::fs::write(&out, sig).with_context(|| format!("writing {}", out.display()))?;
-            println!("signed {} → {}", file.display(), out.display());
+            let a = Approvers::parse(&text)?;
+            let history = history_path(&file);
+            let mut f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&history)
+                .with_context(|| format!("writing {}", history.display()))?;
+            std::io::Write::write_all(&mut f, format!("{} {}\n", a.serial, a.sha256).as_bytes())
+                .with_context(|| format!("writing {}", history.display()))?;
+            println!(
+                "signed {} (serial {}, sha256:{}) → {}",
+                file.display(),
+                a.serial,
+                a.sha256,
+                out.display()
+            );
             Ok(())
         }
         ApproversCommand::Show { file, root_key } => {
@@ -241,6 +256,84 @@ fn sig_path(file: &Path) -> PathBuf {
     let mut s = file.as_os_str().to_owned();
     s.push(".sig");
     PathBuf::from(s)
+}
+
+fn history_path(file: &Path) -> PathBuf {
+    let mut s = file.as_os_str().to_owned();
+    s.push(".signed");
+    PathBuf::from(s)
+}
+
+/// The file's text to sign, its `serial` raised above every serial signed here (FILE.signed)
+/// when this exact file was not signed at its serial before: a runner takes one file per
+/// serial, so a second file at a signed serial would be refused there (or, signed, replace
+/// the first where it was never seen). The file is rewritten in place with only its `serial`
+/// line changed.
+fn one_file_per_serial(file: &Path) -> anyhow::Result<String> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("--file {}", file.display()))?;
+    let a = Approvers::parse(&text)?;
+    let history = history_path(file);
+    let signed: Vec<(u64, String)> = match std::fs::read_to_string(&history) {
+        Ok(h) => h
+            .lines()
+            .filter_map(|l| {
+                let (s, d) = l.split_once(' ')?;
+                Some((s.parse().ok()?, d.to_owned()))
+            })
+            .collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", history.display())),
+    };
+    if signed.iter().any(|(s, d)| *s == a.serial && *d == a.sha256) {
+        return Ok(text);
+    }
+    let Some(highest) = signed
+        .iter()
+        .map(|(s, _)| *s)
+        .filter(|s| *s >= a.serial)
+        .max()
+    else {
+        return Ok(text);
+    };
+    let raised = highest + 1;
+    let line = serial_line(&text).with_context(|| {
+        format!(
+            "{} has no `serial = N` line to raise: serial {} was signed before with other contents; add `serial = {raised}`",
+            file.display(),
+            a.serial
+        )
+    })?;
+    let text = text.replacen(line, &format!("serial = {raised}"), 1);
+    let b = Approvers::parse(&text)?;
+    anyhow::ensure!(
+        b.serial == raised,
+        "raising the serial of {} failed",
+        file.display()
+    );
+    let tmp = file.with_extension("tmp");
+    std::fs::write(&tmp, &text).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, file).with_context(|| format!("writing {}", file.display()))?;
+    eprintln!(
+        "{}: serial {} was signed before with other contents; raised to {raised}",
+        file.display(),
+        a.serial
+    );
+    Ok(text)
+}
+
+/// The file's `serial = N` line, as written (a TOML key at the top level, by hand or by
+/// `approvers add`).
+fn serial_line(text: &str) -> Option<&str> {
+    text.lines().find(|l| {
+        l.strip_prefix("serial")
+            .map(str::trim_start)
+            .and_then(|r| r.strip_prefix('='))
+            .is_some_and(|r| {
+                let r = r.trim();
+                !r.is_empty() && r.bytes().all(|b| b.is_ascii_digit())
+            })
+    })
 }
 
 fn read(file: &Path) -> anyhow::Result<ApproversFile> {

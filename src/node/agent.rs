@@ -30,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::approvals::{Gate, GateConfig};
 use super::engine::{self, Env};
+use super::executed::{Executed, Refused as ExecRefused};
 use super::seal::{SealKey, Sealed};
 use crate::node::config::RunnerConfig;
 use crate::pack::{PackInfo, PackSet, Risk, Tool, ToolRef, allowlist_admits, shown_value};
@@ -41,8 +42,9 @@ use crate::protocol::{CallRequest, CallResponse, Mode};
 /// The most single-use ids remembered at once. Ids are forgotten when their token expires,
 /// so this bounds memory under a flood of valid calls; past it, calls are refused.
 const MAX_SEEN_IDS: usize = 100_000;
-/// How long a used approval id is remembered. Approvals expire long before this (their
-/// default lifetime is 15 minutes), so a remembered id can never be approved again.
+/// How long an approval id executed without signatures or a witnessed proof is remembered.
+/// Approvals expire long before this (their default lifetime is 15 minutes), so a remembered
+/// id can never be approved again.
 const APPROVAL_MEMORY_SECS: u64 = 24 * 3600;
 
 pub struct RunnerState {
@@ -51,8 +53,8 @@ pub struct RunnerState {
     verifier: CallVerifier,
     /// Single-use ids seen, with the expiry of their token.
     seen: Mutex<HashMap<String, u64>>,
-    /// Approval ids already executed here, with when they stop mattering.
-    used_approvals: Mutex<HashMap<String, u64>>,
+    /// Approval ids already executed here, kept in `state_dir`, and when that state began.
+    executed: Executed,
     /// Seals what previews capture, so an execution runs only with values this runner made.
     seal_key: SealKey,
     /// `require_witnessed`: the keys a write's witnessed approval is checked against.
@@ -93,8 +95,11 @@ impl RunnerState {
             require_signed_approvals: &config.require_signed_approvals,
             approvers_file: config.approvers_file.as_deref(),
             approvers_root_keys: &config.approvers_root_keys,
+            min_approvers_serial: config.min_approvers_serial,
+            max_approval_lifetime_secs: config.max_approval_lifetime_secs,
             state_dir: &config.state_dir,
         })?;
+        let executed = Executed::load(&config.state_dir)?;
         let witnessed = witness_trust(&config)?;
         let pem = server_public_key;
         let verifier = CallVerifier::from_pem(pem, &config.name)?;
@@ -109,7 +114,7 @@ impl RunnerState {
             packs,
             verifier,
             seen: Mutex::new(HashMap::new()),
-            used_approvals: Mutex::new(HashMap::new()),
+            executed,
             seal_key: SealKey::generate()?,
             gate,
             witnessed,
@@ -132,16 +137,6 @@ impl RunnerState {
     /// Records `jti` as used; false if it was seen before (or the table is full).
     fn first_use(&self, jti: &str, exp: u64) -> Result<(), &'static str> {
         Self::remember(&self.seen, jti, exp, "this call token was already used")
-    }
-
-    /// Records an approval id as executed; refuses one executed before.
-    fn first_execution(&self, approval_id: &str) -> Result<(), &'static str> {
-        Self::remember(
-            &self.used_approvals,
-            approval_id,
-            now() + APPROVAL_MEMORY_SECS,
-            "this approval was already executed on this runner: an approval is good for one execution",
-        )
     }
 
     /// One bounded set of used ids, each forgotten after its expiry.
@@ -432,8 +427,10 @@ async fn execute(state: &RunnerState, call: Admitted<'_>) -> Response {
 }
 
 /// An execution of a risk:high tool carries an approval id never executed here, or the
-/// policy's lowering; and where this runner requires people's signatures for the tool, the
-/// gate's check of them (which also decides whether a lowering may run here).
+/// policy's lowering; where this runner requires a witnessed approval, its proof bound to this
+/// very call; and where it requires people's signatures for the tool, the gate's check of them
+/// (which also decides whether a lowering may run here). The approval id is recorded as
+/// executed in `state_dir`, durably, once everything holds and before anything runs.
 fn check_high_risk(
     state: &RunnerState,
     tool: &Tool,
@@ -441,18 +438,13 @@ fn check_high_risk(
     request: &CallRequest,
 ) -> Result<(), Refused> {
     let forbidden = |why: String| (StatusCode::FORBIDDEN, why);
-    let reused = |approval_id: &str, why: &str| {
-        (
-            StatusCode::CONFLICT,
-            format!("approval {approval_id}: {why}"),
-        )
-    };
     if tool.risk != Risk::High || request.mode != Mode::Execute {
         return Ok(());
     }
+    let secret: Vec<&str> = tool.secret_params().collect();
+    // When the approval stops mattering here: the latest expiry a check found, else a day.
+    let mut keep_until = None;
     if let Some(trust) = &state.witnessed {
-        // Before anything is recorded as executed: a refused proof leaves the approval
-        // runnable once a witnessed one arrives.
         let Some(approval_id) = claims.approval_id.as_deref() else {
             return Err(forbidden(format!(
                 "`{}` is risk:high and this runner requires witnessed approvals: the call carries no approval",
@@ -465,44 +457,84 @@ fn check_high_risk(
                 trust.quorum
             )));
         };
-        let cosigned =
-            crate::protocol::witnessed::verify(witnessed, approval_id, trust).map_err(|why| {
-                forbidden(format!(
-                    "approval {approval_id}: the witnessed proof is refused: {why}"
-                ))
-            })?;
-        tracing::info!(tool = %tool.name, %approval_id, event_seq = witnessed.event.seq, cosigned_by = ?cosigned,
-            "the approval is in the audit log as witnessed");
+        let refused = |why: String| {
+            forbidden(format!(
+                "approval {approval_id}: the witnessed proof is refused: {why}"
+            ))
+        };
+        let args_sha256 = crate::protocol::approval::statement::args_digest(
+            &request.args,
+            &secret,
+            request.secret_salt.as_deref(),
+        )
+        .map_err(|e| refused(e.to_string()))?;
+        let preview_sha256 = request
+            .preview
+            .as_ref()
+            .map(|p| crate::digest::json_digest(&Value::Object(p.clone())));
+        let call = crate::protocol::witnessed::Call {
+            runner: &state.config.name,
+            approval_id,
+            tool: &tool.name,
+            pack_sha256: &claims.pack_sha256,
+            args_sha256: &args_sha256,
+            preview_sha256: preview_sha256.as_deref(),
+        };
+        let verified = crate::protocol::witnessed::verify(
+            witnessed,
+            &call,
+            trust,
+            now(),
+            state.config.max_approval_lifetime_secs,
+        )
+        .map_err(refused)?;
+        state
+            .executed
+            .check_requested(approval_id, verified.requested)
+            .map_err(refused)?;
+        tracing::info!(tool = %tool.name, %approval_id, event_seq = witnessed.event.seq, cosigned_by = ?verified.cosigned,
+            "the approval is in the audit log as witnessed, bound to this call");
+        keep_until = Some(verified.expires);
     }
     if state.gate.requires(&tool.name) {
-        // The gate records the approval id as executed, durably, once everything holds.
-        let signed = state
+        let checked = state
             .gate
-            .check(&state.config.name, claims, request)
-            .map_err(|why| match why {
-                super::approvals::Refusal::Reused(why) => (StatusCode::CONFLICT, why),
-                super::approvals::Refusal::Forbidden(why) => forbidden(why),
-            })?;
-        match signed {
+            .check(
+                &state.config.name,
+                claims,
+                request,
+                &secret,
+                &state.executed,
+            )
+            .map_err(forbidden)?;
+        match &checked.signed {
             Some(signed) => {
                 let people: Vec<&str> = signed.iter().map(|s| s.person.as_str()).collect();
                 tracing::info!(tool = %tool.name, call_id = %claims.call_id, approval_id = ?claims.approval_id, signed_by = ?people,
                     "executing a risk:high tool under people's signatures checked here");
+                keep_until = keep_until.max(Some(checked.expires));
             }
             None => {
                 tracing::warn!(tool = %tool.name, call_id = %claims.call_id, policy_sha256 = ?claims.lowered_by_policy,
                     "executing a risk:high tool without approval: the server's policy lowered it and this runner's approvers file allows it unapproved");
+                return Ok(());
             }
         }
-        return Ok(());
     }
     match (
         claims.approval_id.as_deref(),
         claims.lowered_by_policy.as_deref(),
     ) {
         (Some(approval_id), _) => state
-            .first_execution(approval_id)
-            .map_err(|why| reused(approval_id, why)),
+            .executed
+            .record(
+                approval_id,
+                keep_until.unwrap_or_else(|| now() + APPROVAL_MEMORY_SECS),
+            )
+            .map_err(|why| match why {
+                ExecRefused::Reused(why) => (StatusCode::CONFLICT, why),
+                ExecRefused::Forbidden(why) => forbidden(why),
+            }),
         (None, Some(policy)) => {
             // The server's policy says this tool runs without a human; the log names the
             // policy, which the server's audit log holds as `policy.loaded`.
@@ -628,6 +660,7 @@ mod tests {
             raw: false,
             approval: None,
             witnessed: None,
+            secret_salt: None,
         }
     }
 
@@ -921,7 +954,7 @@ mod tests {
         refused(
             f.admit_with(&again, &execute),
             StatusCode::CONFLICT,
-            "approval a1: this approval was already executed on this runner",
+            "approval a1 was already executed on this runner",
         );
         let lowered = CallClaims {
             lowered_by_policy: Some("f".repeat(64)),

@@ -6,18 +6,21 @@
 //! runner executes a write of a covered tool only when the call carries signatures, by distinct
 //! people of the approvers file *this runner* trusts, over the statement the runner rebuilds
 //! itself from the call (so no byte of what runs can differ from what they signed), enough of
-//! them for the file's rule for the tool, before the statement's expiry, under an approval id
-//! never executed here (kept in `state_dir`, so a restart does not forget it). A write the
-//! server's policy lowered runs only if the file's rule allows the tool `unapproved`.
+//! them for the file's rule for the tool and for the statement's own `required`, requested
+//! after this runner's state began and living no longer than `max_approval_lifetime_secs`,
+//! before the statement's expiry. The caller records the approval id as executed
+//! (`executed.rs`) before anything runs. A write the server's policy lowered runs only if the
+//! file's rule allows the tool `unapproved`.
 //!
 //! The approvers file is the runner's own `approvers_file` (deployed by configuration
 //! management, like `authorized_keys`), or else a file the server carries, counted only when
-//! one of the runner's `approvers_root_keys` signed it and its `serial` is not below the
-//! highest this runner has accepted (kept in `state_dir`), so an older file with a removed
-//! person cannot be replayed.
+//! one of the runner's `approvers_root_keys` signed it, its `serial` is not below
+//! `min_approvers_serial` nor the highest this runner has accepted, and at that highest serial
+//! it is the very file accepted there (serial and SHA-256 kept in `state_dir`): an older file,
+//! or another one under the same serial, with a removed person or a looser rule, is never
+//! taken.
 
-use std::collections::{BTreeMap, HashMap};
-use std::io::Write;
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Mutex;
 
@@ -28,27 +31,15 @@ use ssh_key::PublicKey;
 use crate::digest::json_digest;
 use crate::protocol::CallRequest;
 use crate::protocol::approval::{
-    ApprovalProof, Approvers, RunnerApprovals, Signed, Statement, sshsig, verify_quorum,
+    ApprovalProof, Approvers, RunnerApprovals, Signed, Statement, check_lifetime, sshsig,
+    statement, verify_quorum,
 };
 use crate::protocol::signing::{CallClaims, now};
 
-/// The file, under `state_dir`, of approval ids executed under signatures (`ID EXPIRY` lines).
-const EXECUTED_FILE: &str = "approvals-executed";
-/// The file, under `state_dir`, holding the highest approvers-file serial accepted.
+/// The file, under `state_dir`, holding the highest approvers-file serial accepted and the
+/// SHA-256 of the file accepted at it (`SERIAL SHA256`; a file from before the digest holds
+/// the serial alone).
 const SERIAL_FILE: &str = "approvers-serial";
-
-/// Why the gate refused: a second execution of one approval (409), or anything else (403).
-#[derive(Debug)]
-pub enum Refusal {
-    Reused(String),
-    Forbidden(String),
-}
-
-impl From<String> for Refusal {
-    fn from(why: String) -> Self {
-        Refusal::Forbidden(why)
-    }
-}
 
 pub struct Gate {
     require: Vec<glob::Pattern>,
@@ -56,10 +47,19 @@ pub struct Gate {
     local: Option<Approvers>,
     root_keys: Vec<PublicKey>,
     state_dir: PathBuf,
-    /// The highest serial of a carried approvers file accepted so far.
-    serial: Mutex<u64>,
-    /// Approval ids executed under signatures, with their statement's expiry (unix seconds).
-    executed: Mutex<HashMap<String, u64>>,
+    min_serial: u64,
+    max_lifetime: u64,
+    /// The highest serial of a carried approvers file accepted so far, and the SHA-256 of the
+    /// file accepted at it.
+    serial: Mutex<(u64, Option<String>)>,
+}
+
+/// What the gate found for one execution.
+pub struct Checked {
+    /// The people who signed (None: a lowering the file allows unapproved).
+    pub signed: Option<Vec<Signed>>,
+    /// When the signed statement expires (unix seconds; 0 for a lowering).
+    pub expires: u64,
 }
 
 /// What the runner's settings say; checked by [`Gate::load`].
@@ -67,6 +67,8 @@ pub struct GateConfig<'a> {
     pub require_signed_approvals: &'a [String],
     pub approvers_file: Option<&'a std::path::Path>,
     pub approvers_root_keys: &'a [String],
+    pub min_approvers_serial: u64,
+    pub max_approval_lifetime_secs: u64,
     pub state_dir: &'a std::path::Path,
 }
 
@@ -90,6 +92,16 @@ impl Gate {
             }
             None => None,
         };
+        if let (Some(path), Some(local)) = (c.approvers_file, &local)
+            && local.serial < c.min_approvers_serial
+        {
+            anyhow::bail!(
+                "approvers_file {} has serial {}, below min_approvers_serial {}: deploy the current file",
+                path.display(),
+                local.serial,
+                c.min_approvers_serial
+            );
+        }
         let mut root_keys = Vec::new();
         for (i, line) in c.approvers_root_keys.iter().enumerate() {
             root_keys.push(
@@ -108,11 +120,12 @@ impl Gate {
             local,
             root_keys,
             state_dir: c.state_dir.to_owned(),
-            serial: Mutex::new(0),
-            executed: Mutex::new(HashMap::new()),
+            min_serial: c.min_approvers_serial,
+            max_lifetime: c.max_approval_lifetime_secs,
+            serial: Mutex::new((0, None)),
         };
         if gate.enabled() {
-            gate.load_state()?;
+            gate.load_serial()?;
         }
         Ok(gate)
     }
@@ -138,41 +151,48 @@ impl Gate {
         }
     }
 
-    /// The check of one risk:high execution of a covered tool. `Ok(None)` for a write the
-    /// policy lowered and the file allows unapproved; `Ok(Some(signed))` for a quorum.
+    /// The check of one risk:high execution of a covered tool, with the tool's secret params
+    /// (their commitments are what people signed) and when this runner's state began.
     pub fn check(
         &self,
         runner: &str,
         claims: &CallClaims,
         request: &CallRequest,
-    ) -> Result<Option<Vec<Signed>>, Refusal> {
+        secret: &[&str],
+        ledger: &super::executed::Executed,
+    ) -> Result<Checked, String> {
         let proof = request.approval.as_ref();
         let approvers = self.approvers(proof)?;
         let tool = &request.tool;
         let Some(approval_id) = claims.approval_id.as_deref() else {
             // No approval: only a policy lowering the file itself allows.
             return match approvers.rule(tool) {
-                Some(rule) if rule.unapproved && claims.lowered_by_policy.is_some() => Ok(None),
-                _ => Err(Refusal::Forbidden(format!(
+                Some(rule) if rule.unapproved && claims.lowered_by_policy.is_some() => {
+                    Ok(Checked {
+                        signed: None,
+                        expires: 0,
+                    })
+                }
+                _ => Err(format!(
                     "`{tool}` needs people's signatures on this runner (require_signed_approvals), and its approvers file (sha256:{}) does not allow it unapproved; the server's policy cannot lower it here",
                     approvers.sha256
-                ))),
+                )),
             };
         };
         let Some(proof) = proof else {
-            return Err(Refusal::Forbidden(format!(
+            return Err(format!(
                 "`{tool}` needs people's signatures on this runner (require_signed_approvals), and the call carries none: approval {approval_id} was not signed"
-            )));
+            ));
         };
         let carried = Statement::parse(&proof.statement).map_err(|e| e.to_string())?;
         if !carried.runners.contains_key(runner) {
-            return Err(Refusal::Forbidden(format!(
+            return Err(format!(
                 "the signed statement does not name this runner (`{runner}`)"
-            )));
+            ));
         }
         // The rebuild: everything this runner can know itself comes from the call it received,
-        // the rest (other runners' previews, the requester, the policy, the expiry) from the
-        // statement, which the signatures cover.
+        // the rest (other runners' previews, the requester, the policy, the expiry, the count
+        // of people) from the statement, which the signatures cover.
         let mut runners: BTreeMap<String, Option<String>> = carried.runners.clone();
         runners.insert(
             runner.to_owned(),
@@ -185,7 +205,12 @@ impl Gate {
             approval_id: approval_id.to_owned(),
             tool: tool.clone(),
             pack_sha256: claims.pack_sha256.clone(),
-            args_sha256: json_digest(&Value::Object(request.args.clone())),
+            args_sha256: statement::args_digest(
+                &request.args,
+                secret,
+                request.secret_salt.as_deref(),
+            )
+            .map_err(|e| e.to_string())?,
             runners,
             ..carried.clone()
         };
@@ -197,20 +222,19 @@ impl Gate {
                 .find(|(a, b)| a != b)
                 .map(|(a, _)| a.split(' ').next().unwrap_or("").to_owned())
                 .unwrap_or_default();
-            return Err(Refusal::Forbidden(format!(
+            return Err(format!(
                 "the signed statement differs from this call in `{differs}`: people signed another write than this one"
-            )));
+            ));
         }
         let expires = rebuilt.expires_unix().map_err(|e| e.to_string())?;
-        if now() >= expires {
-            return Err(Refusal::Forbidden(format!(
-                "the signed statement expired at {}",
-                rebuilt.expires_at
-            )));
-        }
-        let signed = verify_quorum(&approvers, tool, &text, &proof.signatures)?;
-        self.first_execution(approval_id, expires)?;
-        Ok(Some(signed))
+        let requested = check_lifetime(approval_id, expires, now(), self.max_lifetime)
+            .map_err(|e| format!("the signed statement: {e}"))?;
+        ledger.check_requested(approval_id, requested)?;
+        let signed = verify_quorum(&approvers, tool, &text, &proof.signatures, rebuilt.required)?;
+        Ok(Checked {
+            signed: Some(signed),
+            expires,
+        })
     }
 
     /// The approvers file for this call: the runner's own, else a carried one under a root key.
@@ -222,96 +246,58 @@ impl Gate {
             "this runner trusts an approvers file signed by its approvers_root_keys, and the call carries none",
         )?;
         let file = carried.verify(&self.root_keys).map_err(|e| e.to_string())?;
-        let mut highest = self.serial.lock().unwrap_or_else(|p| p.into_inner());
-        if file.serial < *highest {
+        if file.serial < self.min_serial {
             return Err(format!(
-                "the carried approvers file has serial {}, older than serial {} this runner accepted: an older file is never taken back",
-                file.serial, *highest
+                "the carried approvers file has serial {}, below this runner's min_approvers_serial {}",
+                file.serial, self.min_serial
             ));
         }
-        if file.serial > *highest {
-            std::fs::create_dir_all(&self.state_dir)
-                .map_err(|e| format!("cannot create {}: {e}", self.state_dir.display()))?;
-            crate::util::files::replace_private(
-                &self.state_dir,
-                SERIAL_FILE,
-                file.serial.to_string().as_bytes(),
-            )
-            .map_err(|e| format!("cannot record the approvers file's serial: {e:#}"))?;
-            *highest = file.serial;
+        let mut highest = self.serial.lock().unwrap_or_else(|p| p.into_inner());
+        let (serial, digest) = &*highest;
+        if file.serial < *serial {
+            return Err(format!(
+                "the carried approvers file has serial {}, older than serial {serial} this runner accepted: an older file is never taken back",
+                file.serial
+            ));
         }
+        if file.serial == *serial
+            && let Some(digest) = digest
+        {
+            if *digest != file.sha256 {
+                return Err(format!(
+                    "the carried approvers file (sha256:{}) is not the one this runner accepted at serial {serial} (sha256:{digest}): one serial names one file, and `emisar approvers sign` raises it for every change",
+                    file.sha256
+                ));
+            }
+            return Ok(file);
+        }
+        std::fs::create_dir_all(&self.state_dir)
+            .map_err(|e| format!("cannot create {}: {e}", self.state_dir.display()))?;
+        crate::util::files::replace_private(
+            &self.state_dir,
+            SERIAL_FILE,
+            format!("{} {}\n", file.serial, file.sha256).as_bytes(),
+        )
+        .map_err(|e| format!("cannot record the approvers file's serial: {e:#}"))?;
+        *highest = (file.serial, Some(file.sha256.clone()));
         Ok(file)
     }
 
-    /// Records `approval_id` as executed here, durably before anything runs; refuses one
-    /// executed before.
-    fn first_execution(&self, approval_id: &str, expires: u64) -> Result<(), Refusal> {
-        let mut executed = self.executed.lock().unwrap_or_else(|p| p.into_inner());
-        if executed.contains_key(approval_id) {
-            return Err(Refusal::Reused(format!(
-                "approval {approval_id} was already executed on this runner: a signed approval is good for one execution"
-            )));
-        }
-        let t = now();
-        executed.retain(|_, e| *e > t);
-        let append = || -> std::io::Result<()> {
-            std::fs::create_dir_all(&self.state_dir)?;
-            let mut f = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(self.state_dir.join(EXECUTED_FILE))?;
-            writeln!(f, "{approval_id} {expires}")?;
-            f.sync_data()
-        };
-        append().map_err(|e| {
-            format!("cannot record approval {approval_id} as executed ({e}); nothing was run")
-        })?;
-        executed.insert(approval_id.to_owned(), expires);
-        Ok(())
-    }
-
-    /// Reads the executed ids (dropping expired ones, and rewriting the file without them)
-    /// and the highest serial from `state_dir`.
-    fn load_state(&self) -> anyhow::Result<()> {
-        let path = self.state_dir.join(EXECUTED_FILE);
-        let t = now();
-        let mut executed = HashMap::new();
-        match std::fs::read_to_string(&path) {
-            Ok(text) => {
-                for line in text.lines() {
-                    let (id, exp) = line
-                        .split_once(' ')
-                        .and_then(|(id, e)| Some((id, e.parse::<u64>().ok()?)))
-                        .with_context(|| format!("{}: malformed line `{line}`", path.display()))?;
-                    if exp > t {
-                        executed.insert(id.to_owned(), exp);
-                    }
-                }
-                let kept: String = executed
-                    .iter()
-                    .map(|(id, e)| format!("{id} {e}\n"))
-                    .collect();
-                crate::util::files::replace_private(
-                    &self.state_dir,
-                    EXECUTED_FILE,
-                    kept.as_bytes(),
-                )?;
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+    /// Reads the highest serial accepted, and the digest of the file accepted at it.
+    fn load_serial(&self) -> anyhow::Result<()> {
+        let path = self.state_dir.join(SERIAL_FILE);
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
             Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
-        }
-        *self.executed.lock().unwrap_or_else(|p| p.into_inner()) = executed;
-        let serial_path = self.state_dir.join(SERIAL_FILE);
-        match std::fs::read_to_string(&serial_path) {
-            Ok(text) => {
-                *self.serial.lock().unwrap_or_else(|p| p.into_inner()) = text
-                    .trim()
-                    .parse()
-                    .with_context(|| format!("{}: not a number", serial_path.display()))?;
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e).with_context(|| format!("reading {}", serial_path.display())),
-        }
+        };
+        let mut words = text.split_whitespace();
+        let serial = words
+            .next()
+            .and_then(|s| s.parse::<u64>().ok())
+            .with_context(|| format!("{}: no serial", path.display()))?;
+        let digest = words.next().map(str::to_owned);
+        *self.serial.lock().unwrap_or_else(|p| p.into_inner()) = (serial, digest);
         Ok(())
     }
 }

@@ -98,6 +98,18 @@ pub struct RunnerConfig {
     /// approvers sign`), and never one older (by `serial`) than one accepted before.
     #[serde(default)]
     pub approvers_root_keys: Vec<String>,
+    /// The lowest `serial` of an approvers file this runner takes, e.g. `12`: a runner whose
+    /// `state_dir` is new (or was lost) then never accepts a file older than the one in force
+    /// when it was deployed. Default 0.
+    #[serde(default)]
+    pub min_approvers_serial: u64,
+    /// The longest an approval may live, from its request to its expiry, in seconds (default
+    /// 1260: the server's default 15 min `approval_ttl_secs`, 5 min
+    /// `approved_start_within_secs`, and a minute of clock skew). A signed statement or a
+    /// witnessed approval that lives longer, or whose approval event is older, is refused.
+    /// Raise it with the server's settings.
+    #[serde(default = "default_max_approval_lifetime")]
+    pub max_approval_lifetime_secs: u64,
     /// Run a risk:high write only when the call carries its approval's `approval.approved`
     /// audit event with an inclusion proof in a checkpoint signed by `log_key` and cosigned by
     /// `witness_quorum` of `witness_keys`: then no approval runs here that every witness does
@@ -176,6 +188,9 @@ impl std::fmt::Debug for ServiceConfig {
     }
 }
 
+fn default_max_approval_lifetime() -> u64 {
+    crate::protocol::approval::DEFAULT_MAX_LIFETIME_SECS
+}
 fn default_state_dir() -> PathBuf {
     PathBuf::from("/var/lib/emisar-runner")
 }
@@ -221,6 +236,8 @@ impl RunnerConfig {
             require_signed_approvals: Vec::new(),
             approvers_file: None,
             approvers_root_keys: Vec::new(),
+            min_approvers_serial: 0,
+            max_approval_lifetime_secs: default_max_approval_lifetime(),
             require_witnessed: false,
             log_key: None,
             witness_keys: Vec::new(),
@@ -308,6 +325,14 @@ impl RunnerConfig {
             }
         }
         self.check_tls()?;
+        if !(10..=crate::protocol::approval::MAX_LIFETIME_SECS)
+            .contains(&self.max_approval_lifetime_secs)
+        {
+            anyhow::bail!(
+                "max_approval_lifetime_secs must be between 10 and {} (the server's longest approval_ttl_secs and approved_start_within_secs, and a minute)",
+                crate::protocol::approval::MAX_LIFETIME_SECS
+            );
+        }
         if let Some(join) = &self.join {
             let url = reqwest::Url::parse(&join.server)
                 .with_context(|| format!("join.server `{}` is not a URL", join.server))?;

@@ -15,6 +15,7 @@ pub mod config;
 pub mod credential;
 pub(crate) mod engine;
 pub(crate) mod exec;
+mod executed;
 pub(crate) mod http_action;
 pub mod join;
 mod seal;

@@ -57,6 +57,7 @@ impl Sealed<'_> {
             raw: false,
             approval: None,
             witnessed: None,
+            secret_salt: None,
         }
         .digest();
         canonical_json(&json!({

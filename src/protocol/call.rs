@@ -45,6 +45,11 @@ pub struct CallRequest {
     /// checks it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub witnessed: Option<crate::protocol::witnessed::WitnessedApproval>,
+    /// The salt of the secret params' commitments in the signed arguments (see
+    /// [`crate::protocol::approval::statement::signed_args`]), for an approved execution of a
+    /// tool with secret params.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_salt: Option<String>,
 }
 
 impl CallRequest {

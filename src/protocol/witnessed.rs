@@ -4,6 +4,14 @@
 //! log key and cosigned (C2SP `cosignature/v1`) by witnesses. The runner checks all of it
 //! against keys in its own runner.toml, so a server that hides an approval from the log, or
 //! shows its witnesses a different log, cannot make it run the write.
+//!
+//! The event binds the call: its `detail` holds the request's state after that vote (only an
+//! `approved` one, with its votes meeting its requirement, counts) and the [`Binding`] (tool,
+//! pack digest, digest of the signed arguments, every runner with its preview digest, expiry),
+//! which the runner compares with the call it received, so one honest approval of one write
+//! proves nothing for another write, another runner, or a request still pending.
+
+use std::collections::BTreeMap;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
@@ -29,6 +37,38 @@ pub struct WitnessedApproval {
     pub proof: Vec<String>,
 }
 
+/// What an `approval.approved` event binds, in its `detail.binding`: exactly the call its
+/// approval lets run.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Binding {
+    pub tool: String,
+    /// Hex SHA-256 of the tool's pack.
+    pub pack_sha256: String,
+    /// Hex SHA-256 of the signed arguments (`approval::statement::args_digest`: secret params
+    /// as salted commitments), as a statement's `args` line has it.
+    pub args_sha256: String,
+    /// Every target runner, with the hex SHA-256 of the preview values it sealed (None: the
+    /// tool has no preview).
+    pub runners: BTreeMap<String, Option<String>>,
+    /// `YYYY-MM-DDTHH:MM:SSZ`: no runner executes under this approval after it.
+    pub expires_at: String,
+}
+
+/// The call a runner was asked to run, as it knows it itself.
+pub struct Call<'a> {
+    pub runner: &'a str,
+    /// From the server's signed token.
+    pub approval_id: &'a str,
+    pub tool: &'a str,
+    /// From the token, which the runner checked against its own pack.
+    pub pack_sha256: &'a str,
+    /// Recomputed from the arguments the runner received.
+    pub args_sha256: &'a str,
+    /// Recomputed from the preview values the runner received (under its own seal).
+    pub preview_sha256: Option<&'a str>,
+}
+
 /// The keys a runner trusts for witnessed approvals (runner.toml).
 pub struct WitnessTrust {
     pub log: Verifiers,
@@ -38,9 +78,19 @@ pub struct WitnessTrust {
 }
 
 impl WitnessTrust {
-    /// From key texts, naming the bad one.
+    /// From key texts, naming the bad one: only distinct `cosignature/v1` keys, never the
+    /// log's own, and a quorum of at least one ([`crate::tlog::keys::check_witnesses`]).
     pub fn new(log_key: &str, witness_keys: &[String], quorum: usize) -> Result<Self, String> {
         let log = Verifiers::parse([log_key]).map_err(|e| format!("log_key: {e}"))?;
+        let keys: Vec<&str> = witness_keys.iter().map(String::as_str).collect();
+        crate::tlog::keys::check_witnesses(
+            log_key,
+            "witness_keys",
+            &keys,
+            quorum,
+            "witness_quorum",
+        )
+        .map_err(|e| e.0)?;
         let witnesses = witness_keys
             .iter()
             .enumerate()
@@ -50,12 +100,6 @@ impl WitnessTrust {
                     .map_err(|e| format!("witness_keys[{i}]: {e}"))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        if quorum == 0 || quorum > witnesses.len() {
-            return Err(format!(
-                "witness_quorum: {quorum} must be between 1 and the {} witness keys",
-                witnesses.len()
-            ));
-        }
         Ok(WitnessTrust {
             log,
             witnesses,
@@ -72,16 +116,32 @@ pub fn event_leaf(hash_hex: &str) -> Result<Hash, String> {
     Ok(leaf_hash(&bytes))
 }
 
-/// Checks that `w` proves approval `approval_id` was approved in the log the runner trusts:
-/// the event is that approval's `approval.approved`, its hash is its fields', the checkpoint
-/// is signed by the log key and cosigned by `quorum` distinct trusted witnesses, and the
-/// audit path leads from the event's leaf to the checkpoint's root. Returns the witnesses
-/// that cosigned. Every failure names what failed.
+/// What a witnessed approval proved.
+#[derive(Debug)]
+pub struct Verified {
+    /// The witnesses that cosigned.
+    pub cosigned: Vec<String>,
+    /// When the approval was requested (unix milliseconds, from its UUIDv7 id).
+    pub requested: u64,
+    /// When it expires (unix seconds).
+    pub expires: u64,
+}
+
+/// Checks that `w` proves `call` was approved in the log the runner trusts: the event is
+/// that approval's `approval.approved`, its hash is its fields', the checkpoint is signed by
+/// the log key and cosigned by `quorum` distinct trusted witnesses, and the audit path leads
+/// from the event's leaf to the checkpoint's root; then that the event settled the request
+/// (`approved`, its votes meeting its requirement), that its binding is this very call, and
+/// that it lives within `max_lifetime` (requested no earlier, expiring no later, and the event
+/// no older). Every failure names what failed.
 pub fn verify(
     w: &WitnessedApproval,
-    approval_id: &str,
+    call: &Call<'_>,
     trust: &WitnessTrust,
-) -> Result<Vec<String>, String> {
+    now: u64,
+    max_lifetime: u64,
+) -> Result<Verified, String> {
+    let approval_id = call.approval_id;
     let e = &w.event;
     if e.kind != APPROVED {
         return Err(format!("the event is a `{}`, not `{APPROVED}`", e.kind));
@@ -141,5 +201,81 @@ pub fn verify(
             cp.size()
         )
     })?;
-    Ok(cosigned)
+    let (requested, expires) = check_binding(e, call, now, max_lifetime)?;
+    Ok(Verified {
+        cosigned,
+        requested,
+        expires,
+    })
+}
+
+/// The proven event against the call: the request it settled, the binding, the lifetime.
+fn check_binding(
+    e: &Event,
+    call: &Call<'_>,
+    now: u64,
+    max_lifetime: u64,
+) -> Result<(u64, u64), String> {
+    let detail = e.detail.as_ref();
+    let number = |k: &str| detail.and_then(|d| d.get(k)).and_then(|v| v.as_u64());
+    let state = detail.and_then(|d| d.get("state")).and_then(|v| v.as_str());
+    let (Some(votes), Some(required)) = (number("votes"), number("required")) else {
+        return Err("the event does not say the request's votes and requirement".into());
+    };
+    if state != Some("approved") || required == 0 || votes < required {
+        return Err(format!(
+            "the event is a vote that left the request {} ({votes} of {required} approvals): only the vote that approved it lets it run",
+            state.unwrap_or("in no state")
+        ));
+    }
+    let binding: Binding = detail
+        .and_then(|d| d.get("binding"))
+        .ok_or("the event binds no call (`detail.binding`): its server predates bound approvals")
+        .and_then(|b| {
+            serde_json::from_value(b.clone())
+                .map_err(|_| "the event's `detail.binding` is not a binding")
+        })?;
+    let differs = |field: &str, bound: &str, here: &str| {
+        Err(format!(
+            "the approval binds `{field}` {bound}, and this call has {here}: it approved another write"
+        ))
+    };
+    if binding.tool != call.tool {
+        return differs("tool", &binding.tool, call.tool);
+    }
+    if binding.pack_sha256 != call.pack_sha256 {
+        return differs("pack", &binding.pack_sha256, call.pack_sha256);
+    }
+    if binding.args_sha256 != call.args_sha256 {
+        return differs("args", &binding.args_sha256, call.args_sha256);
+    }
+    let Some(preview) = binding.runners.get(call.runner) else {
+        return Err(format!(
+            "the approval binds the runners {:?}, not this runner (`{}`)",
+            binding.runners.keys().collect::<Vec<_>>(),
+            call.runner
+        ));
+    };
+    if preview.as_deref() != call.preview_sha256 {
+        return differs(
+            "preview",
+            preview.as_deref().unwrap_or("none"),
+            call.preview_sha256.unwrap_or("none"),
+        );
+    }
+    let expires = crate::protocol::approval::statement::parse_utc(&binding.expires_at)
+        .ok_or("the binding's `expires_at` is not YYYY-MM-DDTHH:MM:SSZ")?;
+    let requested =
+        crate::protocol::approval::check_lifetime(call.approval_id, expires, now, max_lifetime)?;
+    let at =
+        e.at.get(..19)
+            .and_then(|t| crate::protocol::approval::statement::parse_utc(&format!("{t}Z")))
+            .ok_or("the event's `at` is not an RFC 3339 UTC time")?;
+    if now.saturating_sub(at) > max_lifetime {
+        return Err(format!(
+            "the approval event is {} s old, older than the {max_lifetime} s an approval lives here",
+            now.saturating_sub(at)
+        ));
+    }
+    Ok((requested, expires))
 }

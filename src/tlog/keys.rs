@@ -193,6 +193,50 @@ pub fn verifier(text: &str) -> Result<Box<dyn signed_note::Verifier + Send + Syn
     }
 }
 
+/// Checks the witnesses a checkpoint's reader trusts, the one rule the server's
+/// `[transparency]` and a runner's `require_witnessed` share: every witness key is a
+/// `cosignature/v1` key (type 0x04), no two are one key (under one name or two), none is the
+/// log's own key (whoever holds it would be its own witness), and the quorum is at least 1 and
+/// at most the keys. `field` names the setting in errors, e.g. `witness_keys`.
+pub fn check_witnesses(
+    log_key: &str,
+    field: &str,
+    witness_keys: &[&str],
+    quorum: usize,
+    quorum_field: &str,
+) -> Result<(), KeyTextError> {
+    let (_, _, log) = split_verifier_key(log_key)?;
+    let mut seen: Vec<Vec<u8>> = Vec::new();
+    for (i, text) in witness_keys.iter().enumerate() {
+        let (_, _, key) =
+            split_verifier_key(text).map_err(|e| KeyTextError(format!("{field}[{i}]: {e}")))?;
+        if key[0] != super::cosignature::COSIGNATURE_V1 {
+            return Err(KeyTextError(format!(
+                "{field}[{i}]: a witness key must be a cosignature/v1 key (type 0x04, `emisar witness keygen` prints it), not type 0x{:02x}",
+                key[0]
+            )));
+        }
+        if key[1..] == log[1..] {
+            return Err(KeyTextError(format!(
+                "{field}[{i}]: this is the log's own key: a log cannot witness itself"
+            )));
+        }
+        if seen.contains(&key) {
+            return Err(KeyTextError(format!(
+                "{field}[{i}]: the same key as an earlier witness: each witness counts once"
+            )));
+        }
+        seen.push(key);
+    }
+    if quorum == 0 || quorum > witness_keys.len() {
+        return Err(KeyTextError(format!(
+            "{quorum_field}: {quorum} must be between 1 and the {} witness keys",
+            witness_keys.len()
+        )));
+    }
+    Ok(())
+}
+
 /// The verifiers of a set of key texts, for `signed_note::Note::verify`.
 pub struct Verifiers(Vec<Box<dyn signed_note::Verifier + Send + Sync>>);
 

@@ -703,6 +703,7 @@ async fn approvals_refuse_what_they_should(backend: Backend) {
         raw: false,
         approval: None,
         witnessed: None,
+        secret_salt: None,
     };
     let claims = |aud: &str, req: &CallRequest, approval: Option<&str>| {
         let t = now();

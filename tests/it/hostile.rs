@@ -1409,6 +1409,7 @@ async fn runner(app: &TestApp, report: &mut Report, exec_log: &Path) {
         raw: false,
         approval: None,
         witnessed: None,
+        secret_salt: None,
     };
     let claims_for = |req: &CallRequest| {
         let t = now();

@@ -46,4 +46,5 @@ mod sockets;
 mod tidy;
 mod tls;
 mod transparency;
+mod trust_promises;
 mod witness;

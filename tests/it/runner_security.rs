@@ -40,6 +40,7 @@ impl Fixture {
                 raw: false,
                 approval: None,
                 witnessed: None,
+                secret_salt: None,
             }
             .digest(),
             pack_sha256: self.pack_sha256.clone(),

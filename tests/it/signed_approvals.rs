@@ -19,18 +19,18 @@ use crate::approvals::{
 use crate::harness::app::{Options, Signed, TestApp};
 use crate::harness::{Backend, RunnerSpec, spawn_app};
 
-const TOOL: &str = "linux.systemctl_restart";
+pub(crate) const TOOL: &str = "linux.systemctl_restart";
 
-fn key(seed: u8) -> PrivateKey {
+pub(crate) fn key(seed: u8) -> PrivateKey {
     PrivateKey::from(ssh_key::private::Ed25519Keypair::from_seed(&[seed; 32]))
 }
 
-fn pub_line(seed: u8) -> String {
+pub(crate) fn pub_line(seed: u8) -> String {
     key(seed).public_key().to_openssh().unwrap()
 }
 
 /// alice holds keys 1 and 3, bob key 2; a restart needs two people, anything else one.
-fn approvers_text() -> String {
+pub(crate) fn approvers_text() -> String {
     format!(
         "serial = 1\n\
          [[person]]\nname = \"alice\"\nssh = [\"{}\", \"{}\"]\n\
@@ -43,7 +43,7 @@ fn approvers_text() -> String {
     )
 }
 
-fn sign(seed: u8, namespace: &str, text: &str) -> String {
+pub(crate) fn sign(seed: u8, namespace: &str, text: &str) -> String {
     key(seed)
         .sign(namespace, HashAlg::Sha512, text.as_bytes())
         .unwrap()
@@ -51,7 +51,7 @@ fn sign(seed: u8, namespace: &str, text: &str) -> String {
         .unwrap()
 }
 
-fn ssh(seed: u8, text: &str) -> Signature {
+pub(crate) fn ssh(seed: u8, text: &str) -> Signature {
     Signature::Ssh {
         signer: format!("key{seed}"),
         signature: sign(seed, sshsig::APPROVAL_NAMESPACE, text),
@@ -124,7 +124,7 @@ fn statement(app: &TestApp, approval_id: &str, unit: &str, runners: &[&str]) -> 
     }
 }
 
-fn in_secs(secs: i64) -> String {
+pub(crate) fn in_secs(secs: i64) -> String {
     (chrono::Utc::now() + chrono::Duration::seconds(secs))
         .format("%Y-%m-%dT%H:%M:%SZ")
         .to_string()
@@ -149,6 +149,7 @@ async fn execute(
         raw: false,
         approval: proof,
         witnessed: None,
+        secret_salt: None,
     };
     let answer = app
         .signed_request(
@@ -164,7 +165,7 @@ async fn execute(
     (answer.status, answer.body)
 }
 
-fn proof(s: &Statement, signers: &[u8]) -> ApprovalProof {
+pub(crate) fn proof(s: &Statement, signers: &[u8]) -> ApprovalProof {
     let text = s.text().unwrap();
     ApprovalProof {
         signatures: signers.iter().map(|k| ssh(*k, &text)).collect(),
@@ -188,7 +189,7 @@ fn refused(lab: &Lab, answer: (u16, Value), status: u16, why: &str) {
 async fn a_compromised_server_cannot_make_a_node_run_a_write() {
     let lab = lab().await;
     let app = &lab.app;
-    let id = uuid::Uuid::new_v4().to_string();
+    let id = uuid::Uuid::now_v7().to_string();
     let good = statement(app, &id, "consul", &["hvn05", "hvn06"]);
 
     // Signed with server.key, an invented approval id, no signatures.
@@ -260,7 +261,7 @@ async fn a_compromised_server_cannot_make_a_node_run_a_write() {
         "differs from this call in `args`",
     );
     // …for another approval id…
-    let other_id = uuid::Uuid::new_v4().to_string();
+    let other_id = uuid::Uuid::now_v7().to_string();
     refused(
         &lab,
         execute(
@@ -378,7 +379,7 @@ async fn a_compromised_server_cannot_make_a_node_run_a_write() {
     assert_eq!(status, 409, "{body}");
     assert_eq!(restarts(&lab.record), 1, "an approval runs once");
     // And hvn07 runs it with the file the root key signed.
-    let id7 = uuid::Uuid::new_v4().to_string();
+    let id7 = uuid::Uuid::now_v7().to_string();
     let mut rooted = proof(&statement(app, &id7, "consul", &["hvn07"]), &[3, 2]);
     rooted.approvers = Some(SignedApprovers {
         signature: sign(lab.root, sshsig::APPROVERS_NAMESPACE, &approvers_text()),
@@ -452,7 +453,7 @@ async fn arguments_edited_in_the_table_after_signing_do_not_run() {
 
 /// Runs `emisar` with `args`, SSH_AUTH_SOCK set to `agent` (without blocking the runtime the
 /// server runs on).
-async fn emisar(agent: &Path, args: &[&str]) -> std::process::Output {
+pub(crate) async fn emisar(agent: &Path, args: &[&str]) -> std::process::Output {
     tokio::process::Command::new(env!("CARGO_BIN_EXE_emisar"))
         .args(args)
         .env("SSH_AUTH_SOCK", agent)
@@ -464,13 +465,13 @@ async fn emisar(agent: &Path, args: &[&str]) -> std::process::Output {
 }
 
 /// A real ssh-agent on a socket in `dir`, killed when dropped.
-struct Agent {
-    socket: PathBuf,
+pub(crate) struct Agent {
+    pub(crate) socket: PathBuf,
     child: std::process::Child,
 }
 
 impl Agent {
-    fn start(dir: &Path) -> Agent {
+    pub(crate) fn start(dir: &Path) -> Agent {
         let socket = dir.join("agent.sock");
         let child = Command::new("ssh-agent")
             .arg("-D")
@@ -489,7 +490,7 @@ impl Agent {
     }
 
     /// Adds key `seed` and returns the path of its .pub.
-    fn add(&self, dir: &Path, seed: u8) -> PathBuf {
+    pub(crate) fn add(&self, dir: &Path, seed: u8) -> PathBuf {
         let private = dir.join(format!("id_{seed}"));
         key(seed)
             .write_openssh_file(&private, LineEnding::LF)

@@ -19,7 +19,7 @@ use crate::harness::Backend;
 use crate::harness::app::{Options, TestApp, spawn_app};
 use crate::harness::tools::{Proc, bound_addr};
 
-const ORIGIN: &str = "emisar.test/audit";
+pub(crate) const ORIGIN: &str = "emisar.test/audit";
 
 fn event(i: usize) -> NewEvent {
     NewEvent {
@@ -249,13 +249,13 @@ async fn random_batches_prove_between_random_sizes(backend: Backend) {
 crate::both_backends!(random_batches_prove_between_random_sizes);
 
 /// A real `emisar witness` for the log `ORIGIN`.
-struct Witness {
+pub(crate) struct Witness {
     _proc: Proc,
     url: String,
-    vkey: String,
+    pub(crate) vkey: String,
 }
 
-async fn witness(dir: &Path, name: &str, log_vkey: &str) -> Witness {
+pub(crate) async fn witness(dir: &Path, name: &str, log_vkey: &str) -> Witness {
     let key_file = dir.join(format!("{name}.key"));
     let out = run(&[
         "witness",
@@ -299,7 +299,7 @@ async fn witness(dir: &Path, name: &str, log_vkey: &str) -> Witness {
 }
 
 /// `[transparency]` with `witnesses` (quorum: all of them).
-fn transparency(
+pub(crate) fn transparency(
     log_key_file: std::path::PathBuf,
     witnesses: [&Witness; 2],
     interval_ms: u64,
@@ -923,6 +923,7 @@ async fn execute_with(
         raw: false,
         approval: None,
         witnessed,
+        secret_salt: None,
     };
     let answer = app
         .signed_request(

@@ -19,6 +19,72 @@ pub use statement::{Statement, StatementError};
 /// The most signatures one call may carry.
 pub const MAX_SIGNATURES: usize = 32;
 
+/// The longest an approval lives by default, from its request to its expiry, in seconds: the
+/// server's default `approval_ttl_secs` (15 min) and `approved_start_within_secs` (5 min), and
+/// a minute of clock skew. Signers (`emisar approvals approve`, the portal) and runners refuse a
+/// longer one unless told otherwise.
+pub const DEFAULT_MAX_LIFETIME_SECS: u64 = 21 * 60;
+/// The most any setting may allow: the server's longest `approval_ttl_secs` (a week) and
+/// `approved_start_within_secs` (an hour), and a minute.
+pub const MAX_LIFETIME_SECS: u64 = 7 * 24 * 3600 + 3600 + 60;
+/// How far ahead of a signer's or runner's clock an approval may say it was requested.
+pub const CLOCK_SKEW_SECS: u64 = 60;
+
+/// When an approval was requested, in milliseconds since the epoch: the timestamp of its id,
+/// a UUIDv7 (RFC 9562 §5.7) the server makes at request time. None for another form.
+pub fn issued_millis(approval_id: &str) -> Option<u64> {
+    let b = approval_id.as_bytes();
+    let hex = |r: std::ops::Range<usize>| {
+        approval_id
+            .get(r)
+            .filter(|s| s.bytes().all(|c| c.is_ascii_hexdigit()))
+    };
+    if b.len() != 36 || [8, 13, 18, 23].iter().any(|&i| b[i] != b'-') || b[14] != b'7' {
+        return None;
+    }
+    let (high, low) = (hex(0..8)?, hex(9..13)?);
+    hex(14..18)?;
+    hex(19..23)?;
+    hex(24..36)?;
+    u64::from_str_radix(&format!("{high}{low}"), 16).ok()
+}
+
+/// The time bounds on one approval that every signer and runner applies, given its id (a
+/// UUIDv7, which says when it was requested), its expiry and the checker's clock: requested
+/// no later than now (give or take [`CLOCK_SKEW_SECS`]), not expired, and living at most
+/// `max_lifetime` seconds from request to expiry. Returns when it was requested, in
+/// milliseconds since the epoch. Each error names the statement's field.
+pub fn check_lifetime(
+    approval_id: &str,
+    expires: u64,
+    now: u64,
+    max_lifetime: u64,
+) -> Result<u64, String> {
+    let issued_ms = issued_millis(approval_id).ok_or_else(|| {
+        format!(
+            "`approval`: `{approval_id}` is not a UUIDv7, whose time says when it was requested"
+        )
+    })?;
+    let issued = issued_ms / 1000;
+    if issued > now + CLOCK_SKEW_SECS {
+        return Err(format!(
+            "`approval`: requested at {issued} (unix seconds), after this clock's {now}: an approval from the future is refused"
+        ));
+    }
+    if now >= expires {
+        return Err(format!(
+            "`expires`: the approval expired at {expires} (unix seconds)"
+        ));
+    }
+    if expires.saturating_sub(issued) > max_lifetime {
+        return Err(format!(
+            "`expires`: the approval lives {} s from its request to its expiry, more than the {max_lifetime} s allowed here (the server's approval_ttl_secs and approved_start_within_secs, and a minute)",
+            expires.saturating_sub(issued)
+        ));
+    }
+    Ok(issued_ms)
+}
+
 /// One person's signature over a statement's text, as the portal, the CLI, the store, the
 /// audit log and the call carry it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -174,13 +240,16 @@ pub fn verify_signature(
 
 /// The node's decision on a signed approval of `tool`: every signature verifies over `text`
 /// and belongs to a person of `approvers`, no person counts twice (two keys of one person are
-/// one person), and the people number at least the file's rule for `tool`. The statement's
-/// expiry and the approval id's single use are the caller's (it has the clock and the memory).
+/// one person), and the people number at least the file's rule for `tool` and at least
+/// `required`, the count the signed statement itself names (the policy may ask more people
+/// than the file; what people signed for holds). The statement's expiry and the approval id's
+/// single use are the caller's (it has the clock and the memory).
 pub fn verify_quorum(
     approvers: &Approvers,
     tool: &str,
     text: &str,
     signatures: &[Signature],
+    required: u32,
 ) -> Result<Vec<Signed>, String> {
     let rule = approvers.rule(tool).ok_or_else(|| {
         format!(
@@ -208,6 +277,12 @@ pub fn verify_quorum(
             "`{tool}` needs {} people's signatures under the approvers file (sha256:{}), and the call carries {}",
             rule.approvals,
             approvers.sha256,
+            signed.len()
+        ));
+    }
+    if (signed.len() as u32) < required {
+        return Err(format!(
+            "the signed statement says `required {required}`, and the call carries {} people's signatures",
             signed.len()
         ));
     }
@@ -241,7 +316,7 @@ mod tests {
     #[test]
     fn two_people_meet_a_quorum_of_two() {
         let a = two_needed();
-        let signed = verify_quorum(&a, "t.x", "s", &[ssh(1, "s"), ssh(2, "s")]).unwrap();
+        let signed = verify_quorum(&a, "t.x", "s", &[ssh(1, "s"), ssh(2, "s")], 1).unwrap();
         assert_eq!(signed[0].person, "alice");
         assert_eq!(signed[1].person, "bob");
         assert!(signed[0].key_id.starts_with("SHA256:"));
@@ -250,7 +325,7 @@ mod tests {
     #[test]
     fn one_person_with_two_keys_counts_once() {
         let a = two_needed();
-        let e = verify_quorum(&a, "t.x", "s", &[ssh(1, "s"), ssh(3, "s")]).unwrap_err();
+        let e = verify_quorum(&a, "t.x", "s", &[ssh(1, "s"), ssh(3, "s")], 1).unwrap_err();
         assert!(e.contains("count once"), "{e}");
     }
 
@@ -258,12 +333,61 @@ mod tests {
     fn too_few_other_text_or_unknown_keys_are_refused() {
         let a = two_needed();
         assert!(
-            verify_quorum(&a, "t.x", "s", &[ssh(1, "s")])
+            verify_quorum(&a, "t.x", "s", &[ssh(1, "s")], 1)
                 .unwrap_err()
                 .contains("needs 2")
         );
-        assert!(verify_quorum(&a, "t.x", "s", &[ssh(1, "s"), ssh(2, "other")]).is_err());
-        let e = verify_quorum(&a, "t.x", "s", &[ssh(1, "s"), ssh(7, "s")]).unwrap_err();
+        assert!(verify_quorum(&a, "t.x", "s", &[ssh(1, "s"), ssh(2, "other")], 1).is_err());
+        let e = verify_quorum(&a, "t.x", "s", &[ssh(1, "s"), ssh(7, "s")], 1).unwrap_err();
         assert!(e.contains("not in the approvers file"), "{e}");
+    }
+
+    #[test]
+    fn the_statements_required_count_holds_above_the_files_rule() {
+        let a = two_needed();
+        let e = verify_quorum(&a, "t.x", "s", &[ssh(1, "s"), ssh(2, "s")], 3).unwrap_err();
+        assert!(e.contains("`required 3`"), "{e}");
+    }
+
+    #[test]
+    fn an_approval_lives_from_its_uuidv7_to_its_expiry_within_bounds() {
+        // 2026-12-06T10:00:00Z = 1_796_551_200 s; its UUIDv7 carries the milliseconds.
+        let t = 1_796_551_200u64;
+        let id = format!(
+            "{:08x}-{:04x}-7abc-8def-0123456789ab",
+            (t * 1000) >> 16,
+            (t * 1000) & 0xffff
+        );
+        assert_eq!(issued_millis(&id), Some(t * 1000));
+        assert_eq!(check_lifetime(&id, t + 1200, t + 10, 1260), Ok(t * 1000));
+        let far = check_lifetime(&id, 4_070_908_800, t + 10, 1260).unwrap_err();
+        assert!(
+            far.starts_with("`expires`") && far.contains("1260"),
+            "{far}"
+        );
+        assert!(
+            check_lifetime(&id, t + 1200, t + 1200, 1260)
+                .unwrap_err()
+                .contains("expired")
+        );
+        assert!(
+            check_lifetime(&id, t + 1200, t - 3600, 1260)
+                .unwrap_err()
+                .contains("future")
+        );
+        let v4 = "0193f4c2-7a10-4cc0-9f00-000000000001";
+        assert!(
+            check_lifetime(v4, t + 1200, t, 1260)
+                .unwrap_err()
+                .contains("UUIDv7")
+        );
+        for bad in [
+            "",
+            "x",
+            "0193f4c2-7a10-7cc0-9f00-00000000000g",
+            "0193f4c2_7a10-7cc0-9f00-000000000001",
+        ] {
+            assert_eq!(issued_millis(bad), None, "{bad}");
+        }
     }
 }

@@ -17,7 +17,9 @@
 //!
 //! One line per field, `key value`, in this order, runners sorted by name, each line ending in
 //! a newline; a value never holds whitespace. `args` is the SHA-256 of the canonical JSON of the
-//! arguments the runner receives (secret params included, so the statement does not show them);
+//! [`signed_args`]: the arguments the runner receives, each secret param replaced by a salted
+//! commitment (`commit:sha256:HEX`), so a signer recomputes the digest from arguments it can show
+//! and the runner recomputes it from the values it receives and the salt the call carries;
 //! a runner's `preview` is the SHA-256 of the canonical JSON of the preview values it sealed and
 //! will execute with (`none` when the tool has no preview). The signed bytes are exactly
 //! [`Statement::text`]; a passkey signs over [`Statement::hash`] (the WebAuthn challenge).
@@ -219,6 +221,50 @@ impl Statement {
     }
 }
 
+/// The prefix of a secret param's value in [`signed_args`].
+pub const COMMIT_PREFIX: &str = "commit:sha256:";
+
+/// The arguments as a statement's `args` digest covers them: every secret param's value
+/// replaced by `commit:sha256:HEX`, the SHA-256 of the salt, a NUL and the value's canonical
+/// JSON. The salt is the server's, random to anyone without its audit key, per approval; it
+/// travels with the call to the runner and never into the audit log, so the commitment hides
+/// a short secret from everyone who reads the log or the statement. A tool with secret params
+/// needs a salt: without one, an error names the param.
+pub fn signed_args(
+    args: &serde_json::Map<String, serde_json::Value>,
+    secret: &[&str],
+    salt: Option<&str>,
+) -> Result<serde_json::Map<String, serde_json::Value>, StatementError> {
+    let mut out = args.clone();
+    for name in secret {
+        let Some(value) = out.get_mut(*name) else {
+            continue;
+        };
+        let salt = salt.filter(|s| !s.is_empty()).ok_or_else(|| {
+            err(format!(
+                "`{name}` is a secret param and the call carries no salt for its commitment"
+            ))
+        })?;
+        let mut h = Sha256::new();
+        h.update(salt.as_bytes());
+        h.update([0u8]);
+        h.update(crate::digest::canonical_json(value).as_bytes());
+        *value = serde_json::Value::String(format!("{COMMIT_PREFIX}{}", hex::encode(h.finalize())));
+    }
+    Ok(out)
+}
+
+/// The hex SHA-256 a statement's `args` line carries for `args` ([`signed_args`]).
+pub fn args_digest(
+    args: &serde_json::Map<String, serde_json::Value>,
+    secret: &[&str],
+    salt: Option<&str>,
+) -> Result<String, StatementError> {
+    Ok(crate::digest::json_digest(&serde_json::Value::Object(
+        signed_args(args, secret, salt)?,
+    )))
+}
+
 /// SHA-256 of a statement's text.
 pub fn hash_text(text: &str) -> [u8; 32] {
     Sha256::digest(text.as_bytes()).into()
@@ -372,6 +418,30 @@ mod tests {
         ] {
             assert_eq!(parse_utc(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn a_secret_is_signed_as_a_salted_commitment() {
+        let args = serde_json::json!({"unit": "cron", "password": "hunter2"});
+        let args = args.as_object().unwrap();
+        let a = signed_args(args, &["password"], Some("salt-1")).unwrap();
+        assert_eq!(a["unit"], "cron");
+        let c = a["password"].as_str().unwrap();
+        assert!(
+            c.starts_with(COMMIT_PREFIX) && !c.contains("hunter2"),
+            "{c}"
+        );
+        // Another salt or another value is another commitment; the same ones, the same.
+        let b = signed_args(args, &["password"], Some("salt-2")).unwrap();
+        assert_ne!(a["password"], b["password"]);
+        assert_eq!(a, signed_args(args, &["password"], Some("salt-1")).unwrap());
+        let other = serde_json::json!({"unit": "cron", "password": "hunter3"});
+        let o = signed_args(other.as_object().unwrap(), &["password"], Some("salt-1")).unwrap();
+        assert_ne!(a["password"], o["password"]);
+        let e = signed_args(args, &["password"], None).unwrap_err();
+        assert!(e.0.contains("`password`"), "{e}");
+        // No secret param: the arguments themselves.
+        assert_eq!(&signed_args(args, &[], None).unwrap(), args);
     }
 
     #[test]

@@ -111,6 +111,10 @@ fn check<'a>(
         signatures.push(sig);
     }
     let text = statement.expect("at least one vote");
-    verify_quorum(approvers, tool, text, &signatures).map_err(|e| (exec, e))?;
+    // The statement's own `required` holds as it does on the runner.
+    let required = Statement::parse(text)
+        .map_err(|e| (exec, e.to_string()))?
+        .required;
+    verify_quorum(approvers, tool, text, &signatures, required).map_err(|e| (exec, e))?;
     Ok(())
 }

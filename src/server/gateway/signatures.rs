@@ -7,6 +7,7 @@
 //! people when the runners' approvers could not satisfy it (say why instead), and its
 //! execution carries every signature with the statement exactly as stored.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::Context;
@@ -14,9 +15,11 @@ use serde_json::{Map, Value};
 
 use super::state::Gateway;
 use crate::digest::json_digest;
+use crate::pack::ToolRef;
 use crate::protocol::approval::{
-    ApprovalProof, Approvers, SignedApprovers, Statement, verify_signature,
+    ApprovalProof, Approvers, SignedApprovers, Statement, statement, verify_signature,
 };
+use crate::protocol::witnessed::Binding;
 use crate::server::approvals::{Approval, ApprovalError, Verdict};
 
 /// `approvers_file` (and its root signature) as the server read them at start.
@@ -123,6 +126,33 @@ impl Gateway {
         })
     }
 
+    /// The salt of approval `approval_id`'s secret-param commitments (None: `tool` has no
+    /// secret param): the audit key's HMAC of the id, so no store keeps it and nobody without
+    /// the key can test a guess of a secret against the commitment a statement covers.
+    pub(crate) fn commit_salt(&self, tool: &ToolRef, approval_id: &str) -> Option<String> {
+        tool.secret_params().next()?;
+        self.audit_key
+            .as_ref()
+            .map(|k| k.seal(&format!("emisar-commit/v1 {approval_id}")))
+    }
+
+    /// The arguments as people sign them (`statement::signed_args`): what the approvals API
+    /// shows beside the statement, so a signer recomputes its `args` digest from them.
+    pub(crate) fn signed_args(
+        &self,
+        approval_id: &str,
+        tool_name: &str,
+        args: &Map<String, Value>,
+    ) -> Result<Map<String, Value>, String> {
+        let tool = self
+            .packs
+            .tool(tool_name)
+            .ok_or_else(|| format!("tool `{tool_name}` is no longer loaded"))?;
+        let secret: Vec<&str> = tool.secret_params().collect();
+        let salt = self.commit_salt(tool, approval_id);
+        statement::signed_args(args, &secret, salt.as_deref()).map_err(|e| e.to_string())
+    }
+
     /// The statement people sign for a request, from what its runners will receive.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn statement_for(
@@ -137,23 +167,12 @@ impl Gateway {
         requester: &str,
         expires_at: chrono::DateTime<chrono::Utc>,
     ) -> Result<String, String> {
-        let runners = runners
-            .iter()
-            .map(|r| {
-                // Exactly what the runner will hash: the vars as it sealed them, parsed back.
-                let vars = preview.and_then(|p| {
-                    let text = p.get(r)?.get("sealed_vars")?.as_str()?;
-                    serde_json::from_str::<Value>(text).ok()
-                });
-                (r.clone(), vars.map(|v| json_digest(&v)))
-            })
-            .collect();
         Statement {
             approval_id: approval_id.to_owned(),
             tool: tool.to_owned(),
             pack_sha256: pack_sha256.to_owned(),
-            args_sha256: json_digest(&Value::Object(args.clone())),
-            runners,
+            args_sha256: json_digest(&Value::Object(self.signed_args(approval_id, tool, args)?)),
+            runners: preview_digests(runners, preview),
             required,
             policy_sha256: self.policy().digest(),
             requester: requester.to_owned(),
@@ -161,6 +180,28 @@ impl Gateway {
         }
         .text()
         .map_err(|e| e.to_string())
+    }
+
+    /// What a request's `approval.approved` events bind (`protocol::witnessed::Binding`):
+    /// the call its approval lets run, which a runner with `require_witnessed` compares with
+    /// the call it receives. Its expiry is the statement's: the request's, and the time an
+    /// approval has to start.
+    pub(super) fn binding(&self, row: &Approval) -> Result<Binding, String> {
+        let expires = chrono::DateTime::parse_from_rfc3339(&row.expires_at)
+            .map_err(|e| format!("the request's expiry `{}`: {e}", row.expires_at))?
+            .with_timezone(&chrono::Utc)
+            + chrono::Duration::from_std(self.limits.approved_start_within)
+                .unwrap_or(chrono::Duration::minutes(5))
+            + chrono::Duration::seconds(1);
+        Ok(Binding {
+            tool: row.tool.clone(),
+            pack_sha256: row.pack_sha256.clone(),
+            args_sha256: json_digest(&Value::Object(
+                self.signed_args(&row.id, &row.tool, &row.args)?,
+            )),
+            runners: preview_digests(&row.runners, row.preview.as_ref()),
+            expires_at: expires.format("%Y-%m-%dT%H:%M:%SZ").to_string(),
+        })
     }
 
     /// A yes with a signature, verified over the request's statement against the approvers
@@ -205,4 +246,22 @@ impl Gateway {
             approvers: self.approvers.as_ref().and_then(|s| s.signed.clone()),
         })
     }
+}
+
+/// Every runner with the SHA-256 of the preview values it sealed, exactly as it will hash them:
+/// the vars as it sealed them (`sealed_vars`, text), parsed back. None: no preview.
+fn preview_digests(
+    runners: &[String],
+    preview: Option<&Value>,
+) -> BTreeMap<String, Option<String>> {
+    runners
+        .iter()
+        .map(|r| {
+            let vars = preview.and_then(|p| {
+                let text = p.get(r)?.get("sealed_vars")?.as_str()?;
+                serde_json::from_str::<Value>(text).ok()
+            });
+            (r.clone(), vars.map(|v| json_digest(&v)))
+        })
+        .collect()
 }

@@ -171,6 +171,8 @@ pub(crate) struct Dispatch<'a> {
     /// The approval's event with its inclusion proof in a witnessed checkpoint, for runners
     /// that require it.
     pub witnessed: Option<&'a crate::protocol::witnessed::WitnessedApproval>,
+    /// The salt of the secret params' commitments in the signed arguments.
+    pub secret_salt: Option<&'a str>,
 }
 
 impl<'a> Dispatch<'a> {
@@ -197,6 +199,7 @@ impl<'a> Dispatch<'a> {
             lowered_by_policy: None,
             approval: None,
             witnessed: None,
+            secret_salt: None,
         }
     }
 }
@@ -255,6 +258,7 @@ impl RunnerClient {
             raw: d.raw,
             approval: d.approval.cloned(),
             witnessed: d.witnessed.cloned(),
+            secret_salt: d.secret_salt.map(str::to_owned),
         };
         let iat = now();
         let claims = CallClaims {

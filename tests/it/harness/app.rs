@@ -48,6 +48,8 @@ pub struct RunnerSpec {
     pub state_dir: Option<PathBuf>,
     /// `require_witnessed`: the log key, the witness keys and the quorum.
     pub witnessed: Option<(String, Vec<String>, Option<usize>)>,
+    /// `min_approvers_serial`.
+    pub min_approvers_serial: u64,
 }
 
 impl RunnerSpec {
@@ -67,7 +69,14 @@ impl RunnerSpec {
             approvers_root_keys: Vec::new(),
             state_dir: None,
             witnessed: None,
+            min_approvers_serial: 0,
         }
+    }
+
+    /// Takes no carried approvers file below `serial`.
+    pub fn min_approvers_serial(mut self, serial: u64) -> Self {
+        self.min_approvers_serial = serial;
+        self
     }
 
     /// Runs risk:high writes only with a witnessed approval: a checkpoint signed by
@@ -187,6 +196,8 @@ pub struct TestApp {
     server: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
     /// Kept for its Drop (drops the PostgreSQL database).
     pub pg: Option<PgTestDb>,
+    /// Each runner started: its config, certificate and stop token (for a restart).
+    started: BTreeMap<String, (RunnerConfig, Option<CertFiles>, CancellationToken)>,
 }
 
 #[derive(Default)]
@@ -280,6 +291,7 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
 
     let mut entries = Vec::new();
     let mut runner_urls = BTreeMap::new();
+    let mut started = BTreeMap::new();
     for spec in runners {
         let mut config = RunnerConfig::with_name(&spec.name);
         config.listen = "127.0.0.1:0".into();
@@ -305,6 +317,7 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
         config.require_signed_approvals = spec.require_signed.clone();
         config.approvers_file = spec.approvers_file.clone();
         config.approvers_root_keys = spec.approvers_root_keys.clone();
+        config.min_approvers_serial = spec.min_approvers_serial;
         if let Some((log_key, witness_keys, quorum)) = &spec.witnessed {
             config.require_witnessed = true;
             config.log_key = Some(log_key.clone());
@@ -317,21 +330,13 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
             .clone()
             .unwrap_or_else(|| dir.path().join(format!("state-{}", spec.name)));
         config.fill_standard_services();
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let state = RunnerState::new(config).unwrap();
-        let (url, tls_fingerprint) = match &spec.tls {
-            None => {
-                tokio::spawn(agent::run(listener, state, shutdown.clone()));
-                (format!("http://{addr}"), None)
-            }
-            Some((cert, pin)) => {
-                let (tls, _) =
-                    emisar::util::tls::server_config_from_files(&cert.cert, &cert.key).unwrap();
-                tokio::spawn(agent::run_https(listener, state, tls, shutdown.clone()));
-                (format!("https://{addr}"), pin.clone())
-            }
-        };
+        let stop = shutdown.child_token();
+        let url = serve_runner(&config, spec.tls.as_ref().map(|(c, _)| c), &stop).await;
+        let tls_fingerprint = spec.tls.as_ref().and_then(|(_, pin)| pin.clone());
+        started.insert(
+            spec.name.clone(),
+            (config, spec.tls.as_ref().map(|(c, _)| c.clone()), stop),
+        );
         entries.push(RunnerEntry {
             name: spec.name.clone(),
             url: spec.reached_at.clone().unwrap_or_else(|| url.clone()),
@@ -434,10 +439,51 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
         shutdown,
         server: Some(server),
         pg,
+        started,
+    }
+}
+
+/// Serves a runner of `config` (HTTPS with `tls`) on a free loopback port until `stop`;
+/// returns its URL.
+async fn serve_runner(
+    config: &RunnerConfig,
+    tls: Option<&CertFiles>,
+    stop: &CancellationToken,
+) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let state = RunnerState::new(config.clone()).unwrap();
+    match tls {
+        None => {
+            tokio::spawn(agent::run(listener, state, stop.clone()));
+            format!("http://{addr}")
+        }
+        Some(cert) => {
+            let (tls, _) =
+                emisar::util::tls::server_config_from_files(&cert.cert, &cert.key).unwrap();
+            tokio::spawn(agent::run_https(listener, state, tls, stop.clone()));
+            format!("https://{addr}")
+        }
     }
 }
 
 impl TestApp {
+    /// Stops runner `name` and starts it again from its config and `state_dir` (what a
+    /// restart of its process keeps), on a new port: `runner_urls` and [`TestApp::signed_request`]
+    /// reach the new one; the server still dials the old address, so only direct calls (a
+    /// server holding server.key) reach it. With `lose_state`, its `state_dir` is deleted first.
+    pub async fn restart_runner(&mut self, name: &str, lose_state: bool) {
+        let (config, tls, stop) = self.started.remove(name).expect("a runner of the harness");
+        stop.cancel();
+        if lose_state {
+            std::fs::remove_dir_all(&config.state_dir).unwrap();
+        }
+        let stop = self.shutdown.child_token();
+        let url = serve_runner(&config, tls.as_ref(), &stop).await;
+        self.runner_urls.insert(name.to_owned(), url);
+        self.started.insert(name.to_owned(), (config, tls, stop));
+    }
+
     /// Starts a runner named `name` on `listener` (a runner the server lists as an extra
     /// runner); cancelling the returned token kills it.
     pub async fn start_runner(&self, name: &str, listener: TcpListener) -> CancellationToken {
@@ -602,6 +648,7 @@ impl TestApp {
             raw: false,
             approval: None,
             witnessed: None,
+            secret_salt: None,
         };
         let signed = Signed {
             call_id: "direct-test-call".into(),
@@ -641,7 +688,12 @@ impl TestApp {
             .unwrap()
             .sign(&claims)
             .unwrap();
-        let res = reqwest::Client::new()
+        // Whoever holds server.key reaches a runner over TLS without knowing its certificate:
+        // the runner authenticates the call, not the client.
+        let res = reqwest::Client::builder()
+            .danger_accept_invalid_certs(true)
+            .build()
+            .unwrap()
             .post(format!("{}/v1/call", self.runner_urls[runner]))
             .bearer_auth(token)
             .json(request)

@@ -44,7 +44,17 @@ impl Gateway {
                 };
                 let now = chrono::Utc::now();
                 let verdict = self.verify_vote(r, &verdict)?;
-                let decided = approvals::decide(r, &actor, &verdict, now)?;
+                let mut decided = approvals::decide(r, &actor, &verdict, now)?;
+                // Every vote's event names exactly the call it approves, for the runners
+                // that hold a witnessed approval to it.
+                let binding = self.binding(r).map_err(ApprovalError::Refused)?;
+                for event in &mut decided.events {
+                    if event.kind == kind::APPROVAL_APPROVED
+                        && let Some(detail) = event.detail.as_mut()
+                    {
+                        detail["binding"] = json!(binding);
+                    }
+                }
                 if decided.row.state != State::Approved {
                     return Ok(decided);
                 }
@@ -150,6 +160,7 @@ impl Gateway {
             on_behalf_of: row.on_behalf_of.as_deref(),
         };
         let proof = self.proof_for(row);
+        let secret_salt = self.commit_salt(tool, &row.id);
         let witnessed = if self.needs_witnessed(row) {
             match self.witnessed_for(row).await {
                 Ok(w) => Some(w),
@@ -162,6 +173,7 @@ impl Gateway {
             let record = &record;
             let proof = proof.as_ref();
             let witnessed = witnessed.as_ref();
+            let secret_salt = secret_salt.as_deref();
             async move {
                 let preview = row.preview_vars(name);
                 let dispatch = Dispatch {
@@ -171,6 +183,7 @@ impl Gateway {
                     approval_id: Some(&row.id),
                     approval: proof,
                     witnessed,
+                    secret_salt,
                     ..Dispatch::new(
                         &row.call_id,
                         &row.tool,

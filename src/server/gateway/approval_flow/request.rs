@@ -114,7 +114,9 @@ impl Gateway {
         let now = chrono::Utc::now();
         let ttl = chrono::Duration::from_std(self.limits.approval_ttl)
             .unwrap_or(chrono::Duration::minutes(15));
-        let id = uuid::Uuid::new_v4().to_string();
+        // A UUIDv7: its time says when the request was made, which signers and runners bound
+        // its lifetime by (`protocol::approval::check_lifetime`).
+        let id = uuid::Uuid::now_v7().to_string();
         let statement = match signed_by {
             None => None,
             Some(_) => {

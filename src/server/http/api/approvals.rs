@@ -32,15 +32,19 @@ fn view(state: &HttpState, a: &crate::server::approvals::Approval) -> Value {
     // The values each runner's execution will use, which people approve along with the args.
     v["execution_vars"] = json!(a.execution_vars());
     // What people sign, when the request's runners check signatures: the text, its SHA-256
-    // (what the portal shows) and the WebAuthn challenge (the same hash, base64url).
+    // (what the portal shows), the WebAuthn challenge (the same hash, base64url) and the
+    // arguments its `args` digest covers (secret params as commitments). A signer recomputes
+    // every digest from what it shows and trusts none of these.
     v["statement"] = match &a.statement {
         Some(text) => {
             use base64::Engine;
             let hash = crate::protocol::approval::statement::hash_text(text);
+            let args = state.gateway.signed_args(&a.id, &a.tool, &a.args);
             json!({
                 "text": text,
                 "sha256": hex::encode(hash),
                 "challenge": base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(hash),
+                "args": args.ok(),
             })
         }
         None => Value::Null,

@@ -1,0 +1,224 @@
+//! The runner's memory of the approvals it executed, kept in `state_dir` so that no restart
+//! and no lost file lets one approval run twice here.
+//!
+//! - `approvals-executed`: one `ID KEEP_UNTIL` line per approval executed here, appended and
+//!   synced *before* the write runs. A last line without its newline was torn by a crash
+//!   before the sync returned, so nothing ran under it: it is dropped, with a warning. Any
+//!   other malformed line stops the runner from starting (the file is not what it wrote).
+//! - `state-since`: when this runner's state began (unix milliseconds). A runner whose state was
+//!   lost starts a new one at its next start, so it refuses every approval requested before
+//!   then (the requested time is in the approval's UUIDv7 id, covered by the signatures or the
+//!   witnessed event): an approval it may have executed and forgotten never runs again.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use anyhow::Context;
+
+use crate::protocol::signing::now;
+
+/// Milliseconds since the epoch.
+fn now_millis() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+const EXECUTED_FILE: &str = "approvals-executed";
+const SINCE_FILE: &str = "state-since";
+
+pub struct Executed {
+    dir: PathBuf,
+    /// Approval ids executed here, with when they stop mattering (unix seconds).
+    ids: Mutex<HashMap<String, u64>>,
+    /// When this runner's state began (unix milliseconds).
+    since: u64,
+}
+
+impl Executed {
+    /// Reads the ledger from `dir` (dropping expired ids and a torn last line, and rewriting
+    /// the file without them); a runner with no `state-since` starts its state now.
+    pub fn load(dir: &Path) -> anyhow::Result<Executed> {
+        let t = now();
+        let path = dir.join(EXECUTED_FILE);
+        let mut ids = HashMap::new();
+        match std::fs::read_to_string(&path) {
+            Ok(text) => {
+                let (whole, torn) = match text.rfind('\n') {
+                    Some(i) => (&text[..=i], &text[i + 1..]),
+                    None => ("", text.as_str()),
+                };
+                if !torn.is_empty() {
+                    tracing::warn!(file = %path.display(), line = %torn.escape_debug(),
+                        "dropping the torn last line of the executed approvals: it was never synced, so nothing ran under it");
+                }
+                for line in whole.lines() {
+                    let (id, until) = line
+                        .split_once(' ')
+                        .and_then(|(id, e)| Some((id, e.parse::<u64>().ok()?)))
+                        .with_context(|| format!("{}: malformed line `{line}`", path.display()))?;
+                    if until > t {
+                        ids.insert(id.to_owned(), until);
+                    }
+                }
+                let kept: String = ids.iter().map(|(id, e)| format!("{id} {e}\n")).collect();
+                crate::util::files::replace_private(dir, EXECUTED_FILE, kept.as_bytes())?;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+        }
+        let since_path = dir.join(SINCE_FILE);
+        let since = match std::fs::read_to_string(&since_path) {
+            Ok(text) => text
+                .trim()
+                .parse()
+                .with_context(|| format!("{}: not a number", since_path.display()))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                // A new state, or a lost one: nothing requested before now may run here. When
+                // it cannot be kept, each start is a new state (stricter, never looser).
+                let since = now_millis();
+                let kept = std::fs::create_dir_all(dir).and_then(|()| {
+                    crate::util::files::replace_private(
+                        dir,
+                        SINCE_FILE,
+                        since.to_string().as_bytes(),
+                    )
+                    .map_err(std::io::Error::other)
+                });
+                if let Err(e) = kept {
+                    tracing::warn!(error = %e, dir = %dir.display(),
+                        "cannot keep when this runner's state began: each start refuses the approvals requested before it");
+                }
+                since
+            }
+            Err(e) => return Err(e).with_context(|| format!("reading {}", since_path.display())),
+        };
+        Ok(Executed {
+            dir: dir.to_owned(),
+            ids: Mutex::new(ids),
+            since,
+        })
+    }
+
+    /// When this runner's state began: approvals requested before it are refused.
+    #[cfg(test)]
+    pub fn since(&self) -> u64 {
+        self.since
+    }
+
+    /// Records `approval_id` as executed here, durably, before anything runs; refuses one
+    /// executed before (the error says so), or any when the record cannot be made.
+    pub fn record(&self, approval_id: &str, keep_until: u64) -> Result<(), Refused> {
+        let mut ids = self.ids.lock().unwrap_or_else(|p| p.into_inner());
+        if ids.contains_key(approval_id) {
+            return Err(Refused::Reused(format!(
+                "approval {approval_id} was already executed on this runner: an approval is good for one execution"
+            )));
+        }
+        let t = now();
+        ids.retain(|_, until| *until > t);
+        let append = || -> std::io::Result<()> {
+            std::fs::create_dir_all(&self.dir)?;
+            let mut f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(self.dir.join(EXECUTED_FILE))?;
+            f.write_all(format!("{approval_id} {keep_until}\n").as_bytes())?;
+            f.sync_data()
+        };
+        append().map_err(|e| {
+            Refused::Forbidden(format!(
+                "cannot record approval {approval_id} as executed in {} ({e}); nothing was run",
+                self.dir.display()
+            ))
+        })?;
+        ids.insert(approval_id.to_owned(), keep_until);
+        Ok(())
+    }
+
+    /// Refuses an approval requested (unix milliseconds) before this runner's state began.
+    pub fn check_requested(&self, approval_id: &str, requested: u64) -> Result<(), String> {
+        if requested < self.since {
+            return Err(format!(
+                "approval {approval_id} was requested at {requested} (unix ms), before this runner's state began at {} (its state_dir is new or was lost): it may have run here already, so it never runs; ask again",
+                self.since
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Why a runner refused an approved execution: a second one (409), or anything else (403).
+#[derive(Debug)]
+pub enum Refused {
+    Reused(String),
+    Forbidden(String),
+}
+
+impl From<String> for Refused {
+    fn from(why: String) -> Self {
+        Refused::Forbidden(why)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn executed_ids_survive_a_restart_and_run_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Executed::load(dir.path()).unwrap();
+        ledger.record("a1", now() + 60).unwrap();
+        assert!(matches!(
+            ledger.record("a1", now() + 60),
+            Err(Refused::Reused(_))
+        ));
+        let again = Executed::load(dir.path()).unwrap();
+        assert!(matches!(
+            again.record("a1", now() + 60),
+            Err(Refused::Reused(_))
+        ));
+        assert_eq!(again.since(), ledger.since());
+    }
+
+    #[test]
+    fn a_torn_last_line_is_dropped_and_a_malformed_one_stops_the_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let until = now() + 60;
+        std::fs::write(
+            dir.path().join(EXECUTED_FILE),
+            format!("a1 {until}\na2 {until}\na3 17"),
+        )
+        .unwrap();
+        let ledger = Executed::load(dir.path()).unwrap();
+        assert!(matches!(
+            ledger.record("a2", until),
+            Err(Refused::Reused(_))
+        ));
+        ledger.record("a3", until).unwrap();
+        let text = std::fs::read_to_string(dir.path().join(EXECUTED_FILE)).unwrap();
+        assert!(text.ends_with(&format!("a3 {until}\n")), "{text}");
+        std::fs::write(dir.path().join(EXECUTED_FILE), "a1 soon\n").unwrap();
+        let e = Executed::load(dir.path()).err().unwrap();
+        assert!(format!("{e:#}").contains("malformed line"), "{e:#}");
+    }
+
+    #[test]
+    fn a_lost_state_refuses_what_was_requested_before_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Executed::load(dir.path()).unwrap();
+        let since = ledger.since();
+        ledger.check_requested("a1", since).unwrap();
+        let e = ledger.check_requested("a1", since - 1).unwrap_err();
+        assert!(e.contains("state_dir is new or was lost"), "{e}");
+        // The start time is kept: a restart with the state keeps it.
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        assert_eq!(Executed::load(dir.path()).unwrap().since(), since);
+        // Lost: a new state begins at the next start.
+        std::fs::remove_dir_all(dir.path()).unwrap();
+        assert!(Executed::load(dir.path()).unwrap().since() > since);
+    }
+}

@@ -1,0 +1,601 @@
+//! The trust features' promise (issue 45), attacked as an insider with `server.key`, the log
+//! key or the database would, on PostgreSQL with TLS runners (and real witnesses where the
+//! runner requires them): what people see is what they sign and what runs; a witnessed
+//! approval runs only the call it binds; an approvers file is one file per serial; the runner
+//! holds the `required` count people signed for; and neither a restart nor a lost or torn
+//! state file lets one approval run twice. Each attack is refused and nothing runs.
+
+use std::path::PathBuf;
+
+use emisar::digest::json_digest;
+use emisar::protocol::approval::{ApprovalProof, SignedApprovers, Statement, sshsig};
+use emisar::protocol::{CallRequest, Mode};
+use emisar::server::audit::AuditFilter;
+use emisar::server::tokens::Role;
+use serde_json::json;
+
+use crate::approvals::{
+    call_in_background, finished, restarts, signed_in, systemctl_standin, wait_for_pending,
+};
+use crate::harness::app::{Options, Signed, TestApp};
+use crate::harness::certs::self_signed;
+use crate::harness::{Backend, RunnerSpec, spawn_app};
+use crate::signed_approvals::{Agent, TOOL, approvers_text, emisar, in_secs, proof, sign};
+
+/// The organisation root key's seed: hvn07 and hvn08 trust only approvers files it signed.
+const ROOT: u8 = 9;
+
+struct Lab {
+    _bin: tempfile::TempDir,
+    record: PathBuf,
+    app: TestApp,
+}
+
+/// A TLS runner (its self-signed certificate pinned by the server) that restarts consul or
+/// nomad through a recording `systemctl`.
+fn tls_runner(bin: &std::path::Path, name: &str) -> RunnerSpec {
+    let cert = self_signed(bin, name);
+    RunnerSpec::new(name)
+        .path_first(bin)
+        .allow("systemd_units", &["consul", "nomad"])
+        .https(cert.clone(), Some(cert.fingerprint.to_string()))
+}
+
+/// hvn05 trusts the approvers file on disk (a restart needs alice and bob); hvn07 a file the
+/// server carries signed by the root key; hvn08 the same, but none below serial 2.
+async fn signed_lab() -> Lab {
+    let bin = tempfile::tempdir().unwrap();
+    let record = systemctl_standin(bin.path());
+    let file = bin.path().join("approvers.toml");
+    std::fs::write(&file, approvers_text()).unwrap();
+    let sig = bin.path().join("approvers.toml.sig");
+    std::fs::write(&sig, carried(&approvers_text()).signature).unwrap();
+    let root = [crate::signed_approvals::pub_line(ROOT)];
+    let app = spawn_app(
+        Backend::Postgres,
+        vec![
+            tls_runner(bin.path(), "hvn05").signed_approvals(&["*"], Some(file.clone()), &[]),
+            tls_runner(bin.path(), "hvn07").signed_approvals(&["*"], None, &root),
+            tls_runner(bin.path(), "hvn08")
+                .signed_approvals(&["*"], None, &root)
+                .min_approvers_serial(2),
+        ],
+        Options {
+            approvers_file: Some(file),
+            approvers_signature_file: Some(sig),
+            ..Default::default()
+        },
+    )
+    .await;
+    Lab {
+        _bin: bin,
+        record,
+        app,
+    }
+}
+
+/// An approvers file as the server carries it, signed by the root key.
+fn carried(text: &str) -> SignedApprovers {
+    SignedApprovers {
+        signature: sign(ROOT, sshsig::APPROVERS_NAMESPACE, text),
+        text: text.to_owned(),
+    }
+}
+
+/// The statement of a restart of `unit` on `runners` as a server would write it now: a
+/// UUIDv7 id, two people required, expiring in ten minutes.
+fn statement(app: &TestApp, unit: &str, runners: &[&str]) -> Statement {
+    let packs = emisar::pack::PackSet::load(app.packs_dir.as_deref()).unwrap();
+    Statement {
+        approval_id: uuid::Uuid::now_v7().to_string(),
+        tool: TOOL.into(),
+        pack_sha256: packs.pack("linux").unwrap().digest.clone(),
+        args_sha256: json_digest(&json!({ "unit": unit })),
+        runners: runners.iter().map(|r| ((*r).to_owned(), None)).collect(),
+        required: 2,
+        policy_sha256: "0".repeat(64),
+        requester: "agent:test-agent".into(),
+        expires_at: in_secs(600),
+    }
+}
+
+/// What a server holding server.key sends `runner` on its own: a restart of `unit` under
+/// `approval_id` (or the policy's lowering), carrying `approval` and `witnessed`.
+async fn execute(
+    app: &TestApp,
+    runner: &str,
+    unit: &str,
+    approval_id: Option<&str>,
+    approval: Option<ApprovalProof>,
+    witnessed: Option<emisar::protocol::witnessed::WitnessedApproval>,
+) -> (u16, String) {
+    let request = CallRequest {
+        tool: TOOL.into(),
+        args: json!({ "unit": unit }).as_object().unwrap().clone(),
+        mode: Mode::Execute,
+        preview: None,
+        preview_seal: None,
+        raw: false,
+        approval,
+        witnessed,
+        secret_salt: None,
+    };
+    let answer = app
+        .signed_request(
+            runner,
+            &request,
+            &Signed {
+                call_id: uuid::Uuid::new_v4().to_string(),
+                approval_id: approval_id.map(str::to_owned),
+                lowered_by_policy: approval_id.is_none().then(|| "1".repeat(64)),
+            },
+        )
+        .await;
+    let error = answer.body["error"].as_str().unwrap_or_default().to_owned();
+    (answer.status, error)
+}
+
+/// A refusal with `status` whose reason says `why`.
+#[track_caller]
+fn refused(answer: (u16, String), status: u16, why: &str) {
+    assert_eq!(answer.0, status, "{}", answer.1);
+    assert!(
+        answer.1.contains(why),
+        "`{}` does not say `{why}`",
+        answer.1
+    );
+}
+
+/// The units the recording `systemctl` restarted, in order.
+fn restarted(record: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(record)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.strip_prefix("restart "))
+        .map(|l| l.rsplit(' ').next().unwrap_or_default().to_owned())
+        .collect()
+}
+
+/// The runner holds what people signed for: the statement's own `required`, a bounded
+/// lifetime, one approvers file per serial (before and after a restart), a
+/// `min_approvers_serial` for a fresh state, and no second run after a restart, a torn ledger
+/// line, or a lost state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_runs_only_what_people_signed_for_under_one_file_per_serial() {
+    let mut lab = signed_lab().await;
+    let app = &mut lab.app;
+
+    // The policy asked three people and the statement says `required 3`; two signed (the
+    // file's rule is two), a third denied, and the server replays the two signatures.
+    let mut three = statement(app, "consul", &["hvn05"]);
+    three.required = 3;
+    refused(
+        execute(
+            app,
+            "hvn05",
+            "consul",
+            Some(&three.approval_id),
+            Some(proof(&three, &[1, 2])),
+            None,
+        )
+        .await,
+        403,
+        "`required 3`",
+    );
+    // Two signatures over a statement that expires in 2099.
+    let mut far = statement(app, "consul", &["hvn05"]);
+    far.expires_at = "2099-01-01T00:00:00Z".into();
+    refused(
+        execute(
+            app,
+            "hvn05",
+            "consul",
+            Some(&far.approval_id),
+            Some(proof(&far, &[1, 2])),
+            None,
+        )
+        .await,
+        403,
+        "`expires`",
+    );
+    assert_eq!(restarts(&lab.record), 0);
+
+    // hvn07 takes the root-signed file at serial 1 and runs what alice and bob signed.
+    let good = statement(app, "consul", &["hvn07"]);
+    let mut p = proof(&good, &[1, 2]);
+    p.approvers = Some(carried(&approvers_text()));
+    let (status, why) = execute(
+        app,
+        "hvn07",
+        "consul",
+        Some(&good.approval_id),
+        Some(p),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{why}");
+    assert_eq!(restarted(&lab.record), ["consul"]);
+
+    // An older, looser file at the same serial, also root-signed: one signature for a restart…
+    let looser = approvers_text().replacen("approvals = 2\n", "approvals = 1\n", 1);
+    assert_ne!(looser, approvers_text());
+    let one = statement(app, "nomad", &["hvn07"]);
+    let mut p = proof(&one, &[1]);
+    p.approvers = Some(carried(&looser));
+    let at_one = execute(
+        app,
+        "hvn07",
+        "nomad",
+        Some(&one.approval_id),
+        Some(p.clone()),
+        None,
+    );
+    refused(
+        at_one.await,
+        403,
+        "not the one this runner accepted at serial 1",
+    );
+    // …or a restart the server's policy lowered, with no signature at all.
+    let open =
+        approvers_text().replacen("approvals = 2\n", "approvals = 2\nunapproved = true\n", 1);
+    let lowered = ApprovalProof {
+        statement: String::new(),
+        signatures: Vec::new(),
+        approvers: Some(carried(&open)),
+    };
+    refused(
+        execute(app, "hvn07", "nomad", None, Some(lowered.clone()), None).await,
+        403,
+        "not the one this runner accepted at serial 1",
+    );
+    // A restart of the runner keeps the file it accepted at serial 1.
+    app.restart_runner("hvn07", false).await;
+    refused(
+        execute(app, "hvn07", "nomad", Some(&one.approval_id), Some(p), None).await,
+        403,
+        "not the one this runner accepted at serial 1",
+    );
+    refused(
+        execute(app, "hvn07", "nomad", None, Some(lowered), None).await,
+        403,
+        "not the one this runner accepted at serial 1",
+    );
+    // hvn08 is new, and its config names serial 2 as the lowest it takes.
+    let eight = statement(app, "consul", &["hvn08"]);
+    let mut p = proof(&eight, &[1, 2]);
+    p.approvers = Some(carried(&approvers_text()));
+    refused(
+        execute(
+            app,
+            "hvn08",
+            "consul",
+            Some(&eight.approval_id),
+            Some(p),
+            None,
+        )
+        .await,
+        403,
+        "below this runner's min_approvers_serial 2",
+    );
+    assert_eq!(restarted(&lab.record), ["consul"], "nothing else ran");
+
+    // hvn05 runs a signed restart once; a restart of the runner remembers it…
+    let once = statement(app, "consul", &["hvn05"]);
+    let run_once = || {
+        execute(
+            app,
+            "hvn05",
+            "consul",
+            Some(&once.approval_id),
+            Some(proof(&once, &[1, 2])),
+            None,
+        )
+    };
+    let (status, why) = run_once().await;
+    assert_eq!(status, 200, "{why}");
+    assert_eq!(restarts(&lab.record), 2);
+    app.restart_runner("hvn05", false).await;
+    let run_once = || {
+        execute(
+            app,
+            "hvn05",
+            "consul",
+            Some(&once.approval_id),
+            Some(proof(&once, &[1, 2])),
+            None,
+        )
+    };
+    refused(run_once().await, 409, "already executed");
+    // …and so does one whose ledger ends in a torn line (a crash mid-append).
+    let ledger = app
+        .dir
+        .path()
+        .join("state-hvn05")
+        .join("approvals-executed");
+    let mut text = std::fs::read_to_string(&ledger).unwrap();
+    assert!(text.contains(&once.approval_id), "{text}");
+    text.push_str("0193f4c2-7a10-7cc0-9f00-0000000");
+    std::fs::write(&ledger, text).unwrap();
+    app.restart_runner("hvn05", false).await;
+    let run_once = || {
+        execute(
+            app,
+            "hvn05",
+            "consul",
+            Some(&once.approval_id),
+            Some(proof(&once, &[1, 2])),
+            None,
+        )
+    };
+    refused(run_once().await, 409, "already executed");
+    // With its state_dir lost, it refuses everything requested before its new state began.
+    app.restart_runner("hvn05", true).await;
+    let run_once = || {
+        execute(
+            app,
+            "hvn05",
+            "consul",
+            Some(&once.approval_id),
+            Some(proof(&once, &[1, 2])),
+            None,
+        )
+    };
+    refused(run_once().await, 403, "state_dir is new or was lost");
+    assert_eq!(restarts(&lab.record), 2, "each approval ran once");
+    // What is requested after the new state began runs.
+    let after = statement(app, "nomad", &["hvn05"]);
+    let (status, why) = execute(
+        app,
+        "hvn05",
+        "nomad",
+        Some(&after.approval_id),
+        Some(proof(&after, &[1, 2])),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{why}");
+    assert_eq!(restarted(&lab.record), ["consul", "consul", "nomad"]);
+}
+
+/// Sets the stored request's `column` (a database writer).
+async fn set_column(app: &TestApp, id: &str, column: &str, value: &str) {
+    let sql = format!(
+        "UPDATE approvals SET {column} = '{}'{} WHERE id = '{id}'",
+        value.replace('\'', "''"),
+        if column == "args" { "::jsonb" } else { "" }
+    );
+    app.pg.as_ref().unwrap().superuser_sql(&sql).unwrap();
+}
+
+/// What people see is what they sign: `emisar approvals approve` recomputes every line of the
+/// statement from what the request shows and refuses a statement a database writer changed
+/// (the arguments and the statement's digest of them, a far-future expiry, the count of
+/// people, the runners), naming the field; nothing is signed, no vote counts, nothing runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_terminal_signs_only_what_it_shows() {
+    let lab = signed_lab().await;
+    let app = &lab.app;
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start(dir.path());
+    let alice_pub = agent.add(dir.path(), 1);
+    let alice = app.issue_token("alice", Role::Approver).await;
+    let watcher = signed_in(app, "carol", Role::Approver).await;
+    let client = app.mcp_client().await;
+    let call = call_in_background(
+        &client,
+        TOOL,
+        json!({"unit": "consul", "runners": ["hvn05"], "reason": "consul is wedged"}),
+    );
+    let id = wait_for_pending(&watcher).await;
+    let (_, request) = watcher.get(&format!("/api/approvals/{id}")).await;
+    let text = request["statement"]["text"].as_str().unwrap().to_owned();
+    let base = app.base_url();
+    let approve = || async {
+        let out = emisar(
+            &agent.socket,
+            &[
+                "approvals",
+                "approve",
+                &id,
+                "--ssh-key",
+                alice_pub.to_str().unwrap(),
+                "--server",
+                &base,
+                "--token",
+                &alice,
+            ],
+        )
+        .await;
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let line = |key: &str| {
+        text.lines()
+            .find(|l| l.starts_with(&format!("{key} ")))
+            .unwrap()
+            .to_owned()
+    };
+    // The args the runner would receive, and the statement's digest of them, say nomad; the
+    // request shows consul (its shown args, and the audit log, kept consul).
+    let nomad = line("args").replace(
+        &json_digest(&json!({"unit": "consul"})),
+        &json_digest(&json!({"unit": "nomad"})),
+    );
+    let edits = [
+        (
+            "args",
+            r#"{"unit": "nomad"}"#.to_owned(),
+            text.replace(&line("args"), &nomad),
+            "`args`",
+        ),
+        (
+            "args",
+            r#"{"unit": "consul"}"#.to_owned(),
+            text.replace(&line("expires"), "expires 2099-01-01T00:00:00Z"),
+            "`expires`",
+        ),
+        (
+            "args",
+            r#"{"unit": "consul"}"#.to_owned(),
+            text.replace("required 2", "required 1"),
+            "`required`",
+        ),
+        (
+            "args",
+            r#"{"unit": "consul"}"#.to_owned(),
+            text.replace(
+                &line("runner"),
+                &format!("{}\nrunner hvn07 preview none", line("runner")),
+            ),
+            "`runner`",
+        ),
+    ];
+    for (column, args, statement, field) in edits {
+        set_column(app, &id, column, &args).await;
+        set_column(app, &id, "statement", &statement).await;
+        let (ok, said) = approve().await;
+        assert!(!ok, "signed a statement edited in `{field}`: {said}");
+        assert!(
+            said.contains(field) && said.contains("not signed"),
+            "{said}"
+        );
+        let (_, row) = watcher.get(&format!("/api/approvals/{id}")).await;
+        assert_eq!(row["approvals"], json!([]), "no vote counts: {row}");
+    }
+    // The request as it was: the terminal shows consul, signs, and the vote counts.
+    set_column(app, &id, "args", r#"{"unit": "consul"}"#).await;
+    set_column(app, &id, "statement", &text).await;
+    let (ok, said) = approve().await;
+    assert!(ok, "{said}");
+    assert!(said.contains(r#"args     {"unit":"consul"}"#), "{said}");
+    let (_, row) = watcher.get(&format!("/api/approvals/{id}")).await;
+    assert_eq!(row["approvals"].as_array().unwrap().len(), 1, "{row}");
+    assert_eq!(restarts(&lab.record), 0, "one of two people: nothing ran");
+    drop(call);
+}
+
+/// A witnessed approval runs only the call it binds: one honest, witnessed approval of
+/// "restart consul on hvn05" proves nothing for nomad, for hvn06, for a second run (before or
+/// after a restart, or once the state is lost), and the first of two votes proves nothing at
+/// all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_witnessed_approval_runs_only_the_call_it_binds() {
+    use crate::transparency::{ORIGIN, transparency, witness};
+    let dir = tempfile::tempdir().unwrap();
+    let log_key = dir.path().join("log.key");
+    let key = emisar::tlog::keys::NoteKey::generate(ORIGIN).unwrap();
+    emisar::util::files::create_private(&log_key, key.private_text().as_bytes()).unwrap();
+    let w1 = witness(dir.path(), "w1", &key.verifier_key()).await;
+    let w2 = witness(dir.path(), "w2", &key.verifier_key()).await;
+    let bin = tempfile::tempdir().unwrap();
+    let record = systemctl_standin(bin.path());
+    let witnesses = [w1.vkey.clone(), w2.vkey.clone()];
+    let runner = |name: &str| {
+        tls_runner(bin.path(), name).require_witnessed(&key.verifier_key(), &witnesses, None)
+    };
+    let policy = bin.path().join("policy.yaml");
+    std::fs::write(&policy, "approvers:\n  linux.systemctl_restart: 2\n").unwrap();
+    let mut app = spawn_app(
+        Backend::Postgres,
+        vec![runner("hvn05"), runner("hvn06")],
+        Options {
+            transparency: Some(transparency(log_key, [&w1, &w2], 200, 1000)),
+            policy_file: Some(policy),
+            ..Default::default()
+        },
+    )
+    .await;
+
+    let client = app.mcp_client().await;
+    let call = call_in_background(
+        &client,
+        TOOL,
+        json!({"runners": ["hvn05"], "unit": "consul", "reason": "witnessed restart"}),
+    );
+    let alice = signed_in(&app, "alice", Role::Approver).await;
+    let bob = signed_in(&app, "bob", Role::Approver).await;
+    let id = wait_for_pending(&alice).await;
+    let (status, body) = alice.approve(&id).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["state"], "pending", "{body}");
+    // The first vote's event, witnessed, while the request is still pending.
+    let first = witnessed(&app, &id).await;
+    assert_eq!(first.event.detail.as_ref().unwrap()["state"], "pending");
+    refused(
+        execute(&app, "hvn05", "consul", Some(&id), None, Some(first)).await,
+        403,
+        "only the vote that approved it",
+    );
+    assert_eq!(restarts(&record), 0);
+
+    let (status, body) = bob.approve(&id).await;
+    assert_eq!(status, 200, "{body}");
+    let out = finished(call).await.structured_content.unwrap();
+    assert_eq!(out["approval"]["state"], "executed", "{out}");
+    assert_eq!(restarted(&record), ["consul"]);
+    let good = witnessed(&app, &id).await;
+    assert_eq!(good.event.detail.as_ref().unwrap()["state"], "approved");
+
+    // The honest proof replayed for other arguments, on another runner, and again.
+    refused(
+        execute(&app, "hvn05", "nomad", Some(&id), None, Some(good.clone())).await,
+        403,
+        "binds `args`",
+    );
+    refused(
+        execute(&app, "hvn06", "consul", Some(&id), None, Some(good.clone())).await,
+        403,
+        "not this runner (`hvn06`)",
+    );
+    refused(
+        execute(&app, "hvn05", "consul", Some(&id), None, Some(good.clone())).await,
+        409,
+        "already executed",
+    );
+    app.restart_runner("hvn05", false).await;
+    refused(
+        execute(&app, "hvn05", "consul", Some(&id), None, Some(good.clone())).await,
+        409,
+        "already executed",
+    );
+    app.restart_runner("hvn05", true).await;
+    refused(
+        execute(&app, "hvn05", "consul", Some(&id), None, Some(good)).await,
+        403,
+        "state_dir is new or was lost",
+    );
+    assert_eq!(
+        restarted(&record),
+        ["consul"],
+        "it ran once, and nothing else ran"
+    );
+}
+
+/// The newest `approval.approved` event of `id` with its proof in a checkpoint both
+/// witnesses cosigned (waiting for the checkpointer).
+async fn witnessed(app: &TestApp, id: &str) -> emisar::protocol::witnessed::WitnessedApproval {
+    let event = app
+        .events(AuditFilter {
+            approval_id: Some(id.to_owned()),
+            kind: Some("approval.approved".into()),
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .into_iter()
+        .max_by_key(|e| e.seq)
+        .unwrap();
+    for _ in 0..100 {
+        if let Ok(p) = emisar::server::audit::proofs::prove(&app.db, &event.id, 2).await {
+            return emisar::protocol::witnessed::WitnessedApproval {
+                event: p.event,
+                checkpoint: p.checkpoint,
+                proof: p.proof,
+            };
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("event {} was not witnessed within 10 s", event.seq);
+}

@@ -313,3 +313,130 @@ pub async fn run(server: ServerArg, command: ApprovalsCommand) -> anyhow::Result
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::digest::json_digest;
+    use crate::protocol::approval::Statement;
+    use serde_json::{Value, json};
+
+    const NOW: u64 = 1_796_551_200;
+
+    fn id_at(secs: u64) -> String {
+        let ms = secs * 1000;
+        format!(
+            "{:08x}-{:04x}-7000-8000-000000000001",
+            ms >> 16,
+            ms & 0xffff
+        )
+    }
+
+    /// A request as `GET /api/approvals/ID` shows it: a secret param, two runners, one with a
+    /// preview, and its statement.
+    fn request() -> (String, Value) {
+        let id = id_at(NOW - 60);
+        let signed =
+            json!({"unit": "consul", "token": "commit:sha256:".to_owned() + &"e".repeat(64)});
+        let vars = json!({"state": "active", "restarts": 3});
+        let st = Statement {
+            approval_id: id.clone(),
+            tool: "linux.systemctl_restart".into(),
+            pack_sha256: "a".repeat(64),
+            args_sha256: json_digest(&signed),
+            runners: [
+                ("hvn05".to_owned(), Some(json_digest(&vars))),
+                ("hvn06".to_owned(), None),
+            ]
+            .into(),
+            required: 2,
+            policy_sha256: "d".repeat(64),
+            requester: "agent:a".into(),
+            expires_at: "2026-12-06T10:20:00Z".into(),
+        };
+        let text = st.text().unwrap();
+        let request = json!({
+            "id": id, "tool": "linux.systemctl_restart",
+            "args": {"unit": "consul", "token": "hmac-sha256:".to_owned() + &"f".repeat(64)},
+            "runners": ["hvn06", "hvn05"], "required_approvals": 2,
+            "preview": {"hvn05": {"sealed_vars": vars.to_string()}},
+            "statement": {"text": text, "args": signed},
+        });
+        (id, request)
+    }
+
+    #[test]
+    fn a_statement_is_signed_only_as_the_request_shows_it() {
+        let (id, r) = request();
+        let shown = check_before_signing(&id, &r, NOW, 1260).unwrap();
+        assert!(
+            shown.contains(r#"preview values {"restarts":3,"state":"active"}"#),
+            "{shown}"
+        );
+        let edit = |f: &dyn Fn(&mut Value)| {
+            let mut r = r.clone();
+            f(&mut r);
+            check_before_signing(&id, &r, NOW, 1260).unwrap_err()
+        };
+        let cases: Vec<(Box<dyn Fn(&mut Value)>, &str)> = vec![
+            (
+                Box::new(|r| r["args"]["unit"] = json!("nomad")),
+                "`args`: `unit`",
+            ),
+            (
+                Box::new(|r| r["statement"]["args"]["unit"] = json!("nomad")),
+                "`args`: the statement's digest",
+            ),
+            (
+                Box::new(|r| r["args"]["token"] = json!("plain")),
+                "`args`: `token`",
+            ),
+            (
+                Box::new(|r| r["args"]["extra"] = json!(1)),
+                "`args`: the statement covers other",
+            ),
+            (Box::new(|r| r["runners"] = json!(["hvn05"])), "`runner`"),
+            (
+                Box::new(|r| r["preview"]["hvn05"]["sealed_vars"] = json!(r#"{"state":"failed"}"#)),
+                "`runner hvn05 preview`",
+            ),
+            (
+                Box::new(|r| r["preview"]["hvn06"] = json!({"sealed_vars": "{}"})),
+                "`runner hvn06 preview`",
+            ),
+            (
+                Box::new(|r| r["required_approvals"] = json!(3)),
+                "`required`",
+            ),
+            (
+                Box::new(|r| r["tool"] = json!("linux.systemctl_reload")),
+                "`tool`",
+            ),
+        ];
+        for (f, why) in cases {
+            let e = edit(&*f);
+            assert!(e.contains(why), "`{e}` does not say `{why}`");
+        }
+        // Another request's statement.
+        let e = check_before_signing(&id_at(NOW), &r, NOW, 1260).unwrap_err();
+        assert!(e.contains("`approval`"), "{e}");
+    }
+
+    #[test]
+    fn a_far_or_past_expiry_is_not_signed() {
+        let (id, r) = request();
+        let text = r["statement"]["text"].as_str().unwrap().to_owned();
+        let mut far = r.clone();
+        far["statement"]["text"] =
+            json!(text.replace("2026-12-06T10:20:00Z", "2099-01-01T00:00:00Z"));
+        let e = check_before_signing(&id, &far, NOW, 1260).unwrap_err();
+        assert!(e.starts_with("`expires`"), "{e}");
+        let e = check_before_signing(&id, &r, NOW + 1200, 1260).unwrap_err();
+        assert!(e.contains("expired"), "{e}");
+        // A longer lifetime is signed only when the signer allows it.
+        assert!(
+            check_before_signing(&id, &far, NOW, crate::protocol::approval::MAX_LIFETIME_SECS)
+                .is_err()
+        );
+    }
+}

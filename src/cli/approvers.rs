@@ -373,3 +373,30 @@ fn write(file: &Path, mut f: ApproversFile) -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::approval::approvers::tests::file_with;
+
+    #[test]
+    fn a_changed_file_is_signed_under_a_higher_serial() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("approvers.toml");
+        let text = file_with(&[("alice", 1)], "[[rule]]\ntools = \"*\"\napprovals = 1\n");
+        std::fs::write(&file, &text).unwrap();
+        // Never signed here: signed as it is.
+        assert_eq!(one_file_per_serial(&file).unwrap(), text);
+        let first = Approvers::parse(&text).unwrap();
+        std::fs::write(history_path(&file), format!("1 {}\n", first.sha256)).unwrap();
+        // The same file again: as it is.
+        assert_eq!(one_file_per_serial(&file).unwrap(), text);
+        // Changed by hand at the same serial: raised above every serial signed.
+        let looser = text.replace("approvals = 1", "approvals = 1\nunapproved = true");
+        std::fs::write(&file, &looser).unwrap();
+        let raised = one_file_per_serial(&file).unwrap();
+        assert_eq!(Approvers::parse(&raised).unwrap().serial, 2);
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), raised);
+        assert!(raised.contains("unapproved = true"), "{raised}");
+    }
+}

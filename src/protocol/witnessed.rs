@@ -279,3 +279,257 @@ fn check_binding(
     }
     Ok((requested, expires))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tlog::checkpoint;
+    use crate::tlog::keys::NoteKey;
+    use crate::tlog::tree::MemoryTree;
+    use serde_json::{Value, json};
+
+    const ORIGIN: &str = "emisar.test/audit";
+    const NOW: u64 = 1_796_551_200;
+
+    /// A UUIDv7 requested at `secs`.
+    fn id_at(secs: u64) -> String {
+        let ms = secs * 1000;
+        format!(
+            "{:08x}-{:04x}-7000-8000-000000000001",
+            ms >> 16,
+            ms & 0xffff
+        )
+    }
+
+    fn utc(secs: u64) -> String {
+        let days = secs / 86_400;
+        assert_eq!(days, 20_793, "the tests' clock is 2026-12-06");
+        let s = secs % 86_400;
+        format!(
+            "2026-12-06T{:02}:{:02}:{:02}",
+            s / 3600,
+            s / 60 % 60,
+            s % 60
+        )
+    }
+
+    fn binding() -> Value {
+        json!({"tool": "linux.systemctl_restart", "pack_sha256": "a".repeat(64),
+               "args_sha256": "b".repeat(64), "runners": {"hvn05": null, "hvn06": "c".repeat(64)},
+               "expires_at": format!("{}Z", utc(NOW + 900))})
+    }
+
+    fn event(kind: &str, approval_id: &str, detail: Value) -> Event {
+        let mut e = Event {
+            seq: 1,
+            id: "e1".into(),
+            at: format!("{}.000000Z", utc(NOW - 60)),
+            actor: "approver:alice".into(),
+            kind: kind.into(),
+            tool: Some("linux.systemctl_restart".into()),
+            runner: Some("hvn05".into()),
+            args: Some(json!({"unit": "consul"})),
+            reason: None,
+            call_id: Some("c1".into()),
+            approval_id: Some(approval_id.into()),
+            outcome: None,
+            result_digest: None,
+            detail: Some(detail),
+            prev_hash: "0".repeat(64),
+            hash: String::new(),
+            hash_v: 1,
+        };
+        e.hash = e.compute_hash();
+        e
+    }
+
+    /// A log of one event, its checkpoint signed by the log key and cosigned by `witnesses`.
+    fn proven(e: Event, log: &NoteKey, witnesses: &[&NoteKey]) -> WitnessedApproval {
+        let mut tree = MemoryTree::default();
+        tree.push_hash(event_leaf(&e.hash).unwrap());
+        let signed = checkpoint::sign(ORIGIN, 1, tree.root(), "", log).unwrap();
+        let (mut note, _) = checkpoint::parse(&signed).unwrap();
+        let cosigners: Vec<_> = witnesses.iter().map(|w| w.cosigner()).collect();
+        let signers: Vec<&dyn signed_note::Signer> = cosigners
+            .iter()
+            .map(|c| c as &dyn signed_note::Signer)
+            .collect();
+        note.add_sigs(&signers).unwrap();
+        WitnessedApproval {
+            event: e,
+            checkpoint: String::from_utf8(note.to_bytes()).unwrap(),
+            proof: Vec::new(),
+        }
+    }
+
+    struct Keys {
+        log: NoteKey,
+        w1: NoteKey,
+        w2: NoteKey,
+        trust: WitnessTrust,
+    }
+
+    fn keys() -> Keys {
+        let log = NoteKey::generate(ORIGIN).unwrap();
+        let w1 = NoteKey::generate("witness.test/w1").unwrap();
+        let w2 = NoteKey::generate("witness.test/w2").unwrap();
+        let trust = WitnessTrust::new(
+            &log.verifier_key(),
+            &[w1.cosigner_key(), w2.cosigner_key()],
+            2,
+        )
+        .unwrap();
+        Keys { log, w1, w2, trust }
+    }
+
+    fn call<'a>(id: &'a str, runner: &'a str) -> Call<'a> {
+        Call {
+            runner,
+            approval_id: id,
+            tool: "linux.systemctl_restart",
+            pack_sha256: "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+            args_sha256: "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb",
+            preview_sha256: None,
+        }
+    }
+
+    fn approved(id: &str) -> Event {
+        event(
+            APPROVED,
+            id,
+            json!({"state": "approved", "votes": 2, "required": 2, "binding": binding()}),
+        )
+    }
+
+    #[test]
+    fn a_proven_approval_runs_only_the_call_it_binds() {
+        let k = keys();
+        let id = id_at(NOW - 120);
+        let w = proven(approved(&id), &k.log, &[&k.w1, &k.w2]);
+        let ok = verify(&w, &call(&id, "hvn05"), &k.trust, NOW, 1260).unwrap();
+        assert_eq!(ok.cosigned.len(), 2);
+        assert_eq!(ok.requested, (NOW - 120) * 1000);
+        let other = "d".repeat(64);
+        let cases: [(Call<'_>, &str); 5] = [
+            (
+                Call {
+                    tool: "linux.systemctl_reload",
+                    ..call(&id, "hvn05")
+                },
+                "binds `tool`",
+            ),
+            (
+                Call {
+                    pack_sha256: &other,
+                    ..call(&id, "hvn05")
+                },
+                "binds `pack`",
+            ),
+            (
+                Call {
+                    args_sha256: &other,
+                    ..call(&id, "hvn05")
+                },
+                "binds `args`",
+            ),
+            (call(&id, "hvn07"), "not this runner (`hvn07`)"),
+            (call(&id, "hvn06"), "binds `preview`"),
+        ];
+        for (c, why) in cases {
+            let e = verify(&w, &c, &k.trust, NOW, 1260).unwrap_err();
+            assert!(e.contains(why), "`{e}` does not say `{why}`");
+        }
+        // Too few witnesses.
+        let one = proven(approved(&id), &k.log, &[&k.w1]);
+        let e = verify(&one, &call(&id, "hvn05"), &k.trust, NOW, 1260).unwrap_err();
+        assert!(e.contains("cosigned by 1"), "{e}");
+    }
+
+    #[test]
+    fn only_the_vote_that_approved_the_request_counts() {
+        let k = keys();
+        let id = id_at(NOW - 120);
+        let pending = event(
+            APPROVED,
+            &id,
+            json!({"state": "pending", "votes": 1, "required": 2, "binding": binding()}),
+        );
+        let e = verify(
+            &proven(pending, &k.log, &[&k.w1, &k.w2]),
+            &call(&id, "hvn05"),
+            &k.trust,
+            NOW,
+            1260,
+        )
+        .unwrap_err();
+        assert!(e.contains("only the vote that approved it"), "{e}");
+        // Another kind of event about the request, whatever its detail says.
+        let requested = event(
+            "approval.requested",
+            &id,
+            json!({"state": "approved", "votes": 2, "required": 2, "binding": binding()}),
+        );
+        let e = verify(
+            &proven(requested, &k.log, &[&k.w1, &k.w2]),
+            &call(&id, "hvn05"),
+            &k.trust,
+            NOW,
+            1260,
+        )
+        .unwrap_err();
+        assert!(e.contains("not `approval.approved`"), "{e}");
+        // An event that binds nothing (a server from before bindings).
+        let bare = event(
+            APPROVED,
+            &id,
+            json!({"state": "approved", "votes": 1, "required": 1}),
+        );
+        let e = verify(
+            &proven(bare, &k.log, &[&k.w1, &k.w2]),
+            &call(&id, "hvn05"),
+            &k.trust,
+            NOW,
+            1260,
+        )
+        .unwrap_err();
+        assert!(e.contains("binds no call"), "{e}");
+    }
+
+    #[test]
+    fn an_approval_lives_no_longer_than_the_runner_allows() {
+        let k = keys();
+        let id = id_at(NOW - 120);
+        let w = proven(approved(&id), &k.log, &[&k.w1, &k.w2]);
+        // Long after: expired, and its event too old.
+        let e = verify(&w, &call(&id, "hvn05"), &k.trust, NOW + 3600, 7200).unwrap_err();
+        assert!(e.contains("expired"), "{e}");
+        let e = verify(&w, &call(&id, "hvn05"), &k.trust, NOW + 800, 600).unwrap_err();
+        assert!(e.contains("`expires`"), "{e}");
+        // Requested long before its expiry.
+        let old = id_at(NOW - 7200);
+        let w = proven(approved(&old), &k.log, &[&k.w1, &k.w2]);
+        let e = verify(&w, &call(&old, "hvn05"), &k.trust, NOW, 1260).unwrap_err();
+        assert!(e.contains("`expires`"), "{e}");
+    }
+
+    #[test]
+    fn a_runner_trusts_only_distinct_cosigners_that_are_not_the_log() {
+        let k = keys();
+        let log = k.log.verifier_key();
+        let ok = |keys: &[String], q| WitnessTrust::new(&log, keys, q).err().unwrap_or_default();
+        assert!(ok(&[k.w1.cosigner_key()], 1).is_empty());
+        // The log's own Ed25519 key, or its key as a cosigner: whoever holds it is no witness.
+        assert!(ok(&[log.clone()], 1).contains("cosignature/v1"));
+        assert!(ok(&[k.log.cosigner_key()], 1).contains("the log's own key"));
+        // One key listed twice meets no quorum of two.
+        let twice = ok(&[k.w1.cosigner_key(), k.w1.cosigner_key()], 2);
+        assert!(twice.contains("counts once"), "{twice}");
+        let renamed = NoteKey::from_seed("witness.test/other", [7; 32]).unwrap();
+        let same = NoteKey::from_seed("witness.test/w7", [7; 32]).unwrap();
+        let twice = ok(&[renamed.cosigner_key(), same.cosigner_key()], 2);
+        assert!(twice.contains("counts once"), "{twice}");
+        assert!(ok(&[k.w1.cosigner_key()], 0).contains("witness_quorum"));
+        assert!(ok(&[k.w1.cosigner_key()], 2).contains("witness_quorum"));
+        let _ = k.w2;
+    }
+}

@@ -12,7 +12,7 @@ use emisar::protocol::approval::{ApprovalProof, SignedApprovers, Statement, sshs
 use emisar::protocol::{CallRequest, Mode};
 use emisar::server::audit::AuditFilter;
 use emisar::server::tokens::Role;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::approvals::{
     call_in_background, finished, restarts, signed_in, systemctl_standin, wait_for_pending,
@@ -44,7 +44,17 @@ fn tls_runner(bin: &std::path::Path, name: &str) -> RunnerSpec {
 /// hvn05 trusts the approvers file on disk (a restart needs alice and bob); hvn07 a file the
 /// server carries signed by the root key; hvn08 the same, but none below serial 2.
 async fn signed_lab() -> Lab {
+    signed_lab_with(None).await
+}
+
+/// [`signed_lab`] with the server's policy file `policy` (YAML).
+async fn signed_lab_with(policy: Option<&str>) -> Lab {
     let bin = tempfile::tempdir().unwrap();
+    let policy_file = policy.map(|p| {
+        let path = bin.path().join("policy.yaml");
+        std::fs::write(&path, p).unwrap();
+        path
+    });
     let record = systemctl_standin(bin.path());
     let file = bin.path().join("approvers.toml");
     std::fs::write(&file, approvers_text()).unwrap();
@@ -63,6 +73,7 @@ async fn signed_lab() -> Lab {
         Options {
             approvers_file: Some(file),
             approvers_signature_file: Some(sig),
+            policy_file,
             ..Default::default()
         },
     )
@@ -235,6 +246,15 @@ async fn a_node_runs_only_what_people_signed_for_under_one_file_per_serial() {
         403,
         "not the one this runner accepted at serial 1",
     );
+    // …or an older file, at serial 0…
+    let older = approvers_text().replace("serial = 1", "serial = 0");
+    let mut p0 = proof(&one, &[1, 2]);
+    p0.approvers = Some(carried(&older));
+    refused(
+        execute(app, "hvn07", "nomad", Some(&one.approval_id), Some(p0), None).await,
+        403,
+        "older than serial 1 this runner accepted",
+    );
     // …or a restart the server's policy lowered, with no signature at all.
     let open =
         approvers_text().replacen("approvals = 2\n", "approvals = 2\nunapproved = true\n", 1);
@@ -278,6 +298,19 @@ async fn a_node_runs_only_what_people_signed_for_under_one_file_per_serial() {
         "below this runner's min_approvers_serial 2",
     );
     assert_eq!(restarted(&lab.record), ["consul"], "nothing else ran");
+    // At serial 3, a file that lets the policy lower a restart: hvn08 runs the lowered write
+    // with no signature, as its root-signed file says.
+    let lowering = approvers_text()
+        .replace("serial = 1", "serial = 3")
+        .replacen("approvals = 2\n", "approvals = 2\nunapproved = true\n", 1);
+    let lowered = ApprovalProof {
+        statement: String::new(),
+        signatures: Vec::new(),
+        approvers: Some(carried(&lowering)),
+    };
+    let (status, why) = execute(app, "hvn08", "nomad", None, Some(lowered), None).await;
+    assert_eq!(status, 200, "{why}");
+    assert_eq!(restarted(&lab.record), ["consul", "nomad"]);
 
     // hvn05 runs a signed restart once; a restart of the runner remembers it…
     let once = statement(app, "consul", &["hvn05"]);
@@ -293,7 +326,7 @@ async fn a_node_runs_only_what_people_signed_for_under_one_file_per_serial() {
     };
     let (status, why) = run_once().await;
     assert_eq!(status, 200, "{why}");
-    assert_eq!(restarts(&lab.record), 2);
+    assert_eq!(restarts(&lab.record), 3);
     app.restart_runner("hvn05", false).await;
     let run_once = || {
         execute(
@@ -341,7 +374,7 @@ async fn a_node_runs_only_what_people_signed_for_under_one_file_per_serial() {
         )
     };
     refused(run_once().await, 403, "state_dir is new or was lost");
-    assert_eq!(restarts(&lab.record), 2, "each approval ran once");
+    assert_eq!(restarts(&lab.record), 3, "each approval ran once");
     // What is requested after the new state began runs.
     let after = statement(app, "nomad", &["hvn05"]);
     let (status, why) = execute(
@@ -354,7 +387,115 @@ async fn a_node_runs_only_what_people_signed_for_under_one_file_per_serial() {
     )
     .await;
     assert_eq!(status, 200, "{why}");
-    assert_eq!(restarted(&lab.record), ["consul", "consul", "nomad"]);
+    assert_eq!(
+        restarted(&lab.record),
+        ["consul", "nomad", "consul", "nomad"]
+    );
+}
+
+/// The server asks as many people as its policy says when that is more than the approvers
+/// file's rule, and the statement people sign says so (the runner then holds it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_policy_asks_more_people_than_the_file_and_the_statement_says_so() {
+    let lab = signed_lab_with(Some("approvers:\n  linux.systemctl_restart: 3\n")).await;
+    let app = &lab.app;
+    let watcher = signed_in(app, "carol", Role::Approver).await;
+    let client = app.mcp_client().await;
+    let call = call_in_background(
+        &client,
+        TOOL,
+        json!({"unit": "consul", "runners": ["hvn05"], "reason": "three people"}),
+    );
+    let id = wait_for_pending(&watcher).await;
+    let (_, request) = watcher.get(&format!("/api/approvals/{id}")).await;
+    assert_eq!(request["required_approvals"], 3, "{request}");
+    let text = request["statement"]["text"].as_str().unwrap();
+    assert!(text.contains("\nrequired 3\n"), "{text}");
+    drop(call);
+}
+
+/// A write with a preview: people sign the digest of the values the runner sealed, and the
+/// runner binds its own line of the statement to the values the execution brings. A server
+/// that previews the same call twice and executes with the other preview's (equally sealed)
+/// values gets nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signed_write_runs_only_with_the_preview_values_people_signed() {
+    let packs = tempfile::tempdir().unwrap();
+    std::fs::write(
+        packs.path().join("pv.yaml"),
+        "pack: pv\ndescription: A write whose preview captures a value that changes.\ntools:\n  stamp:\n    description: Touches `path`; its preview captures the time.\n    risk: high\n    scope: node\n    params:\n      path:\n        type: string\n        pattern: '^/tmp/[A-Za-z0-9._/-]+$'\n    preview:\n      steps:\n        - name: look\n          read_only: true\n          exec:\n            argv: [\"date\", \"+%s%N\"]\n          capture:\n            nanos: '.steps.look.stdout | rtrimstr(\"\\n\")'\n    steps:\n      - name: write\n        exec:\n          argv: [\"touch\", \"{path}\"]\n",
+    )
+    .unwrap();
+    let bin = tempfile::tempdir().unwrap();
+    let file = bin.path().join("approvers.toml");
+    std::fs::write(&file, approvers_text()).unwrap();
+    let app = spawn_app(
+        Backend::Postgres,
+        vec![tls_runner(bin.path(), "hvn05").signed_approvals(&["pv.*"], Some(file.clone()), &[])],
+        Options {
+            packs_dir: Some(packs.path().to_owned()),
+            approvers_file: Some(file),
+            ..Default::default()
+        },
+    )
+    .await;
+    let target = bin.path().join("stamped");
+    let args = json!({"path": target.to_str().unwrap()});
+    let request = |mode, preview: Option<&Value>| CallRequest {
+        tool: "pv.stamp".into(),
+        args: args.as_object().unwrap().clone(),
+        mode,
+        preview: preview.map(|p| p["vars"].as_object().unwrap().clone()),
+        preview_seal: preview.map(|p| p["seal"].as_str().unwrap().to_owned()),
+        raw: false,
+        approval: None,
+        witnessed: None,
+        secret_salt: None,
+    };
+    let id = uuid::Uuid::now_v7().to_string();
+    let signed = || Signed {
+        call_id: "call-1".into(),
+        approval_id: Some(id.clone()),
+        lowered_by_policy: None,
+    };
+    let preview = || async {
+        let answer = app
+            .signed_request("hvn05", &request(Mode::Preview, None), &signed())
+            .await;
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        answer.body
+    };
+    let shown = preview().await;
+    let other = preview().await;
+    assert_ne!(shown["vars"], other["vars"], "two previews, two times");
+    let packs_loaded = emisar::pack::PackSet::load(Some(packs.path())).unwrap();
+    let statement = Statement {
+        approval_id: id.clone(),
+        tool: "pv.stamp".into(),
+        pack_sha256: packs_loaded.pack("pv").unwrap().digest.clone(),
+        args_sha256: json_digest(&args),
+        runners: [("hvn05".to_owned(), Some(json_digest(&shown["vars"])))].into(),
+        required: 1,
+        policy_sha256: "0".repeat(64),
+        requester: "agent:test-agent".into(),
+        expires_at: in_secs(600),
+    };
+    let with = |preview: &Value| CallRequest {
+        approval: Some(proof(&statement, &[1])),
+        ..request(Mode::Execute, Some(preview))
+    };
+    let answer = app.signed_request("hvn05", &with(&other), &signed()).await;
+    assert_eq!(answer.status, 403, "{}", answer.body);
+    let error = answer.body["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("differs from this call in `runner`"),
+        "{error}"
+    );
+    assert!(!target.exists(), "nothing ran");
+    // The values people signed run.
+    let answer = app.signed_request("hvn05", &with(&shown), &signed()).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert!(target.exists());
 }
 
 /// Sets the stored request's `column` (a database writer).

@@ -251,7 +251,15 @@ async fn a_node_runs_only_what_people_signed_for_under_one_file_per_serial() {
     let mut p0 = proof(&one, &[1, 2]);
     p0.approvers = Some(carried(&older));
     refused(
-        execute(app, "hvn07", "nomad", Some(&one.approval_id), Some(p0), None).await,
+        execute(
+            app,
+            "hvn07",
+            "nomad",
+            Some(&one.approval_id),
+            Some(p0),
+            None,
+        )
+        .await,
         403,
         "older than serial 1 this runner accepted",
     );
@@ -739,4 +747,154 @@ async fn witnessed(app: &TestApp, id: &str) -> emisar::protocol::witnessed::Witn
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     panic!("event {} was not witnessed within 10 s", event.seq);
+}
+
+const PASSKEY_RP: &str = "emisar.example.com";
+const PASSKEY_ORIGIN: &str = "https://emisar.example.com";
+
+/// A person's passkey as the approvers file lists it, registered as the portal registers one.
+fn passkey_entry(auth: &crate::passkeys::SoftAuthenticator) -> String {
+    use base64::Engine;
+    use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+    let challenge = [7u8; 32];
+    let reg = auth.create(&challenge, PASSKEY_ORIGIN, "key");
+    let bytes = |k: &str| URL_SAFE_NO_PAD.decode(reg[k].as_str().unwrap()).unwrap();
+    let rp = emisar::protocol::approval::webauthn::RelyingParty {
+        rp_id: PASSKEY_RP.into(),
+        origins: vec![PASSKEY_ORIGIN.into()],
+    };
+    let key = emisar::protocol::approval::webauthn::parse_registration(
+        &rp,
+        &challenge,
+        &bytes("attestation_object"),
+        &bytes("client_data_json"),
+    )
+    .unwrap();
+    format!(
+        "passkeys = [{{ id = \"{}\", alg = \"{}\", public_key = \"{}\" }}]",
+        URL_SAFE_NO_PAD.encode(&key.credential_id),
+        key.alg.as_str(),
+        STANDARD.encode(&key.public_key)
+    )
+}
+
+/// A passkey's signature over a statement's text (its SHA-256 is the challenge).
+fn passkey_signature(
+    auth: &crate::passkeys::SoftAuthenticator,
+    text: &str,
+) -> emisar::protocol::approval::Signature {
+    use base64::Engine;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let a = auth.get(
+        &emisar::protocol::approval::statement::hash_text(text),
+        PASSKEY_ORIGIN,
+    );
+    let b = |v: &[u8]| URL_SAFE_NO_PAD.encode(v);
+    emisar::protocol::approval::Signature::Webauthn {
+        signer: "portal".into(),
+        credential_id: b(&a.credential_id),
+        authenticator_data: b(&a.authenticator_data),
+        client_data_json: b(&a.client_data_json),
+        signature: b(&a.signature),
+    }
+}
+
+/// A rule with `ssh_signatures = 1`: two passkeys alone (the portal's page, which a
+/// compromised server serves) never make a restart run; with one signature from the terminal
+/// it runs. The server refuses the deciding passkey vote at once, and the runner refuses two
+/// passkey signatures a server replays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rule_that_asks_for_the_terminal_takes_no_passkeys_alone() {
+    use crate::passkeys::SoftAuthenticator;
+    let (pa, pb) = (SoftAuthenticator::new(), SoftAuthenticator::new());
+    let text = format!(
+        "serial = 1\n[webauthn]\nrp_id = \"{PASSKEY_RP}\"\norigins = [\"{PASSKEY_ORIGIN}\"]\n\n\
+         [[person]]\nname = \"alice\"\n{}\n\n[[person]]\nname = \"bob\"\n{}\n\n\
+         [[person]]\nname = \"carol\"\nssh = [\"{}\"]\n\n\
+         [[rule]]\ntools = \"{TOOL}\"\napprovals = 2\nssh_signatures = 1\n",
+        passkey_entry(&pa),
+        passkey_entry(&pb),
+        crate::signed_approvals::pub_line(3)
+    );
+    let bin = tempfile::tempdir().unwrap();
+    let record = systemctl_standin(bin.path());
+    let file = bin.path().join("approvers.toml");
+    std::fs::write(&file, &text).unwrap();
+    let app = spawn_app(
+        Backend::Postgres,
+        vec![tls_runner(bin.path(), "hvn05").signed_approvals(&["*"], Some(file.clone()), &[])],
+        Options {
+            approvers_file: Some(file),
+            ..Default::default()
+        },
+    )
+    .await;
+
+    // A server replays two passkey signatures: the runner wants one from the terminal.
+    let s = statement(&app, "consul", &["hvn05"]);
+    let st = s.text().unwrap();
+    let two_passkeys = ApprovalProof {
+        signatures: vec![passkey_signature(&pa, &st), passkey_signature(&pb, &st)],
+        statement: st.clone(),
+        approvers: None,
+    };
+    refused(
+        execute(
+            &app,
+            "hvn05",
+            "consul",
+            Some(&s.approval_id),
+            Some(two_passkeys),
+            None,
+        )
+        .await,
+        403,
+        "needs 1 SSH signatures",
+    );
+    assert_eq!(restarts(&record), 0);
+
+    // Through the server: the second passkey vote would decide, and is refused at once.
+    let client = app.mcp_client().await;
+    let call = call_in_background(
+        &client,
+        TOOL,
+        json!({"unit": "consul", "runners": ["hvn05"], "reason": "two people, one at a terminal"}),
+    );
+    let alice = signed_in(&app, "alice", Role::Approver).await;
+    let bob = signed_in(&app, "bob", Role::Approver).await;
+    let carol = signed_in(&app, "carol", Role::Approver).await;
+    let id = wait_for_pending(&alice).await;
+    let (_, request) = alice.get(&format!("/api/approvals/{id}")).await;
+    let text = request["statement"]["text"].as_str().unwrap().to_owned();
+    let (status, body) = vote(&alice, &id, passkey_signature(&pa, &text)).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = vote(&bob, &id, passkey_signature(&pb, &text)).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("SSH signatures"),
+        "{body}"
+    );
+    let carol_sig = emisar::protocol::approval::Signature::Ssh {
+        signer: "carol".into(),
+        signature: sign(3, sshsig::APPROVAL_NAMESPACE, &text),
+    };
+    let (status, body) = vote(&carol, &id, carol_sig).await;
+    assert_eq!(status, 200, "{body}");
+    let out = finished(call).await.structured_content.unwrap();
+    assert_eq!(out["approval"]["state"], "executed", "{out}");
+    assert_eq!(restarted(&record), ["consul"]);
+}
+
+/// A person's yes with `signature`, through the approvals API.
+async fn vote(
+    who: &crate::approvals::Portal,
+    id: &str,
+    signature: emisar::protocol::approval::Signature,
+) -> (u16, Value) {
+    who.post(
+        &format!("/api/approvals/{id}/approve"),
+        json!({ "signature": signature }),
+        true,
+    )
+    .await
 }

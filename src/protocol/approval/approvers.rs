@@ -20,10 +20,20 @@
 //! approvals = 2
 //!
 //! [[rule]]
+//! tools = "linux.*"
+//! approvals = 2
+//! ssh_signatures = 1              # at least one from the terminal (`emisar approvals approve`)
+//!
+//! [[rule]]
 //! tools = "*"
 //! approvals = 1
 //! unapproved = false              # true: a write the server's policy lowered runs unsigned
 //! ```
+//!
+//! `ssh_signatures` is for a server that could be compromised: the portal's page, which asks
+//! for a passkey, is code the server serves, so a server that owns it can show one write and
+//! have a passkey sign another. An SSH signature comes from the terminal, whose check of the
+//! statement the server does not serve.
 
 use std::collections::BTreeMap;
 
@@ -87,6 +97,14 @@ pub struct RuleEntry {
     /// Whether a write the server's policy lowered below approval may run without signatures.
     #[serde(default)]
     pub unapproved: bool,
+    /// How many of the signatures must be SSH signatures (made in the terminal, whose check
+    /// the server does not serve), at most `approvals`. Default 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub ssh_signatures: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// A checked approvers file: every key parsed, every rule compiled.
@@ -112,6 +130,7 @@ pub struct Person {
 pub struct Rule {
     pub approvals: u32,
     pub unapproved: bool,
+    pub ssh_signatures: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -211,6 +230,12 @@ impl Approvers {
                     "`rule[{i}].approvals` must be at least 1 (`unapproved = true` is how a policy-lowered write runs unsigned)"
                 )));
             }
+            if r.ssh_signatures > r.approvals {
+                return Err(err(format!(
+                    "`rule[{i}].ssh_signatures` ({}) must be at most `approvals` ({})",
+                    r.ssh_signatures, r.approvals
+                )));
+            }
             rules.push((pattern, r));
         }
         Ok(Approvers {
@@ -230,6 +255,7 @@ impl Approvers {
             .map(|(_, r)| Rule {
                 approvals: r.approvals,
                 unapproved: r.unapproved,
+                ssh_signatures: r.ssh_signatures,
             })
     }
 
@@ -272,6 +298,13 @@ impl Approvers {
             .iter()
             .filter(|p| !p.ssh.is_empty() || !p.passkeys.is_empty())
             .count() as u32;
+        let with_ssh = self.people.iter().filter(|p| !p.ssh.is_empty()).count() as u32;
+        if with_ssh < rule.ssh_signatures {
+            return Some(format!(
+                "`{tool}` needs {} SSH signatures, and the approvers file (sha256:{}) lists {with_ssh} people with an SSH key",
+                rule.ssh_signatures, self.sha256
+            ));
+        }
         (able < rule.approvals).then(|| {
             format!(
                 "`{tool}` needs {} people's signatures, and the approvers file (sha256:{}) lists {able} with a key",
@@ -347,7 +380,8 @@ pub(crate) mod tests {
             a.rule("linux.systemctl_restart"),
             Some(Rule {
                 approvals: 1,
-                unapproved: true
+                unapproved: true,
+                ssh_signatures: 0,
             })
         );
         assert!(

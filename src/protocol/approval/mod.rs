@@ -154,6 +154,9 @@ impl RunnerApprovals {
     }
 }
 
+/// [`Signed::alg`] of an SSH signature.
+pub const SSH_ALG: &str = "ssh-ed25519";
+
 /// A signature that verified: which person of the approvers file made it, with which key.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Signed {
@@ -190,7 +193,7 @@ pub fn verify_signature(
             Ok(Signed {
                 person: person.name.clone(),
                 key_id: sshsig::key_id(&key),
-                alg: "ssh-ed25519".into(),
+                alg: SSH_ALG.into(),
                 statement_sha256,
             })
         }
@@ -286,6 +289,13 @@ pub fn verify_quorum(
             signed.len()
         ));
     }
+    let ssh = signed.iter().filter(|s| s.alg == SSH_ALG).count() as u32;
+    if ssh < rule.ssh_signatures {
+        return Err(format!(
+            "`{tool}` needs {} SSH signatures (made in the terminal, `emisar approvals approve`) under the approvers file (sha256:{}), and the call carries {ssh}",
+            rule.ssh_signatures, approvers.sha256
+        ));
+    }
     Ok(signed)
 }
 
@@ -340,6 +350,23 @@ mod tests {
         assert!(verify_quorum(&a, "t.x", "s", &[ssh(1, "s"), ssh(2, "other")], 1).is_err());
         let e = verify_quorum(&a, "t.x", "s", &[ssh(1, "s"), ssh(7, "s")], 1).unwrap_err();
         assert!(e.contains("not in the approvers file"), "{e}");
+    }
+
+    #[test]
+    fn a_rule_can_ask_for_signatures_from_the_terminal() {
+        let text = file_with(
+            &[("alice", 1), ("bob", 2)],
+            "[[rule]]\ntools = \"*\"\napprovals = 2\nssh_signatures = 2\n",
+        );
+        let a = Approvers::parse(&text).unwrap();
+        assert_eq!(
+            verify_quorum(&a, "t.x", "s", &[ssh(1, "s"), ssh(2, "s")], 1)
+                .unwrap()
+                .len(),
+            2
+        );
+        let more = Approvers::parse(&text.replace("ssh_signatures = 2", "ssh_signatures = 3"));
+        assert!(more.unwrap_err().0.contains("`rule[0].ssh_signatures`"));
     }
 
     #[test]

@@ -225,6 +225,24 @@ impl Gateway {
         };
         let signed = verify_signature(&server.approvers, text, signature)
             .map_err(|e| ApprovalError::Refused(format!("`signature`: {e}")))?;
+        // The deciding vote: the runners will want the rule's SSH signatures among them all.
+        let terminal = server
+            .approvers
+            .rule(&row.tool)
+            .map_or(0, |r| r.ssh_signatures);
+        let ssh = row
+            .votes
+            .iter()
+            .filter_map(|v| v.signed.as_ref())
+            .chain(std::iter::once(&signed))
+            .filter(|s| s.alg == crate::protocol::approval::SSH_ALG)
+            .count() as u32;
+        if row.votes.len() as u32 + 1 >= row.required_approvals && ssh < terminal {
+            return Err(ApprovalError::Refused(format!(
+                "`signature`: the approvers file asks for {terminal} SSH signatures for `{}` (made in the terminal: `emisar approvals approve {}`), and this request would have {ssh}: approve it from the terminal",
+                row.tool, row.id
+            )));
+        }
         Ok(Verdict::Approve {
             note: note.clone(),
             signature: Some(signature.clone()),

@@ -17,8 +17,11 @@ use crate::server::audit::{self, AuditFilter, AuditParams};
 #[derive(Subcommand)]
 pub enum AuditCommand {
     /// Walk the whole hash chain; lists the broken events (the first 20, and how many) and
-    /// exits 1 if there is any.
-    #[command(after_help = "Example: emisar audit verify --since 2026-11-30T00:00:00Z")]
+    /// exits 1 if there is any. With --checkpoint, verify only what is new since a checkpoint
+    /// you kept, and with --witness-key that the witnesses cosigned the newest one.
+    #[command(
+        after_help = "Example: emisar audit verify --checkpoint kept-checkpoint.txt --log-key emisar.example.com/audit+9c1d5e2a+AXyT... --witness-key witness-a.example.org/w1+5b2e7c1d+BNq... --witness-key witness.partner.example.net/w+0f3a9e44+BLk... --witness-quorum 2 --database postgres://emisar@db/emisar"
+    )]
     Verify {
         /// Start at the first event at or after this RFC 3339 time, e.g.
         /// 2026-11-30T00:00:00Z.
@@ -41,6 +44,17 @@ pub enum AuditCommand {
         /// or a file holding it. Take it from the operator, never from the server you audit.
         #[arg(long, value_name = "KEY")]
         log_key: Option<String>,
+        /// A witness you trust: its cosignature verifier key (`name+id+base64`, as `emisar
+        /// witness keygen` printed it and emisar.toml's `[[transparency.witnesses]] key` names
+        /// it), or a file holding it; once per witness. With it, the newest stored checkpoint
+        /// must be cosigned by --witness-quorum of them, or verify fails: the log key alone
+        /// signs whatever the database holds, even a log truncated and grown again.
+        #[arg(long = "witness-key", value_name = "KEY", requires = "checkpoint")]
+        witness_key: Vec<String>,
+        /// How many of the --witness-key witnesses must have cosigned the newest stored
+        /// checkpoint, e.g. 2 (default: all of them).
+        #[arg(long, value_name = "N", requires = "witness_key")]
+        witness_quorum: Option<usize>,
         /// The report as one JSON object instead of text.
         #[arg(long)]
         json: bool,
@@ -306,11 +320,22 @@ pub async fn run(command: AuditCommand) -> anyhow::Result<i32> {
             from_seq,
             checkpoint,
             log_key,
+            witness_key,
+            witness_quorum,
             json,
             db,
             server,
             token: _,
-        } => verify(since, from_seq, checkpoint, log_key, json, db, server).await,
+        } => {
+            let kept = match checkpoint {
+                None => None,
+                Some(path) => Some(Kept {
+                    path,
+                    witnesses: witness_quorum_of(&witness_key, witness_quorum)?,
+                }),
+            };
+            verify(since, from_seq, kept, log_key, json, db, server).await
+        }
         AuditCommand::VerifyApprovals {
             approvers,
             json,
@@ -389,12 +414,37 @@ pub async fn run(command: AuditCommand) -> anyhow::Result<i32> {
     }
 }
 
+/// `audit verify --checkpoint`: the kept checkpoint's file and the witnesses to hold the
+/// newest stored one to.
+struct Kept {
+    path: PathBuf,
+    witnesses: Option<audit::proofs::WitnessQuorum>,
+}
+
+/// `--witness-key` (each a key or a file holding one) and `--witness-quorum`, checked before
+/// the database is opened; `None` when no key was given.
+fn witness_quorum_of(
+    keys: &[String],
+    quorum: Option<usize>,
+) -> anyhow::Result<Option<audit::proofs::WitnessQuorum>> {
+    if keys.is_empty() {
+        return Ok(None);
+    }
+    let texts = keys
+        .iter()
+        .map(|k| key_text(k, "--witness-key"))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    audit::proofs::WitnessQuorum::new(&texts, quorum)
+        .map(Some)
+        .map_err(anyhow::Error::msg)
+}
+
 /// `audit verify`: the whole chain (or from a sequence or a time), or only what came after a
 /// kept checkpoint.
 async fn verify(
     since: Option<chrono::DateTime<chrono::Utc>>,
     from_seq: Option<i64>,
-    checkpoint: Option<PathBuf>,
+    checkpoint: Option<Kept>,
     log_key: Option<String>,
     json: bool,
     db: DbArg,
@@ -407,11 +457,11 @@ async fn verify(
         return Ok(2);
     }
     let db = db.connect().await?;
-    if let Some(path) = checkpoint {
+    if let Some(Kept { path, witnesses }) = checkpoint {
         let keys = log_keys(log_key.as_deref())?;
         let kept =
             std::fs::read(&path).with_context(|| format!("--checkpoint {}", path.display()))?;
-        let report = audit::proofs::verify_from(&db, &kept, &keys).await?;
+        let report = audit::proofs::verify_from(&db, &kept, &keys, witnesses.as_ref()).await?;
         if json {
             println!("{}", serde_json::to_string(&report)?);
         } else {
@@ -690,13 +740,19 @@ fn csv_cell(f: &str) -> String {
 /// The log's verifier key from `--log-key`: the key text itself, or a file holding it.
 fn log_keys(arg: Option<&str>) -> anyhow::Result<crate::tlog::keys::Verifiers> {
     let arg = arg.context("--log-key: give the log's verifier key (name+id+base64)")?;
+    let text = key_text(arg, "--log-key")?;
+    crate::tlog::keys::Verifiers::parse([text.as_str()])
+        .map_err(|e| anyhow::anyhow!("--log-key: {e}"))
+}
+
+/// A verifier key given as its text or as a file holding it (for `option`'s messages).
+fn key_text(arg: &str, option: &str) -> anyhow::Result<String> {
     let text = if std::path::Path::new(arg).is_file() {
-        std::fs::read_to_string(arg).with_context(|| format!("--log-key {arg}"))?
+        std::fs::read_to_string(arg).with_context(|| format!("{option} {arg}"))?
     } else {
         arg.to_owned()
     };
-    crate::tlog::keys::Verifiers::parse([text.trim()])
-        .map_err(|e| anyhow::anyhow!("--log-key: {e}"))
+    Ok(text.trim().to_owned())
 }
 
 #[cfg(test)]

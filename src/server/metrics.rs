@@ -103,13 +103,14 @@ pub(crate) fn checkpoint_witnessed(size: u64) {
     metrics::gauge!("emisar_checkpoint_witnessed_size").set(size as f64);
 }
 
-/// A witness refused a checkpoint (`status` is its HTTP answer; none when unreachable).
-/// `witness` is the name of its key (`witness.example.org/w1`), as listed in the operator's
-/// `[transparency]`: a bounded set, so the label is the name itself (an identifier check
-/// would turn every such name, with its dots and slash, into `unknown`).
-pub(crate) fn witness_refused(witness: &str, status: Option<u16>) {
-    let status = status.map_or_else(|| "unreachable".to_owned(), |s| s.to_string());
-    metrics::counter!("emisar_witness_refusals_total", "witness" => witness.to_owned(), "status" => status)
+/// A witness refused a checkpoint. `status` is its HTTP answer, `unreachable` when there was
+/// none, or `truncated` when the witness has cosigned more events than the log holds (issue
+/// 45: events it saw were deleted). `witness` is the name of its key
+/// (`witness.example.org/w1`), as listed in the operator's `[transparency]`: a bounded set, so
+/// the label is the name itself (an identifier check would turn every such name, with its
+/// dots and slash, into `unknown`).
+pub(crate) fn witness_refused(witness: &str, status: &str) {
+    metrics::counter!("emisar_witness_refusals_total", "witness" => witness.to_owned(), "status" => status.to_owned())
         .increment(1);
 }
 

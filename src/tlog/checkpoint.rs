@@ -71,6 +71,17 @@ pub fn verify(note: &Note, keys: &Verifiers) -> Result<(), CheckpointError> {
     }
 }
 
+/// The names of the witnesses in `witnesses` (each its name and its cosignature key) whose
+/// signature on `note` verifies, in their order: each counts once, however many lines it
+/// signed, and a line by any other key is ignored. What a reader compares with its quorum.
+pub fn cosigned_by<'a>(note: &Note, witnesses: &'a [(String, Verifiers)]) -> Vec<&'a str> {
+    witnesses
+        .iter()
+        .filter(|(_, keys)| verify(note, keys).is_ok())
+        .map(|(name, _)| name.as_str())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -128,6 +139,45 @@ mod tests {
             ),
             Err(CheckpointError::BadSignature(_))
         ));
+    }
+
+    #[test]
+    fn cosigned_by_names_each_trusted_witness_whose_cosignature_verifies_once() {
+        let log = NoteKey::from_seed("log.example/audit", [1; 32]).unwrap();
+        let w1 = NoteKey::from_seed("witness.example/w1", [2; 32]).unwrap();
+        let w2 = NoteKey::from_seed("witness.example/w2", [3; 32]).unwrap();
+        let w3 = NoteKey::from_seed("witness.example/w3", [4; 32]).unwrap();
+        let stranger = NoteKey::from_seed("witness.example/w2", [5; 32]).unwrap();
+        let signed = sign("log.example/audit", 7, record_hash(b"x"), "", &log).unwrap();
+        let (mut note, _) = parse(&signed).unwrap();
+        note.add_sigs(&[&w1.cosigner(), &w2.cosigner(), &stranger.cosigner()])
+            .unwrap();
+        let trusted: Vec<(String, Verifiers)> = [&w1, &w2, &w3]
+            .iter()
+            .map(|w| {
+                let key = w.cosigner_key();
+                (
+                    w.name().to_owned(),
+                    Verifiers::parse([key.as_str()]).unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            cosigned_by(&note, &trusted),
+            ["witness.example/w1", "witness.example/w2"]
+        );
+        // The log key's own signature is no cosignature.
+        let (bare, _) = parse(&signed).unwrap();
+        assert!(cosigned_by(&bare, &trusted).is_empty());
+        // A trusted witness's line over another checkpoint does not count.
+        let other = sign("log.example/audit", 8, record_hash(b"x"), "", &log).unwrap();
+        let (mut other, _) = parse(&other).unwrap();
+        other.add_sigs(&[&w1.cosigner()]).unwrap();
+        let line = String::from_utf8(other.to_bytes()).unwrap();
+        let line = line.lines().last().unwrap();
+        let moved = format!("{}{line}\n", String::from_utf8(signed).unwrap());
+        let (moved, _) = parse(moved.as_bytes()).unwrap();
+        assert!(cosigned_by(&moved, &trusted).is_empty());
     }
 
     #[test]

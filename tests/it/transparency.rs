@@ -742,7 +742,7 @@ async fn what_came_after_a_kept_checkpoint_is_read_event_by_event() {
     let newest = checkpointed(&app, app.audit_rows().await as u64, 0)
         .await
         .size as i64;
-    let verify = || proofs::verify_from(&app.db, kept.note.as_bytes(), &keys);
+    let verify = || proofs::verify_from(&app.db, kept.note.as_bytes(), &keys, None);
     let report = verify().await.unwrap();
     assert_eq!(report.problem, None, "{report:?}");
     assert_eq!(report.verified as i64, newest - n, "{report:?}");
@@ -1059,4 +1059,440 @@ async fn a_runner_that_requires_witnessed_approvals_runs_only_what_the_quorum_co
     let (status, why) = execute_with(app, &id, Some(good)).await;
     assert_eq!(status, 409, "{why}");
     assert_eq!(restarts(&lab.record), 1);
+}
+
+/// A log witnessed by one real `emisar witness`, as the auditor of issue 45 found it: a
+/// cosigned checkpoint of `kept` events kept in `kept_file`, then more events (an approved
+/// write, say), all of them cosigned up to `witnessed`, whose checkpoint is in
+/// `witnessed_file`.
+struct Witnessed {
+    dir: tempfile::TempDir,
+    app: TestApp,
+    w: Witness,
+    config: TransparencyConfig,
+    log_vkey: String,
+    kept: u64,
+    kept_file: std::path::PathBuf,
+    witnessed: u64,
+    witnessed_file: std::path::PathBuf,
+}
+
+/// The newest cosigned checkpoint, through the CLI as an auditor keeps it, written to
+/// `dir/name`: its size and the file.
+async fn keep_checkpoint(app: &TestApp, dir: &Path, name: &str) -> (u64, std::path::PathBuf) {
+    let out = run(&[
+        "audit",
+        "checkpoint",
+        "--cosigned-by",
+        "1",
+        "--database",
+        &app.database_url,
+    ])
+    .await;
+    assert_eq!(out.0, 0, "{}", out.2);
+    assert!(out.1.contains("\n— witness.test/w1 "), "{}", out.1);
+    let size = out.1.lines().nth(1).unwrap().parse().unwrap();
+    let file = dir.join(name);
+    std::fs::write(&file, &out.1).unwrap();
+    (size, file)
+}
+
+/// Waits until the witness has cosigned every event the log holds.
+async fn all_witnessed(app: &TestApp) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let rows = app.audit_rows().await as u64;
+        let cp = checkpointed(app, rows, 1).await;
+        if cp.size == app.audit_rows().await as u64 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the witness never caught up");
+    }
+}
+
+async fn witnessed_log() -> Witnessed {
+    let dir = tempfile::tempdir().unwrap();
+    let log_key = dir.path().join("log.key");
+    let log_vkey = checkpoints::log_keygen(ORIGIN, &log_key).unwrap();
+    let w = witness(dir.path(), "w1", &log_vkey).await;
+    let config = TransparencyConfig {
+        log_key_file: log_key,
+        checkpoint_interval_ms: 50,
+        checkpoint_every_events: 1,
+        witnesses: vec![WitnessEntry {
+            url: w.url.clone(),
+            key: w.vkey.clone(),
+        }],
+        witness_quorum: Some(1),
+    };
+    let app = spawn_app(
+        Backend::Postgres,
+        vec![],
+        Options {
+            transparency: Some(config.clone()),
+            ..Default::default()
+        },
+    )
+    .await;
+    for i in 0..10 {
+        app.audit.append(event(i)).await.unwrap();
+        all_witnessed(&app).await;
+    }
+    let (kept, kept_file) = keep_checkpoint(&app, dir.path(), "kept.txt").await;
+    // The approved write and what followed it, each event witnessed.
+    for i in 10..16 {
+        app.audit.append(event(i)).await.unwrap();
+        all_witnessed(&app).await;
+    }
+    let (witnessed, witnessed_file) = keep_checkpoint(&app, dir.path(), "witnessed.txt").await;
+    assert!(witnessed >= kept + 6, "{kept} then {witnessed}");
+    Witnessed {
+        dir,
+        app,
+        w,
+        config,
+        log_vkey,
+        kept,
+        kept_file,
+        witnessed,
+        witnessed_file,
+    }
+}
+
+impl Witnessed {
+    /// `audit verify --checkpoint FILE`, with the witness's key when `with_witness`.
+    async fn verify(&self, kept: &Path, with_witness: bool) -> (i32, String, String) {
+        let mut args = vec![
+            "audit",
+            "verify",
+            "--checkpoint",
+            kept.to_str().unwrap(),
+            "--log-key",
+            &self.log_vkey,
+            "--database",
+            &self.app.database_url,
+        ];
+        if with_witness {
+            args.extend(["--witness-key", &self.w.vkey, "--witness-quorum", "1"]);
+        }
+        run(&args).await
+    }
+
+    /// The insider of issue 45: as a database superuser, with the append-only triggers off
+    /// (`session_replication_role = replica` skips every ordinary trigger), deletes every
+    /// event above `size`, the tree's nodes over them, and every later checkpoint and
+    /// cosignature.
+    fn truncate_to(&self, size: u64) {
+        self.app
+            .pg
+            .as_ref()
+            .unwrap()
+            .superuser_sql(&format!(
+                "BEGIN; SET LOCAL session_replication_role = replica; \
+                 DELETE FROM audit_events WHERE seq > {size}; \
+                 DELETE FROM audit_tree WHERE (idx + 1) * (1::bigint << level) > {size}; \
+                 DELETE FROM audit_cosignatures WHERE size > {size}; \
+                 DELETE FROM audit_checkpoints WHERE size > {size}; COMMIT;"
+            ))
+            .unwrap();
+    }
+
+    /// `emisar serve` on the same database with the same `[transparency]`, its log as JSON
+    /// lines in the file returned.
+    async fn start_replica(&self) -> (crate::harness::tools::Proc, std::path::PathBuf) {
+        let d = self.dir.path();
+        let config = d.join("replica.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "listen = \"127.0.0.1:0\"\ninsecure_http = true\ndatabase_url = \"{}\"\n\
+                 signing_key_file = \"{}\"\n[transparency]\nlog_key_file = \"{}\"\n\
+                 checkpoint_interval_ms = 50\ncheckpoint_every_events = 1\nwitness_quorum = 1\n\
+                 [[transparency.witnesses]]\nurl = \"{}\"\nkey = \"{}\"\n",
+                self.app.database_url,
+                self.app.private_key.display(),
+                self.config.log_key_file.display(),
+                self.w.url,
+                self.w.vkey,
+            ),
+        )
+        .unwrap();
+        let log = d.join("replica.log");
+        let mut proc = Proc(
+            std::process::Command::new(env!("CARGO_BIN_EXE_emisar"))
+                .args(["serve", "--config", config.to_str().unwrap()])
+                .env_remove("DATABASE_URL")
+                .env("EMISAR_LOG_FORMAT", "json")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(&log).unwrap())
+                .spawn()
+                .unwrap(),
+        );
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if text.contains("emisar serving MCP") {
+                return (proc, log);
+            }
+            if let Some(status) = proc.0.try_wait().unwrap() {
+                panic!("the replica exited ({status}):\n{text}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the replica never served:\n{text}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The first `witness.refused` event that `matches`, within 20 s.
+    async fn refusal(&self, matches: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let found = self
+                .app
+                .events(AuditFilter {
+                    kind: Some("witness.refused".into()),
+                    limit: 1000,
+                    ..Default::default()
+                })
+                .await
+                .into_iter()
+                .filter_map(|e| e.detail)
+                .find(|d| matches(d));
+            if let Some(d) = found {
+                return d;
+            }
+            assert!(Instant::now() < deadline, "no such witness.refused event");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// Issue 45, "a truncated log passes": the auditor kept a cosigned checkpoint; an approved
+/// write was witnessed after it; then a database superuser deleted every event above the
+/// kept size and every later checkpoint. The server's checkpointer raises the alarm at its
+/// next round, long before the log grows back past what the witness saw, whether it knows the
+/// witness's size from memory or learns it from the witness's 409 (as after a restart);
+/// `audit verify --checkpoint` fails from the checkpoint kept before the write (its newest
+/// checkpoint is not cosigned) and from the one kept after it (the log is shorter).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_truncated_log_fails_verify_and_the_checkpointer_raises_the_alarm_at_once() {
+    let t = witnessed_log().await;
+    let (kept, witnessed) = (t.kept, t.witnessed);
+    let out = t.verify(&t.kept_file, true).await;
+    assert_eq!(out.0, 0, "{}{}", out.1, out.2);
+    assert!(
+        out.1.contains("; cosigned by witness.test/w1 (quorum 1)\n"),
+        "{}",
+        out.1
+    );
+
+    t.truncate_to(kept);
+
+    // The running server's next round: the witness it knows to have cosigned `witnessed`
+    // events is not counted, and the alarm names it, its size and the log's.
+    let alarm = t
+        .refusal(|d| d["witness_size"].as_u64() == Some(witnessed))
+        .await;
+    assert!(
+        (t.app.audit_rows().await as u64) < witnessed,
+        "the alarm came before the log grew back"
+    );
+    assert_eq!(alarm["witness"], "witness.test/w1", "{alarm}");
+    let log_size = alarm["log_size"].as_u64().unwrap();
+    assert!(log_size >= kept && log_size < witnessed, "{alarm}");
+    assert!(
+        alarm["answer"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("cosigned {witnessed} events")),
+        "{alarm}"
+    );
+    let auditor = t
+        .app
+        .issue_token("auditor", emisar::server::tokens::Role::Auditor)
+        .await;
+    let metrics = metrics_text(&t.app, &auditor).await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("emisar_witness_refusals_total{")
+                && l.contains("witness=\"witness.test/w1\"")
+                && l.contains("status=\"truncated\"")),
+        "{metrics}"
+    );
+    assert_eq!(
+        checkpoints::latest(&t.app.db, 1)
+            .await
+            .unwrap()
+            .unwrap()
+            .size,
+        kept,
+        "nothing after the truncation is cosigned"
+    );
+
+    // A server that never saw the witness's size (another replica, or this one restarted: the
+    // cosignatures above `kept` are gone from the database) learns it from the witness's 409
+    // at its first round, and raises the same alarm, with an ERROR line.
+    let (replica, log) = t.start_replica().await;
+    let from_409 = t
+        .refusal(|d| d["status"] == 409 && d["witness_size"].as_u64() == Some(witnessed))
+        .await;
+    assert!(
+        from_409["log_size"].as_u64().unwrap() < witnessed,
+        "{from_409}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let error = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let found = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|l| {
+                l["level"] == "ERROR"
+                    && l["fields"]["witness_size"].as_u64() == Some(witnessed)
+                    && l["fields"]["status"] == "Some(409)"
+            });
+        if let Some(line) = found {
+            break line;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no ERROR line about the truncation:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let fields = &error["fields"];
+    assert!(
+        fields["message"].as_str().unwrap().contains("truncated") && fields["witness"] == t.w.url,
+        "{error}"
+    );
+    drop(replica);
+
+    // From the checkpoint kept before the write: the log extends it, but the witness did not
+    // cosign the newest checkpoint, and the server's own alarm says why.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while checkpoints::latest(&t.app.db, 0)
+        .await
+        .unwrap()
+        .unwrap()
+        .size
+        <= kept
+    {
+        assert!(Instant::now() < deadline, "no checkpoint after the alarm");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let out = t.verify(&t.kept_file, true).await;
+    assert_eq!(out.0, 1, "{}{}", out.1, out.2);
+    assert!(
+        out.1
+            .starts_with("FAILED: the newest stored checkpoint (size ")
+            && out
+                .1
+                .contains("is cosigned by 0 of the witnesses you trust (none), it needs 1"),
+        "{}",
+        out.1
+    );
+    assert!(
+        out.1.contains(&format!(
+            "witness witness.test/w1 has cosigned {witnessed} events, the log held {log_size}: truncated"
+        )),
+        "{}",
+        out.1
+    );
+    // From the checkpoint kept after the write: the log is shorter than it.
+    let out = t.verify(&t.witnessed_file, true).await;
+    assert_eq!(out.0, 1, "{}{}", out.1, out.2);
+    assert!(
+        out.1.starts_with("FAILED: the log has ")
+            && out.1.contains(&format!(
+                " events, fewer than the {witnessed} of the kept checkpoint: truncated\n"
+            )),
+        "{}",
+        out.1
+    );
+    // The same without the witness's key: the log's length alone says it.
+    let out = t.verify(&t.witnessed_file, false).await;
+    assert_eq!(out.0, 1, "{}{}", out.1, out.2);
+    assert!(out.1.contains("truncated"), "{}", out.1);
+}
+
+/// Issue 45's second act: the truncated log grows back past the size the witness cosigned,
+/// with other events (a fork). The witness refuses every checkpoint of it (its tree does not
+/// extend what it cosigned), so no checkpoint after the truncation is ever cosigned, and
+/// `audit verify --checkpoint` with the witness's key fails from the checkpoint kept before
+/// the write: the log key alone signed the fork.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_truncated_log_grown_back_with_other_events_fails_verify_on_its_cosignatures() {
+    let t = witnessed_log().await;
+    let (kept, witnessed) = (t.kept, t.witnessed);
+    t.truncate_to(kept);
+    let mut i = 1000;
+    while (t.app.audit_rows().await as u64) < witnessed + 3 {
+        t.app.audit.append(event(i)).await.unwrap();
+        i += 1;
+    }
+    let grown = t.app.audit_rows().await as u64;
+    // The witness refuses the fork once it reaches past its size: not consistent.
+    let refused = t
+        .refusal(|d| d["status"] == 422 && d["size"].as_u64() > Some(witnessed))
+        .await;
+    assert_eq!(refused["witness"], "witness.test/w1", "{refused}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let newest = loop {
+        let newest = checkpoints::latest(&t.app.db, 0).await.unwrap().unwrap();
+        if newest.size >= grown {
+            break newest.size;
+        }
+        assert!(Instant::now() < deadline, "no checkpoint of the grown log");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(
+        checkpoints::latest(&t.app.db, 1)
+            .await
+            .unwrap()
+            .unwrap()
+            .size,
+        kept,
+        "nothing of the fork is cosigned"
+    );
+
+    let out = t.verify(&t.kept_file, true).await;
+    assert_eq!(out.0, 1, "{}{}", out.1, out.2);
+    let size: u64 = out
+        .1
+        .strip_prefix("FAILED: the newest stored checkpoint (size ")
+        .and_then(|rest| rest.split(')').next())
+        .and_then(|size| size.parse().ok())
+        .unwrap_or_else(|| panic!("{}", out.1));
+    assert!(size >= newest, "{}", out.1);
+    assert!(
+        out.1.starts_with(&format!(
+            "FAILED: the newest stored checkpoint (size {size}) is cosigned by 0 of the witnesses you trust (none), it needs 1: the witnesses did not follow the log to it"
+        )),
+        "{}",
+        out.1
+    );
+    // Without the witness's key the log key's word is all there is: the fork extends the
+    // kept checkpoint, and verify can only say that it did not check the cosignatures.
+    let out = t.verify(&t.kept_file, false).await;
+    assert_eq!(out.0, 0, "{}{}", out.1, out.2);
+    assert!(
+        out.1
+            .ends_with("; its cosignatures not checked (no --witness-key)\n"),
+        "{}",
+        out.1
+    );
+    // From the checkpoint kept after the write, the fork does not extend it.
+    let out = t.verify(&t.witnessed_file, true).await;
+    assert_eq!(out.0, 1, "{}{}", out.1, out.2);
+    assert!(
+        out.1.starts_with(&format!(
+            "FAILED: the log does not extend the checkpoint you kept (size {witnessed})"
+        )),
+        "{}",
+        out.1
+    );
 }

@@ -9,10 +9,14 @@
 //! A witness that refuses (a split view, a tree that does not extend what it cosigned, a bad
 //! signature) is reported loudly: an ERROR log line, the metric
 //! `emisar_witness_refusals_total`, and a `witness.refused` audit event (repeats counted per
-//! window, `refusals.rs`).
+//! window, `refusals.rs`). So is a witness that has cosigned a larger tree than the log now
+//! holds (as stored, or as its 409 says): events it saw are gone from the database (issue 45).
+//! It is reported at the first round that sees it, not once the log has grown back past that
+//! size, and it never counts as cosigned.
 //!
-//! Invariant: the log key signs only a size and root read from the stored tree, after the
-//! events they cover committed; it never signs a tree this process computed alone.
+//! Invariants: the log key signs only a size and root read from the stored tree, after the
+//! events they cover committed; it never signs a tree this process computed alone. A witness
+//! counts towards the quorum of a size only with a verified cosignature of that size.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -228,6 +232,17 @@ struct Witness {
     size: Option<u64>,
 }
 
+/// What became of a submission that was not refused.
+#[derive(Debug, PartialEq)]
+enum Submitted {
+    /// The witness cosigned this size; the cosignature is verified and stored.
+    Cosigned,
+    /// The witness had already cosigned a larger tree that the log holds too: another
+    /// replica's checkpoint got there first, and the next round submits the log's new size.
+    /// Not a cosignature of this size.
+    Overtaken,
+}
+
 /// Why a witness did not cosign.
 #[derive(Debug)]
 enum Refusal {
@@ -235,6 +250,14 @@ enum Refusal {
     Status(u16, String),
     /// It could not be reached, or answered something that is not a valid cosignature.
     Failed(String),
+    /// It has cosigned `witness_size` events (as stored, or as its 409 said), more than the
+    /// `log_size` the log holds now: events it saw were removed.
+    Truncated {
+        witness_size: u64,
+        log_size: u64,
+        /// Its answer, when the size came from a 409.
+        answer: Option<String>,
+    },
 }
 
 /// The checkpointer task's state.
@@ -323,7 +346,8 @@ impl Checkpointer {
                 continue;
             }
             match self.submit(i, size, &note).await {
-                Ok(()) => cosigned += 1,
+                Ok(Submitted::Cosigned) => cosigned += 1,
+                Ok(Submitted::Overtaken) => {}
                 Err(refusal) => self.report(i, size, refusal).await,
             }
         }
@@ -335,7 +359,7 @@ impl Checkpointer {
 
     /// Submits the checkpoint of `size` to witness `i`, with a consistency proof from the size
     /// it cosigned last; on 409 learns its size and tries once more.
-    async fn submit(&mut self, i: usize, size: u64, note: &str) -> Result<(), Refusal> {
+    async fn submit(&mut self, i: usize, size: u64, note: &str) -> Result<Submitted, Refusal> {
         let failed = |e: &dyn std::fmt::Display| Refusal::Failed(e.to_string());
         let mut old = match self.witnesses[i].size {
             Some(s) => s,
@@ -343,11 +367,11 @@ impl Checkpointer {
                 .await
                 .map_err(|e| failed(&e))?,
         };
+        let mut conflict = None;
         for _ in 0..2 {
             if old > size {
-                // Another replica's checkpoint got there first; the next tick catches up.
                 self.witnesses[i].size = Some(old);
-                return Ok(());
+                return self.ahead(old, conflict).await;
             }
             let proof = tree::consistency_proof(&self.db, old, size)
                 .await
@@ -376,13 +400,14 @@ impl Checkpointer {
                         .await
                         .map_err(|e| failed(&e))?;
                     self.witnesses[i].size = Some(size);
-                    return Ok(());
+                    return Ok(Submitted::Cosigned);
                 }
                 409 => {
                     old = text.trim_end().parse().map_err(|_| {
                         Refusal::Status(409, format!("a 409 without a size: {text:?}"))
                     })?;
                     self.witnesses[i].size = Some(old);
+                    conflict = Some(text);
                 }
                 _ => return Err(Refusal::Status(status, text)),
             }
@@ -391,6 +416,25 @@ impl Checkpointer {
             409,
             "the witness's size changed again between two submissions".into(),
         ))
+    }
+
+    /// A witness has cosigned `witness_size` events, more than the checkpoint this round made.
+    /// If the log holds that many now, another replica's checkpoint got there first; if it
+    /// holds fewer, events the witness saw are gone: a refusal, whatever the log's size when
+    /// it grows back.
+    async fn ahead(&self, witness_size: u64, answer: Option<String>) -> Result<Submitted, Refusal> {
+        let log_size = tree::size(&self.db)
+            .await
+            .map_err(|e| Refusal::Failed(e.to_string()))?;
+        if log_size >= witness_size {
+            Ok(Submitted::Overtaken)
+        } else {
+            Err(Refusal::Truncated {
+                witness_size,
+                log_size,
+                answer,
+            })
+        }
     }
 
     /// The cosignature line of witness `i` in its answer, verified over `note`'s text.
@@ -418,39 +462,71 @@ impl Checkpointer {
     /// A witness refused: an ERROR line, a metric, and an audit event (repeats counted).
     async fn report(&self, i: usize, size: u64, refusal: Refusal) {
         let w = &self.witnesses[i];
-        let (status, why) = match &refusal {
-            Refusal::Status(s, body) => (Some(*s), body.trim().to_owned()),
-            Refusal::Failed(e) => (None, e.clone()),
+        let (status, why, class) = match &refusal {
+            Refusal::Status(s, body) => (
+                Some(*s),
+                body.trim().to_owned(),
+                match s {
+                    422 => "inconsistent",
+                    403 => "signature",
+                    409 => "conflict",
+                    _ => "status",
+                },
+            ),
+            Refusal::Failed(e) => (None, e.clone(), "unreachable"),
+            Refusal::Truncated {
+                witness_size,
+                log_size,
+                answer,
+            } => (
+                answer.as_ref().map(|_| 409),
+                format!(
+                    "the witness has cosigned {witness_size} events, the log holds {log_size}: truncated"
+                ),
+                "truncated",
+            ),
         };
-        let split_view = matches!(status, Some(422) | Some(403) | Some(409));
-        tracing::error!(
-            witness = %w.url, size, ?status, why = %why, split_view,
-            "a witness refused the audit log's checkpoint"
-        );
-        crate::server::metrics::witness_refused(&w.name, status);
+        let mut detail = json!({
+            "witness": w.name,
+            "url": w.url,
+            "size": size,
+            "status": status,
+            "answer": why.chars().take(512).collect::<String>(),
+        });
+        if let Refusal::Truncated {
+            witness_size,
+            log_size,
+            ..
+        } = &refusal
+        {
+            tracing::error!(
+                witness = %w.url, witness_size, log_size, size, ?status,
+                "a witness has cosigned more of the audit log than the database holds: \
+                 events it saw were deleted (the log was truncated)"
+            );
+            detail["witness_size"] = json!(witness_size);
+            detail["log_size"] = json!(log_size);
+            crate::server::metrics::witness_refused(&w.name, "truncated");
+        } else {
+            let split_view = matches!(status, Some(422) | Some(403) | Some(409));
+            tracing::error!(
+                witness = %w.url, size, ?status, why = %why, split_view,
+                "a witness refused the audit log's checkpoint"
+            );
+            let status = status.map_or_else(|| "unreachable".to_owned(), |s| s.to_string());
+            crate::server::metrics::witness_refused(&w.name, &status);
+        }
         let event = NewEvent {
             actor: "system:checkpoints".into(),
             kind: kind::WITNESS_REFUSED.into(),
             outcome: Some("refused".into()),
-            detail: Some(json!({
-                "witness": w.name,
-                "url": w.url,
-                "size": size,
-                "status": status,
-                "answer": why.chars().take(512).collect::<String>(),
-            })),
+            detail: Some(detail),
             ..Default::default()
         };
         let key = RefusalKey {
             kind: kind::WITNESS_REFUSED,
             caller: w.name.clone(),
-            class: match status {
-                Some(422) => "inconsistent",
-                Some(403) => "signature",
-                Some(409) => "conflict",
-                Some(_) => "status",
-                None => "unreachable",
-            },
+            class,
         };
         if let Err(e) = self.audit.refused(key, event).await {
             tracing::error!(error = %e, "failed to audit a witness's refusal");

@@ -13,6 +13,13 @@
 //!    the one before, and their leaves appended to the kept tree's right edge: the result must
 //!    be the newest checkpoint's root. Events after `N` are chain-checked only, and counted.
 //!
+//! Before step 1's newest checkpoint is read, the log must hold at least the `n` events of the
+//! kept one (else it was truncated). After step 4, given the witnesses' keys
+//! (`--witness-key`), the newest stored checkpoint must be cosigned by a quorum of them: the
+//! log key alone signs whatever the database holds, so a log truncated back to the kept size,
+//! or truncated and grown again with other events, passes steps 1 to 4; only the witnesses
+//! saw the larger tree, and they cosign nothing that does not extend it (issue 45).
+//!
 //! When step 2 or 3 fails, history the auditor saw was rewritten. The whole log up to `n` is
 //! then rebuilt from its events and compared with every checkpoint the log key signed (the
 //! stored ones that still verify, and the kept one), which names the first event that differs
@@ -23,7 +30,7 @@ use base64::engine::general_purpose::STANDARD as B64;
 use serde::Serialize;
 use tlog_tiles::Hash;
 
-use super::chain::Event;
+use super::chain::{Event, kind};
 use super::checkpoints;
 use super::store::{AuditFilter, query};
 use super::tree::{self, leaf_of};
@@ -135,6 +142,46 @@ fn decode_hashes(lines: &[String]) -> Result<Vec<Hash>, String> {
         .collect()
 }
 
+/// The witnesses an auditor trusts (`--witness-key`) and how many of them must have
+/// cosigned the newest stored checkpoint (`--witness-quorum`).
+pub struct WitnessQuorum {
+    /// Each witness's name and its cosignature key: each counts once.
+    witnesses: Vec<(String, Verifiers)>,
+    quorum: usize,
+}
+
+impl WitnessQuorum {
+    /// From verifier key texts (`name+id+base64`, type 0x04 cosignature/v1, as `emisar witness
+    /// keygen` prints them) and a quorum (default: all of them). Refuses a key that is not a
+    /// witness key, a witness named twice and a quorum outside 1 to the number of keys, naming
+    /// the option.
+    pub fn new(keys: &[String], quorum: Option<usize>) -> Result<Self, String> {
+        let mut witnesses: Vec<(String, Verifiers)> = Vec::new();
+        for key in keys {
+            let key = key.trim();
+            crate::tlog::cosignature::CosignatureVerifier::from_verifier_key(key)
+                .map_err(|e| format!("--witness-key {key}: {e}"))?;
+            let verifiers =
+                Verifiers::parse([key]).map_err(|e| format!("--witness-key {key}: {e}"))?;
+            let name = key.split('+').next().unwrap_or_default().to_owned();
+            if witnesses.iter().any(|(n, _)| *n == name) {
+                return Err(format!(
+                    "--witness-key: the witness {name} is given twice (each witness counts once)"
+                ));
+            }
+            witnesses.push((name, verifiers));
+        }
+        let quorum = quorum.unwrap_or(witnesses.len());
+        if quorum == 0 || quorum > witnesses.len() {
+            return Err(format!(
+                "--witness-quorum: {quorum} must be between 1 and the {} --witness-key given",
+                witnesses.len()
+            ));
+        }
+        Ok(WitnessQuorum { witnesses, quorum })
+    }
+}
+
 /// The outcome of verifying from a kept checkpoint.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct GrowthReport {
@@ -150,18 +197,41 @@ pub struct GrowthReport {
     pub problem: Option<String>,
     /// The first event that differs from what the log key signed, or the range it lies in.
     pub first_changed: Option<(i64, i64)>,
+    /// The trusted witnesses that cosigned the newest stored checkpoint; `None` when no
+    /// witness key was given (cosignatures not checked).
+    pub cosigned_by: Option<Vec<String>>,
+    /// The quorum they were held to.
+    pub witness_quorum: Option<usize>,
 }
 
-/// `audit verify --checkpoint`: see the module's documentation.
-pub async fn verify_from(db: &Db, kept: &[u8], keys: &Verifiers) -> anyhow::Result<GrowthReport> {
+/// `audit verify --checkpoint`: see the module's documentation. `witnesses`, when given, must
+/// have cosigned the newest stored checkpoint.
+pub async fn verify_from(
+    db: &Db,
+    kept: &[u8],
+    keys: &Verifiers,
+    witnesses: Option<&WitnessQuorum>,
+) -> anyhow::Result<GrowthReport> {
     let (note, kept_cp) =
         checkpoint::parse(kept).map_err(|e| anyhow::anyhow!("--checkpoint: {e}"))?;
     checkpoint::verify(&note, keys).map_err(|e| anyhow::anyhow!("--checkpoint: {e}"))?;
     let (n, kept_root) = (kept_cp.size(), *kept_cp.hash());
     let mut report = GrowthReport {
         kept_size: n,
+        witness_quorum: witnesses.map(|w| w.quorum),
         ..Default::default()
     };
+    // 0. The log still holds every event the kept checkpoint committed to.
+    let events = last_seq(db).await? as u64;
+    if events < n {
+        // No rebuild to name a first changed event: the log key signs whatever the database
+        // holds, so the stored checkpoints of the sizes the log lost and grew back through
+        // commit to the new events, not to the ones the kept checkpoint covers.
+        report.problem = Some(format!(
+            "the log has {events} events, fewer than the {n} of the kept checkpoint: truncated"
+        ));
+        return Ok(report);
+    }
     let latest = checkpoints::latest(db, 0).await?;
     let latest = match latest {
         Some(l) => l,
@@ -246,8 +316,66 @@ pub async fn verify_from(db: &Db, kept: &[u8], keys: &Verifiers) -> anyhow::Resu
             n + 1
         ));
         report.first_changed = Some((n as i64 + 1, big_n as i64));
+    } else if let Some(witnesses) = witnesses {
+        // 5. The witnesses followed the log to its newest checkpoint.
+        let (cosigned, _) = checkpoint::parse(latest.cosigned().as_bytes())?;
+        let names = checkpoint::cosigned_by(&cosigned, &witnesses.witnesses);
+        report.cosigned_by = Some(names.iter().map(|&n| n.to_owned()).collect());
+        if names.len() < witnesses.quorum {
+            let mut problem = format!(
+                "the newest stored checkpoint (size {big_n}) is cosigned by {} of the witnesses you trust ({}), it needs {}: the witnesses did not follow the log to it (they never cosign a log truncated and grown again, or a fork; nor anything while they are down, or for a second while the server submits it)",
+                names.len(),
+                if names.is_empty() {
+                    "none".to_owned()
+                } else {
+                    names.join(", ")
+                },
+                witnesses.quorum
+            );
+            if let Some(alarm) = truncation_alarm(db, n as i64).await? {
+                problem.push_str("; ");
+                problem.push_str(&alarm);
+            }
+            report.problem = Some(problem);
+        }
     }
     Ok(report)
+}
+
+/// The number of events in the log: the last one's seq (`seq` has no gaps), 0 when empty.
+async fn last_seq(db: &Db) -> Result<i64, sqlx::Error> {
+    let last: Option<i64> = db
+        .guard(async {
+            crate::with_pool!(db, pool => sqlx::query_scalar(
+                "SELECT MAX(seq) FROM audit_events").fetch_one(pool).await)
+        })
+        .await?;
+    Ok(last.unwrap_or(0))
+}
+
+/// The first alarm the server's checkpointer wrote after seq `after` about a witness that has
+/// cosigned more events than the log held (`checkpoints.rs`), as a sentence. It only explains
+/// a failure found otherwise: the server's own word never makes a log verify.
+async fn truncation_alarm(db: &Db, after: i64) -> Result<Option<String>, sqlx::Error> {
+    let refusals = query(
+        db,
+        &AuditFilter {
+            kind: Some(kind::WITNESS_REFUSED.into()),
+            after_seq: Some(after),
+            limit: 100,
+            ..Default::default()
+        },
+    )
+    .await?;
+    Ok(refusals.iter().find_map(|e| {
+        let d = e.detail.as_ref()?;
+        let (witness_size, log_size) = (d["witness_size"].as_u64()?, d["log_size"].as_u64()?);
+        Some(format!(
+            "the server's checkpointer raised the alarm (event seq {}): witness {} has cosigned {witness_size} events, the log held {log_size}: truncated",
+            e.seq,
+            d["witness"].as_str().unwrap_or("?")
+        ))
+    }))
 }
 
 /// The events after seq `after`, oldest first, a page at a time.
@@ -357,8 +485,16 @@ async fn finish_failed(
 pub(crate) fn report_text(r: &GrowthReport) -> String {
     match &r.problem {
         None => format!(
-            "ok: the log extends the checkpoint you kept (size {}) to the newest signed checkpoint (size {}); {} new events verified, {} appended since (chain-checked)\n",
-            r.kept_size, r.latest_size, r.verified, r.unchecked_by_checkpoint
+            "ok: the log extends the checkpoint you kept (size {}) to the newest signed checkpoint (size {}); {} new events verified, {} appended since (chain-checked); {}\n",
+            r.kept_size,
+            r.latest_size,
+            r.verified,
+            r.unchecked_by_checkpoint,
+            match (&r.cosigned_by, r.witness_quorum) {
+                (Some(names), Some(quorum)) =>
+                    format!("cosigned by {} (quorum {quorum})", names.join(", ")),
+                _ => "its cosignatures not checked (no --witness-key)".to_owned(),
+            }
         ),
         Some(problem) => {
             let mut text = format!("FAILED: {problem}\n");
@@ -375,5 +511,67 @@ pub(crate) fn report_text(r: &GrowthReport) -> String {
             }
             text
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tlog::keys::NoteKey;
+
+    fn witness_key(name: &str, seed: u8) -> String {
+        NoteKey::from_seed(name, [seed; 32]).unwrap().cosigner_key()
+    }
+
+    #[test]
+    fn witness_keys_and_quorum_are_checked_naming_the_option() {
+        let w1 = witness_key("witness.example/w1", 1);
+        let w2 = witness_key("witness.example/w2", 2);
+        let both = [w1.clone(), w2.clone()];
+        assert_eq!(WitnessQuorum::new(&both, None).unwrap().quorum, 2);
+        assert_eq!(WitnessQuorum::new(&both, Some(1)).unwrap().quorum, 1);
+        let refused = |keys: &[String], quorum| WitnessQuorum::new(keys, quorum).err().unwrap();
+        let e = refused(&both, Some(3));
+        assert_eq!(
+            e,
+            "--witness-quorum: 3 must be between 1 and the 2 --witness-key given"
+        );
+        assert!(refused(&both, Some(0)).starts_with("--witness-quorum: 0 "));
+        // The log's own (Ed25519 note) key is no witness key.
+        let log = NoteKey::from_seed("log.example/audit", [3; 32])
+            .unwrap()
+            .verifier_key();
+        let e = refused(std::slice::from_ref(&log), None);
+        assert!(
+            e.starts_with(&format!("--witness-key {log}: ")) && e.contains("0x04"),
+            "{e}"
+        );
+        assert!(refused(&["garbage".into()], None).starts_with("--witness-key garbage: "));
+        // One witness counts once, even under two keys.
+        let again = witness_key("witness.example/w1", 9);
+        let e = refused(&[w1.clone(), again], None);
+        assert!(e.contains("witness.example/w1 is given twice"), "{e}");
+    }
+
+    #[test]
+    fn the_ok_line_says_whether_cosignatures_were_checked() {
+        let mut r = GrowthReport {
+            kept_size: 3,
+            latest_size: 5,
+            verified: 2,
+            ..Default::default()
+        };
+        assert!(
+            report_text(&r).ends_with("its cosignatures not checked (no --witness-key)\n"),
+            "{}",
+            report_text(&r)
+        );
+        r.cosigned_by = Some(vec!["w1".into(), "w2".into()]);
+        r.witness_quorum = Some(2);
+        assert!(
+            report_text(&r).ends_with("; cosigned by w1, w2 (quorum 2)\n"),
+            "{}",
+            report_text(&r)
+        );
     }
 }

@@ -242,18 +242,23 @@ impl Gateway {
             .ok_or_else(|| {
                 ApprovalError::Refused("`signature.authenticator_data` has no signCount".into())
             })?;
-        let refusal = match passkeys::advance_sign_count(
-            self.approvals.db(),
-            credential_id,
-            asserted,
-        )
-        .await
-        {
-            Ok(()) => return Ok(()),
-            Err(PasskeyError::Refused(e @ WebauthnError::SignCount { stored, .. })) => (e, stored),
-            Err(PasskeyError::Store(e)) => return Err(ApprovalError::Store(e)),
-            Err(e) => return Err(ApprovalError::Refused(format!("`signature`: {e}"))),
-        };
+        // Kept under the credential's canonical text, whatever padding the vote's had.
+        let credential_id =
+            URL_SAFE_NO_PAD.encode(URL_SAFE_NO_PAD.decode(credential_id).map_err(|_| {
+                ApprovalError::Refused(
+                    "`signature.credential_id` must be base64url without padding".into(),
+                )
+            })?);
+        let refusal =
+            match passkeys::advance_sign_count(self.approvals.db(), &credential_id, asserted).await
+            {
+                Ok(()) => return Ok(()),
+                Err(PasskeyError::Refused(e @ WebauthnError::SignCount { stored, .. })) => {
+                    (e, stored)
+                }
+                Err(PasskeyError::Store(e)) => return Err(ApprovalError::Store(e)),
+                Err(e) => return Err(ApprovalError::Refused(format!("`signature`: {e}"))),
+            };
         let (error, stored) = refusal;
         let mut event = row.event(
             &who.actor(),

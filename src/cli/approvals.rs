@@ -378,7 +378,8 @@ mod tests {
             f(&mut r);
             check_before_signing(&id, &r, NOW, 1260).unwrap_err()
         };
-        let cases: Vec<(Box<dyn Fn(&mut Value)>, &str)> = vec![
+        type Edit = Box<dyn Fn(&mut Value)>;
+        let cases: Vec<(Edit, &str)> = vec![
             (
                 Box::new(|r| r["args"]["unit"] = json!("nomad")),
                 "`args`: `unit`",

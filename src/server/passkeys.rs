@@ -7,7 +7,9 @@
 //! session (or API token) within [`CHALLENGE_TTL`], taken from the store before it is checked,
 //! so it is never used twice, even by a registration that fails; a credential id belongs to
 //! one passkey (unique in the table: the runners count people by their keys); every
-//! registration and removal is audited before it is written.
+//! registration and removal is audited before it is written; a passkey's signature counter
+//! only grows ([`advance_sign_count`], per credential, from the one its registration
+//! reported), so an assertion from a clone of the authenticator is refused.
 
 use std::time::Duration;
 
@@ -15,7 +17,9 @@ use base64::Engine;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use serde_json::json;
 
-use crate::protocol::approval::webauthn::{self, CoseAlg, PasskeyPublic, RelyingParty};
+use crate::protocol::approval::webauthn::{
+    self, CoseAlg, PasskeyPublic, RelyingParty, WebauthnError,
+};
 use crate::server::audit::{AuditLog, NewEvent, format_at, kind};
 use crate::server::db::Db;
 use crate::with_pool;
@@ -166,6 +170,7 @@ pub(crate) async fn finish(
             "`credential_id` must be the credential the attestation object carries".into(),
         ));
     }
+    let initial_count = webauthn::registration_sign_count(&attestation_object)?;
     let credential_id = URL_SAFE_NO_PAD.encode(&key.credential_id);
     if find_by_credential(db, &credential_id).await?.is_some() {
         return Err(PasskeyError::Duplicate);
@@ -219,7 +224,22 @@ pub(crate) async fn finish(
         })
         .await;
     match inserted {
-        Ok(_) => Ok(passkey),
+        Ok(_) => {
+            // The counter the authenticator starts from (§7.1): its first signature must
+            // count past it. A counter kept from before (the credential was registered and
+            // removed) is never lowered: the authenticator's own counter only grows.
+            // The passkey is stored either way: without this floor its first signature sets
+            // one.
+            if initial_count > 0 {
+                match advance_sign_count(db, &passkey.credential_id, initial_count).await {
+                    Ok(()) | Err(PasskeyError::Refused(WebauthnError::SignCount { .. })) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, passkey = %passkey.id, "the counter a new passkey starts from was not stored");
+                    }
+                }
+            }
+            Ok(passkey)
+        }
         // Two registrations of one credential at once: the table's unique index decides.
         Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Err(PasskeyError::Duplicate),
         Err(e) => Err(e.into()),
@@ -310,6 +330,67 @@ async fn count_of(db: &Db, user: &str) -> Result<i64, PasskeyError> {
         })
         .await?;
     Ok(n)
+}
+
+/// How often [`advance_sign_count`] reads and writes again when another writer moved the
+/// same credential's counter in between (two signatures of one passkey at the same moment).
+const SIGN_COUNT_ATTEMPTS: usize = 8;
+
+/// WebAuthn's signature counter for the credential `credential_id` (base64url): refuses
+/// `asserted` unless it is greater than the last counter this server accepted from it
+/// (`webauthn::check_sign_count` decides; a counter that does not grow is a cloned
+/// authenticator's), else remembers it. Only a verified signature's counter may come here:
+/// anyone else could move a person's counter up and lock their passkey out.
+///
+/// A compare-and-set on the stored counter, so two replicas never both accept one counter:
+/// the write happens only if the counter is still the one the decision read.
+pub(crate) async fn advance_sign_count(
+    db: &Db,
+    credential_id: &str,
+    asserted: u32,
+) -> Result<(), PasskeyError> {
+    for _ in 0..SIGN_COUNT_ATTEMPTS {
+        let select = db.sql("SELECT sign_count FROM passkey_sign_counts WHERE credential_id = $1");
+        let insert = db.sql("INSERT INTO passkey_sign_counts (credential_id, sign_count, updated_at) VALUES ($1, $2, $3::timestamptz) ON CONFLICT (credential_id) DO NOTHING");
+        let update = db.sql("UPDATE passkey_sign_counts SET sign_count = $2, updated_at = $3::timestamptz WHERE credential_id = $1 AND sign_count = $4");
+        let stored: Option<i64> = db
+            .guard(async {
+                with_pool!(db, pool => sqlx::query_scalar(select).bind(credential_id).fetch_optional(pool).await)
+            })
+            .await?;
+        let last = stored.map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX));
+        let Some(next) = webauthn::check_sign_count(last, asserted)? else {
+            return Ok(());
+        };
+        let now = format_at(chrono::Utc::now());
+        let written: u64 = db
+            .guard(async {
+                with_pool!(db, pool => match stored {
+                    None => sqlx::query(insert)
+                        .bind(credential_id)
+                        .bind(i64::from(next))
+                        .bind(&now)
+                        .execute(pool)
+                        .await
+                        .map(|r| r.rows_affected()),
+                    Some(old) => sqlx::query(update)
+                        .bind(credential_id)
+                        .bind(i64::from(next))
+                        .bind(&now)
+                        .bind(old)
+                        .execute(pool)
+                        .await
+                        .map(|r| r.rows_affected()),
+                })
+            })
+            .await?;
+        if written == 1 {
+            return Ok(());
+        }
+    }
+    Err(PasskeyError::Invalid(format!(
+        "the passkey's signature counter changed {SIGN_COUNT_ATTEMPTS} times while this signature was checked: sign again"
+    )))
 }
 
 /// Records that a passkey signed an approval just now.

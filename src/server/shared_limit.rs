@@ -150,6 +150,12 @@ struct Bucket {
 }
 
 impl Bucket {
+    /// Whether the replica keeps this key at `now`: it holds calls to report, or heard of the
+    /// key within `forget_after`.
+    fn remembered(&self, now: Instant, forget_after: Duration) -> bool {
+        self.unreported > 0 || now.saturating_duration_since(self.heard_at) < forget_after
+    }
+
     fn debt_now(&self, now: Instant) -> Duration {
         self.debt
             .saturating_sub(now.saturating_duration_since(self.heard_at))
@@ -328,9 +334,7 @@ impl SharedLimit {
         {
             let now = Instant::now();
             let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
-            buckets.retain(|_, a| {
-                a.unreported > 0 || now.saturating_duration_since(a.heard_at) < FORGET_AFTER
-            });
+            buckets.retain(|_, a| a.remembered(now, FORGET_AFTER));
         }
         let deleted = self
             .db
@@ -345,8 +349,9 @@ impl SharedLimit {
         }
     }
 
-    /// Flushes every [`FLUSH_EVERY`] and forgets old buckets every [`FORGET_AFTER`], until
-    /// `shutdown`.
+    /// Flushes every [`FLUSH_EVERY`] and forgets old buckets at start and every
+    /// [`FORGET_AFTER`], until `shutdown` (`replicas::a_replica_deletes_only_buckets_long_full`
+    /// holds the start's round to deleting exactly the old rows).
     fn spawn_flusher(self: Arc<Self>, shutdown: CancellationToken) {
         tokio::spawn(async move {
             let mut flush = tokio::time::interval(FLUSH_EVERY);
@@ -426,6 +431,25 @@ mod tests {
     fn a_bucket_of_one_always_asks_the_store() {
         let q = Quota::per_second(5, 1);
         assert!(!admit_locally(Duration::ZERO, 0, &q));
+    }
+
+    /// A key is forgotten once nothing was heard of it for `FORGET_AFTER` and it has no
+    /// calls left to report; never earlier, and never with calls to report.
+    #[test]
+    fn a_key_is_forgotten_only_when_long_silent_and_reported() {
+        let then = Instant::now();
+        let after = Duration::from_secs(60);
+        let bucket = |unreported| Bucket {
+            debt: Duration::ZERO,
+            heard_at: then,
+            unreported,
+        };
+        assert!(bucket(0).remembered(then, after));
+        assert!(bucket(0).remembered(then + Duration::from_secs(59), after));
+        assert!(!bucket(0).remembered(then + after, after));
+        assert!(!bucket(0).remembered(then + Duration::from_secs(3600), after));
+        // Calls admitted and not reported yet keep the key, however old.
+        assert!(bucket(1).remembered(then + Duration::from_secs(3600), after));
     }
 
     #[test]

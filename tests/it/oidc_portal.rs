@@ -5,8 +5,9 @@
 //! provider identity; a person in no mapped group can approve nothing; a tampered, wrongly
 //! issued, expired or misaddressed ID token and a wrong nonce are each refused at the real
 //! callback with a clear message; password login can be switched off; roles follow the
-//! provider at the next sign-in; the provider ending its session ends emisar's; and a provider
-//! that is down when emisar starts is found later while password login keeps working.
+//! provider at the next sign-in; a session ends at its expiry, and the provider ending its
+//! session ends emisar's; and a provider that is down when emisar starts is found later while
+//! password login keeps working.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -501,6 +502,42 @@ async fn a_person_in_no_mapped_group_can_approve_nothing(backend: Backend) {
     client.cancel().await.unwrap();
 }
 crate::both_backends!(a_person_in_no_mapped_group_can_approve_nothing);
+
+/// A provider sign-in's portal session ends at its expiry (`session_lifetime_secs` after the
+/// sign-in, in `provider_sessions.expires_at`), as a local user's does: past it the cookie
+/// signs in nobody, while another person's live session is untouched.
+async fn a_provider_session_ends_when_it_expires(backend: Backend) {
+    let w = World::start(Spec {
+        backend: Some(backend),
+        ..Default::default()
+    })
+    .await;
+    let alice = w.sign_in("alice", "alice-pw").await;
+    let carol = w.sign_in("carol", "carol-pw").await;
+    let (status, me) = alice.get("/api/session").await;
+    assert_eq!(status, 200, "{me}");
+    assert_eq!(me["user"], "person:u-alice");
+    // Alice's session expired a second ago.
+    let past = emisar::server::audit::format_at(chrono::Utc::now() - chrono::Duration::seconds(1));
+    let db = &w.app.db;
+    emisar::with_pool!(db, pool => sqlx::query(db.sql("UPDATE provider_sessions SET expires_at = $1::timestamptz WHERE identity = $2"))
+        .bind(&past).bind("person:u-alice").execute(pool).await.map(|_| ())).unwrap();
+    let (status, body) = alice.get("/api/session").await;
+    assert_eq!(status, 401, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("the session has ended"),
+        "{body}"
+    );
+    let (status, body) = alice.get("/api/approvals").await;
+    assert_eq!(status, 401, "{body}");
+    let (status, body) = carol.get("/api/session").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["user"], "person:u-carol");
+}
+crate::both_backends!(a_provider_session_ends_when_it_expires);
 
 /// Acceptance: a tampered ID token, a wrong nonce, a wrong issuer, an expired token (and a
 /// token for another client, another browser, a replayed answer): each refused at emisar's

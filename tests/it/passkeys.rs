@@ -4,7 +4,9 @@
 //! stores the key the runners will verify with; hostile registrations are refused (a
 //! replayed challenge, another session's challenge, a wrong origin, someone else's
 //! credential id, a credential registered already, an expired challenge, a missing CSRF
-//! token, a person who does not approve); people see and remove only their own passkeys.
+//! token, a person who does not approve); people see and remove only their own passkeys; a
+//! passkey signature whose signature counter does not grow (a cloned authenticator) is
+//! refused.
 
 use aws_lc_rs::signature::{ECDSA_P256_SHA256_ASN1_SIGNING, EcdsaKeyPair, KeyPair};
 use base64::Engine;
@@ -17,7 +19,7 @@ use emisar::server::tokens::Role;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::approvals::{Portal, signed_in};
+use crate::approvals::{Portal, call_in_background, signed_in, wait_for_pending};
 use crate::both_backends;
 use crate::harness::app::{Options, TestApp};
 use crate::harness::{Backend, spawn_app};
@@ -49,6 +51,14 @@ impl SoftAuthenticator {
         self
     }
 
+    /// The public key as SubjectPublicKeyInfo DER (what `/api/passkeys` lists and approvers
+    /// files carry): the fixed P-256 header, then the uncompressed point.
+    pub fn spki(&self) -> Vec<u8> {
+        let mut der = hex::decode("3059301306072a8648ce3d020106082a8648ce3d030107034200").unwrap();
+        der.extend_from_slice(self.key.public_key().as_ref());
+        der
+    }
+
     fn cose_key(&self) -> Vec<u8> {
         let point = self.key.public_key().as_ref();
         let map = Cbor::Map(vec![
@@ -64,10 +74,10 @@ impl SoftAuthenticator {
     }
 
     /// rpIdHash, flags UP|UV (and AT with the credential when `attested`), signCount.
-    fn authenticator_data(&self, rp_id: &str, attested: bool) -> Vec<u8> {
+    fn authenticator_data(&self, rp_id: &str, attested: bool, sign_count: u32) -> Vec<u8> {
         let mut d = Sha256::digest(rp_id.as_bytes()).to_vec();
         d.push(if attested { 0x45 } else { 0x05 });
-        d.extend_from_slice(&0u32.to_be_bytes());
+        d.extend_from_slice(&sign_count.to_be_bytes());
         if attested {
             d.extend_from_slice(&[0; 16]);
             d.extend_from_slice(&(self.credential_id.len() as u16).to_be_bytes());
@@ -77,15 +87,27 @@ impl SoftAuthenticator {
         d
     }
 
-    /// What `navigator.credentials.create` gives the page, as the finish route takes it.
+    /// What `navigator.credentials.create` gives the page, as the finish route takes it, from
+    /// an authenticator that keeps no signature counter.
     pub fn create(&self, challenge: &[u8], origin: &str, name: &str) -> Value {
+        self.create_counted(challenge, origin, name, 0)
+    }
+
+    /// The same from an authenticator whose signature counter stands at `sign_count`.
+    pub fn create_counted(
+        &self,
+        challenge: &[u8],
+        origin: &str,
+        name: &str,
+        sign_count: u32,
+    ) -> Value {
         let client_data = client_data("webauthn.create", challenge, origin);
         let map = Cbor::Map(vec![
             (Cbor::from("fmt"), Cbor::from("none")),
             (Cbor::from("attStmt"), Cbor::Map(vec![])),
             (
                 Cbor::from("authData"),
-                Cbor::Bytes(self.authenticator_data(RP_ID, true)),
+                Cbor::Bytes(self.authenticator_data(RP_ID, true, sign_count)),
             ),
         ]);
         let mut attestation = Vec::new();
@@ -98,10 +120,17 @@ impl SoftAuthenticator {
         })
     }
 
-    /// What `navigator.credentials.get` gives the page, for `challenge`.
+    /// What `navigator.credentials.get` gives the page, for `challenge`, from an
+    /// authenticator that keeps no signature counter.
     pub fn get(&self, challenge: &[u8], origin: &str) -> Assertion {
+        self.get_counted(challenge, origin, 0)
+    }
+
+    /// The same with the signature counter at `sign_count` (a real authenticator counts up
+    /// by itself; a clone of it counts from where it was copied).
+    pub fn get_counted(&self, challenge: &[u8], origin: &str, sign_count: u32) -> Assertion {
         let client_data = client_data("webauthn.get", challenge, origin);
-        let authenticator_data = self.authenticator_data(RP_ID, false);
+        let authenticator_data = self.authenticator_data(RP_ID, false, sign_count);
         let mut signed = authenticator_data.clone();
         signed.extend_from_slice(&Sha256::digest(&client_data));
         let rng = aws_lc_rs::rand::SystemRandom::new();
@@ -433,3 +462,168 @@ async fn without_a_relying_party_registration_says_what_to_set(backend: Backend)
     );
 }
 both_backends!(without_a_relying_party_registration_says_what_to_set);
+
+/// A passkey vote on an approval request: the statement's SHA-256 signed by `authenticator`
+/// with its signature counter at `sign_count`, posted by `portal`.
+async fn passkey_vote(
+    portal: &Portal,
+    id: &str,
+    authenticator: &SoftAuthenticator,
+    sign_count: u32,
+) -> (u16, Value) {
+    let (status, request) = portal.get(&format!("/api/approvals/{id}")).await;
+    assert_eq!(status, 200, "{request}");
+    let text = request["statement"]["text"].as_str().unwrap();
+    let hash = emisar::protocol::approval::statement::hash_text(text);
+    let a = authenticator.get_counted(&hash, ORIGIN, sign_count);
+    let b64 = |bytes: &[u8]| URL_SAFE_NO_PAD.encode(bytes);
+    let signature = json!({
+        "kind": "webauthn",
+        "signer": "carol",
+        "credential_id": b64(&a.credential_id),
+        "authenticator_data": b64(&a.authenticator_data),
+        "client_data_json": b64(&a.client_data_json),
+        "signature": b64(&a.signature),
+    });
+    portal
+        .post(
+            &format!("/api/approvals/{id}/approve"),
+            json!({"signature": signature}),
+            true,
+        )
+        .await
+}
+
+/// WebAuthn L3 §7.2's signCount step (issue 45): the server remembers each credential's
+/// signature counter, from the one its registration reported, and refuses a passkey
+/// signature whose counter does not grow past it (the authenticator was cloned, or an old
+/// assertion is replayed under a new statement's signature, which cannot verify anyway):
+/// clearly, audited, nothing run; the real authenticator, counting on, still approves.
+async fn a_passkey_signature_whose_counter_does_not_grow_is_refused(backend: Backend) {
+    let authenticator = SoftAuthenticator::new();
+    let bin = tempfile::tempdir().unwrap();
+    let record = crate::approvals::systemctl_standin(bin.path());
+    let approvers = bin.path().join("approvers.toml");
+    std::fs::write(
+        &approvers,
+        format!(
+            "serial = 1\n[webauthn]\nrp_id = \"{RP_ID}\"\norigins = [\"{ORIGIN}\"]\n\
+             [[person]]\nname = \"carol\"\npasskeys = [{{ id = \"{}\", alg = \"ES256\", public_key = \"{}\" }}]\n\
+             [[rule]]\ntools = \"*\"\napprovals = 1\n",
+            URL_SAFE_NO_PAD.encode(&authenticator.credential_id),
+            STANDARD.encode(authenticator.spki()),
+        ),
+    )
+    .unwrap();
+    let app = crate::approvals::restart_app(
+        backend,
+        bin.path(),
+        Options {
+            webauthn: Some(WebauthnConfig {
+                rp_id: Some(RP_ID.into()),
+                origins: vec![ORIGIN.into()],
+            }),
+            approvers_file: Some(approvers),
+            ..Default::default()
+        },
+    )
+    .await;
+    let carol = signed_in(&app, "carol", Role::Approver).await;
+    // Carol registers the passkey in the portal; its authenticator's counter stands at 3.
+    let (_, challenge) = start(&carol).await;
+    let (status, body) = finish(
+        &carol,
+        authenticator.create_counted(&challenge, ORIGIN, "laptop", 3),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+
+    let client = app.mcp_client().await;
+    let call = call_in_background(
+        &client,
+        "linux.systemctl_restart",
+        crate::approvals::restart_args("consul is wedged"),
+    );
+    let first = wait_for_pending(&carol).await;
+    // Counter 3 again: no more than the registration's. Refused, saying why.
+    let (status, body) = passkey_vote(&carol, &first, &authenticator, 3).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(
+        error(&body).contains("authenticatorData.signCount must be greater than the last one seen from this passkey (3), and it is 3")
+            && error(&body).contains("cloned"),
+        "{body}"
+    );
+    let (_, row) = carol.get(&format!("/api/approvals/{first}")).await;
+    assert_eq!(row["state"], "pending", "{row}");
+    assert_eq!(crate::approvals::restarts(&record), 0);
+    // The authenticator counts on: 4 approves, and the restart runs.
+    let (status, body) = passkey_vote(&carol, &first, &authenticator, 4).await;
+    assert_eq!(status, 200, "{body}");
+    let res = crate::approvals::finished(call).await;
+    assert_eq!(res.is_error, Some(false), "{res:?}");
+    assert_eq!(crate::approvals::restarts(&record), 1);
+
+    // A clone copied while the counter stood at 4 signs the next request: 4, then 2, are
+    // refused; the real authenticator's 5 is not.
+    let call = call_in_background(
+        &client,
+        "linux.systemctl_restart",
+        crate::approvals::restart_args("consul is wedged again"),
+    );
+    let second = wait_for_pending(&carol).await;
+    for replayed in [4, 2] {
+        let (status, body) = passkey_vote(&carol, &second, &authenticator, replayed).await;
+        assert_eq!(status, 403, "counter {replayed}: {body}");
+        assert!(
+            error(&body).contains(&format!(
+                "the last one seen from this passkey (4), and it is {replayed}"
+            )),
+            "{body}"
+        );
+    }
+    assert_eq!(crate::approvals::restarts(&record), 1, "nothing more ran");
+    let (status, body) = passkey_vote(&carol, &second, &authenticator, 5).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(crate::approvals::finished(call).await.is_error, Some(false));
+    assert_eq!(crate::approvals::restarts(&record), 2);
+
+    // Audited: the first refusal as its own event, naming the credential, the person and
+    // both counters; carol's repeats in the window counted into one `refusal.repeated`,
+    // written at the latest when the server stops.
+    let refused = app
+        .events(AuditFilter {
+            kind: Some("passkey.sign_count_refused".into()),
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert_eq!(refused[0].actor, "approver:carol");
+    assert_eq!(refused[0].approval_id.as_deref(), Some(first.as_str()));
+    assert_eq!(refused[0].outcome.as_deref(), Some("refused"));
+    let detail = refused[0].detail.as_ref().unwrap();
+    assert_eq!(
+        detail["credential_id"],
+        URL_SAFE_NO_PAD
+            .encode(&authenticator.credential_id)
+            .as_str()
+    );
+    assert_eq!(detail["person"], "carol");
+    assert_eq!(detail["stored_sign_count"], 3);
+    assert_eq!(detail["asserted_sign_count"], 3);
+    client.cancel().await.unwrap();
+    let mut app = app;
+    app.stop().await;
+    let repeated = app
+        .events(AuditFilter {
+            kind: Some("refusal.repeated".into()),
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(repeated.len(), 1, "{repeated:?}");
+    let counted = repeated[0].detail.as_ref().unwrap();
+    assert_eq!(counted["kind"], "passkey.sign_count_refused");
+    assert_eq!(counted["count"], 2, "{counted}");
+    assert_eq!(counted["last"]["detail"]["asserted_sign_count"], 2);
+    app.assert_chain_intact().await;
+}
+both_backends!(a_passkey_signature_whose_counter_does_not_grow_is_refused);

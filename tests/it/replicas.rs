@@ -1,7 +1,8 @@
 //! Two `emisar serve` processes on one PostgreSQL: 10,000 audit events written at once
 //! through both make one unbroken chain, every seq once; and an agent driven at three times
 //! its rate limit through both is served about what one replica would serve it, and so is
-//! one client address trying to log in.
+//! one client address trying to log in; and a replica deletes only the shared buckets full
+//! for over a minute.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -213,6 +214,59 @@ async fn logins_checked_of_twelve(limits: &str, name: fn(usize) -> String) -> us
     }
     eprintln!("logins across replicas ({limits:?}): {checked} checked, {refused} refused");
     checked
+}
+
+/// A replica deletes the shared rate buckets full for over a minute (`tat` more than 60 s
+/// past, `shared_limit.rs`'s forget round, at start and then every minute) and only those: a
+/// bucket in debt is an agent's limit in force, and one full only a moment ago may be in
+/// debt again any moment; deleting either would reset a limit. The round at start is the one
+/// a test can wait for (the next is a minute later).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_deletes_only_buckets_long_full() {
+    let dir = tempfile::tempdir().unwrap();
+    let pg = tokio::task::spawn_blocking(PgTestDb::create).await.unwrap();
+    let migrated = tokio::process::Command::new(env!("CARGO_BIN_EXE_emisar"))
+        .args(["migrate", "--database", &pg.url])
+        .env_remove("DATABASE_URL")
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        migrated.status.success(),
+        "{}",
+        String::from_utf8_lossy(&migrated.stderr)
+    );
+    // On the database's clock, in microseconds, as the replicas write them.
+    let now_us = "(extract(epoch FROM now()) * 1000000)::bigint";
+    pg.superuser_sql(&format!(
+        "INSERT INTO rate_buckets (key, tat) VALUES \
+         ('agent:long-full', {now_us} - 600000000), \
+         ('login-address:long-full', {now_us} - 61000000), \
+         ('agent:full-a-moment-ago', {now_us} - 10000000), \
+         ('agent:in-debt', {now_us} + 30000000)"
+    ))
+    .unwrap();
+    let keys = || {
+        let out = pg
+            .superuser_sql("SELECT key FROM rate_buckets ORDER BY key")
+            .unwrap();
+        out.lines().map(str::to_owned).collect::<Vec<_>>()
+    };
+    let (_replicas, _urls) = replicas(dir.path(), &pg, (20, 40), "").await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while keys().iter().any(|k| k.ends_with(":long-full")) {
+        assert!(
+            Instant::now() < deadline,
+            "the buckets full for over a minute are still there 30 s after the replicas started: {:?}",
+            keys()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        keys(),
+        ["agent:full-a-moment-ago", "agent:in-debt"],
+        "only the buckets full for over a minute are deleted"
+    );
 }
 
 /// Two `emisar serve` processes on `pg`, with the rate limit given and `more` config lines

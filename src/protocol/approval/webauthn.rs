@@ -22,7 +22,9 @@
 //! Invariants: nothing here trusts an attestation statement (the "none" format and any
 //! other are read only for the credential, since whoever registers is already signed in);
 //! user presence and user verification are required in both ceremonies; a
-//! [`WebauthnError`] names the check and the rule, never the refused bytes.
+//! [`WebauthnError`] names the check and the rule, never the refused bytes. The signature
+//! counter is decided here ([`check_sign_count`]) and remembered by the server, per
+//! credential.
 
 use std::fmt;
 
@@ -149,6 +151,10 @@ pub enum WebauthnError {
         "credentialPublicKey must be an ES256 (EC2, P-256) or EdDSA (OKP, Ed25519) COSE key: {rule}"
     )]
     CoseKey { rule: &'static str },
+    #[error(
+        "authenticatorData.signCount must be greater than the last one seen from this passkey ({stored}), and it is {asserted}: the passkey may have been cloned"
+    )]
+    SignCount { stored: u32, asserted: u32 },
 }
 
 /// Whether the user-verified flag is required. Always required through the public
@@ -243,6 +249,39 @@ fn read_registration(
         alg,
         public_key,
     })
+}
+
+/// The signature counter in authenticator data (`signCount`: 4 bytes, big-endian, after
+/// rpIdHash and flags).
+pub fn sign_count(authenticator_data: &[u8]) -> Result<u32, WebauthnError> {
+    authenticator_data
+        .get(33..37)
+        .and_then(|b| <[u8; 4]>::try_from(b).ok())
+        .map(u32::from_be_bytes)
+        .ok_or(WebauthnError::AuthenticatorData { more: "" })
+}
+
+/// The signature counter a registration starts from (the attestation object's `authData`).
+pub fn registration_sign_count(attestation_object: &[u8]) -> Result<u32, WebauthnError> {
+    sign_count(&attestation_auth_data(attestation_object)?)
+}
+
+/// WebAuthn L3 §7.2, the signCount step: when the authenticator keeps a counter (`asserted`
+/// or the last one seen, `stored`, is not zero), an assertion's counter must be greater than
+/// the last one; otherwise two authenticators share the credential, a clone. Returns the
+/// counter to remember, or `None` when the authenticator keeps none (both zero, as synced
+/// passkeys report). The caller remembers the counter per credential, which is why this
+/// check is not in [`verify_assertion`]: a runner, which sees signatures only as the
+/// executions it receives arrive, in any order, keeps none.
+pub fn check_sign_count(stored: u32, asserted: u32) -> Result<Option<u32>, WebauthnError> {
+    if stored == 0 && asserted == 0 {
+        return Ok(None);
+    }
+    if asserted > stored {
+        Ok(Some(asserted))
+    } else {
+        Err(WebauthnError::SignCount { stored, asserted })
+    }
 }
 
 /// The longest credential id WebAuthn allows (L3 §5.8.3: at most 1023 bytes).

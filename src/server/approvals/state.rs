@@ -357,6 +357,55 @@ mod tests {
         assert_eq!(twice.row.state, State::Approved);
     }
 
+    /// One person of the approvers file counts once, whatever the sign-in: a second local
+    /// user (say, `alice-laptop`) whose signature verifies as a key of `alice`'s is refused,
+    /// where the same signature by another person counts.
+    #[test]
+    fn one_person_of_the_approvers_file_counts_once_whatever_the_user_name() {
+        use crate::protocol::approval::{Signature, Signed};
+        let now = at("2026-11-30T10:05:00Z");
+        let mut r = row();
+        r.on_behalf_of = None;
+        r.required_approvals = 2;
+        r.statement = Some("the statement".into());
+        let vote_of = |person: &str, key: &str| Verdict::Approve {
+            note: None,
+            signature: Some(Signature::Ssh {
+                signer: person.into(),
+                signature: format!("sig by {key}"),
+            }),
+            signed: Some(Signed {
+                person: person.into(),
+                key_id: key.into(),
+                alg: "ssh-ed25519".into(),
+                statement_sha256: "0".repeat(64),
+            }),
+        };
+        let once = decide(&r, &who("alice"), &vote_of("alice", "SHA256:one"), now)
+            .unwrap()
+            .row;
+        assert_eq!(once.state, State::Pending);
+        // Alice again, under another user name and with her other key.
+        let err = decide(
+            &once,
+            &who("alice-laptop"),
+            &vote_of("alice", "SHA256:two"),
+            now,
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(
+            err.contains("`alice` of the approvers file signed this already (as `alice`)")
+                && err.contains("one person counts once, whatever the sign-in"),
+            "{err}"
+        );
+        // Bob, a person of his own, completes it.
+        let twice = decide(&once, &who("bob"), &vote_of("bob", "SHA256:three"), now).unwrap();
+        assert_eq!(twice.row.state, State::Approved);
+        assert_eq!(twice.row.votes.len(), 2);
+    }
+
     #[test]
     fn decisions() {
         let now = at("2026-11-30T10:05:00Z");

@@ -166,6 +166,12 @@ impl Approvals {
         Ok(())
     }
 
+    /// The store the requests are in (for what a decision checks beside them: a passkey's
+    /// signature counter).
+    pub(crate) fn db(&self) -> &Db {
+        &self.db
+    }
+
     /// The columns to select, per backend (PostgreSQL hands JSON and times back as text).
     fn columns(&self) -> &'static str {
         match self.db.pool() {

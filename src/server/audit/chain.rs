@@ -77,6 +77,10 @@ pub mod kind {
     /// id, its algorithm and the SHA-256 of its public key.
     pub(crate) const PASSKEY_REGISTERED: &str = "passkey.registered";
     pub(crate) const PASSKEY_REMOVED: &str = "passkey.removed";
+    /// A passkey signature whose signature counter did not grow past the last one seen from
+    /// that credential was refused (a cloned authenticator; `server/passkeys.rs`); the detail
+    /// names the credential, the person and both counters.
+    pub(crate) const PASSKEY_SIGN_COUNT_REFUSED: &str = "passkey.sign_count_refused";
     /// The repeats of one caller's refusals of one kind and class in one window, counted
     /// instead of written one by one (`audit/refusals.rs`); the detail has the count, the
     /// first and last repeat, and the kind they would have been.

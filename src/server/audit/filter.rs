@@ -40,6 +40,7 @@ pub const KINDS: &[&str] = &[
     super::kind::RUNNER_REMOVED,
     super::kind::PASSKEY_REGISTERED,
     super::kind::PASSKEY_REMOVED,
+    super::kind::PASSKEY_SIGN_COUNT_REFUSED,
     super::kind::REFUSAL_REPEATED,
     super::kind::WITNESS_REFUSED,
 ];

@@ -3,10 +3,12 @@
 //! `chain` is pure (event shape, the event text and its hash, verification), `writer` is the
 //! single task that appends events in group-committed batches, `store` holds the per-backend
 //! SQL, `lock` the advisory lock every writer of the log takes, `verify` walks the stored chain, `refusals` counts the refusals a caller repeats and
-//! writes them as one event per caller and window.
+//! writes them as one event per caller and window, `failure_log` keeps a run of failed appends
+//! to a few log lines (the writer's batches, the call path's reads).
 
 mod chain;
 pub mod checkpoints;
+pub(crate) mod failure_log;
 mod filter;
 mod lock;
 pub mod proofs;

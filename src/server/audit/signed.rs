@@ -5,7 +5,7 @@
 //! must carry one statement (naming that approval and tool) and signatures over it that verify
 //! with the file, by distinct people, at least as many as the file's rule for the tool. A
 //! failure names the event (seq and id) and the rule it broke. Pure: the caller reads the
-//! events.
+//! events; the tests below give each check a case only it catches.
 
 use std::collections::BTreeMap;
 
@@ -117,4 +117,163 @@ fn check<'a>(
         .required;
     verify_quorum(approvers, tool, text, &signatures, required).map_err(|e| (exec, e))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::protocol::approval::approvers::tests::file_with;
+    use crate::protocol::approval::sshsig::{self, tests::sign, tests::test_key};
+
+    const TOOL: &str = "linux.systemctl_restart";
+
+    /// alice holds keys 1 and 3, bob key 2; every tool needs two people.
+    fn approvers() -> Approvers {
+        let mut text = file_with(
+            &[("alice", 1), ("bob", 2)],
+            "[[rule]]\ntools = \"*\"\napprovals = 2\n",
+        );
+        let second = test_key(3).public_key().to_openssh().unwrap();
+        text = text.replacen("\"]\n", &format!("\", \"{second}\"]\n"), 1);
+        Approvers::parse(&text).unwrap()
+    }
+
+    fn statement(approval_id: &str, tool: &str) -> String {
+        Statement {
+            approval_id: approval_id.into(),
+            tool: tool.into(),
+            pack_sha256: "1".repeat(64),
+            args_sha256: "2".repeat(64),
+            runners: [("hvn05".to_owned(), None)].into(),
+            required: 2,
+            policy_sha256: "3".repeat(64),
+            requester: "agent:bot".into(),
+            expires_at: "2026-11-30T10:15:00Z".into(),
+        }
+        .text()
+        .unwrap()
+    }
+
+    fn event(seq: i64, kind: &str, approval_id: &str, detail: Option<serde_json::Value>) -> Event {
+        Event {
+            seq,
+            id: format!("e{seq}"),
+            at: "2026-11-30T10:05:00.000000Z".into(),
+            actor: "x".into(),
+            kind: kind.into(),
+            tool: Some(TOOL.into()),
+            runner: None,
+            args: None,
+            reason: None,
+            call_id: None,
+            approval_id: Some(approval_id.into()),
+            outcome: None,
+            result_digest: None,
+            detail,
+            prev_hash: String::new(),
+            hash: String::new(),
+            hash_v: 2,
+        }
+    }
+
+    /// An `approval.approved` event carrying key `seed`'s signature over `text`.
+    fn vote(seq: i64, approval_id: &str, text: &str, seed: u8) -> Event {
+        let signature = Signature::Ssh {
+            signer: format!("key{seed}"),
+            signature: sign(&test_key(seed), sshsig::APPROVAL_NAMESPACE, text.as_bytes()),
+        };
+        event(
+            seq,
+            kind::APPROVAL_APPROVED,
+            approval_id,
+            Some(json!({"statement": text, "signature": signature})),
+        )
+    }
+
+    fn executing(seq: i64, approval_id: &str) -> Event {
+        event(seq, kind::APPROVAL_EXECUTING, approval_id, None)
+    }
+
+    /// The one failure of `events`: its event's seq and why.
+    fn failure(events: &[Event]) -> (i64, String) {
+        let report = verify(events, &approvers());
+        assert_eq!(report.verified, 0, "{report:?}");
+        let [f] = &report.failures[..] else {
+            panic!("one failure: {report:?}");
+        };
+        (f.seq, f.why.clone())
+    }
+
+    #[test]
+    fn two_people_over_the_executed_statement_verify() {
+        let text = statement("a1", TOOL);
+        let report = verify(
+            &[
+                vote(1, "a1", &text, 1),
+                vote(2, "a1", &text, 2),
+                executing(3, "a1"),
+            ],
+            &approvers(),
+        );
+        assert_eq!(report.verified, 1, "{report:?}");
+        assert!(report.failures.is_empty(), "{report:?}");
+    }
+
+    /// The quorum (`verify_quorum`): every vote's signature verifies, yet the execution had
+    /// fewer people than the file's rule, or one person twice. Named at the execution.
+    #[test]
+    fn an_execution_short_of_the_files_quorum_is_named() {
+        let text = statement("a1", TOOL);
+        let (seq, why) = failure(&[vote(1, "a1", &text, 1), executing(2, "a1")]);
+        assert_eq!(seq, 2, "{why}");
+        assert!(why.contains("needs 2 people's signatures"), "{why}");
+        // Alice's two keys are one person.
+        let (seq, why) = failure(&[
+            vote(1, "a1", &text, 1),
+            vote(2, "a1", &text, 3),
+            executing(3, "a1"),
+        ]);
+        assert_eq!(seq, 3, "{why}");
+        assert!(why.contains("count once"), "{why}");
+    }
+
+    /// The votes of one approval must all sign one statement: a vote over another text is
+    /// named, as the vote that broke it.
+    #[test]
+    fn a_vote_over_another_statement_than_the_first_is_named() {
+        let text = statement("a1", TOOL);
+        let mut other = Statement::parse(&text).unwrap();
+        other.args_sha256 = "9".repeat(64);
+        let other = other.text().unwrap();
+        let (seq, why) = failure(&[
+            vote(1, "a1", &text, 1),
+            vote(2, "a1", &other, 2),
+            executing(3, "a1"),
+        ]);
+        assert_eq!(seq, 2, "{why}");
+        assert_eq!(why, "signed another statement than the first approval");
+    }
+
+    /// Signatures people really made, over a statement for another approval or another tool,
+    /// do not vouch for this execution: named at the vote.
+    #[test]
+    fn a_statement_for_another_approval_or_tool_is_named() {
+        for (approval_id, tool) in [("a2", TOOL), ("a1", "nomad.job_scale")] {
+            let text = statement(approval_id, tool);
+            let (seq, why) = failure(&[
+                vote(1, "a1", &text, 1),
+                vote(2, "a1", &text, 2),
+                executing(3, "a1"),
+            ]);
+            assert_eq!(seq, 1, "{why}");
+            assert_eq!(
+                why,
+                format!(
+                    "the statement names approval {approval_id} and tool `{tool}`, not this event's"
+                )
+            );
+        }
+    }
 }

@@ -12,6 +12,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::chain::{Event, NewEvent};
+use super::failure_log::{FailureLog, SUMMARY_INTERVAL, Wording};
 use super::refusals::{Noted, RefusalCounter, RefusalKey, WINDOW};
 use super::store;
 use crate::server::db::{Db, PING_IDLE};
@@ -23,8 +24,12 @@ const MAX_BATCH: usize = 256;
 const QUEUE_DEPTH: usize = 4096;
 /// The longest a caller waits for its event to become durable.
 const APPEND_DEADLINE: Duration = Duration::from_secs(10);
-/// While writes keep failing, one log line per this interval.
-const FAILURE_SUMMARY_INTERVAL: Duration = Duration::from_secs(10);
+/// How the writer's failed batches read in the log (`failure_log.rs` decides when).
+static BATCHES: Wording = Wording {
+    failed: "audit batch not written",
+    what: "audit writes",
+    units: "batches",
+};
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum AuditError {
@@ -175,7 +180,7 @@ async fn run(
     appended: watch::Sender<i64>,
 ) {
     let mut queued = Vec::with_capacity(MAX_BATCH);
-    let mut failures = FailureLog::new(FAILURE_SUMMARY_INTERVAL);
+    let mut failures = FailureLog::new(SUMMARY_INTERVAL);
     // The last event this task appended, so the next batch can be chained after it without
     // reading it back (store::append_batch).
     let mut head = None;
@@ -259,7 +264,7 @@ async fn run(
         };
         if let Some(line) = line {
             let error = written.err().unwrap_or_default();
-            line.log(&error);
+            line.log(&BATCHES, &error);
         }
         if let Some(head) = &head {
             appended.send_replace(head.seq());
@@ -328,168 +333,4 @@ async fn one_at_a_time(
 /// The database refused a statement (bad data), as opposed to being unreachable.
 fn refused_by_the_database(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(_)) && !crate::server::db::is_connection_error(e)
-}
-
-/// Keeps a store outage to a few log lines instead of one per batch: the first failed batch
-/// with its error, then one summary per interval while failures go on, then one line when a
-/// batch is written again.
-#[derive(Debug)]
-struct FailureLog {
-    interval: Duration,
-    outage: Option<Outage>,
-}
-
-#[derive(Debug)]
-struct Outage {
-    since: Instant,
-    last_line: Instant,
-    batches: u64,
-    events: u64,
-    /// Failed since the last line was logged.
-    recent_batches: u64,
-    recent_events: u64,
-}
-
-#[derive(Debug, PartialEq)]
-enum Line {
-    /// The first failed batch of an outage.
-    Failed,
-    StillFailing {
-        batches: u64,
-        events: u64,
-        for_secs: u64,
-    },
-    Recovered {
-        batches: u64,
-        events: u64,
-        after_secs: u64,
-    },
-}
-
-impl FailureLog {
-    fn new(interval: Duration) -> Self {
-        FailureLog {
-            interval,
-            outage: None,
-        }
-    }
-
-    fn failed(&mut self, now: Instant, events: usize) -> Option<Line> {
-        let events = events as u64;
-        let Some(o) = &mut self.outage else {
-            self.outage = Some(Outage {
-                since: now,
-                last_line: now,
-                batches: 1,
-                events,
-                recent_batches: 0,
-                recent_events: 0,
-            });
-            return Some(Line::Failed);
-        };
-        o.batches += 1;
-        o.events += events;
-        o.recent_batches += 1;
-        o.recent_events += events;
-        if now.duration_since(o.last_line) < self.interval {
-            return None;
-        }
-        let line = Line::StillFailing {
-            batches: o.recent_batches,
-            events: o.recent_events,
-            for_secs: now.duration_since(o.since).as_secs(),
-        };
-        o.last_line = now;
-        o.recent_batches = 0;
-        o.recent_events = 0;
-        Some(line)
-    }
-
-    fn written(&mut self, now: Instant) -> Option<Line> {
-        self.outage.take().map(|o| Line::Recovered {
-            batches: o.batches,
-            events: o.events,
-            after_secs: now.duration_since(o.since).as_secs(),
-        })
-    }
-}
-
-impl Line {
-    fn log(&self, error: &str) {
-        match self {
-            Line::Failed => tracing::error!(
-                error,
-                "audit batch not written; while writes keep failing, one summary every {}s",
-                FAILURE_SUMMARY_INTERVAL.as_secs()
-            ),
-            Line::StillFailing {
-                batches,
-                events,
-                for_secs,
-            } => tracing::error!(
-                error,
-                batches,
-                events,
-                "audit writes still failing for {for_secs}s: {batches} more batches ({events} events) not written"
-            ),
-            Line::Recovered {
-                batches,
-                events,
-                after_secs,
-            } => tracing::warn!(
-                batches,
-                events,
-                "audit writes recovered after {after_secs}s; {batches} batches ({events} events) were not written meanwhile"
-            ),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_outage_is_logged_once_then_summarised_then_closed() {
-        let t0 = Instant::now();
-        let s = Duration::from_secs;
-        let mut log = FailureLog::new(s(10));
-        assert_eq!(log.written(t0), None, "nothing to say while all is well");
-        assert_eq!(log.failed(t0, 3), Some(Line::Failed));
-        // A thousand failed batches within the interval: silence.
-        for i in 0..1000 {
-            assert_eq!(log.failed(t0 + Duration::from_millis(i * 9), 2), None);
-        }
-        assert_eq!(
-            log.failed(t0 + s(10), 1),
-            Some(Line::StillFailing {
-                batches: 1001,
-                events: 2001,
-                for_secs: 10
-            })
-        );
-        assert_eq!(log.failed(t0 + s(15), 1), None);
-        assert_eq!(
-            log.failed(t0 + s(20), 1),
-            Some(Line::StillFailing {
-                batches: 2,
-                events: 2,
-                for_secs: 20
-            })
-        );
-        assert_eq!(
-            log.written(t0 + s(21)),
-            Some(Line::Recovered {
-                batches: 1004,
-                events: 2006,
-                after_secs: 21
-            })
-        );
-        assert_eq!(log.written(t0 + s(22)), None);
-        assert_eq!(
-            log.failed(t0 + s(30), 1),
-            Some(Line::Failed),
-            "a new outage"
-        );
-    }
 }

@@ -126,13 +126,21 @@ impl Gateway {
                 .zip(&answered)
                 .map(|(name, a)| a.outcome_event(name, record)),
         );
-        let recorded = self.audit.append_all(events).await.inspect_err(|e| {
-            tracing::error!(error = %e, tool = record.tool, call_id = record.call_id, runners = targets.len(), "could not audit a read and its outcomes");
-        });
+        let size = events.len();
+        let recorded = self.audit.append_all(events).await;
         let results = answered.into_iter().map(|a| a.result);
         match recorded {
-            Ok(_) => results.collect(),
-            Err(_) => results.map(withheld).collect(),
+            Ok(_) => {
+                self.read_failures.written();
+                results.collect()
+            }
+            Err(e) => {
+                // While the store is down every read fails here: one line per failure was
+                // thousands a minute, so the first is logged, then a summary every 10 s.
+                tracing::debug!(error = %e, tool = record.tool, call_id = record.call_id, runners = targets.len(), "could not audit a read and its outcomes");
+                self.read_failures.failed(size, &e.to_string());
+                results.map(withheld).collect()
+            }
         }
     }
 

@@ -1,6 +1,7 @@
 //! The server's side of approvals signed by people (`crate::protocol::approval`): which
 //! requests need signatures and from how many people, the statement people sign, each
-//! signature verified as it comes, and the proof an approved execution carries to its runners.
+//! signature verified as it comes (a passkey's signature counter too, which only the server
+//! remembers), and the proof an approved execution carries to its runners.
 //!
 //! The server checks so that people learn at once what a runner would refuse later; the
 //! runners decide. *Invariant:* a request whose runners check signatures is never asked of
@@ -11,16 +12,22 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::Context;
-use serde_json::{Map, Value};
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use serde_json::{Map, Value, json};
 
 use super::state::Gateway;
 use crate::digest::json_digest;
 use crate::pack::ToolRef;
+use crate::protocol::approval::webauthn::{self, WebauthnError};
 use crate::protocol::approval::{
-    ApprovalProof, Approvers, SignedApprovers, Statement, statement, verify_signature,
+    ApprovalProof, Approvers, Signature, SignedApprovers, Statement, statement, verify_signature,
 };
 use crate::protocol::witnessed::Binding;
 use crate::server::approvals::{Approval, ApprovalError, Verdict};
+use crate::server::audit::{Noted, RefusalKey, kind};
+use crate::server::passkeys::{self, PasskeyError};
+use crate::server::principal::Principal;
 
 /// `approvers_file` (and its root signature) as the server read them at start.
 pub struct ServerApprovers {
@@ -248,6 +255,97 @@ impl Gateway {
             signature: Some(signature.clone()),
             signed: Some(signed),
         })
+    }
+
+    /// WebAuthn's signature counter for a passkey vote (WebAuthn L3 §7.2): once the signature
+    /// verifies over the request's statement, its counter must be greater than the last one
+    /// this server accepted from the credential (then it is remembered), else the vote is
+    /// refused: the passkey may have been cloned. Audited as `passkey.sign_count_refused`
+    /// (a person's repeats counted per window) and logged. Checked before the transition,
+    /// since the store's compare-and-set cannot run inside it; a counter moved by a vote the
+    /// transition then refuses stays moved, as the authenticator's own did.
+    pub(super) async fn check_sign_count(
+        &self,
+        who: &Principal,
+        id: &str,
+        verdict: &Verdict,
+    ) -> Result<(), ApprovalError> {
+        let Verdict::Approve {
+            signature:
+                Some(Signature::Webauthn {
+                    credential_id,
+                    authenticator_data,
+                    ..
+                }),
+            ..
+        } = verdict
+        else {
+            return Ok(());
+        };
+        if self.approvers.is_none() {
+            // No statement to sign: `decide` refuses the signature and says why.
+            return Ok(());
+        }
+        let row = self.approvals.get(id).await?;
+        let Verdict::Approve {
+            signed: Some(signed),
+            ..
+        } = self.verify_vote(&row, verdict)?
+        else {
+            return Ok(());
+        };
+        let asserted = URL_SAFE_NO_PAD
+            .decode(authenticator_data)
+            .ok()
+            .and_then(|data| webauthn::sign_count(&data).ok())
+            .ok_or_else(|| {
+                ApprovalError::Refused("`signature.authenticator_data` has no signCount".into())
+            })?;
+        // Kept under the credential's canonical text, whatever padding the vote's had.
+        let credential_id =
+            URL_SAFE_NO_PAD.encode(URL_SAFE_NO_PAD.decode(credential_id).map_err(|_| {
+                ApprovalError::Refused(
+                    "`signature.credential_id` must be base64url without padding".into(),
+                )
+            })?);
+        let refusal =
+            match passkeys::advance_sign_count(self.approvals.db(), &credential_id, asserted).await
+            {
+                Ok(()) => return Ok(()),
+                Err(PasskeyError::Refused(e @ WebauthnError::SignCount { stored, .. })) => {
+                    (e, stored)
+                }
+                Err(PasskeyError::Store(e)) => return Err(ApprovalError::Store(e)),
+                Err(e) => return Err(ApprovalError::Refused(format!("`signature`: {e}"))),
+            };
+        let (error, stored) = refusal;
+        let mut event = row.event(
+            &who.actor(),
+            kind::PASSKEY_SIGN_COUNT_REFUSED,
+            json!({
+                "credential_id": credential_id,
+                "person": signed.person,
+                "stored_sign_count": stored,
+                "asserted_sign_count": asserted,
+            }),
+        );
+        event.outcome = Some("refused".into());
+        let key = RefusalKey {
+            kind: kind::PASSKEY_SIGN_COUNT_REFUSED,
+            caller: who.actor(),
+            class: "sign_count",
+        };
+        if self.audit.refused(key, event).await? == Noted::First {
+            tracing::error!(
+                approval_id = %id,
+                person = %signed.person,
+                credential_id = %credential_id,
+                stored,
+                asserted,
+                "a passkey signature was refused: its signature counter did not grow, so the passkey may have been cloned"
+            );
+        }
+        Err(ApprovalError::Refused(format!("`signature`: {error}")))
     }
 
     /// What an approved execution carries to its runners: the statement as people signed it,

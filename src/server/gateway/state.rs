@@ -14,6 +14,7 @@ use tokio::sync::Semaphore;
 use super::builtins::builtin_tools;
 use crate::pack::{PackSet, Risk, ToolRef};
 use crate::server::approvals::Approvals;
+use crate::server::audit::failure_log::{SUMMARY_INTERVAL, SharedFailureLog, Wording};
 use crate::server::audit::{AuditLog, NewEvent, kind};
 use crate::server::policy::Policy;
 use crate::server::principal::Principal;
@@ -25,6 +26,13 @@ use crate::server::webhook::Notifier;
 
 /// The most runner calls in flight at once, across all tool calls of this server.
 const MAX_IN_FLIGHT: usize = 256;
+
+/// How reads whose append failed read in the log (`audit/failure_log.rs` decides when).
+static UNAUDITED_READS: Wording = Wording {
+    failed: "could not audit a read and its outcomes; its results were withheld",
+    what: "audit appends of reads",
+    units: "reads",
+};
 
 /// A tool as the gateway offers it: the pack tool plus its full input schema.
 pub struct OfferedTool {
@@ -100,6 +108,9 @@ pub struct Gateway {
     /// `[transparency]` with witnesses: approvals carry witnessed proofs to runners that
     /// require them (see `witnessed.rs`).
     pub(super) witnessing: Option<super::witnessed::Witnessing>,
+    /// Reads whose one append failed (each one's results withheld), logged as the audit
+    /// writer logs its failed batches: the first, then a summary every 10 s, then the end.
+    pub(super) read_failures: SharedFailureLog,
 }
 
 impl Gateway {
@@ -155,6 +166,7 @@ impl Gateway {
             policy: std::sync::RwLock::new(Arc::new(Policy::builtin())),
             notifier: None,
             approvers: None,
+            read_failures: SharedFailureLog::new(&UNAUDITED_READS, SUMMARY_INTERVAL),
             witnessing: None,
             public_url: None,
         })

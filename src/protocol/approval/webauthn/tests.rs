@@ -621,3 +621,47 @@ fn errors_name_the_check_and_never_the_bytes() {
         "{err}"
     );
 }
+
+/// WebAuthn L3 §7.2, the signCount step: a counter that does not grow is a clone's.
+#[test]
+fn a_signature_counter_must_grow_unless_the_authenticator_keeps_none() {
+    // No counter kept (synced passkeys report 0): nothing to remember, nothing refused.
+    assert_eq!(check_sign_count(0, 0), Ok(None));
+    // The first counter seen, and each greater one, is remembered.
+    assert_eq!(check_sign_count(0, 1), Ok(Some(1)));
+    assert_eq!(check_sign_count(5, 6), Ok(Some(6)));
+    assert_eq!(check_sign_count(5, u32::MAX), Ok(Some(u32::MAX)));
+    // The same counter again, an older one, or none from an authenticator that kept one.
+    for (stored, asserted) in [(5, 5), (5, 4), (5, 0), (u32::MAX, u32::MAX)] {
+        let err = check_sign_count(stored, asserted).unwrap_err();
+        assert_eq!(err, WebauthnError::SignCount { stored, asserted });
+        let text = err.to_string();
+        assert!(
+            text.starts_with("authenticatorData.signCount must be greater than")
+                && text.contains("cloned"),
+            "{text}"
+        );
+    }
+}
+
+#[test]
+fn the_signature_counter_is_read_from_the_authenticator_data() {
+    let soft = Soft::new();
+    // The software authenticator counts 1 in both ceremonies.
+    let ad = soft.auth_data("emisar.example.com", UP_UV, false);
+    assert_eq!(sign_count(&ad), Ok(1));
+    let ao = soft.attestation_object(soft.auth_data("emisar.example.com", UP_UV | FLAG_AT, true));
+    assert_eq!(registration_sign_count(&ao), Ok(1));
+    let mut counted = ad.clone();
+    counted[33..37].copy_from_slice(&0x0102_0304u32.to_be_bytes());
+    assert_eq!(sign_count(&counted), Ok(0x0102_0304));
+    assert!(matches!(
+        sign_count(&ad[..36]),
+        Err(WebauthnError::AuthenticatorData { .. })
+    ));
+    // The W3C vectors' authenticators keep no counter.
+    assert_eq!(
+        sign_count(&h(vectors::PACKED_ES256.authenticator_data)),
+        Ok(0)
+    );
+}

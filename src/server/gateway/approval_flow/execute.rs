@@ -28,6 +28,7 @@ impl Gateway {
         verdict: Verdict,
     ) -> Result<Approval, ApprovalError> {
         let policy = self.policy();
+        self.check_sign_count(who, id, &verdict).await?;
         let row = self
             .approvals
             .transition(id, Lock::Wait, |r| {

@@ -108,6 +108,25 @@ impl TransparencyConfig {
     }
 }
 
+impl TransparencyConfig {
+    /// The witnesses against the log's own key, by the rule runners apply to theirs
+    /// (`tlog::keys::check_witnesses`): distinct cosignature keys, none the log key.
+    pub(crate) fn check_witness_keys(&self, log: &NoteKey) -> anyhow::Result<()> {
+        if self.witnesses.is_empty() {
+            return Ok(());
+        }
+        let keys: Vec<&str> = self.witnesses.iter().map(|w| w.key.as_str()).collect();
+        crate::tlog::keys::check_witnesses(
+            &log.verifier_key(),
+            "transparency.witnesses",
+            &keys,
+            self.witness_quorum.unwrap_or(keys.len()),
+            "transparency.witness_quorum",
+        )
+        .map_err(|e| anyhow::anyhow!("{}", e.0))
+    }
+}
+
 /// Reads the log key (refused when others may read it).
 pub(crate) fn read_log_key(path: &std::path::Path) -> anyhow::Result<NoteKey> {
     let text = crate::util::files::read_private(path, "the audit log's")?;
@@ -277,6 +296,7 @@ impl Checkpointer {
     pub fn new(db: Db, audit: AuditLog, config: &TransparencyConfig) -> anyhow::Result<Self> {
         config.check()?;
         let key = read_log_key(&config.log_key_file)?;
+        config.check_witness_keys(&key)?;
         let witnesses = config
             .witnesses
             .iter()
@@ -531,5 +551,49 @@ impl Checkpointer {
         if let Err(e) = self.audit.refused(key, event).await {
             tracing::error!(error = %e, "failed to audit a witness's refusal");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_servers_witnesses_follow_the_runners_rule() {
+        let log = NoteKey::generate("emisar.test/audit").unwrap();
+        let w = NoteKey::generate("witness.test/w1").unwrap();
+        let config = |keys: &[String], quorum| TransparencyConfig {
+            log_key_file: "/dev/null".into(),
+            checkpoint_interval_ms: 1000,
+            checkpoint_every_events: 10,
+            witnesses: keys
+                .iter()
+                .map(|k| WitnessEntry {
+                    url: "http://127.0.0.1:9".into(),
+                    key: k.clone(),
+                })
+                .collect(),
+            witness_quorum: quorum,
+        };
+        let refused = |keys: &[String], quorum| {
+            format!(
+                "{:#}",
+                config(keys, quorum).check_witness_keys(&log).unwrap_err()
+            )
+        };
+        config(&[w.cosigner_key()], None)
+            .check_witness_keys(&log)
+            .unwrap();
+        config(&[], None).check_witness_keys(&log).unwrap();
+        let own = refused(&[log.cosigner_key()], None);
+        assert!(
+            own.contains("transparency.witnesses[0]") && own.contains("log's own key"),
+            "{own}"
+        );
+        let twice = refused(&[w.cosigner_key(), w.cosigner_key()], Some(2));
+        assert!(
+            twice.contains("transparency.witnesses[1]") && twice.contains("counts once"),
+            "{twice}"
+        );
     }
 }

@@ -87,6 +87,11 @@ pub async fn start(
     let mut pending = Vec::new();
     for mut runner_config in runners {
         runner_config.server_public_key_file = Some(public.clone());
+        // Each runner keeps what it executed under this state, not in the system's
+        // /var/lib/emisar-runner (a runner config that names its own state_dir keeps it).
+        if runner_config.state_dir == RunnerConfig::with_name("x").state_dir {
+            runner_config.state_dir = state_dir.join("runners").join(&runner_config.name);
+        }
         let name = runner_config.name.clone();
         let labels = runner_config.labels.clone();
         let listener = TcpListener::bind(&runner_config.listen)

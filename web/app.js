@@ -127,6 +127,12 @@ class ApiError extends Error {
 
 // JSON request to the portal API. State-changing requests carry the CSRF token.
 async function api(method, path, body) {
+  return (await apiText(method, path, body)).data;
+}
+
+// The same, with the answer's text beside its value: the statement check before a passkey
+// signs reads the numbers as the server wrote them (web/statement.js).
+async function apiText(method, path, body) {
   const headers = { Accept: 'application/json' };
   const init = { method, headers, credentials: 'same-origin', cache: 'no-store' };
   if (method !== 'GET') {
@@ -148,7 +154,7 @@ async function api(method, path, body) {
     if (res.status === 401 && path !== '/api/login') loggedOut();
     throw new ApiError(res.status, message);
   }
-  return data;
+  return { data, text };
 }
 
 const enc = encodeURIComponent;
@@ -457,7 +463,7 @@ function field(label, ...value) {
 }
 
 async function viewApproval(id) {
-  const a = await api('GET', `/api/approvals/${enc(id)}`);
+  const { data: a, text: answer } = await apiText('GET', `/api/approvals/${enc(id)}`);
   const d = app.detail;
   const approvers = a.approvals || [];
 
@@ -506,7 +512,7 @@ async function viewApproval(id) {
     changes,
     list);
 
-  if (a.state === 'pending') section.append(decisionForm(a));
+  if (a.state === 'pending') section.append(await decisionForm(a, id, answer));
 
   if (a.result) {
     const res = a.result;
@@ -520,8 +526,8 @@ async function viewApproval(id) {
   return section;
 }
 
-// The statement a signature covers: its lines (`key value` after the version line) as
-// fields, and its SHA-256, which is the passkey's challenge.
+// The statement a signature covers, as the server sent it: its lines (`key value` after the
+// version line) and its text.
 function statementBox(st) {
   const lines = String(st.text || '').split('\n').filter((l) => l !== '');
   const rows = [];
@@ -531,15 +537,59 @@ function statementBox(st) {
     else rows.push(field(line, ''));
   }
   return el('div', { class: 'statement', id: 'statement' },
-    el('h3', {}, 'What you sign'),
+    el('h3', {}, 'The statement'),
     el('p', { class: 'muted small' }, lines[0] || ''),
-    el('dl', { class: 'fields' }, rows,
-      field('SHA-256', el('span', { id: 'statement-sha256', class: 'mono' }, st.sha256 || ''))),
+    el('dl', { class: 'fields' }, rows),
     el('details', {}, el('summary', {}, 'Statement text'), pre(st.text, { id: 'statement-text' })));
 }
 
-function decisionForm(a) {
+// Checks the statement of request `id` against the request the page shows (`answer`, the
+// API's answer as text), on this browser's clock: `{ok: what is signed}` or `{error: why
+// not, naming the field}`. Nothing the server computed is trusted (web/statement.js).
+async function checkStatement(id, answer) {
+  if (typeof emisarStatement === 'undefined') return { error: 'the statement check (statement.js) did not load' };
+  try {
+    return { ok: await emisarStatement.checkBeforeSigning(id, answer, Date.now()) };
+  } catch (e) {
+    if (e instanceof emisarStatement.Refusal) return { error: e.message };
+    return { error: `the statement could not be checked (${e.message})` };
+  }
+}
+
+// What a passkey signs, read back from the statement once every line of it was recomputed
+// from what the page shows: the arguments the runners receive (a secret as its commitment),
+// each runner with the preview values it will execute with, the count of people, the expiry.
+// Or, when a line does not match, which one and why: then no passkey is asked.
+function signedBox(checked) {
+  if (checked.error) {
+    return el('div', { class: 'statement refused', id: 'signed' },
+      el('h3', {}, 'What you sign'),
+      el('p', { class: 'error', id: 'statement-refused', role: 'alert' },
+        'This statement does not match the request shown, so no passkey will sign it: ', checked.error));
+  }
+  const s = checked.ok;
+  return el('div', { class: 'statement', id: 'signed' },
+    el('h3', {}, 'What you sign'),
+    el('p', { class: 'muted small' }, 'Each line of the statement, recomputed in this browser from the request above.'),
+    el('dl', { class: 'fields' },
+      field('Tool', el('span', { class: 'mono', id: 'signed-tool' }, s.tool)),
+      field('Arguments', pre(s.args, { id: 'signed-args' }),
+        s.args.includes('"commit:sha256:') ? el('p', { class: 'muted small' }, 'A secret is signed as its salted commitment (commit:sha256:…).') : ''),
+      field('Runners', el('ul', { class: 'signed-runners', id: 'signed-runners' },
+        s.runners.map((r) => el('li', { 'data-runner': r.name }, el('strong', {}, r.name), ' ',
+          r.preview === null ? el('span', { class: 'muted' }, 'no preview values')
+            : ['preview values ', el('span', { class: 'mono' }, r.preview)])))),
+      field('Approvals required', el('span', { id: 'signed-required' }, String(s.required))),
+      field('Expires', el('span', { id: 'signed-expires', class: 'mono' }, s.expires), ' ', el('span', { class: 'muted' }, relTime(s.expires))),
+      field('Requester', el('span', { class: 'mono' }, s.requester)),
+      field('SHA-256', el('span', { id: 'statement-sha256', class: 'mono' }, s.sha256))));
+}
+
+async function decisionForm(a, id, answer) {
   const d = app.detail;
+  // The statement is checked as the page shows it, so the person reads what is signed (or
+  // why it will not be), and again at the click, on the clock of that moment.
+  const checked = a.statement ? await checkStatement(id, answer) : null;
   // The server keeps the note with an approval as with a denial.
   const note = el('textarea', {
     id: 'note', rows: 3, placeholder: 'Note (kept with your decision; required to deny)',
@@ -567,8 +617,12 @@ function decisionForm(a) {
     showError('');
     try {
       const body = verb === 'deny' || text ? { note: text } : {};
-      if (signed) body.signature = await passkeySignature(a.statement);
-      await api('POST', `/api/approvals/${enc(a.id)}/${verb}`, body);
+      if (signed) {
+        const now = await checkStatement(id, answer);
+        if (now.error) throw new Error(`${now.error}: not signed`);
+        body.signature = await passkeySignature(now.ok.challenge);
+      }
+      await api('POST', `/api/approvals/${enc(id)}/${verb}`, body);
       d.note = '';
     } catch (e) {
       d.error = e.message;
@@ -579,7 +633,7 @@ function decisionForm(a) {
   if (withPasskey) withPasskey.addEventListener('click', () => decide('approve', true));
   deny.addEventListener('click', () => decide('deny', false));
   return el('div', { class: 'decide' }, el('h2', {}, 'Decision'),
-    a.statement ? statementBox(a.statement) : '',
+    a.statement ? el('div', { class: 'signing' }, signedBox(checked), statementBox(a.statement)) : '',
     el('div', { class: 'buttons' }, buttons),
     el('label', { for: 'note' }, 'Note'), note);
 }
@@ -603,9 +657,10 @@ function webauthnAvailable() {
   return typeof window.PublicKeyCredential === 'function' && navigator.credentials;
 }
 
-// Asks the browser for an assertion over the statement's hash with one of the person's
-// passkeys, user verification required: the signature the approve route carries.
-async function passkeySignature(statement) {
+// Asks the browser for an assertion over `challenge` (the SHA-256 of the statement's text,
+// computed by the check in this browser) with one of the person's passkeys, user
+// verification required: the signature the approve route carries.
+async function passkeySignature(challenge) {
   if (!webauthnAvailable()) throw new Error('this browser offers no passkeys (WebAuthn)');
   const mine = await api('GET', '/api/passkeys');
   const keys = (mine && mine.passkeys) || [];
@@ -614,7 +669,7 @@ async function passkeySignature(statement) {
   let cred;
   try {
     cred = await navigator.credentials.get({ publicKey: {
-      challenge: fromB64u(statement.challenge),
+      challenge,
       rpId: mine.webauthn.rp_id,
       userVerification: 'required',
       timeout: 120000,

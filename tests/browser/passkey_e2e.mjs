@@ -6,18 +6,28 @@
 //   .tools/node/bin/node tests/browser/passkey_e2e.mjs      (cwd = repo root)
 //
 // Env: PORTAL_URL, PORTAL_USER, PORTAL_PASSWORD, GO_FILE (the test creates it once the server
-//      runs with the approvers file that holds the new passkey), SCREENSHOT_DIR, CHROMIUM.
+//      runs with the approvers file that holds the new passkey), SCREENSHOT_DIR, CHROMIUM;
+//      STEPS_DIR (optional: instead of GO_FILE, steps, below).
 //
 // Protocol on stdout, one line each:
 //   {"registered": "<credential id>"}   the passkey is registered (the Passkeys page lists it)
 //   {"approved": "<approval id>", "state": "executed"}  approved with the passkey, and it ran
 // Exit 0 on success; on failure a screenshot 99-failure.png, the error and the console on
-// stderr, exit 1. The whole run is capped at 90 s.
-import { existsSync, mkdirSync } from 'node:fs';
+// stderr, exit 1. The whole run is capped at 90 s (150 s with STEPS_DIR).
+//
+// With STEPS_DIR, the test changes the stored request between steps: it writes the files
+// 1, 2, … there, each holding `refuse`, `approve` or `done`. For each, the driver opens the
+// pending request afresh, reads what the page says is signed, clicks "Approve with passkey"
+// and reports, with the authenticator's signature count before and after the click:
+//   {"step": N, "id": ID, "refused": "<#error>" | null, "state": S, "shown": {…}, "sign_count": [before, after]}
+//   {"step": N, "id": ID, "approved": ID, "state": "executed", "shown": {…}, "sign_count": [before, after]}
+// where `shown` is what the page showed before the click: `refused` (#statement-refused),
+// `args`, `required`, `expires`, `runners` (the #signed box).
+import { existsSync, mkdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { chromium } from 'playwright-core';
 
-const OVERALL_TIMEOUT_MS = 90_000;
+const OVERALL_TIMEOUT_MS = process.env.STEPS_DIR ? 150_000 : 90_000;
 const CHROMIUM_ARGS = [
   '--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage', '--no-first-run',
   '--disable-background-networking', '--disable-component-update', '--disable-sync',
@@ -76,7 +86,7 @@ async function settle(what, fn, timeout = 20_000) {
 
 async function run() {
   const url = env('PORTAL_URL');
-  const go = env('GO_FILE');
+  const go = process.env.STEPS_DIR ? null : env('GO_FILE');
   shotDir = path.resolve(env('SCREENSHOT_DIR', 'target/passkey-e2e'));
   mkdirSync(shotDir, { recursive: true });
   browser = await chromium.launch({
@@ -128,6 +138,11 @@ async function run() {
   // CDP gives the id in standard base64; the portal and the approvers file in base64url.
   say({ registered: creds[0].credentialId.replace(/\+/g, '-').replace(/\//g, '_').replace(/=+$/, '') });
 
+  if (process.env.STEPS_DIR) {
+    await steps(url, process.env.STEPS_DIR, cdp, authenticatorId);
+    return;
+  }
+
   // 2. The test restarts the server with an approvers file that holds the passkey, starts the
   // runner that requires signatures, and makes the agent's call; then it creates GO_FILE.
   while (!existsSync(go)) await sleep(100);
@@ -160,6 +175,68 @@ async function run() {
   if (problems.length) throw new Error(`browser problems: ${problems.join('; ')}`);
   await screenshot('03-executed.png');
   say({ approved: id, state });
+}
+
+// The steps of STEPS_DIR (see the top of this file).
+async function steps(url, dir, cdp, authenticatorId) {
+  const signCount = async () => {
+    const { credentials } = await cdp.send('WebAuthn.getCredentials', { authenticatorId });
+    return credentials.map((c) => c.signCount).reduce((a, b) => a + b, 0);
+  };
+  const text = (sel) => page.evaluate((s) => {
+    const n = document.querySelector(s);
+    return n ? n.textContent.trim() : null;
+  }, sel);
+  let id = null;
+  for (let n = 1; ; n++) {
+    const file = path.join(dir, String(n));
+    while (!existsSync(file)) await sleep(100);
+    const action = readFileSync(file, 'utf8').trim();
+    if (action === 'done') return;
+    if (!['refuse', 'approve'].includes(action)) throw new Error(`step ${n}: unknown action ${action}`);
+    // A fresh load each step: the page fetches the request as the database now holds it.
+    await page.goto('about:blank');
+    if (!id) {
+      await page.goto(`${url}#/approvals`);
+      id = await settle('a pending request', () => {
+        const row = document.querySelector('.approval-row');
+        return row && row.getAttribute('data-approval-id');
+      }, 30_000);
+      await page.goto('about:blank');
+    }
+    await page.goto(`${url}#/approvals/${id}`);
+    await page.locator('#signed').waitFor({ state: 'visible' });
+    const shown = {
+      refused: await text('#statement-refused'),
+      args: await text('#signed-args'),
+      required: await text('#signed-required'),
+      expires: await text('#signed-expires'),
+      runners: await text('#signed-runners'),
+    };
+    await screenshot(`1${n}-step-${action}.png`);
+    const before = await signCount();
+    await page.click('#approve-passkey');
+    // Until the page shows an error, or the request leaves `pending`.
+    const out = await settle(`step ${n} (${action})`, () => {
+      const e = document.querySelector('#error');
+      if (e && !e.hidden && e.textContent.trim()) return { message: e.textContent.trim() };
+      const s = document.querySelector('#state');
+      const state = s ? s.textContent.trim() : '';
+      if (['denied', 'expired', 'failed', 'unknown', 'withdrawn'].includes(state)) return { state };
+      return state === 'executed' && document.querySelector('#result') ? { state } : null;
+    }, 30_000);
+    // A signature the page should not have asked for would show here, whatever the page says.
+    await sleep(300);
+    const after = await signCount();
+    const state = await text('#state');
+    await screenshot(`1${n}-step-${action}-after.png`);
+    if (action === 'refuse') {
+      say({ step: n, id, refused: out.message ?? null, state, shown, sign_count: [before, after] });
+    } else {
+      if (out.message) throw new Error(`step ${n}: approving with the passkey: the page shows an error: ${out.message}`);
+      say({ step: n, id, approved: id, state, shown, sign_count: [before, after] });
+    }
+  }
 }
 
 const overall = setTimeout(() => fail(new Error(`overall timeout of ${OVERALL_TIMEOUT_MS} ms`)), OVERALL_TIMEOUT_MS);

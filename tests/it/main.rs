@@ -34,6 +34,7 @@ mod passkey_browser;
 mod passkeys;
 mod portal_browser;
 mod portal_sessions;
+mod portal_statement;
 mod python_client;
 mod replicas;
 mod runner_errors;

@@ -1,9 +1,10 @@
 //! The portal: the page and assets from `web/` (embedded in the binary), login and logout.
 //! The approvals API the page calls lives in `api::approvals`.
 //!
-//! Invariants: the page is one static HTML file with one script and one stylesheet from
-//! this origin, under a CSP that allows nothing else (no inline script or style), and the
-//! script inserts every piece of data as text. The session cookie is HttpOnly and
+//! Invariants: the page is one static HTML file with two scripts (`statement.js`, the check
+//! before a passkey signs, then `app.js`) and one stylesheet from this origin, under a CSP
+//! that allows nothing else (no inline script or style), and the scripts insert every piece
+//! of data as text. The session cookie is HttpOnly and
 //! SameSite=Strict (Secure under TLS); the CSRF check lives in `http::door::bearer_auth`.
 
 pub mod oidc;
@@ -24,6 +25,7 @@ const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-
 
 const INDEX_HTML: &str = include_str!("../../../../web/index.html");
 const APP_JS: &str = include_str!("../../../../web/app.js");
+const STATEMENT_JS: &str = include_str!("../../../../web/statement.js");
 const APP_CSS: &str = include_str!("../../../../web/app.css");
 
 pub(crate) async fn index() -> Response {
@@ -39,6 +41,11 @@ pub(crate) async fn asset(Path(file): Path<String>) -> Response {
         "app.js" => (
             [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
             APP_JS,
+        )
+            .into_response(),
+        "statement.js" => (
+            [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+            STATEMENT_JS,
         )
             .into_response(),
         "app.css" => ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], APP_CSS).into_response(),

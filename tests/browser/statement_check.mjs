@@ -1,0 +1,30 @@
+// Runs the portal's statement check (web/statement.js, the very file the page loads) over
+// cases the Rust side wrote, for tests/it/portal_statement.rs.
+//
+//   .tools/node/bin/node tests/browser/statement_check.mjs CASES.json      (cwd = repo root)
+//
+// CASES.json: [{"id": ID, "response": "<GET /api/approvals/ID answer as text>", "now_ms": N}]
+// Prints one JSON array, per case {"ok": {sha256, tool, args, runners, required, expires}} or
+// {"error": "<the refusal's message>"}; anything thrown that is not a refusal is reported as
+// {"crash": "<stack>"}.
+import { readFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import path from 'node:path';
+
+const require = createRequire(import.meta.url);
+const statement = require(path.resolve('web/statement.js'));
+
+const cases = JSON.parse(readFileSync(process.argv[2], 'utf8'));
+const out = [];
+for (const c of cases) {
+  try {
+    const s = await statement.checkBeforeSigning(c.id, c.response, c.now_ms);
+    out.push({ ok: {
+      sha256: s.sha256, tool: s.tool, args: s.args, runners: s.runners, required: s.required, expires: s.expires,
+      challenge_is_the_text_hash: Buffer.from(s.challenge).toString('hex') === s.sha256 && s.text === JSON.parse(c.response).statement.text,
+    } });
+  } catch (e) {
+    out.push(e instanceof statement.Refusal ? { error: e.message } : { crash: String(e && e.stack) });
+  }
+}
+process.stdout.write(`${JSON.stringify(out)}\n`);

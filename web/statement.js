@@ -1,0 +1,350 @@
+// emisar portal: the check a page makes before a passkey signs an approval statement.
+//
+// What people see must be what they sign. The approvals API sends, beside the request it
+// shows (`args`, `runners`, `required_approvals`, `preview`), the statement a signature
+// covers (`statement.text`) and the arguments its `args` digest covers (`statement.args`).
+// Nothing the server computed is trusted here: every line of the statement is recomputed from
+// what the page shows (digests with WebCrypto), and the passkey's challenge is the SHA-256 of
+// the statement's text computed here, never `statement.challenge`. The specification is
+// `check_before_signing` in src/cli/approvals.rs (the terminal's check) and
+// src/protocol/approval/statement.rs (the text's format); this file follows both line by line.
+//
+// Pure: no DOM. The page loads it before app.js (it sets `emisarStatement`); Node loads it with
+// require() for tests/it/portal_statement.rs, which holds it to the Rust implementation.
+//
+// Invariant: every refusal names the statement's field (`approval`, `tool`, `args`, `runner`,
+// `runner NAME preview`, `required`, `expires`) and the rule it broke; a value whose canonical
+// JSON this page cannot write exactly as the server does (a number that is not a safe whole
+// number, a non-ASCII object key, a lone surrogate) is refused, never guessed.
+'use strict';
+
+(function (exported) {
+  const VERSION_LINE = 'emisar-approval/v1';
+  // A secret param's value in the signed arguments, and in the arguments the request shows.
+  const COMMIT_PREFIX = 'commit:sha256:';
+  const SEALED_PREFIX = 'hmac-sha256:';
+  // src/protocol/approval/mod.rs: DEFAULT_MAX_LIFETIME_SECS and CLOCK_SKEW_SECS.
+  const DEFAULT_MAX_LIFETIME_SECS = 21 * 60;
+  const CLOCK_SKEW_SECS = 60;
+  const TERMINAL = 'approve it in the terminal (`emisar approvals approve ID`)';
+
+  // A refusal: its message names the field and the rule.
+  class Refusal extends Error {}
+
+  // A number whose source text is not a whole number this page can write back byte for byte
+  // (`1.0`, `1e3`, `-0`, beyond 2^53): kept as its source text, refused where it is hashed.
+  class InexactNumber {
+    constructor(source) { this.source = source; }
+    toJSON() { return Number(this.source); }
+    toString() { return this.source; }
+  }
+
+  const utf8 = new TextEncoder();
+  const WHOLE = /^-?(0|[1-9][0-9]*)$/;
+
+  // JSON.parse that keeps every number it cannot be sure of as an InexactNumber. Browsers
+  // without the reviver's source text (JSON.parse source text access) lose `1.0` → 1, which
+  // is still safe: the digests below would then differ, and the statement is refused.
+  function parseExact(text) {
+    return JSON.parse(text, function (key, value, context) {
+      if (typeof value !== 'number') return value;
+      const source = context && typeof context.source === 'string' ? context.source : null;
+      if (source !== null && (!WHOLE.test(source) || source === '-0')) return new InexactNumber(source);
+      if (!Number.isSafeInteger(value) || Object.is(value, -0)) return new InexactNumber(source ?? String(value));
+      return value;
+    });
+  }
+
+  // src/digest.rs `canonical_json`: object keys sorted, no whitespace, serde_json's escaping
+  // (which JSON.stringify shares for every well-formed string). `field` names the statement
+  // line the value belongs to, for the refusal.
+  function canonicalJson(value, field, at = '') {
+    const where = at ? `\`${field}\`: \`${at}\`` : `\`${field}\``;
+    if (value === null || typeof value === 'boolean') return JSON.stringify(value);
+    if (value instanceof InexactNumber) {
+      throw new Refusal(`${where} is the number ${value.source}, which this page cannot hash exactly as the server does (only whole numbers up to 2^53 are checked here): ${TERMINAL}`);
+    }
+    if (typeof value === 'number') {
+      if (!Number.isSafeInteger(value) || Object.is(value, -0)) {
+        throw new Refusal(`${where} is the number ${value}, which this page cannot hash exactly as the server does (only whole numbers up to 2^53 are checked here): ${TERMINAL}`);
+      }
+      return JSON.stringify(value);
+    }
+    if (typeof value === 'string') {
+      // A lone surrogate has no UTF-8 form: the server could not have hashed it.
+      if (/\p{Cs}/u.test(value)) throw new Refusal(`${where} holds a lone UTF-16 surrogate, which has no UTF-8 form`);
+      return JSON.stringify(value);
+    }
+    if (Array.isArray(value)) {
+      return `[${value.map((v, i) => canonicalJson(v, field, `${at}[${i}]`)).join(',')}]`;
+    }
+    if (typeof value === 'object') {
+      const keys = Object.keys(value);
+      for (const k of keys) {
+        // The server sorts keys by their UTF-8 bytes, JavaScript by UTF-16 units: the same
+        // order for ASCII, which every param and preview value name is.
+        if (!/^[\x00-\x7f]*$/.test(k)) {
+          throw new Refusal(`${where} has the key ${JSON.stringify(k)}, which is not ASCII: this page sorts only ASCII keys as the server does; ${TERMINAL}`);
+        }
+      }
+      keys.sort();
+      const path = (k) => (at ? `${at}.${k}` : k);
+      return `{${keys.map((k) => `${JSON.stringify(k)}:${canonicalJson(value[k], field, path(k))}`).join(',')}}`;
+    }
+    throw new Refusal(`${where} is not JSON`);
+  }
+
+  function hex(bytes) {
+    return Array.from(new Uint8Array(bytes), (b) => b.toString(16).padStart(2, '0')).join('');
+  }
+
+  async function sha256(text) {
+    if (!globalThis.crypto || !globalThis.crypto.subtle) {
+      throw new Refusal(`this page has no WebCrypto (it is not served over HTTPS), so it cannot check what it would sign: ${TERMINAL}`);
+    }
+    return new Uint8Array(await globalThis.crypto.subtle.digest('SHA-256', utf8.encode(text)));
+  }
+
+  // Byte order of the UTF-8 forms, as Rust orders Strings (the statement's runners).
+  function byteOrder(a, b) {
+    const x = utf8.encode(a);
+    const y = utf8.encode(b);
+    for (let i = 0; i < Math.min(x.length, y.length); i++) if (x[i] !== y[i]) return x[i] - y[i];
+    return x.length - y.length;
+  }
+
+  // src/protocol/approval/statement.rs `parse_utc`: `YYYY-MM-DDTHH:MM:SSZ` → Unix seconds, or
+  // null for anything else (a day the month lacks, a time before 1970 included).
+  function parseUtc(t) {
+    const m = /^([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})Z$/.exec(t);
+    if (!m) return null;
+    const [y, mo, d, hh, mm, ss] = m.slice(1).map(Number);
+    const leap = (y % 4 === 0 && y % 100 !== 0) || y % 400 === 0;
+    const days = [31, leap ? 29 : 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
+    if (mo < 1 || mo > 12 || d < 1 || d > days[mo - 1] || hh > 23 || mm > 59 || ss > 59) return null;
+    // Days from the civil date, as the Rust does it (Date.UTC reads years 0 to 99 as 19xx).
+    const [y2, m2] = mo <= 2 ? [y - 1, mo + 9] : [y, mo - 3];
+    const era = Math.floor(y2 / 400);
+    const yoe = y2 - era * 400;
+    const doy = Math.floor((153 * m2 + 2) / 5) + d - 1;
+    const doe = yoe * 365 + Math.floor(yoe / 4) - Math.floor(yoe / 100) + doy;
+    const secs = (era * 146097 + doe - 719468) * 86400 + hh * 3600 + mm * 60 + ss;
+    return secs >= 0 ? secs : null;
+  }
+
+  const statementError = (msg) => new Refusal(`the statement: ${msg}`);
+
+  function checkWord(field, v) {
+    if (v.length === 0 || utf8.encode(v).length > 512) throw statementError(`\`${field}\` must be 1 to 512 bytes`);
+    if (/[\p{White_Space}\p{Cc}]/u.test(v)) throw statementError(`\`${field}\` must hold no whitespace or control character`);
+  }
+
+  function stripSha256(field, v) {
+    if (!v.startsWith('sha256:')) throw statementError(`\`${field}\` must be \`sha256:HEX\``);
+    const d = v.slice('sha256:'.length);
+    if (!/^[0-9a-f]{64}$/.test(d)) throw statementError(`\`${field}\` must be a SHA-256 in lowercase hex`);
+    return d;
+  }
+
+  // src/protocol/approval/statement.rs `Statement::parse`: only the text `Statement::text`
+  // would write (the same bytes) is read.
+  function parseStatement(text) {
+    if (typeof text !== 'string') throw new Refusal('the request has no statement');
+    if (utf8.encode(text).length > 64 * 1024) throw statementError('longer than 64 KiB');
+    if (!text.endsWith('\n')) throw statementError('must end with a newline');
+    const lines = text.slice(0, -1).split('\n');
+    if (lines[0] !== VERSION_LINE) throw statementError(`the first line must be \`${VERSION_LINE}\``);
+    const fields = lines.slice(1).map((line) => {
+      const at = line.indexOf(' ');
+      if (at < 0) throw statementError('every line after the first is `key value`');
+      return [line.slice(0, at), line.slice(at + 1)];
+    });
+    let i = 0;
+    const take = (key) => {
+      if (i >= fields.length) throw statementError(`\`${key}\` is missing`);
+      const [k, v] = fields[i++];
+      if (k !== key) throw statementError(`expected \`${key}\`, found \`${k}\``);
+      return v;
+    };
+    const st = { runners: new Map() };
+    st.approval = take('approval');
+    st.tool = take('tool');
+    st.pack = stripSha256('pack', take('pack'));
+    st.args = stripSha256('args', take('args'));
+    while (i < fields.length && fields[i][0] === 'runner') {
+      const parts = fields[i++][1].split(' ');
+      if (parts.length !== 3 || parts[1] !== 'preview') {
+        throw statementError('a runner line is `runner NAME preview none|sha256:HEX`');
+      }
+      const [name, , preview] = parts;
+      if (st.runners.has(name)) throw statementError(`runner \`${name}\` is named twice`);
+      st.runners.set(name, preview === 'none' ? null : stripSha256('runner preview', preview));
+    }
+    const required = take('required');
+    if (!/^[0-9]+$/.test(required) || Number(required) > 0xffffffff) {
+      throw statementError('`required` must be a whole number');
+    }
+    st.required = Number(required);
+    st.policy = stripSha256('policy', take('policy'));
+    st.requester = take('requester');
+    st.expires = take('expires');
+    if (i < fields.length) throw statementError('a line follows `expires`');
+    // `Statement::text`'s checks, then its bytes: anything but the canonical form is refused.
+    checkWord('approval', st.approval);
+    checkWord('tool', st.tool);
+    checkWord('requester', st.requester);
+    checkWord('expires', st.expires);
+    st.expiresUnix = parseUtc(st.expires);
+    if (st.expiresUnix === null) throw statementError('`expires` must be UTC as YYYY-MM-DDTHH:MM:SSZ');
+    if (st.runners.size === 0) throw statementError('`runner`: a statement names at least one runner');
+    for (const name of st.runners.keys()) checkWord('runner', name);
+    if (st.required === 0) throw statementError('`required` must be at least 1');
+    const runnerLines = [...st.runners.keys()].sort(byteOrder)
+      .map((name) => `runner ${name} preview ${st.runners.get(name) === null ? 'none' : `sha256:${st.runners.get(name)}`}\n`);
+    const canonical = `${VERSION_LINE}\napproval ${st.approval}\ntool ${st.tool}\npack sha256:${st.pack}\n`
+      + `args sha256:${st.args}\n${runnerLines.join('')}required ${st.required}\npolicy sha256:${st.policy}\n`
+      + `requester ${st.requester}\nexpires ${st.expires}\n`;
+    if (canonical !== text) throw statementError('not in canonical form (runners sorted, one space between words)');
+    return st;
+  }
+
+  // src/protocol/approval/mod.rs `issued_millis`: the request time in a UUIDv7 approval id.
+  function issuedMillis(id) {
+    if (typeof id !== 'string' || id.length !== 36) return null;
+    if ([8, 13, 18, 23].some((i) => id[i] !== '-') || id[14] !== '7') return null;
+    if (!/^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$/.test(id)) return null;
+    return parseInt(id.slice(0, 8) + id.slice(9, 13), 16);
+  }
+
+  // src/protocol/approval/mod.rs `check_lifetime`.
+  function checkLifetime(id, expires, now, maxLifetime) {
+    const issuedMs = issuedMillis(id);
+    if (issuedMs === null) {
+      throw new Refusal(`\`approval\`: \`${id}\` is not a UUIDv7, whose time says when it was requested`);
+    }
+    const issued = Math.floor(issuedMs / 1000);
+    if (issued > now + CLOCK_SKEW_SECS) {
+      throw new Refusal(`\`approval\`: requested at ${issued} (unix seconds), after this clock's ${now}: an approval from the future is refused`);
+    }
+    if (now >= expires) throw new Refusal(`\`expires\`: the approval expired at ${expires} (unix seconds)`);
+    const lives = Math.max(0, expires - issued);
+    if (lives > maxLifetime) {
+      throw new Refusal(`\`expires\`: the approval lives ${lives} s from its request to its expiry, more than the ${maxLifetime} s allowed here (the server's default approval_ttl_secs and approved_start_within_secs, and a minute; a server set for longer approvals is approved in the terminal with --max-lifetime)`);
+    }
+  }
+
+  const isObject = (v) => v !== null && typeof v === 'object' && !Array.isArray(v) && !(v instanceof InexactNumber);
+  const show = (v) => (v === undefined ? 'nothing' : v instanceof InexactNumber ? v.source : JSON.stringify(v));
+
+  // The check (src/cli/approvals.rs `check_before_signing`), over the approvals API's answer
+  // for request `id` as text (`GET /api/approvals/ID`), at `nowMs` (milliseconds since the
+  // epoch). Returns what is signed, as the page shows it, and the passkey's challenge; throws
+  // a Refusal naming the field.
+  async function checkBeforeSigning(id, responseText, nowMs, maxLifetime = DEFAULT_MAX_LIFETIME_SECS) {
+    let request;
+    try {
+      request = parseExact(responseText);
+    } catch {
+      throw new Refusal('the server\'s answer is not JSON');
+    }
+    if (!isObject(request) || !isObject(request.statement)) throw new Refusal('the request has no statement');
+    const text = request.statement.text;
+    const st = parseStatement(text);
+    if (st.approval !== id) throw new Refusal(`\`approval\`: the statement names approval ${st.approval}, not ${id}`);
+    if (request.tool !== st.tool) {
+      throw new Refusal(`\`tool\`: the statement names \`${st.tool}\`, the request shows ${show(request.tool)}`);
+    }
+
+    // The arguments: the statement's digest is of these, and these are the ones shown.
+    const signed = request.statement.args;
+    if (!isObject(signed)) throw new Refusal('`args`: the server sent no arguments for the statement\'s digest');
+    const signedJson = canonicalJson(signed, 'args');
+    if (hex(await sha256(signedJson)) !== st.args) {
+      throw new Refusal('`args`: the statement\'s digest is not the digest of the arguments shown');
+    }
+    const shown = request.args;
+    if (!isObject(shown)) throw new Refusal('`args`: the request shows no arguments');
+    const signedKeys = Object.keys(signed);
+    if (Object.keys(shown).length !== signedKeys.length) {
+      throw new Refusal('`args`: the statement covers other arguments than the request shows');
+    }
+    for (const k of signedKeys) {
+      const v = signed[k];
+      const has = Object.prototype.hasOwnProperty.call(shown, k);
+      const s = has ? shown[k] : undefined;
+      let same;
+      if (typeof v === 'string' && v.startsWith(COMMIT_PREFIX) && typeof s === 'string') {
+        // A secret param: signed as its salted commitment, shown sealed.
+        same = s.startsWith(SEALED_PREFIX);
+      } else {
+        same = has && canonicalJson(s, 'args', k) === canonicalJson(v, 'args', k);
+      }
+      if (!same) {
+        throw new Refusal(`\`args\`: \`${k}\` is ${show(v)} in the statement and ${has ? show(s) : 'absent'} in the request shown`);
+      }
+    }
+
+    // The runners, and the preview values each sealed.
+    if (!Array.isArray(request.runners) || request.runners.some((r) => typeof r !== 'string')) {
+      throw new Refusal('`runner`: the request shows no runners');
+    }
+    const listed = [...st.runners.keys()].sort();
+    const wanted = [...request.runners].sort();
+    if (listed.length !== wanted.length || listed.some((r, i) => r !== wanted[i])) {
+      throw new Refusal(`\`runner\`: the statement names ${JSON.stringify(listed)}, the request shows ${JSON.stringify(wanted)}`);
+    }
+    const preview = isObject(request.preview) ? request.preview : {};
+    for (const r of Object.keys(preview)) {
+      if (!st.runners.has(r)) {
+        throw new Refusal(`\`runner ${r} preview\`: the request shows a preview for a runner the statement does not name`);
+      }
+    }
+    const runners = [];
+    for (const [runner, digest] of st.runners) {
+      const field = `runner ${runner} preview`;
+      const answer = preview[runner];
+      const sealed = isObject(answer) && typeof answer.sealed_vars === 'string' ? answer.sealed_vars : null;
+      let values = null;
+      if (sealed !== null) {
+        let vars;
+        try {
+          vars = parseExact(sealed);
+        } catch {
+          throw new Refusal(`\`${field}\`: the sealed values are not JSON`);
+        }
+        values = canonicalJson(vars, field);
+      }
+      const computed = values === null ? null : hex(await sha256(values));
+      if (computed !== digest) {
+        throw new Refusal(`\`${field}\`: the statement's digest is not the digest of the preview values shown`);
+      }
+      runners.push({ name: runner, preview: values });
+    }
+
+    if (request.required_approvals !== st.required) {
+      throw new Refusal(`\`required\`: the statement says ${st.required}, the request shows ${show(request.required_approvals)}`);
+    }
+    checkLifetime(id, st.expiresUnix, Math.floor(nowMs / 1000), maxLifetime);
+
+    // The challenge is computed here from the text just checked.
+    const challenge = await sha256(text);
+    return {
+      text,
+      challenge,
+      sha256: hex(challenge),
+      tool: st.tool,
+      args: signedJson,
+      runners,
+      required: st.required,
+      expires: st.expires,
+      requester: st.requester,
+    };
+  }
+
+  const api = {
+    checkBeforeSigning, parseStatement, parseExact, canonicalJson, Refusal, InexactNumber,
+    DEFAULT_MAX_LIFETIME_SECS,
+  };
+  if (typeof module === 'object' && module && module.exports) module.exports = api;
+  else exported.emisarStatement = Object.freeze(api);
+}(globalThis));

@@ -15,6 +15,8 @@ use crate::server::db::Db;
 use crate::util::process::stop_on_signal;
 
 mod approvals;
+/// The terminal signer's check of a statement against the request it shows (tests drive it).
+pub use approvals::check_before_signing;
 mod approvers;
 mod audit;
 mod config_check;

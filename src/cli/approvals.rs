@@ -76,7 +76,7 @@ fn whoami() -> String {
 /// from the values it sealed, and the runners, the count of people, the tool and the id are
 /// compared with the request's; the lifetime is bounded by `max_lifetime`. An error names the
 /// statement's field.
-pub(crate) fn check_before_signing(
+pub fn check_before_signing(
     id: &str,
     request: &serde_json::Value,
     now: u64,

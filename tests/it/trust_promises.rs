@@ -898,3 +898,177 @@ async fn vote(
     )
     .await
 }
+
+/// One edit a database writer makes to the stored request between the moment people looked
+/// at it and its execution: what the runners receive, what is shown, and each line of the
+/// statement, each chosen on its own.
+#[derive(Debug, Clone)]
+struct Edit {
+    /// The unit the runners receive.
+    stored: &'static str,
+    /// The unit the request shows (its shown args).
+    shown: &'static str,
+    /// The unit the statement's `args` digest (and `statement.args`) covers.
+    signed: &'static str,
+    /// The runners the request shows, and the ones the statement names.
+    runners_shown: Vec<&'static str>,
+    runners_signed: Vec<&'static str>,
+    /// A preview digest on the statement's runner lines (the tool has no preview).
+    preview_line: bool,
+    required_shown: u32,
+    required_signed: u32,
+    /// Seconds from now to the statement's expiry.
+    expires_in: i64,
+}
+
+/// An honest request (a unit, its runners, two people, ten minutes) with each field edited
+/// with probability 1/4, so that both honest and edited requests come up.
+fn arb_edit() -> impl proptest::strategy::Strategy<Value = Edit> {
+    use proptest::prelude::*;
+    let flip = || proptest::bool::weighted(0.25);
+    let sets: [Vec<&'static str>; 3] = [vec!["hvn05"], vec!["hvn06"], vec!["hvn05", "hvn06"]];
+    (
+        any::<bool>(),
+        0..3usize,
+        (flip(), flip(), flip()),
+        (flip(), 1..3usize, flip(), 1..3usize, flip()),
+        (flip(), 1..=3u32, flip(), 1..=3u32),
+        (
+            flip(),
+            prop_oneof![Just(1200i64), Just(5000), Just(2_000_000_000)],
+        ),
+    )
+        .prop_map(move |(nomad, set, units, runners, required, expires)| {
+            let (u, other) = if nomad {
+                ("nomad", "consul")
+            } else {
+                ("consul", "nomad")
+            };
+            let pick = |edited: bool| if edited { other } else { u };
+            let base = sets[set].clone();
+            let moved = |edited: bool, by: usize| {
+                if edited {
+                    sets[(set + by) % 3].clone()
+                } else {
+                    base.clone()
+                }
+            };
+            Edit {
+                stored: pick(units.0),
+                shown: pick(units.1),
+                signed: pick(units.2),
+                runners_shown: moved(runners.0, runners.1),
+                runners_signed: moved(runners.2, runners.3),
+                preview_line: runners.4,
+                required_shown: if required.0 { required.1 } else { 2 },
+                required_signed: if required.2 { required.3 } else { 2 },
+                expires_in: if expires.0 { expires.1 } else { 600 },
+            }
+        })
+}
+
+/// Acceptance 3: whatever a database writer edits between display and execution, either the
+/// signer (`emisar approvals approve`'s check) refuses, or every runner refuses, or what runs
+/// is exactly what the signer showed: the unit on the runners it showed. Each runner records
+/// its own restarts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whatever_is_edited_between_display_and_execution_only_what_was_shown_runs() {
+    use proptest::strategy::{Strategy, ValueTree};
+    use proptest::test_runner::{Config, TestRunner};
+    let bins: Vec<tempfile::TempDir> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    let records: Vec<PathBuf> = bins.iter().map(|b| systemctl_standin(b.path())).collect();
+    let file = bins[0].path().join("approvers.toml");
+    std::fs::write(&file, approvers_text()).unwrap();
+    let app = spawn_app(
+        Backend::Postgres,
+        vec![
+            tls_runner(bins[0].path(), "hvn05").signed_approvals(&["*"], Some(file.clone()), &[]),
+            tls_runner(bins[1].path(), "hvn06").signed_approvals(&["*"], Some(file), &[]),
+        ],
+        Options::default(),
+    )
+    .await;
+    let names = ["hvn05", "hvn06"];
+    let mut runner = TestRunner::new(Config {
+        cases: 48,
+        ..Config::default()
+    });
+    let (mut signed_cases, mut ran_cases) = (0, 0);
+    for case in 0..48 {
+        // The first case is the request as people saw it, untouched: it must run.
+        let edit = match case {
+            0 => Edit {
+                stored: "consul",
+                shown: "consul",
+                signed: "consul",
+                runners_shown: vec!["hvn05", "hvn06"],
+                runners_signed: vec!["hvn05", "hvn06"],
+                preview_line: false,
+                required_shown: 2,
+                required_signed: 2,
+                expires_in: 600,
+            },
+            _ => arb_edit().new_tree(&mut runner).unwrap().current(),
+        };
+        // The stored request after the edit, as the approvals API would show it.
+        let mut s = statement(&app, edit.signed, &edit.runners_signed);
+        s.required = edit.required_signed;
+        s.expires_at = in_secs(edit.expires_in);
+        if edit.preview_line {
+            for p in s.runners.values_mut() {
+                *p = Some("c".repeat(64));
+            }
+        }
+        let text = s.text().unwrap();
+        let view = json!({
+            "id": s.approval_id, "tool": TOOL,
+            "args": {"unit": edit.shown},
+            "runners": edit.runners_shown,
+            "required_approvals": edit.required_shown,
+            "preview": null,
+            "statement": {"text": text, "args": {"unit": edit.signed}},
+        });
+        let now = emisar::protocol::signing::now();
+        let before: Vec<usize> = records.iter().map(|r| restarted(r).len()).collect();
+        let Ok(_) = emisar::cli::check_before_signing(&s.approval_id, &view, now, 1260) else {
+            continue; // the signer refused: nothing is signed, so nothing can run
+        };
+        signed_cases += 1;
+        // Two people signed what the terminal showed; the server sends the stored request
+        // to every runner, the ones the statement names and the others.
+        let p = proof(&s, &[1, 2]);
+        for name in names {
+            let _ = execute(
+                &app,
+                name,
+                edit.stored,
+                Some(&s.approval_id),
+                Some(p.clone()),
+                None,
+            )
+            .await;
+        }
+        for (i, name) in names.iter().enumerate() {
+            let new = &restarted(&records[i])[before[i]..];
+            if !new.is_empty() {
+                ran_cases += 1;
+            }
+            for unit in new {
+                assert_eq!(
+                    unit, edit.shown,
+                    "{name} ran another unit than shown: {edit:?}"
+                );
+                assert!(
+                    edit.runners_shown.contains(name),
+                    "{name} was not shown: {edit:?}"
+                );
+            }
+            assert!(new.len() <= 1, "{name} ran one approval twice: {edit:?}");
+        }
+    }
+    // The property is about refusals; the honest cases must still run, or it proves nothing.
+    assert!(
+        signed_cases > 0 && ran_cases > 0,
+        "signed {signed_cases}, ran {ran_cases}"
+    );
+}

@@ -190,7 +190,7 @@ mod tests {
         let until = now() + 60;
         std::fs::write(
             dir.path().join(EXECUTED_FILE),
-            format!("a1 {until}\na2 {until}\na3 17"),
+            format!("a1 {until}\na2 {until}\na3-torn-mid-"),
         )
         .unwrap();
         let ledger = Executed::load(dir.path()).unwrap();

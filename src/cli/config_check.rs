@@ -149,6 +149,16 @@ fn check_server(path: &Path) -> Vec<String> {
     {
         problems.push(format!("audit_key_file: {}", chain(&e)));
     }
+    if let Some(t) = &config.transparency {
+        match crate::server::audit::checkpoints::read_log_key(&t.log_key_file) {
+            Ok(key) => {
+                if let Err(e) = t.check_witness_keys(&key) {
+                    problems.push(chain(&e));
+                }
+            }
+            Err(e) => problems.push(format!("transparency.log_key_file: {}", chain(&e))),
+        }
+    }
     if let Err(e) = crate::server::runners::tls::RunnerTrust::new(
         config.runner_ca_file.as_deref(),
         config.insecure_http,
@@ -212,6 +222,9 @@ fn check_runner(path: &Path) -> Vec<String> {
         {
             problems.push(format!("programs.{name}: `{program}` is not a file"));
         }
+    }
+    if let Err(e) = crate::node::agent::check_approvals(&config) {
+        problems.push(chain(&e));
     }
     match PackSet::load(config.packs_dir.as_deref()) {
         Ok(packs) => {

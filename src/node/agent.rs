@@ -91,14 +91,7 @@ impl RunnerState {
         packs: PackSet,
     ) -> anyhow::Result<Arc<Self>> {
         config.check_services(&packs)?;
-        let gate = Gate::load(GateConfig {
-            require_signed_approvals: &config.require_signed_approvals,
-            approvers_file: config.approvers_file.as_deref(),
-            approvers_root_keys: &config.approvers_root_keys,
-            min_approvers_serial: config.min_approvers_serial,
-            max_approval_lifetime_secs: config.max_approval_lifetime_secs,
-            state_dir: &config.state_dir,
-        })?;
+        let gate = gate(&config)?;
         let executed = Executed::load(&config.state_dir)?;
         let witnessed = witness_trust(&config)?;
         let pem = server_public_key;
@@ -604,6 +597,28 @@ fn check_preview_values(
             "the preview values carry no seal from this runner; nothing was run: request the change again".into(),
         ),
     }
+}
+
+/// The gate of `require_signed_approvals` from runner.toml (reads its files and the serial kept
+/// in `state_dir`; writes nothing).
+fn gate(config: &RunnerConfig) -> anyhow::Result<Gate> {
+    Gate::load(GateConfig {
+        require_signed_approvals: &config.require_signed_approvals,
+        approvers_file: config.approvers_file.as_deref(),
+        approvers_root_keys: &config.approvers_root_keys,
+        min_approvers_serial: config.min_approvers_serial,
+        max_approval_lifetime_secs: config.max_approval_lifetime_secs,
+        state_dir: &config.state_dir,
+    })
+}
+
+/// The checks a runner's start makes on its approvals settings (the approvers file and root
+/// keys, the witnesses), without starting or writing anything: `emisar config check` runs
+/// these very checks.
+pub fn check_approvals(config: &RunnerConfig) -> anyhow::Result<()> {
+    gate(config)?;
+    witness_trust(config)?;
+    Ok(())
 }
 
 /// `require_witnessed`'s keys from runner.toml, each bad one named.

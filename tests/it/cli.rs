@@ -1111,6 +1111,59 @@ fn config_check_reports_every_problem_by_key() {
     assert!(out.contains("advertise_url is required"), "{out}");
     assert!(out.contains("server_public_key_file"), "{out}");
 
+    // Witnesses a runner would refuse at start (the red team's F4): the log's own key, one
+    // key twice, a quorum of 0; and a server whose witnesses include its log's key (F3).
+    let log = emisar::tlog::keys::NoteKey::generate("emisar.test/audit").unwrap();
+    let w = emisar::tlog::keys::NoteKey::generate("witness.test/w1").unwrap();
+    for (keys, quorum, says) in [
+        (
+            vec![log.verifier_key()],
+            1,
+            "witness_keys[0]: a witness key must be a cosignature/v1 key",
+        ),
+        (
+            vec![log.cosigner_key()],
+            1,
+            "witness_keys[0]: this is the log's own key",
+        ),
+        (
+            vec![w.cosigner_key(), w.cosigner_key()],
+            2,
+            "witness_keys[1]: the same key as an earlier witness",
+        ),
+        (
+            vec![w.cosigner_key()],
+            0,
+            "witness_quorum: 0 must be between 1",
+        ),
+    ] {
+        let (code, out, _) = config_check(
+            &runner,
+            &format!(
+                "name = \"edge1\"\nlisten = \"127.0.0.1:7701\"\nserver_public_key_file = {public:?}\nstate_dir = {state:?}\nrequire_witnessed = true\nlog_key = {:?}\nwitness_keys = {keys:?}\nwitness_quorum = {quorum}\n",
+                log.verifier_key()
+            ),
+            None,
+        );
+        assert_eq!(code, 1, "{out}");
+        assert!(out.contains(says), "{says}: {out}");
+    }
+    let log_key = dir.path().join("log.key");
+    emisar::util::files::create_private(&log_key, log.private_text().as_bytes()).unwrap();
+    let (code, out, _) = config_check(
+        &server,
+        &format!(
+            "listen = \"127.0.0.1:0\"\nsigning_key_file = {key:?}\n[transparency]\nlog_key_file = {log_key:?}\n[[transparency.witnesses]]\nurl = \"http://127.0.0.1:9\"\nkey = {:?}\n",
+            log.cosigner_key()
+        ),
+        None,
+    );
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("transparency.witnesses[0]: this is the log's own key"),
+        "{out}"
+    );
+
     // Neither kind's keys: ask for --kind; a wrong --kind names the valid ones.
     let (code, _, err) = config_check(&runner, "listen = \"127.0.0.1:1\"\n", None);
     assert_eq!(code, 2);

@@ -214,6 +214,7 @@ async fn health(State(state): State<Arc<RunnerState>>, headers: HeaderMap) -> Re
         "allowlists": state.config.allowlists,
         "approvals": RunnerApprovals {
             require_witnessed: state.witnessed.is_some(),
+            max_approval_lifetime_secs: Some(state.config.max_approval_lifetime_secs),
             ..state.gate.report()
         },
     }))

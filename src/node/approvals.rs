@@ -148,6 +148,7 @@ impl Gate {
             approvers_sha256: self.local.as_ref().map(|a| a.sha256.clone()),
             root_keys: self.root_keys.iter().map(sshsig::key_id).collect(),
             require_witnessed: false,
+            max_approval_lifetime_secs: Some(self.max_lifetime),
         }
     }
 

@@ -184,7 +184,13 @@ fn refused(lab: &Lab, answer: (u16, Value), status: u16, why: &str) {
     assert_eq!(restarts(&lab.record), 0, "nothing runs: {error}");
 }
 
-/// Acceptance 3: everything a compromised server can send on its own is refused by the node.
+/// What a server holding server.key can send a runner on its own, case by case: no signatures,
+/// too few, one person twice, a stranger's key, signatures replayed for other args, another
+/// approval id or a runner the statement does not name, an expired statement, a lowering the
+/// file does not allow, and carried approvers files not signed by the root key; each refused,
+/// nothing run. The rest of what a compromised server or database writer can try (the count
+/// it signed for, a far expiry, an older or other file at a serial, a restart or a lost
+/// state, a witnessed approval replayed) is in `trust_promises.rs`.
 #[tokio::test]
 async fn a_compromised_server_cannot_make_a_node_run_a_write() {
     let lab = lab().await;

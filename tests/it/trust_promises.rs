@@ -1072,3 +1072,50 @@ async fn whatever_is_edited_between_display_and_execution_only_what_was_shown_ru
         "signed {signed_cases}, ran {ran_cases}"
     );
 }
+
+/// A server whose approvals would live longer than a runner allows says so when the agent
+/// asks, instead of asking people for an approval the runner would refuse at the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_would_outlive_what_the_runner_allows_is_refused_at_once() {
+    let bin = tempfile::tempdir().unwrap();
+    let file = bin.path().join("approvers.toml");
+    std::fs::write(&file, approvers_text()).unwrap();
+    let app = spawn_app(
+        Backend::Postgres,
+        vec![tls_runner(bin.path(), "hvn05").signed_approvals(&["*"], Some(file.clone()), &[])],
+        Options {
+            approvers_file: Some(file),
+            approval_ttl_secs: Some(3600),
+            // Until the first probe the server does not know the runner's bound: a call made
+            // then waits a second and leaves its request pending.
+            approval_wait_secs: Some(1),
+            probe_interval_ms: Some(200),
+            ..Default::default()
+        },
+    )
+    .await;
+    let client = app.mcp_client().await;
+    let mut said = String::new();
+    for _ in 0..50 {
+        let res = finished(call_in_background(
+            &client,
+            TOOL,
+            json!({"unit": "consul", "runners": ["hvn05"], "reason": "an hour to decide"}),
+        ))
+        .await;
+        said = res
+            .content
+            .first()
+            .and_then(|c| c.as_text())
+            .map(|t| t.text.clone())
+            .unwrap_or_default();
+        if said.contains("max_approval_lifetime_secs") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(
+        said.contains("lets an approval live 1260 s") && said.contains("3901 s"),
+        "{said}"
+    );
+}

@@ -143,6 +143,10 @@ pub struct RunnerApprovals {
     /// `require_witnessed`: its risk:high writes need a witnessed proof of their approval.
     #[serde(default)]
     pub require_witnessed: bool,
+    /// `max_approval_lifetime_secs`: the longest an approval may live there, from request to
+    /// expiry (None: a runner from before it was reported).
+    #[serde(default)]
+    pub max_approval_lifetime_secs: Option<u64>,
 }
 
 impl RunnerApprovals {

@@ -77,6 +77,21 @@ impl Gateway {
         runners: &[String],
         policy_required: u32,
     ) -> Result<Option<u32>, String> {
+        // Every runner that checks approvals itself (signatures or witnesses) must let a
+        // request of this server live as long as it will: else it would refuse it at the end.
+        let lives =
+            self.limits.approval_ttl.as_secs() + self.limits.approved_start_within.as_secs() + 1;
+        for r in runners {
+            if let Some(a) = self.runners.approvals(r)
+                && (a.requires(tool) || a.require_witnessed)
+                && let Some(max) = a.max_approval_lifetime_secs
+                && max < lives
+            {
+                return Err(format!(
+                    "runner `{r}` lets an approval live {max} s (its max_approval_lifetime_secs), and this server's approval_ttl_secs and approved_start_within_secs make one live {lives} s: raise it on the runner or lower them here"
+                ));
+            }
+        }
         let checking: Vec<(&String, _)> = runners
             .iter()
             .filter_map(|r| Some((r, self.runners.approvals(r)?)))

@@ -146,6 +146,19 @@ async fn execute(
     (answer.status, error)
 }
 
+/// `s` signed by alice and bob, sent by a server holding server.key to `runner` for `unit`.
+async fn signed_by_two(app: &TestApp, runner: &str, unit: &str, s: &Statement) -> (u16, String) {
+    execute(
+        app,
+        runner,
+        unit,
+        Some(&s.approval_id),
+        Some(proof(s, &[1, 2])),
+        None,
+    )
+    .await
+}
+
 /// A refusal with `status` whose reason says `why`.
 #[track_caller]
 fn refused(answer: (u16, String), status: u16, why: &str) {
@@ -322,31 +335,15 @@ async fn a_node_runs_only_what_people_signed_for_under_one_file_per_serial() {
 
     // hvn05 runs a signed restart once; a restart of the runner remembers it…
     let once = statement(app, "consul", &["hvn05"]);
-    let run_once = || {
-        execute(
-            app,
-            "hvn05",
-            "consul",
-            Some(&once.approval_id),
-            Some(proof(&once, &[1, 2])),
-            None,
-        )
-    };
-    let (status, why) = run_once().await;
+    let (status, why) = signed_by_two(app, "hvn05", "consul", &once).await;
     assert_eq!(status, 200, "{why}");
     assert_eq!(restarts(&lab.record), 3);
     app.restart_runner("hvn05", false).await;
-    let run_once = || {
-        execute(
-            app,
-            "hvn05",
-            "consul",
-            Some(&once.approval_id),
-            Some(proof(&once, &[1, 2])),
-            None,
-        )
-    };
-    refused(run_once().await, 409, "already executed");
+    refused(
+        signed_by_two(app, "hvn05", "consul", &once).await,
+        409,
+        "already executed",
+    );
     // …and so does one whose ledger ends in a torn line (a crash mid-append).
     let ledger = app
         .dir
@@ -358,30 +355,18 @@ async fn a_node_runs_only_what_people_signed_for_under_one_file_per_serial() {
     text.push_str("0193f4c2-7a10-7cc0-9f00-0000000");
     std::fs::write(&ledger, text).unwrap();
     app.restart_runner("hvn05", false).await;
-    let run_once = || {
-        execute(
-            app,
-            "hvn05",
-            "consul",
-            Some(&once.approval_id),
-            Some(proof(&once, &[1, 2])),
-            None,
-        )
-    };
-    refused(run_once().await, 409, "already executed");
+    refused(
+        signed_by_two(app, "hvn05", "consul", &once).await,
+        409,
+        "already executed",
+    );
     // With its state_dir lost, it refuses everything requested before its new state began.
     app.restart_runner("hvn05", true).await;
-    let run_once = || {
-        execute(
-            app,
-            "hvn05",
-            "consul",
-            Some(&once.approval_id),
-            Some(proof(&once, &[1, 2])),
-            None,
-        )
-    };
-    refused(run_once().await, 403, "state_dir is new or was lost");
+    refused(
+        signed_by_two(app, "hvn05", "consul", &once).await,
+        403,
+        "state_dir is new or was lost",
+    );
     assert_eq!(restarts(&lab.record), 3, "each approval ran once");
     // What is requested after the new state began runs.
     let after = statement(app, "nomad", &["hvn05"]);

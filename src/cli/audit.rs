@@ -48,7 +48,8 @@ pub enum AuditCommand {
         /// witness keygen` printed it and emisar.toml's `[[transparency.witnesses]] key` names
         /// it), or a file holding it; once per witness. With it, the newest stored checkpoint
         /// must be cosigned by --witness-quorum of them, or verify fails: the log key alone
-        /// signs whatever the database holds, even a log truncated and grown again.
+        /// signs whatever the database holds, even a log truncated and grown again. Refused:
+        /// the log's own key (also re-encoded as a cosignature key), one key given twice.
         #[arg(long = "witness-key", value_name = "KEY", requires = "checkpoint")]
         witness_key: Vec<String>,
         /// How many of the --witness-key witnesses must have cosigned the newest stored
@@ -331,7 +332,7 @@ pub async fn run(command: AuditCommand) -> anyhow::Result<i32> {
                 None => None,
                 Some(path) => Some(Kept {
                     path,
-                    witnesses: witness_quorum_of(&witness_key, witness_quorum)?,
+                    witnesses: witness_quorum_of(log_key.as_deref(), &witness_key, witness_quorum)?,
                 }),
             };
             verify(since, from_seq, kept, log_key, json, db, server).await
@@ -421,20 +422,24 @@ struct Kept {
     witnesses: Option<audit::proofs::WitnessQuorum>,
 }
 
-/// `--witness-key` (each a key or a file holding one) and `--witness-quorum`, checked before
-/// the database is opened; `None` when no key was given.
+/// `--witness-key` (each a key or a file holding one) and `--witness-quorum`, checked against
+/// `--log-key` before the database is opened; `None` when no key was given.
 fn witness_quorum_of(
+    log_key: Option<&str>,
     keys: &[String],
     quorum: Option<usize>,
 ) -> anyhow::Result<Option<audit::proofs::WitnessQuorum>> {
     if keys.is_empty() {
         return Ok(None);
     }
+    // Parsed first, so that a bad --log-key is named as such.
+    log_keys(log_key)?;
+    let log_key = key_text(log_key.unwrap_or_default(), "--log-key")?;
     let texts = keys
         .iter()
         .map(|k| key_text(k, "--witness-key"))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    audit::proofs::WitnessQuorum::new(&texts, quorum)
+    audit::proofs::WitnessQuorum::new(&log_key, &texts, quorum)
         .map(Some)
         .map_err(anyhow::Error::msg)
 }

@@ -152,15 +152,25 @@ pub struct WitnessQuorum {
 
 impl WitnessQuorum {
     /// From verifier key texts (`name+id+base64`, type 0x04 cosignature/v1, as `emisar witness
-    /// keygen` prints them) and a quorum (default: all of them). Refuses a key that is not a
-    /// witness key, a witness named twice and a quorum outside 1 to the number of keys, naming
-    /// the option.
-    pub fn new(keys: &[String], quorum: Option<usize>) -> Result<Self, String> {
+    /// keygen` prints them) and a quorum (default: all of them), for the log of `log_key`.
+    /// Refuses by the rule the server and the runners apply to theirs
+    /// ([`crate::tlog::keys::check_witnesses`]): a key that is not a witness key, the log's
+    /// own key (re-encoded as a cosignature key), one key given twice (under one name or
+    /// two), a quorum outside 1 to the number of keys; and a witness named twice. Each error
+    /// names the option.
+    pub fn new(log_key: &str, keys: &[String], quorum: Option<usize>) -> Result<Self, String> {
+        let keys: Vec<&str> = keys.iter().map(|k| k.trim()).collect();
+        let quorum = quorum.unwrap_or(keys.len());
+        crate::tlog::keys::check_witnesses(
+            log_key,
+            "--witness-key",
+            &keys,
+            quorum,
+            "--witness-quorum",
+        )
+        .map_err(|e| e.0)?;
         let mut witnesses: Vec<(String, Verifiers)> = Vec::new();
         for key in keys {
-            let key = key.trim();
-            crate::tlog::cosignature::CosignatureVerifier::from_verifier_key(key)
-                .map_err(|e| format!("--witness-key {key}: {e}"))?;
             let verifiers =
                 Verifiers::parse([key]).map_err(|e| format!("--witness-key {key}: {e}"))?;
             let name = key.split('+').next().unwrap_or_default().to_owned();
@@ -170,13 +180,6 @@ impl WitnessQuorum {
                 ));
             }
             witnesses.push((name, verifiers));
-        }
-        let quorum = quorum.unwrap_or(witnesses.len());
-        if quorum == 0 || quorum > witnesses.len() {
-            return Err(format!(
-                "--witness-quorum: {quorum} must be between 1 and the {} --witness-key given",
-                witnesses.len()
-            ));
         }
         Ok(WitnessQuorum { witnesses, quorum })
     }
@@ -525,32 +528,45 @@ mod tests {
 
     #[test]
     fn witness_keys_and_quorum_are_checked_naming_the_option() {
+        let log_key = NoteKey::from_seed("log.example/audit", [3; 32]).unwrap();
+        let log = log_key.verifier_key();
         let w1 = witness_key("witness.example/w1", 1);
         let w2 = witness_key("witness.example/w2", 2);
         let both = [w1.clone(), w2.clone()];
-        assert_eq!(WitnessQuorum::new(&both, None).unwrap().quorum, 2);
-        assert_eq!(WitnessQuorum::new(&both, Some(1)).unwrap().quorum, 1);
-        let refused = |keys: &[String], quorum| WitnessQuorum::new(keys, quorum).err().unwrap();
+        assert_eq!(WitnessQuorum::new(&log, &both, None).unwrap().quorum, 2);
+        assert_eq!(WitnessQuorum::new(&log, &both, Some(1)).unwrap().quorum, 1);
+        let refused =
+            |keys: &[String], quorum| WitnessQuorum::new(&log, keys, quorum).err().unwrap();
         let e = refused(&both, Some(3));
         assert_eq!(
             e,
-            "--witness-quorum: 3 must be between 1 and the 2 --witness-key given"
+            "--witness-quorum: 3 must be between 1 and the 2 witness keys"
         );
         assert!(refused(&both, Some(0)).starts_with("--witness-quorum: 0 "));
         // The log's own (Ed25519 note) key is no witness key.
-        let log = NoteKey::from_seed("log.example/audit", [3; 32])
-            .unwrap()
-            .verifier_key();
         let e = refused(std::slice::from_ref(&log), None);
         assert!(
-            e.starts_with(&format!("--witness-key {log}: ")) && e.contains("0x04"),
+            e.starts_with("--witness-key[0]: ") && e.contains("0x04"),
             "{e}"
         );
-        assert!(refused(&["garbage".into()], None).starts_with("--witness-key garbage: "));
-        // One witness counts once, even under two keys.
+        // Nor is it once re-encoded as a cosignature/v1 key (FINDING F2): its holder would be
+        // its own witness.
+        let e = refused(&[w1.clone(), log_key.cosigner_key()], Some(1));
+        assert_eq!(
+            e,
+            "--witness-key[1]: this is the log's own key: a log cannot witness itself"
+        );
+        assert!(refused(&["garbage".into()], None).starts_with("--witness-key[0]: "));
+        // One witness counts once, even under two keys, and one key even under two names.
         let again = witness_key("witness.example/w1", 9);
         let e = refused(&[w1.clone(), again], None);
         assert!(e.contains("witness.example/w1 is given twice"), "{e}");
+        let renamed = witness_key("witness.example/w3", 1);
+        let e = refused(&[w1.clone(), renamed], None);
+        assert!(
+            e.starts_with("--witness-key[1]: the same key as an earlier witness"),
+            "{e}"
+        );
     }
 
     #[test]

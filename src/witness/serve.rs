@@ -239,8 +239,8 @@ mod tests {
                 keys: Verifiers::parse([log.verifier_key().as_str()]).unwrap(),
             },
         )]);
-        let witness = Witness::new(key.cosigner(), logs, StateFile::open(state_dir).unwrap())
-            .unwrap();
+        let witness =
+            Witness::new(key.cosigner(), logs, StateFile::open(state_dir).unwrap()).unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let stop = CancellationToken::new();
@@ -311,9 +311,15 @@ mod tests {
         assert_eq!(status, 200, "{body}");
         // The checkpoint as the log signed it, then the very cosignature add-checkpoint
         // returned; the forged line is left out.
-        assert_eq!(body, format!("{}{lines}", String::from_utf8(signed).unwrap()));
+        assert_eq!(
+            body,
+            format!("{}{lines}", String::from_utf8(signed).unwrap())
+        );
         let (note, cp) = checkpoint::parse(body.as_bytes()).unwrap();
-        assert_eq!((cp.origin(), cp.size(), *cp.hash()), (ORIGIN, 3, tree.root()));
+        assert_eq!(
+            (cp.origin(), cp.size(), *cp.hash()),
+            (ORIGIN, 3, tree.root())
+        );
         checkpoint::verify(
             &note,
             &Verifiers::parse([log.verifier_key().as_str()]).unwrap(),
@@ -325,7 +331,10 @@ mod tests {
         )];
         assert_eq!(checkpoint::cosigned_by(&note, &trusted), [key.name()]);
         // The origin unencoded reads the same; the state file did not change.
-        assert_eq!(get(&format!("{url}/checkpoint/{ORIGIN}")).await, (200, body));
+        assert_eq!(
+            get(&format!("{url}/checkpoint/{ORIGIN}")).await,
+            (200, body)
+        );
         assert_eq!(
             std::fs::read(state_dir.join("witness-state.json")).unwrap(),
             state
@@ -335,7 +344,10 @@ mod tests {
             "x".repeat(MAX_ORIGIN_BYTES + 1)
         ))
         .await;
-        assert_eq!((status, body.as_str()), (400, "origin: at most 1024 bytes\n"));
+        assert_eq!(
+            (status, body.as_str()),
+            (400, "origin: at most 1024 bytes\n")
+        );
         stop.cancel();
     }
 

@@ -742,7 +742,7 @@ async fn what_came_after_a_kept_checkpoint_is_read_event_by_event() {
     let newest = checkpointed(&app, app.audit_rows().await as u64, 0)
         .await
         .size as i64;
-    let verify = || proofs::verify_from(&app.db, kept.note.as_bytes(), &keys, None);
+    let verify = || proofs::verify_from(&app.db, kept.note.as_bytes(), &keys, None, &[]);
     let report = verify().await.unwrap();
     assert_eq!(report.problem, None, "{report:?}");
     assert_eq!(report.verified as i64, newest - n, "{report:?}");

@@ -690,7 +690,7 @@ async fn run_backend(label: &str, prefix: &str, url: &str, events: u64, seed: bo
     let mut runs = Vec::new();
     for _ in 0..5 {
         let t0 = Instant::now();
-        let r = audit::proofs::verify_from(&db, &kept, &keys, None)
+        let r = audit::proofs::verify_from(&db, &kept, &keys, None, &[])
             .await
             .expect("verify --checkpoint");
         runs.push(t0.elapsed());

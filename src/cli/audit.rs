@@ -18,9 +18,10 @@ use crate::server::audit::{self, AuditFilter, AuditParams};
 pub enum AuditCommand {
     /// Walk the whole hash chain; lists the broken events (the first 20, and how many) and
     /// exits 1 if there is any. With --checkpoint, verify only what is new since a checkpoint
-    /// you kept, and with --witness-key that the witnesses cosigned the newest one.
+    /// you kept, with --witness-key that the witnesses cosigned the newest one, and with
+    /// --witness-url that the log holds what each witness cosigned last.
     #[command(
-        after_help = "Example: emisar audit verify --checkpoint kept-checkpoint.txt --log-key emisar.example.com/audit+9c1d5e2a+AXyT... --witness-key witness-a.example.org/w1+5b2e7c1d+BNq... --witness-key witness.partner.example.net/w+0f3a9e44+BLk... --witness-quorum 2 --database postgres://emisar@db/emisar"
+        after_help = "Example: emisar audit verify --checkpoint kept-checkpoint.txt --log-key emisar.example.com/audit+9c1d5e2a+AXyT... --witness-key witness-a.example.org/w1+5b2e7c1d+BNq... --witness-key witness.partner.example.net/w+0f3a9e44+BLk... --witness-quorum 2 --witness-url https://witness-a.example.org:7380 --witness-url https://witness.partner.example.net:7380 --database postgres://emisar@db/emisar"
     )]
     Verify {
         /// Start at the first event at or after this RFC 3339 time, e.g.
@@ -48,13 +49,28 @@ pub enum AuditCommand {
         /// witness keygen` printed it and emisar.toml's `[[transparency.witnesses]] key` names
         /// it), or a file holding it; once per witness. With it, the newest stored checkpoint
         /// must be cosigned by --witness-quorum of them, or verify fails: the log key alone
-        /// signs whatever the database holds, even a log truncated and grown again.
+        /// signs whatever the database holds, even a log truncated and grown again. Refused:
+        /// the log's own key (also re-encoded as a cosignature key), one key given twice.
         #[arg(long = "witness-key", value_name = "KEY", requires = "checkpoint")]
         witness_key: Vec<String>,
         /// How many of the --witness-key witnesses must have cosigned the newest stored
         /// checkpoint, e.g. 2 (default: all of them).
         #[arg(long, value_name = "N", requires = "witness_key")]
         witness_quorum: Option<usize>,
+        /// A witness to ask for the latest checkpoint it cosigned (`GET
+        /// URL/checkpoint/<origin>` of `emisar witness`), e.g. https://witness-a.example.org:7380;
+        /// once per witness, asked before the log is read. Its answer must be signed by
+        /// --log-key and cosigned by one --witness-key, which pairs the two by the
+        /// cosignature's key name (in any order, for any of the witnesses). Verify fails when
+        /// the log holds fewer events than the witness cosigned (truncated) or another tree at
+        /// that size (a fork), even if every checkpoint above yours was deleted.
+        #[arg(
+            long = "witness-url",
+            value_name = "URL",
+            requires = "witness_key",
+            value_parser = witness_url
+        )]
+        witness_url: Vec<String>,
         /// The report as one JSON object instead of text.
         #[arg(long)]
         json: bool,
@@ -322,6 +338,7 @@ pub async fn run(command: AuditCommand) -> anyhow::Result<i32> {
             log_key,
             witness_key,
             witness_quorum,
+            witness_url,
             json,
             db,
             server,
@@ -331,7 +348,8 @@ pub async fn run(command: AuditCommand) -> anyhow::Result<i32> {
                 None => None,
                 Some(path) => Some(Kept {
                     path,
-                    witnesses: witness_quorum_of(&witness_key, witness_quorum)?,
+                    witnesses: witness_quorum_of(log_key.as_deref(), &witness_key, witness_quorum)?,
+                    urls: witness_url,
                 }),
             };
             verify(since, from_seq, kept, log_key, json, db, server).await
@@ -414,27 +432,99 @@ pub async fn run(command: AuditCommand) -> anyhow::Result<i32> {
     }
 }
 
-/// `audit verify --checkpoint`: the kept checkpoint's file and the witnesses to hold the
-/// newest stored one to.
+/// `audit verify --checkpoint`: the kept checkpoint's file, the witnesses to hold the newest
+/// stored one to, and those to ask what they cosigned last.
 struct Kept {
     path: PathBuf,
     witnesses: Option<audit::proofs::WitnessQuorum>,
+    urls: Vec<String>,
 }
 
-/// `--witness-key` (each a key or a file holding one) and `--witness-quorum`, checked before
-/// the database is opened; `None` when no key was given.
+/// `--witness-url`: a witness's base URL with its scheme.
+fn witness_url(value: &str) -> Result<String, String> {
+    match reqwest::Url::parse(value) {
+        Ok(url) if matches!(url.scheme(), "http" | "https") && url.host_str().is_some() => {
+            Ok(value.trim_end_matches('/').to_owned())
+        }
+        _ => Err(
+            "must be the witness's base URL with its scheme, e.g. https://witness-a.example.org:7380"
+                .into(),
+        ),
+    }
+}
+
+/// The characters of an origin sent as they are in `GET /checkpoint/<origin>`: RFC 3986's
+/// unreserved ones; every other byte, `/` included, is percent-encoded.
+const ORIGIN_SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// Each `--witness-url` witness's latest cosigned checkpoint of `origin`, each answer read up
+/// to a limit, with a timeout; a witness that cannot answer is an error naming its URL (verify
+/// then says nothing about the log).
+async fn ask_witnesses(
+    urls: &[String],
+    origin: &str,
+) -> anyhow::Result<Vec<audit::proofs::WitnessAnswer>> {
+    use crate::server::oidc::fetch;
+    let http = fetch::client(std::time::Duration::from_secs(10));
+    let path = percent_encoding::utf8_percent_encode(origin, ORIGIN_SEGMENT);
+    let mut answers = Vec::new();
+    for url in urls {
+        let at = format!("{url}/checkpoint/{path}");
+        let res = http.get(&at).send().await.map_err(|e| {
+            anyhow::anyhow!(
+                "--witness-url {url}: failed to ask the witness ({at}): {}",
+                crate::util::error_chain(&e)
+            )
+        })?;
+        let status = res.status();
+        if !status.is_success() {
+            let body = fetch::read_limited(&at, res, 4096)
+                .await
+                .unwrap_or_default();
+            anyhow::bail!(
+                "--witness-url {url}: {at} answered HTTP {}: {}{}",
+                status.as_u16(),
+                fetch::excerpt(&body),
+                if status == reqwest::StatusCode::NOT_FOUND {
+                    " (the witness does not witness this log, has cosigned none of it yet, or is no emisar witness)"
+                } else {
+                    ""
+                }
+            );
+        }
+        let body = fetch::read_limited(&at, res, audit::proofs::MAX_WITNESS_ANSWER_BYTES)
+            .await
+            .map_err(|e| anyhow::anyhow!("--witness-url {url}: {e}"))?;
+        answers.push(audit::proofs::WitnessAnswer {
+            url: url.clone(),
+            body,
+        });
+    }
+    Ok(answers)
+}
+
+/// `--witness-key` (each a key or a file holding one) and `--witness-quorum`, checked against
+/// `--log-key` before the database is opened; `None` when no key was given.
 fn witness_quorum_of(
+    log_key: Option<&str>,
     keys: &[String],
     quorum: Option<usize>,
 ) -> anyhow::Result<Option<audit::proofs::WitnessQuorum>> {
     if keys.is_empty() {
         return Ok(None);
     }
+    // Parsed first, so that a bad --log-key is named as such.
+    log_keys(log_key)?;
+    let log_key = key_text(log_key.unwrap_or_default(), "--log-key")?;
     let texts = keys
         .iter()
         .map(|k| key_text(k, "--witness-key"))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    audit::proofs::WitnessQuorum::new(&texts, quorum)
+    audit::proofs::WitnessQuorum::new(&log_key, &texts, quorum)
         .map(Some)
         .map_err(anyhow::Error::msg)
 }
@@ -457,11 +547,24 @@ async fn verify(
         return Ok(2);
     }
     let db = db.connect().await?;
-    if let Some(Kept { path, witnesses }) = checkpoint {
+    if let Some(Kept {
+        path,
+        witnesses,
+        urls,
+    }) = checkpoint
+    {
         let keys = log_keys(log_key.as_deref())?;
         let kept =
             std::fs::read(&path).with_context(|| format!("--checkpoint {}", path.display()))?;
-        let report = audit::proofs::verify_from(&db, &kept, &keys, witnesses.as_ref()).await?;
+        let answers = if urls.is_empty() {
+            Vec::new()
+        } else {
+            let (_, cp) = crate::tlog::checkpoint::parse(&kept)
+                .map_err(|e| anyhow::anyhow!("--checkpoint {}: {e}", path.display()))?;
+            ask_witnesses(&urls, cp.origin()).await?
+        };
+        let report =
+            audit::proofs::verify_from(&db, &kept, &keys, witnesses.as_ref(), &answers).await?;
         if json {
             println!("{}", serde_json::to_string(&report)?);
         } else {

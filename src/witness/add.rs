@@ -6,8 +6,12 @@
 //! `old` not the size last cosigned (0 if never) → 409 with that size; a root that is not the
 //! empty tree's at size 0, a different root at the same size, or a consistency proof that
 //! does not prove the new tree extends the last one → 422 (a split view or a rewrite: logged
-//! loudly as evidence); otherwise the new state is written to disk, then the cosignature is
-//! returned.
+//! loudly as evidence); otherwise the new state, with the cosignature, is written to disk,
+//! then the cosignature is returned.
+//!
+//! `GET /checkpoint/<origin>` ([`Witness::latest`]) reads that state back: the latest
+//! checkpoint cosigned for an origin with the cosignature `add-checkpoint` returned, so an
+//! auditor can ask each witness how far it saw the log go (issue 45).
 //!
 //! *Invariant:* one lock is held from reading the last cosigned size to the durable write of
 //! the new one, so two concurrent requests can never both extend the same old tree, and no
@@ -15,6 +19,7 @@
 
 use std::collections::BTreeMap;
 
+use signed_note::{Note, Signature, Signer as _};
 use tokio::sync::Mutex;
 
 use super::state::{Cosigned, State, StateFile};
@@ -42,6 +47,19 @@ pub enum Answer {
     /// 422: the checkpoint does not extend the last cosigned one (split view, rewrite).
     Inconsistent(String),
     /// 500: the new state could not be made durable; nothing was cosigned.
+    Internal,
+}
+
+/// What `GET /checkpoint/<origin>` answers.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Latest {
+    /// 200: the signed checkpoint with this witness's cosignature.
+    Cosigned(Vec<u8>),
+    /// 404: this witness does not witness that origin.
+    UnknownLog,
+    /// 404: it witnesses that origin but has cosigned no checkpoint of it yet.
+    NoneYet,
+    /// 500: the stored checkpoint could not be served.
     Internal,
 }
 
@@ -194,6 +212,14 @@ impl Witness {
             return Answer::Inconsistent(reason);
         }
 
+        // Cosigned now, kept with the state, and sent only once that state is on disk.
+        let lines = match self.cosign(&note) {
+            Ok(lines) => lines,
+            Err(e) => {
+                tracing::error!(error = %e, "failed to cosign");
+                return Answer::Internal;
+            }
+        };
         let mut next = state.clone();
         next.logs.insert(
             cp.origin().to_owned(),
@@ -201,6 +227,7 @@ impl Witness {
                 size: cp.size(),
                 root: *cp.hash(),
                 checkpoint: String::from_utf8_lossy(request.checkpoint).into_owned(),
+                cosignature: Some(lines.clone()),
             },
         );
         let file = self.file.clone();
@@ -219,25 +246,82 @@ impl Witness {
         }
         *state = next;
         drop(state);
-
-        let mut cosigned = match signed_note::Note::new(note.text(), &[]) {
-            Ok(n) => n,
-            Err(_) => return Answer::Internal,
-        };
-        if let Err(e) = cosigned.add_sigs(&[&self.cosigner]) {
-            tracing::error!(error = %e, "failed to cosign");
-            return Answer::Internal;
-        }
-        let bytes = cosigned.to_bytes();
-        // The note is text, a blank line, then the signature lines; the answer is those lines.
-        let lines = bytes[note.text().len() + 1..].to_vec();
         tracing::info!(
             origin = cp.origin(),
             old = last_size,
             size = cp.size(),
             "checkpoint cosigned"
         );
-        Answer::Cosigned(lines)
+        Answer::Cosigned(lines.into_bytes())
+    }
+
+    /// This witness's cosignature line(s) over `note`'s text.
+    fn cosign(&self, note: &Note) -> Result<String, String> {
+        let mut cosigned = Note::new(note.text(), &[]).map_err(|e| e.to_string())?;
+        cosigned
+            .add_sigs(&[&self.cosigner])
+            .map_err(|e| e.to_string())?;
+        let bytes = cosigned.to_bytes();
+        // The note is text, a blank line, then the signature lines; the answer is those lines.
+        String::from_utf8(bytes[note.text().len() + 1..].to_vec()).map_err(|e| e.to_string())
+    }
+
+    /// `GET /checkpoint/<origin>`: the latest checkpoint this witness cosigned for `origin`,
+    /// with the log's signature and this witness's cosignature as `add-checkpoint` returned
+    /// it. Reads the state only.
+    pub async fn latest(&self, origin: &str) -> Latest {
+        if !self.logs.contains_key(origin) {
+            return Latest::UnknownLog;
+        }
+        let Some(cosigned) = self.state.lock().await.logs.get(origin).cloned() else {
+            return Latest::NoneYet;
+        };
+        match self.served(&cosigned) {
+            Ok(note) => Latest::Cosigned(note),
+            Err(e) => {
+                tracing::error!(origin, error = %e, "failed to serve the latest cosigned checkpoint");
+                Latest::Internal
+            }
+        }
+    }
+
+    /// The stored checkpoint with its signature lines as received, except any line by this
+    /// witness's own key (a submitter may add anything), then this witness's cosignature.
+    fn served(&self, c: &Cosigned) -> Result<Vec<u8>, String> {
+        let (text, sigs) = c
+            .checkpoint
+            .rsplit_once("\n\n")
+            .ok_or("the stored checkpoint is not a signed note")?;
+        let own = (self.cosigner.name(), self.cosigner.key_id());
+        let parse = |line: &str| {
+            Signature::from_bytes(line.as_bytes())
+                .map_err(|e| format!("a stored signature line: {e}"))
+        };
+        let mut kept = Vec::new();
+        for line in sigs.lines() {
+            let sig = parse(line)?;
+            if (sig.name(), sig.id()) != own {
+                kept.push(sig);
+            }
+        }
+        let text = format!("{text}\n");
+        match &c.cosignature {
+            Some(lines) => {
+                for line in lines.lines() {
+                    kept.push(parse(line)?);
+                }
+                let note = Note::new(text.as_bytes(), &kept).map_err(|e| e.to_string())?;
+                Ok(note.to_bytes())
+            }
+            None => {
+                // A state from before the cosignature was kept: cosigned now, over the
+                // checkpoint it cosigned then.
+                let mut note = Note::new(text.as_bytes(), &kept).map_err(|e| e.to_string())?;
+                note.add_sigs(&[&self.cosigner])
+                    .map_err(|e| e.to_string())?;
+                Ok(note.to_bytes())
+            }
+        }
     }
 }
 

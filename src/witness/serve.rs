@@ -1,6 +1,6 @@
 //! `emisar witness`: load witness.toml, the key and the state, bind, serve `POST
-//! /add-checkpoint` over HTTPS (or plain HTTP when the config says so) until stopped; and
-//! `emisar witness keygen`.
+//! /add-checkpoint` and `GET /checkpoint/<origin>` over HTTPS (or plain HTTP when the config
+//! says so) until stopped; and `emisar witness keygen`.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -9,14 +9,15 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::rejection::PathRejection;
+use axum::extract::{DefaultBodyLimit, Path as UrlPath, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use super::add::{Answer, Log, Witness};
+use super::add::{Answer, Latest, Log, Witness};
 use super::config::WitnessConfig;
 use super::state::StateFile;
 use crate::tlog::keys::{NoteKey, Verifiers};
@@ -99,7 +100,7 @@ impl WitnessServer {
         tracing::info!(
             addr = %self.local_addr(),
             key = %self.verifier_key,
-            "witness listening at {scheme}://…/add-checkpoint"
+            "witness listening at {scheme}://…/add-checkpoint (and GET …/checkpoint/<origin>)"
         );
         match self.tls {
             Some(tls) => {
@@ -125,23 +126,77 @@ impl WitnessServer {
     }
 }
 
-/// The witness's routes: `POST /add-checkpoint` (tlog-witness), nothing else.
+/// The longest origin `GET /checkpoint/<origin>` looks up (a note key name is at most 256
+/// bytes; an origin is one line of a checkpoint that fits the body limit).
+pub const MAX_ORIGIN_BYTES: usize = 1024;
+
+/// The witness's routes: `POST /add-checkpoint` (tlog-witness) and `GET
+/// /checkpoint/<origin>` (the latest checkpoint it cosigned for that log), nothing else.
 pub fn router(witness: Arc<Witness>) -> Router {
     Router::new()
         .route("/add-checkpoint", post(add_checkpoint))
+        .route("/checkpoint/{*origin}", get(latest_checkpoint))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(witness)
 }
 
-async fn add_checkpoint(State(witness): State<Arc<Witness>>, body: axum::body::Bytes) -> Response {
-    let text = |status: StatusCode, body: String| {
-        (
-            status,
-            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-            body,
-        )
-            .into_response()
+fn text(status: StatusCode, body: String) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        body,
+    )
+        .into_response()
+}
+
+/// `GET /checkpoint/<origin>`, the origin percent-encoded as one path segment (`/` as `%2F`;
+/// an unencoded `/` is read the same): the latest checkpoint this witness cosigned for that
+/// log, as a signed note with the log's signature and this witness's cosignature line; 404
+/// for an origin it does not witness or has cosigned nothing of yet. Changes nothing.
+async fn latest_checkpoint(
+    State(witness): State<Arc<Witness>>,
+    origin: Result<UrlPath<String>, PathRejection>,
+) -> Response {
+    let origin = match origin {
+        Ok(UrlPath(origin)) => origin,
+        Err(e) => {
+            return text(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "origin: the path is /checkpoint/<origin>, the origin percent-encoded UTF-8 ({e})\n"
+                ),
+            );
+        }
     };
+    if origin.len() > MAX_ORIGIN_BYTES {
+        return text(
+            StatusCode::BAD_REQUEST,
+            format!("origin: at most {MAX_ORIGIN_BYTES} bytes\n"),
+        );
+    }
+    match witness.latest(&origin).await {
+        Latest::Cosigned(note) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+            note,
+        )
+            .into_response(),
+        Latest::UnknownLog => text(
+            StatusCode::NOT_FOUND,
+            format!("unknown log origin {origin:?}: this witness does not witness it\n"),
+        ),
+        Latest::NoneYet => text(
+            StatusCode::NOT_FOUND,
+            format!("this witness has cosigned no checkpoint of {origin:?} yet\n"),
+        ),
+        Latest::Internal => text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the witness could not read back the checkpoint it cosigned\n".into(),
+        ),
+    }
+}
+
+async fn add_checkpoint(State(witness): State<Arc<Witness>>, body: axum::body::Bytes) -> Response {
     match witness.add_checkpoint(&body).await {
         Answer::Cosigned(lines) => (
             StatusCode::OK,
@@ -163,5 +218,169 @@ async fn add_checkpoint(State(witness): State<Arc<Witness>>, body: axum::body::B
             StatusCode::INTERNAL_SERVER_ERROR,
             "the witness could not record the checkpoint; nothing was cosigned\n".into(),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tlog::checkpoint;
+    use crate::tlog::keys::NoteKey;
+    use crate::tlog::tree::MemoryTree;
+
+    const ORIGIN: &str = "log.example/audit";
+
+    /// A witness of `ORIGIN` over `state_dir`, served on loopback: its URL, its key.
+    async fn serve(log: &NoteKey, state_dir: &Path) -> (String, NoteKey, CancellationToken) {
+        let key = NoteKey::from_seed("witness.example/w1", [7; 32]).unwrap();
+        let logs = BTreeMap::from([(
+            ORIGIN.to_owned(),
+            Log {
+                keys: Verifiers::parse([log.verifier_key().as_str()]).unwrap(),
+            },
+        )]);
+        let witness =
+            Witness::new(key.cosigner(), logs, StateFile::open(state_dir).unwrap()).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let stop = CancellationToken::new();
+        let shutdown = stop.clone();
+        tokio::spawn(async move {
+            axum::serve(listener, router(Arc::new(witness)))
+                .with_graceful_shutdown(shutdown.cancelled_owned())
+                .await
+        });
+        (url, key, stop)
+    }
+
+    async fn get(url: &str) -> (u16, String) {
+        let r = reqwest::get(url).await.unwrap();
+        (r.status().as_u16(), r.text().await.unwrap())
+    }
+
+    #[tokio::test]
+    async fn the_latest_cosigned_checkpoint_is_served_by_origin_and_nothing_changes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let log = NoteKey::from_seed(ORIGIN, [1; 32]).unwrap();
+        let state_dir = tmp.path().join("state");
+        let (url, key, stop) = serve(&log, &state_dir).await;
+        let latest = format!("{url}/checkpoint/log.example%2Faudit");
+
+        let (status, body) = get(&format!("{url}/checkpoint/other.example%2Flog")).await;
+        assert_eq!(
+            (status, body.as_str()),
+            (
+                404,
+                "unknown log origin \"other.example/log\": this witness does not witness it\n"
+            )
+        );
+        let (status, body) = get(&latest).await;
+        assert_eq!(
+            (status, body.as_str()),
+            (
+                404,
+                "this witness has cosigned no checkpoint of \"log.example/audit\" yet\n"
+            )
+        );
+
+        // A checkpoint of 3 leaves, submitted with a line that claims the witness's own key.
+        let mut tree = MemoryTree::default();
+        for leaf in [&b"a"[..], b"b", b"c"] {
+            tree.push(leaf);
+        }
+        let signed = checkpoint::sign(ORIGIN, 3, tree.root(), "", &log).unwrap();
+        let forged = signed_note::Signature::new(
+            key.name().to_owned(),
+            crate::tlog::cosignature::key_id(key.name(), &key.public()),
+            vec![0; 72],
+        )
+        .unwrap();
+        let submitted = [signed.as_slice(), forged.to_bytes().as_slice()].concat();
+        let http = reqwest::Client::new();
+        let added = http
+            .post(format!("{url}/add-checkpoint"))
+            .body([b"old 0\n\n".as_slice(), submitted.as_slice()].concat())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(added.status().as_u16(), 200);
+        let lines = added.text().await.unwrap();
+
+        let state = std::fs::read(state_dir.join("witness-state.json")).unwrap();
+        let (status, body) = get(&latest).await;
+        assert_eq!(status, 200, "{body}");
+        // The checkpoint as the log signed it, then the very cosignature add-checkpoint
+        // returned; the forged line is left out.
+        assert_eq!(
+            body,
+            format!("{}{lines}", String::from_utf8(signed).unwrap())
+        );
+        let (note, cp) = checkpoint::parse(body.as_bytes()).unwrap();
+        assert_eq!(
+            (cp.origin(), cp.size(), *cp.hash()),
+            (ORIGIN, 3, tree.root())
+        );
+        checkpoint::verify(
+            &note,
+            &Verifiers::parse([log.verifier_key().as_str()]).unwrap(),
+        )
+        .unwrap();
+        let trusted = vec![(
+            key.name().to_owned(),
+            Verifiers::parse([key.cosigner_key().as_str()]).unwrap(),
+        )];
+        assert_eq!(checkpoint::cosigned_by(&note, &trusted), [key.name()]);
+        // The origin unencoded reads the same; the state file did not change.
+        assert_eq!(
+            get(&format!("{url}/checkpoint/{ORIGIN}")).await,
+            (200, body)
+        );
+        assert_eq!(
+            std::fs::read(state_dir.join("witness-state.json")).unwrap(),
+            state
+        );
+        let (status, body) = get(&format!(
+            "{url}/checkpoint/{}",
+            "x".repeat(MAX_ORIGIN_BYTES + 1)
+        ))
+        .await;
+        assert_eq!(
+            (status, body.as_str()),
+            (400, "origin: at most 1024 bytes\n")
+        );
+        stop.cancel();
+    }
+
+    /// A state written before the cosignature was kept: the checkpoint is cosigned when asked.
+    #[tokio::test]
+    async fn a_state_without_the_cosignature_is_cosigned_when_asked() {
+        let tmp = tempfile::tempdir().unwrap();
+        let log = NoteKey::from_seed(ORIGIN, [1; 32]).unwrap();
+        let state_dir = tmp.path().join("state");
+        let mut tree = MemoryTree::default();
+        tree.push(b"a");
+        let signed = checkpoint::sign(ORIGIN, 1, tree.root(), "", &log).unwrap();
+        let mut state = super::super::state::State::default();
+        state.logs.insert(
+            ORIGIN.into(),
+            super::super::state::Cosigned {
+                size: 1,
+                root: tree.root(),
+                checkpoint: String::from_utf8(signed).unwrap(),
+                cosignature: None,
+            },
+        );
+        StateFile::open(&state_dir).unwrap().save(&state).unwrap();
+        let (url, key, stop) = serve(&log, &state_dir).await;
+        let (status, body) = get(&format!("{url}/checkpoint/log.example%2Faudit")).await;
+        assert_eq!(status, 200, "{body}");
+        let (note, cp) = checkpoint::parse(body.as_bytes()).unwrap();
+        assert_eq!(cp.size(), 1);
+        let trusted = vec![(
+            key.name().to_owned(),
+            Verifiers::parse([key.cosigner_key().as_str()]).unwrap(),
+        )];
+        assert_eq!(checkpoint::cosigned_by(&note, &trusted), [key.name()]);
+        stop.cancel();
     }
 }

@@ -1,5 +1,6 @@
-//! The witness's memory: for each origin, the latest checkpoint it cosigned (size, root hash
-//! and the signed note as the log sent it), in `state_dir/witness-state.json`.
+//! The witness's memory: for each origin, the latest checkpoint it cosigned (size, root hash,
+//! the signed note as the log sent it and its own cosignature line), in
+//! `state_dir/witness-state.json`.
 //!
 //! *Invariant:* the file is replaced atomically (a temporary file, synced, renamed, the
 //! directory synced) before any cosignature for the new state leaves the process, so a crash
@@ -26,6 +27,11 @@ pub struct Cosigned {
     pub root: Hash,
     /// The signed checkpoint note it cosigned, as received (evidence for auditors).
     pub checkpoint: String,
+    /// This witness's cosignature line over it (`— name base64\n`), as `add-checkpoint`
+    /// returned it; `GET /checkpoint/<origin>` serves the checkpoint with it. Absent in a
+    /// state written before it was kept: that answer is then cosigned when asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cosignature: Option<String>,
 }
 
 /// Every log's latest cosigned checkpoint, by origin.
@@ -112,10 +118,21 @@ mod tests {
                 size: 3,
                 root: record_hash(b"x"),
                 checkpoint: "note".into(),
+                cosignature: Some("— w AAAA\n".into()),
             },
         );
         file.save(&state).unwrap();
         assert_eq!(file.load().unwrap(), state);
+        // A state written before the cosignature was kept still loads.
+        std::fs::write(
+            file.path(),
+            format!(
+                "{{\"logs\":{{\"o\":{{\"size\":1,\"root\":\"{}\",\"checkpoint\":\"n\"}}}}}}",
+                record_hash(b"y")
+            ),
+        )
+        .unwrap();
+        assert_eq!(file.load().unwrap().logs["o"].cosignature, None);
         std::fs::write(file.path(), "{").unwrap();
         let e = format!("{:#}", file.load().unwrap_err());
         assert!(e.contains("restore it from a backup"), "{e}");

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use emisar::server::audit::checkpoints::{self, TransparencyConfig, WitnessEntry};
 use emisar::server::audit::tree;
 use emisar::server::audit::{AuditFilter, NewEvent, proofs};
-use emisar::tlog::keys::Verifiers;
+use emisar::tlog::keys::{NoteKey, Verifiers};
 use emisar::tlog::tree::{MemoryTree, SubtreeHashes, verify_consistency, verify_inclusion};
 
 use crate::harness::Backend;
@@ -742,7 +742,7 @@ async fn what_came_after_a_kept_checkpoint_is_read_event_by_event() {
     let newest = checkpointed(&app, app.audit_rows().await as u64, 0)
         .await
         .size as i64;
-    let verify = || proofs::verify_from(&app.db, kept.note.as_bytes(), &keys, None);
+    let verify = || proofs::verify_from(&app.db, kept.note.as_bytes(), &keys, None, &[]);
     let report = verify().await.unwrap();
     assert_eq!(report.problem, None, "{report:?}");
     assert_eq!(report.verified as i64, newest - n, "{report:?}");
@@ -1061,14 +1061,16 @@ async fn a_runner_that_requires_witnessed_approvals_runs_only_what_the_quorum_co
     assert_eq!(restarts(&lab.record), 1);
 }
 
-/// A log witnessed by one real `emisar witness`, as the auditor of issue 45 found it: a
-/// cosigned checkpoint of `kept` events kept in `kept_file`, then more events (an approved
-/// write, say), all of them cosigned up to `witnessed`, whose checkpoint is in
-/// `witnessed_file`.
+/// A log witnessed by real `emisar witness` processes (one, or more with `more`), as the
+/// auditor of issue 45 found it: a checkpoint of `kept` events cosigned by all of them kept in
+/// `kept_file`, then more events (an approved write, say), all of them cosigned up to
+/// `witnessed`, whose checkpoint is in `witnessed_file`.
 struct Witnessed {
     dir: tempfile::TempDir,
     app: TestApp,
     w: Witness,
+    /// The witnesses after `w` (w2, …), when there are more.
+    more: Vec<Witness>,
     config: TransparencyConfig,
     log_vkey: String,
     kept: u64,
@@ -1079,12 +1081,17 @@ struct Witnessed {
 
 /// The newest cosigned checkpoint, through the CLI as an auditor keeps it, written to
 /// `dir/name`: its size and the file.
-async fn keep_checkpoint(app: &TestApp, dir: &Path, name: &str) -> (u64, std::path::PathBuf) {
+async fn keep_checkpoint(
+    app: &TestApp,
+    dir: &Path,
+    name: &str,
+    cosigned: usize,
+) -> (u64, std::path::PathBuf) {
     let out = run(&[
         "audit",
         "checkpoint",
         "--cosigned-by",
-        "1",
+        &cosigned.to_string(),
         "--database",
         &app.database_url,
     ])
@@ -1097,12 +1104,12 @@ async fn keep_checkpoint(app: &TestApp, dir: &Path, name: &str) -> (u64, std::pa
     (size, file)
 }
 
-/// Waits until the witness has cosigned every event the log holds.
-async fn all_witnessed(app: &TestApp) {
+/// Waits until `cosigned` witnesses have cosigned every event the log holds.
+async fn all_witnessed(app: &TestApp, cosigned: usize) {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let rows = app.audit_rows().await as u64;
-        let cp = checkpointed(app, rows, 1).await;
+        let cp = checkpointed(app, rows, cosigned).await;
         if cp.size == app.audit_rows().await as u64 {
             return;
         }
@@ -1111,19 +1118,31 @@ async fn all_witnessed(app: &TestApp) {
 }
 
 async fn witnessed_log() -> Witnessed {
+    witnessed_log_by(1).await
+}
+
+/// [`witnessed_log`] with `count` witnesses (w1, w2, …), every checkpoint cosigned by all.
+async fn witnessed_log_by(count: usize) -> Witnessed {
     let dir = tempfile::tempdir().unwrap();
     let log_key = dir.path().join("log.key");
     let log_vkey = checkpoints::log_keygen(ORIGIN, &log_key).unwrap();
-    let w = witness(dir.path(), "w1", &log_vkey).await;
+    let mut more = Vec::new();
+    for i in 1..=count {
+        more.push(witness(dir.path(), &format!("w{i}"), &log_vkey).await);
+    }
+    let w = more.remove(0);
     let config = TransparencyConfig {
         log_key_file: log_key,
         checkpoint_interval_ms: 50,
         checkpoint_every_events: 1,
-        witnesses: vec![WitnessEntry {
-            url: w.url.clone(),
-            key: w.vkey.clone(),
-        }],
-        witness_quorum: Some(1),
+        witnesses: std::iter::once(&w)
+            .chain(&more)
+            .map(|w| WitnessEntry {
+                url: w.url.clone(),
+                key: w.vkey.clone(),
+            })
+            .collect(),
+        witness_quorum: Some(count),
     };
     let app = spawn_app(
         Backend::Postgres,
@@ -1136,20 +1155,22 @@ async fn witnessed_log() -> Witnessed {
     .await;
     for i in 0..10 {
         app.audit.append(event(i)).await.unwrap();
-        all_witnessed(&app).await;
+        all_witnessed(&app, count).await;
     }
-    let (kept, kept_file) = keep_checkpoint(&app, dir.path(), "kept.txt").await;
+    let (kept, kept_file) = keep_checkpoint(&app, dir.path(), "kept.txt", count).await;
     // The approved write and what followed it, each event witnessed.
     for i in 10..16 {
         app.audit.append(event(i)).await.unwrap();
-        all_witnessed(&app).await;
+        all_witnessed(&app, count).await;
     }
-    let (witnessed, witnessed_file) = keep_checkpoint(&app, dir.path(), "witnessed.txt").await;
+    let (witnessed, witnessed_file) =
+        keep_checkpoint(&app, dir.path(), "witnessed.txt", count).await;
     assert!(witnessed >= kept + 6, "{kept} then {witnessed}");
     Witnessed {
         dir,
         app,
         w,
+        more,
         config,
         log_vkey,
         kept,
@@ -1417,6 +1438,271 @@ async fn a_truncated_log_fails_verify_and_the_checkpointer_raises_the_alarm_at_o
     let out = t.verify(&t.witnessed_file, false).await;
     assert_eq!(out.0, 1, "{}{}", out.1, out.2);
     assert!(out.1.contains("truncated"), "{}", out.1);
+}
+
+/// What witness `w` answers to `GET /checkpoint/<origin>` for this log: the status and body.
+async fn witness_latest(w: &Witness) -> (u16, String) {
+    let r = reqwest::get(format!("{}/checkpoint/emisar.test%2Faudit", w.url))
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+/// FINDING F1 (issue 45), as the red team ran it: two witnesses cosigned every checkpoint up
+/// to `witnessed`; the auditor kept the one of `kept` events. The insider stops the server,
+/// deletes as a database superuser everything above `kept` (events, tree nodes, checkpoints,
+/// cosignatures), starts a server on the same database without `[transparency]` and lets the
+/// log grow again. No checkpoint is made, so the newest stored one is the kept one, cosigned
+/// by both: `audit verify --witness-key … --witness-quorum 2` passes. With `--witness-url`
+/// each witness is asked what it cosigned last, and verify fails naming the truncation, and
+/// once the log grows past that size with other events, the fork.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_truncated_while_no_checkpointer_runs_fails_verify_against_what_the_witnesses_cosigned()
+ {
+    let mut t = witnessed_log_by(2).await;
+    let (kept, witnessed) = (t.kept, t.witnessed);
+    let (w1, w2) = (&t.w, &t.more[0]);
+    let (status, latest) = witness_latest(w1).await;
+    assert_eq!(status, 200, "{latest}");
+    let witness_size: u64 = latest.lines().nth(1).unwrap().parse().unwrap();
+    assert!(witness_size >= witnessed, "{latest}");
+    assert!(latest.contains("\n— witness.test/w1 "), "{latest}");
+    assert_eq!(witness_latest(w2).await.0, 200);
+
+    let kept_file = t.kept_file.to_str().unwrap().to_owned();
+    let (w1_key, w2_key, w1_url, w2_url) = (
+        w1.vkey.clone(),
+        w2.vkey.clone(),
+        w1.url.clone(),
+        w2.url.clone(),
+    );
+    let verify = |database: String, urls: Vec<String>| {
+        let mut args = vec![
+            "audit".to_owned(),
+            "verify".into(),
+            "--checkpoint".into(),
+            kept_file.clone(),
+            "--log-key".into(),
+            t.log_vkey.clone(),
+            "--witness-key".into(),
+            w1_key.clone(),
+            "--witness-key".into(),
+            w2_key.clone(),
+            "--witness-quorum".into(),
+            "2".into(),
+            "--database".into(),
+            database,
+        ];
+        for url in urls {
+            args.extend(["--witness-url".into(), url]);
+        }
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            run(&args).await
+        }
+    };
+    let both = vec![w2_url.clone(), w1_url.clone()];
+    let database = t.app.database_url.clone();
+
+    // Before: each witness's latest is in the log, paired with its key by name, in any order.
+    let out = verify(database.clone(), both.clone()).await;
+    assert_eq!(out.0, 0, "{}{}", out.1, out.2);
+    assert!(
+        out.1.contains(&format!(
+            "; cosigned by witness.test/w1, witness.test/w2 (quorum 2); the log holds the tree each witness asked cosigned last: witness.test/w2 size {witness_size} ("
+        )) && out
+            .1
+            .contains(&format!(", witness.test/w1 size {witness_size} (")),
+        "{}",
+        out.1
+    );
+    // A URL whose witness's key is not given is refused, naming the option.
+    let out = run(&[
+        "audit",
+        "verify",
+        "--checkpoint",
+        &kept_file,
+        "--log-key",
+        &t.log_vkey,
+        "--witness-key",
+        &w2_key,
+        "--witness-url",
+        &w1_url,
+        "--database",
+        &database,
+    ])
+    .await;
+    assert_eq!(out.0, 2, "{}{}", out.1, out.2);
+    assert!(
+        out.2.contains(&format!(
+            "error: --witness-url {w1_url}: its checkpoint carries no cosignature that verifies with a --witness-key (witness.test/w2)"
+        )),
+        "{}",
+        out.2
+    );
+
+    // The insider: the server stopped, everything above the kept size deleted, a server on the
+    // same database without [transparency], a few events.
+    t.app.stop().await;
+    t.truncate_to(kept);
+    let restarted = spawn_app(
+        Backend::Postgres,
+        vec![],
+        Options {
+            database_url: Some(database.clone()),
+            keys: Some((t.app.private_key.clone(), t.app.public_key.clone())),
+            ..Default::default()
+        },
+    )
+    .await;
+    let mut i = 2000;
+    while (restarted.audit_rows().await as u64) < witnessed - 2 {
+        restarted.audit.append(event(i)).await.unwrap();
+        i += 1;
+    }
+    let rows = restarted.audit_rows().await as u64;
+    assert!(
+        rows > kept && rows < witness_size,
+        "{kept} {rows} {witness_size}"
+    );
+    assert_eq!(
+        checkpoints::latest(&restarted.db, 0)
+            .await
+            .unwrap()
+            .unwrap()
+            .size,
+        kept,
+        "no checkpoint after the truncation"
+    );
+
+    // The finding: without asking the witnesses, the kept checkpoint is the newest, cosigned.
+    let out = verify(database.clone(), vec![]).await;
+    assert_eq!(out.0, 0, "{}{}", out.1, out.2);
+    assert!(
+        out.1.contains(&format!(
+            "newest signed checkpoint (size {kept}); 0 new events verified, {} appended since (chain-checked); cosigned by witness.test/w1, witness.test/w2 (quorum 2)\n",
+            rows - kept
+        )),
+        "{}",
+        out.1
+    );
+    // Asking them: both cosigned more events than the log holds.
+    let out = verify(database.clone(), both.clone()).await;
+    assert_eq!(out.0, 1, "{}{}", out.1, out.2);
+    for w in ["witness.test/w2", "witness.test/w1"] {
+        let said = format!("witness {w} cosigned size {witness_size} at ");
+        let rest = out
+            .1
+            .split(&said)
+            .nth(1)
+            .unwrap_or_else(|| panic!("{said}: {}", out.1));
+        assert!(
+            rest.split_once(", ").unwrap().1.starts_with(&format!(
+                "the log holds {rows} events: events were removed (truncated)"
+            )),
+            "{}",
+            out.1
+        );
+    }
+    assert!(
+        out.1.starts_with("FAILED: witness witness.test/w2 "),
+        "{}",
+        out.1
+    );
+    let json: serde_json::Value = {
+        let out = run(&[
+            "audit",
+            "verify",
+            "--checkpoint",
+            &kept_file,
+            "--log-key",
+            &t.log_vkey,
+            "--witness-key",
+            &w1_key,
+            "--witness-url",
+            &w1_url,
+            "--json",
+            "--database",
+            &database,
+        ])
+        .await;
+        assert_eq!(out.0, 1, "{}{}", out.1, out.2);
+        serde_json::from_str(&out.1).unwrap()
+    };
+    assert_eq!(
+        json["witness_checkpoints"][0]["size"].as_u64(),
+        Some(witness_size),
+        "{json}"
+    );
+    assert_eq!(json["witness_checkpoints"][0]["witness"], "witness.test/w1");
+
+    // Grown back past the witnesses' size with other events: a fork of what they saw.
+    while (restarted.audit_rows().await as u64) < witness_size + 2 {
+        restarted.audit.append(event(i)).await.unwrap();
+        i += 1;
+    }
+    let out = verify(database.clone(), vec![]).await;
+    assert_eq!(out.0, 0, "without the witnesses: {}{}", out.1, out.2);
+    let out = verify(database.clone(), both).await;
+    assert_eq!(out.0, 1, "{}{}", out.1, out.2);
+    assert!(
+        out.1.starts_with(&format!(
+            "FAILED: witness witness.test/w2 cosigned size {witness_size} at "
+        )) && out.1.contains(&format!(
+            "but the log's first {witness_size} events hash to "
+        )) && out
+            .1
+            .contains(": the log forked from what the witness saw (events were replaced)"),
+        "{}",
+        out.1
+    );
+}
+
+/// FINDING F2 (issue 45): `audit verify --witness-key` holds the auditor's witnesses to the rule
+/// of the server's and the runners': the log's own key, re-encoded as a cosignature/v1 key
+/// (whoever holds the log key could cosign with it), and one witness's key under a second name
+/// are refused, naming the option, before the log is read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_refuses_the_log_key_as_a_witness_key() {
+    let t = witnessed_log().await;
+    let out = t.verify(&t.kept_file, true).await;
+    assert_eq!(out.0, 0, "{}{}", out.1, out.2);
+    let log_key =
+        NoteKey::parse(&std::fs::read_to_string(&t.config.log_key_file).unwrap()).unwrap();
+    let w1_key =
+        NoteKey::parse(&std::fs::read_to_string(t.dir.path().join("w1.key")).unwrap()).unwrap();
+    let log_as_witness = log_key.cosigner_key();
+    let w1_renamed = emisar::tlog::cosignature::verifier_key("witness.test/w9", &w1_key.public());
+    for (keys, refused) in [
+        (
+            [t.w.vkey.as_str(), log_as_witness.as_str()],
+            "error: --witness-key[1]: this is the log's own key: a log cannot witness itself",
+        ),
+        (
+            [t.w.vkey.as_str(), w1_renamed.as_str()],
+            "error: --witness-key[1]: the same key as an earlier witness: each witness counts once",
+        ),
+    ] {
+        let out = run(&[
+            "audit",
+            "verify",
+            "--checkpoint",
+            t.kept_file.to_str().unwrap(),
+            "--log-key",
+            &t.log_vkey,
+            "--witness-key",
+            keys[0],
+            "--witness-key",
+            keys[1],
+            "--witness-quorum",
+            "1",
+            "--database",
+            &t.app.database_url,
+        ])
+        .await;
+        assert_eq!(out.0, 2, "{}{}", out.1, out.2);
+        assert!(out.2.contains(refused), "{}", out.2);
+    }
 }
 
 /// Issue 45's second act: the truncated log grows back past the size the witness cosigned,

@@ -24,7 +24,7 @@ use sha2::{Digest, Sha256};
 
 use crate::digest::canonical_json;
 pub use crate::protocol::audit_event::{Event, EventText};
-use crate::tlog::tree::Frontier;
+use crate::tlog::tree::{Frontier, Hash};
 
 pub const GENESIS_HASH: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 
@@ -288,8 +288,27 @@ pub(crate) struct Verifier {
     report: VerifyReport,
     prev: Option<Anchor>,
     /// With `verify --checkpoint`: the Merkle tree's right edge, grown with the leaf of each
-    /// event's recomputed hash up to a size (the newest checkpoint's).
-    tree: Option<(Frontier, u64)>,
+    /// event's recomputed hash up to a size (the newest checkpoint's, or a witness's).
+    tree: Option<Growing>,
+}
+
+/// The tree a [`Verifier::growing`] grows, and the roots it passed on the way.
+#[derive(Debug)]
+pub(crate) struct Growing {
+    pub(crate) tree: Frontier,
+    upto: u64,
+    /// The sizes whose root to keep, ascending; `next` is the first not reached yet.
+    marks: Vec<u64>,
+    next: usize,
+    /// The root at each mark reached, in the order of `marks`.
+    pub(crate) roots: Vec<(u64, Hash)>,
+}
+
+impl Growing {
+    /// The root the tree had at `size`, if `size` was a mark it reached.
+    pub(crate) fn root_at(&self, size: u64) -> Option<Hash> {
+        self.roots.iter().find(|(s, _)| *s == size).map(|(_, r)| *r)
+    }
 }
 
 impl Verifier {
@@ -303,10 +322,29 @@ impl Verifier {
 
     /// A verifier that also grows `tree` (whose size is the anchor's seq) with every event up
     /// to seq `upto`, from the hash recomputed from the event's fields: the root then commits
-    /// to what the events say, whatever hash is stored.
-    pub(crate) fn growing(anchor: Option<Anchor>, tree: Frontier, upto: u64) -> Self {
+    /// to what the events say, whatever hash is stored. The root at each size of `marks`
+    /// (above the tree's size, up to `upto`) is kept on the way.
+    pub(crate) fn growing(
+        anchor: Option<Anchor>,
+        tree: Frontier,
+        upto: u64,
+        marks: &[u64],
+    ) -> Self {
+        let mut marks: Vec<u64> = marks
+            .iter()
+            .copied()
+            .filter(|&m| m > tree.size() && m <= upto)
+            .collect();
+        marks.sort_unstable();
+        marks.dedup();
         Verifier {
-            tree: Some((tree, upto)),
+            tree: Some(Growing {
+                tree,
+                upto,
+                marks,
+                next: 0,
+                roots: Vec::new(),
+            }),
             ..Verifier::new(anchor)
         }
     }
@@ -359,11 +397,15 @@ impl Verifier {
             }
         }
         let expected: [u8; 32] = Sha256::digest(e.text).into();
-        if let Some((tree, upto)) = &mut self.tree
-            && tree.size() < *upto
-            && e.seq as u64 == tree.size() + 1
+        if let Some(g) = &mut self.tree
+            && g.tree.size() < g.upto
+            && e.seq as u64 == g.tree.size() + 1
         {
-            tree.push(crate::tlog::tree::leaf_hash(&expected));
+            g.tree.push(crate::tlog::tree::leaf_hash(&expected));
+            if g.marks.get(g.next) == Some(&g.tree.size()) {
+                g.roots.push((g.tree.size(), g.tree.root()));
+                g.next += 1;
+            }
         }
         let mut expected_hex = [0u8; 64];
         hex::encode_to_slice(expected, &mut expected_hex).expect("64 bytes hold 32 in hex");
@@ -411,8 +453,8 @@ impl Verifier {
     }
 
     /// The report, and the tree grown (see [`Verifier::growing`]).
-    pub(crate) fn finish_growing(self) -> (VerifyReport, Option<Frontier>) {
-        (self.report, self.tree.map(|(tree, _)| tree))
+    pub(crate) fn finish_growing(self) -> (VerifyReport, Option<Growing>) {
+        (self.report, self.tree)
     }
 }
 

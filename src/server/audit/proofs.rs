@@ -20,6 +20,15 @@
 //! or truncated and grown again with other events, passes steps 1 to 4; only the witnesses
 //! saw the larger tree, and they cosign nothing that does not extend it (issue 45).
 //!
+//! Nor does that catch a log cut back to the kept size while no checkpointer runs (the newest
+//! stored checkpoint is then the kept one, cosigned). So each witness the auditor names by URL
+//! (`--witness-url`) is asked for the latest checkpoint it cosigned, before the log is read
+//! (`GET /checkpoint/<origin>` of `emisar witness`): it must carry the log key's signature and
+//! the cosignature of one `--witness-key`; a size above the events the log holds fails verify
+//! (truncated), and the log's tree at that size must have the witness's root: from the events'
+//! recomputed hashes above `n` (grown with step 4), by the stored tree's consistency proof to
+//! the kept checkpoint at or below it; another root fails verify (a fork).
+//!
 //! When step 2 or 3 fails, history the auditor saw was rewritten. The whole log up to `n` is
 //! then rebuilt from its events and compared with every checkpoint the log key signed (the
 //! stored ones that still verify, and the kept one), which names the first event that differs
@@ -39,6 +48,10 @@ use crate::server::db::Db;
 use crate::tlog::checkpoint::{self, Checkpoint};
 use crate::tlog::keys::Verifiers;
 use crate::tlog::tree::{Frontier, verify_consistency, verify_inclusion};
+
+/// The most bytes of a witness's answer to `GET /checkpoint/<origin>` read: a checkpoint with
+/// its signatures is a few hundred.
+pub const MAX_WITNESS_ANSWER_BYTES: usize = 64 * 1024;
 
 /// Events read per query while verifying.
 const PAGE: i64 = 10_000;
@@ -152,15 +165,25 @@ pub struct WitnessQuorum {
 
 impl WitnessQuorum {
     /// From verifier key texts (`name+id+base64`, type 0x04 cosignature/v1, as `emisar witness
-    /// keygen` prints them) and a quorum (default: all of them). Refuses a key that is not a
-    /// witness key, a witness named twice and a quorum outside 1 to the number of keys, naming
-    /// the option.
-    pub fn new(keys: &[String], quorum: Option<usize>) -> Result<Self, String> {
+    /// keygen` prints them) and a quorum (default: all of them), for the log of `log_key`.
+    /// Refuses by the rule the server and the runners apply to theirs
+    /// ([`crate::tlog::keys::check_witnesses`]): a key that is not a witness key, the log's
+    /// own key (re-encoded as a cosignature key), one key given twice (under one name or
+    /// two), a quorum outside 1 to the number of keys; and a witness named twice. Each error
+    /// names the option.
+    pub fn new(log_key: &str, keys: &[String], quorum: Option<usize>) -> Result<Self, String> {
+        let keys: Vec<&str> = keys.iter().map(|k| k.trim()).collect();
+        let quorum = quorum.unwrap_or(keys.len());
+        crate::tlog::keys::check_witnesses(
+            log_key,
+            "--witness-key",
+            &keys,
+            quorum,
+            "--witness-quorum",
+        )
+        .map_err(|e| e.0)?;
         let mut witnesses: Vec<(String, Verifiers)> = Vec::new();
         for key in keys {
-            let key = key.trim();
-            crate::tlog::cosignature::CosignatureVerifier::from_verifier_key(key)
-                .map_err(|e| format!("--witness-key {key}: {e}"))?;
             let verifiers =
                 Verifiers::parse([key]).map_err(|e| format!("--witness-key {key}: {e}"))?;
             let name = key.split('+').next().unwrap_or_default().to_owned();
@@ -171,15 +194,106 @@ impl WitnessQuorum {
             }
             witnesses.push((name, verifiers));
         }
-        let quorum = quorum.unwrap_or(witnesses.len());
-        if quorum == 0 || quorum > witnesses.len() {
-            return Err(format!(
-                "--witness-quorum: {quorum} must be between 1 and the {} --witness-key given",
-                witnesses.len()
-            ));
-        }
         Ok(WitnessQuorum { witnesses, quorum })
     }
+}
+
+/// What a witness answered to `GET /checkpoint/<origin>` (`audit verify --witness-url`), not
+/// yet verified.
+pub struct WitnessAnswer {
+    /// The `--witness-url` it came from.
+    pub url: String,
+    pub body: Vec<u8>,
+}
+
+/// The latest checkpoint a witness cosigned, its signatures verified.
+#[derive(Debug, Clone, Serialize)]
+pub struct WitnessView {
+    /// The witness, by the name of the `--witness-key` whose cosignature verified.
+    pub witness: String,
+    pub url: String,
+    pub size: u64,
+    /// The root hash, base64.
+    pub root: String,
+    /// When the witness cosigned it (the cosignature's time, RFC 3339).
+    pub cosigned_at: Option<String>,
+    #[serde(skip)]
+    root_hash: Hash,
+}
+
+/// Verifies each witness's answer: a checkpoint of `origin`, signed by the log key (`keys`)
+/// and cosigned by exactly one of the trusted witnesses, each witness answering once. An
+/// error names the `--witness-url` and the rule; it says nothing yet about the log.
+pub fn witness_views(
+    answers: &[WitnessAnswer],
+    origin: &str,
+    keys: &Verifiers,
+    trusted: &WitnessQuorum,
+) -> Result<Vec<WitnessView>, String> {
+    let mut views: Vec<WitnessView> = Vec::new();
+    for a in answers {
+        let url = &a.url;
+        let (note, cp) = checkpoint::parse(&a.body).map_err(|e| {
+            format!("--witness-url {url}: the answer is not a signed checkpoint: {e}")
+        })?;
+        if cp.origin() != origin {
+            return Err(format!(
+                "--witness-url {url}: the witness answered with a checkpoint of {:?}, not of the log you verify ({origin:?})",
+                cp.origin()
+            ));
+        }
+        checkpoint::verify(&note, keys).map_err(|e| {
+            format!("--witness-url {url}: the checkpoint the witness cosigned is not signed by --log-key: {e}")
+        })?;
+        let names = checkpoint::cosigned_by(&note, &trusted.witnesses);
+        let witness = match names.as_slice() {
+            [one] => *one,
+            [] => {
+                return Err(format!(
+                    "--witness-url {url}: its checkpoint carries no cosignature that verifies with a --witness-key ({}): give the key of the witness at that URL",
+                    trusted
+                        .witnesses
+                        .iter()
+                        .map(|(n, _)| n.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+            }
+            several => {
+                return Err(format!(
+                    "--witness-url {url}: its checkpoint carries the cosignatures of several witnesses ({}); a witness answers with its own",
+                    several.join(", ")
+                ));
+            }
+        };
+        if let Some(earlier) = views.iter().find(|v| v.witness == witness) {
+            return Err(format!(
+                "--witness-url {url}: answered for {witness}, as --witness-url {} did: give each witness's URL once",
+                earlier.url
+            ));
+        }
+        let (_, verifiers) = trusted
+            .witnesses
+            .iter()
+            .find(|(n, _)| n == witness)
+            .expect("a name cosigned_by returned");
+        let cosigned_at = note
+            .verify(verifiers)
+            .ok()
+            .and_then(|(ok, _)| ok.first().map(|s| s.signature().to_vec()))
+            .and_then(|sig| crate::tlog::cosignature::timestamp(&sig[..]))
+            .and_then(|t| chrono::DateTime::from_timestamp(t as i64, 0))
+            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
+        views.push(WitnessView {
+            witness: witness.to_owned(),
+            url: url.clone(),
+            size: cp.size(),
+            root: cp.hash().to_string(),
+            cosigned_at,
+            root_hash: *cp.hash(),
+        });
+    }
+    Ok(views)
 }
 
 /// The outcome of verifying from a kept checkpoint.
@@ -202,26 +316,43 @@ pub struct GrowthReport {
     pub cosigned_by: Option<Vec<String>>,
     /// The quorum they were held to.
     pub witness_quorum: Option<usize>,
+    /// The latest checkpoint each `--witness-url` witness cosigned; `None` when no URL was
+    /// given.
+    pub witness_checkpoints: Option<Vec<WitnessView>>,
 }
 
 /// `audit verify --checkpoint`: see the module's documentation. `witnesses`, when given, must
-/// have cosigned the newest stored checkpoint.
+/// have cosigned the newest stored checkpoint; `answers` are the witnesses' latest cosigned
+/// checkpoints (`--witness-url`, fetched before this reads the log), which the log must hold.
 pub async fn verify_from(
     db: &Db,
     kept: &[u8],
     keys: &Verifiers,
     witnesses: Option<&WitnessQuorum>,
+    answers: &[WitnessAnswer],
 ) -> anyhow::Result<GrowthReport> {
     let (note, kept_cp) =
         checkpoint::parse(kept).map_err(|e| anyhow::anyhow!("--checkpoint: {e}"))?;
     checkpoint::verify(&note, keys).map_err(|e| anyhow::anyhow!("--checkpoint: {e}"))?;
     let (n, kept_root) = (kept_cp.size(), *kept_cp.hash());
+    let views = match (answers.is_empty(), witnesses) {
+        (true, _) => None,
+        (false, Some(trusted)) => Some(
+            witness_views(answers, kept_cp.origin(), keys, trusted).map_err(anyhow::Error::msg)?,
+        ),
+        (false, None) => anyhow::bail!(
+            "--witness-url: give the --witness-key of each witness it names, to check its cosignature"
+        ),
+    };
     let mut report = GrowthReport {
         kept_size: n,
         witness_quorum: witnesses.map(|w| w.quorum),
+        witness_checkpoints: views.clone(),
         ..Default::default()
     };
-    // 0. The log still holds every event the kept checkpoint committed to.
+    let views = views.unwrap_or_default();
+    // 0. The log still holds every event the kept checkpoint committed to, and every event a
+    // witness cosigned.
     let events = last_seq(db).await? as u64;
     if events < n {
         // No rebuild to name a first changed event: the log key signs whatever the database
@@ -230,6 +361,25 @@ pub async fn verify_from(
         report.problem = Some(format!(
             "the log has {events} events, fewer than the {n} of the kept checkpoint: truncated"
         ));
+        return Ok(report);
+    }
+    let removed: Vec<String> = views
+        .iter()
+        .filter(|v| v.size > events)
+        .map(|v| {
+            format!(
+                "witness {} cosigned size {}{}, the log holds {events} events: events were removed (truncated)",
+                v.witness,
+                v.size,
+                v.cosigned_at
+                    .as_deref()
+                    .map(|t| format!(" at {t}"))
+                    .unwrap_or_default()
+            )
+        })
+        .collect();
+    if !removed.is_empty() {
+        report.problem = Some(removed.join("; "));
         return Ok(report);
     }
     let latest = checkpoints::latest(db, 0).await?;
@@ -296,28 +446,43 @@ pub async fn verify_from(
         None
     };
     // 4. The new events, checked as `audit verify` checks them (fields → hash → link to the
-    // one before), and the leaves of their recomputed hashes make the newest root.
-    let (chain, edge) = verify::verify_growing(db, n as i64, anchor, edge, big_n).await?;
+    // one before), and the leaves of their recomputed hashes make the newest root, and the
+    // root at each size a witness cosigned above `n`.
+    let kept_edge_root = edge.root();
+    let mut marks: Vec<u64> = views.iter().map(|v| v.size).collect();
+    marks.push(big_n);
+    let upto = marks.iter().copied().max().unwrap_or(big_n);
+    let (chain, grown) = verify::verify_growing(db, n as i64, anchor, edge, upto, &marks).await?;
     if let Some(broken) = chain.broken.first() {
         report.problem = Some(format!("event seq {}: {}", broken.seq, broken.problem));
         report.first_changed = Some((broken.seq, broken.seq));
         return Ok(report);
     }
-    report.verified = edge.size() - n;
+    let root_at = |size: u64| {
+        if size == n {
+            Some(kept_edge_root)
+        } else {
+            grown.root_at(size)
+        }
+    };
+    report.verified = grown.tree.size().min(big_n) - n;
     report.unchecked_by_checkpoint = chain.checked.saturating_sub(report.verified);
-    if edge.size() != big_n {
+    if grown.tree.size() < big_n {
         report.problem = Some(format!(
             "the newest checkpoint has {big_n} events but the log only {}",
-            edge.size()
+            grown.tree.size()
         ));
-    } else if edge.root() != latest_root {
+    } else if root_at(big_n) != Some(latest_root) {
         report.problem = Some(format!(
             "events {} to {big_n} do not hash to the newest checkpoint's root",
             n + 1
         ));
         report.first_changed = Some((n as i64 + 1, big_n as i64));
+    } else if let Some(problem) = forks(db, &views, n, kept_root, root_at).await? {
+        // 5. What each witness saw is what the log holds.
+        report.problem = Some(problem);
     } else if let Some(witnesses) = witnesses {
-        // 5. The witnesses followed the log to its newest checkpoint.
+        // 6. The witnesses followed the log to its newest checkpoint.
         let (cosigned, _) = checkpoint::parse(latest.cosigned().as_bytes())?;
         let names = checkpoint::cosigned_by(&cosigned, &witnesses.witnesses);
         report.cosigned_by = Some(names.iter().map(|&n| n.to_owned()).collect());
@@ -340,6 +505,49 @@ pub async fn verify_from(
         }
     }
     Ok(report)
+}
+
+/// Whether any witness's checkpoint differs from the log's tree at its size: above `n` the
+/// root grown from the events' recomputed hashes (`root_at`), at or below it the stored tree's
+/// consistency proof from the witness's size to the kept checkpoint. One sentence per fork.
+async fn forks(
+    db: &Db,
+    views: &[WitnessView],
+    n: u64,
+    kept_root: Hash,
+    root_at: impl Fn(u64) -> Option<Hash>,
+) -> anyhow::Result<Option<String>> {
+    let mut problems = Vec::new();
+    for v in views {
+        let at = v
+            .cosigned_at
+            .as_deref()
+            .map(|t| format!(" at {t}"))
+            .unwrap_or_default();
+        if v.size > n {
+            match root_at(v.size) {
+                Some(root) if root == v.root_hash => {}
+                Some(root) => problems.push(format!(
+                    "witness {} cosigned size {}{at} with root {}, but the log's first {} events hash to {root}: the log forked from what the witness saw (events were replaced)",
+                    v.witness, v.size, v.root, v.size
+                )),
+                // The events stopped short (a gap), which the chain check reports first.
+                None => problems.push(format!(
+                    "witness {} cosigned size {}{at}, but the log's events stop short of it",
+                    v.witness, v.size
+                )),
+            }
+        } else {
+            let proof = tree::consistency_proof(db, v.size, n).await?;
+            if let Err(e) = verify_consistency(v.size, n, v.root_hash, kept_root, &proof) {
+                problems.push(format!(
+                    "witness {} cosigned size {}{at} with root {}, which the checkpoint you kept (size {n}) does not extend ({e}): a fork (the log key signed two histories) or an altered stored tree",
+                    v.witness, v.size, v.root
+                ));
+            }
+        }
+    }
+    Ok((!problems.is_empty()).then(|| problems.join("; ")))
 }
 
 /// The number of events in the log: the last one's seq (`seq` has no gaps), 0 when empty.
@@ -485,7 +693,7 @@ async fn finish_failed(
 pub(crate) fn report_text(r: &GrowthReport) -> String {
     match &r.problem {
         None => format!(
-            "ok: the log extends the checkpoint you kept (size {}) to the newest signed checkpoint (size {}); {} new events verified, {} appended since (chain-checked); {}\n",
+            "ok: the log extends the checkpoint you kept (size {}) to the newest signed checkpoint (size {}); {} new events verified, {} appended since (chain-checked); {}{}\n",
             r.kept_size,
             r.latest_size,
             r.verified,
@@ -494,6 +702,25 @@ pub(crate) fn report_text(r: &GrowthReport) -> String {
                 (Some(names), Some(quorum)) =>
                     format!("cosigned by {} (quorum {quorum})", names.join(", ")),
                 _ => "its cosignatures not checked (no --witness-key)".to_owned(),
+            },
+            match &r.witness_checkpoints {
+                Some(views) => format!(
+                    "; the log holds the tree each witness asked cosigned last: {}",
+                    views
+                        .iter()
+                        .map(|v| format!(
+                            "{} size {}{}",
+                            v.witness,
+                            v.size,
+                            v.cosigned_at
+                                .as_deref()
+                                .map(|t| format!(" ({t})"))
+                                .unwrap_or_default()
+                        ))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                None => String::new(),
             }
         ),
         Some(problem) => {
@@ -525,32 +752,135 @@ mod tests {
 
     #[test]
     fn witness_keys_and_quorum_are_checked_naming_the_option() {
+        let log_key = NoteKey::from_seed("log.example/audit", [3; 32]).unwrap();
+        let log = log_key.verifier_key();
         let w1 = witness_key("witness.example/w1", 1);
         let w2 = witness_key("witness.example/w2", 2);
         let both = [w1.clone(), w2.clone()];
-        assert_eq!(WitnessQuorum::new(&both, None).unwrap().quorum, 2);
-        assert_eq!(WitnessQuorum::new(&both, Some(1)).unwrap().quorum, 1);
-        let refused = |keys: &[String], quorum| WitnessQuorum::new(keys, quorum).err().unwrap();
+        assert_eq!(WitnessQuorum::new(&log, &both, None).unwrap().quorum, 2);
+        assert_eq!(WitnessQuorum::new(&log, &both, Some(1)).unwrap().quorum, 1);
+        let refused =
+            |keys: &[String], quorum| WitnessQuorum::new(&log, keys, quorum).err().unwrap();
         let e = refused(&both, Some(3));
         assert_eq!(
             e,
-            "--witness-quorum: 3 must be between 1 and the 2 --witness-key given"
+            "--witness-quorum: 3 must be between 1 and the 2 witness keys"
         );
         assert!(refused(&both, Some(0)).starts_with("--witness-quorum: 0 "));
         // The log's own (Ed25519 note) key is no witness key.
-        let log = NoteKey::from_seed("log.example/audit", [3; 32])
-            .unwrap()
-            .verifier_key();
         let e = refused(std::slice::from_ref(&log), None);
         assert!(
-            e.starts_with(&format!("--witness-key {log}: ")) && e.contains("0x04"),
+            e.starts_with("--witness-key[0]: ") && e.contains("0x04"),
             "{e}"
         );
-        assert!(refused(&["garbage".into()], None).starts_with("--witness-key garbage: "));
-        // One witness counts once, even under two keys.
+        // Nor is it once re-encoded as a cosignature/v1 key (FINDING F2): its holder would be
+        // its own witness.
+        let e = refused(&[w1.clone(), log_key.cosigner_key()], Some(1));
+        assert_eq!(
+            e,
+            "--witness-key[1]: this is the log's own key: a log cannot witness itself"
+        );
+        assert!(refused(&["garbage".into()], None).starts_with("--witness-key[0]: "));
+        // One witness counts once, even under two keys, and one key even under two names.
         let again = witness_key("witness.example/w1", 9);
         let e = refused(&[w1.clone(), again], None);
         assert!(e.contains("witness.example/w1 is given twice"), "{e}");
+        let renamed = witness_key("witness.example/w3", 1);
+        let e = refused(&[w1.clone(), renamed], None);
+        assert!(
+            e.starts_with("--witness-key[1]: the same key as an earlier witness"),
+            "{e}"
+        );
+    }
+
+    /// A witness's answer: `log`'s checkpoint of `origin` at `size`, cosigned by `by`.
+    fn answer(url: &str, origin: &str, size: u64, log: &NoteKey, by: &[&NoteKey]) -> WitnessAnswer {
+        let signed =
+            checkpoint::sign(origin, size, crate::tlog::tree::record_hash(b"x"), "", log).unwrap();
+        let (mut note, _) = checkpoint::parse(&signed).unwrap();
+        let cosigners: Vec<_> = by.iter().map(|k| k.cosigner()).collect();
+        let signers: Vec<&dyn signed_note::Signer> = cosigners
+            .iter()
+            .map(|c| c as &dyn signed_note::Signer)
+            .collect();
+        note.add_sigs(&signers).unwrap();
+        WitnessAnswer {
+            url: url.into(),
+            body: note.to_bytes(),
+        }
+    }
+
+    #[test]
+    fn a_witness_answer_counts_only_signed_by_the_log_and_cosigned_by_one_given_witness() {
+        let log = NoteKey::from_seed("log.example/audit", [3; 32]).unwrap();
+        let other_log = NoteKey::from_seed("log.example/audit", [4; 32]).unwrap();
+        let w1 = NoteKey::from_seed("witness.example/w1", [1; 32]).unwrap();
+        let w2 = NoteKey::from_seed("witness.example/w2", [2; 32]).unwrap();
+        let w3 = NoteKey::from_seed("witness.example/w3", [5; 32]).unwrap();
+        let keys = Verifiers::parse([log.verifier_key().as_str()]).unwrap();
+        let trusted = WitnessQuorum::new(
+            &log.verifier_key(),
+            &[w1.cosigner_key(), w2.cosigner_key()],
+            None,
+        )
+        .unwrap();
+        let origin = "log.example/audit";
+        let views = |answers: &[WitnessAnswer]| witness_views(answers, origin, &keys, &trusted);
+
+        // Paired by the cosignature's key name, in any order.
+        let ok = views(&[
+            answer("https://b", origin, 9, &log, &[&w2]),
+            answer("https://a", origin, 7, &log, &[&w1, &w3]),
+        ])
+        .unwrap();
+        assert_eq!(
+            ok.iter()
+                .map(|v| (v.witness.as_str(), v.url.as_str(), v.size))
+                .collect::<Vec<_>>(),
+            [
+                ("witness.example/w2", "https://b", 9),
+                ("witness.example/w1", "https://a", 7)
+            ]
+        );
+        assert!(ok[0].cosigned_at.as_deref().unwrap().ends_with('Z'));
+
+        let refused = |answers: &[WitnessAnswer]| views(answers).err().unwrap();
+        let e = refused(&[answer("https://a", origin, 7, &log, &[&w3])]);
+        assert_eq!(
+            e,
+            "--witness-url https://a: its checkpoint carries no cosignature that verifies with a --witness-key (witness.example/w1, witness.example/w2): give the key of the witness at that URL"
+        );
+        let e = refused(&[answer("https://a", origin, 7, &log, &[&w1, &w2])]);
+        assert!(
+            e.starts_with("--witness-url https://a: its checkpoint carries the cosignatures of several witnesses (witness.example/w1, witness.example/w2)"),
+            "{e}"
+        );
+        let e = refused(&[
+            answer("https://a", origin, 7, &log, &[&w1]),
+            answer("https://b", origin, 8, &log, &[&w1]),
+        ]);
+        assert_eq!(
+            e,
+            "--witness-url https://b: answered for witness.example/w1, as --witness-url https://a did: give each witness's URL once"
+        );
+        let e = refused(&[answer("https://a", origin, 7, &other_log, &[&w1])]);
+        assert!(
+            e.starts_with("--witness-url https://a: the checkpoint the witness cosigned is not signed by --log-key: "),
+            "{e}"
+        );
+        let e = refused(&[answer("https://a", "log.example/other", 7, &log, &[&w1])]);
+        assert_eq!(
+            e,
+            "--witness-url https://a: the witness answered with a checkpoint of \"log.example/other\", not of the log you verify (\"log.example/audit\")"
+        );
+        let e = refused(&[WitnessAnswer {
+            url: "https://a".into(),
+            body: b"<html>".to_vec(),
+        }]);
+        assert!(
+            e.starts_with("--witness-url https://a: the answer is not a signed checkpoint: "),
+            "{e}"
+        );
     }
 
     #[test]
@@ -570,6 +900,21 @@ mod tests {
         r.witness_quorum = Some(2);
         assert!(
             report_text(&r).ends_with("; cosigned by w1, w2 (quorum 2)\n"),
+            "{}",
+            report_text(&r)
+        );
+        r.witness_checkpoints = Some(vec![WitnessView {
+            witness: "w1".into(),
+            url: "https://w1".into(),
+            size: 9,
+            root: String::new(),
+            cosigned_at: Some("2026-12-01T10:00:00Z".into()),
+            root_hash: Hash::default(),
+        }]);
+        assert!(
+            report_text(&r).ends_with(
+                "; cosigned by w1, w2 (quorum 2); the log holds the tree each witness asked cosigned last: w1 size 9 (2026-12-01T10:00:00Z)\n"
+            ),
             "{}",
             report_text(&r)
         );

@@ -26,7 +26,7 @@ use sqlx::{AssertSqlSafe, Row as _};
 use tokio::sync::mpsc;
 
 use super::chain::{
-    Anchor, BrokenLink, EventText, StoredEvent, Verifier, VerifyReport, hash_v, write_at,
+    Anchor, BrokenLink, EventText, Growing, StoredEvent, Verifier, VerifyReport, hash_v, write_at,
 };
 use super::store::{PG_AT, STORED_COLUMNS};
 use crate::digest::canonical_json;
@@ -69,15 +69,17 @@ pub async fn verify(db: &Db, since: Option<i64>) -> Result<VerifyReport, sqlx::E
 /// `audit verify --checkpoint`'s walk: the events after seq `after` (the kept checkpoint's
 /// size; `anchor` is that event, `None` when it is 0), checked as [`verify`] checks them, and
 /// `tree` (the kept tree's right edge) grown with the leaves of their recomputed hashes up to
-/// seq `upto` (the newest checkpoint's size). Reading and hashing overlap as in `verify`.
+/// seq `upto` (the newest checkpoint's size, or a witness's), keeping the root at each size of
+/// `marks`. Reading and hashing overlap as in `verify`.
 pub(super) async fn verify_growing(
     db: &Db,
     after: i64,
     anchor: Option<Anchor>,
     tree: Frontier,
     upto: u64,
-) -> Result<(VerifyReport, Frontier), sqlx::Error> {
-    let verifier = Verifier::growing(anchor, tree, upto);
+    marks: &[u64],
+) -> Result<(VerifyReport, Growing), sqlx::Error> {
+    let verifier = Verifier::growing(anchor, tree, upto, marks);
     let (report, tree) = read_and_check(db, after + 1, verifier)
         .await?
         .finish_growing();

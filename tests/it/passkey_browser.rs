@@ -310,7 +310,7 @@ async fn the_portal_signs_only_what_it_shows() {
         let driver = &mut lab.driver;
         for (step, (args, statement, says)) in edits.iter().enumerate() {
             set_request(pg, &id, args, statement);
-            std::fs::write(steps.join((step + 1).to_string()), "refuse").unwrap();
+            next_step(&steps, step + 1, "refuse");
             let out = driver.expect_json("{\"step\": N, \"refused\": …}").await;
             let context = format!("step {} ({says}): {out}\n{}", step + 1, driver.transcript());
             // The page said why, before the click and at it, naming the field.
@@ -330,7 +330,7 @@ async fn the_portal_signs_only_what_it_shows() {
         // The request as it was: the page shows what is signed, the passkey signs, it counts
         // and runs.
         set_request(pg, &id, &stored, &text);
-        std::fs::write(steps.join("3"), "approve").unwrap();
+        next_step(&steps, 3, "approve");
         let out = driver.expect_json("{\"step\": 3, \"approved\": …}").await;
         let context = format!("{out}\n{}", driver.transcript());
         assert_eq!(out["approved"], id.as_str(), "{context}");
@@ -359,7 +359,7 @@ async fn the_portal_signs_only_what_it_shows() {
             counts[0].as_u64().map(|n| n + 1),
             "one signature: {context}"
         );
-        std::fs::write(steps.join("4"), "done").unwrap();
+        next_step(&steps, 4, "done");
         let status = driver.wait_exit().await;
         assert!(status.success(), "{status}\n{}", driver.transcript());
         let res = call.await.expect("the agent's call completes");
@@ -435,4 +435,12 @@ async fn no_vote(watcher: &Portal, id: &str, context: &str) {
         json!([]),
         "no vote counts: {row}\n{context}"
     );
+}
+
+/// Tells the browser driver its step `n`: written under another name and renamed, since the
+/// driver reads the file as soon as it exists (a plain write once let it read it empty).
+fn next_step(dir: &std::path::Path, n: usize, action: &str) {
+    let tmp = dir.join(format!("{n}.tmp"));
+    std::fs::write(&tmp, action).unwrap();
+    std::fs::rename(&tmp, dir.join(n.to_string())).unwrap();
 }

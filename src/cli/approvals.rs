@@ -319,18 +319,10 @@ mod tests {
     use super::*;
     use crate::digest::json_digest;
     use crate::protocol::approval::Statement;
+    use crate::protocol::approval::tests::id_at;
     use serde_json::{Value, json};
 
     const NOW: u64 = 1_796_551_200;
-
-    fn id_at(secs: u64) -> String {
-        let ms = secs * 1000;
-        format!(
-            "{:08x}-{:04x}-7000-8000-000000000001",
-            ms >> 16,
-            ms & 0xffff
-        )
-    }
 
     /// A request as `GET /api/approvals/ID` shows it: a secret param, two runners, one with a
     /// preview, and its statement.

@@ -163,11 +163,9 @@ pub fn verify(
     }
     let (note, cp) = checkpoint::parse(w.checkpoint.as_bytes()).map_err(|e| e.to_string())?;
     checkpoint::verify(&note, &trust.log).map_err(|e| format!("the log's signature: {e}"))?;
-    let cosigned: Vec<String> = trust
-        .witnesses
-        .iter()
-        .filter(|(_, keys)| checkpoint::verify(&note, keys).is_ok())
-        .map(|(name, _)| name.clone())
+    let cosigned: Vec<String> = checkpoint::cosigned_by(&note, &trust.witnesses)
+        .into_iter()
+        .map(str::to_owned)
         .collect();
     if cosigned.len() < trust.quorum {
         return Err(format!(
@@ -283,6 +281,7 @@ fn check_binding(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::approval::tests::id_at;
     use crate::tlog::checkpoint;
     use crate::tlog::keys::NoteKey;
     use crate::tlog::tree::MemoryTree;
@@ -290,16 +289,6 @@ mod tests {
 
     const ORIGIN: &str = "emisar.test/audit";
     const NOW: u64 = 1_796_551_200;
-
-    /// A UUIDv7 requested at `secs`.
-    fn id_at(secs: u64) -> String {
-        let ms = secs * 1000;
-        format!(
-            "{:08x}-{:04x}-7000-8000-000000000001",
-            ms >> 16,
-            ms & 0xffff
-        )
-    }
 
     fn utc(secs: u64) -> String {
         let days = secs / 86_400;

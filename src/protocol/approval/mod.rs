@@ -304,7 +304,7 @@ pub fn verify_quorum(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::approvers::tests::file_with;
     use super::sshsig::tests::{sign, test_key};
     use super::*;
@@ -378,6 +378,16 @@ mod tests {
         let a = two_needed();
         let e = verify_quorum(&a, "t.x", "s", &[ssh(1, "s"), ssh(2, "s")], 3).unwrap_err();
         assert!(e.contains("`required 3`"), "{e}");
+    }
+
+    /// A UUIDv7 whose time is `secs` (what [`issued_millis`] reads back), for tests.
+    pub(crate) fn id_at(secs: u64) -> String {
+        let ms = secs * 1000;
+        format!(
+            "{:08x}-{:04x}-7000-8000-000000000001",
+            ms >> 16,
+            ms & 0xffff
+        )
     }
 
     #[test]

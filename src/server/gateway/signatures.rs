@@ -175,6 +175,21 @@ impl Gateway {
         statement::signed_args(args, &secret, salt.as_deref()).map_err(|e| e.to_string())
     }
 
+    /// The hex SHA-256 a statement's `args` line and a witnessed binding carry: of
+    /// [`Gateway::signed_args`].
+    fn signed_args_digest(
+        &self,
+        approval_id: &str,
+        tool_name: &str,
+        args: &Map<String, Value>,
+    ) -> Result<String, String> {
+        Ok(json_digest(&Value::Object(self.signed_args(
+            approval_id,
+            tool_name,
+            args,
+        )?)))
+    }
+
     /// The statement people sign for a request, from what its runners will receive.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn statement_for(
@@ -193,7 +208,7 @@ impl Gateway {
             approval_id: approval_id.to_owned(),
             tool: tool.to_owned(),
             pack_sha256: pack_sha256.to_owned(),
-            args_sha256: json_digest(&Value::Object(self.signed_args(approval_id, tool, args)?)),
+            args_sha256: self.signed_args_digest(approval_id, tool, args)?,
             runners: preview_digests(runners, preview),
             required,
             policy_sha256: self.policy().digest(),
@@ -218,9 +233,7 @@ impl Gateway {
         Ok(Binding {
             tool: row.tool.clone(),
             pack_sha256: row.pack_sha256.clone(),
-            args_sha256: json_digest(&Value::Object(
-                self.signed_args(&row.id, &row.tool, &row.args)?,
-            )),
+            args_sha256: self.signed_args_digest(&row.id, &row.tool, &row.args)?,
             runners: preview_digests(&row.runners, row.preview.as_ref()),
             expires_at: expires.format("%Y-%m-%dT%H:%M:%SZ").to_string(),
         })

@@ -1090,3 +1090,76 @@ async fn the_policy_selector_narrows_the_runners_an_agent_sees(backend: Backend)
     client.cancel().await.unwrap();
 }
 both_backends!(the_policy_selector_narrows_the_runners_an_agent_sees);
+
+/// `max_targets` bounds how many runners one yes can change: a write naming more is refused
+/// before anyone is asked, with the policy line that says so; within it, people are asked.
+/// Reads are not held to it.
+async fn a_write_naming_more_runners_than_max_targets_asks_nobody(backend: Backend) {
+    let policy_dir = tempfile::tempdir().unwrap();
+    let policy = write(
+        policy_dir.path(),
+        "policy.yaml",
+        "max_targets: {default: 1, \"testkit.*\": 2}\n",
+    );
+    let app = spawn_app(
+        backend,
+        vec![
+            RunnerSpec::new("node-1"),
+            RunnerSpec::new("node-2"),
+            RunnerSpec::new("node-3"),
+        ],
+        Options {
+            packs_dir: Some(crate::mcp_calls::fixtures_dir()),
+            policy_file: Some(policy),
+            ..Default::default()
+        },
+    )
+    .await;
+    let client = app.mcp_client().await;
+    let touch = |runners: &[&str]| json!({"runners": runners, "reason": "mark the fleet", "path": "/tmp/emisar-max-targets"});
+
+    let res = call(
+        &client,
+        "testkit.touch",
+        touch(&["node-1", "node-2", "node-3"]),
+    )
+    .await;
+    assert_eq!(res.is_error, Some(true), "{res:?}");
+    let text = format!("{:?}", res.content);
+    assert!(
+        text.contains(
+            "`testkit.touch` may change at most 2 runners in one request (`max_targets.\\\"testkit.*\\\"` in the policy); this one names 3"
+        ),
+        "{text}"
+    );
+    let events = kinds_of_tool(&app, "testkit.touch").await;
+    let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
+    assert_eq!(kinds, ["tool.rejected"], "nobody was asked: {events:?}");
+
+    // Two runners: within the line, so the request waits for people.
+    let pending = call_in_background(&client, "testkit.touch", touch(&["node-1", "node-2"]));
+    eventually(
+        20,
+        "the request within max_targets waits for people",
+        || async {
+            let events = kinds_of_tool(&app, "testkit.touch").await;
+            events
+                .iter()
+                .any(|e| e.kind == "approval.requested")
+                .then_some(())
+        },
+    )
+    .await;
+    pending.abort();
+
+    // A read on all three is not a change.
+    let res = call(
+        &client,
+        "testkit.echo",
+        json!({"runners": ["node-1", "node-2", "node-3"], "reason": "r", "word": "x"}),
+    )
+    .await;
+    assert_eq!(res.is_error, Some(false), "{res:?}");
+    client.cancel().await.unwrap();
+}
+both_backends!(a_write_naming_more_runners_than_max_targets_asks_nobody);

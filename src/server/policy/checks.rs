@@ -18,6 +18,13 @@ use super::decide::most_specific;
 /// The most approvers a write may require (more would make a tool effectively unusable).
 const MAX_APPROVERS: u32 = 5;
 
+/// How many runners one write request may name when the policy does not say: enough for a
+/// small fleet's change at once, few enough that one wrong yes cannot reach a large fleet.
+pub(super) const DEFAULT_MAX_TARGETS: u32 = 10;
+
+/// The most a `max_targets` line may allow: the largest fleet emisar is measured with.
+const MAX_MAX_TARGETS: u32 = 1000;
+
 impl Pattern {
     fn parse(text: &str) -> Result<Pattern, String> {
         let name_char = |c: char| c.is_ascii_alphanumeric() || "_.@-".contains(c);
@@ -161,6 +168,25 @@ impl Policy {
             }
         }
 
+        let mut max_targets_default = DEFAULT_MAX_TARGETS;
+        let mut max_targets = Vec::new();
+        for (name, n) in raw.max_targets {
+            let path = format!("max_targets.{}", key(&name));
+            if !(1..=MAX_MAX_TARGETS).contains(&n) {
+                problems.push(format!(
+                    "`{path}`: {n} runners is out of range: it must be 1 to {MAX_MAX_TARGETS}"
+                ));
+            }
+            if name == "default" {
+                max_targets_default = n;
+                continue;
+            }
+            match Pattern::parse(&name) {
+                Ok(p) => max_targets.push((p, n)),
+                Err(e) => problems.push(format!("`{path}`: {e} (or `default`)")),
+            }
+        }
+
         let everything = || vec![Pattern::Prefix(String::new())];
         let (mut approver_may, mut admin_may) = (everything(), everything());
         for (role, rule) in raw.roles {
@@ -208,6 +234,8 @@ impl Policy {
             risk,
             approvers_default,
             approvers,
+            max_targets_default,
+            max_targets,
             approver_may,
             admin_may,
             runners: raw.runners,
@@ -300,6 +328,13 @@ impl Policy {
         for (pattern, _) in &self.approvers {
             known(
                 format!("approvers.{}", key(&pattern.to_string())),
+                pattern,
+                &mut problems,
+            );
+        }
+        for (pattern, _) in &self.max_targets {
+            known(
+                format!("max_targets.{}", key(&pattern.to_string())),
                 pattern,
                 &mut problems,
             );
@@ -397,6 +432,24 @@ mod tests {
                 Toml,
                 "[approvers]\n\"nomad.task_resources_set\" = 6\n",
                 "`approvers.\"nomad.task_resources_set\"`: 6 approvers is out of range",
+            ),
+            (
+                "max_targets below range",
+                Yaml,
+                "max_targets: {default: 0}",
+                "`max_targets.default`: 0 runners is out of range: it must be 1 to 1000",
+            ),
+            (
+                "max_targets above range",
+                Toml,
+                "[max_targets]\n\"linux.*\" = 1001\n",
+                "`max_targets.\"linux.*\"`: 1001 runners is out of range: it must be 1 to 1000",
+            ),
+            (
+                "max_targets with a bad pattern",
+                Yaml,
+                "max_targets: {\"li*ux\": 2}",
+                "`max_targets.\"li*ux\"`: `li*ux`: `*` may only end a pattern, as in `nomad.*` or `*` (or `default`)",
             ),
             (
                 "approvers negative",
@@ -504,6 +557,14 @@ mod tests {
     #[test]
     fn check_names_against_the_packs() {
         let cases: &[(&str, &str, &[&str])] = &[
+            (
+                "max_targets names an unknown tool",
+                "max_targets: {nomad.job_scal: 2, \"nope.*\": 3}",
+                &[
+                    "`max_targets.\"nomad.job_scal\"`: no loaded pack has a tool `nomad.job_scal`",
+                    "`max_targets.\"nope.*\"`: `nope.*` matches no loaded tool",
+                ],
+            ),
             (
                 "lowering high without the flag",
                 "risk: {frr.bgp_neighbor_shutdown: {risk: low}}",

@@ -118,6 +118,19 @@ impl Policy {
             .unwrap_or(self.approvers_default)
     }
 
+    /// The most runners one write of `tool` may name, and the policy line that says so.
+    fn max_targets_for(&self, tool: &str) -> (u32, String) {
+        let line = self
+            .max_targets
+            .iter()
+            .filter(|(p, _)| p.matches(tool))
+            .max_by_key(|(p, _)| p.specificity());
+        match line {
+            Some((pattern, n)) => (*n, format!("max_targets.{}", key(&pattern.to_string()))),
+            None => (self.max_targets_default, "max_targets.default".into()),
+        }
+    }
+
     fn access(&self, agent: &str) -> Access<'_> {
         let Some(agents) = &self.agents else {
             return Access::Everything;
@@ -181,8 +194,8 @@ enum Access<'a> {
 }
 
 /// The decision, in order: the agent's tools, the agent's runners, the runners' allowlists,
-/// then the effective risk (read runs; low needs approval unless `auto_approve`; high needs
-/// approval).
+/// how many runners a write may name, then the effective risk (read runs; low needs approval
+/// unless `auto_approve`; high needs approval).
 pub fn decide(policy: &Policy, req: &Request) -> Decision {
     let tool = &req.tool.name;
     let agent = &req.caller.name;
@@ -214,7 +227,17 @@ pub fn decide(policy: &Policy, req: &Request) -> Decision {
     if let Some(why) = policy.allowlist_violation(req) {
         return Decision::Deny(why);
     }
-    match policy.risk_rule(req.tool) {
+    let risk = policy.risk_rule(req.tool);
+    if risk.0 != Risk::Read {
+        let (max, line) = policy.max_targets_for(tool);
+        let named = req.runners.len();
+        if named > max as usize {
+            return Decision::Deny(format!(
+                "`{tool}` may change at most {max} runners in one request (`{line}` in the policy); this one names {named}: ask for fewer runners at a time"
+            ));
+        }
+    }
+    match risk {
         (Risk::Read, _) | (Risk::Low, true) => Decision::Allow,
         (Risk::Low | Risk::High, _) => Decision::NeedsApproval {
             approvers: policy.approvers_for(tool),
@@ -275,6 +298,20 @@ agents:
   "*":
     tools: ["consul.*"]
 "#;
+
+    const ELEVEN: &[(&str, &str)] = &[
+        ("r1", ""),
+        ("r2", ""),
+        ("r3", ""),
+        ("r4", ""),
+        ("r5", ""),
+        ("r6", ""),
+        ("r7", ""),
+        ("r8", ""),
+        ("r9", ""),
+        ("r10", ""),
+        ("r11", ""),
+    ];
 
     const ALLOWLISTS: &str = r#"
 approvers:
@@ -665,6 +702,70 @@ runners:
                 runners: &[("hvn07", "role=core")],
                 args: json!({}),
                 want: Deny("may not use `frr.bgp_summary`"),
+            },
+            Case {
+                name: "max_targets: by default a write names at most 10 runners",
+                format: Yaml,
+                policy: "",
+                tool: "linux.systemctl_restart",
+                agent: "a",
+                runners: ELEVEN,
+                args: restart("consul"),
+                want: Deny(
+                    "`linux.systemctl_restart` may change at most 10 runners in one request (`max_targets.default` in the policy); this one names 11",
+                ),
+            },
+            Case {
+                name: "max_targets: ten is within the default",
+                format: Yaml,
+                policy: "",
+                tool: "linux.systemctl_restart",
+                agent: "a",
+                runners: &ELEVEN[..10],
+                args: restart("consul"),
+                want: Approval(1),
+            },
+            Case {
+                name: "max_targets: a read is not held to it",
+                format: Yaml,
+                policy: "max_targets: {default: 1}",
+                tool: "consul.members",
+                agent: "a",
+                runners: ELEVEN,
+                args: json!({}),
+                want: Allow,
+            },
+            Case {
+                name: "max_targets: the most specific line wins",
+                format: Toml,
+                policy: "[max_targets]\ndefault = 1\n\"linux.*\" = 3\n",
+                tool: "linux.systemctl_restart",
+                agent: "a",
+                runners: &ELEVEN[..3],
+                args: restart("consul"),
+                want: Approval(1),
+            },
+            Case {
+                name: "max_targets: over the pack's line, the line is named",
+                format: Yaml,
+                policy: "max_targets: {default: 20, \"linux.*\": 3}",
+                tool: "linux.systemctl_restart",
+                agent: "a",
+                runners: &ELEVEN[..4],
+                args: restart("consul"),
+                want: Deny(
+                    "at most 3 runners in one request (`max_targets.\"linux.*\"` in the policy); this one names 4",
+                ),
+            },
+            Case {
+                name: "max_targets: a low write that runs without approval is held to it too",
+                format: Yaml,
+                policy: "max_targets: {default: 2}\nrisk: {t.low_write: {risk: low, auto_approve: true}}",
+                tool: "t.low_write",
+                agent: "a",
+                runners: &ELEVEN[..3],
+                args: json!({}),
+                want: Deny("at most 2 runners"),
             },
         ];
         for case in cases {

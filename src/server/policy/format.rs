@@ -45,6 +45,11 @@ pub(super) struct RawPolicy {
     /// `default`. The requester never counts. Default: 1.
     #[serde(default)]
     pub(super) approvers: BTreeMap<String, u32>,
+    /// The most runners one write request may name (1 to 1000), by tool, `pack.*` or
+    /// `default`; a request naming more is refused before anyone is asked. Reads are not
+    /// held to it. Default: 10.
+    #[serde(default)]
+    pub(super) max_targets: BTreeMap<String, u32>,
     /// Which tools each human role (`approver`, `admin`) may approve. Default: every tool.
     #[serde(default)]
     pub(super) roles: BTreeMap<String, RawRole>,

@@ -113,6 +113,9 @@ pub struct Policy {
     /// Approvers a write needs when no pattern in `approvers` matches it.
     approvers_default: u32,
     approvers: Vec<(Pattern, u32)>,
+    /// Runners one write request may name when no pattern in `max_targets` matches it.
+    max_targets_default: u32,
+    max_targets: Vec<(Pattern, u32)>,
     /// The tools each approving role may approve.
     approver_may: Vec<Pattern>,
     admin_may: Vec<Pattern>,

@@ -57,27 +57,53 @@ fn kind_name(kind: ConfigKind) -> &'static str {
     }
 }
 
-/// Tells a server config from a runner config by the keys only one of them has: a server's
-/// `signing_key_file` (required there), a runner's `name` (required there).
+/// Tells a server config from a runner config by its top-level keys: any key only a server
+/// config has (`signing_key_file`, `database_url`, `[[runners]]`, …) against any key only a
+/// runner config has (`name`, `[services]`, `[allowlists]`, …). Keys both have (`listen`,
+/// `[join]`, `state_dir`, …) say nothing. The two lists come from the configs' own schemas,
+/// so a key added to either config is known here at once.
 fn detect(path: &Path) -> anyhow::Result<ConfigKind> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("failed to read config {}", path.display()))?;
     let table: toml::Table =
         toml::from_str(&text).with_context(|| format!("invalid config {}", path.display()))?;
-    let server = ["signing_key_file", "runners", "database_url", "policy_file"]
-        .iter()
-        .any(|k| table.contains_key(*k));
-    let runner = ["name", "services", "allowlists", "join", "programs"]
-        .iter()
-        .any(|k| table.contains_key(*k));
-    match (server, runner) {
-        (true, false) => Ok(ConfigKind::Server),
-        (false, true) => Ok(ConfigKind::Runner),
-        _ => anyhow::bail!(
-            "{}: cannot tell a server config (signing_key_file) from a runner config (name): pass --kind server or --kind runner",
-            path.display()
+    kind_of(&table).map_err(|why| anyhow::anyhow!("{}: {why}", path.display()))
+}
+
+fn kind_of(table: &toml::Table) -> Result<ConfigKind, String> {
+    let server_keys = top_level_keys(schemars::schema_for!(ServerConfig));
+    let runner_keys = top_level_keys(schemars::schema_for!(RunnerConfig));
+    let only = |own: &[String], other: &[String]| -> Vec<String> {
+        table
+            .keys()
+            .filter(|k| own.contains(k) && !other.contains(k))
+            .map(|k| format!("`{k}`"))
+            .collect()
+    };
+    let server = only(&server_keys, &runner_keys);
+    let runner = only(&runner_keys, &server_keys);
+    match (server.is_empty(), runner.is_empty()) {
+        (false, true) => Ok(ConfigKind::Server),
+        (true, false) => Ok(ConfigKind::Runner),
+        (false, false) => Err(format!(
+            "has keys only a server config has ({}) and keys only a runner config has ({}): pass --kind server or --kind runner to have the other kind's keys named as problems",
+            server.join(", "),
+            runner.join(", ")
+        )),
+        (true, true) => Err(
+            "has no key only a server config has (such as `signing_key_file`) nor one only a runner config has (such as `name`): pass --kind server or --kind runner"
+                .into(),
         ),
     }
+}
+
+/// The top-level keys a config's JSON Schema declares.
+fn top_level_keys(schema: schemars::Schema) -> Vec<String> {
+    schema
+        .get("properties")
+        .and_then(|p| p.as_object())
+        .map(|p| p.keys().cloned().collect())
+        .unwrap_or_default()
 }
 
 /// `listen` must be `HOST:PORT` with a port number (`:0` allowed): the same text `bind` takes,
@@ -235,4 +261,48 @@ fn check_runner(path: &Path) -> Vec<String> {
         Err(e) => problems.push(format!("packs_dir: {e}")),
     }
     problems
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kind(text: &str) -> Result<ConfigKind, String> {
+        kind_of(&toml::from_str(text).unwrap())
+    }
+
+    #[test]
+    fn the_kind_comes_from_any_key_only_one_config_has() {
+        // The operator guide's server config, with the `[join]` table it tells people to add:
+        // `join` is a key of both configs, so it says nothing either way.
+        let server = "listen = \"0.0.0.0:8080\"\npublic_url = \"https://emisar.example\"\n\n[join]\nenabled = true\n";
+        assert_eq!(kind(server), Ok(ConfigKind::Server));
+        assert_eq!(
+            kind("database_url = \"postgres://e@db/emisar\"\n"),
+            Ok(ConfigKind::Server)
+        );
+        assert_eq!(
+            kind(
+                "[join]\nserver_url = \"https://emisar.example\"\n\n[allowlists]\nsystemd_units = []\n"
+            ),
+            Ok(ConfigKind::Runner)
+        );
+        assert_eq!(kind("name = \"cache-1\"\n"), Ok(ConfigKind::Runner));
+    }
+
+    #[test]
+    fn a_file_of_both_kinds_or_neither_names_what_it_found() {
+        let both = kind("name = \"cache-1\"\nsigning_key_file = \"/etc/emisar/server.key\"\n")
+            .unwrap_err();
+        assert!(
+            both.contains("keys only a server config has (`signing_key_file`)")
+                && both.contains("keys only a runner config has (`name`)"),
+            "{both}"
+        );
+        let neither = kind("listen = \"127.0.0.1:7700\"\n").unwrap_err();
+        assert!(
+            neither.contains("has no key only a server config has"),
+            "{neither}"
+        );
+    }
 }

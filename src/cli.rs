@@ -351,10 +351,21 @@ pub(crate) fn server_url(value: &str) -> Result<String, String> {
 
 /// Who the CLI acts as in the audit log.
 fn cli_actor() -> String {
-    format!(
-        "cli:{}",
-        std::env::var("USER").unwrap_or_else(|_| "unknown".into())
-    )
+    format!("cli:{}", local_user(std::env::var("USER").ok()))
+}
+
+/// The person at this terminal: `$USER` when it is set and a plain name, else the name of
+/// the process's uid in the password database (cron and containers often set no `$USER`),
+/// else `uid-N`, so the audit log always names the account that ran the command.
+fn local_user(env_user: Option<String>) -> String {
+    env_user
+        .filter(|u| crate::pack::is_identifier(u))
+        .or_else(|| {
+            let uid = nix::unistd::getuid();
+            let name = nix::unistd::User::from_uid(uid).ok().flatten()?.name;
+            Some(name).filter(|n| crate::pack::is_identifier(n))
+        })
+        .unwrap_or_else(|| format!("uid-{}", nix::unistd::getuid()))
 }
 
 /// What `emisar lab` answers in a build without the `lab` feature (the package's, the
@@ -542,7 +553,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
 mod tests {
     use clap::{CommandFactory, Parser};
 
-    use super::Cli;
+    use super::{Cli, local_user};
 
     /// Every option says what it is for, and every command one runs (a leaf) shows a one-line
     /// example in its help.
@@ -714,5 +725,21 @@ mod tests {
             let help = cmd.render_long_help().to_string();
             assert!(!help.contains("=]"), "{path}: {help}");
         }
+    }
+
+    /// Without `$USER` (cron, a container), the audit log names the uid's account, never
+    /// `unknown`; a `$USER` that is not a plain name is not taken at its word.
+    #[test]
+    fn the_cli_names_its_account_without_user() {
+        let id = std::process::Command::new("id")
+            .arg("-un")
+            .output()
+            .unwrap();
+        let account = String::from_utf8(id.stdout).unwrap().trim().to_owned();
+        assert!(!account.is_empty());
+        assert_eq!(local_user(None), account);
+        assert_eq!(local_user(Some("alice".into())), "alice");
+        assert_eq!(local_user(Some("a b\nc".into())), account);
+        assert_eq!(local_user(Some(String::new())), account);
     }
 }

@@ -63,10 +63,7 @@ pub enum ApprovalsCommand {
 /// Who signs, as the CLI can tell (the server records the token's person; the runners count
 /// people by key).
 fn whoami() -> String {
-    std::env::var("USER")
-        .ok()
-        .filter(|u| crate::pack::is_identifier(u))
-        .unwrap_or_else(|| "cli".into())
+    super::local_user(std::env::var("USER").ok())
 }
 
 /// Checks the statement of `request` (as `GET /api/approvals/ID` answers) against what the

@@ -239,6 +239,7 @@ async fn a_cancelled_call_withdraws_its_pending_request(backend: Backend) {
     assert_eq!(
         trail,
         [
+            ("tool.called".into(), "agent:test-agent".into()),
             ("approval.requested".into(), "agent:test-agent".into()),
             ("approval.withdrawn".into(), "agent:test-agent".into()),
         ]

@@ -333,6 +333,7 @@ async fn approved_restart_runs_once_and_returns_its_result(backend: Backend) {
     assert_eq!(
         trail,
         [
+            ("tool.called".into(), "agent:test-agent".into()),
             ("approval.requested".into(), "agent:test-agent".into()),
             ("approval.approved".into(), "approver:alice".into()),
             ("approval.executing".into(), "approver:alice".into()),
@@ -348,7 +349,7 @@ async fn approved_restart_runs_once_and_returns_its_result(backend: Backend) {
             ..Default::default()
         })
         .await;
-    let (approved, executing) = (&trail[1], &trail[2]);
+    let (approved, executing) = (&trail[2], &trail[3]);
     assert_eq!(executing.seq, approved.seq + 1, "{trail:?}");
     assert_eq!(executing.at, approved.at, "one batch: {trail:?}");
     // The same trail as an auditor's export from the portal: NDJSON, one event per line.
@@ -376,6 +377,7 @@ async fn approved_restart_runs_once_and_returns_its_result(backend: Backend) {
     assert_eq!(
         kinds,
         [
+            "tool.called",
             "approval.requested",
             "approval.approved",
             "approval.executing",
@@ -438,6 +440,7 @@ async fn denied_request_tells_the_agent_why(backend: Backend) {
     assert_eq!(
         trail,
         [
+            ("tool.called".into(), "agent:test-agent".into()),
             ("approval.requested".into(), "agent:test-agent".into()),
             ("approval.denied".into(), "approver:bob".into()),
         ]
@@ -938,6 +941,7 @@ async fn two_replicas_two_approvers_one_execution() {
     assert_eq!(
         kinds,
         [
+            "tool.called",
             "approval.requested",
             "approval.approved",
             "approval.executing",
@@ -1246,6 +1250,7 @@ async fn an_approval_never_runs_under_a_changed_pack() {
     assert_eq!(
         kinds,
         [
+            "tool.called",
             "approval.requested",
             "approval.approved",
             "approval.executing",

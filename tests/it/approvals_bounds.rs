@@ -127,7 +127,7 @@ async fn an_approval_that_never_started_expires(backend: Backend) {
     assert_eq!(restarts(&record), 0);
     assert_eq!(
         kinds_of(&app, &stale).await,
-        ["approval.requested", "approval.expired"]
+        ["tool.called", "approval.requested", "approval.expired"]
     );
     let res = call(
         &client,

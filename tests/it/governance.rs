@@ -399,6 +399,7 @@ async fn approvers_decide_from_a_terminal(backend: Backend) {
     assert_eq!(
         kinds_and_actors(&app, &id).await,
         [
+            ("tool.called".into(), "agent:test-agent".into()),
             ("approval.requested".into(), "agent:test-agent".into()),
             ("approval.approved".into(), "approver:alice".into()),
             ("approval.executing".into(), "approver:alice".into()),
@@ -408,6 +409,7 @@ async fn approvers_decide_from_a_terminal(backend: Backend) {
     assert_eq!(
         kinds_and_actors(&app, &second).await,
         [
+            ("tool.called".into(), "agent:test-agent".into()),
             ("approval.requested".into(), "agent:test-agent".into()),
             ("approval.denied".into(), "approver:alice".into()),
         ]
@@ -639,6 +641,7 @@ async fn the_policy_file_governs_the_server(backend: Backend) {
     assert_eq!(
         kinds_and_actors(&app, &id).await,
         [
+            ("tool.called".into(), "agent:test-agent".into()),
             ("approval.requested".into(), "agent:test-agent".into()),
             ("approval.approved".into(), "approver:alice".into()),
             ("approval.approved".into(), "approver:bob".into()),

@@ -714,6 +714,7 @@ async fn lab_agent_reads_the_incident_then_two_approvals_heal_it() {
         assert_eq!(
             trail,
             [
+                ("tool.called", "agent:dev-agent"),
                 ("approval.requested", "agent:dev-agent"),
                 ("approval.approved", "approver:dev-approver"),
                 ("approval.executing", "approver:dev-approver"),

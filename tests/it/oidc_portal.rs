@@ -401,6 +401,7 @@ async fn an_approver_signs_in_through_the_provider_in_a_real_browser_and_approve
     assert_eq!(
         kinds_and_actors(&w.app, &id).await,
         [
+            ("tool.called".into(), "agent:test-agent".into()),
             ("approval.requested".into(), "agent:test-agent".into()),
             ("approval.approved".into(), "person:u-alice".into()),
             ("approval.executing".into(), "person:u-alice".into()),
@@ -476,7 +477,7 @@ async fn a_person_in_no_mapped_group_can_approve_nothing(backend: Backend) {
     assert_eq!(restarts(&w.record), 1);
     let trail = kinds_and_actors(&w.app, &id).await;
     assert_eq!(
-        trail[1],
+        trail[2],
         ("approval.approved".into(), "person:u-alice".into())
     );
     let roles: Vec<(String, Value)> = w

@@ -327,6 +327,7 @@ async fn approver_approves_in_a_real_browser() {
     assert_eq!(
         trail,
         [
+            ("tool.called".into(), "agent:test-agent".into()),
             ("approval.requested".into(), "agent:test-agent".into()),
             ("approval.approved".into(), "approver:alice".into()),
             ("approval.executing".into(), "approver:alice".into()),

@@ -297,6 +297,7 @@ impl Record<'_> {
             args: Some(self.args.clone()),
             reason: self.reason.map(str::to_owned),
             call_id: Some(self.call_id.to_owned()),
+            approval_id: self.approval_id.map(str::to_owned),
             detail: Some(super::call::on_behalf_of(detail, self.on_behalf_of)),
             ..Default::default()
         }
@@ -317,7 +318,7 @@ mod tests {
             args: &args,
             reason: Some("stuck"),
             call_id: "c1",
-            approval_id: None,
+            approval_id: Some("a1"),
             on_behalf_of: Some("person:alice"),
         };
         let runners = ["n1".to_owned(), "n2".to_owned()];
@@ -327,6 +328,11 @@ mod tests {
         assert_eq!(event.args, Some(args.clone()));
         assert_eq!(event.reason.as_deref(), Some("stuck"));
         assert_eq!(event.call_id.as_deref(), Some("c1"));
+        assert_eq!(
+            event.approval_id.as_deref(),
+            Some("a1"),
+            "found by its request"
+        );
         assert_eq!(
             event.detail,
             Some(

@@ -86,13 +86,18 @@ impl Gateway {
             }
         };
         let required = signed_by.unwrap_or(r.approvers);
+        // A UUIDv7: its time says when the request was made, which signers and runners bound
+        // its lifetime by (`protocol::approval::check_lifetime`). Made before the intent, so
+        // `tool.called` names the request and an auditor finds the whole story by its id.
+        let now = chrono::Utc::now();
+        let id = uuid::Uuid::now_v7().to_string();
         let record = Record {
             actor: &actor,
             tool: &tool.name,
             args: &r.shown_args,
             reason: Some(&r.reason),
             call_id: &r.call_id,
-            approval_id: None,
+            approval_id: Some(&id),
             on_behalf_of: r.principal.on_behalf_of.as_deref(),
         };
         let how =
@@ -111,12 +116,8 @@ impl Gateway {
             None => None,
             Some(_) => Some(self.run_preview(&r, &actor, &pack_sha256).await?),
         };
-        let now = chrono::Utc::now();
         let ttl = chrono::Duration::from_std(self.limits.approval_ttl)
             .unwrap_or(chrono::Duration::minutes(15));
-        // A UUIDv7: its time says when the request was made, which signers and runners bound
-        // its lifetime by (`protocol::approval::check_lifetime`).
-        let id = uuid::Uuid::now_v7().to_string();
         let statement = match signed_by {
             None => None,
             Some(_) => {

@@ -71,6 +71,7 @@ fn detect(path: &Path) -> anyhow::Result<ConfigKind> {
 }
 
 fn kind_of(table: &toml::Table) -> Result<ConfigKind, String> {
+    use crate::util::config::top_level_keys;
     let server_keys = top_level_keys(schemars::schema_for!(ServerConfig));
     let runner_keys = top_level_keys(schemars::schema_for!(RunnerConfig));
     let only = |own: &[String], other: &[String]| -> Vec<String> {
@@ -95,15 +96,6 @@ fn kind_of(table: &toml::Table) -> Result<ConfigKind, String> {
                 .into(),
         ),
     }
-}
-
-/// The top-level keys a config's JSON Schema declares.
-fn top_level_keys(schema: schemars::Schema) -> Vec<String> {
-    schema
-        .get("properties")
-        .and_then(|p| p.as_object())
-        .map(|p| p.keys().cloned().collect())
-        .unwrap_or_default()
 }
 
 /// `listen` must be `HOST:PORT` with a port number (`:0` allowed): the same text `bind` takes,
@@ -140,7 +132,7 @@ fn readable(problems: &mut Vec<String>, key: &str, path: &Path) -> Option<String
 
 fn check_server(path: &Path) -> Vec<String> {
     let mut problems = Vec::new();
-    let config: ServerConfig = match crate::util::config::read_toml(path) {
+    let config = match ServerConfig::read(path) {
         Ok(c) => c,
         Err(e) => return vec![chain(&e)],
     };

@@ -11,7 +11,39 @@ use serde::Deserialize;
 use super::credential::CredentialStore;
 use crate::pack::PackSet;
 use crate::protocol::JoinToken;
-use crate::util::config::read_toml;
+use crate::util::config::read_config;
+
+/// runner.toml's top-level keys, for the error that names a key read into the wrong table
+/// (`util::config::read_config`); the runner-only build has no schema to take them from, and a
+/// test holds this list to the schema.
+const TOP_LEVEL_KEYS: &[&str] = &[
+    "name",
+    "listen",
+    "server_public_key_file",
+    "labels",
+    "advertise_url",
+    "state_dir",
+    "tls_cert_file",
+    "tls_key_file",
+    "server_ca_file",
+    "insecure_http",
+    "join",
+    "packs_dir",
+    "exec_path",
+    "max_output_bytes",
+    "services",
+    "programs",
+    "allowlists",
+    "require_signed_approvals",
+    "approvers_file",
+    "approvers_root_keys",
+    "min_approvers_serial",
+    "max_approval_lifetime_secs",
+    "require_witnessed",
+    "log_key",
+    "witness_keys",
+    "witness_quorum",
+];
 
 #[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Deserialize)]
@@ -290,7 +322,7 @@ impl RunnerConfig {
     /// Reads runner.toml without checking it (`emisar config check` runs the checks itself,
     /// so it can report every problem rather than the first).
     pub fn read(path: &Path) -> anyhow::Result<Self> {
-        let mut c: Self = read_toml(path)?;
+        let mut c: Self = read_config(path, TOP_LEVEL_KEYS)?;
         c.fill_standard_services();
         Ok(c)
     }
@@ -467,6 +499,16 @@ fn listens_on_wildcard(listen: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(feature = "server")]
+    #[test]
+    fn the_top_level_keys_are_the_schemas() {
+        let mut listed: Vec<&str> = TOP_LEVEL_KEYS.to_vec();
+        let mut schema = crate::util::config::top_level_keys(schemars::schema_for!(RunnerConfig));
+        listed.sort_unstable();
+        schema.sort_unstable();
+        assert_eq!(listed, schema);
+    }
 
     #[test]
     fn a_joining_runner_on_a_wildcard_address_needs_advertise_url() {

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::util::config::read_toml;
+use crate::util::config::read_config;
 
 #[derive(schemars::JsonSchema, Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -335,9 +335,16 @@ impl ServerConfig {
     }
 
     pub(crate) fn load(path: &Path) -> anyhow::Result<Self> {
-        let c: Self = read_toml(path)?;
+        let c = Self::read(path)?;
         c.check()?;
         Ok(c)
+    }
+
+    /// Reads emisar.toml without checking it (`emisar config check` runs the checks itself).
+    pub(crate) fn read(path: &Path) -> anyhow::Result<Self> {
+        let keys = crate::util::config::top_level_keys(schemars::schema_for!(ServerConfig));
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        read_config(path, &keys)
     }
 
     /// Checks what serde cannot: unique, well-formed runner names and URLs.

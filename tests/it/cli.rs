@@ -1098,6 +1098,21 @@ fn config_check_reports_every_problem_by_key() {
     assert_eq!(code, 1);
     assert!(out.contains("listen_addr"), "{out}");
 
+    // A top-level key appended after `[allowlists]`: TOML reads it as part of that table, and
+    // the error says so instead of only "expected a sequence".
+    let (code, out, _) = config_check(
+        &runner,
+        &format!(
+            "name = \"edge1\"\nlisten = \"127.0.0.1:7701\"\nserver_public_key_file = {public:?}\nstate_dir = {state:?}\n\n[allowlists]\nsystemd_units = [\"consul\"]\napprovers_file = \"/etc/emisar/approvers\"\n"
+        ),
+        None,
+    );
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("`approvers_file` is a top-level key, but it comes after the `[allowlists]` header, so TOML reads it as `allowlists.approvers_file`"),
+        "{out}"
+    );
+
     // A joining runner on a wildcard address without advertise_url; a key file that is not
     // a key.
     let (code, out, _) = config_check(

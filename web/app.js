@@ -500,8 +500,8 @@ async function viewApproval(id) {
           x.note != null ? el('div', { class: 'reason approver-note' }, x.note) : ''))) : ''),
     a.decided_by != null ? field('Decided by', a.decided_by) : [],
     // The request's own note: why it was denied, or why its execution failed.
-    a.note != null ? field(a.state === 'denied' ? 'Denial note' : 'Note',
-      el('div', { id: 'decision-note', class: 'reason' }, a.note)) : []);
+    a.outcome_note != null ? field(a.state === 'denied' ? 'Denial note' : 'Outcome note',
+      el('div', { id: 'decision-note', class: 'reason' }, a.outcome_note)) : []);
 
   const section = el('section', { class: 'detail', 'data-approval-id': a.id },
     el('p', { class: 'crumbs' }, el('a', { href: '#/approvals' }, '← Approvals'), ' · ',

@@ -874,11 +874,13 @@ async fn nomad_resize_shows_the_plan_and_refuses_a_moved_job(backend: Backend) {
     assert_eq!(res.is_error, Some(true), "{res:?}");
     let (_, done) = alice.get(&format!("/api/approvals/{id}")).await;
     assert_eq!(done["state"], "failed", "{done}");
-    let note = done["note"].as_str().unwrap();
+    let note = done["outcome_note"].as_str().unwrap();
     assert!(
         note.contains(&format!("JobModifyIndex {seen} → {moved}")),
         "{note}"
     );
+    // The same note under its old name, kept for one release.
+    assert_eq!(done["note"], done["outcome_note"], "{done}");
     assert_eq!(
         nomad.job("traefik")["TaskGroups"][0]["Tasks"][0]["Resources"]["MemoryMB"],
         4096,
@@ -1154,7 +1156,7 @@ async fn a_replica_stopped_mid_execution_leaves_the_request_unknown_and_never_re
     };
     assert_eq!(unknown["state"], "unknown", "{unknown}");
     assert!(
-        unknown["note"]
+        unknown["outcome_note"]
             .as_str()
             .unwrap_or_default()
             .contains("it is not re-run"),
@@ -1239,7 +1241,7 @@ async fn an_approval_never_runs_under_a_changed_pack() {
     };
     assert_eq!(done["state"], "failed", "{done}");
     assert!(
-        done["note"]
+        done["outcome_note"]
             .as_str()
             .unwrap()
             .contains("pack `testkit` changed since the request"),

@@ -122,7 +122,7 @@ async fn an_approval_that_never_started_expires(backend: Backend) {
     approved_long_ago(&app, &stale, chrono::Duration::minutes(10)).await;
     let row = state_settles(&carol, &stale).await;
     assert_eq!(row["state"], "expired", "{row}");
-    let note = row["note"].as_str().unwrap();
+    let note = row["outcome_note"].as_str().unwrap();
     assert!(note.contains("did not start within 300 s"), "{note}");
     assert_eq!(restarts(&record), 0);
     assert_eq!(

@@ -138,7 +138,7 @@ async fn a_lying_path_cannot_change_what_an_approved_write_does(backend: Backend
         let (res, row) = stamp(&client, &alice, &asked).await;
         assert_eq!(res.is_error, Some(true), "lie about `{var}`: {res:?}");
         assert_eq!(row["state"], "failed", "{row}");
-        let note = row["note"].as_str().unwrap();
+        let note = row["outcome_note"].as_str().unwrap();
         assert!(note.contains(refusal), "lie about `{var}`: {note}");
         assert!(!asked.exists(), "lie about `{var}`: nothing ran");
         assert!(!target.exists(), "lie about `{var}`: nothing ran");

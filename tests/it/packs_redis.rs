@@ -203,7 +203,7 @@ async fn redis_reads_and_maxmemory_write(backend: Backend) {
     let (_, done) = alice.get(&format!("/api/approvals/{id}")).await;
     assert_eq!(done["state"], "failed", "{done}");
     assert!(
-        done["note"]
+        done["outcome_note"]
             .as_str()
             .unwrap()
             .contains("maxmemory changed since the preview (134217728 → 100663296 bytes)"),

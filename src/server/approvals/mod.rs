@@ -106,7 +106,10 @@ pub struct Approval {
     #[serde(rename = "approvals")]
     pub votes: Vec<Vote>,
     pub state: State,
-    /// The denial note, or why execution failed.
+    /// Why the request ended as it did: the denial's note, or why the execution failed or
+    /// never started. Serialized as `outcome_note`, so it is not taken for an approver's
+    /// note (`approvals[].note`); the API also shows it as `note` until the next release.
+    #[serde(rename = "outcome_note")]
     pub note: Option<String>,
     /// The statement people sign (`crate::protocol::approval::Statement`'s text), when the
     /// request's runners check people's signatures; shown by the API with its hash.

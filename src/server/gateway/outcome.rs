@@ -130,6 +130,10 @@ pub struct ApprovalInfo {
     pub message: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub decided_by: Option<String>,
+    /// Why the request ended as it did: the denial's note, or why the execution failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome_note: Option<String>,
+    /// `outcome_note` under its old name, kept for one release (docs/agent-guide.md).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
 }

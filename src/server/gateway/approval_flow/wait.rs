@@ -146,6 +146,7 @@ pub(in crate::server::gateway) fn settled(
         expires_at: row.expires_at.clone(),
         message,
         decided_by: row.decided_by.clone(),
+        outcome_note: row.note.clone(),
         note: row.note.clone(),
     };
     match row.state {
@@ -211,6 +212,7 @@ pub(in crate::server::gateway) fn pending_outcome(row: &Approval, waited: Durati
                 waited.as_secs()
             ),
             decided_by: row.decided_by.clone(),
+            outcome_note: row.note.clone(),
             note: row.note.clone(),
         }),
         ..CallOutcome::of_approval(row, Vec::new())
@@ -302,8 +304,15 @@ mod tests {
             note: Some("hvn05: exit 1".into()),
             ..executed.clone()
         };
-        let message = settled(&failed).unwrap().unwrap().approval.unwrap().message;
-        assert_eq!(message, "approved, but the execution failed: hvn05: exit 1");
+        let info = settled(&failed).unwrap().unwrap().approval.unwrap();
+        assert_eq!(
+            info.message,
+            "approved, but the execution failed: hvn05: exit 1"
+        );
+        // The agent reads why under `outcome_note`, and under `note` for one more release.
+        let answer = serde_json::to_value(&info).unwrap();
+        assert_eq!(answer["outcome_note"], "hvn05: exit 1", "{answer}");
+        assert_eq!(answer["note"], "hvn05: exit 1", "{answer}");
         let failed_early = Approval {
             note: None,
             ..failed

@@ -29,6 +29,9 @@ fn view(state: &HttpState, a: &crate::server::approvals::Approval) -> Value {
         .tool(&a.tool)
         .map(|t| t.description.clone());
     v["tool_description"] = json!(description);
+    // The request's own note under its old name, which meant two things next to the votes'
+    // notes; kept for one release (docs/api.md, "Deprecated").
+    v["note"] = v["outcome_note"].clone();
     // The values each runner's execution will use, which people approve along with the args.
     v["execution_vars"] = json!(a.execution_vars());
     // What people sign, when the request's runners check signatures: the text, its SHA-256

@@ -291,15 +291,23 @@ fn walk(root: &Value, schema: &Value, prefix: &str, rows: &mut Vec<Row>) {
             Some(v) => format!("`{}`", toml_value(v)),
         };
         let kind = kind(root, field);
+        let empty = |v: &Value| {
+            v.is_null()
+                || v.as_array().is_some_and(Vec::is_empty)
+                || v.as_object().is_some_and(|o| o.is_empty())
+        };
         let example = match (example_in(&description), field.get("default")) {
+            (Some(e), _) if e.starts_with('{') => format!("{name} = {e}"),
+            // A line of a map (`vtysh = […]`): shown as the map it belongs to.
+            (Some(e), _) if kind.starts_with("table of") && !e.starts_with('[') => {
+                format!("{name} = {{ {e} }}")
+            }
             (Some(e), _) if e.contains('=') || e.starts_with('[') => e,
             (Some(e), _) if kind == "string" => format!("{name} = \"{e}\""),
             (Some(e), _) if kind.starts_with("list of") => format!("{name} = [\"{e}\"]"),
             (Some(e), _) => format!("{name} = {e}"),
-            (None, Some(v)) if !v.is_null() && v != &Value::Array(vec![]) => {
-                format!("{name} = {}", toml_value(v))
-            }
-            _ => sample(name, &kind),
+            (None, Some(v)) if !empty(v) => format!("{name} = {}", toml_value(v)),
+            _ => sample(name, &key, &kind, target, root),
         };
         rows.push(Row {
             key: key.clone(),
@@ -324,8 +332,11 @@ fn walk(root: &Value, schema: &Value, prefix: &str, rows: &mut Vec<Row>) {
     }
 }
 
-/// An example from the type alone, for a key whose doc comment and default give none.
-fn sample(name: &str, kind: &str) -> String {
+/// An example from the type alone, for a key whose doc comment and default give none. A
+/// table is shown by its header, with its whole path (`[oidc]`, `[[runners]]`,
+/// `[services.NAME]`), as it is written in the file.
+fn sample(name: &str, key: &str, kind: &str, schema: &Value, root: &Value) -> String {
+    let header = key.replace("[]", "");
     match kind {
         // No guessed file names or URLs: a key whose value has a shape worth showing says
         // so in its doc comment ("e.g. `…`").
@@ -334,9 +345,34 @@ fn sample(name: &str, kind: &str) -> String {
         "string" => format!("{name} = \"…\""),
         "boolean" => format!("{name} = true"),
         "integer" => format!("{name} = 10"),
+        "list of table" => format!("[[{header}]]"),
         k if k.starts_with("list of") => format!("{name} = [\"…\"]"),
-        k if k.starts_with("table of") => format!("[{name}] … = …"),
-        _ => format!("[{name}]"),
+        "table of table" => format!("[{header}.NAME]"),
+        k if k.starts_with("table of") => {
+            let value = resolve(root, &schema["additionalProperties"]);
+            format!("{name} = {{ KEY = {} }}", sample_value(value, root))
+        }
+        // One of several words: the first, quoted as TOML wants it.
+        k if k.starts_with('`') && !k.contains(", or") => {
+            format!("{name} = \"{}\"", k.split('`').nth(1).unwrap_or_default())
+        }
+        _ => format!("[{header}]"),
+    }
+}
+
+/// A value of a map's value type, for `{ KEY = … }`.
+fn sample_value(schema: &Value, root: &Value) -> String {
+    let schema = non_null(root, schema);
+    match kind(root, schema).as_str() {
+        "integer" => "10".into(),
+        "boolean" => "true".into(),
+        k if k.starts_with("list of") => "[\"…\"]".into(),
+        k if k.starts_with("table of") => format!(
+            "{{ KEY = {} }}",
+            sample_value(resolve(root, &schema["additionalProperties"]), root)
+        ),
+        k if k.starts_with('`') => format!("\"{}\"", k.split('`').nth(1).unwrap_or_default()),
+        _ => "\"…\"".into(),
     }
 }
 
@@ -358,8 +394,9 @@ mod tests {
         );
     }
 
-    /// Every example of a string, number, boolean or list key is TOML that gives that key a
-    /// value of its type (`scopes = groups` or a quoted list would not), and no file or URL
+    /// Every example is TOML that gives its key a value of its type (`scopes = groups`, a
+    /// quoted list, a list of strings for `[[runners]]` or `[token_auth_method]` for a word
+    /// would not), a table's example is its header with its whole path, and no file or URL
     /// example is a guess made from the key's name.
     #[test]
     fn every_example_is_toml_of_the_keys_type() {
@@ -375,10 +412,27 @@ mod tests {
                     "integer" => toml::Value::is_integer,
                     "boolean" => toml::Value::is_bool,
                     k if k.starts_with("list of") => toml::Value::is_array,
+                    k if k.starts_with("table") => toml::Value::is_table,
+                    k if k.starts_with('`') && !k.contains(", or") => toml::Value::is_str,
                     _ => continue,
                 };
                 let parsed = toml::from_str::<toml::Table>(example).ok();
-                let ok = parsed.as_ref().and_then(|t| t.get(name)).is_some_and(want);
+                // A key's line (`name = …`), or a table's header with its whole path.
+                let at_path = |t: &toml::Table| {
+                    let mut parts = r.key.split('.').map(|p| p.trim_end_matches("[]"));
+                    let mut v = t.get(parts.next()?)?;
+                    for part in parts {
+                        v = match v {
+                            toml::Value::Array(a) => a.first()?.get(part)?,
+                            other => other.get(part)?,
+                        };
+                    }
+                    Some(v.clone())
+                };
+                let ok = parsed.as_ref().is_some_and(|t| {
+                    t.get(name).is_some_and(want)
+                        || at_path(t).is_some_and(|v| want(&v) || r.kind == "list of table")
+                });
                 let guessed = example.contains(&format!("/{name}.pem"))
                     || (name == "database_url" && !example.contains("postgres://"));
                 if !ok || guessed {

@@ -49,8 +49,8 @@ pub struct ServerConfig {
     /// has secret params.
     #[serde(default)]
     pub audit_key_file: Option<PathBuf>,
-    /// Tool calls per second each agent may make, and the burst above it. On PostgreSQL,
-    /// counted across all replicas.
+    /// Tool calls per second each agent may make: the rate its token bucket refills at
+    /// (`rate_limit_burst` is the bucket's size). On PostgreSQL, counted across all replicas.
     #[serde(default = "default_rate")]
     pub rate_limit_per_second: u32,
     /// The calls an agent may make at once above `rate_limit_per_second` before it is refused.

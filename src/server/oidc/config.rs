@@ -36,7 +36,9 @@ impl PersonRole {
 }
 
 /// How emisar authenticates itself at the provider's token endpoint.
-#[derive(schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(
+    schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, Deserialize, Default,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum TokenAuthMethod {
     /// HTTP Basic with the form-encoded client id and secret (RFC 6749 §2.3.1).

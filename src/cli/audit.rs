@@ -94,6 +94,11 @@ pub enum AuditCommand {
         /// The approvers file the runners trusted (`emisar approvers show`).
         #[arg(long, value_name = "PATH")]
         approvers: PathBuf,
+        /// Check only the approvals that began executing at or after this event (`seq`): the
+        /// first one after runners began requiring signatures. Earlier ones ran unsigned and
+        /// are counted as not checked, never as verified.
+        #[arg(long, value_name = "SEQ")]
+        from_seq: Option<i64>,
         /// The report as one JSON object instead of text.
         #[arg(long)]
         json: bool,
@@ -356,9 +361,10 @@ pub async fn run(command: AuditCommand) -> anyhow::Result<i32> {
         }
         AuditCommand::VerifyApprovals {
             approvers,
+            from_seq,
             json,
             db,
-        } => verify_approvals(approvers, json, db).await,
+        } => verify_approvals(approvers, from_seq, json, db).await,
         AuditCommand::Checkpoint { cosigned_by, db } => {
             let db = db.connect().await?;
             match audit::checkpoints::latest(&db, cosigned_by).await? {
@@ -603,7 +609,12 @@ async fn verify(
 }
 
 /// `audit verify-approvals`: every executed approval's signatures against an approvers file.
-async fn verify_approvals(approvers: PathBuf, json: bool, db: DbArg) -> anyhow::Result<i32> {
+async fn verify_approvals(
+    approvers: PathBuf,
+    from_seq: Option<i64>,
+    json: bool,
+    db: DbArg,
+) -> anyhow::Result<i32> {
     let text = std::fs::read_to_string(&approvers)
         .with_context(|| format!("--approvers {}", approvers.display()))?;
     let file = crate::protocol::approval::Approvers::parse(&text)
@@ -631,7 +642,15 @@ async fn verify_approvals(approvers: PathBuf, json: bool, db: DbArg) -> anyhow::
             events.extend(page);
         }
     }
-    let report = audit::signed::verify(&events, &file);
+    // Votes are kept whatever their seq (they come before their execution); executions
+    // before `from_seq` are set aside and counted.
+    let before = |e: &audit::Event| {
+        e.kind == audit::kind::APPROVAL_EXECUTING && from_seq.is_some_and(|from| e.seq < from)
+    };
+    let not_checked = events.iter().filter(|e| before(e)).count();
+    events.retain(|e| !before(e));
+    let mut report = audit::signed::verify(&events, &file);
+    report.not_checked = not_checked as u64;
     if json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
@@ -642,7 +661,7 @@ async fn verify_approvals(approvers: PathBuf, json: bool, db: DbArg) -> anyhow::
             );
         }
         println!(
-            "{}: {} executed approvals verified against {} (sha256:{}), {} failed",
+            "{}: {} executed approvals verified against {} (sha256:{}), {} failed{}",
             if report.failures.is_empty() {
                 "ok"
             } else {
@@ -651,7 +670,11 @@ async fn verify_approvals(approvers: PathBuf, json: bool, db: DbArg) -> anyhow::
             report.verified,
             approvers.display(),
             file.sha256,
-            report.failures.len()
+            report.failures.len(),
+            match from_seq {
+                Some(from) => format!(", {not_checked} before seq {from} not checked"),
+                None => String::new(),
+            }
         );
     }
     Ok(if report.failures.is_empty() { 0 } else { 1 })

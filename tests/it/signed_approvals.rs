@@ -728,6 +728,58 @@ async fn two_people_approve_in_the_terminal_through_ssh_agent_and_it_runs_once()
         "{says}"
     );
     assert!(says.contains("does not verify"), "{says}");
+
+    // After a rollout, the approvals before it ran unsigned: `--from-seq` checks only what
+    // began executing from that event on, and says how many it set aside, never counting
+    // them as verified.
+    let executing = app
+        .events(emisar::server::audit::AuditFilter {
+            approval_id: Some(id.clone()),
+            kind: Some("approval.executing".into()),
+            ..Default::default()
+        })
+        .await
+        .pop()
+        .unwrap();
+    let verify_from = |from: i64| {
+        let (socket, approvers, url) = (
+            agent.socket.clone(),
+            approvers_arg.to_owned(),
+            app.database_url.clone(),
+        );
+        async move {
+            let from = from.to_string();
+            let run = emisar(
+                &socket,
+                &[
+                    "audit",
+                    "verify-approvals",
+                    "--approvers",
+                    &approvers,
+                    "--from-seq",
+                    &from,
+                    "--database",
+                    &url,
+                ],
+            )
+            .await;
+            (
+                run.status.code(),
+                String::from_utf8_lossy(&run.stdout).into_owned(),
+            )
+        }
+    };
+    let after = executing.seq + 1;
+    let (code, says) = verify_from(after).await;
+    assert_eq!(code, Some(0), "{says}");
+    assert!(
+        says.contains(&format!(
+            "ok: 0 executed approvals verified against {approvers_arg}"
+        )) && says.contains(&format!("1 before seq {after} not checked")),
+        "{says}"
+    );
+    let (code, says) = verify_from(executing.seq).await;
+    assert_eq!(code, Some(1), "from its own seq it is checked: {says}");
 }
 
 /// The server refuses to ask people for what the runners' approvers could never give, and

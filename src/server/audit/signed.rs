@@ -20,6 +20,9 @@ pub struct Report {
     /// Executed approvals whose signatures held.
     pub verified: u64,
     pub failures: Vec<Failure>,
+    /// Executed approvals the caller set aside (before `--from-seq`): neither verified nor
+    /// failed.
+    pub not_checked: u64,
 }
 
 #[derive(Debug, Serialize)]

@@ -599,3 +599,75 @@ async fn nomad_emulator_write_errors_are_nomads() {
         "eligible"
     );
 }
+
+/// The policy's `nomad_jobs` bounds the job writes (scale, and restart through the job it
+/// names), not the node writes, which name no job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nomad_jobs_bounds_the_job_writes_and_not_the_node_writes() {
+    let nomad = scenario::nomad("nomad-secret", Arc::new(LabClock::frozen()));
+    nomad.add_job(web_job(2));
+    nomad.schedule("web");
+    let url = serve(nomad.clone().router()).await;
+    let policy = tempfile::Builder::new().suffix(".yaml").tempfile().unwrap();
+    std::fs::write(
+        policy.path(),
+        "runners:\n  nomad-hvn01:\n    nomad_jobs: [traefik]\n",
+    )
+    .unwrap();
+    let app = spawn_app(
+        Backend::Sqlite,
+        vec![RunnerSpec::new("nomad-hvn01").service_with_header(
+            "nomad",
+            &url,
+            "X-Nomad-Token",
+            "nomad-secret",
+        )],
+        Options {
+            policy_file: Some(policy.path().to_owned()),
+            ..Default::default()
+        },
+    )
+    .await;
+    let agent = app.mcp_client().await;
+    let web_alloc = nomad
+        .allocs_on("nomad-hvn01")
+        .into_iter()
+        .find(|id| !id.starts_with("3f2b8d10"))
+        .expect("web runs on hvn01");
+    for (tool, args) in [
+        (
+            "nomad.job_scale",
+            json!({"job": "web", "group": "web", "count": 3, "reason": "r"}),
+        ),
+        (
+            "nomad.alloc_restart",
+            json!({"job": "web", "alloc_id": &web_alloc[..8], "reason": "r"}),
+        ),
+    ] {
+        let res = crate::mcp_calls::call(&agent, tool, args).await;
+        assert_eq!(res.is_error, Some(true), "{tool}: {res:?}");
+        let text = serde_json::to_string(&res.structured_content).unwrap();
+        assert!(
+            text.contains(
+                "the policy's allowlist `runners.nomad-hvn01.nomad_jobs` has only [traefik]"
+            ),
+            "{tool}: {text}"
+        );
+    }
+    assert!(nomad.writes_to("scale").is_empty());
+    assert!(nomad.writes_to("restart").is_empty());
+
+    // A node write names no job: it is asked for, not refused.
+    let approver = signed_in(&app, "alice", Role::Approver).await;
+    let call = call_in_background(
+        &agent,
+        "nomad.node_eligibility",
+        json!({"node": "nomad-hvn03", "eligible": false, "reason": "r"}),
+    );
+    let id = wait_for_pending(&approver).await;
+    let (status, body) = approver.deny(&id, "not tonight").await;
+    assert_eq!(status, 200, "{body}");
+    let res = finished(call).await;
+    assert_eq!(res.is_error, Some(true), "{res:?}");
+    assert!(nomad.writes_to("eligibility").is_empty());
+}

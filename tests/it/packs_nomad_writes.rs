@@ -82,7 +82,7 @@ impl Night {
         &self,
         tool: &str,
         args: Value,
-        meanwhile: impl FnOnce(),
+        meanwhile: impl AsyncFnOnce(),
     ) -> (Value, CallToolResult, Value) {
         let call = call_in_background(&self.agent, tool, args);
         let id = wait_for_pending(&self.approver).await;
@@ -92,7 +92,7 @@ impl Night {
             preview.is_object(),
             "the approver sees a preview: {request}"
         );
-        meanwhile();
+        meanwhile().await;
         let (status, body) = self.approver.approve(&id).await;
         assert_eq!(status, 200, "{body}");
         let result = finished(call).await;
@@ -175,7 +175,7 @@ async fn nomad_node_drain_previews_what_moves_and_refuses_a_node_that_changed() 
 
     let args = json!({"node": "nomad-hvn02", "enable": true, "deadline_seconds": 600,
                       "reason": "hvn02's disk is failing"});
-    let (preview, res, ended) = n.approve("nomad.node_drain", args, || ()).await;
+    let (preview, res, ended) = n.approve("nomad.node_drain", args, async || ()).await;
     assert_eq!(preview["node"]["name"], "nomad-hvn02", "{preview}");
     assert_eq!(
         preview["change"],
@@ -220,7 +220,7 @@ async fn nomad_node_drain_previews_what_moves_and_refuses_a_node_that_changed() 
 
     // Ending the drain makes the node eligible: the system job comes back to it.
     let args = json!({"node": "nomad-hvn02", "enable": false, "reason": "disk replaced"});
-    let (preview, res, _) = n.approve("nomad.node_drain", args, || ()).await;
+    let (preview, res, _) = n.approve("nomad.node_drain", args, async || ()).await;
     assert_eq!(
         preview["change"]["eligibility"],
         json!({"from": "ineligible", "to": "eligible"})
@@ -238,7 +238,7 @@ async fn nomad_node_drain_previews_what_moves_and_refuses_a_node_that_changed() 
     let mut moved = 0;
     let args = json!({"node": "nomad-hvn04", "enable": true, "reason": "r"});
     let (_, res, ended) = n
-        .approve("nomad.node_drain", args, || {
+        .approve("nomad.node_drain", args, async || {
             moved = n.nomad.set_eligibility("nomad-hvn04", false);
         })
         .await;
@@ -282,7 +282,7 @@ async fn nomad_node_eligibility_changes_placement_and_refuses_a_node_that_change
     let n = night().await;
     let args =
         json!({"node": "nomad-hvn03", "eligible": false, "reason": "keep new work off hvn03"});
-    let (preview, res, _) = n.approve("nomad.node_eligibility", args, || ()).await;
+    let (preview, res, _) = n.approve("nomad.node_eligibility", args, async || ()).await;
     assert_eq!(
         preview["eligibility"],
         json!({"from": "eligible", "to": "ineligible"}),
@@ -336,7 +336,7 @@ async fn nomad_node_eligibility_changes_placement_and_refuses_a_node_that_change
     let mut moved = 0;
     let args = json!({"node": "nomad-hvn04", "eligible": false, "reason": "r"});
     let (_, res, ended) = n
-        .approve("nomad.node_eligibility", args, || {
+        .approve("nomad.node_eligibility", args, async || {
             moved = n.nomad.set_eligibility("nomad-hvn04", false);
         })
         .await;
@@ -357,7 +357,7 @@ async fn nomad_alloc_restart_previews_the_tasks_and_refuses_a_moved_allocation()
     let n = night().await;
     let args = json!({"job": "traefik", "alloc_id": "1c11be31", "task": "traefik",
                       "reason": "pick up the renewed certificate"});
-    let (preview, res, _) = n.approve("nomad.alloc_restart", args, || ()).await;
+    let (preview, res, _) = n.approve("nomad.alloc_restart", args, async || ()).await;
     assert_eq!(preview["alloc"], OOM_ALLOC, "{preview}");
     assert_eq!(preview["node"], "nomad-hvn04");
     assert_eq!(preview["restart"], "task traefik");
@@ -418,15 +418,14 @@ async fn nomad_alloc_restart_previews_the_tasks_and_refuses_a_moved_allocation()
         .unwrap()
         .to_owned();
     let args = json!({"job": "traefik", "alloc_id": "3f2b8d10", "reason": "r"});
-    let handle = tokio::runtime::Handle::current();
     let (preview, res, ended) = n
-        .approve("nomad.alloc_restart", args, || {
-            let drained = tokio::task::block_in_place(|| {
-                handle.block_on(n.post(
+        .approve("nomad.alloc_restart", args, async || {
+            let drained = n
+                .post(
                     &format!("/v1/node/{hvn01}/drain"),
                     json!({"DrainSpec": {"Deadline": 0, "IgnoreSystemJobs": false}}),
-                ))
-            });
+                )
+                .await;
             assert_eq!(drained.0, 200, "{}", drained.1);
         })
         .await;
@@ -446,7 +445,7 @@ async fn nomad_alloc_restart_previews_the_tasks_and_refuses_a_moved_allocation()
 async fn nomad_job_scale_previews_the_plan_and_scales_with_check_and_set() {
     let n = night().await;
     let args = json!({"job": "web", "group": "web", "count": 3, "reason": "evening peak"});
-    let (preview, res, _) = n.approve("nomad.job_scale", args, || ()).await;
+    let (preview, res, _) = n.approve("nomad.job_scale", args, async || ()).await;
     assert_eq!(preview["count"], json!({"from": 2, "to": 3}), "{preview}");
     assert_eq!(preview["diff"], json!(["Count 2 → 3"]));
     assert_eq!(preview["updates"]["Place"], 1);
@@ -474,7 +473,7 @@ async fn nomad_job_scale_previews_the_plan_and_scales_with_check_and_set() {
     let mut moved = 0;
     let args = json!({"job": "web", "group": "web", "count": 1, "reason": "r"});
     let (_, res, ended) = n
-        .approve("nomad.job_scale", args.clone(), || {
+        .approve("nomad.job_scale", args.clone(), async || {
             moved = n.nomad.bump_job("web");
         })
         .await;
@@ -490,7 +489,7 @@ async fn nomad_job_scale_previews_the_plan_and_scales_with_check_and_set() {
     // The job moves right after the execution's read: only Nomad's check-and-set can
     // refuse now, and it does.
     let (_, res, ended) = n
-        .approve("nomad.job_scale", args, || {
+        .approve("nomad.job_scale", args, async || {
             n.nomad.bump_after_next_read("web");
         })
         .await;

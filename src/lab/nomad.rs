@@ -1756,6 +1756,55 @@ mod tests {
         assert_eq!(res.status(), 200);
     }
 
+    async fn post_drain(n: &Arc<Nomad>, node: &str, body: Value) -> Response {
+        let mut h = HeaderMap::new();
+        h.insert("x-nomad-token", "t".parse().unwrap());
+        let id = n
+            .state
+            .lock()
+            .unwrap()
+            .nodes
+            .iter()
+            .find(|x| x.name == node)
+            .unwrap()
+            .id
+            .clone();
+        drain(State(n.clone()), Path(id), h, body.to_string()).await
+    }
+
+    /// A drain that ignores system jobs leaves them running on the (now ineligible) node;
+    /// one that does not stops them, and none comes back until the node is eligible again.
+    #[tokio::test]
+    async fn a_drain_stops_system_allocations_unless_told_to_ignore_them() {
+        let n = scenario::nomad("t", Arc::new(LabClock::frozen()));
+        let spec = |ignore: bool| json!({"DrainSpec": {"Deadline": 60_000_000_000u64, "IgnoreSystemJobs": ignore}});
+        let res = post_drain(&n, "nomad-hvn02", spec(true)).await;
+        assert_eq!(res.status(), 200);
+        assert!(n.task_running_on("nomad-hvn02", "traefik"));
+        let eligible = |name: &str| {
+            let s = n.state.lock().unwrap();
+            let node = s.nodes.iter().find(|x| x.name == name).unwrap();
+            s.node_json(node)["SchedulingEligibility"].clone()
+        };
+        assert_eq!(eligible("nomad-hvn02"), "ineligible");
+        let res = post_drain(&n, "nomad-hvn03", spec(false)).await;
+        assert_eq!(res.status(), 200);
+        assert!(!n.task_running_on("nomad-hvn03", "traefik"));
+        let res = post_drain(
+            &n,
+            "nomad-hvn03",
+            json!({"DrainSpec": null, "MarkEligible": false}),
+        )
+        .await;
+        assert_eq!(res.status(), 200);
+        assert!(
+            !n.task_running_on("nomad-hvn03", "traefik"),
+            "still ineligible"
+        );
+        n.set_eligibility("nomad-hvn03", true);
+        assert!(n.task_running_on("nomad-hvn03", "traefik"));
+    }
+
     /// hvn05 ends up running the new version whichever write lands first.
     #[tokio::test]
     async fn consul_and_resize_in_either_order() {

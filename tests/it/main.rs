@@ -28,6 +28,7 @@ mod ops;
 mod outage;
 mod packs_cluster;
 mod packs_node;
+mod packs_nomad_writes;
 mod packs_redis;
 mod packs_test;
 mod passkey_browser;

@@ -239,9 +239,9 @@ pub enum Command {
         /// bash, zsh, fish, elvish or powershell.
         shell: clap_complete::Shell,
     },
-    /// Write a man page per command (emisar.1, emisar-audit-query.1, …) into DIR; the package
-    /// build runs it.
-    #[command(hide = true)]
+    /// Write a man page per command (emisar.1, emisar-audit-query.1, …) into DIR: what the
+    /// Debian package installs, for a build from source.
+    #[command(after_help = "Example: emisar man ~/.local/share/man/man1")]
     Man {
         /// Where to write the pages.
         dir: PathBuf,

@@ -19,11 +19,14 @@ use emisar::lab::clock::LabClock;
 use emisar::lab::http::serve;
 use emisar::lab::scenario;
 
-/// A fake `systemctl` that records its argv, one call per line.
+/// A fake `systemctl` that records its argv, one call per line. It answers `show` with a
+/// running unit's properties and `list-dependencies --reverse --plain` as systemd 252 prints
+/// it (the unit, then each dependent two spaces in): every unit is wanted by
+/// multi-user.target, which graphical.target requires.
 pub(crate) fn systemctl_standin(dir: &std::path::Path) -> std::path::PathBuf {
     let record = dir.join("systemctl.argv");
     let script = format!(
-        "#!/bin/sh\nprintf '%s\\n' \"$*\" >> '{}'\nif [ \"$1\" = show ]; then printf 'ActiveState=active\\nSubState=running\\nMainPID=4242\\n'; fi\nexit 0\n",
+        "#!/bin/sh\nprintf '%s\\n' \"$*\" >> '{}'\nfor unit; do :; done\ncase \"$unit\" in *.*) ;; *) unit=\"$unit.service\" ;; esac\nif [ \"$1\" = show ]; then printf 'Id=%s\\nLoadState=loaded\\nActiveState=active\\nSubState=running\\nResult=success\\nMainPID=4242\\nNRestarts=0\\nActiveEnterTimestamp=Sun 2026-12-06 09:00:00 UTC\\n' \"$unit\"; fi\nif [ \"$1\" = list-dependencies ]; then printf '%s\\n  multi-user.target\\n  graphical.target\\n' \"$unit\"; fi\nexit 0\n",
         record.display()
     );
     let path = dir.join("systemctl");

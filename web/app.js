@@ -473,8 +473,12 @@ async function viewApproval(id) {
   if (a.preview) {
     changes.append(el('div', { class: 'runner-outs', id: 'preview' },
       Object.entries(a.preview).map(([runner, r]) => runnerOutput(runner, r))));
+  } else if (a.no_preview_reason) {
+    // The pack's word on why this write has nothing to show, in place of a preview.
+    changes.append(el('p', { class: 'muted', id: 'no-preview' }, 'No preview: ',
+      el('span', { id: 'no-preview-reason' }, a.no_preview_reason), ' The arguments below are what runs.'));
   } else {
-    changes.append(el('p', { class: 'muted' }, 'This tool has no preview: the arguments below are what runs.'));
+    changes.append(el('p', { class: 'muted', id: 'no-preview' }, 'This request has no preview: the arguments below are what runs.'));
   }
   changes.append(el('h3', {}, 'Arguments'), pre(a.args, { id: 'args' }));
   // What the preview captured, per runner: the execution fills these in beside the

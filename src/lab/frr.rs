@@ -1,6 +1,7 @@
 //! `vtysh` on a lab node: FRR 10's BGP daemon with one upstream peer (the edge firewall),
 //! answering the commands the frr pack runs with FRR's own JSON shapes and field names
-//! (`show bgp summary json` and its variants, `show bgp neighbors [IP] json`) and applying
+//! (`show bgp summary json` and its variants, `show bgp neighbors [IP] json`, `show bgp ipv4
+//! unicast json` and `show bgp ipv4 unicast neighbors IP advertised-routes json`) and applying
 //! `neighbor X shutdown` / `no neighbor X shutdown` under `router bgp ASN` the way bgpd does:
 //! the session goes `Idle (Admin)` and the node stops advertising (PfxSnt 0), then comes back
 //! `Established`. Errors are FRR's texts and exit codes (vtysh stops at the first failing
@@ -148,6 +149,59 @@ impl Bgp {
         let mut out = serde_json::Map::new();
         out.insert(self.peer.ip.clone(), n);
         Value::Object(out)
+    }
+
+    /// The anycast VIP as bgpd lists a route it originates (`network` under the address family).
+    fn vip_route(&self) -> (Value, Value) {
+        let (addr, len) = self
+            .network
+            .split_once('/')
+            .unwrap_or((&self.network, "32"));
+        let len: u32 = len.parse().unwrap_or(32);
+        let advertised = json!({"addrPrefix": addr, "prefixLen": len, "network": self.network,
+            "nextHop": "0.0.0.0", "metric": 0, "weight": 32768, "path": "", "bgpOriginCode": "i",
+            "appliedStatusSymbols": {"*": true, ">": true}});
+        let path = json!({"valid": true, "bestpath": true, "selectionReason": "First path received",
+            "pathFrom": "external", "prefix": addr, "prefixLen": len, "network": self.network,
+            "version": 1, "metric": 0, "weight": 32768, "peerId": "(unspec)", "path": "",
+            "origin": "IGP", "nexthops": [{"ip": "0.0.0.0", "hostname": "", "afi": "ipv4", "used": true}]});
+        (advertised, path)
+    }
+
+    /// `show bgp ipv4 unicast neighbors IP advertised-routes json`: what this node sends its
+    /// peer, which is the VIP while the session is up (as `pfxSnt` counts) and nothing while
+    /// it is shut down (bgpd then prints only the counters).
+    fn advertised_routes(&self) -> Value {
+        if !self.established() {
+            return json!({"advertisedRoutes": {}, "totalPrefixCounter": 0, "filteredPrefixCounter": 0});
+        }
+        let mut routes = serde_json::Map::new();
+        routes.insert(self.network.clone(), self.vip_route().0);
+        json!({"bgpTableVersion": 2 + self.peer.connections_established + self.peer.connections_dropped,
+               "bgpLocalRouterId": self.router_id, "defaultLocPrf": 100, "localAS": self.asn,
+               "bgpStatusCodes": {"suppressed": "s", "damped": "d", "history": "h", "valid": "*",
+                                  "best": ">", "multipath": "=", "internal": "i", "ribFailure": "r",
+                                  "stale": "S", "removed": "R"},
+               "bgpOriginCodes": {"igp": "i", "egp": "e", "incomplete": "?"},
+               "advertisedRoutes": routes, "totalPrefixCounter": self.advertised(),
+               "filteredPrefixCounter": 0})
+    }
+
+    /// `show bgp ipv4 unicast json`: the VIP this node originates, and the default route its
+    /// peer sends while the session is up.
+    fn table(&self) -> Value {
+        let mut routes = serde_json::Map::new();
+        if self.established() && self.peer.received > 0 {
+            routes.insert("0.0.0.0/0".into(), json!([{"valid": true, "bestpath": true,
+                "selectionReason": "First path received", "pathFrom": "external", "prefix": "0.0.0.0",
+                "prefixLen": 0, "network": "0.0.0.0/0", "version": 2, "metric": 0, "weight": 0,
+                "peerId": self.peer.ip, "path": self.peer.remote_as.to_string(), "origin": "IGP",
+                "nexthops": [{"ip": self.peer.ip, "hostname": self.peer.hostname, "afi": "ipv4", "used": true}]}]));
+        }
+        routes.insert(self.network.clone(), json!([self.vip_route().1]));
+        json!({"vrfId": 0, "vrfName": "default",
+               "tableVersion": 2 + self.peer.connections_established + self.peer.connections_dropped,
+               "routerId": self.router_id, "defaultLocPrf": 100, "localAS": self.asn, "routes": routes})
     }
 
     fn running_config(&self, hostname: &str) -> String {
@@ -357,9 +411,29 @@ fn show(bgp: &Bgp, hostname: &str, words: &[&str], now: SystemTime) -> Result<St
                 Err(format!("% Unknown command: show {}\n", words.join(" ")))
             }
         }
+        [
+            "bgp",
+            "ipv4",
+            "unicast",
+            "neighbors",
+            ip,
+            "advertised-routes",
+            "json",
+        ] => {
+            if *ip == bgp.peer.ip {
+                Ok(pretty(&bgp.advertised_routes()))
+            } else if ip.parse::<std::net::IpAddr>().is_ok() {
+                Ok(pretty(
+                    &json!({"warning": "No such neighbor in this view/vrf"}),
+                ))
+            } else {
+                Err(format!("% Unknown command: show {}\n", words.join(" ")))
+            }
+        }
+        ["bgp", "ipv4", "unicast", "json"] | ["ip", "bgp", "json"] => Ok(pretty(&bgp.table())),
         ["running-config"] | ["running-config", "bgpd"] => Ok(bgp.running_config(hostname)),
         _ => Err(format!(
-            "% the lab's vtysh does not emulate `show {}` (it answers the BGP summary and neighbors in json, and the running config)\n",
+            "% the lab's vtysh does not emulate `show {}` (it answers the BGP summary, neighbors, IPv4 unicast table and advertised routes in json, and the running config)\n",
             words.join(" ")
         )),
     }
@@ -391,6 +465,69 @@ mod tests {
 
     fn args(a: &[&str]) -> Vec<String> {
         a.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// What a preview of a shutdown or an enable reads: the routes sent to the peer (the VIP
+    /// while up, none while shut down, as `pfxSnt` counts) and the table (the peer's default
+    /// route only while the session is up), in bgpd's JSON shapes.
+    #[test]
+    fn advertised_routes_and_the_table_follow_the_session() {
+        let now = SystemTime::now();
+        let mut b = bgp(now);
+        let show = |b: &mut Bgp, command: &str| {
+            let o = vtysh(b, "h", &args(&["-c", command]), now);
+            assert_eq!(o.code, 0, "{command}: {o:?}");
+            serde_json::from_str::<Value>(&o.stdout).unwrap()
+        };
+        let advertised = "show bgp ipv4 unicast neighbors 10.0.0.1 advertised-routes json";
+        let up = show(&mut b, advertised);
+        assert_eq!(
+            up["advertisedRoutes"]["10.0.0.250/32"]["network"],
+            "10.0.0.250/32"
+        );
+        assert_eq!(up["advertisedRoutes"].as_object().unwrap().len(), 1);
+        assert_eq!(up["totalPrefixCounter"], 1);
+        let table = show(&mut b, "show bgp ipv4 unicast json");
+        let routes = table["routes"].as_object().unwrap();
+        assert_eq!(
+            routes.keys().collect::<Vec<_>>(),
+            ["0.0.0.0/0", "10.0.0.250/32"]
+        );
+        assert_eq!(routes["0.0.0.0/0"][0]["peerId"], "10.0.0.1");
+        assert_eq!(routes["10.0.0.250/32"][0]["peerId"], "(unspec)");
+
+        let shut = [
+            "-c",
+            "configure terminal",
+            "-c",
+            "router bgp 65100",
+            "-c",
+            "neighbor 10.0.0.1 shutdown",
+        ];
+        assert_eq!(vtysh(&mut b, "h", &args(&shut), now).code, 0);
+        let down = show(&mut b, advertised);
+        assert_eq!(
+            down,
+            json!({"advertisedRoutes": {}, "totalPrefixCounter": 0, "filteredPrefixCounter": 0})
+        );
+        let table = show(&mut b, "show bgp ipv4 unicast json");
+        assert_eq!(
+            table["routes"]
+                .as_object()
+                .unwrap()
+                .keys()
+                .collect::<Vec<_>>(),
+            ["10.0.0.250/32"]
+        );
+
+        let other = show(
+            &mut b,
+            "show bgp ipv4 unicast neighbors 10.0.0.9 advertised-routes json",
+        );
+        assert_eq!(
+            other,
+            json!({"warning": "No such neighbor in this view/vrf"})
+        );
     }
 
     #[test]

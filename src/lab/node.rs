@@ -8,8 +8,8 @@
 //!
 //! The stand-ins answer the commands the stock packs run, in the real programs' formats:
 //! `cat` (/proc/uptime, /proc/loadavg, /run/reboot-required*, /etc/os-release,
-//! /etc/hostname), `uname`, `dpkg-query -W`, `systemctl` (restart, start, show, is-active,
-//! status) and `vtysh` (see `frr`). Anything else is refused with a message that says the lab
+//! /etc/hostname), `uname`, `dpkg-query -W`, `systemctl` (restart, start, show,
+//! `list-dependencies --reverse --plain`, is-active, status) and `vtysh` (see `frr`). Anything else is refused with a message that says the lab
 //! does not emulate it, never answered with made-up output.
 
 use std::collections::BTreeMap;
@@ -68,6 +68,10 @@ pub struct Unit {
     pub main_pid: u32,
     pub active_since: SystemTime,
     pub n_restarts: u32,
+    /// The other services that want or require this one (their `Wants=`/`Requires=`): what
+    /// `systemctl list-dependencies --reverse` lists before the targets. Every lab unit is
+    /// `WantedBy=multi-user.target`, which `graphical.target` requires.
+    pub wanted_by: Vec<String>,
 }
 
 /// A Debian package as dpkg knows it.
@@ -478,6 +482,45 @@ fn ago(d: Duration) -> String {
     }
 }
 
+/// `systemctl list-dependencies --reverse --plain UNIT…`, as systemd 252 prints it: each unit,
+/// then its dependents two spaces in, services first, then the targets (whose own dependents
+/// follow, each unit once); a blank line between units. A unit systemd does not know is
+/// listed with nothing under it. Only the reverse, plain form is emulated.
+fn list_reverse_dependencies(node: &NodeState, units: &[String], flags: &[String]) -> Output {
+    if !(flags.iter().any(|f| f == "--reverse") && flags.iter().any(|f| f == "--plain")) {
+        return Output::fail(
+            1,
+            "systemctl: the lab's systemctl emulates only `list-dependencies --reverse --plain`\n",
+        );
+    }
+    if units.is_empty() {
+        return Output::fail(
+            1,
+            "systemctl: the lab's systemctl lists the dependents of named units only, not of default.target\n",
+        );
+    }
+    let mut text = String::new();
+    for (k, u) in units.iter().enumerate() {
+        if k > 0 {
+            text.push('\n');
+        }
+        text.push_str(&format!("{u}\n"));
+        let Some(unit) = node.units.get(u) else {
+            continue;
+        };
+        let mut services = unit.wanted_by.clone();
+        services.sort_by_key(|s| s.to_lowercase());
+        for dependent in services
+            .iter()
+            .map(String::as_str)
+            .chain(["multi-user.target", "graphical.target"])
+        {
+            text.push_str(&format!("  {dependent}\n"));
+        }
+    }
+    Output::ok(text)
+}
+
 /// Runs systemctl; also returns the units it restarted, for the world to react to.
 fn systemctl(
     node: &mut NodeState,
@@ -486,6 +529,7 @@ fn systemctl(
     next_pid: &AtomicU32,
 ) -> (Output, Vec<String>) {
     let mut props: Vec<String> = Vec::new();
+    let mut flags: Vec<String> = Vec::new();
     let mut value_only = false;
     let mut words = Vec::new();
     let mut i = 0;
@@ -499,6 +543,7 @@ fn systemctl(
                 "--" => options_done = true,
                 "--no-pager" | "--no-block" | "-q" | "--quiet" | "--no-legend" | "--full"
                 | "-l" => {}
+                "--reverse" | "--plain" => flags.push(a.to_owned()),
                 "--value" => value_only = true,
                 "-p" | "--property" => {
                     let Some(p) = args.get(i + 1) else {
@@ -527,7 +572,7 @@ fn systemctl(
         return (
             Output::fail(
                 1,
-                "systemctl: the lab's systemctl needs a verb (restart, start, show, is-active, status)\n",
+                "systemctl: the lab's systemctl needs a verb (restart, start, show, list-dependencies, is-active, status)\n",
             ),
             vec![],
         );
@@ -618,6 +663,7 @@ fn systemctl(
             }
             (Output::ok(text), vec![])
         }
+        "list-dependencies" => (list_reverse_dependencies(node, &units, &flags), vec![]),
         "is-active" => {
             let mut text = String::new();
             let mut code = 0;
@@ -664,7 +710,7 @@ fn systemctl(
             Output::fail(
                 1,
                 &format!(
-                    "systemctl: the lab's systemctl does not emulate `{other}` (restart, start, show, is-active, status)\n"
+                    "systemctl: the lab's systemctl does not emulate `{other}` (restart, start, show, list-dependencies, is-active, status)\n"
                 ),
             ),
             vec![],
@@ -681,6 +727,48 @@ mod tests {
         assert!(glob("linux-image-*", "linux-image-amd64"));
         assert!(!glob("linux-image-*", "linux-headers-amd64"));
         assert!(glob("c?nsul", "consul"));
+    }
+
+    /// `list-dependencies --reverse --plain` as systemd 252 prints it: the unit, then its
+    /// dependents two spaces in, services before targets; an unknown unit with nothing under
+    /// it; any other form is refused rather than answered wrongly.
+    #[test]
+    fn reverse_dependencies_are_listed_as_systemd_prints_them() {
+        let now = SystemTime::now();
+        let mut node = super::super::scenario::nodes(now).remove(0);
+        let next_pid = AtomicU32::new(9000);
+        let mut run = |argv: &[&str]| {
+            let argv: Vec<String> = argv.iter().map(|a| a.to_string()).collect();
+            systemctl(&mut node, &argv, now, &next_pid).0
+        };
+        let reverse = [
+            "list-dependencies",
+            "--reverse",
+            "--plain",
+            "--no-pager",
+            "--",
+        ];
+        assert_eq!(
+            run(&[&reverse[..], &["consul"]].concat()),
+            Output::ok(
+                "consul.service\n  nomad.service\n  multi-user.target\n  graphical.target\n"
+            )
+        );
+        assert_eq!(
+            run(&[&reverse[..], &["ssh.service"]].concat()),
+            Output::ok("ssh.service\n  multi-user.target\n  graphical.target\n")
+        );
+        assert_eq!(
+            run(&[&reverse[..], &["nosuch"]].concat()),
+            Output::ok("nosuch.service\n")
+        );
+        let forward = run(&["list-dependencies", "--plain", "--", "consul"]);
+        assert_eq!(forward.code, 1, "{forward:?}");
+        assert!(
+            forward
+                .stderr
+                .contains("only `list-dependencies --reverse --plain`")
+        );
     }
 
     #[test]

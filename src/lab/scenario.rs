@@ -309,10 +309,18 @@ pub fn nodes(start: SystemTime) -> Vec<NodeState> {
                 main_pid: pid,
                 active_since: boot + Duration::from_secs(after),
                 n_restarts: 0,
+                wanted_by: Vec::new(),
             };
             let pid = 700 + 13 * k as u32;
             let units = [
-                ("consul.service", unit("Consul agent", 20, pid + 1)),
+                (
+                    "consul.service",
+                    // Nomad's unit wants Consul (Nomad's docs: `Wants=consul.service`).
+                    Unit {
+                        wanted_by: vec!["nomad.service".into()],
+                        ..unit("Consul agent", 20, pid + 1)
+                    },
+                ),
                 ("nomad.service", unit("Nomad", 24, pid + 5)),
                 ("frr.service", unit("FRRouting", 9, pid - 40)),
                 (

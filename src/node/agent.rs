@@ -397,7 +397,9 @@ async fn execute(state: &RunnerState, call: Admitted<'_>) -> Response {
     let duration_ms = started.elapsed().as_millis() as u64;
     let response = match outcome {
         Ok(o) => {
-            let seal = (request.mode == Mode::Preview).then(|| {
+            // A preview that captures no values only shows: there is nothing to seal, and its
+            // execution brings nothing back.
+            let seal = (request.mode == Mode::Preview && tool.needs_preview_values()).then(|| {
                 state.seal_key.seal(&Sealed {
                     runner: &state.config.name,
                     call_id: &claims.call_id,
@@ -923,17 +925,18 @@ mod tests {
         for (r, want) in cases {
             refused(f.admit_with(&fresh(&r), &r), StatusCode::FORBIDDEN, want);
         }
+        // Every stock write has a preview; a read has none.
         let no_preview = CallRequest {
             preview: Some(vars.as_object().unwrap().clone()),
             ..request(
-                "linux.systemctl_restart",
+                "linux.unit_status",
                 json!({"unit": "consul"}),
                 Mode::Execute,
             )
         };
-        let restart = f.state.packs.tool("linux.systemctl_restart").unwrap();
+        let status = f.state.packs.tool("linux.unit_status").unwrap();
         refused(
-            check_preview_values(&f.state.seal_key, "edge1", restart, &claims, &no_preview)
+            check_preview_values(&f.state.seal_key, "edge1", status, &claims, &no_preview)
                 .map_err(|why| (StatusCode::FORBIDDEN, why)),
             StatusCode::FORBIDDEN,
             "has no preview, so its execution takes no preview values",

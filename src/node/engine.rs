@@ -107,6 +107,7 @@ pub async fn run(
         Mode::Execute => {
             let vars = match (&tool.preview, preview_vars) {
                 (None, _) => Map::new(),
+                (Some(_), None) if !tool.needs_preview_values() => Map::new(),
                 (Some(p), Some(given)) => {
                     if let Some(extra) = given.keys().find(|k| !p.vars.contains(k)) {
                         return Err(format!(

@@ -226,13 +226,54 @@ impl TryFrom<StepKeys> for RawStep {
     }
 }
 
+/// What a write shows its approver before anyone says yes: read-only steps and their shaping,
+/// or, written `preview: {none: <reason>}`, the pack's word on why there is nothing to show.
+/// Serde reads it from [`PreviewKeys`] and refuses a preview with both or neither.
+#[derive(Debug, Deserialize)]
+#[serde(try_from = "PreviewKeys")]
+pub enum RawPreview {
+    Steps {
+        steps: Vec<RawStep>,
+        /// Shapes the preview for the approver (the input is the preview's context).
+        output: Option<String>,
+    },
+    /// Why this write has nothing to show; the portal shows it where a preview would be.
+    None(String),
+}
+
+/// How a preview is written: `{steps: […], output: …}` or `{none: <reason>}`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawPreview {
-    pub steps: Vec<RawStep>,
-    /// Shapes the preview for the approver (the input is the preview's context).
+struct PreviewKeys {
     #[serde(default)]
-    pub output: Option<String>,
+    steps: Option<Vec<RawStep>>,
+    #[serde(default)]
+    output: Option<String>,
+    #[serde(default)]
+    none: Option<String>,
+}
+
+impl TryFrom<PreviewKeys> for RawPreview {
+    type Error = String;
+
+    fn try_from(keys: PreviewKeys) -> Result<Self, String> {
+        match keys {
+            PreviewKeys {
+                steps: Some(steps),
+                output,
+                none: None,
+            } => Ok(RawPreview::Steps { steps, output }),
+            PreviewKeys {
+                steps: None,
+                output: None,
+                none: Some(reason),
+            } => Ok(RawPreview::None(reason)),
+            _ => Err(
+                "`preview` has either `steps` (and an optional `output`) or `none: <reason>`"
+                    .into(),
+            ),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]

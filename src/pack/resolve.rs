@@ -2,7 +2,8 @@
 //!
 //! Invariant: a `Tool` that exists is valid: its name is an identifier, every param is typed
 //! and constrained, every template refers only to declared params (path and argv only to
-//! required ones), its jq programs compile and its argument validator is built. A stock
+//! required ones), its jq programs compile and its argument validator is built. A write (risk
+//! above `read`) has a preview, or the pack's non-empty reason why it has none. A stock
 //! pack's programs were compiled by a unit test, not at each start ([`JqProgram::stock`]).
 
 use std::collections::BTreeMap;
@@ -16,7 +17,7 @@ use super::action::{
 };
 use super::jq::JqProgram;
 use super::params::{self, Param};
-use super::raw::{RawPack, RawTool};
+use super::raw::{RawPack, RawPreview, RawTool};
 use crate::digest::sha256_hex;
 use crate::util::door::{IDENTIFIER_PATTERN, is_identifier};
 
@@ -89,6 +90,9 @@ pub struct Tool {
     pub single_action: bool,
     /// Read-only steps run at request time; their vars are needed at execution.
     pub preview: Option<Preview>,
+    /// A write without a preview says why (`preview: {none: <reason>}`); the portal shows it
+    /// where the preview would be. A write has exactly one of `preview` and `no_preview`.
+    pub no_preview: Option<String>,
     pub output: Option<JqProgram>,
     pub example: Option<Value>,
     /// JSON Schema of the pack params alone (what a runner validates).
@@ -111,6 +115,12 @@ impl Tool {
     pub fn validate(&self, args: &Value) -> Result<(), Vec<String>> {
         let secret: Vec<&str> = self.secret_params().collect();
         params::validate(&self.validator, args, &secret)
+    }
+
+    /// Whether an execution must bring values its preview captured (and the runner sealed):
+    /// a preview that captures none only shows, and its execution brings nothing.
+    pub fn needs_preview_values(&self) -> bool {
+        self.preview.as_ref().is_some_and(|p| !p.vars.is_empty())
     }
 
     /// Names of the params marked secret.
@@ -291,21 +301,24 @@ fn resolve_tool(
         vars: Default::default(),
         programs,
     };
-    let preview = match &raw.preview {
-        None => None,
-        Some(p) => {
-            if risk == Risk::Read {
-                return Err(
-                    "a read needs no preview: previews are for writes an approver looks at".into(),
-                );
-            }
-            let steps = resolve_steps(&p.steps, &mut scope, has_service, Phase::Preview)
+    let (preview, no_preview) = match (&raw.preview, risk) {
+        (None, Risk::Read) => (None, None),
+        (None, Risk::Low | Risk::High) => return Err(NO_PREVIEW.into()),
+        (Some(_), Risk::Read) => {
+            return Err(
+                "a read needs no preview: previews are for writes an approver looks at".into(),
+            );
+        }
+        (Some(RawPreview::None(reason)), _) => (None, Some(no_preview_reason(reason)?)),
+        (Some(RawPreview::Steps { steps, output }), _) => {
+            let steps = resolve_steps(steps, &mut scope, has_service, Phase::Preview)
                 .map_err(|e| format!("preview: {e}"))?;
-            Some(Preview {
+            let preview = Preview {
                 steps,
-                output: p.output.as_deref().map(|o| scope.program(o)).transpose()?,
+                output: output.as_deref().map(|o| scope.program(o)).transpose()?,
                 vars: scope.vars.iter().cloned().collect(),
-            })
+            };
+            (Some(preview), None)
         }
     };
     let (steps, single_action) = match (&raw.action, &raw.steps) {
@@ -341,11 +354,27 @@ fn resolve_tool(
         steps,
         single_action,
         preview,
+        no_preview,
         output,
         example: raw.example.clone(),
         params_schema,
         validator,
     })
+}
+
+/// The rule a write without a preview breaks: an approver must see what will change, or read
+/// the pack's word on why nothing can be shown.
+const NO_PREVIEW: &str = "a write needs a `preview`, or `preview: {none: <reason>}`";
+
+/// The reason of `preview: {none: <reason>}`, trimmed: it must say something.
+fn no_preview_reason(reason: &str) -> Result<String, String> {
+    let reason = reason.trim();
+    if reason.is_empty() {
+        return Err(format!(
+            "`preview: {{none: <reason>}}` needs a reason (it must not be empty): {NO_PREVIEW}"
+        ));
+    }
+    Ok(reason.to_owned())
 }
 
 /// The most characters a call's `reason` may have: the schema says so, and the gateway
@@ -553,7 +582,7 @@ mod tests {
     fn steps_are_checked_in_order() {
         let pack = |steps: &str| {
             format!(
-                "pack: t\ndescription: d\nservice: s\ntools:\n  x:\n    description: d\n    risk: high\n    scope: node\n    params:\n      job: {{type: identifier}}\n    steps:\n{steps}"
+                "pack: t\ndescription: d\nservice: s\ntools:\n  x:\n    description: d\n    risk: high\n    scope: node\n    preview: {{none: the steps are what is checked here}}\n    params:\n      job: {{type: identifier}}\n    steps:\n{steps}"
             )
         };
         let ok = pack(
@@ -648,6 +677,68 @@ mod tests {
                 .to_string()
                 .contains("a read needs no preview")
         );
+    }
+
+    /// A write must show its approver something: a preview, or the pack's reason why there
+    /// is none. The error names the pack, the tool and the rule.
+    #[test]
+    fn a_write_needs_a_preview_or_a_reason_for_none() {
+        let tool = |risk: &str, preview: &str| {
+            format!(
+                "pack: t\ndescription: d\ntools:\n  x:\n    description: d\n    risk: {risk}\n    scope: node\n{preview}    action: {{exec: {{argv: [uname]}}}}\n"
+            )
+        };
+        for risk in ["low", "high"] {
+            let err = load_one(&tool(risk, "")).unwrap_err().to_string();
+            assert_eq!(
+                err,
+                "pack test.yaml: tool `t.x`: a write needs a `preview`, or `preview: {none: <reason>}`",
+                "{risk}"
+            );
+            for empty in ["''", "'   '"] {
+                let err = load_one(&tool(risk, &format!("    preview: {{none: {empty}}}\n")))
+                    .unwrap_err()
+                    .to_string();
+                assert!(
+                    err.contains("tool `t.x`: `preview: {none: <reason>}` needs a reason"),
+                    "{risk} {empty}: {err}"
+                );
+            }
+            let set = load_one(&tool(
+                risk,
+                "    preview: {none: '  uname changes nothing to show  '}\n",
+            ))
+            .unwrap();
+            let x = set.tool("t.x").unwrap();
+            assert!(x.preview.is_none());
+            assert_eq!(
+                x.no_preview.as_deref(),
+                Some("uname changes nothing to show")
+            );
+            let set = load_one(&tool(
+                risk,
+                "    preview: {steps: [{name: p, read_only: true, exec: {argv: [uname]}}]}\n",
+            ))
+            .unwrap();
+            let x = set.tool("t.x").unwrap();
+            assert!(x.preview.is_some() && x.no_preview.is_none());
+        }
+        assert!(load_one(&tool("read", "")).is_ok());
+        let err = load_one(&tool("read", "    preview: {none: reads change nothing}\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("a read needs no preview"), "{err}");
+        let both =
+            "    preview: {none: r, steps: [{name: p, read_only: true, exec: {argv: [uname]}}]}\n";
+        for bad in [both, "    preview: {output: '.'}\n", "    preview: {}\n"] {
+            let err = load_one(&tool("high", bad)).unwrap_err().to_string();
+            assert!(
+                err.contains(
+                    "tools.x: `preview` has either `steps` (and an optional `output`) or `none: <reason>`"
+                ),
+                "{bad}: {err}"
+            );
+        }
     }
 
     /// The kind of an action or step is one key: the pack file is refused, naming the rule

@@ -5,14 +5,16 @@
 //
 // Env: PORTAL_URL, PORTAL_USER, PORTAL_PASSWORD, SCREENSHOT_DIR, CHROMIUM, and LAB_REQUESTS:
 // a JSON array, in the order to approve them, of
-//   {"tool": "...", "reason": "...", "diff": "MemoryMB 1024 → 4096" (optional), "screenshot": "x.png"}
+//   {"tool": "...", "reason": "...", "diff": "MemoryMB 1024 → 4096" (optional),
+//    "shows": ["text the preview must show", ...] (optional), "screenshot": "x.png"}
 //
 // Protocol on stdout, one line each, in this order:
 //   READY                               logged in, approvals page open, live updates connected;
 //                                       the test now makes the agent's calls
 //   {"pending": N}                      every expected request is listed as pending (live)
 //   {"executed": "<tool>"}              one per request: its detail page showed it pending (with
-//                                       its reason, and its plan diff when one is expected), it
+//                                       its reason, its plan diff and preview text when they are
+//                                       expected), it
 //                                       was approved there, and its result arrived live
 //   {"done": true}
 // Exit 0 on success. On any failure: screenshot lab-99-failure.png, the error and the browser's
@@ -157,6 +159,12 @@ async function run() {
       const lines = await page.locator('#preview ul.diff li').allTextContents();
       if (!lines.map((l) => l.trim()).includes(r.diff)) {
         throw new Error(`${r.tool}: the preview's plan diff shows ${JSON.stringify(lines)}, expected ${JSON.stringify(r.diff)}`);
+      }
+    }
+    for (const text of r.shows || []) {
+      const shown = (await page.locator('#preview').textContent()) || '';
+      if (!shown.includes(text)) {
+        throw new Error(`${r.tool}: the preview does not show ${JSON.stringify(text)}: ${JSON.stringify(shown.slice(0, 600))}`);
       }
     }
     checkProblems(`${r.tool} detail`);

@@ -19,11 +19,14 @@ use emisar::lab::clock::LabClock;
 use emisar::lab::http::serve;
 use emisar::lab::scenario;
 
-/// A fake `systemctl` that records its argv, one call per line.
+/// A fake `systemctl` that records its argv, one call per line. It answers `show` with a
+/// running unit's properties and `list-dependencies --reverse --plain` as systemd 252 prints
+/// it (the unit, then each dependent two spaces in): every unit is wanted by
+/// multi-user.target, which graphical.target requires.
 pub(crate) fn systemctl_standin(dir: &std::path::Path) -> std::path::PathBuf {
     let record = dir.join("systemctl.argv");
     let script = format!(
-        "#!/bin/sh\nprintf '%s\\n' \"$*\" >> '{}'\nif [ \"$1\" = show ]; then printf 'ActiveState=active\\nSubState=running\\nMainPID=4242\\n'; fi\nexit 0\n",
+        "#!/bin/sh\nprintf '%s\\n' \"$*\" >> '{}'\nfor unit; do :; done\ncase \"$unit\" in *.*) ;; *) unit=\"$unit.service\" ;; esac\nif [ \"$1\" = show ]; then printf 'Id=%s\\nLoadState=loaded\\nActiveState=active\\nSubState=running\\nResult=success\\nMainPID=4242\\nNRestarts=0\\nActiveEnterTimestamp=Sun 2026-12-06 09:00:00 UTC\\n' \"$unit\"; fi\nif [ \"$1\" = list-dependencies ]; then printf '%s\\n  multi-user.target\\n  graphical.target\\n' \"$unit\"; fi\nexit 0\n",
         record.display()
     );
     let path = dir.join("systemctl");
@@ -1260,5 +1263,44 @@ async fn an_approval_never_runs_under_a_changed_pack() {
         ]
     );
     a.assert_chain_intact().await;
+    client.cancel().await.unwrap();
+}
+
+/// A write whose pack says `preview: {none: <reason>}` shows that reason to the people who
+/// decide, where a preview would be, and runs no preview.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_without_a_preview_shows_its_packs_reason() {
+    let app = spawn_app(
+        Backend::Sqlite,
+        vec![RunnerSpec::new("node-1")],
+        Options {
+            packs_dir: Some(crate::mcp_calls::fixtures_dir()),
+            ..Default::default()
+        },
+    )
+    .await;
+    let password = add_user(&app, "alice", Role::Approver).await;
+    let alice = Portal::login(&app, "alice", &password).await;
+    let client = app.mcp_client().await;
+    let marker = app.dir.path().join("touched");
+    let asked = call_in_background(
+        &client,
+        "testkit.touch",
+        json!({"runners": ["node-1"], "reason": "touch it", "path": marker.to_str().unwrap()}),
+    );
+    let id = wait_for_pending(&alice).await;
+    let (status, row) = alice.get(&format!("/api/approvals/{id}")).await;
+    assert_eq!(status, 200, "{row}");
+    assert_eq!(
+        row["no_preview_reason"],
+        "touch only creates an empty file (or updates its times); the path is all there is to see",
+        "{row}"
+    );
+    assert_eq!(row["preview"], json!(null), "{row}");
+    let (status, body) = alice.approve(&id).await;
+    assert_eq!(status, 200, "{body}");
+    let res = finished(asked).await;
+    assert_eq!(res.is_error, Some(false), "{res:?}");
+    assert!(marker.exists());
     client.cancel().await.unwrap();
 }

@@ -101,6 +101,46 @@ fn packs_check_fails_a_free_form_string() {
     );
 }
 
+/// A write must show its approver something: `packs check` refuses one with neither a
+/// preview nor `preview: {none: <reason>}`, or with an empty reason, naming the pack, the
+/// tool and the rule; a reason (or a preview) passes.
+#[test]
+fn packs_check_refuses_a_write_without_a_preview() {
+    let check = |preview: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("w.yaml"),
+            format!(
+                "pack: w\ndescription: d\ntools:\n  wipe:\n    description: d\n    risk: high\n    scope: node\n{preview}    action:\n      exec: {{argv: [\"true\"]}}\n"
+            ),
+        )
+        .unwrap();
+        let file = dir.path().join("w.yaml").display().to_string();
+        let (code, out, err) = emisar(&["packs", "check", "--dir", dir.path().to_str().unwrap()]);
+        (code, out, err.replace(&file, "w.yaml"))
+    };
+    let (code, out, err) = check("");
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(
+        err.contains(
+            "pack w.yaml: tool `w.wipe`: a write needs a `preview`, or `preview: {none: <reason>}`"
+        ),
+        "{err}"
+    );
+    let (code, out, err) = check("    preview: {none: '  '}\n");
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(
+        err.contains("tool `w.wipe`: `preview: {none: <reason>}` needs a reason"),
+        "{err}"
+    );
+    let (code, out, err) = check("    preview: {none: true changes nothing there is to show}\n");
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("ok  w "), "{out}");
+    let (code, out, err) =
+        check("    preview: {steps: [{name: look, read_only: true, exec: {argv: [uname]}}]}\n");
+    assert_eq!(code, 0, "{out}{err}");
+}
+
 #[test]
 fn commands_that_read_the_store_need_a_database() {
     let (code, _, err) = emisar(&["audit", "verify"]);

@@ -854,7 +854,8 @@ async fn wait_for_pending(p: &Portal, n: usize) -> Vec<Value> {
 }
 
 /// The portal in a real browser on the lab: both requests listed live, each
-/// detail with its reason (the Nomad one with its plan diff), approved there, executed.
+/// detail with its reason and preview (the restart's unit state and dependents, the Nomad
+/// one's plan diff), approved there, executed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lab_portal_in_a_real_browser_shows_and_approves_both_requests() {
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
@@ -871,7 +872,11 @@ async fn lab_portal_in_a_real_browser_shows_and_approves_both_requests() {
         }
     }
     let requests = json!([
-        {"tool": "linux.systemctl_restart", "reason": CONSUL_REASON, "screenshot": "lab-consul-restart.png"},
+        // The restart's preview, read from hvn05's systemctl: what depends on consul, and
+        // how many times systemd restarted it.
+        {"tool": "linux.systemctl_restart", "reason": CONSUL_REASON,
+         "shows": ["\"nomad.service\"", "\"multi-user.target\"", "\"restarts\": 0", "\"active_state\": \"active\""],
+         "screenshot": "lab-consul-restart.png"},
         {"tool": "nomad.task_resources_set", "reason": NOMAD_REASON, "diff": "MemoryMB 1024 → 4096",
          "screenshot": "lab-nomad-memory.png"},
     ]);

@@ -176,6 +176,74 @@ async fn systemctl_restart_runs_exact_argv_and_only_allowlisted_units() {
     );
 }
 
+/// The approver of a restart sees what systemctl says at request time: the unit's state,
+/// its restarts and last activation, and what depends on it (`list-dependencies
+/// --reverse`). Only reads run before the yes; the execution restarts the unit shown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn systemctl_restart_previews_the_unit_and_its_dependents_for_the_approver() {
+    let bin = tempfile::tempdir().unwrap();
+    let record = systemctl_standin(bin.path());
+    let app = spawn_app(
+        Backend::Sqlite,
+        vec![
+            RunnerSpec::new("nomad-hvn05")
+                .path_first(bin.path())
+                .allow("systemd_units", &["consul"]),
+        ],
+        Options::default(),
+    )
+    .await;
+    let password = add_user(&app, "alice", Role::Approver).await;
+    let alice = Portal::login(&app, "alice", &password).await;
+    let client = app.mcp_client().await;
+    let asked = call_in_background(
+        &client,
+        "linux.systemctl_restart",
+        json!({"unit": "consul", "runners": ["nomad-hvn05"], "reason": "consul is wedged"}),
+    );
+    let id = wait_for_pending(&alice).await;
+    let (_, row) = alice.get(&format!("/api/approvals/{id}")).await;
+    assert_eq!(
+        row["preview"]["nomad-hvn05"]["output"],
+        json!({
+            "unit": "consul.service", "load_state": "loaded", "active_state": "active",
+            "sub_state": "running", "result": "success", "main_pid": 4242, "restarts": 0,
+            "last_activation": "Sun 2026-12-06 09:00:00 UTC",
+            "depended_on_by": ["multi-user.target", "graphical.target"],
+            "runs": "systemctl restart -- consul",
+        }),
+        "{row}"
+    );
+    assert_eq!(row["no_preview_reason"], json!(null), "{row}");
+    let argv = |record: &std::path::Path| -> Vec<String> {
+        std::fs::read_to_string(record)
+            .unwrap()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    };
+    let reads = [
+        "show --no-pager -p Id,LoadState,ActiveState,SubState,Result,MainPID,NRestarts,ActiveEnterTimestamp -- consul",
+        "list-dependencies --reverse --plain --no-pager -- consul",
+    ];
+    assert_eq!(argv(&record), reads, "only reads before the approval");
+
+    let (status, body) = alice.approve(&id).await;
+    assert_eq!(status, 200, "{body}");
+    let done = output(&finished(asked).await);
+    assert_eq!(done["restarted"], true, "{done}");
+    assert_eq!(
+        argv(&record),
+        [
+            reads[0],
+            reads[1],
+            "restart -- consul",
+            "show --no-pager -p ActiveState,SubState,MainPID,ActiveEnterTimestamp -- consul",
+        ]
+    );
+    client.cancel().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frr_bgp_summary_shutdown_and_enable_on_real_routers() {
     let frr = FrrPair::start();
@@ -238,6 +306,35 @@ async fn frr_bgp_summary_shutdown_and_enable_on_real_routers() {
         "Established",
         "nothing is configured before the approval"
     );
+    // What the approver saw, read from bgpd at request time: the session, its prefixes, the
+    // exact commands under the ASN the preview sealed, and what rB will lose (rA's own
+    // prefix, and rB's, which eBGP sends back).
+    let (_, row) = alice.get(&format!("/api/approvals/{id}")).await;
+    let seen = &row["preview"]["rA"]["output"];
+    assert_eq!(seen["state"], "Established", "{row}");
+    assert_eq!(seen["admin_shutdown"], false, "{seen}");
+    assert_eq!(seen["local_as"], 65001, "{seen}");
+    assert_eq!(seen["remote_as"], 65002, "{seen}");
+    assert_eq!(seen["description"], "peer-rA-to-65002", "{seen}");
+    assert_eq!(seen["prefixes_received"], 1, "{seen}");
+    assert_eq!(seen["prefixes_sent"], 2, "{seen}");
+    assert_eq!(
+        seen["vtysh"],
+        json!([
+            "configure terminal",
+            "router bgp 65001",
+            "neighbor 10.255.0.2 shutdown message emisar: approved shutdown",
+            "end"
+        ]),
+        "{seen}"
+    );
+    assert_eq!(
+        seen["peer_loses"],
+        json!(["192.0.2.0/24", "198.51.100.0/24"]),
+        "{seen}"
+    );
+    assert_eq!(row["execution_vars"]["rA"], json!({"asn": 65001}), "{row}");
+    assert_eq!(row["no_preview_reason"], json!(null), "{row}");
     let (status, body) = alice.approve(&id).await;
     assert_eq!(status, 200, "{body}");
     let res = finished(asked).await;
@@ -282,17 +379,39 @@ async fn frr_bgp_summary_shutdown_and_enable_on_real_routers() {
     );
     assert_eq!(n["admin_shutdown"], true);
 
-    // And back.
-    let r = app
-        .signed_call(
-            "rA",
-            "frr.bgp_neighbor_enable",
-            json!({"neighbor": "10.255.0.2"}),
-            Mode::Execute,
-            None,
-        )
-        .await;
-    assert_eq!(r.body["status"], "ok", "{}", r.body);
+    // And back, the same way: the preview shows the session shut down and what rB will
+    // learn once it is up (rA's best routes not learned from rB: its own prefix).
+    let asked = call_in_background(
+        &client,
+        "frr.bgp_neighbor_enable",
+        json!({"neighbor": "10.255.0.2", "runners": ["rA"], "reason": "rA serves again"}),
+    );
+    let id = wait_for_pending(&alice).await;
+    let (_, row) = alice.get(&format!("/api/approvals/{id}")).await;
+    let seen = &row["preview"]["rA"]["output"];
+    assert_eq!(seen["state"], "Idle", "{row}");
+    assert_eq!(seen["admin_shutdown"], true, "{seen}");
+    assert_eq!(seen["prefixes_sent"], 0, "{seen}");
+    assert_eq!(
+        seen["vtysh"],
+        json!([
+            "configure terminal",
+            "router bgp 65001",
+            "no neighbor 10.255.0.2 shutdown",
+            "end"
+        ]),
+        "{seen}"
+    );
+    assert_eq!(seen["peer_learns"], json!(["192.0.2.0/24"]), "{seen}");
+    assert!(
+        !frr.b.has_route("192.0.2.0/24"),
+        "nothing is configured before the approval"
+    );
+    let (status, body) = alice.approve(&id).await;
+    assert_eq!(status, 200, "{body}");
+    let r = output(&finished(asked).await);
+    assert_eq!(r["enabled"], true, "{r}");
+    assert_eq!(r["local_as"], 65001, "the ASN the preview sealed: {r}");
     frr.a.wait_peer_state("10.255.0.2", "Established").await;
     wait_for(
         || frr.b.has_route("192.0.2.0/24"),
@@ -300,13 +419,14 @@ async fn frr_bgp_summary_shutdown_and_enable_on_real_routers() {
     )
     .await;
 
-    // A neighbor that does not exist: the precondition says so and nothing is configured.
+    // A neighbor that does not exist: the preview's precondition says so, before any request
+    // reaches a person, and nothing is configured.
     let r = app
         .signed_call(
             "rA",
             "frr.bgp_neighbor_shutdown",
             json!({"neighbor": "10.9.9.9"}),
-            Mode::Execute,
+            Mode::Preview,
             None,
         )
         .await;

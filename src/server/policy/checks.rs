@@ -289,11 +289,11 @@ impl Policy {
                     }
                 }
             }
-            // A tool with a preview executes only with the values its preview captured when
+            // A tool whose preview captures values executes only with the values captured when
             // the request was made: a line that lets it run without a request can never work.
             let without_request: Vec<_> = matched()
                 .filter(|t| {
-                    t.preview.is_some()
+                    t.needs_preview_values()
                         && most_specific(&self.risk, &t.name).is_some_and(|r| std::ptr::eq(r, rule))
                         && (rule.risk == Risk::Read
                             || (rule.risk == Risk::Low && rule.auto_approve))
@@ -577,6 +577,7 @@ mod tests {
                 "risk: {\"frr.*\": read}",
                 &[
                     "`risk.\"frr.*\"`: lowering a risk:high tool needs `lower: true` (frr.bgp_neighbor_enable, frr.bgp_neighbor_shutdown)",
+                    "`risk.\"frr.*\"`: a tool with a preview cannot run without an approval request (its execution needs the values its preview captures when the request is made) (frr.bgp_neighbor_enable, frr.bgp_neighbor_shutdown)",
                 ],
             ),
             (
@@ -600,10 +601,8 @@ mod tests {
             ),
             (
                 "auto_approve on a high tool",
-                "risk: {linux.systemctl_restart: {risk: low, lower: true, auto_approve: true}}",
-                &[
-                    "`risk.\"linux.systemctl_restart\"`: `auto_approve` is not allowed on a risk:high tool",
-                ],
+                "risk: {t.high_write: {risk: low, lower: true, auto_approve: true}}",
+                &["`risk.\"t.high_write\"`: `auto_approve` is not allowed on a risk:high tool"],
             ),
             (
                 "unknown tools everywhere",

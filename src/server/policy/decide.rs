@@ -96,13 +96,13 @@ impl Policy {
     /// The effective risk, and whether a low write runs without approval. A line that lowers
     /// without `lower: true` does not apply (so an unchecked policy cannot lower by mistake),
     /// `auto_approve` never applies to a tool its pack calls high, and no line makes a tool
-    /// with a preview run without a request (its execution needs the preview's values).
+    /// whose preview captures values run without a request (its execution needs them).
     fn risk_rule(&self, tool: &Tool) -> (Risk, bool) {
         match most_specific(&self.risk, &tool.name) {
             Some(rule) if rule.lower || rank(rule.risk) >= rank(tool.risk) => {
                 let auto = rule.auto_approve && rule.risk == Risk::Low && tool.risk != Risk::High;
                 let runs_freely = rule.risk == Risk::Read || auto;
-                if runs_freely && tool.preview.is_some() {
+                if runs_freely && tool.needs_preview_values() {
                     (tool.risk, false)
                 } else {
                     (rule.risk, auto)
@@ -586,11 +586,11 @@ runners:
             Case {
                 name: "risk: lowering high to read with `lower: true` runs it",
                 format: Yaml,
-                policy: "risk: {frr.bgp_neighbor_shutdown: {risk: read, lower: true}}",
-                tool: "frr.bgp_neighbor_shutdown",
+                policy: "risk: {t.high_write: {risk: read, lower: true}}",
+                tool: "t.high_write",
                 agent: "a",
                 runners: &[("r1", "")],
-                args: json!({"neighbor": "10.0.0.1"}),
+                args: json!({}),
                 want: Allow,
             },
             Case {

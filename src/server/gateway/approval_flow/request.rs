@@ -239,7 +239,8 @@ impl Gateway {
                 .map(|name| self.dispatch_one(name, tool, &dispatch)),
         )
         .await;
-        let PreviewFailed { failures, details } = match previews(&r.runners, answers) {
+        let captures = tool.needs_preview_values();
+        let PreviewFailed { failures, details } = match previews(&r.runners, answers, captures) {
             Ok(per_runner) => return Ok(Value::Object(per_runner)),
             Err(failed) => failed,
         };
@@ -277,16 +278,22 @@ struct PreviewFailed {
 /// The preview a request keeps, from each target's answer in `runners`' order: per runner
 /// `{ok, output, vars, seal, sealed_vars}`, `sealed_vars` being the canonical text of the vars
 /// exactly as the runner sealed them; or every failure, where an answer without a seal is
-/// one (its execution could not use the values).
+/// one (its execution could not use the values). A preview that `captures` nothing only
+/// shows: per runner `{ok, output}`, no values for the execution, the statement or a proof
+/// to bind.
 fn previews(
     runners: &[String],
     answers: Vec<Result<RunnerAnswer, RunnerError>>,
+    captures: bool,
 ) -> Result<Map<String, Value>, PreviewFailed> {
     let mut per_runner = Map::new();
     let mut failures = Vec::new();
     let mut details = Vec::new();
     for (name, answer) in runners.iter().zip(answers) {
         match answer {
+            Ok(a) if !captures => {
+                per_runner.insert(name.clone(), json!({"ok": true, "output": a.output}));
+            }
             Ok(a) if a.seal.is_none() => failures.push(format!(
                 "preview on `{name}`: the runner did not seal the values it captured, so its execution could not use them (is it an older runner?)"
             )),
@@ -339,6 +346,7 @@ mod tests {
                 answer(json!({"index": 7, "b": "x"}), Some("seal-1")),
                 answer(json!({"index": 8}), Some("seal-2")),
             ],
+            true,
         )
         .unwrap();
         assert_eq!(
@@ -363,6 +371,7 @@ mod tests {
                     detail: "connection refused".into(),
                 }),
             ],
+            true,
         )
         .unwrap_err();
         assert_eq!(
@@ -378,6 +387,35 @@ mod tests {
                 "preview on `r3`: runner unreachable: the connection failed (the server's log has the details): connection refused"
             ],
             "operators read the detail behind an error; a missing seal has none"
+        );
+    }
+
+    /// A preview that captures nothing only shows: each runner's output is kept, with no
+    /// values, seal or sealed text for an execution, a statement or a proof to bind; a
+    /// runner that failed still fails the request.
+    #[test]
+    fn a_preview_that_captures_nothing_keeps_only_what_it_shows() {
+        let kept = previews(&runners(&["r1"]), vec![answer(json!({}), None)], false).unwrap();
+        assert_eq!(
+            Value::Object(kept),
+            json!({"r1": {"ok": true, "output": {"plan": "+1 task"}}})
+        );
+        let failed = previews(
+            &runners(&["r1", "r2"]),
+            vec![
+                answer(json!({}), None),
+                Err(RunnerError::Unreachable {
+                    detail: "connection refused".into(),
+                }),
+            ],
+            false,
+        )
+        .unwrap_err();
+        assert_eq!(
+            failed.failures,
+            [
+                "preview on `r2`: runner unreachable: the connection failed (the server's log has the details)"
+            ]
         );
     }
 }

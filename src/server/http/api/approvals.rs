@@ -4,7 +4,8 @@
 //!
 //! Invariants: an approval id from a path is checked to be a UUID before it reaches the
 //! store; a denial's note is bounded text; every approval shown carries its tool's
-//! description and the values each runner's execution will use.
+//! description, the pack's reason when the tool has no preview, and the values each runner's
+//! execution will use.
 
 use axum::extract::{Path, State};
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -20,15 +21,15 @@ use crate::server::principal::Principal;
 /// The longest note, in characters.
 const MAX_NOTE_CHARS: usize = 2000;
 
-/// An approval as people see it: the request plus its tool's description.
+/// An approval as people see it: the request plus its tool's description (and, for a write
+/// without a preview, its pack's reason).
 fn view(state: &HttpState, a: &crate::server::approvals::Approval) -> Value {
     let mut v = serde_json::to_value(a).expect("approvals are JSON");
-    let description = state
-        .gateway
-        .packs()
-        .tool(&a.tool)
-        .map(|t| t.description.clone());
-    v["tool_description"] = json!(description);
+    let tool = state.gateway.packs().tool(&a.tool);
+    v["tool_description"] = json!(tool.map(|t| t.description.clone()));
+    // A write without a preview says why, in its pack's words; the portal shows it where the
+    // preview would be.
+    v["no_preview_reason"] = json!(tool.and_then(|t| t.no_preview.clone()));
     // The request's own note under its old name, which meant two things next to the votes'
     // notes; kept for one release (docs/api.md, "Deprecated").
     v["note"] = v["outcome_note"].clone();

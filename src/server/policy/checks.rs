@@ -591,7 +591,7 @@ mod tests {
                 "a glob that lowers a tool with a preview names it",
                 "risk: {\"nomad.*\": {risk: read, lower: true}}",
                 &[
-                    "`risk.\"nomad.*\"`: a tool with a preview cannot run without an approval request (its execution needs the values its preview captures when the request is made) (nomad.task_resources_set)",
+                    "`risk.\"nomad.*\"`: a tool with a preview cannot run without an approval request (its execution needs the values its preview captures when the request is made) (nomad.alloc_restart, nomad.job_scale, nomad.node_drain, nomad.node_eligibility, nomad.task_resources_set)",
                 ],
             ),
             (
@@ -644,9 +644,9 @@ mod tests {
             .check(packs())
             .unwrap();
         Policy::builtin().check(packs()).unwrap();
-        // A closer line keeps the tool with a preview under approval: the glob is fine.
-        let closer =
-            "risk: {\"nomad.*\": {risk: read, lower: true}, nomad.task_resources_set: high}";
+        // Closer lines keep the tools with a preview under approval: the glob is fine.
+        let closer = "risk: {\"nomad.*\": {risk: read, lower: true}, nomad.task_resources_set: high, \
+            nomad.job_scale: high, nomad.alloc_restart: high, nomad.node_drain: high, nomad.node_eligibility: high}";
         Policy::parse(closer, Format::Yaml)
             .unwrap()
             .check(packs())

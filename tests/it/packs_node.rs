@@ -1,5 +1,6 @@
-//! The node-scoped packs: linux and debian on this machine, linux.systemctl_restart through a
-//! recording stand-in (there is no systemd here), and FRR for real in network namespaces.
+//! The node-scoped packs: linux and debian on this machine, linux.systemctl_restart and
+//! linux.systemctl_reload through a recording stand-in (there is no systemd here), and FRR for
+//! real in network namespaces.
 
 use emisar::protocol::Mode;
 use serde_json::json;
@@ -7,7 +8,8 @@ use serde_json::json;
 use emisar::server::tokens::Role;
 
 use crate::approvals::{
-    Portal, add_user, call_in_background, finished, kinds_of, systemctl_standin, wait_for_pending,
+    Portal, add_user, call_in_background, finished, kinds_of, signed_in, systemctl_cannot_reload,
+    systemctl_standin, wait_for_pending,
 };
 use crate::harness::app::Options;
 use crate::harness::frr::FrrPair;
@@ -239,6 +241,133 @@ async fn systemctl_restart_previews_the_unit_and_its_dependents_for_the_approver
             reads[1],
             "restart -- consul",
             "show --no-pager -p ActiveState,SubState,MainPID,ActiveEnterTimestamp -- consul",
+        ]
+    );
+    client.cancel().await.unwrap();
+}
+
+/// The lines of the stand-in `systemctl`'s record.
+fn recorded(record: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(record)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+const RELOAD_PREVIEW_ARGV: &str = "show --no-pager -p Id,LoadState,ActiveState,SubState,CanReload,MainPID,ActiveEnterTimestamp -- consul";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn systemctl_reload_previews_waits_for_a_person_and_runs_exact_argv() {
+    let bin = tempfile::tempdir().unwrap();
+    let record = systemctl_standin(bin.path());
+    systemctl_cannot_reload(bin.path(), "cron.service");
+    let app = spawn_app(
+        Backend::Sqlite,
+        vec![
+            RunnerSpec::new("nomad-hvn05")
+                .path_first(bin.path())
+                .allow("systemd_units", &["consul", "cron"]),
+        ],
+        Options::default(),
+    )
+    .await;
+
+    // Outside the allowlist: refused before anything runs, preview included.
+    for mode in [Mode::Preview, Mode::Execute] {
+        let refused = app
+            .signed_call(
+                "nomad-hvn05",
+                "linux.systemctl_reload",
+                json!({"unit": "sshd"}),
+                mode,
+                None,
+            )
+            .await;
+        assert_eq!(refused.status, 403, "{}", refused.body);
+        assert!(
+            refused.body["error"]
+                .as_str()
+                .unwrap()
+                .contains("not in this runner's allowlist `systemd_units`"),
+            "{}",
+            refused.body
+        );
+    }
+    assert!(!record.exists(), "systemctl must not have run");
+
+    // A unit that cannot reload: the preview refuses, so nobody is asked and nothing reloads.
+    let client = app.mcp_client().await;
+    let alice = signed_in(&app, "alice", Role::Approver).await;
+    let res = call(
+        &client,
+        "linux.systemctl_reload",
+        json!({"unit": "cron", "runners": ["nomad-hvn05"], "reason": "pick up the new crontab"}),
+    )
+    .await;
+    assert_eq!(res.is_error, Some(true), "{res:?}");
+    let error = res.structured_content.clone().unwrap()["error"].clone();
+    assert_eq!(error["kind"], "preview_failed", "{error}");
+    assert!(
+        error
+            .to_string()
+            .contains("unit `cron` cannot reload (CanReload=no: it declares no ExecReload=)"),
+        "{error}"
+    );
+    assert_eq!(
+        recorded(&record),
+        [RELOAD_PREVIEW_ARGV.replace("-- consul", "-- cron")]
+    );
+    assert!(crate::approvals::pending_ids(&alice).await.is_empty());
+
+    // A unit that can: the approver sees its state before anyone says yes.
+    std::fs::remove_file(&record).unwrap();
+    let asked = call_in_background(
+        &client,
+        "linux.systemctl_reload",
+        json!({"unit": "consul", "runners": ["nomad-hvn05"], "reason": "consul has a new service definition"}),
+    );
+    let id = wait_for_pending(&alice).await;
+    let (status, request) = alice.get(&format!("/api/approvals/{id}")).await;
+    assert_eq!(status, 200, "{request}");
+    let preview = &request["preview"]["nomad-hvn05"]["output"];
+    assert_eq!(
+        *preview,
+        json!({"unit": "consul.service", "command": "systemctl reload -- consul",
+               "state": {"ActiveState": "active", "SubState": "running"}, "can_reload": true,
+               "main_pid": "4242", "active_since": "Sun 2026-12-06 09:00:00 UTC"}),
+        "{request}"
+    );
+    assert_eq!(
+        recorded(&record),
+        [RELOAD_PREVIEW_ARGV],
+        "nothing reloads before the yes"
+    );
+    let (status, body) = alice.approve(&id).await;
+    assert_eq!(status, 200, "{body}");
+    let res = finished(asked).await;
+    assert_eq!(res.is_error, Some(false), "{res:?}");
+    let out = res.structured_content.unwrap();
+    let result = &out["results"][0]["output"];
+    assert_eq!(result["reloaded"], true, "{out}");
+    assert_eq!(result["main_pid_before"], "4242", "{out}");
+    assert_eq!(result["state_after"]["ActiveState"], "active", "{out}");
+    assert_eq!(
+        recorded(&record),
+        [
+            RELOAD_PREVIEW_ARGV,
+            "reload -- consul",
+            "show --no-pager -p ActiveState,SubState,MainPID,ActiveEnterTimestamp -- consul",
+        ]
+    );
+    assert_eq!(
+        kinds_of(&app, &id).await,
+        [
+            "tool.called",
+            "approval.requested",
+            "approval.approved",
+            "approval.executing",
+            "call.executed"
         ]
     );
     client.cancel().await.unwrap();

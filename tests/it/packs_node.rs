@@ -1,6 +1,7 @@
 //! The node-scoped packs: linux and debian on this machine, linux.systemctl_restart and
-//! linux.systemctl_reload through a recording stand-in (there is no systemd here), and FRR for
-//! real in network namespaces.
+//! linux.systemctl_reload through a recording stand-in (there is no systemd here),
+//! debian.package_upgrade with the real apt and dpkg on a throwaway root, and FRR for real in
+//! network namespaces.
 
 use emisar::protocol::Mode;
 use serde_json::json;
@@ -12,6 +13,7 @@ use crate::approvals::{
     systemctl_standin, wait_for_pending,
 };
 use crate::harness::app::Options;
+use crate::harness::apt::AptRoot;
 use crate::harness::frr::FrrPair;
 use crate::harness::tools::only_output as output;
 use crate::harness::{Backend, RunnerSpec, spawn_app};
@@ -581,4 +583,140 @@ async fn wait_for(mut cond: impl FnMut() -> bool, what: &str) {
         );
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
+}
+
+/// The host's dpkg database, to show a test left it alone.
+fn host_dpkg_status() -> Vec<u8> {
+    std::fs::read("/var/lib/dpkg/status").unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debian_package_upgrade_previews_and_upgrades_with_the_real_apt() {
+    let host_before = host_dpkg_status();
+    let apt = AptRoot::new();
+    let old = apt.build("emisar-dummy", "1.0-1");
+    let new = apt.build("emisar-dummy", "1.1-1");
+    let extra = apt.build("emisar-extra", "2.0-1");
+    apt.install(&old);
+    apt.publish(&[&new, &extra]);
+    let app = spawn_app(
+        Backend::Sqlite,
+        vec![
+            RunnerSpec::new("node-1")
+                .path_first(&apt.bin())
+                .allow("debian_packages", &["emisar-dummy", "emisar-extra"]),
+        ],
+        Options::default(),
+    )
+    .await;
+
+    // Outside the allowlist: refused before anything runs, preview included.
+    for mode in [Mode::Preview, Mode::Execute] {
+        let refused = app
+            .signed_call(
+                "node-1",
+                "debian.package_upgrade",
+                json!({"package": "bash"}),
+                mode,
+                None,
+            )
+            .await;
+        assert_eq!(refused.status, 403, "{}", refused.body);
+        assert!(
+            refused.body["error"]
+                .as_str()
+                .unwrap()
+                .contains("`package` = `bash` is not in this runner's allowlist `debian_packages`"),
+            "{}",
+            refused.body
+        );
+    }
+    // Not a Debian package name (an option, a shell word): refused by the schema.
+    for bad in ["-oDir=/", "Emisar", "emisar-dummy;reboot"] {
+        let r = app
+            .signed_call(
+                "node-1",
+                "debian.package_upgrade",
+                json!({"package": bad}),
+                Mode::Preview,
+                None,
+            )
+            .await;
+        assert_eq!(r.status, 400, "{bad}: {}", r.body);
+        assert!(r.body["error"].as_str().unwrap().contains("`package`"));
+    }
+    assert!(apt.calls().is_empty(), "apt must not have run");
+
+    // Installed, with an upgrade in the repository: the approver sees old → new.
+    let client = app.mcp_client().await;
+    let alice = signed_in(&app, "alice", Role::Approver).await;
+    let asked = call_in_background(
+        &client,
+        "debian.package_upgrade",
+        json!({"package": "emisar-dummy", "runners": ["node-1"], "reason": "the fixed build is in the archive"}),
+    );
+    let id = wait_for_pending(&alice).await;
+    let (_, request) = alice.get(&format!("/api/approvals/{id}")).await;
+    assert_eq!(
+        request["preview"]["node-1"]["output"],
+        json!({"package": "emisar-dummy", "version": {"from": "1.0-1", "to": "1.1-1"},
+               "command": "apt-get install -y --only-upgrade -- emisar-dummy=1.1-1",
+               "also_upgraded": [], "newly_installed": [], "removed": []}),
+        "{request}"
+    );
+    assert_eq!(
+        apt.installed("emisar-dummy"),
+        "1.0-1 ii ",
+        "nothing before the yes"
+    );
+    let (status, body) = alice.approve(&id).await;
+    assert_eq!(status, 200, "{body}");
+    let res = finished(asked).await;
+    assert_eq!(res.is_error, Some(false), "{res:?}");
+    let out = res.structured_content.unwrap();
+    assert_eq!(
+        out["results"][0]["output"]["installed_after"],
+        json!({"version": "1.1-1", "status": "ii"}),
+        "{out}"
+    );
+    assert_eq!(apt.installed("emisar-dummy"), "1.1-1 ii ");
+    assert_eq!(apt.shipped_version("emisar-dummy"), "1.1-1");
+    assert_eq!(
+        apt.calls(),
+        [
+            "apt-get -s install --only-upgrade -- emisar-dummy",
+            "apt-get -s install --only-upgrade -- emisar-dummy",
+            "apt-get install -y --only-upgrade -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold -- emisar-dummy=1.1-1",
+            "dpkg-query -W -f ${Version} ${db:Status-Abbrev} -- emisar-dummy",
+        ]
+    );
+
+    // Nothing newer now, or not installed at all: the preview says so and nobody is asked.
+    for (package, why) in [
+        (
+            "emisar-dummy",
+            "package `emisar-dummy` has no upgrade available on this node",
+        ),
+        (
+            "emisar-extra",
+            "package `emisar-extra` is not installed on this node, and this tool only upgrades",
+        ),
+    ] {
+        let res = call(
+            &client,
+            "debian.package_upgrade",
+            json!({"package": package, "runners": ["node-1"], "reason": "upgrade it"}),
+        )
+        .await;
+        let error = res.structured_content.clone().unwrap()["error"].clone();
+        assert_eq!(error["kind"], "preview_failed", "{res:?}");
+        assert!(error.to_string().contains(why), "{error}");
+    }
+    assert!(crate::approvals::pending_ids(&alice).await.is_empty());
+    assert_eq!(apt.installed("emisar-dummy"), "1.1-1 ii ");
+    assert!(
+        host_dpkg_status() == host_before,
+        "the host's /var/lib/dpkg/status is untouched"
+    );
+    client.cancel().await.unwrap();
 }

@@ -35,9 +35,12 @@ whose default is *required* must be given; *none* means the feature is off until
   program up there itself; exec actions get it as `PATH` and `LANG`, nothing else of the
   environment.
 - **`[allowlists] systemd_units`** (runner.toml): a param with `allowlist: systemd_units`
-  (linux.systemctl_restart) refuses every value until the runner lists it:
+  (linux.systemctl_restart and linux.systemctl_reload) refuses every value until the runner lists it:
   `[allowlists]` then `systemd_units = [\"consul\", \"nomad\"]`. A policy file's `[runners.NAME]`
   allowlist narrows it further; it never widens it.
+- **`[allowlists] debian_packages`** (runner.toml): the packages debian.package_upgrade may
+  upgrade on this node, by name (`debian_packages = [\"openssl\", \"consul\"]`); none by
+  default, so every upgrade is refused until the runner lists the package.
 - **`labels`**: a table of strings, `labels = { role = \"edge\", dc = \"dc1\" }`, in runner.toml
   for a runner that joins, in `[[runners]]` of emisar.toml for a listed one. Selectors
   (`role=edge,dc=dc1`) in tokens and the policy match them.

@@ -8,7 +8,7 @@
 //!
 //! The stand-ins answer the commands the stock packs run, in the real programs' formats:
 //! `cat` (/proc/uptime, /proc/loadavg, /run/reboot-required*, /etc/os-release,
-//! /etc/hostname), `uname`, `dpkg-query -W`, `systemctl` (restart, start, show,
+//! /etc/hostname), `uname`, `dpkg-query -W`, `systemctl` (restart, start, reload, show,
 //! `list-dependencies --reverse --plain`, is-active, status) and `vtysh` (see `frr`). Anything else is refused with a message that says the lab
 //! does not emulate it, never answered with made-up output.
 
@@ -572,7 +572,7 @@ fn systemctl(
         return (
             Output::fail(
                 1,
-                "systemctl: the lab's systemctl needs a verb (restart, start, show, list-dependencies, is-active, status)\n",
+                "systemctl: the lab's systemctl needs a verb (restart, start, reload, show, list-dependencies, is-active, status)\n",
             ),
             vec![],
         );
@@ -603,6 +603,7 @@ fn systemctl(
             }
             (Output::ok(""), restarted)
         }
+        "reload" => (reload(node, &units), vec![]),
         "show" => {
             if units.is_empty() {
                 return (
@@ -649,6 +650,12 @@ fn systemctl(
                     (
                         "ActiveEnterTimestamp",
                         unit.map_or(String::new(), |x| timestamp(x.active_since)),
+                    ),
+                    // Every unit the lab's nodes run declares ExecReload= (consul, nomad, frr,
+                    // ssh and docker do in Debian); one the node lacks cannot reload.
+                    (
+                        "CanReload",
+                        if unit.is_some() { "yes" } else { "no" }.into(),
                     ),
                 ];
                 for (name, value) in all {
@@ -710,11 +717,22 @@ fn systemctl(
             Output::fail(
                 1,
                 &format!(
-                    "systemctl: the lab's systemctl does not emulate `{other}` (restart, start, show, list-dependencies, is-active, status)\n"
+                    "systemctl: the lab's systemctl does not emulate `{other}` (restart, start, reload, show, list-dependencies, is-active, status)\n"
                 ),
             ),
             vec![],
         ),
+    }
+}
+
+/// `systemctl reload`: the units' ExecReload= runs; the main process and its start time stay.
+fn reload(node: &NodeState, units: &[String]) -> Output {
+    if units.is_empty() {
+        return Output::fail(1, "Too few arguments.\n");
+    }
+    match units.iter().find(|u| !node.units.contains_key(*u)) {
+        Some(u) => Output::fail(5, &format!("Failed to reload {u}: Unit {u} not found.\n")),
+        None => Output::ok(""),
     }
 }
 
@@ -768,6 +786,31 @@ mod tests {
             forward
                 .stderr
                 .contains("only `list-dependencies --reverse --plain`")
+        );
+    }
+
+    #[test]
+    fn reload_keeps_the_main_process_and_refuses_a_missing_unit() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let mut node = super::super::scenario::nodes(now).remove(0);
+        let pid = AtomicU32::new(9000);
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let show = args(&["show", "-p", "CanReload,MainPID", "--", "consul"]);
+        let before = systemctl(&mut node, &show, now, &pid).0;
+        assert_eq!(before.stdout, "MainPID=701\nCanReload=yes\n");
+        let (out, restarted) = systemctl(&mut node, &args(&["reload", "--", "consul"]), now, &pid);
+        assert_eq!((out.code, restarted.len()), (0, 0), "{out:?}");
+        assert_eq!(systemctl(&mut node, &show, now, &pid).0, before);
+        let (out, _) = systemctl(&mut node, &args(&["reload", "--", "vault"]), now, &pid);
+        assert_eq!(out.code, 5);
+        assert_eq!(
+            out.stderr,
+            "Failed to reload vault.service: Unit vault.service not found.\n"
+        );
+        let missing = args(&["show", "-p", "CanReload", "--", "vault"]);
+        assert_eq!(
+            systemctl(&mut node, &missing, now, &pid).0.stdout,
+            "CanReload=no\n"
         );
     }
 

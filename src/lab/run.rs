@@ -151,6 +151,12 @@ pub async fn start(opts: LabOptions, shutdown: CancellationToken) -> anyhow::Res
     let consul = scenario::consul(&consul_token, clock.clone());
     let nomad = scenario::nomad(&nomad_token, clock.clone());
     let consul_url = serve_until(consul.clone().router(), stop.clone()).await?;
+    // Each node's runner reaches its own node's agent, as at 127.0.0.1:8500.
+    let mut consul_agents = BTreeMap::new();
+    for node in NODES {
+        let url = serve_until(consul.clone().agent_router(node), stop.clone()).await?;
+        consul_agents.insert(node.to_owned(), url);
+    }
     let nomad_url = serve_until(nomad.clone().router(), stop.clone()).await?;
 
     let site = Arc::new(scenario::site(start));
@@ -220,7 +226,10 @@ pub async fn start(opts: LabOptions, shutdown: CancellationToken) -> anyhow::Res
             ("traefik".to_owned(), service(&traefik[node].url(), None)),
             (
                 "consul".to_owned(),
-                service(&consul_url, Some(("X-Consul-Token", &consul_token))),
+                service(
+                    &consul_agents[node],
+                    Some(("X-Consul-Token", &consul_token)),
+                ),
             ),
             (
                 "nomad".to_owned(),
@@ -237,6 +246,7 @@ pub async fn start(opts: LabOptions, shutdown: CancellationToken) -> anyhow::Res
     info["lab"] = json!({
         "speed": clock.speed(),
         "consul_url": consul_url,
+        "consul_agent_urls": consul_agents,
         "consul_token": consul_token,
         "nomad_url": nomad_url,
         "nomad_token": nomad_token,

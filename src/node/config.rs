@@ -112,8 +112,9 @@ pub struct RunnerConfig {
     /// `vtysh = ["/usr/bin/vtysh", "--vty_socket", "/run/frr"]`.
     #[serde(default)]
     pub programs: BTreeMap<String, Vec<String>>,
-    /// Allowlists that params refer to (`allowlist: systemd_units` in a pack). A list that is
-    /// not here is empty: every value is refused.
+    /// Allowlists that params refer to (`allowlist: NAME` in a pack; the stock packs use
+    /// `systemd_units` and `debian_packages`). A list that is not here is empty: every value
+    /// is refused.
     #[serde(default)]
     pub allowlists: BTreeMap<String, Vec<String>>,
     /// Tools (patterns, `*` for any run of characters; `["*"]` for every risk:high tool) whose

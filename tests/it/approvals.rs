@@ -19,20 +19,77 @@ use emisar::lab::clock::LabClock;
 use emisar::lab::http::serve;
 use emisar::lab::scenario;
 
-/// A fake `systemctl` that records its argv, one call per line. It answers `show` with a
-/// running unit's properties and `list-dependencies --reverse --plain` as systemd 252 prints
-/// it (the unit, then each dependent two spaces in): every unit is wanted by
-/// multi-user.target, which graphical.target requires.
+/// A fake `systemctl` that records its argv, one call per line, and answers as systemd does for
+/// a node whose units are all loaded and running: `show -p A,B -- UNIT` prints the properties
+/// asked for (`ActiveState,SubState,MainPID` without `-p`), `list-dependencies --reverse
+/// --plain` prints the unit, then each dependent two spaces in, as systemd 252 does (every unit
+/// is wanted by multi-user.target, which graphical.target requires), `restart` succeeds, and
+/// `reload` succeeds unless the unit cannot reload (see [`systemctl_cannot_reload`]), when it
+/// fails with systemctl's own message and `show` says `CanReload=no`.
 pub(crate) fn systemctl_standin(dir: &std::path::Path) -> std::path::PathBuf {
     let record = dir.join("systemctl.argv");
+    let no_reload = dir.join("systemctl.no-reload");
     let script = format!(
-        "#!/bin/sh\nprintf '%s\\n' \"$*\" >> '{}'\nfor unit; do :; done\ncase \"$unit\" in *.*) ;; *) unit=\"$unit.service\" ;; esac\nif [ \"$1\" = show ]; then printf 'Id=%s\\nLoadState=loaded\\nActiveState=active\\nSubState=running\\nResult=success\\nMainPID=4242\\nNRestarts=0\\nActiveEnterTimestamp=Sun 2026-12-06 09:00:00 UTC\\n' \"$unit\"; fi\nif [ \"$1\" = list-dependencies ]; then printf '%s\\n  multi-user.target\\n  graphical.target\\n' \"$unit\"; fi\nexit 0\n",
-        record.display()
+        r#"#!/bin/sh
+printf '%s\n' "$*" >> '{record}'
+verb=$1
+props=ActiveState,SubState,MainPID
+for unit; do :; done
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -p) props=$2; shift ;;
+  esac
+  shift
+done
+case "$unit" in *.*) ;; *) unit="$unit.service" ;; esac
+can_reload=yes
+if [ -f '{no_reload}' ] && grep -qxF "$unit" '{no_reload}'; then can_reload=no; fi
+case "$verb" in
+  show)
+    for p in $(printf '%s' "$props" | tr ',' ' '); do
+      case "$p" in
+        Id) v=$unit ;;
+        LoadState) v=loaded ;;
+        ActiveState) v=active ;;
+        SubState) v=running ;;
+        Result) v=success ;;
+        MainPID) v=4242 ;;
+        NRestarts) v=0 ;;
+        CanReload) v=$can_reload ;;
+        ActiveEnterTimestamp) v='Sun 2026-12-06 09:00:00 UTC' ;;
+        *) continue ;;
+      esac
+      printf '%s=%s\n' "$p" "$v"
+    done ;;
+  list-dependencies)
+    printf '%s\n  multi-user.target\n  graphical.target\n' "$unit" ;;
+  reload)
+    if [ "$can_reload" = no ]; then
+      echo "Failed to reload $unit: Job type reload is not applicable for unit $unit." >&2
+      exit 1
+    fi ;;
+esac
+exit 0
+"#,
+        record = record.display(),
+        no_reload = no_reload.display(),
     );
     let path = dir.join("systemctl");
     std::fs::write(&path, script).unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
     record
+}
+
+/// Makes the [`systemctl_standin`] in `dir` treat `unit` (a full name, e.g. `cron.service`) as a
+/// unit without `ExecReload=`: `CanReload=no`, and `reload` refused.
+pub(crate) fn systemctl_cannot_reload(dir: &std::path::Path, unit: &str) {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("systemctl.no-reload"))
+        .unwrap();
+    writeln!(f, "{unit}").unwrap();
 }
 
 pub(crate) fn restarts(record: &std::path::Path) -> usize {

@@ -1,6 +1,7 @@
 //! The cluster-scoped packs of the lab's incident: Consul and Nomad against the lab's emulators
 //! (in the incident's state, on a frozen lab clock), VictoriaMetrics for real. An agent calls
-//! these without naming runners; the server picks one.
+//! these without naming runners; the server picks one. Consul's maintenance writes are about
+//! one node's agent, so they name the runner on that node.
 
 use std::sync::Arc;
 
@@ -11,6 +12,11 @@ use emisar::lab::scenario::{self, OOM_ALLOC, SETUP_FAILED_ALLOC};
 use emisar::protocol::Mode;
 use serde_json::{Value, json};
 
+use emisar::server::tokens::Role;
+
+use crate::approvals::{
+    call_in_background, finished, kinds_of, pending_ids, signed_in, wait_for_pending,
+};
 use crate::harness::app::{DirectAnswer, Options, TestApp};
 use crate::harness::tools::only_output as output;
 use crate::harness::vm::VictoriaMetrics;
@@ -583,5 +589,301 @@ async fn vm_query_instant_returns_a_pushed_sample() {
         .unwrap()
         .to_owned();
     assert!(err.contains("victoriametrics answered HTTP 422"), "{err}");
+    client.cancel().await.unwrap();
+}
+
+/// A PUT to one of the emulated agent's endpoints, with the token or without; returns the
+/// status and the text Consul answered.
+async fn agent_put(agent: &str, path_and_query: &str, token: Option<&str>) -> (u16, String) {
+    let mut req = reqwest::Client::new().put(format!("{agent}{path_and_query}"));
+    if let Some(t) = token {
+        req = req.header("X-Consul-Token", t);
+    }
+    let res = req.send().await.unwrap();
+    (res.status().as_u16(), res.text().await.unwrap())
+}
+
+/// The emulated agent refuses what Consul refuses, with Consul's words.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consul_agent_maintenance_errors_are_consuls() {
+    let consul = scenario::consul("consul-secret", Arc::new(LabClock::frozen()));
+    let agent = serve(consul.clone().agent_router("nomad-hvn02")).await;
+    let secret = Some("consul-secret");
+    let cases = [
+        ("/v1/agent/maintenance", secret, 400, "Missing value for enable".to_owned()),
+        ("/v1/agent/maintenance?enable=maybe", secret, 400, r#"Invalid value for enable: "maybe""#.to_owned()),
+        ("/v1/agent/service/maintenance/web-1?reason=x", secret, 400, "Missing value for enable".to_owned()),
+        ("/v1/agent/maintenance?enable=true", Some("wrong"), 403, "ACL not found".to_owned()),
+        (
+            "/v1/agent/maintenance?enable=true",
+            None,
+            403,
+            "Permission denied: token with AccessorID '00000000-0000-0000-0000-000000000002' lacks permission 'node:write'".to_owned(),
+        ),
+        (
+            "/v1/agent/service/maintenance/web?enable=true",
+            secret,
+            404,
+            r#"Unknown service ID "web". Ensure that the service ID is passed, not the service name."#.to_owned(),
+        ),
+        // An instance of another node's agent is not this agent's to change.
+        (
+            "/v1/agent/service/maintenance/_nomad-task-00-store-api-22504?enable=true",
+            secret,
+            404,
+            r#"Unknown service ID "_nomad-task-00-store-api-22504". Ensure that the service ID is passed, not the service name."#.to_owned(),
+        ),
+    ];
+    for (path, token, status, text) in cases {
+        assert_eq!(
+            agent_put(&agent, path, token).await,
+            (status, text),
+            "{path}"
+        );
+    }
+    assert!(!consul.in_maintenance("nomad-hvn02"), "nothing changed");
+    let get = reqwest::Client::new()
+        .get(format!("{agent}/v1/agent/maintenance?enable=true"))
+        .header("X-Consul-Token", "consul-secret")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(get.status(), 405, "maintenance is PUT only");
+
+    // Entering without a reason: Consul's default Notes, in every health answer.
+    assert_eq!(
+        agent_put(&agent, "/v1/agent/maintenance?enable=1", secret).await,
+        (200, String::new())
+    );
+    let health: Value = reqwest::Client::new()
+        .get(format!("{agent}/v1/health/service/feed"))
+        .header("X-Consul-Token", "consul-secret")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let maint = &health[0]["Checks"][1];
+    assert_eq!(maint["CheckID"], "_node_maintenance", "{health}");
+    assert_eq!(maint["Name"], "Node Maintenance Mode");
+    assert_eq!(maint["Status"], "critical");
+    assert_eq!(maint["ServiceID"], "");
+    assert_eq!(
+        maint["Notes"],
+        "Maintenance mode is enabled for this node, but no reason was provided. This is a default message."
+    );
+    let critical: Value = reqwest::Client::new()
+        .get(format!("{agent}/v1/health/state/critical"))
+        .header("X-Consul-Token", "consul-secret")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        critical
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["Node"] == "nomad-hvn02" && c["CheckID"] == "_node_maintenance"),
+        "{critical}"
+    );
+}
+
+/// The maintenance writes through MCP against the emulated agent of nomad-hvn02 (instances of
+/// `web` on hvn02 and hvn04, of `feed` on hvn02 only): preview, a person's yes, execution.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consul_maintenance_previews_waits_for_a_person_and_changes_the_agent() {
+    let consul = scenario::consul("consul-secret", Arc::new(LabClock::frozen()));
+    let agent = serve(consul.clone().agent_router("nomad-hvn02")).await;
+    let app = spawn_app(
+        Backend::Sqlite,
+        vec![RunnerSpec::new("nomad-hvn02").service_with_header(
+            "consul",
+            &agent,
+            "X-Consul-Token",
+            "consul-secret",
+        )],
+        Options::default(),
+    )
+    .await;
+    let client = app.mcp_client().await;
+    let alice = signed_in(&app, "alice", Role::Approver).await;
+    let on_hvn02 = |extra: Value| {
+        let mut args = extra;
+        args["runners"] = json!(["nomad-hvn02"]);
+        args["reason"] = json!("hvn02 reboots for its kernel");
+        args
+    };
+
+    // The node: the approver sees the check that goes critical and what each service loses.
+    let asked = call_in_background(
+        &client,
+        "consul.node_maintenance",
+        on_hvn02(json!({"enable": true, "note": "kernel upgrade, back by 03:00"})),
+    );
+    let id = wait_for_pending(&alice).await;
+    let (_, request) = alice.get(&format!("/api/approvals/{id}")).await;
+    let preview = &request["preview"]["nomad-hvn02"]["output"];
+    assert_eq!(
+        *preview,
+        json!({"node": "nomad-hvn02", "maintenance": {"from": false, "to": true},
+               "checks_going_critical": [{"node": "nomad-hvn02", "check_id": "_node_maintenance",
+                                          "name": "Node Maintenance Mode", "notes": "kernel upgrade, back by 03:00"}],
+               "checks_clearing": [],
+               "services": [
+                   {"service": "feed", "instances": 1, "on_this_node": 1, "passing_now": 1, "passing_after": 0},
+                   {"service": "web", "instances": 2, "on_this_node": 1, "passing_now": 2, "passing_after": 1}]}),
+        "{request}"
+    );
+    assert!(
+        !consul.in_maintenance("nomad-hvn02"),
+        "nothing before the yes"
+    );
+    let (status, body) = alice.approve(&id).await;
+    assert_eq!(status, 200, "{body}");
+    let res = finished(asked).await;
+    assert_eq!(res.is_error, Some(false), "{res:?}");
+    let out = res.structured_content.unwrap();
+    assert_eq!(
+        out["results"][0]["output"]["check_after"],
+        json!({"check_id": "_node_maintenance", "status": "critical", "notes": "kernel upgrade, back by 03:00"}),
+        "{out}"
+    );
+    assert!(consul.in_maintenance("nomad-hvn02"));
+    let web = output(
+        &call(
+            &client,
+            "consul.service_health",
+            json!({"service": "web", "passing_only": true, "reason": "who serves web now?"}),
+        )
+        .await,
+    );
+    assert_eq!(web.as_array().unwrap().len(), 1, "{web}");
+    assert_eq!(web[0]["node"], "nomad-hvn04");
+
+    // Asking again: nothing to change, so nobody is asked.
+    let res = call(
+        &client,
+        "consul.node_maintenance",
+        on_hvn02(json!({"enable": true})),
+    )
+    .await;
+    let error = res.structured_content.clone().unwrap()["error"].clone();
+    assert_eq!(error["kind"], "preview_failed", "{res:?}");
+    assert!(
+        error
+            .to_string()
+            .contains("node `nomad-hvn02` is already in maintenance: there is nothing to change"),
+        "{error}"
+    );
+
+    // Check-and-set: the node leaves maintenance by other hands while the request waits.
+    let asked = call_in_background(
+        &client,
+        "consul.node_maintenance",
+        on_hvn02(json!({"enable": false})),
+    );
+    let id = wait_for_pending(&alice).await;
+    let (_, request) = alice.get(&format!("/api/approvals/{id}")).await;
+    assert_eq!(
+        request["preview"]["nomad-hvn02"]["output"]["checks_clearing"],
+        json!([{"node": "nomad-hvn02", "check_id": "_node_maintenance", "notes": "kernel upgrade, back by 03:00"}]),
+        "{request}"
+    );
+    assert_eq!(
+        agent_put(
+            &agent,
+            "/v1/agent/maintenance?enable=false",
+            Some("consul-secret")
+        )
+        .await,
+        (200, String::new())
+    );
+    let (status, body) = alice.approve(&id).await;
+    assert_eq!(status, 200, "{body}");
+    let res = finished(asked).await;
+    let out = res.structured_content.unwrap();
+    assert_eq!(out["approval"]["state"], "failed", "{out}");
+    assert!(
+        out.to_string().contains(
+            "node `nomad-hvn02`'s maintenance mode changed since the preview (in maintenance: true → false): nothing was changed"
+        ),
+        "{out}"
+    );
+    assert_eq!(
+        kinds_of(&app, &id).await,
+        [
+            "tool.called",
+            "approval.requested",
+            "approval.approved",
+            "approval.executing",
+            "call.failed"
+        ]
+    );
+
+    // One instance: web on hvn02 goes, web on hvn04 stays.
+    let web_on_hvn02 = "_nomad-task-02-web-21080";
+    let asked = call_in_background(
+        &client,
+        "consul.service_maintenance",
+        on_hvn02(json!({"service_id": web_on_hvn02, "enable": true})),
+    );
+    let id = wait_for_pending(&alice).await;
+    let (_, request) = alice.get(&format!("/api/approvals/{id}")).await;
+    assert_eq!(
+        request["preview"]["nomad-hvn02"]["output"],
+        json!({"node": "nomad-hvn02", "service": "web", "instance": web_on_hvn02,
+               "maintenance": {"from": false, "to": true},
+               "checks_going_critical": [{"node": "nomad-hvn02", "check_id": format!("_service_maintenance:{web_on_hvn02}"),
+                                          "name": "Service Maintenance Mode",
+                                          "notes": "Maintenance mode is enabled for this service, but no reason was provided. This is a default message."}],
+               "checks_clearing": [], "instances": 2, "passing_now": 2, "passing_after": 1}),
+        "{request}"
+    );
+    let (status, body) = alice.approve(&id).await;
+    assert_eq!(status, 200, "{body}");
+    let res = finished(asked).await;
+    assert_eq!(res.is_error, Some(false), "{res:?}");
+    let out = res.structured_content.unwrap();
+    assert_eq!(out["results"][0]["output"]["passing_after"], 1, "{out}");
+    let web = output(
+        &call(
+            &client,
+            "consul.service_health",
+            json!({"service": "web", "reason": "which web instance is out?"}),
+        )
+        .await,
+    );
+    let hvn02 = web
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["node"] == "nomad-hvn02")
+        .unwrap();
+    assert_eq!(hvn02["status"], "critical", "{web}");
+    assert!(!consul.in_maintenance("nomad-hvn02"), "only the instance");
+
+    // An ID this agent does not have (a service name, or another node's instance): refused in
+    // the preview.
+    for wrong in ["web", "_nomad-task-00-store-api-22504"] {
+        let res = call(
+            &client,
+            "consul.service_maintenance",
+            on_hvn02(json!({"service_id": wrong, "enable": true})),
+        )
+        .await;
+        let error = res.structured_content.clone().unwrap()["error"].clone();
+        assert_eq!(error["kind"], "preview_failed", "{res:?}");
+        assert!(
+            error.to_string().contains(&format!(
+                "no service instance with ID `{wrong}` is registered with the Consul agent on node `nomad-hvn02`"
+            )),
+            "{error}"
+        );
+    }
+    assert!(pending_ids(&alice).await.is_empty());
     client.cancel().await.unwrap();
 }

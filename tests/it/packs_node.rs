@@ -1,5 +1,7 @@
-//! The node-scoped packs: linux and debian on this machine, linux.systemctl_restart through a
-//! recording stand-in (there is no systemd here), and FRR for real in network namespaces.
+//! The node-scoped packs: linux and debian on this machine, linux.systemctl_restart and
+//! linux.systemctl_reload through a recording stand-in (there is no systemd here),
+//! debian.package_upgrade with the real apt and dpkg on a throwaway root, and FRR for real in
+//! network namespaces.
 
 use emisar::protocol::Mode;
 use serde_json::json;
@@ -7,9 +9,11 @@ use serde_json::json;
 use emisar::server::tokens::Role;
 
 use crate::approvals::{
-    Portal, add_user, call_in_background, finished, kinds_of, systemctl_standin, wait_for_pending,
+    Portal, add_user, call_in_background, finished, kinds_of, signed_in, systemctl_cannot_reload,
+    systemctl_standin, wait_for_pending,
 };
 use crate::harness::app::Options;
+use crate::harness::apt::AptRoot;
 use crate::harness::frr::FrrPair;
 use crate::harness::tools::only_output as output;
 use crate::harness::{Backend, RunnerSpec, spawn_app};
@@ -244,6 +248,133 @@ async fn systemctl_restart_previews_the_unit_and_its_dependents_for_the_approver
     client.cancel().await.unwrap();
 }
 
+/// The lines of the stand-in `systemctl`'s record.
+fn recorded(record: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(record)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+const RELOAD_PREVIEW_ARGV: &str = "show --no-pager -p Id,LoadState,ActiveState,SubState,CanReload,MainPID,ActiveEnterTimestamp -- consul";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn systemctl_reload_previews_waits_for_a_person_and_runs_exact_argv() {
+    let bin = tempfile::tempdir().unwrap();
+    let record = systemctl_standin(bin.path());
+    systemctl_cannot_reload(bin.path(), "cron.service");
+    let app = spawn_app(
+        Backend::Sqlite,
+        vec![
+            RunnerSpec::new("nomad-hvn05")
+                .path_first(bin.path())
+                .allow("systemd_units", &["consul", "cron"]),
+        ],
+        Options::default(),
+    )
+    .await;
+
+    // Outside the allowlist: refused before anything runs, preview included.
+    for mode in [Mode::Preview, Mode::Execute] {
+        let refused = app
+            .signed_call(
+                "nomad-hvn05",
+                "linux.systemctl_reload",
+                json!({"unit": "sshd"}),
+                mode,
+                None,
+            )
+            .await;
+        assert_eq!(refused.status, 403, "{}", refused.body);
+        assert!(
+            refused.body["error"]
+                .as_str()
+                .unwrap()
+                .contains("not in this runner's allowlist `systemd_units`"),
+            "{}",
+            refused.body
+        );
+    }
+    assert!(!record.exists(), "systemctl must not have run");
+
+    // A unit that cannot reload: the preview refuses, so nobody is asked and nothing reloads.
+    let client = app.mcp_client().await;
+    let alice = signed_in(&app, "alice", Role::Approver).await;
+    let res = call(
+        &client,
+        "linux.systemctl_reload",
+        json!({"unit": "cron", "runners": ["nomad-hvn05"], "reason": "pick up the new crontab"}),
+    )
+    .await;
+    assert_eq!(res.is_error, Some(true), "{res:?}");
+    let error = res.structured_content.clone().unwrap()["error"].clone();
+    assert_eq!(error["kind"], "preview_failed", "{error}");
+    assert!(
+        error
+            .to_string()
+            .contains("unit `cron` cannot reload (CanReload=no: it declares no ExecReload=)"),
+        "{error}"
+    );
+    assert_eq!(
+        recorded(&record),
+        [RELOAD_PREVIEW_ARGV.replace("-- consul", "-- cron")]
+    );
+    assert!(crate::approvals::pending_ids(&alice).await.is_empty());
+
+    // A unit that can: the approver sees its state before anyone says yes.
+    std::fs::remove_file(&record).unwrap();
+    let asked = call_in_background(
+        &client,
+        "linux.systemctl_reload",
+        json!({"unit": "consul", "runners": ["nomad-hvn05"], "reason": "consul has a new service definition"}),
+    );
+    let id = wait_for_pending(&alice).await;
+    let (status, request) = alice.get(&format!("/api/approvals/{id}")).await;
+    assert_eq!(status, 200, "{request}");
+    let preview = &request["preview"]["nomad-hvn05"]["output"];
+    assert_eq!(
+        *preview,
+        json!({"unit": "consul.service", "command": "systemctl reload -- consul",
+               "state": {"ActiveState": "active", "SubState": "running"}, "can_reload": true,
+               "main_pid": "4242", "active_since": "Sun 2026-12-06 09:00:00 UTC"}),
+        "{request}"
+    );
+    assert_eq!(
+        recorded(&record),
+        [RELOAD_PREVIEW_ARGV],
+        "nothing reloads before the yes"
+    );
+    let (status, body) = alice.approve(&id).await;
+    assert_eq!(status, 200, "{body}");
+    let res = finished(asked).await;
+    assert_eq!(res.is_error, Some(false), "{res:?}");
+    let out = res.structured_content.unwrap();
+    let result = &out["results"][0]["output"];
+    assert_eq!(result["reloaded"], true, "{out}");
+    assert_eq!(result["main_pid_before"], "4242", "{out}");
+    assert_eq!(result["state_after"]["ActiveState"], "active", "{out}");
+    assert_eq!(
+        recorded(&record),
+        [
+            RELOAD_PREVIEW_ARGV,
+            "reload -- consul",
+            "show --no-pager -p ActiveState,SubState,MainPID,ActiveEnterTimestamp -- consul",
+        ]
+    );
+    assert_eq!(
+        kinds_of(&app, &id).await,
+        [
+            "tool.called",
+            "approval.requested",
+            "approval.approved",
+            "approval.executing",
+            "call.executed"
+        ]
+    );
+    client.cancel().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frr_bgp_summary_shutdown_and_enable_on_real_routers() {
     let frr = FrrPair::start();
@@ -452,4 +583,140 @@ async fn wait_for(mut cond: impl FnMut() -> bool, what: &str) {
         );
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
+}
+
+/// The host's dpkg database, to show a test left it alone.
+fn host_dpkg_status() -> Vec<u8> {
+    std::fs::read("/var/lib/dpkg/status").unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debian_package_upgrade_previews_and_upgrades_with_the_real_apt() {
+    let host_before = host_dpkg_status();
+    let apt = AptRoot::new();
+    let old = apt.build("emisar-dummy", "1.0-1");
+    let new = apt.build("emisar-dummy", "1.1-1");
+    let extra = apt.build("emisar-extra", "2.0-1");
+    apt.install(&old);
+    apt.publish(&[&new, &extra]);
+    let app = spawn_app(
+        Backend::Sqlite,
+        vec![
+            RunnerSpec::new("node-1")
+                .path_first(&apt.bin())
+                .allow("debian_packages", &["emisar-dummy", "emisar-extra"]),
+        ],
+        Options::default(),
+    )
+    .await;
+
+    // Outside the allowlist: refused before anything runs, preview included.
+    for mode in [Mode::Preview, Mode::Execute] {
+        let refused = app
+            .signed_call(
+                "node-1",
+                "debian.package_upgrade",
+                json!({"package": "bash"}),
+                mode,
+                None,
+            )
+            .await;
+        assert_eq!(refused.status, 403, "{}", refused.body);
+        assert!(
+            refused.body["error"]
+                .as_str()
+                .unwrap()
+                .contains("`package` = `bash` is not in this runner's allowlist `debian_packages`"),
+            "{}",
+            refused.body
+        );
+    }
+    // Not a Debian package name (an option, a shell word): refused by the schema.
+    for bad in ["-oDir=/", "Emisar", "emisar-dummy;reboot"] {
+        let r = app
+            .signed_call(
+                "node-1",
+                "debian.package_upgrade",
+                json!({"package": bad}),
+                Mode::Preview,
+                None,
+            )
+            .await;
+        assert_eq!(r.status, 400, "{bad}: {}", r.body);
+        assert!(r.body["error"].as_str().unwrap().contains("`package`"));
+    }
+    assert!(apt.calls().is_empty(), "apt must not have run");
+
+    // Installed, with an upgrade in the repository: the approver sees old → new.
+    let client = app.mcp_client().await;
+    let alice = signed_in(&app, "alice", Role::Approver).await;
+    let asked = call_in_background(
+        &client,
+        "debian.package_upgrade",
+        json!({"package": "emisar-dummy", "runners": ["node-1"], "reason": "the fixed build is in the archive"}),
+    );
+    let id = wait_for_pending(&alice).await;
+    let (_, request) = alice.get(&format!("/api/approvals/{id}")).await;
+    assert_eq!(
+        request["preview"]["node-1"]["output"],
+        json!({"package": "emisar-dummy", "version": {"from": "1.0-1", "to": "1.1-1"},
+               "command": "apt-get install -y --only-upgrade -- emisar-dummy=1.1-1",
+               "also_upgraded": [], "newly_installed": [], "removed": []}),
+        "{request}"
+    );
+    assert_eq!(
+        apt.installed("emisar-dummy"),
+        "1.0-1 ii ",
+        "nothing before the yes"
+    );
+    let (status, body) = alice.approve(&id).await;
+    assert_eq!(status, 200, "{body}");
+    let res = finished(asked).await;
+    assert_eq!(res.is_error, Some(false), "{res:?}");
+    let out = res.structured_content.unwrap();
+    assert_eq!(
+        out["results"][0]["output"]["installed_after"],
+        json!({"version": "1.1-1", "status": "ii"}),
+        "{out}"
+    );
+    assert_eq!(apt.installed("emisar-dummy"), "1.1-1 ii ");
+    assert_eq!(apt.shipped_version("emisar-dummy"), "1.1-1");
+    assert_eq!(
+        apt.calls(),
+        [
+            "apt-get -s install --only-upgrade -- emisar-dummy",
+            "apt-get -s install --only-upgrade -- emisar-dummy",
+            "apt-get install -y --only-upgrade -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold -- emisar-dummy=1.1-1",
+            "dpkg-query -W -f ${Version} ${db:Status-Abbrev} -- emisar-dummy",
+        ]
+    );
+
+    // Nothing newer now, or not installed at all: the preview says so and nobody is asked.
+    for (package, why) in [
+        (
+            "emisar-dummy",
+            "package `emisar-dummy` has no upgrade available on this node",
+        ),
+        (
+            "emisar-extra",
+            "package `emisar-extra` is not installed on this node, and this tool only upgrades",
+        ),
+    ] {
+        let res = call(
+            &client,
+            "debian.package_upgrade",
+            json!({"package": package, "runners": ["node-1"], "reason": "upgrade it"}),
+        )
+        .await;
+        let error = res.structured_content.clone().unwrap()["error"].clone();
+        assert_eq!(error["kind"], "preview_failed", "{res:?}");
+        assert!(error.to_string().contains(why), "{error}");
+    }
+    assert!(crate::approvals::pending_ids(&alice).await.is_empty());
+    assert_eq!(apt.installed("emisar-dummy"), "1.1-1 ii ");
+    assert!(
+        host_dpkg_status() == host_before,
+        "the host's /var/lib/dpkg/status is untouched"
+    );
+    client.cancel().await.unwrap();
 }

@@ -619,7 +619,7 @@ mod tests {
                 "unknown allowlist name",
                 "runners: {hvn05: {systemd_unit: [consul], nomad_jobs: [x]}}",
                 &[
-                    "`runners.hvn05.systemd_unit`: no loaded tool has a param with `allowlist: systemd_unit` (known lists: nomad_jobs, ports, systemd_units)",
+                    "`runners.hvn05.systemd_unit`: no loaded tool has a param with `allowlist: systemd_unit` (known lists: debian_packages, nomad_jobs, ports, systemd_units)",
                 ],
             ),
         ];

@@ -1,7 +1,8 @@
-//! Test harness: databases, real Traefik and Redis, certificates made at test time, and the
+//! Test harness: databases, real Traefik, Redis and apt, certificates made at test time, and the
 //! server with runners on free ports.
 
 pub mod app;
+pub mod apt;
 pub mod certs;
 pub mod frr;
 pub mod join;

@@ -475,6 +475,7 @@ async fn frr_bgp_summary_shutdown_and_enable_on_real_routers() {
     assert_eq!(
         kinds_of(&app, &id).await,
         [
+            "tool.called",
             "approval.requested",
             "approval.approved",
             "approval.executing",

@@ -162,9 +162,29 @@ pub(crate) async fn login(
         return ApiError::bad_request(e.to_string()).into_response();
     }
     let client = state.logins.client(connect.map(|c| (c.0).0), &headers);
-    if let Err(refusal) = state.logins.admit(client, &login.name).await {
-        return ApiError::new(Code::RateLimited, refusal.message()).into_response();
+    let paced = match state.logins.admit(client, &login.name).await {
+        Ok(waited) => waited,
+        Err(refusal) => {
+            return ApiError::new(Code::RateLimited, refusal.message()).into_response();
+        }
+    };
+    let mut response = check_password(&state, client, &login).await;
+    // How long the attempt waited for its turn, as W3C Server-Timing: the client learns it
+    // was paced (an attacker knows that anyway), and a test reads the server's own measure
+    // rather than the wall clock of a busy machine.
+    if !paced.is_zero()
+        && let Ok(value) = header::HeaderValue::from_str(&format!(
+            "pace;dur={};desc=\"login pacing\"",
+            paced.as_millis()
+        ))
+    {
+        response.headers_mut().insert("server-timing", value);
     }
+    response
+}
+
+/// `login`'s second half, once the attempt's turn has come: the store and the hash.
+async fn check_password(state: &HttpState, client: std::net::IpAddr, login: &Login) -> Response {
     let outcome = crate::server::users::login(
         &state.db,
         state.gateway.audit(),
@@ -183,7 +203,7 @@ pub(crate) async fn login(
             let mut response = Json(session_json(&session)).into_response();
             response
                 .headers_mut()
-                .insert(header::SET_COOKIE, session_cookie_header(&state, &id, ttl));
+                .insert(header::SET_COOKIE, session_cookie_header(state, &id, ttl));
             response
         }
         Err(UserError::BadLogin) => {

@@ -26,11 +26,15 @@ impl Pattern {
 
 /// The rule of the most specific pattern matching `tool`.
 pub(super) fn most_specific<'a, T>(rules: &'a [(Pattern, T)], tool: &str) -> Option<&'a T> {
+    most_specific_line(rules, tool).map(|(_, rule)| rule)
+}
+
+/// The most specific line (pattern and rule) matching `tool`, for a message that names it.
+fn most_specific_line<'a, T>(rules: &'a [(Pattern, T)], tool: &str) -> Option<&'a (Pattern, T)> {
     rules
         .iter()
         .filter(|(p, _)| p.matches(tool))
         .max_by_key(|(p, _)| p.specificity())
-        .map(|(_, rule)| rule)
 }
 
 fn list(patterns: &[Pattern]) -> String {
@@ -120,12 +124,7 @@ impl Policy {
 
     /// The most runners one write of `tool` may name, and the policy line that says so.
     fn max_targets_for(&self, tool: &str) -> (u32, String) {
-        let line = self
-            .max_targets
-            .iter()
-            .filter(|(p, _)| p.matches(tool))
-            .max_by_key(|(p, _)| p.specificity());
-        match line {
+        match most_specific_line(&self.max_targets, tool) {
             Some((pattern, n)) => (*n, format!("max_targets.{}", key(&pattern.to_string()))),
             None => (self.max_targets_default, "max_targets.default".into()),
         }

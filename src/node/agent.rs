@@ -557,8 +557,10 @@ fn check_preview_values(
 ) -> Result<(), String> {
     let given = match (request.mode, &request.preview) {
         (_, None) => return Ok(()),
-        (Mode::Preview, Some(_)) => {
-            return Err("a preview call carries no preview values; nothing was run".into());
+        (Mode::Preview | Mode::Verify, Some(_)) => {
+            return Err(
+                "a preview or verify call carries no preview values; nothing was run".into(),
+            );
         }
         (Mode::Execute, Some(given)) => given,
     };

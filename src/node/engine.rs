@@ -104,6 +104,13 @@ pub async fn run(
                 .ok_or_else(|| format!("`{}` has no preview", tool.name))?;
             (&preview.steps, Map::new())
         }
+        Mode::Verify => {
+            let verify = tool
+                .verify
+                .as_ref()
+                .ok_or_else(|| format!("`{}` has no verify", tool.name))?;
+            (&verify.steps, Map::new())
+        }
         Mode::Execute => {
             let vars = match (&tool.preview, preview_vars) {
                 (None, _) => Map::new(),
@@ -177,6 +184,8 @@ pub async fn run(
     let program = match mode {
         Mode::Preview => tool.preview.as_ref().and_then(|p| p.output.as_ref()),
         Mode::Execute => tool.output.as_ref(),
+        // A gate's evidence is what its steps saw, unshaped.
+        Mode::Verify => None,
     };
     let output = match program {
         Some(p) if !raw => match p.run(&shaped_input) {

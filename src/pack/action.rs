@@ -271,11 +271,12 @@ pub(super) fn resolve_action(
     })
 }
 
-/// Whether steps run at request time, before anyone approved anything (a preview), or as
-/// the tool's own action.
+/// Whether steps run at request time, before anyone approved anything (a preview), after
+/// the write as a rollout's health gate (a verify), or as the tool's own action.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Phase {
     Preview,
+    Verify,
     Action,
 }
 
@@ -285,28 +286,30 @@ pub(super) enum Phase {
 /// only when marked `read_only`. The mark is the pack author's word, reviewed with the pack;
 /// what the loader can check, it checks.
 fn check_read_only(step: &RawStep, phase: Phase) -> Result<(), String> {
-    if phase == Phase::Action {
-        if step.read_only {
-            return Err("only a preview step takes `read_only`".into());
+    let why = match phase {
+        Phase::Action => {
+            if step.read_only {
+                return Err("only a preview or verify step takes `read_only`".into());
+            }
+            return Ok(());
         }
-        return Ok(());
-    }
+        Phase::Preview => "a preview step runs before anyone approved",
+        Phase::Verify => "a verify step only checks health",
+    };
     match &step.kind {
         RawStepKind::Check { .. } => Ok(()),
         RawStepKind::Run(RawAction::Http(h)) => match h.method.to_ascii_uppercase().as_str() {
             "GET" | "HEAD" => Ok(()),
             "POST" if step.read_only => Ok(()),
-            "POST" => Err(
-                "a preview step runs before anyone approved: a POST must be marked `read_only: true` (only for an endpoint that changes nothing)".into(),
-            ),
-            other => Err(format!(
-                "a preview step runs before anyone approved: it may not {other}"
+            "POST" => Err(format!(
+                "{why}: a POST must be marked `read_only: true` (only for an endpoint that changes nothing)"
             )),
+            other => Err(format!("{why}: it may not {other}")),
         },
         RawStepKind::Run(RawAction::Exec(_)) if step.read_only => Ok(()),
-        RawStepKind::Run(RawAction::Exec(_)) => Err(
-            "a preview step runs before anyone approved: a command must be marked `read_only: true` (only for one that changes nothing)".into(),
-        ),
+        RawStepKind::Run(RawAction::Exec(_)) => Err(format!(
+            "{why}: a command must be marked `read_only: true` (only for one that changes nothing)"
+        )),
     }
 }
 

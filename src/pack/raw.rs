@@ -38,6 +38,11 @@ pub struct RawTool {
     /// captured `vars` are bound into the request and available again at execution.
     #[serde(default)]
     pub preview: Option<RawPreview>,
+    /// The health gate of a rollout: read-only steps (checks among them) run on each runner of
+    /// a wave after the write, until they all pass or `within_s` runs out; or, written
+    /// `verify: {none: <reason>}`, the pack's word on why nothing can be checked.
+    #[serde(default)]
+    pub verify: Option<RawVerify>,
     /// A jq program that shapes the result into what the agent sees.
     #[serde(default)]
     pub output: Option<String>,
@@ -270,6 +275,54 @@ impl TryFrom<PreviewKeys> for RawPreview {
             } => Ok(RawPreview::None(reason)),
             _ => Err(
                 "`preview` has either `steps` (and an optional `output`) or `none: <reason>`"
+                    .into(),
+            ),
+        }
+    }
+}
+
+/// A write's health gate: read-only steps and how long they may take to pass, or the pack's
+/// word on why there is nothing to check. Serde reads it from [`VerifyKeys`].
+#[derive(Debug, Deserialize)]
+#[serde(try_from = "VerifyKeys")]
+pub enum RawVerify {
+    Steps {
+        steps: Vec<RawStep>,
+        /// Seconds the steps may take to pass on a runner after its write (default 60).
+        within_s: Option<u64>,
+    },
+    None(String),
+}
+
+/// How a verify is written: `{steps: […], within_s: N}` or `{none: <reason>}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct VerifyKeys {
+    #[serde(default)]
+    steps: Option<Vec<RawStep>>,
+    #[serde(default)]
+    within_s: Option<u64>,
+    #[serde(default)]
+    none: Option<String>,
+}
+
+impl TryFrom<VerifyKeys> for RawVerify {
+    type Error = String;
+
+    fn try_from(keys: VerifyKeys) -> Result<Self, String> {
+        match keys {
+            VerifyKeys {
+                steps: Some(steps),
+                within_s,
+                none: None,
+            } => Ok(RawVerify::Steps { steps, within_s }),
+            VerifyKeys {
+                steps: None,
+                within_s: None,
+                none: Some(reason),
+            } => Ok(RawVerify::None(reason)),
+            _ => Err(
+                "`verify` has either `steps` (and an optional `within_s`) or `none: <reason>`"
                     .into(),
             ),
         }

@@ -3,7 +3,8 @@
 //! Invariant: a `Tool` that exists is valid: its name is an identifier, every param is typed
 //! and constrained, every template refers only to declared params (path and argv only to
 //! required ones), its jq programs compile and its argument validator is built. A write (risk
-//! above `read`) has a preview, or the pack's non-empty reason why it has none. A stock
+//! above `read`) has a preview, or the pack's non-empty reason why it has none, and likewise a
+//! verify (the health gate of its rollouts) or the reason why it has none. A stock
 //! pack's programs were compiled by a unit test, not at each start ([`JqProgram::stock`]).
 
 use std::collections::BTreeMap;
@@ -17,7 +18,7 @@ use super::action::{
 };
 use super::jq::JqProgram;
 use super::params::{self, Param};
-use super::raw::{RawPack, RawPreview, RawTool};
+use super::raw::{RawPack, RawPreview, RawTool, RawVerify};
 use crate::digest::sha256_hex;
 use crate::util::door::{IDENTIFIER_PATTERN, is_identifier};
 
@@ -93,6 +94,12 @@ pub struct Tool {
     /// A write without a preview says why (`preview: {none: <reason>}`); the portal shows it
     /// where the preview would be. A write has exactly one of `preview` and `no_preview`.
     pub no_preview: Option<String>,
+    /// The health gate of a rollout: read-only steps that must pass on a runner after its
+    /// write before the next wave starts. A write has exactly one of `verify` and `no_verify`.
+    pub verify: Option<Verify>,
+    /// Why a write has nothing to verify (`verify: {none: <reason>}`): its gate is the
+    /// write's own answer.
+    pub no_verify: Option<String>,
     pub output: Option<JqProgram>,
     pub example: Option<Value>,
     /// JSON Schema of the pack params alone (what a runner validates).
@@ -109,6 +116,18 @@ pub struct Preview {
     /// The vars the preview captures (and execution receives).
     pub vars: Vec<String>,
 }
+
+/// A write's health gate (see [`Tool::verify`]).
+#[derive(Debug)]
+pub struct Verify {
+    pub steps: Vec<Step>,
+    /// How long the steps may take to pass on a runner after its write.
+    pub within: std::time::Duration,
+}
+
+/// The longest a verify may wait for a runner to become healthy: a gate longer than this
+/// holds the rollout (and the approval's lifetime) hostage.
+pub const VERIFY_MAX_WITHIN_S: u64 = 600;
 
 impl Tool {
     /// Checks `args` (pack params only) and returns every broken rule.
@@ -321,6 +340,7 @@ fn resolve_tool(
             (Some(preview), None)
         }
     };
+    let (verify, no_verify) = resolve_verify(raw.verify.as_ref(), risk, &params, programs, has_service)?;
     let (steps, single_action) = match (&raw.action, &raw.steps) {
         (Some(action), None) => {
             let step = Step {
@@ -355,6 +375,8 @@ fn resolve_tool(
         single_action,
         preview,
         no_preview,
+        verify,
+        no_verify,
         output,
         example: raw.example.clone(),
         params_schema,
@@ -375,6 +397,58 @@ fn no_preview_reason(reason: &str) -> Result<String, String> {
         ));
     }
     Ok(reason.to_owned())
+}
+
+/// The rule a verify's reason follows: a rollout checks each wave before the next.
+const NO_VERIFY: &str = "a write needs a `verify`, or `verify: {none: <reason>}`";
+
+/// A write's health gate: its steps resolved read-only over the params alone (a verify sees
+/// no preview values), and its deadline in range.
+fn resolve_verify(
+    raw: Option<&RawVerify>,
+    risk: Risk,
+    params: &[Param],
+    programs: Programs,
+    has_service: bool,
+) -> Result<(Option<Verify>, Option<String>), String> {
+    match (raw, risk) {
+        // Not required yet: a write without one is gated on its own answer.
+        (None, _) => Ok((None, None)),
+        (Some(_), Risk::Read) => {
+            Err("a read needs no verify: a verify is the health gate of a write's rollout".into())
+        }
+        (Some(RawVerify::None(reason)), _) => {
+            let reason = reason.trim();
+            if reason.is_empty() {
+                return Err(format!(
+                    "`verify: {{none: <reason>}}` needs a reason (it must not be empty): {NO_VERIFY}"
+                ));
+            }
+            Ok((None, Some(reason.to_owned())))
+        }
+        (Some(RawVerify::Steps { steps, within_s }), _) => {
+            let within_s = within_s.unwrap_or(60);
+            if !(1..=VERIFY_MAX_WITHIN_S).contains(&within_s) {
+                return Err(format!(
+                    "verify: `within_s` {within_s} is out of range: it must be 1 to {VERIFY_MAX_WITHIN_S}"
+                ));
+            }
+            let mut scope = StepScope {
+                params,
+                vars: Default::default(),
+                programs,
+            };
+            let steps = resolve_steps(steps, &mut scope, has_service, Phase::Verify)
+                .map_err(|e| format!("verify: {e}"))?;
+            Ok((
+                Some(Verify {
+                    steps,
+                    within: std::time::Duration::from_secs(within_s),
+                }),
+                None,
+            ))
+        }
+    }
 }
 
 /// The most characters a call's `reason` may have: the schema says so, and the gateway

@@ -14,6 +14,8 @@ pub enum Mode {
     Execute,
     /// Run only the tool's read-only preview steps (at request time, for the approver).
     Preview,
+    /// Run only the tool's read-only verify steps (a rollout's health gate, after the write).
+    Verify,
 }
 
 /// The body of `POST /v1/call`. The token in `Authorization` signs its digest.

@@ -10,7 +10,7 @@
 'use strict';
 
 const STATES = ['pending', 'approved', 'denied', 'expired', 'executing', 'executed',
-  'failed', 'unknown', 'withdrawn'];
+  'failed', 'halted', 'unknown', 'withdrawn'];
 // Audit filters, in form order: [query name, label, placeholder].
 const AUDIT_FILTERS = [
   ['tool', 'Tool', 'linux.systemctl_restart'],
@@ -491,6 +491,7 @@ async function viewApproval(id) {
     field('State', el('span', { id: 'state', class: `badge state-${token(a.state)}` }, a.state)),
     field('Risk', badge('risk', a.risk)),
     field('Runners', (a.runners || []).join(', ') || '—'),
+    a.plan ? field('Rollout', planList(a.plan.waves, a.plan.pause_secs, 'plan')) : [],
     field('Requester', a.requester),
     a.on_behalf_of != null ? field('On behalf of', el('span', { id: 'on-behalf-of' }, a.on_behalf_of)) : [],
     field('Reason', el('div', { id: 'reason', class: 'reason' }, a.reason ?? '')),
@@ -528,6 +529,16 @@ async function viewApproval(id) {
           r.duration_ms != null ? el('span', { class: 'muted' }, ` ${r.duration_ms} ms`) : ''))));
   }
   return section;
+}
+
+// A rollout's waves in order (the first is the canary), and the pause between them.
+function planList(waves, pause, id) {
+  return el('div', { id },
+    el('ol', { class: 'waves' }, (waves || []).map((w, i) => el('li', { 'data-wave': String(i + 1) },
+      i === 0 && waves.length > 1 ? el('span', { class: 'muted' }, 'canary: ') : '', w.join(', ')))),
+    el('p', { class: 'muted small' }, waves && waves.length > 1
+      ? `Each wave runs after every runner of the one before passed its health gate, then a pause of ${pause} s; the first failure halts the rest.`
+      : 'One wave.'));
 }
 
 // The statement a signature covers, as the server sent it: its lines (`key value` after the
@@ -583,6 +594,7 @@ function signedBox(checked) {
         s.runners.map((r) => el('li', { 'data-runner': r.name }, el('strong', {}, r.name), ' ',
           r.preview === null ? el('span', { class: 'muted' }, 'no preview values')
             : ['preview values ', el('span', { class: 'mono' }, r.preview)])))),
+      field('Rollout', planList(s.waves, s.pause, 'signed-plan')),
       field('Approvals required', el('span', { id: 'signed-required' }, String(s.required))),
       field('Expires', el('span', { id: 'signed-expires', class: 'mono' }, s.expires), ' ', el('span', { class: 'muted' }, relTime(s.expires))),
       field('Requester', el('span', { class: 'mono' }, s.requester)),

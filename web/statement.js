@@ -13,13 +13,13 @@
 // require() for tests/it/portal_statement.rs, which holds it to the Rust implementation.
 //
 // Invariant: every refusal names the statement's field (`approval`, `tool`, `args`, `runner`,
-// `runner NAME preview`, `required`, `expires`) and the rule it broke; a value whose canonical
+// `runner NAME preview`, `wave`, `pause`, `required`, `expires`) and the rule it broke; a value whose canonical
 // JSON this page cannot write exactly as the server does (a number that is not a safe whole
 // number, a non-ASCII object key, a lone surrogate) is refused, never guessed.
 'use strict';
 
 (function (exported) {
-  const VERSION_LINE = 'emisar-approval/v1';
+  const VERSION_LINE = 'emisar-approval/v2';
   // A secret param's value in the signed arguments, and in the arguments the request shows.
   const COMMIT_PREFIX = 'commit:sha256:';
   const SEALED_PREFIX = 'hmac-sha256:';
@@ -180,6 +180,21 @@
       if (st.runners.has(name)) throw statementError(`runner \`${name}\` is named twice`);
       st.runners.set(name, preview === 'none' ? null : stripSha256('runner preview', preview));
     }
+    // The rollout: `wave N A,B` lines in order, then `pause S`.
+    st.waves = [];
+    while (i < fields.length && fields[i][0] === 'wave') {
+      const v = fields[i++][1];
+      const at = v.indexOf(' ');
+      if (at < 0) throw statementError('a wave line is `wave N RUNNER,RUNNER…`');
+      const want = String(st.waves.length + 1);
+      if (v.slice(0, at) !== want) throw statementError(`expected \`wave ${want}\`, found \`wave ${v.slice(0, at)}\``);
+      st.waves.push(v.slice(at + 1).split(','));
+    }
+    const pause = take('pause');
+    if (!/^[0-9]+$/.test(pause) || Number(pause) > 0xffffffff) {
+      throw statementError('`pause` must be a whole number of seconds');
+    }
+    st.pause = Number(pause);
     const required = take('required');
     if (!/^[0-9]+$/.test(required) || Number(required) > 0xffffffff) {
       throw statementError('`required` must be a whole number');
@@ -198,14 +213,38 @@
     if (st.expiresUnix === null) throw statementError('`expires` must be UTC as YYYY-MM-DDTHH:MM:SSZ');
     if (st.runners.size === 0) throw statementError('`runner`: a statement names at least one runner');
     for (const name of st.runners.keys()) checkWord('runner', name);
+    checkPlan(st);
     if (st.required === 0) throw statementError('`required` must be at least 1');
     const runnerLines = [...st.runners.keys()].sort(byteOrder)
       .map((name) => `runner ${name} preview ${st.runners.get(name) === null ? 'none' : `sha256:${st.runners.get(name)}`}\n`);
     const canonical = `${VERSION_LINE}\napproval ${st.approval}\ntool ${st.tool}\npack sha256:${st.pack}\n`
-      + `args sha256:${st.args}\n${runnerLines.join('')}required ${st.required}\npolicy sha256:${st.policy}\n`
+      + `args sha256:${st.args}\n${runnerLines.join('')}`
+      + st.waves.map((w, n) => `wave ${n + 1} ${w.join(',')}\n`).join('')
+      + `pause ${st.pause}\nrequired ${st.required}\npolicy sha256:${st.policy}\n`
       + `requester ${st.requester}\nexpires ${st.expires}\n`;
     if (canonical !== text) throw statementError('not in canonical form (runners sorted, one space between words)');
     return st;
+  }
+
+  // src/protocol/approval/statement.rs `Plan::check`: at least one wave, none empty, each
+  // sorted, every runner in exactly one wave and no other name.
+  function checkPlan(st) {
+    if (st.waves.length === 0 || st.waves.length > 1000) throw statementError('`wave`: a plan has 1 to 1000 waves');
+    const seen = new Set();
+    st.waves.forEach((wave, i) => {
+      const n = i + 1;
+      if (wave.length === 0 || wave.some((r) => r === '')) throw statementError(`\`wave ${n}\` names no runner`);
+      const sorted = [...wave].sort(byteOrder);
+      if (sorted.some((r, j) => r !== wave[j])) throw statementError(`\`wave ${n}\`: its runners must be sorted`);
+      for (const r of wave) {
+        if (!st.runners.has(r)) throw statementError(`\`wave ${n}\` names \`${r}\`, which no \`runner\` line names`);
+        if (seen.has(r)) throw statementError(`runner \`${r}\` is in two waves`);
+        seen.add(r);
+      }
+    });
+    for (const r of st.runners.keys()) {
+      if (!seen.has(r)) throw statementError(`runner \`${r}\` is in no wave`);
+    }
   }
 
   // src/protocol/approval/mod.rs `issued_millis`: the request time in a UUIDv7 approval id.
@@ -321,6 +360,16 @@
       runners.push({ name: runner, preview: values });
     }
 
+    // The rollout: the plan signed is the plan the request shows.
+    const plan = request.plan;
+    const samePlan = isObject(plan) && Array.isArray(plan.waves) && plan.pause_secs === st.pause
+      && plan.waves.length === st.waves.length
+      && plan.waves.every((w, n) => Array.isArray(w) && w.length === st.waves[n].length
+        && w.every((r, j) => r === st.waves[n][j]));
+    if (!samePlan) {
+      throw new Refusal(`\`wave\`: the statement's rollout is ${JSON.stringify({ waves: st.waves, pause_secs: st.pause })}, the request shows ${show(plan)}`);
+    }
+
     if (request.required_approvals !== st.required) {
       throw new Refusal(`\`required\`: the statement says ${st.required}, the request shows ${show(request.required_approvals)}`);
     }
@@ -335,6 +384,8 @@
       tool: st.tool,
       args: signedJson,
       runners,
+      waves: st.waves,
+      pause: st.pause,
       required: st.required,
       expires: st.expires,
       requester: st.requester,

@@ -169,6 +169,21 @@ pub fn check_before_signing(
                 .map_or_else(|| "none".to_owned(), crate::digest::canonical_json)
         ));
     }
+    // The rollout: the plan signed is the plan the request shows, printed wave by wave.
+    let shown_plan = serde_json::to_value(&st.plan).expect("a plan is JSON");
+    if request["plan"] != shown_plan {
+        return Err(format!(
+            "`wave`: the statement's rollout is {shown_plan}, the request shows {}",
+            request["plan"]
+        ));
+    }
+    for (i, wave) in st.plan.waves.iter().enumerate() {
+        out.push_str(&format!("  wave {}   {}\n", i + 1, wave.join(", ")));
+    }
+    out.push_str(&format!(
+        "  pause    {} s between waves\n",
+        st.plan.pause_secs
+    ));
     if request["required_approvals"].as_u64() != Some(u64::from(st.required)) {
         return Err(format!(
             "`required`: the statement says {}, the request shows {}",
@@ -315,8 +330,8 @@ pub async fn run(server: ServerArg, command: ApprovalsCommand) -> anyhow::Result
 mod tests {
     use super::*;
     use crate::digest::json_digest;
-    use crate::protocol::approval::Statement;
     use crate::protocol::approval::tests::id_at;
+    use crate::protocol::approval::{Plan, Statement};
     use serde_json::{Value, json};
 
     const NOW: u64 = 1_796_551_200;
@@ -338,6 +353,10 @@ mod tests {
                 ("hvn06".to_owned(), None),
             ]
             .into(),
+            plan: Plan {
+                waves: vec![vec!["hvn06".into()], vec!["hvn05".into()]],
+                pause_secs: 30,
+            },
             required: 2,
             policy_sha256: "d".repeat(64),
             requester: "agent:a".into(),
@@ -350,6 +369,7 @@ mod tests {
             "runners": ["hvn06", "hvn05"], "required_approvals": 2,
             "preview": {"hvn05": {"sealed_vars": vars.to_string()}},
             "statement": {"text": text, "args": signed},
+            "plan": {"waves": [["hvn06"], ["hvn05"]], "pause_secs": 30},
         });
         (id, request)
     }
@@ -359,7 +379,8 @@ mod tests {
         let (id, r) = request();
         let shown = check_before_signing(&id, &r, NOW, 1260).unwrap();
         assert!(
-            shown.contains(r#"preview values {"restarts":3,"state":"active"}"#),
+            shown.contains(r#"preview values {"restarts":3,"state":"active"}"#)
+                && shown.contains("wave 1   hvn06\n  wave 2   hvn05\n"),
             "{shown}"
         );
         let edit = |f: &dyn Fn(&mut Value)| {
@@ -401,6 +422,15 @@ mod tests {
             (
                 Box::new(|r| r["tool"] = json!("linux.systemctl_reload")),
                 "`tool`",
+            ),
+            // A rollout shown otherwise than signed: all at once, or another canary.
+            (
+                Box::new(|r| r["plan"]["waves"] = json!([["hvn05", "hvn06"]])),
+                "`wave`",
+            ),
+            (
+                Box::new(|r| r["plan"]["waves"] = json!([["hvn05"], ["hvn06"]])),
+                "`wave`",
             ),
         ];
         for (f, why) in cases {

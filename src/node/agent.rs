@@ -681,6 +681,7 @@ mod tests {
             approval: None,
             witnessed: None,
             secret_salt: None,
+            wave: None,
         }
     }
 
@@ -901,7 +902,7 @@ mod tests {
         let cases = [
             (
                 with(vars.clone(), Some(&good), Mode::Preview),
-                "a preview call carries no preview values",
+                "a preview or verify call carries no preview values",
             ),
             (
                 with(vars.clone(), None, Mode::Execute),

@@ -191,6 +191,7 @@ impl Gate {
                 "the signed statement does not name this runner (`{runner}`)"
             ));
         }
+        check_wave(&carried, runner, request.wave)?;
         // The rebuild: everything this runner can know itself comes from the call it received,
         // the rest (other runners' previews, the requester, the policy, the expiry, the count
         // of people) from the statement, which the signatures cover.
@@ -301,4 +302,19 @@ impl Gate {
         *self.serial.lock().unwrap_or_else(|p| p.into_inner()) = (serial, digest);
         Ok(())
     }
+}
+
+/// The signed plan places this runner in exactly one wave, and the call must run it in that
+/// one: a server (or anyone with `server.key`) that sends the call in another wave, or without
+/// a wave, runs a rollout people did not sign.
+fn check_wave(statement: &Statement, runner: &str, wave: Option<u32>) -> Result<(), String> {
+    let placed = statement.plan.wave_of(runner);
+    if wave == placed {
+        return Ok(());
+    }
+    let placed = placed.map_or_else(|| "no wave".to_owned(), |w| format!("wave {w}"));
+    let called = wave.map_or_else(|| "without a wave".to_owned(), |w| format!("in wave {w}"));
+    Err(format!(
+        "the signed plan places this runner (`{runner}`) in {placed}, and the call runs it {called}: people signed another rollout than this one"
+    ))
 }

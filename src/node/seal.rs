@@ -58,6 +58,7 @@ impl Sealed<'_> {
             approval: None,
             witnessed: None,
             secret_salt: None,
+            wave: None,
         }
         .digest();
         canonical_json(&json!({

@@ -340,7 +340,8 @@ fn resolve_tool(
             (Some(preview), None)
         }
     };
-    let (verify, no_verify) = resolve_verify(raw.verify.as_ref(), risk, &params, programs, has_service)?;
+    let (verify, no_verify) =
+        resolve_verify(raw.verify.as_ref(), risk, &params, programs, has_service)?;
     let (steps, single_action) = match (&raw.action, &raw.steps) {
         (Some(action), None) => {
             let step = Step {
@@ -741,7 +742,7 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(
-            err.contains("only a preview step takes `read_only`"),
+            err.contains("only a preview or verify step takes `read_only`"),
             "{err}"
         );
         let read_with_preview = "pack: t\ndescription: d\nservice: s\ntools:\n  x:\n    description: d\n    risk: read\n    scope: node\n    preview: {steps: [{name: p, http: {method: GET, path: '/'}}]}\n    action: {http: {method: GET, path: '/'}}\n";

@@ -52,6 +52,10 @@ pub struct CallRequest {
     /// tool with secret params.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_salt: Option<String>,
+    /// The rollout wave (1-based) this execution of an approved request runs in; a runner
+    /// that checks people's signatures refuses a wave the signed plan does not place it in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wave: Option<u32>,
 }
 
 impl CallRequest {

@@ -767,6 +767,7 @@ async fn approvals_refuse_what_they_should(backend: Backend) {
         approval: None,
         witnessed: None,
         secret_salt: None,
+        wave: None,
     };
     let claims = |aud: &str, req: &CallRequest, approval: Option<&str>| {
         let t = now();

@@ -1419,6 +1419,7 @@ async fn runner(app: &TestApp, report: &mut Report, exec_log: &Path) {
         approval: None,
         witnessed: None,
         secret_salt: None,
+        wave: None,
     };
     let claims_for = |req: &CallRequest| {
         let t = now();

@@ -38,6 +38,7 @@ mod portal_sessions;
 mod portal_statement;
 mod python_client;
 mod replicas;
+mod rollouts;
 mod runner_errors;
 mod runner_identity;
 mod runner_security;

@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use emisar::digest::{canonical_json, json_digest};
-use emisar::protocol::approval::Statement;
 use emisar::protocol::approval::statement::hash_text;
+use emisar::protocol::approval::{Plan, Statement};
 use serde_json::{Value, json};
 
 use crate::harness::tools::require;
@@ -81,10 +81,25 @@ impl Request {
                     ((*r).to_owned(), digest)
                 })
                 .collect(),
+            plan: self.plan(),
             required: self.required,
             policy_sha256: "d".repeat(64),
             requester: "agent:deploy-bot".into(),
             expires_at: self.expires.clone(),
+        }
+    }
+
+    /// A canary, then the rest: the runners in the order the request names them.
+    fn plan(&self) -> Plan {
+        let mut waves: Vec<Vec<String>> = vec![vec![self.runners[0].to_owned()]];
+        let mut rest: Vec<String> = self.runners[1..].iter().map(|r| (*r).to_owned()).collect();
+        rest.sort();
+        if !rest.is_empty() {
+            waves.push(rest);
+        }
+        Plan {
+            waves,
+            pause_secs: 30,
         }
     }
 
@@ -98,7 +113,7 @@ impl Request {
         json!({
             "id": self.id, "tool": TOOL, "state": "pending",
             "args": self.shown, "runners": self.runners, "required_approvals": self.required,
-            "preview": preview,
+            "preview": preview, "plan": self.plan(),
             "statement": {
                 "text": text, "args": self.signed,
                 // What a lying server would send: the page must compute its own.
@@ -205,6 +220,22 @@ fn the_portal_refuses_what_the_terminal_refuses_naming_the_field() {
             Answer(|v| v["runners"] = json!(["hvn05"])),
             NOW,
             "`runner`: the statement names",
+        ),
+        // The rollout shown is not the one signed: all at once, or another canary.
+        (
+            Answer(|v| v["plan"]["waves"] = json!([["hvn05", "hvn06"]])),
+            NOW,
+            "`wave`: the statement's rollout is",
+        ),
+        (
+            Answer(|v| v["plan"]["waves"] = json!([["hvn05"], ["hvn06"]])),
+            NOW,
+            "`wave`: the statement's rollout is",
+        ),
+        (
+            Answer(|v| v["plan"]["pause_secs"] = json!(0)),
+            NOW,
+            "`wave`: the statement's rollout is",
         ),
         (
             Answer(|v| v["runners"] = json!(["hvn05", "hvn07"])),
@@ -332,12 +363,26 @@ fn the_portal_refuses_what_the_terminal_refuses_naming_the_field() {
         ),
         (
             text.replace("runner hvn05 preview", "runner hvn07 preview"),
-            "not in canonical form",
+            "`wave 2` names `hvn05`, which no `runner` line names",
         ),
         (
-            text.replace("emisar-approval/v1", "emisar-approval/v2"),
+            text.replace("emisar-approval/v2", "emisar-approval/v1"),
             "the first line",
         ),
+        // The plan: waves out of order, a runner in two, one in none.
+        (
+            text.replace("wave 2 hvn05", "wave 3 hvn05"),
+            "expected `wave 2`, found `wave 3`",
+        ),
+        (
+            text.replace("wave 2 hvn05", "wave 2 hvn05,hvn06"),
+            "runner `hvn06` is in two waves",
+        ),
+        (
+            text.replace("wave 2 hvn05\n", ""),
+            "runner `hvn05` is in no wave",
+        ),
+        (text.replace("pause 30", "pause -1"), "`pause` must be"),
         (text.trim_end().to_owned(), "must end with a newline"),
         (
             text.replace("expires 2026-12-06", "expires 2026-02-30"),

@@ -41,6 +41,7 @@ impl Fixture {
                 approval: None,
                 witnessed: None,
                 secret_salt: None,
+                wave: None,
             }
             .digest(),
             pack_sha256: self.pack_sha256.clone(),

@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use emisar::digest::json_digest;
-use emisar::protocol::approval::{ApprovalProof, Signature, SignedApprovers, Statement, sshsig};
+use emisar::protocol::approval::{
+    ApprovalProof, Plan, Signature, SignedApprovers, Statement, sshsig,
+};
 use emisar::protocol::{CallRequest, Mode};
 use emisar::server::tokens::Role;
 use serde_json::{Value, json};
@@ -117,6 +119,10 @@ fn statement(app: &TestApp, approval_id: &str, unit: &str, runners: &[&str]) -> 
         pack_sha256: packs.pack("linux").unwrap().digest.clone(),
         args_sha256: json_digest(&json!({"unit": unit})),
         runners: runners.iter().map(|r| ((*r).to_owned(), None)).collect(),
+        plan: Plan {
+            waves: vec![runners.iter().map(|r| (*r).to_owned()).collect()],
+            pause_secs: 0,
+        },
         required: 2,
         policy_sha256: "0".repeat(64),
         requester: "agent:test-agent".into(),
@@ -150,6 +156,8 @@ async fn execute(
         approval: proof,
         witnessed: None,
         secret_salt: None,
+        // The one wave of a one-wave plan.
+        wave: Some(1),
     };
     let answer = app
         .signed_request(

@@ -924,6 +924,7 @@ async fn execute_with(
         approval: None,
         witnessed,
         secret_salt: None,
+        wave: None,
     };
     let answer = app
         .signed_request(

@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 
 use emisar::digest::json_digest;
-use emisar::protocol::approval::{ApprovalProof, SignedApprovers, Statement, sshsig};
+use emisar::protocol::approval::{ApprovalProof, Plan, SignedApprovers, Statement, sshsig};
 use emisar::protocol::{CallRequest, Mode};
 use emisar::server::audit::AuditFilter;
 use emisar::server::tokens::Role;
@@ -103,6 +103,10 @@ fn statement(app: &TestApp, unit: &str, runners: &[&str]) -> Statement {
         pack_sha256: packs.pack("linux").unwrap().digest.clone(),
         args_sha256: json_digest(&json!({ "unit": unit })),
         runners: runners.iter().map(|r| ((*r).to_owned(), None)).collect(),
+        plan: Plan {
+            waves: vec![runners.iter().map(|r| (*r).to_owned()).collect()],
+            pause_secs: 0,
+        },
         required: 2,
         policy_sha256: "0".repeat(64),
         requester: "agent:test-agent".into(),
@@ -130,6 +134,8 @@ async fn execute(
         approval,
         witnessed,
         secret_salt: None,
+        // The one wave of a one-wave plan.
+        wave: Some(1),
     };
     let answer = app
         .signed_request(
@@ -444,6 +450,7 @@ async fn a_signed_write_runs_only_with_the_preview_values_people_signed() {
         approval: None,
         witnessed: None,
         secret_salt: None,
+        wave: Some(1),
     };
     let id = uuid::Uuid::now_v7().to_string();
     let signed = || Signed {
@@ -468,6 +475,7 @@ async fn a_signed_write_runs_only_with_the_preview_values_people_signed() {
         pack_sha256: packs_loaded.pack("pv").unwrap().digest.clone(),
         args_sha256: json_digest(&args),
         runners: [("hvn05".to_owned(), Some(json_digest(&shown["vars"])))].into(),
+        plan: Plan::one_wave([&"hvn05".to_owned()]),
         required: 1,
         policy_sha256: "0".repeat(64),
         requester: "agent:test-agent".into(),

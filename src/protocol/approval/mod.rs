@@ -14,7 +14,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde::{Deserialize, Serialize};
 
 pub use approvers::{Approvers, ApproversError, SignedApprovers};
-pub use statement::{Statement, StatementError};
+pub use statement::{Plan, Statement, StatementError};
 
 /// The most signatures one call may carry.
 pub const MAX_SIGNATURES: usize = 32;

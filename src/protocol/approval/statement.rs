@@ -2,13 +2,17 @@
 //! that names exactly what will run.
 //!
 //! ```text
-//! emisar-approval/v1
+//! emisar-approval/v2
 //! approval 0193f4c2-…
 //! tool linux.systemctl_restart
 //! pack sha256:<hex>
 //! args sha256:<hex>
 //! runner edge-1 preview none
 //! runner edge-2 preview sha256:<hex>
+//! runner edge-3 preview none
+//! wave 1 edge-1
+//! wave 2 edge-2,edge-3
+//! pause 30
 //! required 2
 //! policy sha256:<hex>
 //! requester agent:deploy-bot
@@ -21,7 +25,10 @@
 //! commitment (`commit:sha256:HEX`), so a signer recomputes the digest from arguments it can show
 //! and the runner recomputes it from the values it receives and the salt the call carries;
 //! a runner's `preview` is the SHA-256 of the canonical JSON of the preview values it sealed and
-//! will execute with (`none` when the tool has no preview). The signed bytes are exactly
+//! will execute with (`none` when the tool has no preview). The `wave` lines are the rollout's
+//! [`Plan`]: the runners of each wave in order (each wave's names sorted, every runner in
+//! exactly one wave), and `pause` the seconds between a wave's gate and the next wave; the
+//! gate itself is the tool's `verify`, covered by the pack digest. The signed bytes are exactly
 //! [`Statement::text`]; a passkey signs over [`Statement::hash`] (the WebAuthn challenge).
 //!
 //! *Invariant:* a runner accepts a signature only over the statement it rebuilds itself from
@@ -33,8 +40,75 @@ use std::collections::BTreeMap;
 
 use sha2::{Digest, Sha256};
 
-/// The first line: the format and its version. A runner refuses any other.
-pub const VERSION_LINE: &str = "emisar-approval/v1";
+/// The first line: the format and its version. A runner refuses any other. v2 added the
+/// rollout's plan (`wave` and `pause`).
+pub const VERSION_LINE: &str = "emisar-approval/v2";
+
+/// The most waves a plan may have (one per runner of the largest request).
+pub const MAX_WAVES: usize = 1000;
+
+/// How an approved write rolls out: wave by wave, in order; each wave's runners at once,
+/// then its health gate, then `pause_secs`, then the next. A runner executes only in the wave
+/// the plan places it in (`CallRequest::wave`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Plan {
+    /// The waves in order, each the names of its runners, sorted.
+    pub waves: Vec<Vec<String>>,
+    /// Seconds between a wave's gate passing and the next wave starting.
+    pub pause_secs: u32,
+}
+
+impl Plan {
+    /// Every runner in one wave, no pause: a request with one runner.
+    pub fn one_wave<'a>(runners: impl IntoIterator<Item = &'a String>) -> Plan {
+        let mut wave: Vec<String> = runners.into_iter().cloned().collect();
+        wave.sort();
+        Plan {
+            waves: vec![wave],
+            pause_secs: 0,
+        }
+    }
+
+    /// The wave (1-based) that places `runner`, if any.
+    pub fn wave_of(&self, runner: &str) -> Option<u32> {
+        self.waves
+            .iter()
+            .position(|w| w.iter().any(|r| r == runner))
+            .map(|i| i as u32 + 1)
+    }
+
+    /// The plan's rule, against the statement's runners: at least one wave, none empty, each
+    /// sorted, every runner in exactly one wave and no other name.
+    fn check(&self, runners: &BTreeMap<String, Option<String>>) -> Result<(), StatementError> {
+        if self.waves.is_empty() || self.waves.len() > MAX_WAVES {
+            return Err(err(format!("`wave`: a plan has 1 to {MAX_WAVES} waves")));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for (i, wave) in self.waves.iter().enumerate() {
+            let n = i + 1;
+            if wave.is_empty() {
+                return Err(err(format!("`wave {n}` names no runner")));
+            }
+            if !wave.is_sorted() {
+                return Err(err(format!("`wave {n}`: its runners must be sorted")));
+            }
+            for runner in wave {
+                if !runners.contains_key(runner) {
+                    return Err(err(format!(
+                        "`wave {n}` names `{runner}`, which no `runner` line names"
+                    )));
+                }
+                if !seen.insert(runner.as_str()) {
+                    return Err(err(format!("runner `{runner}` is in two waves")));
+                }
+            }
+        }
+        if let Some(missing) = runners.keys().find(|r| !seen.contains(r.as_str())) {
+            return Err(err(format!("runner `{missing}` is in no wave")));
+        }
+        Ok(())
+    }
+}
 
 /// What a person approves. Every field is one line of [`Statement::text`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,6 +122,8 @@ pub struct Statement {
     /// Every target runner, with the hex SHA-256 of the canonical JSON of the preview values it
     /// sealed (None: the tool has no preview).
     pub runners: BTreeMap<String, Option<String>>,
+    /// The rollout: which runners run in which wave, and the pause between waves.
+    pub plan: Plan,
     /// How many people's approvals the request needed when it was made.
     pub required: u32,
     /// Hex SHA-256 of the policy that set `required`.
@@ -90,6 +166,10 @@ impl Statement {
                 .map_or_else(|| "none".to_owned(), |d| format!("sha256:{d}"));
             line("runner", &format!("{runner} preview {preview}"));
         }
+        for (i, wave) in self.plan.waves.iter().enumerate() {
+            line("wave", &format!("{} {}", i + 1, wave.join(",")));
+        }
+        line("pause", &self.plan.pause_secs.to_string());
         line("required", &self.required.to_string());
         line("policy", &format!("sha256:{}", self.policy_sha256));
         line("requester", &self.requester);
@@ -137,6 +217,7 @@ impl Statement {
                 hex_digest("runner preview", d)?;
             }
         }
+        self.plan.check(&self.runners)?;
         if self.required == 0 {
             return Err(err("`required` must be at least 1"));
         }
@@ -192,6 +273,21 @@ impl Statement {
                 return Err(err(format!("runner `{name}` is named twice")));
             }
         }
+        let mut waves = Vec::new();
+        while let Some((_, v)) = fields.next_if(|(k, _)| *k == "wave") {
+            let want = (waves.len() + 1).to_string();
+            let Some((n, names)) = v.split_once(' ') else {
+                return Err(err("a wave line is `wave N RUNNER,RUNNER…`"));
+            };
+            if n != want {
+                return Err(err(format!("expected `wave {want}`, found `wave {n}`")));
+            }
+            waves.push(names.split(',').map(str::to_owned).collect::<Vec<_>>());
+        }
+        let pause_secs = take(&mut fields, "pause")?
+            .parse::<u32>()
+            .map_err(|_| err("`pause` must be a whole number of seconds"))?;
+        let plan = Plan { waves, pause_secs };
         let required = take(&mut fields, "required")?
             .parse::<u32>()
             .map_err(|_| err("`required` must be a whole number"))?;
@@ -207,6 +303,7 @@ impl Statement {
             pack_sha256,
             args_sha256,
             runners,
+            plan,
             required,
             policy_sha256,
             requester,
@@ -354,7 +451,15 @@ mod tests {
             runners: BTreeMap::from([
                 ("edge-2".to_owned(), Some("c".repeat(64))),
                 ("edge-1".to_owned(), None),
+                ("edge-3".to_owned(), None),
             ]),
+            plan: Plan {
+                waves: vec![
+                    vec!["edge-1".into()],
+                    vec!["edge-2".into(), "edge-3".into()],
+                ],
+                pause_secs: 30,
+            },
             required: 2,
             policy_sha256: "d".repeat(64),
             requester: "agent:deploy-bot".into(),
@@ -366,14 +471,17 @@ mod tests {
     fn text_is_one_line_per_field_in_order_with_runners_sorted() {
         let text = sample().text().unwrap();
         let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines[0], "emisar-approval/v1");
+        assert_eq!(lines[0], "emisar-approval/v2");
         assert_eq!(lines[1], "approval 0193f4c2-7a10-7cc0-9f00-000000000001");
         assert_eq!(lines[5], "runner edge-1 preview none");
         assert_eq!(
             lines[6],
             format!("runner edge-2 preview sha256:{}", "c".repeat(64))
         );
-        assert_eq!(lines[10], "expires 2026-12-03T14:00:00Z");
+        assert_eq!(lines[8], "wave 1 edge-1");
+        assert_eq!(lines[9], "wave 2 edge-2,edge-3");
+        assert_eq!(lines[10], "pause 30");
+        assert_eq!(lines[14], "expires 2026-12-03T14:00:00Z");
         assert!(text.ends_with('\n'));
     }
 
@@ -389,7 +497,15 @@ mod tests {
     fn parse_refuses_anything_but_the_canonical_text() {
         let text = sample().text().unwrap();
         let cases = [
-            text.replace("emisar-approval/v1", "emisar-approval/v2"),
+            text.replace("emisar-approval/v2", "emisar-approval/v1"),
+            // The plan: waves out of order, a runner moved or left out, a bad pause.
+            text.replace("wave 1 edge-1\nwave 2", "wave 2 edge-1\nwave 1"),
+            text.replace("wave 2 edge-2,edge-3", "wave 2 edge-3,edge-2"),
+            text.replace("wave 1 edge-1", "wave 1 edge-1,edge-2"),
+            text.replace("wave 2 edge-2,edge-3", "wave 2 edge-2"),
+            text.replace("wave 2 edge-2,edge-3\n", ""),
+            text.replace("pause 30", "pause -1"),
+            text.replace("pause 30\n", ""),
             text.trim_end().to_owned(),
             text.replace("required 2", "required  2"),
             text.replace("required 2", "required two"),
@@ -442,6 +558,25 @@ mod tests {
         assert!(e.0.contains("`password`"), "{e}");
         // No secret param: the arguments themselves.
         assert_eq!(&signed_args(args, &[], None).unwrap(), args);
+    }
+
+    #[test]
+    fn the_plan_places_each_runner_in_one_wave() {
+        let s = sample();
+        assert_eq!(s.plan.wave_of("edge-1"), Some(1));
+        assert_eq!(s.plan.wave_of("edge-3"), Some(2));
+        assert_eq!(s.plan.wave_of("edge-9"), None);
+        let mut two = sample();
+        two.plan.waves[1].insert(0, "edge-1".into());
+        assert!(two.text().unwrap_err().0.contains("two waves"));
+        let mut none = sample();
+        none.plan.waves.pop();
+        assert!(none.text().unwrap_err().0.contains("in no wave"));
+        let mut stranger = sample();
+        stranger.plan.waves[0].push("edge-9".into());
+        assert!(stranger.text().unwrap_err().0.contains("no `runner` line"));
+        let one = Plan::one_wave(s.runners.keys());
+        assert_eq!(one.waves, vec![vec!["edge-1", "edge-2", "edge-3"]]);
     }
 
     #[test]

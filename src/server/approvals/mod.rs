@@ -115,6 +115,9 @@ pub struct Approval {
     /// request's runners check people's signatures; shown by the API with its hash.
     #[serde(skip)]
     pub statement: Option<String>,
+    /// The rollout its runners run in: waves in order, each gated, with the pause between
+    /// them (fixed at request time; part of the statement people sign).
+    pub plan: crate::protocol::approval::Plan,
     /// The actor whose decision settled the request.
     pub decided_by: Option<String>,
     /// The call's outcome (per-runner results) once executed.

@@ -23,10 +23,13 @@ pub enum State {
     Executed,
     Failed,
     Unknown,
+    /// A rollout stopped at a failed health gate (or a failed write) in one wave: the runners
+    /// of the later waves never ran.
+    Halted,
 }
 
 impl State {
-    pub(crate) const ALL: [State; 9] = [
+    pub(crate) const ALL: [State; 10] = [
         State::Pending,
         State::Approved,
         State::Denied,
@@ -36,6 +39,7 @@ impl State {
         State::Executed,
         State::Failed,
         State::Unknown,
+        State::Halted,
     ];
 
     pub(crate) fn as_str(self) -> &'static str {
@@ -49,6 +53,7 @@ impl State {
             State::Executed => "executed",
             State::Failed => "failed",
             State::Unknown => "unknown",
+            State::Halted => "halted",
         }
     }
 
@@ -74,6 +79,7 @@ impl State {
                 | State::Executed
                 | State::Failed
                 | State::Unknown
+                | State::Halted
         )
     }
 }

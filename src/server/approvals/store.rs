@@ -10,6 +10,7 @@ use tokio::sync::broadcast;
 
 use super::notify::{Changed, listen, notify_committed};
 use super::{Approval, ApprovalError, Change, Due, Lock, State, text};
+use crate::protocol::approval::Plan;
 use crate::server::audit::{AuditLog, format_at};
 use crate::server::db::{Db, Pool};
 use crate::with_pool;
@@ -33,10 +34,10 @@ pub struct Approvals {
 /// 33-37 ms with four against 28-31 ms with ten).
 const TRANSITION_SLOTS: usize = 10;
 
-const PG_COLUMNS: &str = "id, call_id, tool, risk, args::text AS args, shown_args::text AS shown_args, runners::text AS runners, runner_chosen, raw, reason, requester, requester_name, on_behalf_of, pack_sha256, preview::text AS preview, required_approvals, approvals::text AS approvals, state, note, decided_by, result::text AS result, to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS created_at, to_char(expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS expires_at, to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS updated_at, statement";
-const INSERT: &str = "INSERT INTO approvals (id, call_id, tool, risk, args, shown_args, runners, runner_chosen, raw, reason, requester, requester_name, pack_sha256, preview, required_approvals, approvals, state, note, decided_by, result, created_at, expires_at, updated_at, on_behalf_of, statement) VALUES ($1,$2,$3,$4,$5::jsonb,$6::jsonb,$7::jsonb,$8,$9,$10,$11,$12,$13,$14::jsonb,$15,$16::jsonb,$17,$18,$19,$20::jsonb,$21::timestamptz,$22::timestamptz,$23::timestamptz,$24,$25)";
+const PG_COLUMNS: &str = "id, call_id, tool, risk, args::text AS args, shown_args::text AS shown_args, runners::text AS runners, runner_chosen, raw, reason, requester, requester_name, on_behalf_of, pack_sha256, preview::text AS preview, required_approvals, approvals::text AS approvals, state, note, decided_by, result::text AS result, to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS created_at, to_char(expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS expires_at, to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS updated_at, statement, plan";
+const INSERT: &str = "INSERT INTO approvals (id, call_id, tool, risk, args, shown_args, runners, runner_chosen, raw, reason, requester, requester_name, pack_sha256, preview, required_approvals, approvals, state, note, decided_by, result, created_at, expires_at, updated_at, on_behalf_of, statement, plan) VALUES ($1,$2,$3,$4,$5::jsonb,$6::jsonb,$7::jsonb,$8,$9,$10,$11,$12,$13,$14::jsonb,$15,$16::jsonb,$17,$18,$19,$20::jsonb,$21::timestamptz,$22::timestamptz,$23::timestamptz,$24,$25,$26)";
 const UPDATE: &str = "UPDATE approvals SET state = $2, approvals = $3::jsonb, note = $4, decided_by = $5, result = $6::jsonb, updated_at = $7::timestamptz WHERE id = $1";
-const SQLITE_COLUMNS: &str = "id, call_id, tool, risk, args, shown_args, runners, runner_chosen, raw, reason, requester, requester_name, on_behalf_of, pack_sha256, preview, required_approvals, approvals, state, note, decided_by, result, created_at, expires_at, updated_at, statement";
+const SQLITE_COLUMNS: &str = "id, call_id, tool, risk, args, shown_args, runners, runner_chosen, raw, reason, requester, requester_name, on_behalf_of, pack_sha256, preview, required_approvals, approvals, state, note, decided_by, result, created_at, expires_at, updated_at, statement, plan";
 
 fn from_row<R>(row: &R) -> Result<Approval, sqlx::Error>
 where
@@ -59,6 +60,7 @@ where
             .transpose()
     };
     let state: String = row.try_get("state")?;
+    let runners: Vec<String> = json("runners", &row.try_get::<String, _>("runners")?)?;
     Ok(Approval {
         id: row.try_get("id")?,
         call_id: row.try_get("call_id")?,
@@ -66,7 +68,7 @@ where
         risk: row.try_get("risk")?,
         args: json("args", &row.try_get::<String, _>("args")?)?,
         shown_args: json("shown_args", &row.try_get::<String, _>("shown_args")?)?,
-        runners: json("runners", &row.try_get::<String, _>("runners")?)?,
+        runners: runners.clone(),
         runner_chosen_by_server: row.try_get("runner_chosen")?,
         raw: row.try_get("raw")?,
         reason: row.try_get("reason")?,
@@ -83,6 +85,11 @@ where
         })?,
         note: row.try_get("note")?,
         statement: row.try_get("statement")?,
+        // A request made before rollouts ran on all its runners at once: one wave.
+        plan: match row.try_get::<Option<String>, _>("plan")? {
+            Some(plan) => json("plan", &plan)?,
+            None => Plan::one_wave(&runners),
+        },
         decided_by: row.try_get("decided_by")?,
         result: opt_json("result")?,
         created_at: row.try_get("created_at")?,
@@ -148,6 +155,7 @@ impl Approvals {
                     .bind(&a.updated_at)
                     .bind(&a.on_behalf_of)
                     .bind(&a.statement)
+                    .bind(text(&a.plan))
             };
         }
         self.db

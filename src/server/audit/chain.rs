@@ -52,6 +52,15 @@ pub mod kind {
     pub(crate) const APPROVAL_WITHDRAWN: &str = "approval.withdrawn";
     /// An approved request was claimed for execution; written before any runner is called.
     pub(crate) const APPROVAL_EXECUTING: &str = "approval.executing";
+    /// A rollout wave of an approved request starts: the detail names the wave, how many
+    /// there are, and its runners; written before any of them is called.
+    pub(crate) const ROLLOUT_WAVE: &str = "rollout.wave";
+    /// One runner's health gate after its write (the tool's `verify`): the detail says
+    /// whether it passed, after how many tries, and what the runner saw (or why it failed).
+    pub(crate) const ROLLOUT_GATE: &str = "rollout.gate";
+    /// A rollout stopped: a write or a gate failed in one wave; the detail names the wave,
+    /// the runner and why, and the runners of later waves that never ran.
+    pub(crate) const ROLLOUT_HALTED: &str = "rollout.halted";
     /// Execution was interrupted (a crash) and its outcome is not known; never re-run.
     pub(crate) const CALL_UNKNOWN: &str = "call.unknown";
     pub(crate) const POLICY_LOADED: &str = "policy.loaded";

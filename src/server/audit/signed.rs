@@ -150,6 +150,7 @@ mod tests {
             pack_sha256: "1".repeat(64),
             args_sha256: "2".repeat(64),
             runners: [("hvn05".to_owned(), None)].into(),
+            plan: crate::protocol::approval::Plan::one_wave([&"hvn05".to_owned()]),
             required: 2,
             policy_sha256: "3".repeat(64),
             requester: "agent:bot".into(),

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::approval_flow::Request;
+use super::approval_flow::{Request, Rollout};
 use super::dispatch::Record;
 use super::outcome::{CallError, CallOutcome};
 use super::state::{Gateway, OfferedTool};
@@ -205,14 +205,28 @@ impl Gateway {
                 .append(intent)
                 .await
                 .map_err(CallError::AuditUnavailable)?;
-            // 6. Dispatch to every runner in parallel; 7. audit each outcome as it lands.
-            futures::future::join_all(
-                targets
-                    .runners
-                    .iter()
-                    .map(|name| self.run_on(name, tool, &dispatch, &record)),
-            )
+            // 6. Dispatch in waves (the policy's rollout for the tool), each wave's health
+            //    gate before the next, halting at the first failure; 7. audit each outcome
+            //    as it lands.
+            let plan = policy.rollout_for(&tool.name).0.plan(&targets.runners);
+            let rollout = Rollout {
+                plan: &plan,
+                tool,
+                pack_sha256: dispatch.pack_sha256,
+                args: &args.params,
+                record: &record,
+                no_wave_from: None,
+            };
+            let record = &record;
+            self.roll_out(&rollout, |name: String, wave| async move {
+                let dispatch = Dispatch {
+                    wave: Some(wave),
+                    ..dispatch
+                };
+                self.run_on(&name, tool, &dispatch, record).await
+            })
             .await
+            .results
         };
 
         // 8. Hand the per-runner results back.

@@ -279,6 +279,28 @@ impl Record<'_> {
     /// The call's `tool.called` (step 5), the one place it is built: who, what and why, and
     /// in its detail where the call goes and `how` it runs (the keys of that object: lowered
     /// by the policy, or waiting for approval and from how many people).
+    /// A step of the call's rollout (`rollout.wave`, `.gate`, `.halted`), by the system, for
+    /// this call (and its request).
+    pub(super) fn rollout_event(
+        &self,
+        kind: &str,
+        runner: Option<&str>,
+        detail: Value,
+    ) -> NewEvent {
+        NewEvent {
+            actor: "system:rollout".into(),
+            kind: kind.into(),
+            tool: Some(self.tool.to_owned()),
+            runner: runner.map(str::to_owned),
+            args: Some(self.args.clone()),
+            reason: self.reason.map(str::to_owned),
+            call_id: Some(self.call_id.to_owned()),
+            approval_id: self.approval_id.map(str::to_owned),
+            detail: Some(super::call::on_behalf_of(detail, self.on_behalf_of)),
+            ..Default::default()
+        }
+    }
+
     pub(super) fn tool_called(
         &self,
         runners: &[String],

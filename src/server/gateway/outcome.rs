@@ -173,7 +173,7 @@ impl CallOutcome {
             || self
                 .approval
                 .as_ref()
-                .is_some_and(|a| matches!(a.state, State::Failed | State::Unknown))
+                .is_some_and(|a| matches!(a.state, State::Failed | State::Unknown | State::Halted))
     }
 }
 

@@ -21,7 +21,8 @@ use crate::digest::json_digest;
 use crate::pack::ToolRef;
 use crate::protocol::approval::webauthn::{self, WebauthnError};
 use crate::protocol::approval::{
-    ApprovalProof, Approvers, Signature, SignedApprovers, Statement, statement, verify_signature,
+    ApprovalProof, Approvers, Plan, Signature, SignedApprovers, Statement, statement,
+    verify_signature,
 };
 use crate::protocol::witnessed::Binding;
 use crate::server::approvals::{Approval, ApprovalError, Verdict};
@@ -200,6 +201,7 @@ impl Gateway {
         args: &Map<String, Value>,
         runners: &[String],
         preview: Option<&Value>,
+        plan: &Plan,
         required: u32,
         requester: &str,
         expires_at: chrono::DateTime<chrono::Utc>,
@@ -210,6 +212,7 @@ impl Gateway {
             pack_sha256: pack_sha256.to_owned(),
             args_sha256: self.signed_args_digest(approval_id, tool, args)?,
             runners: preview_digests(runners, preview),
+            plan: plan.clone(),
             required,
             policy_sha256: self.policy().digest(),
             requester: requester.to_owned(),

@@ -7,8 +7,11 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use super::format::{Format, RawLevel, RawPolicy, to_raw, to_value};
-use super::{AgentRule, NOMAD_JOBS, Pattern, Policy, PolicyError, RiskRule, invalid, key, rank};
+use super::format::{Format, RawLevel, RawPolicy, RawRollout, to_raw, to_value};
+use super::{
+    AgentRule, NOMAD_JOBS, Pattern, Policy, PolicyError, RiskRule, Rollout, WaveSize, invalid, key,
+    rank,
+};
 use crate::digest::{canonical_json, sha256_hex};
 use crate::pack::{PackSet, Risk, Tool, is_identifier};
 use crate::selector::Selector;
@@ -59,6 +62,43 @@ fn patterns(path: &str, texts: &[String], problems: &mut Vec<String>) -> Vec<Pat
                 .ok()
         })
         .collect()
+}
+
+/// The longest pause a rollout line may ask for between waves.
+const MAX_PAUSE_S: u32 = 600;
+
+/// One `rollout` line compiled, or its problems added (each naming `path` and the field).
+fn rollout_line(path: &str, line: &RawRollout, problems: &mut Vec<String>) -> Option<Rollout> {
+    let before = problems.len();
+    let mut in_range = |field: &str, v: Option<u32>, max: u32, min: u32| {
+        if let Some(v) = v
+            && !(min..=max).contains(&v)
+        {
+            problems.push(format!(
+                "`{path}.{field}`: {v} is out of range: it must be {min} to {max}"
+            ));
+        }
+    };
+    in_range("canary", line.canary, MAX_MAX_TARGETS, 1);
+    in_range("wave", line.wave, MAX_MAX_TARGETS, 1);
+    in_range("wave_percent", line.wave_percent, 100, 1);
+    in_range("pause_s", line.pause_s, MAX_PAUSE_S, 0);
+    let wave = match (line.wave, line.wave_percent) {
+        (Some(_), Some(_)) => {
+            problems.push(format!(
+                "`{path}`: give `wave` (runners) or `wave_percent`, not both"
+            ));
+            return None;
+        }
+        (Some(n), None) => WaveSize::Runners(n),
+        (None, Some(p)) => WaveSize::Percent(p),
+        (None, None) => Rollout::DEFAULT.wave,
+    };
+    (problems.len() == before).then_some(Rollout {
+        canary: line.canary.unwrap_or(Rollout::DEFAULT.canary),
+        wave,
+        pause_secs: line.pause_s.unwrap_or(Rollout::DEFAULT.pause_secs),
+    })
 }
 
 fn approvers_in_range(path: &str, n: u32, problems: &mut Vec<String>) {
@@ -187,6 +227,23 @@ impl Policy {
             }
         }
 
+        let mut rollout_default = Rollout::DEFAULT;
+        let mut rollout = Vec::new();
+        for (name, line) in raw.rollout {
+            let path = format!("rollout.{}", key(&name));
+            let Some(compiled) = rollout_line(&path, &line, &mut problems) else {
+                continue;
+            };
+            if name == "default" {
+                rollout_default = compiled;
+                continue;
+            }
+            match Pattern::parse(&name) {
+                Ok(p) => rollout.push((p, compiled)),
+                Err(e) => problems.push(format!("`{path}`: {e} (or `default`)")),
+            }
+        }
+
         let everything = || vec![Pattern::Prefix(String::new())];
         let (mut approver_may, mut admin_may) = (everything(), everything());
         for (role, rule) in raw.roles {
@@ -236,6 +293,8 @@ impl Policy {
             approvers,
             max_targets_default,
             max_targets,
+            rollout_default,
+            rollout,
             approver_may,
             admin_may,
             runners: raw.runners,
@@ -339,6 +398,13 @@ impl Policy {
                 &mut problems,
             );
         }
+        for (pattern, _) in &self.rollout {
+            known(
+                format!("rollout.{}", key(&pattern.to_string())),
+                pattern,
+                &mut problems,
+            );
+        }
         for (role, may) in [("approver", &self.approver_may), ("admin", &self.admin_may)] {
             for (i, p) in may.iter().enumerate() {
                 known(format!("roles.{role}.approve[{i}]"), p, &mut problems);
@@ -420,6 +486,24 @@ mod tests {
                 Yaml,
                 "risk: {consul.members: medium}",
                 "`risk.\"consul.members\"`: unknown variant `medium`, expected one of `read`, `low`, `high`",
+            ),
+            (
+                "rollout with both wave sizes",
+                Yaml,
+                "rollout: {default: {wave: 2, wave_percent: 10}}",
+                "`rollout.default`: give `wave` (runners) or `wave_percent`, not both",
+            ),
+            (
+                "rollout out of range",
+                Toml,
+                "[rollout.\"linux.*\"]\ncanary = 0\npause_s = 601\n",
+                "`rollout.\"linux.*\".canary`: 0 is out of range: it must be 1 to 1000; `rollout.\"linux.*\".pause_s`: 601 is out of range: it must be 0 to 600",
+            ),
+            (
+                "rollout with an unknown field",
+                Yaml,
+                "rollout: {default: {waves: 2}}",
+                "`rollout.default.waves`: unknown field `waves`",
             ),
             (
                 "approvers below range",

@@ -2,7 +2,7 @@
 //! most specific one wins): [`decide`] for one call, and who may approve or use a tool, the
 //! runners an agent is held to, a tool's effective risk.
 
-use super::{AgentRule, Decision, NOMAD_JOBS, Pattern, Policy, Request, key, rank};
+use super::{AgentRule, Decision, NOMAD_JOBS, Pattern, Policy, Request, Rollout, key, rank};
 use crate::pack::{Risk, Tool, allowlist_admits, shown_value};
 use crate::selector::Selector;
 use crate::server::principal::{Principal, Role};
@@ -120,6 +120,14 @@ impl Policy {
         most_specific(&self.approvers, tool)
             .copied()
             .unwrap_or(self.approvers_default)
+    }
+
+    /// How a write of `tool` rolls out, and the policy line that says so.
+    pub fn rollout_for(&self, tool: &str) -> (Rollout, String) {
+        match most_specific_line(&self.rollout, tool) {
+            Some((pattern, r)) => (*r, format!("rollout.{}", key(&pattern.to_string()))),
+            None => (self.rollout_default, "rollout.default".into()),
+        }
     }
 
     /// The most runners one write of `tool` may name, and the policy line that says so.
@@ -253,6 +261,43 @@ mod tests {
     use super::super::testing::{packs, tool};
     use super::super::{Format, Policy};
     use super::*;
+
+    #[test]
+    fn a_rollout_is_a_canary_then_waves_in_the_order_the_call_named() {
+        let runners: Vec<String> = ["e5", "e1", "e4", "e2", "e3"].map(String::from).into();
+        let plan = Rollout::DEFAULT.plan(&runners);
+        // 25 % of 5, rounded up: 2 a wave after the canary; each wave's names sorted.
+        assert_eq!(
+            plan.waves,
+            vec![vec!["e5"], vec!["e1", "e4"], vec!["e2", "e3"]]
+        );
+        let by_two = Rollout {
+            canary: 2,
+            wave: super::super::WaveSize::Runners(1),
+            pause_secs: 30,
+        };
+        let plan = by_two.plan(&runners);
+        assert_eq!(plan.waves.len(), 4);
+        assert_eq!(plan.waves[0], vec!["e1", "e5"]);
+        assert_eq!(plan.pause_secs, 30);
+        // One runner: one wave, whatever the canary.
+        let one = by_two.plan(&runners[..1]);
+        assert_eq!(one.waves, vec![vec!["e5"]]);
+        // The most specific line wins, and names itself.
+        let policy = Policy::parse(
+            "rollout:\n  default: {canary: 1, wave: 1}\n  \"linux.*\": {canary: 1, wave_percent: 50, pause_s: 5}\n",
+            Format::Yaml,
+        )
+        .unwrap();
+        let (r, line) = policy.rollout_for("linux.systemctl_restart");
+        assert_eq!((r.pause_secs, line.as_str()), (5, "rollout.\"linux.*\""));
+        let (r, line) = policy.rollout_for("consul.node_maintenance");
+        assert_eq!(
+            (r.wave, line.as_str()),
+            (super::super::WaveSize::Runners(1), "rollout.default")
+        );
+        assert_eq!(Policy::builtin().rollout_for("x.y").0, Rollout::DEFAULT);
+    }
 
     fn principal(agent: &str, role: Role) -> Principal {
         Principal::new(agent.into(), "t".into(), role, None)

@@ -50,6 +50,12 @@ pub(super) struct RawPolicy {
     /// held to it. Default: 10.
     #[serde(default)]
     pub(super) max_targets: BTreeMap<String, u32>,
+    /// How a write on several runners rolls out, by tool, `pack.*` or `default`: a canary
+    /// wave, then waves of `wave` runners or `wave_percent` % of them, each gated by the
+    /// tool's `verify` and followed by `pause_s`. The plan is part of what people sign.
+    /// Default: a canary of 1, then waves of 25 %, no pause.
+    #[serde(default)]
+    pub(super) rollout: BTreeMap<String, RawRollout>,
     /// Which tools each human role (`approver`, `admin`) may approve. Default: every tool.
     #[serde(default)]
     pub(super) roles: BTreeMap<String, RawRole>,
@@ -68,6 +74,21 @@ pub(super) struct RawAgent {
     pub(super) tools: Vec<String>,
     /// A label selector (`role=edge,dc=dc1`): only runners it matches. Default: every runner.
     pub(super) runners: Option<String>,
+}
+
+/// One rollout line (see [`RawPolicy::rollout`]).
+#[derive(schemars::JsonSchema, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRollout {
+    /// Runners in the first wave, the canary (1 to 1000). Default: 1.
+    pub(super) canary: Option<u32>,
+    /// Runners in each later wave (1 to 1000); give this or `wave_percent`.
+    pub(super) wave: Option<u32>,
+    /// Each later wave as a share of the request's runners (1 to 100 %, rounded up).
+    /// Default: 25.
+    pub(super) wave_percent: Option<u32>,
+    /// Seconds between a wave's gate passing and the next wave (0 to 600). Default: 0.
+    pub(super) pause_s: Option<u32>,
 }
 
 #[derive(schemars::JsonSchema, Debug, Deserialize)]

@@ -28,6 +28,7 @@ use std::fmt;
 use serde_json::Value;
 
 use crate::pack::{Risk, Tool};
+use crate::protocol::approval::Plan;
 use crate::selector::Selector;
 use crate::server::principal::Principal;
 
@@ -116,6 +117,9 @@ pub struct Policy {
     /// Runners one write request may name when no pattern in `max_targets` matches it.
     max_targets_default: u32,
     max_targets: Vec<(Pattern, u32)>,
+    /// How a write rolls out when no pattern in `rollout` matches it.
+    rollout_default: Rollout,
+    rollout: Vec<(Pattern, Rollout)>,
     /// The tools each approving role may approve.
     approver_may: Vec<Pattern>,
     admin_may: Vec<Pattern>,
@@ -123,6 +127,59 @@ pub struct Policy {
     runners: BTreeMap<String, BTreeMap<String, Vec<String>>>,
     /// SHA-256 of the canonical JSON of the source document (see [`Policy::digest`]).
     digest: String,
+}
+
+/// How a write on several runners rolls out: the canary's size, the later waves' size, and
+/// the pause after each wave's gate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rollout {
+    pub canary: u32,
+    pub wave: WaveSize,
+    pub pause_secs: u32,
+}
+
+/// The size of a rollout's later waves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaveSize {
+    Runners(u32),
+    /// A share of the request's runners, rounded up.
+    Percent(u32),
+}
+
+impl Rollout {
+    /// Without a `rollout` line: a canary of one runner, then a quarter of the fleet at a
+    /// time, no pause.
+    pub const DEFAULT: Rollout = Rollout {
+        canary: 1,
+        wave: WaveSize::Percent(25),
+        pause_secs: 0,
+    };
+
+    /// The plan for `runners`, in the order given (the first runners are the canary): each
+    /// wave's names sorted, as the statement writes them.
+    pub fn plan(&self, runners: &[String]) -> Plan {
+        let total = runners.len();
+        let canary = (self.canary as usize).clamp(1, total.max(1));
+        let later = match self.wave {
+            WaveSize::Runners(n) => n as usize,
+            WaveSize::Percent(p) => (total * p as usize).div_ceil(100),
+        }
+        .max(1);
+        let (first, rest) = runners.split_at(canary.min(total));
+        let waves = std::iter::once(first)
+            .chain(rest.chunks(later))
+            .filter(|w| !w.is_empty())
+            .map(|w| {
+                let mut w = w.to_vec();
+                w.sort();
+                w
+            })
+            .collect();
+        Plan {
+            waves,
+            pause_secs: self.pause_secs,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]

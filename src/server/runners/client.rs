@@ -151,6 +151,7 @@ pub struct RunnerAnswer {
 }
 
 /// What one call to one runner needs besides the runner itself.
+#[derive(Clone, Copy)]
 pub(crate) struct Dispatch<'a> {
     pub call_id: &'a str,
     pub tool: &'a str,
@@ -173,6 +174,8 @@ pub(crate) struct Dispatch<'a> {
     pub witnessed: Option<&'a crate::protocol::witnessed::WitnessedApproval>,
     /// The salt of the secret params' commitments in the signed arguments.
     pub secret_salt: Option<&'a str>,
+    /// The rollout wave this execution runs in.
+    pub wave: Option<u32>,
 }
 
 impl<'a> Dispatch<'a> {
@@ -200,6 +203,7 @@ impl<'a> Dispatch<'a> {
             approval: None,
             witnessed: None,
             secret_salt: None,
+            wave: None,
         }
     }
 }
@@ -259,6 +263,7 @@ impl RunnerClient {
             approval: d.approval.cloned(),
             witnessed: d.witnessed.cloned(),
             secret_salt: d.secret_salt.map(str::to_owned),
+            wave: d.wave,
         };
         let iat = now();
         let claims = CallClaims {

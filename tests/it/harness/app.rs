@@ -649,6 +649,7 @@ impl TestApp {
             approval: None,
             witnessed: None,
             secret_salt: None,
+            wave: None,
         };
         let signed = Signed {
             call_id: "direct-test-call".into(),

@@ -8,13 +8,12 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use super::super::dispatch::Record;
-use super::super::outcome::{CallOutcome, RunnerResult};
+use super::super::outcome::CallOutcome;
 use super::super::state::Gateway;
-use crate::protocol::Mode;
+use super::rollout::{Prepared, Rolled};
 use crate::server::approvals::{self, Actor, Approval, ApprovalError, Lock, State, Verdict};
 use crate::server::audit::kind;
 use crate::server::principal::Principal;
-use crate::server::runners::client::Dispatch;
 
 impl Gateway {
     /// A person's decision on a pending request. The decision that approves it also claims
@@ -102,102 +101,76 @@ impl Gateway {
         }
     }
 
-    /// Runs a request this replica claimed (`executing`): calls its runners with the approval
-    /// id and the preview's vars, and records the outcome.
+    /// Runs a request this replica claimed (`executing`): rolls it out on its runners with
+    /// the approval id and the preview's vars, and records the outcome: `executed`, `failed`
+    /// (a write or the last wave's gate failed) or `halted` (runners of later waves never ran).
     async fn run_claimed(&self, row: Approval) {
         let id = &row.id;
         let started = Instant::now();
-        let (results, problem) = self.run_approved(&row).await;
-        let ok = problem.is_none() && results.iter().all(|r| r.ok);
-        let note = problem.or_else(|| {
-            results
-                .iter()
-                .find_map(|r| r.error.as_ref().map(|e| format!("{}: {e}", r.runner)))
-        });
-        let outcome = CallOutcome::of_approval(&row, results);
+        let rolled = self.run_approved(&row).await;
+        let state = match (&rolled.stopped, rolled.halted) {
+            (None, _) => State::Executed,
+            (Some(_), false) => State::Failed,
+            (Some(_), true) => State::Halted,
+        };
+        let ok = state == State::Executed;
+        let outcome = CallOutcome::of_approval(&row, rolled.results);
         crate::server::metrics::tool_call(&row.tool, if ok { "ok" } else { "error" });
         let result = serde_json::to_value(&outcome).expect("outcomes are JSON");
         let finished = self
             .approvals
-            .finish(
-                id,
-                if ok { State::Executed } else { State::Failed },
-                result,
-                note,
-            )
+            .finish(id, state, result, rolled.stopped)
             .await;
         if let Err(e) = finished {
             tracing::error!(error = %e, approval_id = %id, "could not record the end of an execution");
         }
-        tracing::info!(approval_id = %id, ok, elapsed_ms = started.elapsed().as_millis() as u64, "approved call ran");
+        tracing::info!(approval_id = %id, state = state.as_str(), elapsed_ms = started.elapsed().as_millis() as u64, "approved call ran");
     }
 
-    /// Steps 6 and 7 for an approved request. The second value explains a failure that
-    /// happened before any runner was called.
-    async fn run_approved(&self, row: &Approval) -> (Vec<RunnerResult>, Option<String>) {
+    /// Steps 6 and 7 for an approved request: what every write carries, prepared once, then
+    /// its rollout (`rollout.rs`). A failure before any runner was called stops it at once.
+    async fn run_approved(&self, row: &Approval) -> Rolled {
+        let before_any = |why: String| Rolled {
+            results: Vec::new(),
+            stopped: Some(why),
+            halted: false,
+        };
         let Some(tool) = self.packs.tool(&row.tool) else {
-            return (
-                Vec::new(),
-                Some(format!("tool `{}` is no longer loaded", row.tool)),
-            );
+            return before_any(format!("tool `{}` is no longer loaded", row.tool));
         };
         let pack = self.packs.pack(&tool.pack).expect("tool has a pack");
         if pack.digest != row.pack_sha256 {
-            return (
-                Vec::new(),
-                Some(format!(
-                    "pack `{}` changed since the request ({} → {}): nothing was run; ask again",
-                    pack.name, row.pack_sha256, pack.digest
-                )),
-            );
+            return before_any(format!(
+                "pack `{}` changed since the request ({} → {}): nothing was run; ask again",
+                pack.name, row.pack_sha256, pack.digest
+            ));
         }
-        let record = Record {
-            actor: &row.requester,
-            tool: &row.tool,
-            args: &row.shown_args,
-            reason: Some(&row.reason),
-            call_id: &row.call_id,
-            approval_id: Some(&row.id),
-            on_behalf_of: row.on_behalf_of.as_deref(),
-        };
         let proof = self.proof_for(row);
         let secret_salt = self.commit_salt(tool, &row.id);
         let witnessed = if self.needs_witnessed(row) {
             match self.witnessed_for(row).await {
                 Ok(w) => Some(w),
-                Err(why) => return (Vec::new(), Some(why)),
+                Err(why) => return before_any(why),
             }
         } else {
             None
         };
-        let results = futures::future::join_all(row.runners.iter().map(|name| {
-            let record = &record;
-            let proof = proof.as_ref();
-            let witnessed = witnessed.as_ref();
-            let secret_salt = secret_salt.as_deref();
-            async move {
-                let preview = row.preview_vars(name);
-                let dispatch = Dispatch {
-                    preview: preview.as_ref().map(|(vars, _)| vars),
-                    preview_seal: preview.as_ref().and_then(|(_, seal)| seal.as_deref()),
-                    raw: row.raw,
-                    approval_id: Some(&row.id),
-                    approval: proof,
-                    witnessed,
-                    secret_salt,
-                    ..Dispatch::new(
-                        &row.call_id,
-                        &row.tool,
-                        &row.pack_sha256,
-                        &row.args,
-                        Mode::Execute,
-                    )
-                };
-                self.run_on(name, tool, &dispatch, record).await
-            }
-        }))
-        .await;
-        (results, None)
+        let prepared = Prepared {
+            tool,
+            record: Record {
+                actor: &row.requester,
+                tool: &row.tool,
+                args: &row.shown_args,
+                reason: Some(&row.reason),
+                call_id: &row.call_id,
+                approval_id: Some(&row.id),
+                on_behalf_of: row.on_behalf_of.as_deref(),
+            },
+            proof: proof.as_ref(),
+            witnessed: witnessed.as_ref(),
+            secret_salt: secret_salt.as_deref(),
+        };
+        self.roll_out_approved(row, &prepared).await
     }
 
     /// Expires an approved request whose execution never started within

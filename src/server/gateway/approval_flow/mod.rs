@@ -11,6 +11,8 @@
 //! - `execute.rs`: a person's decision, which claims an approved request in the same
 //!   transition (`claim`), and running a claimed one once with the values stored at request
 //!   time; an approval too old to start (`too_late_to_start`) is expired instead;
+//! - `rollout.rs`: a claimed request's runners wave by wave as its plan says, each wave's
+//!   health gate (the tool's `verify`), and the halt at the first failed write or gate;
 //! - `sweep.rs`: the periodic sweep that expires overdue requests, runs approved ones nobody
 //!   claimed, and marks lost executions `unknown`.
 //!
@@ -20,8 +22,10 @@
 
 mod execute;
 mod request;
+mod rollout;
 mod sweep;
 mod wait;
 
 pub(super) use request::Request;
+pub(super) use rollout::Rollout;
 pub(super) use wait::{pending_outcome, settled};

@@ -118,6 +118,9 @@ impl Gateway {
         };
         let ttl = chrono::Duration::from_std(self.limits.approval_ttl)
             .unwrap_or(chrono::Duration::minutes(15));
+        // The rollout, fixed now: the runners in the order the call named them (the first
+        // are the canary), in waves as the policy's `rollout` line for the tool says.
+        let plan = self.policy().rollout_for(&tool.name).0.plan(&r.runners);
         let statement = match signed_by {
             None => None,
             Some(_) => {
@@ -130,6 +133,7 @@ impl Gateway {
                     &r.params,
                     &r.runners,
                     preview.as_ref(),
+                    &plan,
                     required,
                     &actor,
                     // Whole seconds, rounded up: the statement's form has no fraction.
@@ -167,6 +171,7 @@ impl Gateway {
             state: State::Pending,
             note: None,
             statement,
+            plan,
             decided_by: None,
             result: None,
             created_at: format_at(now),

@@ -172,7 +172,7 @@ pub(in crate::server::gateway) fn settled(
         State::Withdrawn => Err(CallError::Withdrawn {
             approval_id: row.id.clone(),
         }),
-        State::Executed | State::Failed | State::Unknown => {
+        State::Executed | State::Failed | State::Unknown | State::Halted => {
             // The stored outcome is one this code wrote; an unreadable one still settles
             // the call, without results, and says so in the log.
             let stored = row
@@ -189,6 +189,10 @@ pub(in crate::server::gateway) fn settled(
                 State::Executed => "approved and executed".to_owned(),
                 State::Failed => format!(
                     "approved, but the execution failed: {}",
+                    row.note.as_deref().unwrap_or("see the per-runner results")
+                ),
+                State::Halted => format!(
+                    "approved, but the rollout halted: {}; the runners marked `not_run` did not change. To go on, ask again naming the runners still to change",
                     row.note.as_deref().unwrap_or("see the per-runner results")
                 ),
                 _ => row.note.clone().unwrap_or_default(),

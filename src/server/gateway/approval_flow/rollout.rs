@@ -1,0 +1,317 @@
+//! An approved request's rollout: its runners wave by wave, in the order of the plan fixed at
+//! request time (and signed, where people sign), each wave's writes at once, then each of its
+//! runners' health gate (the tool's `verify`, tried until it passes or its deadline runs
+//! out), then the plan's pause. The first failed write or gate halts it: the runners of later
+//! waves are never called, and the audit log says which runner failed, why, and which never
+//! ran.
+//!
+//! Invariant: a runner is called only in the wave the plan places it in (and the call says
+//! which, so a runner that checks people's signatures holds it against the signed plan), and
+//! only after every runner of every earlier wave wrote and passed its gate. Each wave of a
+//! plan with several starts with a durable `rollout.wave` (a plan of one wave is the request
+//! `approval.executing` already names).
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Map, Value, json};
+
+use super::super::dispatch::Record;
+use super::super::outcome::RunnerResult;
+use super::super::state::Gateway;
+use crate::pack::ToolRef;
+use crate::protocol::Mode;
+use crate::protocol::approval::{ApprovalProof, Plan};
+use crate::protocol::witnessed::WitnessedApproval;
+use crate::server::approvals::Approval;
+use crate::server::audit::kind;
+use crate::server::runners::client::Dispatch;
+
+/// How long a failed gate waits before it asks the runner again.
+const GATE_RETRY: Duration = Duration::from_secs(1);
+
+/// What every write of one approved request carries, prepared once.
+pub(super) struct Prepared<'a> {
+    pub(super) tool: &'a ToolRef,
+    pub(super) record: Record<'a>,
+    pub(super) proof: Option<&'a ApprovalProof>,
+    pub(super) witnessed: Option<&'a WitnessedApproval>,
+    pub(super) secret_salt: Option<&'a str>,
+}
+
+/// One write's rollout: the plan, the call its gates ask about, and its record.
+pub(in crate::server::gateway) struct Rollout<'a> {
+    pub(in crate::server::gateway) plan: &'a Plan,
+    pub(in crate::server::gateway) tool: &'a ToolRef,
+    pub(in crate::server::gateway) pack_sha256: &'a str,
+    pub(in crate::server::gateway) args: &'a Map<String, Value>,
+    pub(in crate::server::gateway) record: &'a Record<'a>,
+    /// Unix seconds from which no wave may start (a signed statement's expiry: its runners
+    /// would refuse it).
+    pub(in crate::server::gateway) no_wave_from: Option<u64>,
+}
+
+/// How a rollout ended.
+pub(in crate::server::gateway) struct Rolled {
+    /// Every runner's result, the ones never called included (`not_run`).
+    pub(in crate::server::gateway) results: Vec<RunnerResult>,
+    /// Why it stopped, when a write or a gate failed.
+    pub(in crate::server::gateway) stopped: Option<String>,
+    /// True when runners of later waves never ran because of it.
+    pub(in crate::server::gateway) halted: bool,
+}
+
+impl Gateway {
+    /// Runs an approved request's plan (see [`Gateway::roll_out`]).
+    pub(super) async fn roll_out_approved(&self, row: &Approval, p: &Prepared<'_>) -> Rolled {
+        let no_wave_from = row
+            .statement
+            .as_deref()
+            .and_then(|text| crate::protocol::approval::Statement::parse(text).ok())
+            .and_then(|st| st.expires_unix().ok());
+        let rollout = Rollout {
+            plan: &row.plan,
+            tool: p.tool,
+            pack_sha256: &row.pack_sha256,
+            args: &row.args,
+            record: &p.record,
+            no_wave_from,
+        };
+        self.roll_out(&rollout, |name: String, wave| async move {
+            self.write_on(row, p, &name, wave).await
+        })
+        .await
+    }
+
+    /// Runs a plan, wave by wave, halting at the first failed write or gate: `write` runs
+    /// the tool on one runner in one wave (1-based) and records its outcome.
+    pub(in crate::server::gateway) async fn roll_out<W, F>(
+        &self,
+        r: &Rollout<'_>,
+        write: W,
+    ) -> Rolled
+    where
+        W: Fn(String, u32) -> F,
+        F: Future<Output = RunnerResult>,
+    {
+        let waves = &r.plan.waves;
+        let mut results = Vec::new();
+        for (i, runners) in waves.iter().enumerate() {
+            let wave = i as u32 + 1;
+            if i > 0 && r.plan.pause_secs > 0 {
+                tokio::time::sleep(Duration::from_secs(r.plan.pause_secs.into())).await;
+            }
+            let started = match too_late_for_wave(r.no_wave_from, wave) {
+                Some(why) => Err(why),
+                // One wave is the whole call, which its intent names already: no second
+                // commit before the runner call.
+                None if waves.len() == 1 => Ok(()),
+                // Fail closed: a wave the log cannot show does not start.
+                None => self
+                    .record_rollout(
+                        r.record,
+                        kind::ROLLOUT_WAVE,
+                        None,
+                        json!({"wave": wave, "waves": waves.len(), "runners": runners}),
+                    )
+                    .await
+                    .map_err(|e| {
+                        format!(
+                            "the audit log could not record wave {wave}, so it did not start: {e}"
+                        )
+                    }),
+            };
+            let failed = match started {
+                Err(why) => Some((None, why)),
+                Ok(()) => {
+                    let written = futures::future::join_all(
+                        runners.iter().map(|name| write(name.clone(), wave)),
+                    )
+                    .await;
+                    let failed_write = written.iter().find(|r| !r.ok).map(|r| {
+                        let why = r.error.as_deref().unwrap_or("the write failed");
+                        (Some(r.runner.clone()), format!("the write failed: {why}"))
+                    });
+                    results.extend(written);
+                    match failed_write {
+                        Some(failed) => Some(failed),
+                        None => self.gate(r, runners, wave).await.err(),
+                    }
+                }
+            };
+            let Some((runner, why)) = failed else {
+                continue;
+            };
+            let not_run: Vec<String> = waves[i + 1..].iter().flatten().cloned().collect();
+            let halted = !not_run.is_empty();
+            let who = runner
+                .as_deref()
+                .map_or_else(String::new, |r| format!("runner `{r}`: "));
+            let stopped = format!("wave {wave} of {}: {who}{why}", waves.len());
+            if halted {
+                // Nothing more runs either way; a missing record is in the server's log.
+                let _ = self
+                    .record_rollout(
+                        r.record,
+                        kind::ROLLOUT_HALTED,
+                        runner.as_deref(),
+                        json!({"wave": wave, "runner": runner, "why": why, "not_run": not_run}),
+                    )
+                    .await;
+            }
+            results.extend(not_run.iter().map(|name| not_run_result(name, &stopped)));
+            return Rolled {
+                results,
+                stopped: Some(stopped),
+                halted,
+            };
+        }
+        Rolled {
+            results,
+            stopped: None,
+            halted: false,
+        }
+    }
+
+    /// One runner's write of an approved request, in its wave, with everything it carries.
+    async fn write_on(
+        &self,
+        row: &Approval,
+        p: &Prepared<'_>,
+        name: &str,
+        wave: u32,
+    ) -> RunnerResult {
+        let preview = row.preview_vars(name);
+        let dispatch = Dispatch {
+            preview: preview.as_ref().map(|(vars, _)| vars),
+            preview_seal: preview.as_ref().and_then(|(_, seal)| seal.as_deref()),
+            raw: row.raw,
+            approval_id: Some(&row.id),
+            approval: p.proof,
+            witnessed: p.witnessed,
+            secret_salt: p.secret_salt,
+            wave: Some(wave),
+            ..Dispatch::new(
+                &row.call_id,
+                &row.tool,
+                &row.pack_sha256,
+                &row.args,
+                Mode::Execute,
+            )
+        };
+        self.run_on(name, p.tool, &dispatch, &p.record).await
+    }
+
+    /// A wave's health gate: every runner of it passes the tool's `verify` within its
+    /// deadline, each gate audited; a tool without one is gated on its writes alone. The
+    /// first runner that fails, and why.
+    async fn gate(
+        &self,
+        r: &Rollout<'_>,
+        runners: &[String],
+        wave: u32,
+    ) -> Result<(), (Option<String>, String)> {
+        let Some(verify) = &r.tool.verify else {
+            return Ok(());
+        };
+        let gates = runners
+            .iter()
+            .map(|name| self.gate_one(r, name, wave, verify.within));
+        let failed = futures::future::join_all(gates)
+            .await
+            .into_iter()
+            .zip(runners)
+            .find_map(|(passed, name)| passed.err().map(|why| (Some(name.clone()), why)));
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// One runner's gate: `verify` asked again every second until it passes or `within`
+    /// runs out; one audit event with the outcome, the tries and what the runner saw.
+    async fn gate_one(
+        &self,
+        r: &Rollout<'_>,
+        name: &str,
+        wave: u32,
+        within: Duration,
+    ) -> Result<(), String> {
+        let started = Instant::now();
+        let dispatch = Dispatch::new(
+            r.record.call_id,
+            &r.tool.name,
+            r.pack_sha256,
+            r.args,
+            Mode::Verify,
+        );
+        let mut tries = 0u32;
+        let outcome = loop {
+            tries += 1;
+            let answer = self.dispatch_one(name, r.tool, &dispatch).await;
+            let left = within.saturating_sub(started.elapsed());
+            match answer {
+                Ok(a) => break Ok(a.output),
+                Err(e) if left.is_zero() => break Err(e.to_string()),
+                Err(_) => tokio::time::sleep(GATE_RETRY.min(left)).await,
+            }
+        };
+        let elapsed_ms = started.elapsed().as_millis() as u64;
+        let detail = match &outcome {
+            Ok(seen) => {
+                json!({"wave": wave, "passed": true, "tries": tries, "elapsed_ms": elapsed_ms,
+                "saw": crate::util::door::for_audit(seen.get("steps").unwrap_or(&Value::Null))})
+            }
+            Err(why) => {
+                json!({"wave": wave, "passed": false, "tries": tries, "elapsed_ms": elapsed_ms,
+                "within_s": within.as_secs(), "error": why})
+            }
+        };
+        // A gate the log cannot show does not pass.
+        self.record_rollout(r.record, kind::ROLLOUT_GATE, Some(name), detail)
+            .await
+            .map_err(|e| format!("the audit log could not record its health gate: {e}"))?;
+        outcome.map(|_| ()).map_err(|why| {
+            format!(
+                "its health gate (`verify`) did not pass within {} s ({tries} tries): {why}",
+                within.as_secs()
+            )
+        })
+    }
+
+    /// Audits one step of a rollout, durably, or says why it could not.
+    async fn record_rollout(
+        &self,
+        record: &Record<'_>,
+        kind: &str,
+        runner: Option<&str>,
+        detail: Value,
+    ) -> Result<(), String> {
+        let event = record.rollout_event(kind, runner, detail);
+        self.audit.append(event).await.map(|_| ()).map_err(|e| {
+            tracing::error!(error = %e, call_id = record.call_id, kind, "could not audit a rollout step");
+            "the store did not take the event (the server's log has the error)".to_owned()
+        })
+    }
+}
+
+/// Whether wave `wave` may no longer start, at or after `no_wave_from`, and why.
+fn too_late_for_wave(no_wave_from: Option<u64>, wave: u32) -> Option<String> {
+    let now = chrono::Utc::now().timestamp().max(0) as u64;
+    (now >= no_wave_from?).then(|| {
+        format!(
+            "the signed statement expired before wave {wave} could start, so its runners would refuse it; ask again for the runners not run"
+        )
+    })
+}
+
+/// The result of a runner a halted rollout never called, with why it halted.
+fn not_run_result(runner: &str, stopped: &str) -> RunnerResult {
+    RunnerResult {
+        runner: runner.to_owned(),
+        ok: false,
+        output: None,
+        truncated: false,
+        error: Some(format!(
+            "not run: the rollout halted at {stopped}; nothing changed on this runner"
+        )),
+        error_kind: Some("not_run".into()),
+        duration_ms: 0,
+    }
+}

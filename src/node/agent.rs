@@ -901,7 +901,7 @@ mod tests {
         let cases = [
             (
                 with(vars.clone(), Some(&good), Mode::Preview),
-                "a preview call carries no preview values",
+                "a preview or verify call carries no preview values",
             ),
             (
                 with(vars.clone(), None, Mode::Execute),

@@ -79,6 +79,11 @@ fn packs_check_list_and_show() {
         "/v1/job/{job}/plan"
     );
     assert_eq!(shown["steps"][1]["name"], "unchanged");
+    assert_eq!(shown["verify"]["within_s"], 300, "{shown}");
+    assert_eq!(shown["verify"]["steps"][0]["name"], "job", "{shown}");
+    let (_, out, _) = emisar(&["packs", "show", "traefik.ping"]);
+    let shown: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(shown["verify"], Value::Null, "a read has no gate");
 
     let (code, _, err) = emisar(&["packs", "show", "traefik.nope"]);
     assert_eq!(code, 2);

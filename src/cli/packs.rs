@@ -90,6 +90,7 @@ pub async fn run(command: PacksCommand) -> anyhow::Result<i32> {
                 "input_schema": crate::pack::input_schema(t),
                 "steps": steps,
                 "preview": preview,
+                "verify": shown_verify(t),
                 "output": t.output.as_ref().map(|o| o.source()),
                 "example": t.example,
             });
@@ -97,4 +98,17 @@ pub async fn run(command: PacksCommand) -> anyhow::Result<i32> {
         }
     }
     Ok(0)
+}
+
+/// A write's health gate as `packs show` prints it: its deadline and steps, or the pack's
+/// reason why it has none; null for a read.
+fn shown_verify(t: &crate::pack::Tool) -> serde_json::Value {
+    match (&t.verify, &t.no_verify) {
+        (Some(v), _) => serde_json::json!({
+            "within_s": v.within.as_secs(),
+            "steps": v.steps.iter().map(crate::pack::Step::describe).collect::<Vec<_>>(),
+        }),
+        (None, Some(reason)) => serde_json::json!({"none": reason}),
+        (None, None) => serde_json::Value::Null,
+    }
 }

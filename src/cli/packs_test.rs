@@ -90,6 +90,8 @@ enum CaseMode {
     #[default]
     Execute,
     Preview,
+    /// The tool's health gate, as a rollout runs it on a runner after the write.
+    Verify,
 }
 
 /// One recorded call: the request the engine must make and the answer it gets.
@@ -125,10 +127,12 @@ struct RecordedHttp {
 struct Expect {
     /// The shaped output, compared whole.
     output: Option<Value>,
-    /// Preview cases: the values the preview captures, compared whole.
+    /// Preview and verify cases: the values the steps capture, compared whole.
     vars: Option<Map<String, Value>>,
     /// The call fails with an error containing this text.
     error: Option<String>,
+    /// Verify cases: `true`, the gate passes (its steps all ran and every check held).
+    verified: Option<bool>,
     /// Dotted paths into the output (`booted_at`, `state_after.MainPID`) left out of the
     /// comparison, for values that change with the clock; each must be present.
     #[serde(default)]
@@ -175,33 +179,8 @@ fn parse(file: &str, text: &str, packs: &PackSet) -> anyhow::Result<(String, Vec
         if let Err(errors) = tool.validate(&Value::Object(case.args.clone())) {
             return Err(at(format!("`args`: {}", errors.join("; "))));
         }
-        if matches!(case.mode, CaseMode::Preview) && tool.preview.is_none() {
-            return Err(at(format!("`mode: preview`: `{tool_name}` has no preview")));
-        }
-        if matches!(case.mode, CaseMode::Preview) && case.vars.is_some() {
-            return Err(at(
-                "`vars` are what an execution receives; a preview case has none".into(),
-            ));
-        }
-        match (&case.expect.output, &case.expect.error) {
-            (Some(_), Some(_)) => {
-                return Err(at("`expect`: give `output` or `error`, not both".into()));
-            }
-            (None, None) => {
-                return Err(at("`expect`: needs `output` or `error`".into()));
-            }
-            _ => {}
-        }
-        if !case.expect.ignore.is_empty() && case.expect.output.is_none() {
-            return Err(at(
-                "`expect.ignore`: there is no `output` to leave paths out of".into(),
-            ));
-        }
-        if case.expect.vars.is_some() && !matches!(case.mode, CaseMode::Preview) {
-            return Err(at(
-                "`expect.vars`: only a preview case captures values to compare".into(),
-            ));
-        }
+        check_mode(&case, tool).map_err(at)?;
+        check_expect(&case.expect, case.mode).map_err(at)?;
         for (j, call) in case.calls.iter().enumerate() {
             check_call(call).map_err(|m| at(format!("`calls[{j}]`: {m}")))?;
         }
@@ -216,6 +195,73 @@ fn parse(file: &str, text: &str, packs: &PackSet) -> anyhow::Result<(String, Vec
         });
     }
     Ok((raw.pack, cases))
+}
+
+/// The tool has what the case's mode runs, and only an execution is given preview values.
+fn check_mode(case: &Case, tool: &Tool) -> Result<(), String> {
+    let name = &tool.name;
+    match case.mode {
+        CaseMode::Preview if tool.preview.is_none() => {
+            return Err(format!("`mode: preview`: `{name}` has no preview"));
+        }
+        CaseMode::Verify if tool.verify.is_none() => {
+            return Err(format!("`mode: verify`: `{name}` has no verify"));
+        }
+        _ => {}
+    }
+    match (case.mode, &case.vars) {
+        (CaseMode::Preview, Some(_)) => {
+            Err("`vars` are what an execution receives; a preview case has none".into())
+        }
+        (CaseMode::Verify, Some(_)) => Err(
+            "`vars` are what an execution receives; a verify sees the params alone, so a verify case has none"
+                .into(),
+        ),
+        _ => Ok(()),
+    }
+}
+
+/// A case expects exactly one outcome that its mode can have: an execution or a preview
+/// its shaped `output`, a verify that it passes (`verified: true`), any of them an `error`.
+fn check_expect(expect: &Expect, mode: CaseMode) -> Result<(), String> {
+    let verify = matches!(mode, CaseMode::Verify);
+    match (&expect.output, &expect.error, expect.verified) {
+        (Some(_), _, _) if verify => {
+            return Err(
+                "`expect.output`: a verify has no shaped output (its evidence is what its steps saw): expect `verified: true` or an `error`"
+                    .into(),
+            );
+        }
+        (_, _, Some(_)) if !verify => {
+            return Err("`expect.verified`: only a verify case passes or fails a gate".into());
+        }
+        (_, _, Some(false)) => {
+            return Err(
+                "`expect.verified`: write `true`; a gate that fails is `error: <its message>`"
+                    .into(),
+            );
+        }
+        (Some(_), Some(_), _) => {
+            return Err("`expect`: give `output` or `error`, not both".into());
+        }
+        (_, Some(_), Some(_)) => {
+            return Err("`expect`: give `verified: true` or `error`, not both".into());
+        }
+        (None, None, None) if verify => {
+            return Err("`expect`: needs `verified: true` or `error`".into());
+        }
+        (None, None, None) => return Err("`expect`: needs `output` or `error`".into()),
+        _ => {}
+    }
+    if !expect.ignore.is_empty() && expect.output.is_none() {
+        return Err("`expect.ignore`: there is no `output` to leave paths out of".into());
+    }
+    if expect.vars.is_some() && matches!(mode, CaseMode::Execute) {
+        return Err(
+            "`expect.vars`: only a preview or verify case captures values to compare".into(),
+        );
+    }
+    Ok(())
 }
 
 fn check_call(call: &Call) -> Result<(), String> {
@@ -382,6 +428,7 @@ async fn run_case(tool: &Tool, service_name: Option<&str>, case: &Ready) -> Resu
     let mode = match case.mode {
         CaseMode::Execute => Mode::Execute,
         CaseMode::Preview => Mode::Preview,
+        CaseMode::Verify => Mode::Verify,
     };
     let result = engine::run(
         &recorded,

@@ -400,7 +400,7 @@ fn no_preview_reason(reason: &str) -> Result<String, String> {
     Ok(reason.to_owned())
 }
 
-/// The rule a verify's reason follows: a rollout checks each wave before the next.
+/// The rule every write follows: a rollout checks each wave before the next.
 const NO_VERIFY: &str = "a write needs a `verify`, or `verify: {none: <reason>}`";
 
 /// A write's health gate: its steps resolved read-only over the params alone (a verify sees
@@ -413,8 +413,9 @@ fn resolve_verify(
     has_service: bool,
 ) -> Result<(Option<Verify>, Option<String>), String> {
     match (raw, risk) {
-        // Not required yet: a write without one is gated on its own answer.
-        (None, _) => Ok((None, None)),
+        (None, Risk::Read) => Ok((None, None)),
+        // A rollout checks each wave before the next: a write says what healthy means.
+        (None, Risk::Low | Risk::High) => Err(NO_VERIFY.into()),
         (Some(_), Risk::Read) => {
             Err("a read needs no verify: a verify is the health gate of a write's rollout".into())
         }
@@ -569,7 +570,7 @@ mod tests {
     #[test]
     fn a_program_that_does_not_compile_is_refused_where_it_is_checked() {
         let places = ["PREVIEW", "CAPTURE", "CHECK", "BODY", "OUTPUT"];
-        let template = "pack: t\ndescription: d\nservice: s\ntools:\n  x:\n    description: d\n    risk: low\n    scope: node\n    preview:\n      steps:\n        - name: p\n          http: {method: GET, path: /v1}\n      output: 'PREVIEW'\n    steps:\n      - name: a\n        http: {method: GET, path: /v1}\n        capture:\n          v: 'CAPTURE'\n      - name: b\n        check: 'CHECK'\n        message: m\n      - name: c\n        http: {method: POST, path: /v1, body: 'BODY'}\n    output: 'OUTPUT'\n";
+        let template = "pack: t\ndescription: d\nservice: s\ntools:\n  x:\n    description: d\n    risk: low\n    scope: node\n    verify: {none: the programs are what is checked here}\n    preview:\n      steps:\n        - name: p\n          http: {method: GET, path: /v1}\n      output: 'PREVIEW'\n    steps:\n      - name: a\n        http: {method: GET, path: /v1}\n        capture:\n          v: 'CAPTURE'\n      - name: b\n        check: 'CHECK'\n        message: m\n      - name: c\n        http: {method: POST, path: /v1, body: 'BODY'}\n    output: 'OUTPUT'\n";
         let with_bad = |bad: &str| {
             places.iter().fold(template.to_owned(), |pack, place| {
                 pack.replace(place, if *place == bad { "nosuchfn(1)" } else { "." })
@@ -657,7 +658,7 @@ mod tests {
     fn steps_are_checked_in_order() {
         let pack = |steps: &str| {
             format!(
-                "pack: t\ndescription: d\nservice: s\ntools:\n  x:\n    description: d\n    risk: high\n    scope: node\n    preview: {{none: the steps are what is checked here}}\n    params:\n      job: {{type: identifier}}\n    steps:\n{steps}"
+                "pack: t\ndescription: d\nservice: s\ntools:\n  x:\n    description: d\n    risk: high\n    scope: node\n    preview: {{none: the steps are what is checked here}}\n    verify: {{none: the steps are what is checked here}}\n    params:\n      job: {{type: identifier}}\n    steps:\n{steps}"
             )
         };
         let ok = pack(
@@ -700,7 +701,7 @@ mod tests {
         }
         let preview = |steps: &str| {
             format!(
-                "pack: t\ndescription: d\nservice: s\ntools:\n  x:\n    description: d\n    risk: high\n    scope: node\n    params:\n      job: {{type: identifier}}\n    preview:\n      steps:\n{steps}    action: {{http: {{method: POST, path: '/v1/{{job}}'}}}}\n"
+                "pack: t\ndescription: d\nservice: s\ntools:\n  x:\n    description: d\n    risk: high\n    scope: node\n    params:\n      job: {{type: identifier}}\n    verify: {{none: the preview is what is checked here}}\n    preview:\n      steps:\n{steps}    action: {{http: {{method: POST, path: '/v1/{{job}}'}}}}\n"
             )
         };
         for fine in [
@@ -760,7 +761,12 @@ mod tests {
     fn a_write_needs_a_preview_or_a_reason_for_none() {
         let tool = |risk: &str, preview: &str| {
             format!(
-                "pack: t\ndescription: d\ntools:\n  x:\n    description: d\n    risk: {risk}\n    scope: node\n{preview}    action: {{exec: {{argv: [uname]}}}}\n"
+                "pack: t\ndescription: d\ntools:\n  x:\n    description: d\n    risk: {risk}\n    scope: node\n{preview}{verify}    action: {{exec: {{argv: [uname]}}}}\n",
+                verify = if risk == "read" {
+                    ""
+                } else {
+                    "    verify: {none: uname changes nothing}\n"
+                }
             )
         };
         for risk in ["low", "high"] {
@@ -812,6 +818,146 @@ mod tests {
                     "tools.x: `preview` has either `steps` (and an optional `output`) or `none: <reason>`"
                 ),
                 "{bad}: {err}"
+            );
+        }
+    }
+
+    /// A write must say what "healthy after this change" means for its rollout's gate: a
+    /// verify, or the pack's reason why there is none. A read has no gate.
+    #[test]
+    fn a_write_needs_a_verify_or_a_reason_for_none() {
+        let tool = |risk: &str, verify: &str| {
+            format!(
+                "pack: t\ndescription: d\ntools:\n  x:\n    description: d\n    risk: {risk}\n    scope: node\n    preview: {{none: nothing to show}}\n{verify}    action: {{exec: {{argv: [uname]}}}}\n"
+            )
+        };
+        for risk in ["low", "high"] {
+            let err = load_one(&tool(risk, "")).unwrap_err().to_string();
+            assert_eq!(
+                err,
+                "pack test.yaml: tool `t.x`: a write needs a `verify`, or `verify: {none: <reason>}`",
+                "{risk}"
+            );
+            for empty in ["''", "'   '"] {
+                let err = load_one(&tool(risk, &format!("    verify: {{none: {empty}}}\n")))
+                    .unwrap_err()
+                    .to_string();
+                assert!(
+                    err.contains("tool `t.x`: `verify: {none: <reason>}` needs a reason"),
+                    "{risk} {empty}: {err}"
+                );
+            }
+            let set = load_one(&tool(
+                risk,
+                "    verify: {none: '  uname leaves nothing to check  '}\n",
+            ))
+            .unwrap();
+            let x = set.tool("t.x").unwrap();
+            assert!(x.verify.is_none());
+            assert_eq!(
+                x.no_verify.as_deref(),
+                Some("uname leaves nothing to check")
+            );
+            let set = load_one(&tool(
+                risk,
+                "    verify: {steps: [{name: v, read_only: true, exec: {argv: [uname]}}]}\n",
+            ))
+            .unwrap();
+            let x = set.tool("t.x").unwrap();
+            let verify = x.verify.as_ref().expect("a verify");
+            assert!(x.no_verify.is_none());
+            assert_eq!(
+                verify.within,
+                std::time::Duration::from_secs(60),
+                "the default"
+            );
+        }
+        let read = "pack: t\ndescription: d\ntools:\n  x:\n    description: d\n    risk: read\n    scope: node\nVERIFY    action: {exec: {argv: [uname]}}\n";
+        assert!(load_one(&read.replace("VERIFY", "")).is_ok());
+        for verify in [
+            "    verify: {none: reads change nothing}\n",
+            "    verify: {steps: [{name: v, read_only: true, exec: {argv: [uname]}}]}\n",
+        ] {
+            let err = load_one(&read.replace("VERIFY", verify))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("tool `t.x`: a read needs no verify"),
+                "{verify}: {err}"
+            );
+        }
+        let both =
+            "    verify: {none: r, steps: [{name: v, read_only: true, exec: {argv: [uname]}}]}\n";
+        for bad in [both, "    verify: {within_s: 5}\n", "    verify: {}\n"] {
+            let err = load_one(&tool("high", bad)).unwrap_err().to_string();
+            assert!(
+                err.contains(
+                    "tools.x: `verify` has either `steps` (and an optional `within_s`) or `none: <reason>`"
+                ),
+                "{bad}: {err}"
+            );
+        }
+    }
+
+    /// A verify only looks: its steps follow a preview's read-only rules, see the params
+    /// alone, and its deadline is 1 to 600 seconds.
+    #[test]
+    fn a_verify_only_checks_health_within_its_deadline() {
+        let verify = |within: &str, steps: &str| {
+            format!(
+                "pack: t\ndescription: d\nservice: s\ntools:\n  x:\n    description: d\n    risk: high\n    scope: node\n    params:\n      job: {{type: identifier}}\n    preview:\n      steps:\n        - {{name: p, http: {{method: GET, path: '/v1/{{job}}'}}, capture: {{seen: '.steps.p.body'}}}}\n    verify:\n{within}      steps:\n{steps}    action: {{http: {{method: POST, path: '/v1/{{job}}'}}}}\n"
+            )
+        };
+        let fine_steps = "        - {name: a, http: {method: GET, path: '/v1/{job}'}, capture: {state: '.steps.a.body.State'}}\n        - {name: b, check: '.vars.state == \"running\"', message: 'job {job} is {state}'}\n";
+        let set = load_one(&verify("      within_s: 600\n", fine_steps)).unwrap();
+        let v = set.tool("t.x").unwrap().verify.as_ref().unwrap();
+        assert_eq!(v.steps.len(), 2);
+        assert_eq!(v.within, std::time::Duration::from_secs(600));
+        for fine in [
+            "        - {name: x, http: {method: head, path: '/v1/{job}'}}\n",
+            "        - {name: x, read_only: true, http: {method: POST, path: '/v1/{job}/plan'}}\n",
+            "        - {name: x, read_only: true, exec: {argv: [systemctl, show, '{job}']}}\n",
+        ] {
+            assert!(load_one(&verify("", fine)).is_ok(), "{fine}");
+        }
+        for (bad, want) in [
+            (
+                "        - {name: x, http: {method: POST, path: '/v1/{job}'}}\n",
+                "verify: step `x`: a verify step only checks health: a POST must be marked `read_only: true`",
+            ),
+            (
+                "        - {name: x, read_only: true, http: {method: PUT, path: '/v1/{job}'}}\n",
+                "verify: step `x`: a verify step only checks health: it may not PUT",
+            ),
+            (
+                "        - {name: x, read_only: true, http: {method: DELETE, path: '/v1/{job}'}}\n",
+                "verify: step `x`: a verify step only checks health: it may not DELETE",
+            ),
+            (
+                "        - {name: x, exec: {argv: [systemctl, restart, '{job}']}}\n",
+                "verify: step `x`: a verify step only checks health: a command must be marked `read_only: true`",
+            ),
+            // The preview's values are not a verify's: it sees the params alone.
+            (
+                "        - {name: x, http: {method: GET, path: '/v1/{seen}'}}\n",
+                "undeclared param or var `seen`",
+            ),
+        ] {
+            let err = load_one(&verify("", bad)).unwrap_err().to_string();
+            assert!(
+                err.contains("tool `t.x`: ") && err.contains(want),
+                "{want}: {err}"
+            );
+        }
+        for within in ["0", "601"] {
+            let err = load_one(&verify(&format!("      within_s: {within}\n"), fine_steps))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(&format!(
+                    "tool `t.x`: verify: `within_s` {within} is out of range: it must be 1 to 600"
+                )),
+                "{within}: {err}"
             );
         }
     }

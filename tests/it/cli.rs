@@ -79,6 +79,11 @@ fn packs_check_list_and_show() {
         "/v1/job/{job}/plan"
     );
     assert_eq!(shown["steps"][1]["name"], "unchanged");
+    assert_eq!(shown["verify"]["within_s"], 300, "{shown}");
+    assert_eq!(shown["verify"]["steps"][0]["name"], "job", "{shown}");
+    let (_, out, _) = emisar(&["packs", "show", "traefik.ping"]);
+    let shown: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(shown["verify"], Value::Null, "a read has no gate");
 
     let (code, _, err) = emisar(&["packs", "show", "traefik.nope"]);
     assert_eq!(code, 2);
@@ -111,7 +116,7 @@ fn packs_check_refuses_a_write_without_a_preview() {
         std::fs::write(
             dir.path().join("w.yaml"),
             format!(
-                "pack: w\ndescription: d\ntools:\n  wipe:\n    description: d\n    risk: high\n    scope: node\n{preview}    action:\n      exec: {{argv: [\"true\"]}}\n"
+                "pack: w\ndescription: d\ntools:\n  wipe:\n    description: d\n    risk: high\n    scope: node\n{preview}    verify: {{none: true changes nothing there is to check}}\n    action:\n      exec: {{argv: [\"true\"]}}\n"
             ),
         )
         .unwrap();
@@ -139,6 +144,51 @@ fn packs_check_refuses_a_write_without_a_preview() {
     let (code, out, err) =
         check("    preview: {steps: [{name: look, read_only: true, exec: {argv: [uname]}}]}\n");
     assert_eq!(code, 0, "{out}{err}");
+}
+
+/// A write must say what healthy means after it, for the gates of its rollouts: `packs
+/// check` refuses one with neither a verify nor `verify: {none: <reason>}`, an empty reason,
+/// or a verify step that writes, naming the pack, the tool and the rule.
+#[test]
+fn packs_check_refuses_a_write_without_a_verify() {
+    let check = |verify: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("w.yaml"),
+            format!(
+                "pack: w\ndescription: d\ntools:\n  wipe:\n    description: d\n    risk: high\n    scope: node\n    preview: {{none: true changes nothing there is to show}}\n{verify}    action:\n      exec: {{argv: [\"true\"]}}\n"
+            ),
+        )
+        .unwrap();
+        let file = dir.path().join("w.yaml").display().to_string();
+        let (code, out, err) = emisar(&["packs", "check", "--dir", dir.path().to_str().unwrap()]);
+        (code, out, err.replace(&file, "w.yaml"))
+    };
+    for (verify, rule) in [
+        (
+            "",
+            "pack w.yaml: tool `w.wipe`: a write needs a `verify`, or `verify: {none: <reason>}`",
+        ),
+        (
+            "    verify: {none: '  '}\n",
+            "tool `w.wipe`: `verify: {none: <reason>}` needs a reason",
+        ),
+        (
+            "    verify: {steps: [{name: x, exec: {argv: [rm, /tmp/x]}}]}\n",
+            "tool `w.wipe`: verify: step `x`: a verify step only checks health: a command must be marked `read_only: true`",
+        ),
+    ] {
+        let (code, out, err) = check(verify);
+        assert_eq!(code, 2, "{verify}: {out}{err}");
+        assert!(err.contains(rule), "{verify}: {err}");
+    }
+    let (code, out, err) = check("    verify: {none: true changes nothing there is to check}\n");
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, out, err) = check(
+        "    verify: {within_s: 5, steps: [{name: look, read_only: true, exec: {argv: [uname]}}]}\n",
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("ok  w "), "{out}");
 }
 
 #[test]

@@ -575,6 +575,107 @@ async fn frr_bgp_summary_shutdown_and_enable_on_real_routers() {
     client.cancel().await.unwrap();
 }
 
+/// The BGP writes' health gates, run by the runner (`Mode::Verify`) against real bgpd: an
+/// enable's passes only once the session is Established, a shutdown's only once the
+/// neighbor is administratively down, each fails with what bgpd says otherwise, and a
+/// neighbor that does not exist fails both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frr_verify_gates_enable_and_shutdown_on_real_routers() {
+    let frr = FrrPair::start();
+    frr.a.wait_peer_state("10.255.0.2", "Established").await;
+    let vtysh_a = [
+        "/usr/bin/vtysh",
+        "--vty_socket",
+        frr.a.dir.to_str().unwrap(),
+    ];
+    let app = spawn_app(
+        Backend::Sqlite,
+        vec![RunnerSpec::new("rA").program("vtysh", &vtysh_a)],
+        Options::default(),
+    )
+    .await;
+    let peer = json!({"neighbor": "10.255.0.2"});
+    let run = async |tool: &str, mode: Mode, args: &serde_json::Value, preview| {
+        app.signed_call("rA", tool, args.clone(), mode, preview)
+            .await
+    };
+    let verify =
+        async |tool: &str, args: &serde_json::Value| run(tool, Mode::Verify, args, None).await;
+    let failed = |answer: &crate::harness::app::DirectAnswer, why: &str| {
+        assert_eq!(answer.body["status"], "failed", "{}", answer.body);
+        assert!(
+            answer.body["error"].as_str().unwrap().contains(why),
+            "want `{why}`: {}",
+            answer.body
+        );
+    };
+    // A gate retries until its deadline; so does this test, within the pack's within_s.
+    let verify_until_ok = async |tool: &str| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let answer = verify(tool, &peer).await;
+            if answer.body["status"] == "ok" || std::time::Instant::now() > deadline {
+                return answer;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        }
+    };
+
+    // Established: the enable's gate passes, the shutdown's fails.
+    let up = verify("frr.bgp_neighbor_enable", &peer).await;
+    assert_eq!(up.body["status"], "ok", "{}", up.body);
+    assert_eq!(up.body["vars"]["state"], "Established", "{}", up.body);
+    failed(
+        &verify("frr.bgp_neighbor_shutdown", &peer).await,
+        "precondition failed: neighbor 10.255.0.2 is not administratively shut down (state Established)",
+    );
+
+    // The shutdown, as approved (preview, then execution with its values).
+    let preview = run("frr.bgp_neighbor_shutdown", Mode::Preview, &peer, None).await;
+    assert_eq!(preview.body["status"], "ok", "{}", preview.body);
+    let done = run(
+        "frr.bgp_neighbor_shutdown",
+        Mode::Execute,
+        &peer,
+        Some(&preview),
+    )
+    .await;
+    assert_eq!(done.body["status"], "ok", "{}", done.body);
+    let down = verify_until_ok("frr.bgp_neighbor_shutdown").await;
+    assert_eq!(down.body["status"], "ok", "{}", down.body);
+    assert_ne!(down.body["vars"]["state"], "Established", "{}", down.body);
+    assert_eq!(
+        frr.a.vtysh_json("show bgp summary json")["ipv4Unicast"]["peers"]["10.255.0.2"]["state"],
+        "Idle (Admin)"
+    );
+    failed(
+        &verify("frr.bgp_neighbor_enable", &peer).await,
+        "precondition failed: neighbor 10.255.0.2 is still administratively shut down",
+    );
+
+    // The enable: its gate passes once the session is back.
+    let preview = run("frr.bgp_neighbor_enable", Mode::Preview, &peer, None).await;
+    let done = run(
+        "frr.bgp_neighbor_enable",
+        Mode::Execute,
+        &peer,
+        Some(&preview),
+    )
+    .await;
+    assert_eq!(done.body["status"], "ok", "{}", done.body);
+    let back = verify_until_ok("frr.bgp_neighbor_enable").await;
+    assert_eq!(back.body["status"], "ok", "{}", back.body);
+    assert_eq!(back.body["vars"]["state"], "Established", "{}", back.body);
+
+    let stranger = json!({"neighbor": "10.9.9.9"});
+    for tool in ["frr.bgp_neighbor_enable", "frr.bgp_neighbor_shutdown"] {
+        failed(
+            &verify(tool, &stranger).await,
+            "precondition failed: 10.9.9.9 is not a BGP neighbor on this node",
+        );
+    }
+}
+
 async fn wait_for(mut cond: impl FnMut() -> bool, what: &str) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while !cond() {

@@ -10,6 +10,7 @@ use emisar::lab::clock::LabClock;
 use emisar::lab::http::serve;
 use emisar::lab::nomad::Nomad;
 use emisar::lab::scenario::{self, OOM_ALLOC};
+use emisar::protocol::Mode;
 use emisar::server::tokens::Role;
 use rmcp::RoleClient;
 use rmcp::model::CallToolResult;
@@ -17,7 +18,7 @@ use rmcp::service::RunningService;
 use serde_json::{Value, json};
 
 use crate::approvals::{Portal, call_in_background, finished, signed_in, wait_for_pending};
-use crate::harness::app::{Options, TestApp};
+use crate::harness::app::{DirectAnswer, Options, TestApp};
 use crate::harness::tools::only_output as output;
 use crate::harness::{Backend, RunnerSpec, spawn_app};
 
@@ -26,7 +27,7 @@ use crate::harness::{Backend, RunnerSpec, spawn_app};
 struct Night {
     nomad: Arc<Nomad>,
     url: String,
-    _app: TestApp,
+    app: TestApp,
     approver: Portal,
     agent: RunningService<RoleClient, ()>,
 }
@@ -68,7 +69,7 @@ async fn night() -> Night {
     Night {
         nomad,
         url,
-        _app: app,
+        app,
         approver,
         agent,
     }
@@ -511,6 +512,69 @@ async fn nomad_job_scale_previews_the_plan_and_scales_with_check_and_set() {
         )
         .await;
     assert!(err.contains("job `traefik` is a system job"), "{err}");
+}
+
+/// The scale's health gate as a rollout runs it: the runner runs the pack's verify
+/// (`Mode::Verify`, no approval) against the emulator. Before the scale the group's count is
+/// not the one asked; after it every allocation runs. An allocation that cannot start (the
+/// fifth lands on hvn05, whose Consul cannot issue its token) fails the gate, until Consul is
+/// fixed and Nomad replaces it with one that runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nomad_job_scale_verify_passes_only_when_the_new_count_runs() {
+    let n = night().await;
+    let verify = async |count: u64| {
+        n.app
+            .signed_call(
+                "nomad-hvn01",
+                "nomad.job_scale",
+                json!({"job": "web", "group": "web", "count": count}),
+                Mode::Verify,
+                None,
+            )
+            .await
+    };
+    let failed = |answer: &DirectAnswer, why: &str| {
+        assert_eq!(answer.body["status"], "failed", "{}", answer.body);
+        assert!(
+            answer.body["error"].as_str().unwrap().contains(why),
+            "want `{why}`: {}",
+            answer.body
+        );
+    };
+    failed(
+        &verify(3).await,
+        "precondition failed: group `web` of job `web` has count 2, not 3",
+    );
+
+    let args = json!({"job": "web", "group": "web", "count": 3, "reason": "evening peak"});
+    let (_, res, _) = n.approve("nomad.job_scale", args, async || ()).await;
+    assert_eq!(res.is_error, Some(false), "{res:?}");
+    let passed = verify(3).await;
+    assert_eq!(passed.body["status"], "ok", "{}", passed.body);
+    assert_eq!(passed.body["vars"]["running"], 3, "{}", passed.body);
+    assert_eq!(passed.body["vars"]["placed"], 3, "{}", passed.body);
+
+    let args = json!({"job": "web", "group": "web", "count": 5, "reason": "bigger peak"});
+    let (_, res, _) = n.approve("nomad.job_scale", args, async || ()).await;
+    assert_eq!(res.is_error, Some(false), "{res:?}");
+    let (_, allocs) = n.get("/v1/job/web/allocations").await;
+    let not_running: Vec<&Value> = allocs
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["DesiredStatus"] == "run" && a["ClientStatus"] != "running")
+        .map(|a| &a["NodeName"])
+        .collect();
+    assert_eq!(not_running, [&json!("nomad-hvn05")], "{allocs}");
+    failed(
+        &verify(5).await,
+        "precondition failed: 4 allocations of group `web` run (5 placed); the count is 5",
+    );
+
+    n.nomad.consul_ready("nomad-hvn05");
+    let healed = verify(5).await;
+    assert_eq!(healed.body["status"], "ok", "{}", healed.body);
+    assert_eq!(healed.body["vars"]["running"], 5, "{}", healed.body);
 }
 
 /// The emulator's write errors, as Nomad answers them (text/plain, its status codes).

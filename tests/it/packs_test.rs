@@ -142,3 +142,128 @@ fn a_misspelt_field_names_the_case_and_the_field() {
     );
     assert!(err.contains("unknown field `tol`"), "{err}");
 }
+
+/// Every stock write's health gate has recorded cases both ways: one where it passes
+/// (`verified: true`) and one where it fails (`error`), so a gate that always passes, or
+/// never does, fails a case.
+#[test]
+fn every_stock_verify_has_a_passing_and_a_failing_case() {
+    let stock = PackSet::load(None).unwrap();
+    let mut verify_cases: Vec<(String, bool)> = Vec::new();
+    for entry in std::fs::read_dir(packs_dir().join("tests")).unwrap() {
+        let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+        let file: serde_json::Value = yaml_serde::from_str(&text).unwrap();
+        let pack = file["pack"].as_str().unwrap();
+        for case in file["cases"].as_array().unwrap() {
+            if case["mode"] != "verify" {
+                continue;
+            }
+            let tool = case["tool"].as_str().unwrap();
+            let tool = if tool.contains('.') {
+                tool.to_owned()
+            } else {
+                format!("{pack}.{tool}")
+            };
+            verify_cases.push((tool, case["expect"]["verified"] == true));
+        }
+    }
+    let writes: Vec<_> = stock
+        .tools()
+        .filter(|t| t.risk != emisar::pack::Risk::Read)
+        .collect();
+    assert_eq!(writes.len(), 14, "the stock writes");
+    for tool in writes {
+        if tool.verify.is_none() {
+            assert!(tool.no_verify.is_some(), "`{}`", tool.name);
+            continue;
+        }
+        for passes in [true, false] {
+            assert!(
+                verify_cases.contains(&(tool.name.clone(), passes)),
+                "`{}` has no verify case that {}",
+                tool.name,
+                if passes { "passes" } else { "fails" }
+            );
+        }
+    }
+}
+
+/// A gate whose check was dropped lets a failed unit through: its failing case catches it.
+#[test]
+fn a_gate_that_stops_checking_fails_its_verify_case() {
+    let dir = edited(
+        "linux",
+        |p| {
+            p.replacen(
+                "check: '.vars.active_state == \"active\"'",
+                "check: 'true'",
+                1,
+            )
+        },
+        |c| c,
+    );
+    let (code, out, _) = packs_test(Some(dir.path()));
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("FAIL  linux.systemctl_restart          verify: a unit that failed after the restart fails the gate"),
+        "{out}"
+    );
+    assert!(
+        out.contains("expected an error containing \"precondition failed: unit `consul` is not active after the restart"),
+        "{out}"
+    );
+}
+
+/// A verify case expects the gate to pass (`verified: true`) or an error; anything else is
+/// refused when the file loads, naming the case and the rule.
+#[test]
+fn a_verify_case_expects_a_pass_or_an_error() {
+    let passing = "- name: 'verify: the unit is active after the restart'\n  tool: systemctl_restart\n  mode: verify\n";
+    let refusals = [
+        (
+            passing.replace("  mode: verify\n", "  mode: verify\n  vars: {x: 1}\n"),
+            "a verify sees the params alone, so a verify case has none",
+        ),
+        (
+            "- name: a read has no gate\n  tool: unit_status\n  mode: verify\n  args: {unit: consul}\n  expect: {verified: true}\n".to_owned() + passing,
+            "`mode: verify`: `linux.unit_status` has no verify",
+        ),
+    ];
+    for (edit, rule) in refusals {
+        let dir = edited("linux", |p| p, |c| c.replacen(passing, &edit, 1));
+        let (code, out, err) = packs_test(Some(dir.path()));
+        assert_eq!(code, 2, "{rule}: {out}");
+        assert!(err.contains(rule), "{rule}: {err}");
+    }
+    let expectations = [
+        ("verified: false", "`expect.verified`: write `true`"),
+        (
+            "output: {}",
+            "`expect.output`: a verify has no shaped output",
+        ),
+        (
+            "verified: true\n    error: x",
+            "give `verified: true` or `error`, not both",
+        ),
+    ];
+    for (expect, rule) in expectations {
+        let dir = edited(
+            "linux",
+            |p| p,
+            |c| {
+                c.replacen(
+                    "    verified: true\n    vars: {active_state: active, sub_state: running}",
+                    &format!("    {expect}"),
+                    1,
+                )
+            },
+        );
+        let (code, out, err) = packs_test(Some(dir.path()));
+        assert_eq!(code, 2, "{rule}: {out}");
+        assert!(
+            err.contains("case `verify: the unit is active after the restart`")
+                && err.contains(rule),
+            "{rule}: {err}"
+        );
+    }
+}

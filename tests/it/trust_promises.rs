@@ -422,7 +422,7 @@ async fn a_signed_write_runs_only_with_the_preview_values_people_signed() {
     let packs = tempfile::tempdir().unwrap();
     std::fs::write(
         packs.path().join("pv.yaml"),
-        "pack: pv\ndescription: A write whose preview captures a value that changes.\ntools:\n  stamp:\n    description: Touches `path`; its preview captures the time.\n    risk: high\n    scope: node\n    params:\n      path:\n        type: string\n        pattern: '^/tmp/[A-Za-z0-9._/-]+$'\n    preview:\n      steps:\n        - name: look\n          read_only: true\n          exec:\n            argv: [\"date\", \"+%s%N\"]\n          capture:\n            nanos: '.steps.look.stdout | rtrimstr(\"\\n\")'\n    steps:\n      - name: write\n        exec:\n          argv: [\"touch\", \"{path}\"]\n",
+        "pack: pv\ndescription: A write whose preview captures a value that changes.\ntools:\n  stamp:\n    description: Touches `path`; its preview captures the time.\n    risk: high\n    scope: node\n    params:\n      path:\n        type: string\n        pattern: '^/tmp/[A-Za-z0-9._/-]+$'\n    preview:\n      steps:\n        - name: look\n          read_only: true\n          exec:\n            argv: [\"date\", \"+%s%N\"]\n          capture:\n            nanos: '.steps.look.stdout | rtrimstr(\"\\n\")'\n    verify: {none: this test never rolls the write out}\n    steps:\n      - name: write\n        exec:\n          argv: [\"touch\", \"{path}\"]\n",
     )
     .unwrap();
     let bin = tempfile::tempdir().unwrap();

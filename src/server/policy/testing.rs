@@ -12,7 +12,7 @@ pub(super) fn packs() -> &'static PackSet {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(
             dir.path().join("t.yaml"),
-            "pack: t\ndescription: d\ntools:\n  low_write:\n    description: d\n    risk: low\n    scope: node\n    preview: {none: \"`true` changes nothing there is to show\"}\n    action: {exec: {argv: [\"true\"]}}\n  high_write:\n    description: d\n    risk: high\n    scope: node\n    preview: {none: \"`true` changes nothing there is to show\"}\n    action: {exec: {argv: [\"true\"]}}\n  port:\n    description: d\n    risk: read\n    scope: node\n    params: {port: {type: integer, allowlist: ports}}\n    action: {exec: {argv: [echo, \"{port}\"]}}\n",
+            "pack: t\ndescription: d\ntools:\n  low_write:\n    description: d\n    risk: low\n    scope: node\n    preview: {none: \"`true` changes nothing there is to show\"}\n    verify: {none: \"`true` changes nothing there is to check\"}\n    action: {exec: {argv: [\"true\"]}}\n  high_write:\n    description: d\n    risk: high\n    scope: node\n    preview: {none: \"`true` changes nothing there is to show\"}\n    verify: {none: \"`true` changes nothing there is to check\"}\n    action: {exec: {argv: [\"true\"]}}\n  port:\n    description: d\n    risk: read\n    scope: node\n    params: {port: {type: integer, allowlist: ports}}\n    action: {exec: {argv: [echo, \"{port}\"]}}\n",
         )
         .unwrap();
         PackSet::load(Some(dir.path())).unwrap()

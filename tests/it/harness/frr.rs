@@ -163,7 +163,10 @@ impl FrrPair {
             .tempdir()
             .unwrap();
         sh(Command::new("chmod").arg("755").arg(tmp.path()));
-        let tag = std::process::id();
+        // Unique per pair, so two tests of one run can each have their routers.
+        static PAIRS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let pair = PAIRS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tag = format!("{}-{pair}", std::process::id());
         let (na, nb) = (format!("emisar-{tag}-a"), format!("emisar-{tag}-b"));
         ip(&["netns", "add", &na]);
         ip(&["netns", "add", &nb]);

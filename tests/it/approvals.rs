@@ -866,7 +866,13 @@ both_backends!(approvals_refuse_what_they_should);
 /// The approver sees Nomad's plan diff; a job that moved between request and
 /// approval is not written, and the request ends `failed` saying why.
 async fn nomad_resize_shows_the_plan_and_refuses_a_moved_job(backend: Backend) {
-    let nomad = scenario::nomad("nomad-secret", std::sync::Arc::new(LabClock::real()));
+    // Lab time at 30× real: the resize's gate waits for Nomad's rolling update (30 s a node
+    // in the lab's job), which then takes a few seconds.
+    let clock = LabClock::new(30.0).unwrap();
+    let nomad = scenario::nomad("nomad-secret", std::sync::Arc::new(clock));
+    // The lab's one broken node (its Consul not ready) would hold the new allocation there,
+    // and the resize's gate with it: this test is about the preview and the check-and-set.
+    nomad.consul_ready("nomad-hvn05");
     let url = serve(nomad.clone().router()).await;
     let app = spawn_app(
         backend,

@@ -1,5 +1,6 @@
 //! Rollouts in waves (issue 46), on PostgreSQL with five TLS runners that require two people's
-//! signatures: the waves run in the order people signed, shown by the runners' own records; a
+//! signatures: the waves run in the order people signed, shown by the runners' own records,
+//! each but the last followed by its health gate; a
 //! change that leaves the canary unhealthy halts at its gate and the other four never run it;
 //! the corrected change then rolls out wave by wave; and a runner refuses an execution that a
 //! server holding `server.key` sends in a wave the signed plan does not give it.
@@ -267,7 +268,13 @@ async fn a_bad_change_halts_on_the_canary_and_the_good_one_rolls_out_wave_by_wav
         .map(|e| e.detail.unwrap()["runners"].clone())
         .collect();
     assert_eq!(started, waves.map(|w| json!(w)));
-    assert_eq!(events(&fleet.app, id, "rollout.gate").await.len(), 5);
+    // A gate before each next wave: the canary's, then wave 2's two; the last wave has none.
+    let gated: Vec<String> = events(&fleet.app, id, "rollout.gate")
+        .await
+        .into_iter()
+        .map(|e| e.runner.unwrap())
+        .collect();
+    assert_eq!(gated, ["edge-1", "edge-2", "edge-3"]);
 }
 
 /// A server holding `server.key` and two honest signatures sends a runner of the last wave
@@ -330,4 +337,70 @@ async fn a_runner_refuses_a_wave_the_signed_plan_does_not_give_it() {
     let answer = send(Some(3)).await;
     assert_eq!(answer.status, 200, "{}", answer.body);
     assert_eq!(fleet.marked("forged").len(), 1);
+}
+
+/// A write the policy lets run without people (risk:low, auto-approved) rolls out the same
+/// way: the canary's failed gate leaves the rest untouched, and the agent reads why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_without_approval_halts_at_the_canary_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let packs = dir.path().join("packs");
+    std::fs::create_dir_all(&packs).unwrap();
+    // The same write at risk:low, which the policy lets run without people.
+    std::fs::write(
+        packs.join("roll.yaml"),
+        PACK.replace("risk: high", "risk: low"),
+    )
+    .unwrap();
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(
+        &policy,
+        "risk:\n  roll.mark: {risk: low, auto_approve: true}\nrollout:\n  default: {canary: 1, wave: 1}\n",
+    )
+    .unwrap();
+    let runners = FLEET[..3]
+        .iter()
+        .map(|name| RunnerSpec::new(name).path_first(&node_programs(dir.path(), name)))
+        .collect();
+    let app = spawn_app(
+        Backend::Sqlite,
+        runners,
+        Options {
+            packs_dir: Some(packs),
+            policy_file: Some(policy),
+            ..Default::default()
+        },
+    )
+    .await;
+    let fleet = Fleet { dir, app };
+    fleet.make_sick("edge-1", "bad");
+    let client = fleet.app.mcp_client().await;
+    let out = finished(call_in_background(
+        &client,
+        TOOL,
+        json!({"change": "bad", "runners": ["edge-1", "edge-2", "edge-3"], "reason": "no people needed"}),
+    ))
+    .await
+    .structured_content
+    .unwrap();
+    let marked: Vec<String> = fleet.marked("bad").into_iter().map(|(r, _)| r).collect();
+    assert_eq!(marked, ["edge-1"], "only the canary ran: {out}");
+    let results = out["results"].as_array().unwrap();
+    for skipped in &results[1..] {
+        assert_eq!(skipped["error_kind"], "not_run", "{out}");
+        let error = skipped["error"].as_str().unwrap();
+        assert!(
+            error.contains("wave 1 of 3: runner `edge-1`: its health gate"),
+            "the agent reads which runner failed its gate: {error}"
+        );
+    }
+    // The good change goes everywhere, one runner at a time.
+    finished(call_in_background(
+        &client,
+        TOOL,
+        json!({"change": "good", "runners": ["edge-1", "edge-2", "edge-3"], "reason": "fixed"}),
+    ))
+    .await;
+    let order: Vec<String> = fleet.marked("good").into_iter().map(|(r, _)| r).collect();
+    assert_eq!(order, ["edge-1", "edge-2", "edge-3"]);
 }

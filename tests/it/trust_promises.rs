@@ -590,7 +590,8 @@ async fn the_terminal_signs_only_what_it_shows() {
             text.replace(
                 &line("runner"),
                 &format!("{}\nrunner hvn07 preview none", line("runner")),
-            ),
+            )
+            .replace(&line("wave"), &format!("{},hvn07", line("wave"))),
             "`runner`",
         ),
     ];
@@ -1019,6 +1020,7 @@ async fn whatever_is_edited_between_display_and_execution_only_what_was_shown_ru
             "runners": edit.runners_shown,
             "required_approvals": edit.required_shown,
             "preview": null,
+            "plan": s.plan,
             "statement": {"text": text, "args": {"unit": edit.signed}},
         });
         let now = emisar::protocol::signing::now();

@@ -1,7 +1,8 @@
 //! An approved request's rollout: its runners wave by wave, in the order of the plan fixed at
-//! request time (and signed, where people sign), each wave's writes at once, then each of its
-//! runners' health gate (the tool's `verify`, tried until it passes or its deadline runs
-//! out), then the plan's pause. The first failed write or gate halts it: the runners of later
+//! request time (and signed, where people sign), each wave's writes at once, then, before the
+//! next wave, each of its runners' health gate (the tool's `verify`, tried until it passes or
+//! its deadline runs out), then the plan's pause. The last wave has no gate: nothing is left
+//! to hold back, and its writes' answers are the outcome. The first failed write or gate halts it: the runners of later
 //! waves are never called, and the audit log says which runner failed, why, and which never
 //! ran.
 //!
@@ -134,6 +135,10 @@ impl Gateway {
                     results.extend(written);
                     match failed_write {
                         Some(failed) => Some(failed),
+                        // The gate protects the waves still to come; after the last one
+                        // there is nothing left to hold back, and the writes' answers are
+                        // the outcome.
+                        None if i + 1 == waves.len() => None,
                         None => self.gate(r, runners, wave).await.err(),
                     }
                 }

@@ -32,8 +32,7 @@ impl Gateway {
             self.execute_approved(&id).await;
         }
         let lost = now
-            - chrono::Duration::from_std(self.limits.call_timeout * 2 + Duration::from_secs(60))
-                .unwrap_or(chrono::Duration::minutes(5));
+            - chrono::Duration::from_std(self.lost_after()).unwrap_or(chrono::Duration::minutes(5));
         for id in self.due(State::Executing, lost, Due::LastChange).await {
             self.mark_interrupted(&id).await;
         }
@@ -56,12 +55,49 @@ impl Gateway {
         }
     }
 
-    /// `executing` → `unknown` for an execution that outlived every deadline: a crash
-    /// interrupted it, and it is never re-run.
+    /// How long an execution of one wave may stay `executing` before the sweep takes it for
+    /// lost: two calls' time and a minute.
+    fn lost_after(&self) -> Duration {
+        self.limits.call_timeout * 2 + Duration::from_secs(60)
+    }
+
+    /// Whether `row`, `executing`, may still be rolling out at `now`: claimed less than
+    /// [`Self::lost_after`] plus its plan's longest time ago (each wave a write, a gate's
+    /// deadline and a try, the pauses between waves).
+    fn may_still_be_rolling_out(
+        &self,
+        row: &approvals::Approval,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> bool {
+        let Ok(claimed) = chrono::DateTime::parse_from_rfc3339(&row.updated_at) else {
+            return false;
+        };
+        let within = self
+            .packs
+            .tool(&row.tool)
+            .and_then(|t| t.verify.as_ref().map(|v| v.within))
+            .unwrap_or_default();
+        let waves = row.plan.waves.len() as u32;
+        let longest = (self.limits.call_timeout * 2 + within + Duration::from_secs(1)) * waves
+            + Duration::from_secs(row.plan.pause_secs.into()) * waves.saturating_sub(1);
+        let allowed = chrono::Duration::from_std(self.lost_after() + longest)
+            .unwrap_or(chrono::Duration::hours(24));
+        now < claimed.with_timezone(&chrono::Utc) + allowed
+    }
+
+    /// `executing` → `unknown` for an execution that outlived every deadline (its rollout's
+    /// too): a crash interrupted it, and it is never re-run.
     async fn mark_interrupted(&self, id: &str) {
         let result = self
             .approvals
             .transition(id, Lock::SkipLocked, |r| {
+                // A rollout in waves runs longer than one call: its gates and pauses.
+                if self.may_still_be_rolling_out(r, chrono::Utc::now()) {
+                    return Err(approvals::ApprovalError::WrongState {
+                        state: r.state,
+                        wanted: "an execution past its rollout's longest time",
+                    });
+                }
                 let mut change = approvals::moved(
                     r,
                     &[State::Executing],

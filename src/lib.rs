@@ -12,10 +12,10 @@
 //! - [`protocol`]: what crosses the wire between the two (call request and answer, the signed
 //!   call claims, the join handshake).
 //!
-//! Both sides also share the pure building blocks: [`pack`] (the YAML tool packs), [`digest`]
-//! (canonical JSON and SHA-256), [`selector`] (label selectors), [`tlog`] (the transparency
-//! log's Merkle tree, proofs, checkpoints and cosignatures, pure) and [`util`] (backoff, error
-//! chains, config files).
+//! Both sides also share the building blocks: [`pack`] (the YAML tool packs), [`digest`]
+//! (canonical JSON and SHA-256, pure), [`selector`] (label selectors, pure), [`tlog`] (the
+//! transparency log's Merkle tree, proofs, checkpoints and cosignatures, pure) and [`util`]
+//! (backoff, error chains, config files).
 //!
 //! [`witness`] (`emisar witness`) is a separate small process that cosigns another log's
 //! checkpoints (C2SP tlog-witness); it uses [`tlog`] and [`util`], nothing of the server.

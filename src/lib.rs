@@ -26,6 +26,11 @@
 //! `lab` cargo feature builds it: the package's binary leaves it out) and [`stdio_bridge`]
 //! (`emisar mcp-stdio`).
 
+// A `pub` item no one outside its crate can reach says less than it claims: mark it
+// `pub(crate)` or `pub(super)`, so `pub` always means "part of the crate's API". Test-only
+// code is no API, so the lint leaves the test build alone.
+#![cfg_attr(not(test), warn(unreachable_pub))]
+
 #[cfg(feature = "server")]
 pub mod cli;
 #[cfg(feature = "server")]

@@ -334,7 +334,7 @@ impl Source {
     }
 }
 
-pub async fn run(command: AuditCommand) -> anyhow::Result<i32> {
+pub(super) async fn run(command: AuditCommand) -> anyhow::Result<i32> {
     match command {
         AuditCommand::Verify {
             since,

@@ -285,7 +285,7 @@ impl TryFrom<PreviewKeys> for RawPreview {
 /// word on why there is nothing to check. Serde reads it from [`VerifyKeys`].
 #[derive(Debug, Deserialize)]
 #[serde(try_from = "VerifyKeys")]
-pub enum RawVerify {
+pub(super) enum RawVerify {
     Steps {
         steps: Vec<RawStep>,
         /// Seconds the steps may take to pass on a runner after its write (default 60).

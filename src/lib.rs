@@ -12,10 +12,10 @@
 //! - [`protocol`]: what crosses the wire between the two (call request and answer, the signed
 //!   call claims, the join handshake).
 //!
-//! Both sides also share the pure building blocks: [`pack`] (the YAML tool packs), [`digest`]
-//! (canonical JSON and SHA-256), [`selector`] (label selectors), [`tlog`] (the transparency
-//! log's Merkle tree, proofs, checkpoints and cosignatures, pure) and [`util`] (backoff, error
-//! chains, config files).
+//! Both sides also share the building blocks: [`pack`] (the YAML tool packs), [`digest`]
+//! (canonical JSON and SHA-256, pure), [`selector`] (label selectors, pure), [`tlog`] (the
+//! transparency log's Merkle tree, proofs, checkpoints and cosignatures, pure) and [`util`]
+//! (backoff, error chains, config files).
 //!
 //! [`witness`] (`emisar witness`) is a separate small process that cosigns another log's
 //! checkpoints (C2SP tlog-witness); it uses [`tlog`] and [`util`], nothing of the server.
@@ -25,6 +25,11 @@
 //! a fleet-wide 502 incident on one machine; nothing in the product imports it, and only the
 //! `lab` cargo feature builds it: the package's binary leaves it out) and [`stdio_bridge`]
 //! (`emisar mcp-stdio`).
+
+// A `pub` item no one outside its crate can reach says less than it claims: mark it
+// `pub(crate)` or `pub(super)`, so `pub` always means "part of the crate's API". Test-only
+// code is no API, so the lint leaves the test build alone.
+#![cfg_attr(not(test), warn(unreachable_pub))]
 
 #[cfg(feature = "server")]
 pub mod cli;

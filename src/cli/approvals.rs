@@ -200,7 +200,7 @@ pub fn check_before_signing(
 }
 
 /// `emisar approvals …`: the server's `/api/approvals` with a person's token.
-pub async fn run(server: ServerArg, command: ApprovalsCommand) -> anyhow::Result<()> {
+pub(super) async fn run(server: ServerArg, command: ApprovalsCommand) -> anyhow::Result<()> {
     let base = server
         .server
         .context("no server given: pass --server URL or set EMISAR_SERVER")?;

@@ -87,7 +87,7 @@ pub enum ApproversCommand {
     },
 }
 
-pub fn run(command: ApproversCommand) -> anyhow::Result<()> {
+pub(super) fn run(command: ApproversCommand) -> anyhow::Result<()> {
     match command {
         ApproversCommand::Add {
             file,

@@ -334,7 +334,7 @@ impl Source {
     }
 }
 
-pub async fn run(command: AuditCommand) -> anyhow::Result<i32> {
+pub(super) async fn run(command: AuditCommand) -> anyhow::Result<i32> {
     match command {
         AuditCommand::Verify {
             since,
@@ -733,7 +733,7 @@ async fn export(
     let source = Source::open(db, server).await?;
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     if format == "csv" {
-        writeln!(out, "{}", CSV_COLUMNS.join(","))?;
+        writeln!(out, "{}", csv_columns().collect::<Vec<_>>().join(","))?;
     }
     loop {
         let events = source.page(&params).await?;
@@ -795,24 +795,12 @@ fn verify_text(r: &audit::VerifyReport) -> String {
     out
 }
 
-const CSV_COLUMNS: [&str; 16] = [
-    "seq",
-    "id",
-    "at",
-    "actor",
-    "kind",
-    "tool",
-    "runner",
-    "args",
-    "reason",
-    "call_id",
-    "approval_id",
-    "outcome",
-    "result_digest",
-    "detail",
-    "prev_hash",
-    "hash",
-];
+/// The columns `audit export` writes as CSV: every stored column but `hash_v`, how the hash
+/// input was built, which is the verifier's business and not the auditor's. [`csv_row`]
+/// writes them in this order.
+fn csv_columns() -> impl Iterator<Item = &'static str> {
+    audit::COLUMNS.into_iter().filter(|c| *c != "hash_v")
+}
 
 /// One event as a CSV row (RFC 4180 quoting; JSON columns as JSON text; every cell through
 /// [`csv_cell`]).

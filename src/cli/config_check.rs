@@ -25,7 +25,7 @@ pub enum ConfigKind {
 }
 
 /// Checks `path`; prints `ok` or every problem. The exit code is 1 when there is a problem.
-pub fn run(path: &Path, kind: Option<ConfigKind>) -> anyhow::Result<i32> {
+pub(super) fn run(path: &Path, kind: Option<ConfigKind>) -> anyhow::Result<i32> {
     let kind = match kind {
         Some(kind) => kind,
         None => detect(path)?,

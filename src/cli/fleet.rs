@@ -117,7 +117,7 @@ async fn connect(db: &DbArg, config: Option<&ServerConfig>) -> anyhow::Result<Db
 }
 
 /// `emisar join-token …`; the exit code is 1 when there was nothing to revoke.
-pub async fn join_token(command: JoinTokenCommand) -> anyhow::Result<i32> {
+pub(super) async fn join_token(command: JoinTokenCommand) -> anyhow::Result<i32> {
     match command {
         JoinTokenCommand::Issue {
             ttl,
@@ -267,7 +267,7 @@ pub enum RunnerCommand {
 
 /// `emisar runner list|remove|fingerprint`; the exit code is 1 when there was nothing to
 /// remove.
-pub async fn runner(command: RunnerCommand) -> anyhow::Result<i32> {
+pub(super) async fn runner(command: RunnerCommand) -> anyhow::Result<i32> {
     match command {
         RunnerCommand::Fingerprint { config } => {
             let config = crate::node::config::RunnerConfig::load_for_tls(&config)?;

@@ -41,7 +41,7 @@ pub enum PacksCommand {
     },
 }
 
-pub async fn run(command: PacksCommand) -> anyhow::Result<i32> {
+pub(super) async fn run(command: PacksCommand) -> anyhow::Result<i32> {
     match command {
         PacksCommand::Test { dir } => return super::packs_test::run(dir.as_deref()).await,
         PacksCommand::Check { dir } => {

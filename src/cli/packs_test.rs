@@ -531,7 +531,7 @@ fn diff(want: &Value, got: &Value) -> String {
 
 /// Runs every case of the packs in `dir` (its `tests/*.yaml`), or of the stock packs; prints
 /// one line per case and a summary. Returns the exit code: 1 when any case failed.
-pub async fn run(dir: Option<&Path>) -> anyhow::Result<i32> {
+pub(super) async fn run(dir: Option<&Path>) -> anyhow::Result<i32> {
     let packs = PackSet::load(dir)?;
     let mut files: Vec<(String, String)> = Vec::new();
     match dir {

@@ -115,7 +115,7 @@ pub enum TokenCommand {
 }
 
 /// `emisar token …`.
-pub async fn token(command: TokenCommand) -> anyhow::Result<i32> {
+pub(super) async fn token(command: TokenCommand) -> anyhow::Result<i32> {
     match command {
         TokenCommand::Issue {
             agent,
@@ -208,7 +208,7 @@ pub async fn token(command: TokenCommand) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-pub async fn user(command: UserCommand) -> anyhow::Result<()> {
+pub(super) async fn user(command: UserCommand) -> anyhow::Result<()> {
     use crate::server::tokens::Role;
     match command {
         UserCommand::Add {

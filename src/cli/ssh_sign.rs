@@ -10,7 +10,7 @@ use ssh_key::{Algorithm, HashAlg, LineEnding, PrivateKey, PublicKey, SshSig};
 
 /// Where the key comes from: `--ssh-key PATH` (a private key file, or a `.pub` naming which
 /// of the agent's keys), or else the agent's only Ed25519 key.
-pub fn sign(key: Option<&Path>, namespace: &str, message: &[u8]) -> anyhow::Result<String> {
+pub(super) fn sign(key: Option<&Path>, namespace: &str, message: &[u8]) -> anyhow::Result<String> {
     match key {
         Some(path) if path.extension().is_some_and(|e| e == "pub") => {
             let public = PublicKey::read_openssh_file(path).with_context(|| {

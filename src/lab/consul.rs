@@ -28,7 +28,7 @@ use axum::routing::{get, put};
 use serde_json::{Value, json};
 
 use super::clock::{LabClock, rfc3339};
-use super::http::{presented_token, text_error};
+use super::http::{Guarded, guarded, presented_token, text_error};
 
 /// Serf member status, as `/v1/agent/members` encodes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -171,15 +171,16 @@ impl Consul {
         }
     }
 
+    /// The cluster's routes, every one behind the ACL token with `node:read` (`http::guarded`).
     pub fn router(self: Arc<Self>) -> Router {
-        Router::new()
+        let routes = Router::new()
             .route("/v1/health/service/{service}", get(health))
             .route("/v1/agent/members", get(members))
             .route("/v1/operator/autopilot/state", get(autopilot))
             .route("/v1/catalog/services", get(catalog_services))
             .route("/v1/status/leader", get(leader))
-            .route("/v1/health/state/{state}", get(health_state))
-            .with_state(self)
+            .route("/v1/health/state/{state}", get(health_state));
+        guarded(routes, self.clone()).with_state(self)
     }
 
     /// The local agent of `node`: the cluster's routes plus the agent routes about that node.
@@ -201,10 +202,6 @@ impl Consul {
     }
 
     /// The refusal for a request without the right token, if any.
-    fn refusal(&self, headers: &HeaderMap) -> Option<Response> {
-        self.refusal_for(headers, "node:read")
-    }
-
     /// The refusal for a request that needs `permission` and lacks the right token, if any.
     fn refusal_for(&self, headers: &HeaderMap, permission: &str) -> Option<Response> {
         match presented_token(headers, "x-consul-token") {
@@ -393,6 +390,15 @@ fn service_json(i: &Instance, addr: &str) -> Value {
            "EnableTagOverride": false, "Kind": "", "CreateIndex": 12, "ModifyIndex": 12})
 }
 
+/// The cluster's routes need a token with `node:read`; the agent's routes ask
+/// [`Consul::refusal_for`] with their own permission, after checking their parameters as
+/// Consul's agent does.
+impl Guarded for Consul {
+    fn refusal(&self, headers: &HeaderMap) -> Option<Response> {
+        self.refusal_for(headers, "node:read")
+    }
+}
+
 fn ok(index: u64, body: Value) -> Response {
     (
         [
@@ -410,11 +416,7 @@ async fn health(
     State(c): State<Arc<Consul>>,
     Path(service): Path<String>,
     Query(q): Query<BTreeMap<String, String>>,
-    headers: HeaderMap,
 ) -> Response {
-    if let Some(e) = c.refusal(&headers) {
-        return e;
-    }
     let passing = match q.get("passing").map(String::as_str) {
         None => false,
         Some("" | "1" | "true") => true,
@@ -437,10 +439,7 @@ async fn health(
     ok(s.index, Value::Array(entries))
 }
 
-async fn members(State(c): State<Arc<Consul>>, headers: HeaderMap) -> Response {
-    if let Some(e) = c.refusal(&headers) {
-        return e;
-    }
+async fn members(State(c): State<Arc<Consul>>) -> Response {
     let s = c.state.lock().expect("consul state");
     let members: Vec<Value> = s
         .members
@@ -462,18 +461,12 @@ async fn members(State(c): State<Arc<Consul>>, headers: HeaderMap) -> Response {
     ok(s.index, Value::Array(members))
 }
 
-async fn autopilot(State(c): State<Arc<Consul>>, headers: HeaderMap) -> Response {
-    if let Some(e) = c.refusal(&headers) {
-        return e;
-    }
+async fn autopilot(State(c): State<Arc<Consul>>) -> Response {
     let s = c.state.lock().expect("consul state");
     ok(s.index, s.autopilot())
 }
 
-async fn catalog_services(State(c): State<Arc<Consul>>, headers: HeaderMap) -> Response {
-    if let Some(e) = c.refusal(&headers) {
-        return e;
-    }
+async fn catalog_services(State(c): State<Arc<Consul>>) -> Response {
     let s = c.state.lock().expect("consul state");
     let mut services: BTreeMap<String, Vec<String>> = BTreeMap::new();
     services.insert("consul".into(), Vec::new());
@@ -488,10 +481,7 @@ async fn catalog_services(State(c): State<Arc<Consul>>, headers: HeaderMap) -> R
     ok(s.index, json!(services))
 }
 
-async fn leader(State(c): State<Arc<Consul>>, headers: HeaderMap) -> Response {
-    if let Some(e) = c.refusal(&headers) {
-        return e;
-    }
+async fn leader(State(c): State<Arc<Consul>>) -> Response {
     let s = c.state.lock().expect("consul state");
     let addr = s
         .member(&s.leader)
@@ -501,14 +491,7 @@ async fn leader(State(c): State<Arc<Consul>>, headers: HeaderMap) -> Response {
 
 /// `GET /v1/health/state/:state`: every check in that state (`any` for all). A state Consul
 /// does not know matches no check.
-async fn health_state(
-    State(c): State<Arc<Consul>>,
-    Path(state): Path<String>,
-    headers: HeaderMap,
-) -> Response {
-    if let Some(e) = c.refusal(&headers) {
-        return e;
-    }
+async fn health_state(State(c): State<Arc<Consul>>, Path(state): Path<String>) -> Response {
     let s = c.state.lock().expect("consul state");
     let checks: Vec<Value> = s
         .all_checks()

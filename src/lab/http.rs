@@ -1,7 +1,13 @@
 //! What the lab's HTTP services share: serving a router on a fresh loopback port, the ACL
-//! token a request presents, and the text/plain errors Consul and Nomad answer with.
+//! token a request presents and the layer that refuses a request without it, and the
+//! text/plain errors Consul and Nomad answer with.
 
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Request, State};
 use axum::http::HeaderMap;
+use axum::middleware::{Next, from_fn_with_state};
 use axum::response::{IntoResponse, Response};
 use tokio_util::sync::CancellationToken;
 
@@ -34,6 +40,33 @@ pub fn presented_token<'a>(headers: &'a HeaderMap, own: &str) -> Option<&'a str>
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
     })
+}
+
+/// An emulated service whose requests must show its ACL token.
+pub trait Guarded: Send + Sync + 'static {
+    /// The refusal for a request without the right token, if any, as the service words it.
+    fn refusal(&self, headers: &HeaderMap) -> Option<Response>;
+}
+
+/// `router` with every one of its routes (those added so far) behind `service`'s token: a
+/// request without it gets the service's refusal before its handler runs, so no handler
+/// repeats the check.
+pub fn guarded<S: Guarded, T: Clone + Send + Sync + 'static>(
+    router: Router<T>,
+    service: Arc<S>,
+) -> Router<T> {
+    router.route_layer(from_fn_with_state(service, refuse_without_token::<S>))
+}
+
+async fn refuse_without_token<S: Guarded>(
+    State(service): State<Arc<S>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    match service.refusal(request.headers()) {
+        Some(refusal) => refusal,
+        None => next.run(request).await,
+    }
 }
 
 /// A text/plain error, the way Consul and Nomad answer.

@@ -33,7 +33,7 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 
 use super::clock::{LabClock, rfc3339, unix_nanos};
-use super::http::{presented_token, text_error};
+use super::http::{Guarded, guarded, presented_token, text_error};
 
 /// Nomad prints a zero `time.Time` this way.
 const ZERO_TIME: &str = "0001-01-01T00:00:00Z";
@@ -366,8 +366,9 @@ impl Nomad {
         })
     }
 
+    /// Every route behind the cluster's ACL token (`http::guarded`).
     pub fn router(self: Arc<Self>) -> Router {
-        Router::new()
+        let routes = Router::new()
             .route("/v1/job/{id}", get(read_job).post(register).put(register))
             .route("/v1/job/{id}/plan", post(plan))
             .route("/v1/job/{id}/allocations", get(job_allocations))
@@ -386,11 +387,12 @@ impl Nomad {
             .route(
                 "/v1/node/{id}/eligibility",
                 post(eligibility).put(eligibility),
-            )
-            .with_state(self)
+            );
+        guarded(routes, self.clone()).with_state(self)
     }
+}
 
-    /// The refusal for a request without the right token, if any.
+impl Guarded for Nomad {
     fn refusal(&self, headers: &HeaderMap) -> Option<Response> {
         match presented_token(headers, "x-nomad-token") {
             Some(t) if t == self.token => None,
@@ -1008,10 +1010,7 @@ fn stub(full: &Value) -> Value {
     s
 }
 
-async fn read_job(State(n): State<Arc<Nomad>>, Path(id): Path<String>, h: HeaderMap) -> Response {
-    if let Some(e) = n.refusal(&h) {
-        return e;
-    }
+async fn read_job(State(n): State<Arc<Nomad>>, Path(id): Path<String>) -> Response {
     let mut s = n.state.lock().expect("nomad state");
     let answer = match s.jobs.get(&id) {
         Some(job) => ok(job["ModifyIndex"].as_u64().unwrap_or(s.index), job.clone()),
@@ -1026,15 +1025,7 @@ async fn read_job(State(n): State<Arc<Nomad>>, Path(id): Path<String>, h: Header
 
 /// `POST /v1/job/:id` with `nomad/structs/job.go` EnforceIndex semantics; a new version of
 /// a running system job rolls onto every node one `Update.Stagger` apart.
-async fn register(
-    State(n): State<Arc<Nomad>>,
-    Path(id): Path<String>,
-    h: HeaderMap,
-    body: String,
-) -> Response {
-    if let Some(e) = n.refusal(&h) {
-        return e;
-    }
+async fn register(State(n): State<Arc<Nomad>>, Path(id): Path<String>, body: String) -> Response {
     let req: Value = match serde_json::from_str(&body) {
         Ok(v) => v,
         Err(e) => return text_error(400, format!("failed to decode request body: {e}")),
@@ -1112,15 +1103,7 @@ async fn register(
 }
 
 /// `POST /v1/job/:id/plan`: a diff of task resources and the placement annotations.
-async fn plan(
-    State(n): State<Arc<Nomad>>,
-    Path(id): Path<String>,
-    h: HeaderMap,
-    body: String,
-) -> Response {
-    if let Some(e) = n.refusal(&h) {
-        return e;
-    }
+async fn plan(State(n): State<Arc<Nomad>>, Path(id): Path<String>, body: String) -> Response {
     let req: Value = match serde_json::from_str(&body) {
         Ok(v) => v,
         Err(e) => return text_error(400, format!("failed to decode request body: {e}")),
@@ -1305,14 +1288,7 @@ impl CountChange {
     }
 }
 
-async fn job_allocations(
-    State(n): State<Arc<Nomad>>,
-    Path(id): Path<String>,
-    h: HeaderMap,
-) -> Response {
-    if let Some(e) = n.refusal(&h) {
-        return e;
-    }
+async fn job_allocations(State(n): State<Arc<Nomad>>, Path(id): Path<String>) -> Response {
     let now = n.clock.now();
     let s = n.state.lock().expect("nomad state");
     if !s.jobs.contains_key(&id) {
@@ -1329,11 +1305,7 @@ async fn job_allocations(
 async fn allocations(
     State(n): State<Arc<Nomad>>,
     Query(q): Query<HashMap<String, String>>,
-    h: HeaderMap,
 ) -> Response {
-    if let Some(e) = n.refusal(&h) {
-        return e;
-    }
     let prefix = q.get("prefix").cloned().unwrap_or_default();
     let now = n.clock.now();
     let s = n.state.lock().expect("nomad state");
@@ -1345,10 +1317,7 @@ async fn allocations(
     ok(s.index, Value::Array(list))
 }
 
-async fn allocation(State(n): State<Arc<Nomad>>, Path(id): Path<String>, h: HeaderMap) -> Response {
-    if let Some(e) = n.refusal(&h) {
-        return e;
-    }
+async fn allocation(State(n): State<Arc<Nomad>>, Path(id): Path<String>) -> Response {
     let now = n.clock.now();
     let s = n.state.lock().expect("nomad state");
     match s.visible(now).find(|a| a.id == id) {
@@ -1359,10 +1328,7 @@ async fn allocation(State(n): State<Arc<Nomad>>, Path(id): Path<String>, h: Head
 
 /// `GET /v1/client/allocation/:id/stats`: served by the client running the allocation, so
 /// an allocation that does not run has none.
-async fn stats(State(n): State<Arc<Nomad>>, Path(id): Path<String>, h: HeaderMap) -> Response {
-    if let Some(e) = n.refusal(&h) {
-        return e;
-    }
+async fn stats(State(n): State<Arc<Nomad>>, Path(id): Path<String>) -> Response {
     let now = n.clock.now();
     let s = n.state.lock().expect("nomad state");
     let usage = s
@@ -1397,14 +1363,7 @@ async fn stats(State(n): State<Arc<Nomad>>, Path(id): Path<String>, h: HeaderMap
     )
 }
 
-async fn nodes(
-    State(n): State<Arc<Nomad>>,
-    Query(q): Query<HashMap<String, String>>,
-    h: HeaderMap,
-) -> Response {
-    if let Some(e) = n.refusal(&h) {
-        return e;
-    }
+async fn nodes(State(n): State<Arc<Nomad>>, Query(q): Query<HashMap<String, String>>) -> Response {
     let prefix = q.get("prefix").cloned().unwrap_or_default();
     let s = n.state.lock().expect("nomad state");
     let list: Vec<Value> = s
@@ -1452,10 +1411,7 @@ fn decode(body: &str) -> Result<Value, Box<Response>> {
 }
 
 /// `GET /v1/node/:id`: 404 `node not found` for an unknown ID.
-async fn node(State(n): State<Arc<Nomad>>, Path(id): Path<String>, h: HeaderMap) -> Response {
-    if let Some(e) = n.refusal(&h) {
-        return e;
-    }
+async fn node(State(n): State<Arc<Nomad>>, Path(id): Path<String>) -> Response {
     let s = n.state.lock().expect("nomad state");
     match s.node(&id) {
         Some(node) => {
@@ -1468,14 +1424,7 @@ async fn node(State(n): State<Arc<Nomad>>, Path(id): Path<String>, h: HeaderMap)
 
 /// `GET /v1/node/:id/allocations`: every allocation placed on the node, as full
 /// allocations; an unknown node has none.
-async fn node_allocations(
-    State(n): State<Arc<Nomad>>,
-    Path(id): Path<String>,
-    h: HeaderMap,
-) -> Response {
-    if let Some(e) = n.refusal(&h) {
-        return e;
-    }
+async fn node_allocations(State(n): State<Arc<Nomad>>, Path(id): Path<String>) -> Response {
     let now = n.clock.now();
     let s = n.state.lock().expect("nomad state");
     let list: Vec<Value> = s
@@ -1490,15 +1439,7 @@ async fn node_allocations(
 /// (to completion at once, see the module's doc); none ends a drain, and `MarkEligible`
 /// makes the node eligible again. Errors as `Node.UpdateDrain` returns them: not coded, so
 /// HTTP 500.
-async fn drain(
-    State(n): State<Arc<Nomad>>,
-    Path(id): Path<String>,
-    h: HeaderMap,
-    body: String,
-) -> Response {
-    if let Some(e) = n.refusal(&h) {
-        return e;
-    }
+async fn drain(State(n): State<Arc<Nomad>>, Path(id): Path<String>, body: String) -> Response {
     let req = match decode(&body) {
         Ok(v) => v,
         Err(e) => return *e,
@@ -1546,12 +1487,8 @@ async fn drain(
 async fn eligibility(
     State(n): State<Arc<Nomad>>,
     Path(id): Path<String>,
-    h: HeaderMap,
     body: String,
 ) -> Response {
-    if let Some(e) = n.refusal(&h) {
-        return e;
-    }
     let req = match decode(&body) {
         Ok(v) => v,
         Err(e) => return *e,
@@ -1597,12 +1534,8 @@ async fn eligibility(
 async fn alloc_restart(
     State(n): State<Arc<Nomad>>,
     Path(id): Path<String>,
-    h: HeaderMap,
     body: String,
 ) -> Response {
-    if let Some(e) = n.refusal(&h) {
-        return e;
-    }
     let req = if body.trim().is_empty() {
         json!({})
     } else {
@@ -1645,15 +1578,7 @@ async fn alloc_restart(
 /// `POST /v1/job/:id/scale` (`api.ScalingRequest`) with `Job.Scale`'s checks and errors,
 /// including its check-and-set: a non-zero `JobModifyIndex` that is not the job's refuses
 /// with the register's `Enforcing job modify index` text (HTTP 500).
-async fn scale(
-    State(n): State<Arc<Nomad>>,
-    Path(id): Path<String>,
-    h: HeaderMap,
-    body: String,
-) -> Response {
-    if let Some(e) = n.refusal(&h) {
-        return e;
-    }
+async fn scale(State(n): State<Arc<Nomad>>, Path(id): Path<String>, body: String) -> Response {
     let req = match decode(&body) {
         Ok(v) => v,
         Err(e) => return *e,
@@ -1749,16 +1674,12 @@ mod tests {
         let mut job = n.job("traefik");
         job["TaskGroups"][0]["Tasks"][0]["Resources"]["MemoryMB"] = json!(memory);
         let index = job["JobModifyIndex"].clone();
-        let mut h = HeaderMap::new();
-        h.insert("x-nomad-token", "t".parse().unwrap());
         let body = json!({"Job": job, "EnforceIndex": true, "JobModifyIndex": index}).to_string();
-        let res = register(State(n.clone()), Path("traefik".into()), h, body).await;
+        let res = register(State(n.clone()), Path("traefik".into()), body).await;
         assert_eq!(res.status(), 200);
     }
 
     async fn post_drain(n: &Arc<Nomad>, node: &str, body: Value) -> Response {
-        let mut h = HeaderMap::new();
-        h.insert("x-nomad-token", "t".parse().unwrap());
         let id = n
             .state
             .lock()
@@ -1769,7 +1690,7 @@ mod tests {
             .unwrap()
             .id
             .clone();
-        drain(State(n.clone()), Path(id), h, body.to_string()).await
+        drain(State(n.clone()), Path(id), body.to_string()).await
     }
 
     /// A drain that ignores system jobs leaves them running on the (now ineligible) node;
@@ -1803,6 +1724,38 @@ mod tests {
         );
         n.set_eligibility("nomad-hvn03", true);
         assert!(n.task_running_on("nomad-hvn03", "traefik"));
+    }
+
+    /// Every route answers only with the cluster's token (in `X-Nomad-Token` or as a bearer
+    /// token), and refuses the way Nomad does otherwise, a write as well as a read.
+    #[tokio::test]
+    async fn every_route_wants_the_token() {
+        let n = scenario::nomad("t", Arc::new(LabClock::frozen()));
+        let url = crate::lab::http::serve(n.router()).await;
+        let client = reqwest::Client::new();
+        for (method, path) in [
+            (reqwest::Method::GET, "/v1/nodes"),
+            (reqwest::Method::GET, "/v1/job/traefik"),
+            (reqwest::Method::POST, "/v1/job/traefik/scale"),
+        ] {
+            let ask = |token: Option<(&'static str, &'static str)>| {
+                let mut req = client.request(method.clone(), format!("{url}{path}"));
+                if let Some((header, value)) = token {
+                    req = req.header(header, value);
+                }
+                req.send()
+            };
+            let res = ask(None).await.unwrap();
+            assert_eq!(res.status(), 403, "{path} without a token");
+            assert_eq!(res.text().await.unwrap(), "Permission denied");
+            let res = ask(Some(("x-nomad-token", "wrong"))).await.unwrap();
+            assert_eq!(res.status(), 403, "{path} with a wrong token");
+            assert_eq!(res.text().await.unwrap(), "ACL token not found");
+            for token in [("x-nomad-token", "t"), ("authorization", "Bearer t")] {
+                let res = ask(Some(token)).await.unwrap();
+                assert_ne!(res.status(), 403, "{path} with {token:?}");
+            }
+        }
     }
 
     /// hvn05 ends up running the new version whichever write lands first.

@@ -41,7 +41,7 @@ use crate::protocol::signing::{CallClaims, now};
 /// the serial alone).
 const SERIAL_FILE: &str = "approvers-serial";
 
-pub struct Gate {
+pub(super) struct Gate {
     require: Vec<glob::Pattern>,
     require_text: Vec<String>,
     local: Option<Approvers>,
@@ -55,7 +55,7 @@ pub struct Gate {
 }
 
 /// What the gate found for one execution.
-pub struct Checked {
+pub(super) struct Checked {
     /// The people who signed (None: a lowering the file allows unapproved).
     pub signed: Option<Vec<Signed>>,
     /// When the signed statement expires (unix seconds; 0 for a lowering).
@@ -63,7 +63,7 @@ pub struct Checked {
 }
 
 /// What the runner's settings say; checked by [`Gate::load`].
-pub struct GateConfig<'a> {
+pub(super) struct GateConfig<'a> {
     pub require_signed_approvals: &'a [String],
     pub approvers_file: Option<&'a std::path::Path>,
     pub approvers_root_keys: &'a [String],
@@ -73,7 +73,7 @@ pub struct GateConfig<'a> {
 }
 
 impl Gate {
-    pub fn load(c: GateConfig<'_>) -> anyhow::Result<Gate> {
+    pub(super) fn load(c: GateConfig<'_>) -> anyhow::Result<Gate> {
         let mut require = Vec::new();
         for (i, p) in c.require_signed_approvals.iter().enumerate() {
             require.push(
@@ -131,18 +131,18 @@ impl Gate {
     }
 
     /// Whether any tool needs signatures here.
-    pub fn enabled(&self) -> bool {
+    pub(super) fn enabled(&self) -> bool {
         !self.require.is_empty()
     }
 
     /// Whether executions of `tool` (risk:high) need people's signatures here.
-    pub fn requires(&self, tool: &str) -> bool {
+    pub(super) fn requires(&self, tool: &str) -> bool {
         self.require.iter().any(|p| p.matches(tool))
     }
 
     /// What `/healthz` tells the server (for a health token only), so it can refuse to ask
     /// for approvals this runner would never accept, and say why.
-    pub fn report(&self) -> RunnerApprovals {
+    pub(super) fn report(&self) -> RunnerApprovals {
         RunnerApprovals {
             require_signed: self.require_text.clone(),
             approvers_sha256: self.local.as_ref().map(|a| a.sha256.clone()),
@@ -154,7 +154,7 @@ impl Gate {
 
     /// The check of one risk:high execution of a covered tool, with the tool's secret params
     /// (their commitments are what people signed) and when this runner's state began.
-    pub fn check(
+    pub(super) fn check(
         &self,
         runner: &str,
         claims: &CallClaims,

@@ -23,7 +23,7 @@ use crate::protocol::Mode;
 ///
 /// The engine is generic over this trait instead of holding a `dyn Answers`: the runner's
 /// path is compiled for [`Live`] alone, so a step costs no boxed future and no virtual call.
-pub trait Answers: Sync {
+pub(crate) trait Answers: Sync {
     /// Sends a filled request to the pack's service; any status is an answer.
     fn http(
         &self,
@@ -45,7 +45,7 @@ pub trait Answers: Sync {
 }
 
 /// The real answers: the service over HTTP, the program as a child process.
-pub struct Live<'a> {
+pub(crate) struct Live<'a> {
     pub http: &'a reqwest::Client,
 }
 
@@ -72,7 +72,7 @@ impl Answers for Live<'_> {
 }
 
 /// What the engine needs from the runner's configuration.
-pub struct Env<'a> {
+pub(crate) struct Env<'a> {
     /// The pack's service and its config, for http steps.
     pub service: Option<(&'a str, &'a ServiceConfig)>,
     pub exec_path: &'a str,
@@ -81,13 +81,13 @@ pub struct Env<'a> {
     pub max_output: usize,
 }
 
-pub struct Outcome {
+pub(crate) struct Outcome {
     pub output: Value,
     pub truncated: bool,
     pub vars: Map<String, Value>,
 }
 
-pub async fn run(
+pub(crate) async fn run(
     answers: &impl Answers,
     env: &Env<'_>,
     tool: &Tool,

@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::Command;
 
-pub struct ExecResult {
+pub(crate) struct ExecResult {
     pub exit_code: Option<i32>,
     pub signal: Option<i32>,
     pub stdout: String,
@@ -27,12 +27,12 @@ pub struct ExecResult {
 
 impl ExecResult {
     /// The value an output program sees.
-    pub fn to_json(&self) -> Value {
+    pub(crate) fn to_json(&self) -> Value {
         json!({"exit_code": self.exit_code, "signal": self.signal, "stdout": self.stdout, "stderr": self.stderr})
     }
 }
 
-pub async fn run(
+pub(crate) async fn run(
     argv: &[String],
     path_env: &str,
     timeout: Duration,

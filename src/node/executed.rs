@@ -29,7 +29,7 @@ fn now_millis() -> u64 {
 const EXECUTED_FILE: &str = "approvals-executed";
 const SINCE_FILE: &str = "state-since";
 
-pub struct Executed {
+pub(super) struct Executed {
     dir: PathBuf,
     /// Approval ids executed here, with when they stop mattering (unix seconds).
     ids: Mutex<HashMap<String, u64>>,
@@ -40,7 +40,7 @@ pub struct Executed {
 impl Executed {
     /// Reads the ledger from `dir` (dropping expired ids and a torn last line, and rewriting
     /// the file without them); a runner with no `state-since` starts its state now.
-    pub fn load(dir: &Path) -> anyhow::Result<Executed> {
+    pub(super) fn load(dir: &Path) -> anyhow::Result<Executed> {
         let t = now();
         let path = dir.join(EXECUTED_FILE);
         let mut ids = HashMap::new();
@@ -110,7 +110,7 @@ impl Executed {
 
     /// Records `approval_id` as executed here, durably, before anything runs; refuses one
     /// executed before (the error says so), or any when the record cannot be made.
-    pub fn record(&self, approval_id: &str, keep_until: u64) -> Result<(), Refused> {
+    pub(super) fn record(&self, approval_id: &str, keep_until: u64) -> Result<(), Refused> {
         let mut ids = self.ids.lock().unwrap_or_else(|p| p.into_inner());
         if ids.contains_key(approval_id) {
             return Err(Refused::Reused(format!(
@@ -139,7 +139,7 @@ impl Executed {
     }
 
     /// Refuses an approval requested (unix milliseconds) before this runner's state began.
-    pub fn check_requested(&self, approval_id: &str, requested: u64) -> Result<(), String> {
+    pub(super) fn check_requested(&self, approval_id: &str, requested: u64) -> Result<(), String> {
         if requested < self.since {
             return Err(format!(
                 "approval {approval_id} was requested at {requested} (unix ms), before this runner's state began at {} (its state_dir is new or was lost): it may have run here already, so it never runs; ask again",
@@ -152,7 +152,7 @@ impl Executed {
 
 /// Why a runner refused an approved execution: a second one (409), or anything else (403).
 #[derive(Debug)]
-pub enum Refused {
+pub(super) enum Refused {
     Reused(String),
     Forbidden(String),
 }

@@ -11,7 +11,7 @@ use super::config::ServiceConfig;
 use crate::pack::HttpAction;
 use crate::util::error_chain;
 
-pub struct HttpResult {
+pub(crate) struct HttpResult {
     pub status: u16,
     pub body: Value,
     pub truncated: bool,
@@ -19,7 +19,7 @@ pub struct HttpResult {
 
 impl HttpResult {
     /// The value an output program sees.
-    pub fn to_json(&self) -> Value {
+    pub(crate) fn to_json(&self) -> Value {
         json!({"status": self.status, "body": self.body})
     }
 }
@@ -27,7 +27,7 @@ impl HttpResult {
 /// The request an http step makes, its templates filled: what goes on the wire, less the
 /// base URL and headers, which only the runner's config supplies.
 #[derive(Debug)]
-pub struct HttpRequest<'a> {
+pub(crate) struct HttpRequest<'a> {
     pub method: &'a str,
     /// The filled path, its values percent-encoded.
     pub path: String,
@@ -38,7 +38,7 @@ pub struct HttpRequest<'a> {
 }
 
 /// Fills the action's templates from the step's values.
-pub fn request<'a>(
+pub(crate) fn request<'a>(
     action: &'a HttpAction,
     values: &Map<String, Value>,
     body: Option<Value>,
@@ -61,7 +61,7 @@ pub fn request<'a>(
 
 /// Sends the request to the configured service and reads at most `max_output` bytes of the
 /// answer. Any status is returned: [`accepted`] decides which ones the action takes.
-pub async fn send(
+pub(crate) async fn send(
     client: &reqwest::Client,
     service_name: &str,
     service: &ServiceConfig,
@@ -119,7 +119,7 @@ pub async fn send(
 }
 
 /// The answer if the action accepts its status, else the error the agent sees.
-pub fn accepted(
+pub(crate) fn accepted(
     service_name: &str,
     action: &HttpAction,
     result: HttpResult,

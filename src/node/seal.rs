@@ -23,7 +23,7 @@ use crate::digest::canonical_json;
 use crate::protocol::{CallRequest, Mode};
 
 /// This runner's sealing key.
-pub struct SealKey([u8; 32]);
+pub(super) struct SealKey([u8; 32]);
 
 impl std::fmt::Debug for SealKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -32,7 +32,7 @@ impl std::fmt::Debug for SealKey {
 }
 
 /// What a seal covers.
-pub struct Sealed<'a> {
+pub(super) struct Sealed<'a> {
     /// This runner: a seal never verifies on another.
     pub runner: &'a str,
     /// The call the preview ran for; its execution carries the same id.
@@ -74,7 +74,7 @@ impl Sealed<'_> {
 
 impl SealKey {
     /// A fresh random key.
-    pub fn generate() -> anyhow::Result<Self> {
+    pub(super) fn generate() -> anyhow::Result<Self> {
         let mut key = [0u8; 32];
         getrandom::fill(&mut key)
             .map_err(|e| anyhow::anyhow!("failed to get random bytes for the seal key: {e}"))?;
@@ -88,12 +88,12 @@ impl SealKey {
     }
 
     /// The seal (hex) over `sealed`.
-    pub fn seal(&self, sealed: &Sealed<'_>) -> String {
+    pub(super) fn seal(&self, sealed: &Sealed<'_>) -> String {
         hex::encode(self.mac(sealed).finalize().into_bytes())
     }
 
     /// Whether `seal` is this key's seal over exactly `sealed` (compared in constant time).
-    pub fn verify(&self, sealed: &Sealed<'_>, seal: &str) -> bool {
+    pub(super) fn verify(&self, sealed: &Sealed<'_>, seal: &str) -> bool {
         hex::decode(seal).is_ok_and(|bytes| self.mac(sealed).verify_slice(&bytes).is_ok())
     }
 }

@@ -205,7 +205,7 @@ fn check_anchored_pattern(name: &str, pattern: &str) -> Result<(), String> {
 }
 
 /// Builds the JSON Schema object for a set of params (additional properties refused).
-pub fn object_schema<'a>(params: impl IntoIterator<Item = &'a Param>) -> Map<String, Value> {
+pub(super) fn object_schema<'a>(params: impl IntoIterator<Item = &'a Param>) -> Map<String, Value> {
     let mut properties = Map::new();
     let mut required = Vec::new();
     for p in params {
@@ -224,7 +224,7 @@ pub fn object_schema<'a>(params: impl IntoIterator<Item = &'a Param>) -> Map<Str
 
 /// Compiles a validator that knows emisar's own formats (ip, cidr, systemd-unit, and
 /// selector: what [`crate::selector::Selector::parse`] accepts).
-pub fn compile_validator(schema: &Value) -> Result<jsonschema::Validator, String> {
+pub(super) fn compile_validator(schema: &Value) -> Result<jsonschema::Validator, String> {
     jsonschema::options()
         .should_validate_formats(true)
         .with_format("ip", |s: &str| s.parse::<IpAddr>().is_ok())
@@ -239,7 +239,7 @@ pub fn compile_validator(schema: &Value) -> Result<jsonschema::Validator, String
 
 /// The format a validator checks a `selector` with, in place of [`crate::selector::PATTERN`]
 /// (see [`super::input_validator`]).
-pub const SELECTOR_FORMAT: &str = "selector";
+pub(super) const SELECTOR_FORMAT: &str = "selector";
 
 /// Validates `args` and returns every error as "`field`: rule broken".
 ///
@@ -316,7 +316,7 @@ fn is_cidr(s: &str) -> bool {
 /// characters of `[A-Za-z0-9:_.\-]` with an optional `@instance`, optionally ending in a unit
 /// type suffix. Unlike systemd we also refuse a leading `-` or `.`, so a unit name can never be
 /// read as a command-line option.
-pub fn is_systemd_unit(s: &str) -> bool {
+pub(super) fn is_systemd_unit(s: &str) -> bool {
     const SUFFIXES: [&str; 11] = [
         "service",
         "socket",

@@ -7,7 +7,7 @@ use serde::Deserialize;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawPack {
+pub(super) struct RawPack {
     /// The pack name: the prefix of every tool name (`traefik` → `traefik.ping`).
     pub pack: String,
     pub description: String,
@@ -20,7 +20,7 @@ pub struct RawPack {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawTool {
+pub(super) struct RawTool {
     pub description: String,
     pub risk: String,
     pub scope: String,
@@ -53,7 +53,7 @@ pub struct RawTool {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawParam {
+pub(super) struct RawParam {
     #[serde(rename = "type")]
     pub kind: String,
     #[serde(default)]
@@ -91,7 +91,7 @@ fn default_true() -> bool {
 /// checked form in `action.rs`, and its run in the node's engine.
 #[derive(Debug, Deserialize)]
 #[serde(try_from = "ActionKeys")]
-pub enum RawAction {
+pub(super) enum RawAction {
     Http(RawHttp),
     Exec(RawExec),
 }
@@ -148,7 +148,7 @@ fn one_of(keys: &[&str]) -> String {
 /// [`StepKeys`] and refuses a step with no kind or several.
 #[derive(Debug, Deserialize)]
 #[serde(try_from = "StepKeys")]
-pub struct RawStep {
+pub(super) struct RawStep {
     pub name: String,
     pub kind: RawStepKind,
     /// var name → jq program over the context (this step's result included).
@@ -161,7 +161,7 @@ pub struct RawStep {
 }
 
 #[derive(Debug)]
-pub enum RawStepKind {
+pub(super) enum RawStepKind {
     Run(RawAction),
     /// A jq program over the context that must yield `true`, or the call stops here with
     /// `message` (a template over params and vars) and nothing after it runs.
@@ -236,7 +236,7 @@ impl TryFrom<StepKeys> for RawStep {
 /// Serde reads it from [`PreviewKeys`] and refuses a preview with both or neither.
 #[derive(Debug, Deserialize)]
 #[serde(try_from = "PreviewKeys")]
-pub enum RawPreview {
+pub(super) enum RawPreview {
     Steps {
         steps: Vec<RawStep>,
         /// Shapes the preview for the approver (the input is the preview's context).
@@ -285,7 +285,7 @@ impl TryFrom<PreviewKeys> for RawPreview {
 /// word on why there is nothing to check. Serde reads it from [`VerifyKeys`].
 #[derive(Debug, Deserialize)]
 #[serde(try_from = "VerifyKeys")]
-pub enum RawVerify {
+pub(super) enum RawVerify {
     Steps {
         steps: Vec<RawStep>,
         /// Seconds the steps may take to pass on a runner after its write (default 60).
@@ -331,7 +331,7 @@ impl TryFrom<VerifyKeys> for RawVerify {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawHttp {
+pub(super) struct RawHttp {
     pub method: String,
     pub path: String,
     #[serde(default)]
@@ -349,7 +349,7 @@ pub struct RawHttp {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawExec {
+pub(super) struct RawExec {
     /// Each element is one argv element; `{param}` placeholders fill within it.
     pub argv: Vec<String>,
     #[serde(default)]

@@ -127,7 +127,7 @@ pub struct Verify {
 
 /// The longest a verify may wait for a runner to become healthy: a gate longer than this
 /// holds the rollout (and the approval's lifetime) hostage.
-pub const VERIFY_MAX_WITHIN_S: u64 = 600;
+pub(super) const VERIFY_MAX_WITHIN_S: u64 = 600;
 
 impl Tool {
     /// Checks `args` (pack params only) and returns every broken rule.

@@ -116,6 +116,22 @@ pub fn event_leaf(hash_hex: &str) -> Result<Hash, String> {
     Ok(leaf_hash(&bytes))
 }
 
+/// An audit path as it travels (base64 hashes, leaf to root), decoded; what the runner
+/// checks here and an auditor checks in `emisar audit prove` read it the same way.
+pub fn proof_hashes(lines: &[String]) -> Result<Vec<Hash>, String> {
+    lines
+        .iter()
+        .map(|l| {
+            let b = B64
+                .decode(l)
+                .map_err(|e| format!("proof hash `{l}`: {e}"))?;
+            Ok(Hash(b.try_into().map_err(|_| {
+                format!("proof hash `{l}` is not 32 bytes")
+            })?))
+        })
+        .collect()
+}
+
 /// What a witnessed approval proved.
 #[derive(Debug)]
 pub struct Verified {
@@ -179,18 +195,7 @@ pub fn verify(
             trust.quorum
         ));
     }
-    let proof = w
-        .proof
-        .iter()
-        .map(|l| {
-            let b = B64
-                .decode(l)
-                .map_err(|e| format!("proof hash `{l}`: {e}"))?;
-            Ok(Hash(b.try_into().map_err(|_| {
-                format!("proof hash `{l}` is not 32 bytes")
-            })?))
-        })
-        .collect::<Result<Vec<_>, String>>()?;
+    let proof = proof_hashes(&w.proof)?;
     let leaf = event_leaf(&e.hash)?;
     verify_inclusion(leaf, e.seq as u64 - 1, cp.size(), &proof, *cp.hash()).map_err(|err| {
         format!(

@@ -166,7 +166,7 @@ impl Allowed {
 
     /// The refusal, if the request's `Host` (on every path but the probes) or its `Origin`
     /// (on `/mcp`) is not this server's: which header, and the sentence the caller reads.
-    pub fn check(&self, uri: &Uri, headers: &HeaderMap) -> Result<(), Refusal> {
+    pub(crate) fn check(&self, uri: &Uri, headers: &HeaderMap) -> Result<(), Refusal> {
         let path = uri.path();
         if PROBES.contains(&path) {
             return Ok(());

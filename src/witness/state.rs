@@ -44,11 +44,11 @@ mod base64_hash {
     use super::Hash;
     use serde::{Deserialize, Deserializer, Serializer};
 
-    pub fn serialize<S: Serializer>(h: &Hash, s: S) -> Result<S::Ok, S::Error> {
+    pub(super) fn serialize<S: Serializer>(h: &Hash, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&h.to_string())
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Hash, D::Error> {
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Hash, D::Error> {
         let text = String::deserialize(d)?;
         Hash::parse_hash(&text).map_err(|_| serde::de::Error::custom("root: a base64 SHA-256 hash"))
     }

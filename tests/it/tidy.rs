@@ -1,7 +1,10 @@
 //! The house rules that the compiler does not check by itself: the node and the server never
 //! import each other (only the wire types in `protocol` cross), the shared building blocks
 //! import neither, the top-level server modules import each other in no circle, every source file says
-//! what it is for in a `//!` header, and no product code allows `unsafe`.
+//! what it is for in a `//!` header, no product code allows `unsafe`, a module whose header
+//! promises no IO (or no clock, no randomness, nothing async) names nothing that does it, and
+//! only `node/exec.rs` (and the few files `PROCESS_STARTERS` names, each with its reason)
+//! starts a process.
 //!
 //! The `emisar-runner` build (`--no-default-features`, which has no `server` module) makes the
 //! compiler enforce the node's half; these checks cover the server's half and the shared blocks.
@@ -361,4 +364,351 @@ fn every_source_file_says_what_it_is_for() {
 fn no_product_code_allows_unsafe() {
     let found = offenders(".", &["unsafe_code", "unsafe {", "unsafe fn"]);
     assert!(found.is_empty(), "unsafe code in the product: {found:?}");
+}
+
+/// What a module that promises "no IO" may not name: the store (`sqlx`, the server's `db`),
+/// the async runtime (`tokio`: its files, sockets, timers and processes at once), HTTP,
+/// files, sockets, processes and the environment. Address types (`std::net::IpAddr`) are
+/// values, not IO, so sockets are named by their types.
+const IO: &[&str] = &[
+    "sqlx",
+    "server::db",
+    "super::db",
+    "tokio",
+    "reqwest",
+    "hyper",
+    "fs::",
+    "File::",
+    "TcpStream",
+    "TcpListener",
+    "UdpSocket",
+    "ToSocketAddrs",
+    "std::process",
+    "Command::new",
+    "env::var",
+    "env::args",
+];
+/// What a module that promises "no clock" may not name: any `now()`, and the wall clock.
+const CLOCK: &[&str] = &["::now(", "SystemTime"];
+/// What a module that promises "no randomness" may not name.
+const RANDOMNESS: &[&str] = &["getrandom", "rand::", "rand_core", "OsRng", "thread_rng"];
+/// What a module that promises "nothing async" may not name.
+const ASYNC: &[&str] = &["async", ".await", "Future"];
+
+/// A promise a header (or ARCHITECTURE.md) makes about what a module never does, and the
+/// names that would break it.
+struct Promise {
+    /// The folder or file under src/ the promise covers.
+    room: &'static str,
+    /// Where the promise is written, and the words that make it (as prose: `//!` and line
+    /// breaks do not count): if the words go, the rule must go with them (the test says so),
+    /// so the header and the check stay one promise.
+    said_in: &'static str,
+    says: &'static str,
+    forbidden: &'static [&'static [&'static str]],
+}
+
+const PROMISES: &[Promise] = &[
+    Promise {
+        room: "server/policy",
+        said_in: "src/server/policy/mod.rs",
+        says: "no IO except [`Policy::load`] reading the file; no clock, no randomness",
+        forbidden: &[IO, CLOCK, RANDOMNESS],
+    },
+    Promise {
+        room: "server/principal.rs",
+        said_in: "src/server/principal.rs",
+        says: "Invariant: pure; no SQL, no IO, no clock.",
+        forbidden: &[IO, CLOCK],
+    },
+    Promise {
+        room: "server/approvals/state.rs",
+        said_in: "src/server/approvals/state.rs",
+        says: "No IO, no clock but the `now` it is given",
+        forbidden: &[IO, CLOCK],
+    },
+    Promise {
+        room: "server/audit/chain.rs",
+        said_in: "src/server/audit/chain.rs",
+        says: "Pure: no IO.",
+        forbidden: &[IO],
+    },
+    Promise {
+        room: "server/audit/signed.rs",
+        said_in: "src/server/audit/signed.rs",
+        says: "Pure: the caller reads the events",
+        forbidden: &[IO],
+    },
+    Promise {
+        room: "server/runners/breaker.rs",
+        said_in: "src/server/runners/breaker.rs",
+        says: "the breaker itself never reads a clock",
+        forbidden: &[CLOCK],
+    },
+    Promise {
+        room: "tlog",
+        said_in: "src/tlog/mod.rs",
+        says: "no IO, nothing async",
+        forbidden: &[IO, ASYNC],
+    },
+    Promise {
+        room: "protocol/approval",
+        said_in: "ARCHITECTURE.md",
+        says: "`protocol/approval/`: pure, no IO",
+        forbidden: &[IO],
+    },
+    Promise {
+        room: "protocol/audit_event.rs",
+        said_in: "src/protocol/audit_event.rs",
+        says: "Pure.",
+        forbidden: &[IO],
+    },
+    Promise {
+        room: "digest.rs",
+        said_in: "ARCHITECTURE.md",
+        says: "`digest.rs`, `selector.rs` and `tlog/` are pure",
+        forbidden: &[IO, CLOCK, RANDOMNESS],
+    },
+    Promise {
+        room: "selector.rs",
+        said_in: "ARCHITECTURE.md",
+        says: "`digest.rs`, `selector.rs` and `tlog/` are pure",
+        forbidden: &[IO, CLOCK, RANDOMNESS],
+    },
+];
+
+/// The places a promise knowingly leaves, each with why; a line is excused when its file ends
+/// with the path and the line holds the text.
+const PROMISES_EXCUSED: &[(&str, &str, &str)] = &[(
+    "src/server/policy/checks.rs",
+    "std::fs::read_to_string(path)",
+    "`Policy::load` reads the policy file: the one IO the policy's header names",
+)];
+
+/// The files that may start a process (`Command::new`), each with why. The test harness under
+/// tests/ starts the real peers (PostgreSQL, FRR, Traefik, the binaries themselves) and is
+/// not product code, so it is not read; nor are test modules in src/.
+const PROCESS_STARTERS: &[(&str, &str)] = &[
+    (
+        "src/node/exec.rs",
+        "the runner's one door to processes: argv only, cleared env, own process group, timeout",
+    ),
+    (
+        "src/lab/vm.rs",
+        "`emisar lab` runs a real VictoriaMetrics and a watchdog shell that stops it if the lab \
+         dies; the lab is a demo behind its own feature, never in the package",
+    ),
+];
+
+/// The words that start a process, or bring the type that does into scope under any name.
+const PROCESS: &[&str] = &[
+    "Command::new",
+    "process::Command",
+    "Command as",
+    "posix_spawn",
+    "fork(",
+];
+
+/// `text` as prose: comment markers gone, every run of white space one space.
+fn prose(text: &str) -> String {
+    text.split_whitespace()
+        .filter(|w| !matches!(*w, "//!" | "///" | "//"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Whether `code` names `word`: as a whole path segment at its start when it begins with a
+/// letter (so `fs::` is found in `std::fs::read` but not in `refs::`).
+fn names(code: &str, word: &str) -> bool {
+    let starts_a_name = word.starts_with(|c: char| c.is_alphanumeric() || c == '_');
+    code.match_indices(word).any(|(at, _)| {
+        !starts_a_name
+            || !code[..at]
+                .chars()
+                .next_back()
+                .is_some_and(|c| c.is_alphanumeric() || c == '_')
+    })
+}
+
+/// The product lines of a source file, numbered from 1, comments cut: every line but those of
+/// an inline `#[cfg(test)] mod … { … }`, whose end is found by counting braces.
+fn product_lines(text: &str) -> Vec<(usize, &str)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut product = Vec::new();
+    let mut test_depth: Option<i64> = None;
+    for (n, line) in lines.iter().enumerate() {
+        let code = line.split("//").next().unwrap_or("");
+        if let Some(depth) = test_depth.as_mut() {
+            *depth += code.matches('{').count() as i64 - code.matches('}').count() as i64;
+            if *depth <= 0 {
+                test_depth = None;
+            }
+            continue;
+        }
+        let next = lines.get(n + 1).map(|l| l.trim()).unwrap_or("");
+        if line.trim() == "#[cfg(test)]" && next.starts_with("mod ") && next.ends_with('{') {
+            test_depth = Some(0);
+            continue;
+        }
+        product.push((n + 1, code));
+    }
+    product
+}
+
+/// The files that only tests compile: those declared `#[cfg(test)] mod name;` (the file
+/// `name.rs` next to a `mod.rs`, or under the declaring file's own folder).
+fn test_only_files(files: &[PathBuf]) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(file).unwrap();
+        let lines: Vec<&str> = text.lines().map(str::trim).collect();
+        for pair in lines.windows(2) {
+            let Some(name) = pair[1]
+                .strip_prefix("mod ")
+                .and_then(|rest| rest.strip_suffix(';'))
+            else {
+                continue;
+            };
+            if pair[0] != "#[cfg(test)]" {
+                continue;
+            }
+            let folder = if file
+                .file_name()
+                .is_some_and(|f| f == "mod.rs" || f == "lib.rs")
+            {
+                file.parent().unwrap().to_path_buf()
+            } else {
+                file.with_extension("")
+            };
+            found.push(folder.join(format!("{name}.rs")));
+            found.push(folder.join(name).join("mod.rs"));
+        }
+    }
+    found
+}
+
+/// The product files under `room` (a folder or a file of src/).
+fn product_files(room: &str) -> Vec<PathBuf> {
+    let path = if room == "." { src() } else { src().join(room) };
+    let mut files = Vec::new();
+    if path.is_dir() {
+        rust_files(&path, &mut files);
+    } else {
+        files.push(path);
+    }
+    let mut everything = Vec::new();
+    rust_files(&src(), &mut everything);
+    let tests = test_only_files(&everything);
+    files.retain(|f| !tests.contains(f));
+    files
+}
+
+/// `file:line: the line (names `word`)` for every product line under `room` that names one
+/// of `forbidden`, unless `excused` holds its file and text.
+fn breaches(room: &str, forbidden: &[&str], excused: &[(&str, &str, &str)]) -> Vec<String> {
+    let mut found = Vec::new();
+    for file in product_files(room) {
+        let text = std::fs::read_to_string(&file).unwrap();
+        for (n, code) in product_lines(&text) {
+            let Some(word) = forbidden.iter().find(|w| names(code, w)) else {
+                continue;
+            };
+            let shown = file.strip_prefix(env!("CARGO_MANIFEST_DIR")).unwrap();
+            if excused
+                .iter()
+                .any(|(path, text, _)| shown.ends_with(path) && code.contains(text))
+            {
+                continue;
+            }
+            found.push(format!(
+                "{}:{n}: {} (names `{word}`)",
+                shown.display(),
+                code.trim()
+            ));
+        }
+    }
+    found
+}
+
+#[test]
+fn the_promise_checks_find_what_they_look_for() {
+    assert!(names("use std::fs::read;", "fs::"));
+    assert!(!names("let refs::x = 1;", "fs::"));
+    assert!(names("use tokio_util::sync;", "tokio"));
+    assert!(!names("let my_tokio = 1;", "tokio"));
+    assert!(names("let t = Instant::now();", "::now("));
+    assert!(names("x.await", ".await"));
+    let text = "use a;\n// tokio in a comment\nfn f() {} // sqlx\n#[cfg(test)]\nmod tests {\n  \
+                fn g() { tokio(); }\n}\nuse sqlx;";
+    let product: Vec<&str> = product_lines(text).into_iter().map(|(_, l)| l).collect();
+    assert_eq!(product, ["use a;", "", "fn f() {} ", "use sqlx;"]);
+    assert_eq!(prose("//! No IO, no\n//! clock."), "No IO, no clock.");
+    // The rooms are read: the policy has files, and its one excused read is there to excuse.
+    assert!(product_files("server/policy").len() > 3);
+    assert_eq!(breaches("server/policy", IO, &[]).len(), 1);
+    assert!(
+        !product_files("server/policy")
+            .iter()
+            .any(|f| f.ends_with("policy/testing.rs")),
+        "`policy/testing.rs` is compiled for tests only"
+    );
+}
+
+/// "policy does no IO", "`state.rs` is pure", "tlog is pure": each such header promise is a
+/// rule here, and the module breaks the rule if it names what the promise rules out.
+#[test]
+fn modules_that_promise_purity_name_no_io() {
+    let mut problems = Vec::new();
+    for promise in PROMISES {
+        let said =
+            std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(promise.said_in))
+                .unwrap();
+        if !prose(&said).contains(promise.says) {
+            problems.push(format!(
+                "{} no longer says {:?}: if `{}` no longer promises it, drop its rule from \
+                 PROMISES here",
+                promise.said_in, promise.says, promise.room
+            ));
+        }
+        let forbidden: Vec<&str> = promise.forbidden.concat();
+        for breach in breaches(promise.room, &forbidden, PROMISES_EXCUSED) {
+            problems.push(format!(
+                "{breach}: `{}` promises {:?} ({})",
+                promise.room, promise.says, promise.said_in
+            ));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "a module breaks the promise its header makes (move the IO to the caller, or change the \
+         promise and this rule together):\n{}",
+        problems.join("\n")
+    );
+}
+
+/// Only `node/exec.rs` starts processes (and the few places PROCESS_STARTERS names, each with
+/// its reason).
+#[test]
+fn only_the_allowed_files_start_processes() {
+    let allowed: Vec<(&str, &str, &str)> = PROCESS_STARTERS
+        .iter()
+        .map(|(file, why)| (*file, "", *why))
+        .collect();
+    let found = breaches(".", PROCESS, &allowed);
+    assert!(
+        found.is_empty(),
+        "only src/node/exec.rs starts processes (go through it, or add the file to \
+         PROCESS_STARTERS with its reason):\n{}",
+        found.join("\n")
+    );
+    for (file, _) in PROCESS_STARTERS {
+        let text =
+            std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(file)).unwrap();
+        assert!(
+            product_lines(&text)
+                .iter()
+                .any(|(_, l)| names(l, "Command::new")),
+            "{file} starts no process any more: drop it from PROCESS_STARTERS"
+        );
+    }
 }

@@ -164,7 +164,7 @@ crate::both_backends!(the_tree_follows_every_append);
 async fn catch_up(app: &TestApp, mem: &mut MemoryTree) {
     for e in events_after(app, mem.size() as i64).await {
         assert_eq!(
-            mem.push_hash(tree::leaf_of(&e.hash).unwrap()) + 1,
+            mem.push_hash(emisar::protocol::witnessed::event_leaf(&e.hash).unwrap()) + 1,
             e.seq as u64,
             "one leaf per event, in seq order"
         );
@@ -835,7 +835,7 @@ async fn rewrite_event(app: &TestApp, seq: i64, tree_nodes: Tree) {
             ));
         }
         let size = mem.size();
-        let leaf = tree::leaf_of(&e.hash).unwrap();
+        let leaf = emisar::protocol::witnessed::event_leaf(&e.hash).unwrap();
         nodes.extend(emisar::tlog::tree::append(size, leaf, &mem).unwrap());
         mem.push_hash(leaf);
         prev = Some(e.hash.clone());

@@ -25,6 +25,6 @@ pub use chain::{
 };
 pub use filter::{AuditParams, KINDS, MAX_PAGE, OUTCOMES};
 pub use refusals::{Noted, RefusalKey, WINDOW as REFUSAL_WINDOW};
-pub use store::{AuditFilter, query};
+pub use store::{AuditFilter, COLUMNS, query};
 pub use verify::verify;
 pub use writer::{AuditError, AuditLog};

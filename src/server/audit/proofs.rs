@@ -42,8 +42,9 @@ use tlog_tiles::Hash;
 use super::chain::{Event, kind};
 use super::checkpoints;
 use super::store::{AuditFilter, query};
-use super::tree::{self, leaf_of};
+use super::tree;
 use super::verify;
+use crate::protocol::witnessed::{event_leaf, proof_hashes};
 use crate::server::db::Db;
 use crate::tlog::checkpoint::{self, Checkpoint};
 use crate::tlog::keys::Verifiers;
@@ -129,9 +130,9 @@ pub fn check_inclusion(p: &InclusionProof, keys: &Verifiers) -> Result<Checkpoin
             p.leaf_index, p.event.seq
         ));
     }
-    let proof = decode_hashes(&p.proof)?;
+    let proof = proof_hashes(&p.proof)?;
     verify_inclusion(
-        leaf_of(&p.event.hash)?,
+        event_leaf(&p.event.hash)?,
         p.leaf_index,
         cp.size(),
         &proof,
@@ -139,20 +140,6 @@ pub fn check_inclusion(p: &InclusionProof, keys: &Verifiers) -> Result<Checkpoin
     )
     .map_err(|e| format!("inclusion proof: {e}"))?;
     Ok(cp)
-}
-
-fn decode_hashes(lines: &[String]) -> Result<Vec<Hash>, String> {
-    lines
-        .iter()
-        .map(|l| {
-            let b = B64
-                .decode(l)
-                .map_err(|e| format!("proof hash `{l}`: {e}"))?;
-            Ok(Hash(b.try_into().map_err(|_| {
-                format!("proof hash `{l}` is not 32 bytes")
-            })?))
-        })
-        .collect()
 }
 
 /// The witnesses an auditor trusts (`--witness-key`) and how many of them must have
@@ -434,7 +421,7 @@ pub async fn verify_from(
             return Ok(report);
         };
         let path = tree::inclusion_proof(db, n, n - 1).await?;
-        let leaf = leaf_of(&anchor.hash).map_err(anyhow::Error::msg)?;
+        let leaf = event_leaf(&anchor.hash).map_err(anyhow::Error::msg)?;
         if verify_inclusion(leaf, n - 1, n, &path, kept_root).is_err() {
             report.problem = Some(format!(
                 "event seq {n}'s stored hash is not the last leaf of the checkpoint you kept"
@@ -665,7 +652,7 @@ async fn finish_failed(
                 return Ok(report);
             }
             prev = Some(e.hash.clone());
-            edge.push(leaf_of(&e.hash).map_err(anyhow::Error::msg)?);
+            edge.push(event_leaf(&e.hash).map_err(anyhow::Error::msg)?);
             while let Some(&(size, root)) = signed.peek() {
                 if size != edge.size() {
                     break;

@@ -194,7 +194,7 @@ fn aggregate(key: &RefusalKey, tally: &Tally, window: Duration) -> NewEvent {
 
 /// The shared counts, and how to write them.
 #[derive(Debug, Clone, Default)]
-pub struct RefusalCounter {
+pub(super) struct RefusalCounter {
     state: Arc<Mutex<Refusals>>,
     /// Held for the whole of a flush, so a flush that finds the window empty returns only
     /// after any flush already under way has written what it took: the last flush at a stop
@@ -207,7 +207,7 @@ const FLUSH_CHUNK: usize = 256;
 
 impl RefusalCounter {
     /// Notes one refusal now; see [`Refusals::note`].
-    pub fn note(&self, key: RefusalKey, event: &NewEvent) -> Noted {
+    pub(super) fn note(&self, key: RefusalKey, event: &NewEvent) -> Noted {
         let noted = self.lock().note(key.clone(), event, Utc::now());
         match noted {
             Noted::First => {}
@@ -230,7 +230,7 @@ impl RefusalCounter {
     /// Ends the window and writes its aggregates through `write`. What `write` refuses is
     /// kept for the next flush (and logged), never dropped. Returns how many refusals the
     /// written aggregates count.
-    pub async fn flush<F, Fut, E>(&self, window: Duration, write: &F) -> u64
+    pub(super) async fn flush<F, Fut, E>(&self, window: Duration, write: &F) -> u64
     where
         F: Fn(Vec<NewEvent>) -> Fut,
         Fut: Future<Output = Result<(), E>>,
@@ -263,7 +263,7 @@ impl RefusalCounter {
     }
 
     /// Flushes every `window` until `shutdown`, and once more then.
-    pub async fn run_flusher<F, Fut, E>(
+    pub(super) async fn run_flusher<F, Fut, E>(
         self,
         window: Duration,
         shutdown: CancellationToken,

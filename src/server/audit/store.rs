@@ -34,6 +34,27 @@ const PG_COLUMNS: &str = "seq, id, to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T
 /// every row cost PostgreSQL ~1.8 s of CPU per 1,000,000 events, most of what it spent
 /// producing them (EXPLAIN ANALYZE of the whole scan: 2.4 s with it, 0.65 s without).
 pub(super) const STORED_COLUMNS: &str = "seq, id, at, actor, kind, tool, runner, args, reason, call_id, approval_id, outcome, result_digest, detail, prev_hash, hash, hash_v";
+/// The names of [`STORED_COLUMNS`], in order: the one list the verifier's column positions and
+/// `audit export`'s CSV header are read from (a test in `verify.rs` holds the two to each other).
+pub const COLUMNS: [&str; 17] = [
+    "seq",
+    "id",
+    "at",
+    "actor",
+    "kind",
+    "tool",
+    "runner",
+    "args",
+    "reason",
+    "call_id",
+    "approval_id",
+    "outcome",
+    "result_digest",
+    "detail",
+    "prev_hash",
+    "hash",
+    "hash_v",
+];
 
 /// One statement per batch, in one round trip: the function (migration
 /// `20261204150001_audit_append_function.sql`) takes the append lock, checks that the last

@@ -12,19 +12,12 @@
 
 use tlog_tiles::Hash;
 
+use crate::protocol::witnessed::event_leaf;
 use crate::server::db::{Db, Pool};
 use crate::tlog::tree::{self, Frontier, Subtree, SubtreeMap, TreeError};
 
 /// Events folded into the tree per query while catching up.
 const FOLD_CHUNK: i64 = 10_000;
-
-/// The leaf hash of the event whose chain hash is `hash_hex`: SHA-256(0x00 ‖ 32 bytes).
-pub fn leaf_of(hash_hex: &str) -> Result<Hash, String> {
-    let mut bytes = [0u8; 32];
-    hex::decode_to_slice(hash_hex, &mut bytes)
-        .map_err(|e| format!("event hash `{hash_hex}` is not 64 hex digits: {e}"))?;
-    Ok(tree::leaf_hash(&bytes))
-}
 
 fn decode(e: String) -> sqlx::Error {
     sqlx::Error::Decode(e.into())
@@ -130,7 +123,7 @@ pub(super) fn grow<'a>(
     out: &mut NewNodes,
 ) -> Result<(), sqlx::Error> {
     for hash in hashes {
-        out.extend(tree.push(leaf_of(hash).map_err(decode)?));
+        out.extend(tree.push(event_leaf(hash).map_err(decode)?));
     }
     Ok(())
 }

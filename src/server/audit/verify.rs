@@ -28,7 +28,7 @@ use tokio::sync::mpsc;
 use super::chain::{
     Anchor, BrokenLink, EventText, Growing, StoredEvent, Verifier, VerifyReport, hash_v, write_at,
 };
-use super::store::{PG_AT, STORED_COLUMNS};
+use super::store::{COLUMNS, PG_AT, STORED_COLUMNS};
 use crate::digest::canonical_json;
 use crate::server::db::{Db, Pool};
 use crate::tlog::tree::Frontier;
@@ -229,26 +229,7 @@ mod col {
     pub(crate) const PREV_HASH: usize = 14;
     pub(crate) const HASH: usize = 15;
     pub(crate) const HASH_V: usize = 16;
-    pub(crate) const COUNT: usize = 17;
-    pub(crate) const NAMES: [&str; COUNT] = [
-        "seq",
-        "id",
-        "at",
-        "actor",
-        "kind",
-        "tool",
-        "runner",
-        "args",
-        "reason",
-        "call_id",
-        "approval_id",
-        "outcome",
-        "result_digest",
-        "detail",
-        "prev_hash",
-        "hash",
-        "hash_v",
-    ];
+    pub(crate) const COUNT: usize = super::COLUMNS.len();
 }
 
 // ---- PostgreSQL: binary COPY ----
@@ -370,7 +351,7 @@ impl CopyFrames {
             let Ok(len) = usize::try_from(len) else {
                 return Err(copy_error(format_args!(
                     "gives column `{}` the length {len}",
-                    col::NAMES[i]
+                    COLUMNS[i]
                 )));
             };
             let Some(bytes) = input.get(at..at + len) else {
@@ -418,7 +399,7 @@ fn check_fields(
     // The seq first, so that every later problem can name the event.
     let seq = fixed::<8>(fields, col::SEQ, None).map(i64::from_be_bytes)?;
     let bad = |i: usize, rule: &str| {
-        sqlx::Error::Decode(format!("event {seq}: column `{}` {rule}", col::NAMES[i]).into())
+        sqlx::Error::Decode(format!("event {seq}: column `{}` {rule}", COLUMNS[i]).into())
     };
     let opt = |i: usize| -> Result<Option<&str>, sqlx::Error> {
         fields[i]
@@ -478,11 +459,7 @@ fn fixed<const N: usize>(
         .ok_or_else(|| {
             let event = seq.map_or("an event".to_owned(), |s| format!("event {s}"));
             sqlx::Error::Decode(
-                format!(
-                    "{event}: column `{}` is NULL or not {N} bytes",
-                    col::NAMES[i]
-                )
-                .into(),
+                format!("{event}: column `{}` is NULL or not {N} bytes", COLUMNS[i]).into(),
             )
         })
 }
@@ -638,7 +615,7 @@ mod tests {
     /// in [`STORED_COLUMNS`] must move here too, or every event would be read wrongly.
     #[test]
     fn the_column_positions_are_those_of_the_stored_columns() {
-        assert_eq!(STORED_COLUMNS, col::NAMES.join(", "));
+        assert_eq!(STORED_COLUMNS, COLUMNS.join(", "));
         for (i, name) in [
             (col::SEQ, "seq"),
             (col::ID, "id"),
@@ -658,7 +635,7 @@ mod tests {
             (col::HASH, "hash"),
             (col::HASH_V, "hash_v"),
         ] {
-            assert_eq!(col::NAMES[i], name);
+            assert_eq!(COLUMNS[i], name);
         }
     }
 

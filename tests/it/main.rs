@@ -2,6 +2,7 @@
 //! it needs one, its own real Traefik. Tests that touch the store run on both backends.
 
 mod alert_rules;
+mod alerts_fire;
 mod approval_wait;
 mod approvals;
 mod approvals_bounds;

@@ -60,10 +60,9 @@ impl IntoParts for (reqwest::StatusCode, bytes::Bytes) {
     }
 }
 
-/// Accepts TCP connections and never answers.
 /// Accepts connections and never answers them, counting in `calls` those that carry a call
 /// (`POST /v1/call`; the server's health prober's `GET /healthz` is not one).
-async fn black_hole(listener: TcpListener, calls: Arc<AtomicUsize>) {
+pub(crate) async fn black_hole(listener: TcpListener, calls: Arc<AtomicUsize>) {
     loop {
         if let Ok((mut socket, _)) = listener.accept().await {
             let calls = calls.clone();
@@ -81,7 +80,7 @@ async fn black_hole(listener: TcpListener, calls: Arc<AtomicUsize>) {
     }
 }
 
-fn entry(name: &str, addr: std::net::SocketAddr) -> RunnerEntry {
+pub(crate) fn entry(name: &str, addr: std::net::SocketAddr) -> RunnerEntry {
     RunnerEntry {
         name: name.into(),
         url: format!("http://{addr}"),

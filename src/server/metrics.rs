@@ -10,7 +10,13 @@
 //! `emisar_webhook_deliveries_total{host,outcome}`, `emisar_webhook_dropped_total{host,reason}`,
 //! `emisar_audit_refusals_counted_total{kind,how}` (refusals counted into a `refusal.repeated`
 //! aggregate instead of written one by one; `how` is `counted`, or `folded` into the overflow
-//! key past the tracked-key cap), `emisar_join_rate_limited_total`.
+//! key past the tracked-key cap), `emisar_join_rate_limited_total`,
+//! `emisar_approvals_expired_total` (requests that expired with nobody's answer, counted by the
+//! replica that expired them). Two series are this server's own, checked on every scrape and
+//! rendered after the recorder's by [`with_scraped`] (so two servers in one process never
+//! report each other's): `emisar_ready` (1 when `/readyz` would answer 200, else 0) and
+//! `emisar_approvals_pending` (the approval backlog: requests waiting for people, counted in
+//! the shared store, so every replica reports the whole backlog).
 //!
 //! Invariant: a label's value never comes straight from outside, so no caller can grow the
 //! number of series. A `tool` label is a tool some gateway of this process offers
@@ -40,9 +46,23 @@ pub(crate) fn handle() -> PrometheusHandle {
             // Another recorder may already be installed (an embedding program's): then ours
             // still renders what it was given, and the global macros go to theirs.
             let _ = metrics::set_global_recorder(recorder);
+            start_counters_at_zero();
             handle
         })
         .clone()
+}
+
+/// Registers, at 0, the unlabelled counters that alerts take the `increase()` of. A counter
+/// that first appears at 1 has no earlier sample, so Prometheus would see no increase, and the
+/// first failed audit batch would page nobody.
+fn start_counters_at_zero() {
+    for name in [
+        "emisar_audit_batches_failed_total",
+        "emisar_approvals_expired_total",
+        "emisar_rate_limit_fallbacks_total",
+    ] {
+        metrics::counter!(name).increment(0);
+    }
 }
 
 /// The tools the gateways of this process offer: the only values a `tool` label takes.
@@ -149,6 +169,41 @@ pub(crate) fn refusal_counted(kind: &'static str, how: &'static str) {
         .increment(1);
 }
 
+/// A pending request expired before enough people answered it.
+pub(crate) fn approval_expired_unanswered() {
+    metrics::counter!("emisar_approvals_expired_total").increment(1);
+}
+
+/// What a scrape checks on this server itself, at the time of the scrape.
+pub(crate) struct Scraped {
+    /// `/readyz` would answer 200.
+    pub ready: bool,
+    /// Requests waiting for people, or `None` when the store did not say in time (the series
+    /// is then left out rather than reported stale).
+    pub approvals_pending: Option<u64>,
+}
+
+/// `rendered` (the recorder's text) followed by the series of `scraped`.
+pub(crate) fn with_scraped(mut rendered: String, scraped: &Scraped) -> String {
+    if !rendered.is_empty() && !rendered.ends_with('\n') {
+        rendered.push('\n');
+    }
+    let ready = u8::from(scraped.ready);
+    rendered.push_str(&format!(
+        "# HELP emisar_ready 1 when /readyz answers 200 (store and audit writer healthy), else 0\n\
+         # TYPE emisar_ready gauge\n\
+         emisar_ready {ready}\n"
+    ));
+    if let Some(n) = scraped.approvals_pending {
+        rendered.push_str(&format!(
+            "# HELP emisar_approvals_pending Approval requests waiting for people (pending, not expired)\n\
+             # TYPE emisar_approvals_pending gauge\n\
+             emisar_approvals_pending {n}\n"
+        ));
+    }
+    rendered
+}
+
 /// A join was refused by the per-address join limit, before the store was asked.
 pub(crate) fn join_rate_limited() {
     metrics::counter!("emisar_join_rate_limited_total").increment(1);
@@ -190,5 +245,39 @@ mod tests {
         assert_eq!(tool_label(&"x\0".repeat(1000)), "unknown");
         assert_eq!(name_label("deploy-bot"), "deploy-bot");
         assert_eq!(name_label("bot\r\nevil 1"), "unknown");
+    }
+
+    #[test]
+    fn scraped_series_follow_the_recorders_text() {
+        let ready = with_scraped(
+            "a_total 3".into(),
+            &Scraped {
+                ready: true,
+                approvals_pending: Some(4),
+            },
+        );
+        assert!(
+            ready.starts_with("a_total 3\n# HELP emisar_ready "),
+            "{ready}"
+        );
+        assert!(
+            ready.contains("\n# TYPE emisar_ready gauge\nemisar_ready 1\n"),
+            "{ready}"
+        );
+        assert!(
+            ready
+                .ends_with("\n# TYPE emisar_approvals_pending gauge\nemisar_approvals_pending 4\n"),
+            "{ready}"
+        );
+        let degraded = with_scraped(
+            String::new(),
+            &Scraped {
+                ready: false,
+                approvals_pending: None,
+            },
+        );
+        assert!(degraded.starts_with("# HELP emisar_ready "), "{degraded}");
+        assert!(degraded.ends_with("\nemisar_ready 0\n"), "{degraded}");
+        assert!(!degraded.contains("emisar_approvals_pending"), "{degraded}");
     }
 }

@@ -149,3 +149,75 @@ async fn an_approval_that_never_started_expires(backend: Backend) {
     client.cancel().await.unwrap();
 }
 both_backends!(an_approval_that_never_started_expires);
+
+/// A number series of `/metrics` (scraped with `token`, an auditor's), or `None` when the
+/// scrape does not have it.
+async fn series(app: &TestApp, token: &str, name: &str) -> Option<f64> {
+    let text = app
+        .http()
+        .get(format!("{}/metrics", app.base_url()))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .map(|v| v.parse().unwrap())
+}
+
+/// `/metrics` has the backlog (requests waiting for people, counted in the store: decided and
+/// expired ones leave it) and counts the requests that expired with nobody's answer. The
+/// counter is the process's, which other tests' servers share: it is read before and after.
+async fn the_backlog_and_the_requests_that_expired_unanswered_are_in_metrics(backend: Backend) {
+    let (_bin, record, app) = restart_lab(
+        backend,
+        Options {
+            approval_wait_secs: Some(1),
+            approval_ttl_secs: Some(10),
+            ..Default::default()
+        },
+    )
+    .await;
+    let prometheus = app.issue_token("prometheus", Role::Auditor).await;
+    let backlog = || series(&app, &prometheus, "emisar_approvals_pending");
+    let expired = || series(&app, &prometheus, "emisar_approvals_expired_total");
+    assert_eq!(backlog().await, Some(0.0));
+    let expired_before = expired()
+        .await
+        .expect("the counter is there from the start");
+
+    let client = app.mcp_client().await;
+    let denied = approval_id(&ask(&client, "one").await);
+    let unanswered = approval_id(&ask(&client, "two").await);
+    assert_eq!(backlog().await, Some(2.0));
+    let bob = signed_in(&app, "bob", Role::Approver).await;
+    let (status, body) = bob.deny(&denied, "not now").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(backlog().await, Some(1.0));
+
+    // Nobody answers the other one: it expires after 10 s, and the sweep records it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let kinds = kinds_of(&app, &unanswered).await;
+        if kinds.last().map(String::as_str) == Some("approval.expired") {
+            assert_eq!(
+                kinds,
+                ["tool.called", "approval.requested", "approval.expired"]
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not expired within 30 s: {kinds:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(backlog().await, Some(0.0));
+    assert!(expired().await.unwrap() > expired_before);
+    assert_eq!(restarts(&record), 0);
+    client.cancel().await.unwrap();
+}
+both_backends!(the_backlog_and_the_requests_that_expired_unanswered_are_in_metrics);

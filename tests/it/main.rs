@@ -1,6 +1,8 @@
 //! Integration tests: one binary, each test with its own ports, its own database and, where
 //! it needs one, its own real Traefik. Tests that touch the store run on both backends.
 
+mod alert_rules;
+mod alerts_fire;
 mod approval_wait;
 mod approvals;
 mod approvals_bounds;

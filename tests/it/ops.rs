@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use emisar::server::config::RunnerEntry;
+use emisar::server::tokens::Role;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
@@ -59,10 +60,9 @@ impl IntoParts for (reqwest::StatusCode, bytes::Bytes) {
     }
 }
 
-/// Accepts TCP connections and never answers.
 /// Accepts connections and never answers them, counting in `calls` those that carry a call
 /// (`POST /v1/call`; the server's health prober's `GET /healthz` is not one).
-async fn black_hole(listener: TcpListener, calls: Arc<AtomicUsize>) {
+pub(crate) async fn black_hole(listener: TcpListener, calls: Arc<AtomicUsize>) {
     loop {
         if let Ok((mut socket, _)) = listener.accept().await {
             let calls = calls.clone();
@@ -80,7 +80,7 @@ async fn black_hole(listener: TcpListener, calls: Arc<AtomicUsize>) {
     }
 }
 
-fn entry(name: &str, addr: std::net::SocketAddr) -> RunnerEntry {
+pub(crate) fn entry(name: &str, addr: std::net::SocketAddr) -> RunnerEntry {
     RunnerEntry {
         name: name.into(),
         url: format!("http://{addr}"),
@@ -274,7 +274,9 @@ async fn readiness_follows_the_audit_writer_and_liveness_does_not() {
     )
     .await;
     let get = |path: &str| reqwest::get(format!("{}{path}", app.base_url()));
+    let prometheus = app.issue_token("prometheus", Role::Auditor).await;
     assert_eq!(get("/readyz").await.unwrap().status(), 200);
+    assert_eq!(ready_series(&app, &prometheus).await, "emisar_ready 1");
     emisar::with_pool!(&app.db, pool => {
         sqlx::query("CREATE TRIGGER refuse_insert BEFORE INSERT ON audit_events BEGIN SELECT RAISE(ABORT, 'disk full'); END")
             .execute(pool)
@@ -305,6 +307,11 @@ async fn readiness_follows_the_audit_writer_and_liveness_does_not() {
         "{body}"
     );
     assert_eq!(
+        ready_series(&app, &prometheus).await,
+        "emisar_ready 0",
+        "/metrics says what /readyz says"
+    );
+    assert_eq!(
         get("/healthz").await.unwrap().status(),
         200,
         "liveness is about the process"
@@ -320,7 +327,28 @@ async fn readiness_follows_the_audit_writer_and_liveness_does_not() {
     .await;
     assert_eq!(res.is_error, Some(false));
     assert_eq!(get("/readyz").await.unwrap().status(), 200);
+    assert_eq!(ready_series(&app, &prometheus).await, "emisar_ready 1");
     client.cancel().await.unwrap();
+}
+
+/// The `emisar_ready` line of this server's `/metrics`, scraped with `token` (an auditor's).
+async fn ready_series(app: &crate::harness::app::TestApp, token: &str) -> String {
+    let text = app
+        .http()
+        .get(format!("{}/metrics", app.base_url()))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("emisar_ready"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{text}");
+    lines[0].to_owned()
 }
 
 /// On PostgreSQL the limit is also the replicas' shared bucket; one replica alone behaves as

@@ -256,6 +256,28 @@ impl Approvals {
         Ok(u64::try_from(n).unwrap_or(0))
     }
 
+    /// How many requests wait for people at `now`: pending and not yet past their expiry (the
+    /// approval backlog, for `/metrics`). Every replica counts the same shared rows.
+    pub(crate) async fn backlog(&self, now: chrono::DateTime<Utc>) -> Result<u64, ApprovalError> {
+        let sql = self.db.sql(
+            "SELECT COUNT(*) FROM approvals WHERE state = $1 AND expires_at > $2::timestamptz",
+        );
+        let now = format_at(now);
+        let n = self
+            .db
+            .guard(async {
+                with_pool!(self.db, pool => {
+                    sqlx::query_scalar::<_, i64>(sql)
+                        .bind(State::Pending.as_str())
+                        .bind(&now)
+                        .fetch_one(pool)
+                        .await
+                })
+            })
+            .await?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
     /// Ids in `state` whose `due` time is before `before`, for the sweeper.
     pub(crate) async fn ids_in(
         &self,
@@ -410,6 +432,38 @@ mod tests {
     use super::super::moved;
     use super::super::testing::row;
     use super::*;
+
+    /// The backlog counts pending requests that have not expired yet, and nothing else: not
+    /// those past their expiry that the sweep has not reached, not decided ones.
+    #[tokio::test]
+    async fn the_backlog_is_the_pending_requests_not_yet_expired() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("emisar.db").display());
+        let (db, _) = Db::connect_and_migrate(&url).await.unwrap();
+        let audit = AuditLog::start(db.clone());
+        let store = Approvals::new(db, audit, tokio_util::sync::CancellationToken::new());
+        let requests = [
+            ("waiting-1", State::Pending, "2026-11-30T10:15:00.000000Z"),
+            ("waiting-2", State::Pending, "2026-11-30T11:00:00.000000Z"),
+            ("overdue", State::Pending, "2026-11-30T10:05:00.000000Z"),
+            ("approved", State::Approved, "2026-11-30T10:15:00.000000Z"),
+            ("denied", State::Denied, "2026-11-30T10:15:00.000000Z"),
+        ];
+        for (i, (id, state, expires_at)) in requests.into_iter().enumerate() {
+            let r = Approval {
+                id: id.into(),
+                call_id: format!("c{i}"),
+                state,
+                expires_at: expires_at.into(),
+                ..row()
+            };
+            store.insert(&r).await.unwrap();
+        }
+        let now = super::super::testing::at("2026-11-30T10:10:00Z");
+        assert_eq!(store.backlog(now).await.unwrap(), 2);
+        let later = super::super::testing::at("2026-11-30T10:30:00Z");
+        assert_eq!(store.backlog(later).await.unwrap(), 1);
+    }
 
     /// On SQLite, claims of several approved requests at once all succeed: a claim waits for
     /// the process's other transitions instead of being left to the next sweep.

@@ -203,6 +203,21 @@ async fn protected_resource_metadata(State(state): State<HttpState>) -> Response
 
 /// Ready when the store answers and the audit writer is writing; otherwise 503 with reasons.
 async fn readyz(State(state): State<HttpState>) -> Response {
+    let problems = readiness_problems(&state).await;
+    if problems.is_empty() {
+        Json(json!({"status": "ready"})).into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "degraded", "problems": problems})),
+        )
+            .into_response()
+    }
+}
+
+/// Why this server is not ready: the store does not answer within [`READY_TIMEOUT`], or the
+/// audit writer's last batch failed. Empty when it is ready.
+async fn readiness_problems(state: &HttpState) -> Vec<String> {
     let mut problems = Vec::new();
     let ping = tokio::time::timeout(
         READY_TIMEOUT,
@@ -222,23 +237,37 @@ async fn readyz(State(state): State<HttpState>) -> Response {
     if let Some(p) = state.gateway.audit().problem() {
         problems.push(format!("audit: {p}"));
     }
-    if problems.is_empty() {
-        Json(json!({"status": "ready"})).into_response()
-    } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({"status": "degraded", "problems": problems})),
-        )
-            .into_response()
-    }
+    problems
 }
 
-async fn metrics() -> Response {
+/// The recorder's series, then this server's own: `emisar_ready` from the same check as
+/// `/readyz`, and the approval backlog counted in the store.
+async fn metrics(State(state): State<HttpState>) -> Response {
+    let (problems, approvals_pending) =
+        tokio::join!(readiness_problems(&state), approval_backlog(&state));
+    let scraped = crate::server::metrics::Scraped {
+        ready: problems.is_empty(),
+        approvals_pending,
+    };
     let handle = crate::server::metrics::handle();
     handle.run_upkeep();
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        handle.render(),
+        crate::server::metrics::with_scraped(handle.render(), &scraped),
     )
         .into_response()
+}
+
+/// Requests waiting for people now, or `None` when the store does not answer within
+/// [`READY_TIMEOUT`] (`emisar_ready` then says so).
+async fn approval_backlog(state: &HttpState) -> Option<u64> {
+    let count = state.gateway.approvals().backlog(chrono::Utc::now());
+    match tokio::time::timeout(READY_TIMEOUT, count).await {
+        Ok(Ok(n)) => Some(n),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "could not count the approval backlog for /metrics");
+            None
+        }
+        Err(_) => None,
+    }
 }

@@ -12,6 +12,7 @@ pub mod redis;
 pub mod tools;
 pub mod traefik;
 pub mod vm;
+pub mod vmalert;
 
 pub use app::{RunnerSpec, spawn_app};
 

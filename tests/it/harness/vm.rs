@@ -17,20 +17,25 @@ impl VictoriaMetrics {
     /// gets a [`reserved_port`]; one that could not bind it, or whose port answers for another
     /// process, is stopped and started again on another.
     pub async fn start() -> VictoriaMetrics {
+        Self::start_with(&[]).await
+    }
+
+    /// [`VictoriaMetrics::start`] with more flags (`-promscrape.config=…` to scrape).
+    pub async fn start_with(flags: &[String]) -> VictoriaMetrics {
         let bin = std::path::Path::new("/usr/bin/victoria-metrics");
         assert!(
             bin.exists(),
             "victoria-metrics is missing: run scripts/install-test-deps"
         );
         for _ in 0..20 {
-            if let Some(vm) = Self::try_start(bin).await {
+            if let Some(vm) = Self::try_start(bin, flags).await {
                 return vm;
             }
         }
         panic!("no free loopback port for victoria-metrics in 20 attempts");
     }
 
-    async fn try_start(bin: &std::path::Path) -> Option<VictoriaMetrics> {
+    async fn try_start(bin: &std::path::Path, flags: &[String]) -> Option<VictoriaMetrics> {
         let dir = tempfile::tempdir().unwrap();
         let port = reserved_port();
         let log_path = dir.path().join("vm.log");
@@ -42,6 +47,7 @@ impl VictoriaMetrics {
                 dir.path().join("data").display()
             ))
             .args(["-retentionPeriod=1d", "-search.latencyOffset=0s"])
+            .args(flags)
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)

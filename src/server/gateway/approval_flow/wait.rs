@@ -115,7 +115,8 @@ impl Gateway {
             })
             .await;
         match result {
-            Ok(_) | Err(ApprovalError::WrongState { .. }) => {}
+            Ok(Some(_)) => crate::server::metrics::approval_expired_unanswered(),
+            Ok(None) | Err(ApprovalError::WrongState { .. }) => {}
             Err(e) => tracing::error!(error = %e, approval_id = %id, "could not expire"),
         }
     }

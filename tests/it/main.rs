@@ -5,6 +5,7 @@ mod approval_wait;
 mod approvals;
 mod approvals_bounds;
 mod approvals_preview;
+mod audit_activity;
 mod audit_log;
 mod cli;
 mod conformance;

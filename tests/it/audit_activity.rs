@@ -24,7 +24,7 @@ fn event(kind: &str, detail: Option<Value>) -> NewEvent {
 
 /// What a bucket should hold, counted from the events themselves: `[events, calls,
 /// refusals, approvals]` per bucket of the window the answer names.
-fn scan(events: &[emisar::server::audit::Event], answer: &Value) -> Vec<[i64; 4]> {
+pub(crate) fn scan(events: &[emisar::server::audit::Event], answer: &Value) -> Vec<[i64; 4]> {
     let start = chrono::DateTime::parse_from_rfc3339(answer["start"].as_str().unwrap())
         .unwrap()
         .timestamp();

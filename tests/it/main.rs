@@ -35,6 +35,7 @@ mod packs_test;
 mod passkey_browser;
 mod passkeys;
 mod portal_browser;
+mod portal_grid;
 mod portal_sessions;
 mod portal_statement;
 mod python_client;

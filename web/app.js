@@ -300,7 +300,11 @@ async function render(opts = {}) {
   const focused = document.activeElement && ['note', 'runner-filter'].includes(document.activeElement.id)
     ? document.activeElement.id : null;
   view.replaceChildren(node);
-  if (focused && $(`#${focused}`)) $(`#${focused}`).focus();
+  const again = focused && $(`#${focused}`);
+  if (again) {
+    again.focus();
+    if (focused === 'runner-filter') again.setSelectionRange(again.value.length, again.value.length);
+  }
 }
 
 // ------------------------------------------------------------------ login

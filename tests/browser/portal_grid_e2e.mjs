@@ -5,7 +5,7 @@
 //
 // Env: PORTAL_URL, PORTAL_USER, PORTAL_PASSWORD, SCREENSHOT_DIR (default target/portal-grid),
 //      CHROMIUM (default /usr/bin/chromium), FILTER (text typed into the filter box),
-//      GROUP_BY (a label key), OPEN_STATE (the state of the tile to open).
+//      GROUP_BY (a label key), OPEN_STATE (the state of the tile to open), RULE_CASES.
 //
 // Protocol on stdout, one JSON line each, in this order:
 //   {"runners": BODY, "tiles": {NAME: STATE}, "counts": {STATE: N}}   the grid as drawn, and
@@ -17,6 +17,8 @@
 //   {"activity": BODY, "bars": {SERIES: {"total": N, "bars": [[BUCKET, COUNT, HEIGHT]]}}}
 //        the chart as drawn, and the /api/audit/activity answer it was drawn from
 //   {"day": {"bucket_seconds": N, "buckets": N}}      the chart after "Last day"
+//   {"rule": [[RUNNER, STATE]]}        the page's own rule applied to RULE_CASES (JSON: runners
+//        as /api/runners gives them), the states no live runner of the test is in
 //   {"done": true}
 // Exit 0 on success. On any failure: screenshot 99-failure.png, the error and the browser's
 // console on stderr, exit 1. The whole run is capped at 60 s.
@@ -207,6 +209,8 @@ async function run() {
   await filtered(env('FILTER'));
   await detail(env('OPEN_STATE'));
   await activityChart();
+  const cases = JSON.parse(env('RULE_CASES'));
+  say({ rule: await page.evaluate((rs) => rs.map((r) => [r, runnerState(r)]), cases) });
   say({ done: true });
 }
 

@@ -52,6 +52,18 @@ fn expected_state(r: &Value) -> &'static str {
     }
 }
 
+/// Runners as `/api/runners` gives them, in states the live fleet of this test is not in:
+/// half-open, never probed nor called, called but not yet probed, and both down and
+/// half-open.
+fn rule_cases() -> Value {
+    json!([
+        {"name": "a", "breaker": "half-open", "heartbeat_ok": true, "last_call": "2026-12-06T17:00:00Z"},
+        {"name": "b", "breaker": "closed", "heartbeat_ok": null, "last_call": null},
+        {"name": "c", "breaker": "closed", "heartbeat_ok": null, "last_call": "2026-12-06T17:00:00Z"},
+        {"name": "d", "breaker": "half-open", "heartbeat_ok": false, "last_call": null},
+    ])
+}
+
 /// A runner listed in the config that nothing listens for.
 fn dead(name: &str, dc: &str, tripped: bool) -> RunnerEntry {
     let mut labels = BTreeMap::from([("dc".to_owned(), dc.to_owned())]);
@@ -163,6 +175,7 @@ async fn the_runners_grid_and_the_activity_chart_in_a_real_browser() {
             ("FILTER", "dc=dc3".into()),
             ("GROUP_BY", "dc".into()),
             ("OPEN_STATE", "breaker-open".into()),
+            ("RULE_CASES", rule_cases().to_string()),
             ("CHROMIUM", chromium.display().to_string()),
             ("TMPDIR", tmp.path().display().to_string()),
         ],
@@ -174,6 +187,7 @@ async fn the_runners_grid_and_the_activity_chart_in_a_real_browser() {
         let detail = driver.expect_json("{\"detail\": …}").await;
         let chart = driver.expect_json("{\"activity\": …}").await;
         let day = driver.expect_json("{\"day\": …}").await;
+        let rule = driver.expect_json("{\"rule\": …}").await;
         let done = driver.expect_json("{\"done\": true}").await;
         assert_eq!(done, json!({"done": true}), "{}", driver.transcript());
         let status = driver.wait_exit().await;
@@ -182,9 +196,9 @@ async fn the_runners_grid_and_the_activity_chart_in_a_real_browser() {
             "the driver exited with {status}\n{}",
             driver.transcript()
         );
-        (grid, groups, filtered, detail, chart, day)
+        (grid, groups, filtered, detail, chart, day, rule)
     };
-    let (grid, groups, filtered, detail, chart, day) =
+    let (grid, groups, filtered, detail, chart, day, rule) =
         match tokio::time::timeout(BROWSER_BUDGET, browser).await {
             Ok(seen) => seen,
             Err(_) => panic!(
@@ -271,6 +285,18 @@ async fn the_runners_grid_and_the_activity_chart_in_a_real_browser() {
     assert_eq!(total(1), 4, "four calls passed the checks");
     assert!(total(2) >= 1, "the refused call is a refusal: {activity}");
     assert_eq!(day["day"], json!({"bucket_seconds": 900, "buckets": 96}));
+
+    // The states no runner here is in, by the page's own rule.
+    let states: Vec<&str> = rule["rule"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|pair| {
+            assert_eq!(pair[1], expected_state(&pair[0]), "{pair}");
+            pair[1].as_str().unwrap()
+        })
+        .collect();
+    assert_eq!(states, ["degraded", "never-seen", "up", "down"]);
 
     for name in SCREENSHOTS {
         assert_png(&shots.join(name));

@@ -34,6 +34,7 @@ const app = {
   renderSeq: 0,         // bumped by every render; a slower, older render must not win
   refreshTimer: null,   // coalesces bursts of SSE events into one refresh
   detail: { id: null, note: '', error: '' },  // survives live re-renders of one approval
+  activityRange: 'hour', // the audit chart's window: a key of ACTIVITY_RANGES
 };
 
 // ------------------------------------------------------------------ DOM helpers
@@ -296,9 +297,14 @@ async function render(opts = {}) {
     node = el('section', {}, el('h1', {}, 'Something went wrong'), errorBox(e.message));
   }
   if (seq !== app.renderSeq) return;   // a newer render started meanwhile
-  const focusNote = document.activeElement && document.activeElement.id === 'note';
+  const focused = document.activeElement && ['note', 'runner-filter'].includes(document.activeElement.id)
+    ? document.activeElement.id : null;
   view.replaceChildren(node);
-  if (focusNote && $('#note')) $('#note').focus();
+  const again = focused && $(`#${focused}`);
+  if (again) {
+    again.focus();
+    if (focused === 'runner-filter') again.setSelectionRange(again.value.length, again.value.length);
+  }
 }
 
 // ------------------------------------------------------------------ login
@@ -833,11 +839,13 @@ async function viewAudit(query) {
 
   let data;
   let checkpoint;
+  let activity;
   try {
     const qs = auditQuery(query, { keepCursor: true }).toString();
-    [data, checkpoint] = await Promise.all([
+    [data, checkpoint, activity] = await Promise.all([
       api('GET', `/api/audit${qs ? `?${qs}` : ''}`),
       checkpointPanel(),
+      activityPanel(),
     ]);
   } catch (e) {
     if (e.status === 401) throw e;
@@ -877,8 +885,98 @@ async function viewAudit(query) {
     next.set('cursor', String(data.next_cursor));
     pager.append(el('a', { id: 'next-page', href: `#/audit?${next}` }, 'next page »'));
   }
-  return el('section', {}, head, checkpoint, form, errorBox(''),
+  return el('section', {}, head, activity, checkpoint, form, errorBox(''),
     events.length ? table : el('p', { class: 'empty' }, 'No events match.'), pager);
+}
+
+// ------------------------------------------------------------------ audit activity chart
+
+// The windows the chart offers: [buckets, bucket_seconds] for GET /api/audit/activity.
+const ACTIVITY_RANGES = {
+  hour: { buckets: 60, seconds: 60, label: 'Last hour', per: 'minute' },
+  day: { buckets: 96, seconds: 900, label: 'Last day', per: '15 minutes' },
+};
+// Each series its own small chart: [field of a bucket, title].
+const ACTIVITY_SERIES = [
+  ['events', 'All events'],
+  ['calls', 'Calls'],
+  ['refusals', 'Refusals'],
+  ['approvals', 'Approvals'],
+];
+const SVG_NS = 'http://www.w3.org/2000/svg';
+const CHART = { width: 720, height: 56 };
+
+function svg(tag, attrs, ...children) {
+  const node = document.createElementNS(SVG_NS, tag);
+  for (const [key, value] of Object.entries(attrs || {})) node.setAttribute(key, String(value));
+  for (const child of children) node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  return node;
+}
+
+function clockText(iso) {
+  const d = new Date(iso);
+  return Number.isNaN(d.getTime()) ? iso : d.toISOString().slice(11, 16);
+}
+
+// One series as bars: a bar per bucket with events in it, its height to scale with the
+// fullest bucket of the window; each bar says its time and count on hover.
+function seriesChart(activity, field, title) {
+  const counts = activity.buckets.map((b) => b[field] || 0);
+  const max = Math.max(0, ...counts);
+  const total = counts.reduce((a, b) => a + b, 0);
+  const slot = CHART.width / Math.max(1, counts.length);
+  const chart = svg('svg', {
+    class: `activity-chart series-${field}`, 'data-series': field, 'data-total': total, 'data-max': max,
+    viewBox: `0 0 ${CHART.width} ${CHART.height}`, preserveAspectRatio: 'none',
+    role: 'img', 'aria-label': `${title}: ${total} in the window`,
+  }, svg('line', { class: 'axis', x1: 0, y1: CHART.height - 0.5, x2: CHART.width, y2: CHART.height - 0.5 }));
+  counts.forEach((count, i) => {
+    if (!count) return;
+    const h = Math.max(1, (count / max) * (CHART.height - 2));
+    const start = activity.buckets[i].start;
+    chart.append(svg('rect', {
+      class: `bar bar-${field}`, 'data-bucket': i, 'data-count': count,
+      x: (i * slot + slot * 0.1).toFixed(2), width: (slot * 0.8).toFixed(2),
+      y: (CHART.height - 1 - h).toFixed(2), height: h.toFixed(2),
+    }, svg('title', {}, `${clockText(start)} UTC: ${count} ${title.toLowerCase()}`)));
+  });
+  return el('div', { class: 'activity-row' },
+    el('div', { class: 'activity-label' }, el('span', { class: `swatch swatch-${field}` }), title,
+      el('strong', { class: 'activity-total', 'data-series': field }, total),
+      el('span', { class: 'muted small' }, max ? ` max ${max}` : '')),
+    chart);
+}
+
+// The panel above the audit table: the window's events, calls, refusals and approvals per
+// bucket, as counted by the store (one request), with a choice of the last hour or day.
+async function activityPanel() {
+  const range = ACTIVITY_RANGES[app.activityRange] ? app.activityRange : 'hour';
+  const { buckets, seconds, label, per } = ACTIVITY_RANGES[range];
+  const box = el('div', { class: 'activity', id: 'activity', 'data-range': range });
+  const choose = (name) => el('button', {
+    type: 'button', id: `activity-${name}`, class: name === range ? '' : 'secondary',
+    'aria-pressed': String(name === range),
+    onclick: async () => {
+      app.activityRange = name;
+      box.replaceWith(await activityPanel());
+    },
+  }, ACTIVITY_RANGES[name].label);
+  const head = el('div', { class: 'view-head' },
+    el('h2', {}, 'Activity ', el('span', { class: 'muted small' }, `${label.toLowerCase()}, per ${per}`)),
+    el('span', { class: 'buttons' }, Object.keys(ACTIVITY_RANGES).map(choose)));
+  let activity;
+  try {
+    activity = await api('GET', `/api/audit/activity?buckets=${buckets}&bucket_seconds=${seconds}`);
+  } catch (e) {
+    if (e.status === 401) throw e;
+    box.append(head, el('p', { class: 'muted' }, `Activity: ${e.message}`));
+    return box;
+  }
+  box.append(head,
+    ...ACTIVITY_SERIES.map(([field, title]) => seriesChart(activity, field, title)),
+    el('p', { class: 'muted small activity-axis' },
+      el('span', {}, `${clockText(activity.start)} UTC`), el('span', {}, `${clockText(activity.end)} UTC`)));
+  return box;
 }
 
 // The newest checkpoint of the log (a C2SP signed note: origin, tree size, root hash, then the
@@ -938,14 +1036,122 @@ function auditDetail(ev) {
 
 // ------------------------------------------------------------------ runners
 
-async function viewRunners() {
-  const data = await api('GET', '/api/runners');
-  const runners = (data && data.runners) || [];
-  const head = el('div', { class: 'view-head' }, el('h1', {}, 'Runners'));
-  if (!runners.length) return el('section', {}, head, el('p', { class: 'empty' }, 'No runners configured.'));
-  const rows = runners.map((r) => el('tr', { class: 'runner-row', 'data-runner': r.name },
+// A runner's state at a glance, from the fields GET /api/runners gives (worst first): its
+// breaker open (calls refused), its last probe or heartbeat failed (down), its breaker
+// half-open (one trial call let through: degraded), never probed nor called (never seen),
+// else up.
+const RUNNER_STATES = [
+  ['breaker-open', 'breaker open'],
+  ['down', 'down'],
+  ['degraded', 'degraded'],
+  ['never-seen', 'never seen'],
+  ['up', 'up'],
+];
+
+function runnerState(r) {
+  if (r.breaker === 'open') return 'breaker-open';
+  if (r.heartbeat_ok === false) return 'down';
+  if (r.breaker === 'half-open') return 'degraded';
+  if (r.heartbeat_ok == null && r.last_call == null) return 'never-seen';
+  return 'up';
+}
+
+const stateLabel = (state) => (RUNNER_STATES.find(([s]) => s === state) || [state, state])[1];
+
+// What the Runners page remembers across its quiet 15 s refreshes.
+app.runners = { view: 'grid', filter: '', group: '', sort: 'name', selected: null, redraw: () => {} };
+
+function labelText(r) {
+  return Object.entries(r.labels || {}).map(([k, v]) => `${k}=${v}`).join(' ');
+}
+
+// The text the filter box searches: name, labels, state and URL.
+function runnerHaystack(r) {
+  return `${r.name} ${labelText(r)} ${stateLabel(runnerState(r))} ${r.url ?? ''}`.toLowerCase();
+}
+
+function runnerMatches(r, filter) {
+  const words = filter.toLowerCase().split(/\s+/).filter(Boolean);
+  const hay = runnerHaystack(r);
+  return words.every((w) => hay.includes(w));
+}
+
+function sortRunners(runners, sort) {
+  const rank = (r) => RUNNER_STATES.findIndex(([s]) => s === runnerState(r));
+  return [...runners].sort((a, b) =>
+    (sort === 'state' ? rank(a) - rank(b) : 0) || a.name.localeCompare(b.name));
+}
+
+// [group title, runners] in title order; one group of all when no label is chosen.
+function groupRunners(runners, key) {
+  if (!key) return [['', runners]];
+  const groups = new Map();
+  for (const r of runners) {
+    const value = (r.labels || {})[key];
+    const title = value == null ? `no ${key}` : `${key}=${value}`;
+    if (!groups.has(title)) groups.set(title, []);
+    groups.get(title).push(r);
+  }
+  return [...groups.entries()].sort(([a], [b]) => a.localeCompare(b));
+}
+
+function runnerCounts(runners) {
+  const counts = Object.fromEntries(RUNNER_STATES.map(([s]) => [s, 0]));
+  for (const r of runners) counts[runnerState(r)] += 1;
+  return el('ul', { class: 'runner-counts', id: 'runner-counts' },
+    el('li', { 'data-state': 'all' }, el('strong', { class: 'n' }, runners.length), ' runners'),
+    RUNNER_STATES.map(([state, label]) => el('li', { class: 'count', 'data-state': state },
+      el('span', { class: `swatch tile-${state}` }), ' ', el('strong', { class: 'n' }, counts[state]), ` ${label}`)));
+}
+
+function runnerTile(r) {
+  const state = runnerState(r);
+  return el('button', {
+    type: 'button', class: `tile tile-${state}${app.runners.selected === r.name ? ' selected' : ''}`,
+    'data-runner': r.name, 'data-state': state,
+    title: `${r.name} — ${stateLabel(state)}${labelText(r) ? ` — ${labelText(r)}` : ''}`,
+    onclick: () => {
+      app.runners.selected = app.runners.selected === r.name ? null : r.name;
+      app.runners.redraw();
+    },
+  });
+}
+
+function runnerGrid(runners) {
+  const groups = groupRunners(runners, app.runners.group);
+  return el('div', { class: 'runner-grid', id: 'runner-grid' }, groups.map(([title, members]) =>
+    el('div', { class: 'tile-group', 'data-group': title },
+      title ? el('h3', {}, title, el('span', { class: 'muted small' }, ` ${members.length}`)) : '',
+      el('div', { class: 'tiles' }, members.map(runnerTile)))));
+}
+
+// Everything the table says of one runner, for the tile that was clicked.
+function runnerDetail(r) {
+  const state = runnerState(r);
+  return el('div', { class: 'runner-detail', id: 'runner-detail', 'data-runner': r.name },
+    el('div', { class: 'view-head' }, el('h2', {}, r.name),
+      el('button', { type: 'button', class: 'secondary', id: 'runner-detail-close', onclick: () => {
+        app.runners.selected = null;
+        app.runners.redraw();
+      } }, 'Close')),
+    el('dl', { class: 'fields' },
+      field('State', el('span', { class: `badge tile-${state}`, id: 'runner-detail-state' }, stateLabel(state))),
+      field('URL', r.url ?? '—'),
+      field('Origin', r.origin ?? '—'),
+      field('Labels', labelText(r) || '—'),
+      field('Packs', r.packs == null ? 'all' : r.packs.join(', ')),
+      field('Breaker', badge('breaker', r.breaker),
+        r.breaker_open_since ? el('span', { class: 'small' }, ' since ', relTime(r.breaker_open_since)) : ''),
+      field('Last heartbeat', relTime(r.last_heartbeat),
+        r.heartbeat_ok === false ? el('span', { class: 'small bad' }, ' failed') : ''),
+      field('Last call', relTime(r.last_call)),
+      r.last_error != null ? field('Last error', el('span', { class: 'mono' }, r.last_error)) : ''));
+}
+
+function runnerTable(runners) {
+  const rows = runners.map((r) => el('tr', { class: 'runner-row', 'data-runner': r.name, 'data-state': runnerState(r) },
     el('td', {}, el('strong', {}, r.name), el('div', { class: 'muted small' }, r.url ?? '')),
-    el('td', {}, r.healthy ? badge('ok', 'healthy') : badge('ok', 'unhealthy')),
+    el('td', {}, el('span', { class: `badge tile-${runnerState(r)}` }, stateLabel(runnerState(r)))),
     el('td', {}, Object.entries(r.labels || {}).map(([k, v]) => el('span', { class: 'chip' }, `${k}=${v}`))),
     el('td', {}, r.packs == null ? el('span', { class: 'muted' }, 'all') : r.packs.join(', ')),
     el('td', {}, badge('breaker', r.breaker),
@@ -954,10 +1160,62 @@ async function viewRunners() {
       r.heartbeat_ok === false ? el('div', { class: 'small bad' }, 'heartbeat failed') : ''),
     el('td', {}, relTime(r.last_call)),
     el('td', { class: 'reason-cell', title: r.last_error || '' }, r.last_error ?? '')));
-  return el('section', {}, head, el('table', { class: 'list', id: 'runners' },
-    el('thead', {}, el('tr', {}, ['Runner', 'Health', 'Labels', 'Packs', 'Breaker', 'Last heartbeat', 'Last call',
+  return el('table', { class: 'list', id: 'runners' },
+    el('thead', {}, el('tr', {}, ['Runner', 'State', 'Labels', 'Packs', 'Breaker', 'Last heartbeat', 'Last call',
       'Last error'].map((h) => el('th', {}, h)))),
-    el('tbody', {}, rows)));
+    el('tbody', {}, rows));
+}
+
+// The controls: filter box, group by label, sort, and grid or table. Changing one re-renders
+// from the runners already read (no request).
+function runnerControls(runners, redraw) {
+  const keys = [...new Set(runners.flatMap((r) => Object.keys(r.labels || {})))].sort();
+  const filter = el('input', { id: 'runner-filter', type: 'search', placeholder: 'filter: name, label=value, state',
+    'aria-label': 'Filter runners', oninput: () => { app.runners.filter = filter.value; redraw(); } });
+  filter.value = app.runners.filter;
+  const select = (id, label, options, key) => {
+    const node = el('select', { id, onchange: () => { app.runners[key] = node.value; redraw(); } },
+      options.map(([value, text]) => el('option', { value }, text)));
+    node.value = app.runners[key];
+    return el('label', {}, label, node);
+  };
+  const viewButton = (view, text) => el('button', {
+    type: 'button', id: `runner-view-${view}`, class: app.runners.view === view ? '' : 'secondary',
+    'aria-pressed': String(app.runners.view === view),
+    onclick: () => { app.runners.view = view; redraw(); },
+  }, text);
+  return el('div', { class: 'runner-controls' }, filter,
+    select('runner-group', 'Group by', [['', 'nothing'], ...keys.map((k) => [k, k])], 'group'),
+    select('runner-sort', 'Sort by', [['name', 'name'], ['state', 'state']], 'sort'),
+    el('span', { class: 'buttons' }, viewButton('grid', 'Grid'), viewButton('table', 'Table')));
+}
+
+async function viewRunners() {
+  const data = await api('GET', '/api/runners');
+  const runners = (data && data.runners) || [];
+  const head = el('div', { class: 'view-head' }, el('h1', {}, 'Runners'));
+  if (!runners.length) return el('section', {}, head, el('p', { class: 'empty' }, 'No runners configured.'));
+  // A label no runner has any more groups nothing.
+  if (!runners.some((r) => app.runners.group in (r.labels || {}))) app.runners.group = '';
+  const body = el('div', { id: 'runner-body' });
+  const redraw = () => {
+    const shown = sortRunners(runners.filter((r) => runnerMatches(r, app.runners.filter)), app.runners.sort);
+    const selected = runners.find((r) => r.name === app.runners.selected);
+    body.replaceChildren(
+      runnerCounts(shown),
+      selected ? runnerDetail(selected) : '',
+      shown.length ? (app.runners.view === 'table' ? runnerTable(shown) : runnerGrid(shown))
+        : el('p', { class: 'empty' }, 'No runner matches the filter.'));
+    for (const b of document.querySelectorAll('#runner-view-grid, #runner-view-table')) {
+      const on = b.id === `runner-view-${app.runners.view}`;
+      b.className = on ? '' : 'secondary';
+      b.setAttribute('aria-pressed', String(on));
+    }
+  };
+  app.runners.redraw = redraw;
+  const section = el('section', {}, head, runnerControls(runners, redraw), body);
+  redraw();
+  return section;
 }
 
 // ------------------------------------------------------------------ boot

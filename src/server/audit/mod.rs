@@ -4,8 +4,10 @@
 //! single task that appends events in group-committed batches, `store` holds the per-backend
 //! SQL, `lock` the advisory lock every writer of the log takes, `verify` walks the stored chain, `refusals` counts the refusals a caller repeats and
 //! writes them as one event per caller and window, `failure_log` keeps a run of failed appends
-//! to a few log lines (the writer's batches, the call path's reads).
+//! to a few log lines (the writer's batches, the call path's reads), `activity` counts events,
+//! calls, refusals and approvals per time bucket for the portal's chart.
 
+pub mod activity;
 mod chain;
 pub mod checkpoints;
 pub(crate) mod failure_log;

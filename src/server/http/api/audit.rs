@@ -3,7 +3,8 @@
 //! `GET /api/audit/checkpoint` (the newest signed checkpoint with its cosignatures),
 //! `GET /api/audit/proof?event=ID` (an event's inclusion proof) and
 //! `GET /api/audit/consistency?old=N` (the consistency proof from a kept size to the newest
-//! checkpoint). Behind `http::door::bearer_auth`, like all of `/api/*`.
+//! checkpoint), and `GET /api/audit/activity` (events, calls, refusals and approvals per
+//! time bucket, counted by the store). Behind `http::door::bearer_auth`, like all of `/api/*`.
 //!
 //! Invariants: the query string is parsed into the shared `audit::AuditFilter`, and a bad
 //! one is a 400 naming the problem; an export is streamed and holds one page of events in
@@ -111,6 +112,30 @@ enum Next {
     Page(Vec<crate::server::audit::Event>),
     Query,
     Done,
+}
+
+/// The query string of `GET /api/audit/activity`.
+pub(crate) type ActivityQuery = crate::server::audit::activity::ActivityParams;
+
+/// `GET /api/audit/activity?buckets=N&bucket_seconds=S`: the counts per bucket of the last
+/// `N × S` seconds, or a 400 naming the parameter and its bound.
+pub(crate) async fn activity(
+    State(state): State<HttpState>,
+    query: Result<axum::extract::Query<ActivityQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    use crate::server::audit::activity;
+    let window = match query {
+        Ok(axum::extract::Query(q)) => activity::Window::from_params(&q, chrono::Utc::now()),
+        Err(e) => Err(format!("invalid query: {}", e.body_text())),
+    };
+    let window = match window {
+        Ok(w) => w,
+        Err(e) => return ApiError::bad_request(e).into_response(),
+    };
+    match activity::activity(&state.db, window).await {
+        Ok(counts) => Json(counts).into_response(),
+        Err(e) => audit_unavailable(e),
+    }
 }
 
 /// `?cosigned_by=N`: the newest checkpoint with at least N cosignatures.

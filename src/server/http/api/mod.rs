@@ -172,6 +172,13 @@ pub(crate) const HANDLERS: &[Handler] = &[
         query: Some(query::<audit::ConsistencyQuery>),
     },
     Handler {
+        operation: "audit_activity",
+        access: Access::Door,
+        route: |m| on(m, audit::activity),
+        body: None,
+        query: Some(query::<audit::ActivityQuery>),
+    },
+    Handler {
         operation: "runners_list",
         access: Access::Door,
         route: |m| on(m, runners::list),

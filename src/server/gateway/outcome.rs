@@ -177,6 +177,9 @@ impl CallOutcome {
     }
 }
 
+/// The `error_kind` of a runner a halted rollout never called (`approval_flow/rollout.rs`).
+pub(super) const NOT_RUN: &str = "not_run";
+
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct RunnerResult {
     pub runner: String,
@@ -360,6 +363,7 @@ mod tests {
         }
         let mut sent: Vec<&str> = errors.iter().map(RunnerError::kind).collect();
         sent.push("outcome_not_recorded");
+        sent.push(NOT_RUN);
         sent.sort();
         let mut documented = table_column(AGENT_GUIDE, "`error_kind`");
         documented.sort();

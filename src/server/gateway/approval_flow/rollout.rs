@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Map, Value, json};
 
 use super::super::dispatch::Record;
-use super::super::outcome::RunnerResult;
+use super::super::outcome::{NOT_RUN, RunnerResult};
 use super::super::state::Gateway;
 use crate::pack::ToolRef;
 use crate::protocol::Mode;
@@ -316,7 +316,7 @@ fn not_run_result(runner: &str, stopped: &str) -> RunnerResult {
         error: Some(format!(
             "not run: the rollout halted at {stopped}; nothing changed on this runner"
         )),
-        error_kind: Some("not_run".into()),
+        error_kind: Some(NOT_RUN.into()),
         duration_ms: 0,
     }
 }

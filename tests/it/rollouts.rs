@@ -269,11 +269,13 @@ async fn a_bad_change_halts_on_the_canary_and_the_good_one_rolls_out_wave_by_wav
         .collect();
     assert_eq!(started, waves.map(|w| json!(w)));
     // A gate before each next wave: the canary's, then wave 2's two; the last wave has none.
-    let gated: Vec<String> = events(&fleet.app, id, "rollout.gate")
+    // (A wave's gates run at once, so their events come in any order.)
+    let mut gated: Vec<String> = events(&fleet.app, id, "rollout.gate")
         .await
         .into_iter()
         .map(|e| e.runner.unwrap())
         .collect();
+    gated.sort();
     assert_eq!(gated, ["edge-1", "edge-2", "edge-3"]);
 }
 

@@ -2,9 +2,9 @@
 //! request time (and signed, where people sign), each wave's writes at once, then, before the
 //! next wave, each of its runners' health gate (the tool's `verify`, tried until it passes or
 //! its deadline runs out), then the plan's pause. The last wave has no gate: nothing is left
-//! to hold back, and its writes' answers are the outcome. The first failed write or gate halts it: the runners of later
-//! waves are never called, and the audit log says which runner failed, why, and which never
-//! ran.
+//! to hold back, and its writes' answers are the outcome. The first failed write or gate
+//! halts it: the runners of later waves are never called, and the audit log says which
+//! runner failed, why, and which never ran.
 //!
 //! Invariant: a runner is called only in the wave the plan places it in (and the call says
 //! which, so a runner that checks people's signatures holds it against the signed plan), and

@@ -61,28 +61,20 @@ impl Gateway {
         self.limits.call_timeout * 2 + Duration::from_secs(60)
     }
 
-    /// Whether `row`, `executing`, may still be rolling out at `now`: claimed less than
-    /// [`Self::lost_after`] plus its plan's longest time ago (each wave a write, a gate's
-    /// deadline and a try, the pauses between waves).
+    /// Whether `row`, `executing`, may still be rolling out at `now` ([`still_rolling_out`]
+    /// with its tool's verify deadline and this server's call timeout).
     fn may_still_be_rolling_out(
         &self,
         row: &approvals::Approval,
         now: chrono::DateTime<chrono::Utc>,
     ) -> bool {
-        let Ok(claimed) = chrono::DateTime::parse_from_rfc3339(&row.updated_at) else {
-            return false;
-        };
         let within = self
             .packs
             .tool(&row.tool)
             .and_then(|t| t.verify.as_ref().map(|v| v.within))
             .unwrap_or_default();
-        let waves = row.plan.waves.len() as u32;
-        let longest = (self.limits.call_timeout * 2 + within + Duration::from_secs(1)) * waves
-            + Duration::from_secs(row.plan.pause_secs.into()) * waves.saturating_sub(1);
-        let allowed = chrono::Duration::from_std(self.lost_after() + longest)
-            .unwrap_or(chrono::Duration::hours(24));
-        now < claimed.with_timezone(&chrono::Utc) + allowed
+        let allowed = self.lost_after() + longest_rollout(row, self.limits.call_timeout, within);
+        still_rolling_out(row, allowed, now)
     }
 
     /// `executing` → `unknown` for an execution that outlived every deadline (its rollout's
@@ -131,5 +123,86 @@ impl Gateway {
                 gateway.sweep().await;
             }
         });
+    }
+}
+
+/// The longest `row`'s plan can run: per wave a write and a verify call (each up to
+/// `call_timeout`), the verify's deadline `within` and one more try; the pauses between waves.
+fn longest_rollout(
+    row: &approvals::Approval,
+    call_timeout: Duration,
+    within: Duration,
+) -> Duration {
+    let waves = row.plan.waves.len() as u32;
+    (call_timeout * 2 + within + Duration::from_secs(1)) * waves
+        + Duration::from_secs(row.plan.pause_secs.into()) * waves.saturating_sub(1)
+}
+
+/// Whether `row` was claimed less than `allowed` before `now` (an unreadable claim time
+/// counts as long ago).
+fn still_rolling_out(
+    row: &approvals::Approval,
+    allowed: Duration,
+    now: chrono::DateTime<chrono::Utc>,
+) -> bool {
+    let Ok(claimed) = chrono::DateTime::parse_from_rfc3339(&row.updated_at) else {
+        return false;
+    };
+    let allowed = chrono::Duration::from_std(allowed).unwrap_or(chrono::Duration::hours(24));
+    now < claimed.with_timezone(&chrono::Utc) + allowed
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::protocol::approval::Plan;
+    use crate::server::approvals::testing::{at, row};
+
+    use super::*;
+
+    /// A rollout of three waves with 60 s gates and 30 s pauses is not taken for lost while
+    /// it may still run; a crashed one is, once that time has passed.
+    #[test]
+    fn a_rolling_out_execution_is_lost_only_after_its_plans_longest_time() {
+        let executing = approvals::Approval {
+            state: State::Executing,
+            updated_at: "2026-11-30T10:00:00.000000Z".into(),
+            plan: Plan {
+                waves: vec![vec!["a".into()], vec!["b".into()], vec!["c".into()]],
+                pause_secs: 30,
+            },
+            ..row()
+        };
+        let longest = longest_rollout(&executing, Duration::from_secs(30), Duration::from_secs(60));
+        // 3 × (2 × 30 + 60 + 1) + 2 × 30
+        assert_eq!(longest, Duration::from_secs(423));
+        let allowed = Duration::from_secs(120) + longest;
+        assert!(still_rolling_out(
+            &executing,
+            allowed,
+            at("2026-11-30T10:09:02Z")
+        ));
+        assert!(!still_rolling_out(
+            &executing,
+            allowed,
+            at("2026-11-30T10:09:03Z")
+        ));
+        // One wave, no verify: two calls and a second past the sweep's own bound.
+        let one = approvals::Approval {
+            plan: Plan::one_wave([&"a".to_owned()]),
+            ..executing.clone()
+        };
+        assert_eq!(
+            longest_rollout(&one, Duration::from_secs(30), Duration::ZERO),
+            Duration::from_secs(61)
+        );
+        let unreadable = approvals::Approval {
+            updated_at: "yesterday".into(),
+            ..executing
+        };
+        assert!(!still_rolling_out(
+            &unreadable,
+            allowed,
+            at("2026-11-30T10:00:00Z")
+        ));
     }
 }

@@ -153,16 +153,7 @@ both_backends!(an_approval_that_never_started_expires);
 /// A number series of `/metrics` (scraped with `token`, an auditor's), or `None` when the
 /// scrape does not have it.
 async fn series(app: &TestApp, token: &str, name: &str) -> Option<f64> {
-    let text = app
-        .http()
-        .get(format!("{}/metrics", app.base_url()))
-        .bearer_auth(token)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = app.metrics(token).await;
     text.lines()
         .find_map(|l| l.strip_prefix(&format!("{name} ")))
         .map(|v| v.parse().unwrap())

@@ -333,16 +333,7 @@ async fn readiness_follows_the_audit_writer_and_liveness_does_not() {
 
 /// The `emisar_ready` line of this server's `/metrics`, scraped with `token` (an auditor's).
 async fn ready_series(app: &crate::harness::app::TestApp, token: &str) -> String {
-    let text = app
-        .http()
-        .get(format!("{}/metrics", app.base_url()))
-        .bearer_auth(token)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = app.metrics(token).await;
     let lines: Vec<&str> = text
         .lines()
         .filter(|l| l.starts_with("emisar_ready"))

@@ -433,15 +433,21 @@ mod tests {
     use super::super::testing::row;
     use super::*;
 
-    /// The backlog counts pending requests that have not expired yet, and nothing else: not
-    /// those past their expiry that the sweep has not reached, not decided ones.
-    #[tokio::test]
-    async fn the_backlog_is_the_pending_requests_not_yet_expired() {
+    /// A store on a fresh SQLite file (kept while the directory lives).
+    async fn sqlite_store() -> (tempfile::TempDir, Approvals) {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}", dir.path().join("emisar.db").display());
         let (db, _) = Db::connect_and_migrate(&url).await.unwrap();
         let audit = AuditLog::start(db.clone());
         let store = Approvals::new(db, audit, tokio_util::sync::CancellationToken::new());
+        (dir, store)
+    }
+
+    /// The backlog counts pending requests that have not expired yet, and nothing else: not
+    /// those past their expiry that the sweep has not reached, not decided ones.
+    #[tokio::test]
+    async fn the_backlog_is_the_pending_requests_not_yet_expired() {
+        let (_dir, store) = sqlite_store().await;
         let requests = [
             ("waiting-1", State::Pending, "2026-11-30T10:15:00.000000Z"),
             ("waiting-2", State::Pending, "2026-11-30T11:00:00.000000Z"),
@@ -469,11 +475,7 @@ mod tests {
     /// the process's other transitions instead of being left to the next sweep.
     #[tokio::test]
     async fn on_sqlite_claims_made_together_all_go_through() {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}", dir.path().join("emisar.db").display());
-        let (db, _) = Db::connect_and_migrate(&url).await.unwrap();
-        let audit = AuditLog::start(db.clone());
-        let store = Approvals::new(db, audit, tokio_util::sync::CancellationToken::new());
+        let (_dir, store) = sqlite_store().await;
         let ids: Vec<String> = (0..10).map(|i| format!("a{i}")).collect();
         for (i, id) in ids.iter().enumerate() {
             let r = Approval {

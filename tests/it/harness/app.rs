@@ -521,6 +521,19 @@ impl TestApp {
     }
 
     /// An HTTP client for this server: it trusts the test CA when the server serves HTTPS.
+    /// This server's `/metrics` text, scraped with `token` (an auditor's or an admin's).
+    pub async fn metrics(&self, token: &str) -> String {
+        self.http()
+            .get(format!("{}/metrics", self.base_url()))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     pub fn http(&self) -> reqwest::Client {
         let mut builder = reqwest::Client::builder();
         if let Some(ca) = &self.ca_file {

@@ -370,6 +370,9 @@
       throw new Refusal(`\`wave\`: the statement's rollout is ${JSON.stringify({ waves: st.waves, pause_secs: st.pause })}, the request shows ${show(plan)}`);
     }
 
+    if (request.requester !== st.requester) {
+      throw new Refusal(`\`requester\`: the statement says \`${st.requester}\`, the request shows ${show(request.requester)}`);
+    }
     if (request.required_approvals !== st.required) {
       throw new Refusal(`\`required\`: the statement says ${st.required}, the request shows ${show(request.required_approvals)}`);
     }

@@ -47,6 +47,20 @@ pub enum ApprovalsCommand {
         #[arg(long, value_name = "SECS", default_value_t = crate::protocol::approval::DEFAULT_MAX_LIFETIME_SECS)]
         max_lifetime: u64,
     },
+    /// Resume a halted rollout: run the runners the halt left unrun, each in its signed wave.
+    /// Proposes the decision (or joins the pending one) and votes for it, signing its text
+    /// with your SSH key when the request's runners check people's signatures.
+    #[command(after_help = "Example: emisar approvals resume 3f2a… --note 'edge-2 is fine again'")]
+    Resume(DecisionArgs),
+    /// Retry a halted rollout: run the runner whose write or gate failed again, then the
+    /// runners left unrun; signed as for `resume`.
+    #[command(
+        after_help = "Example: emisar approvals retry 3f2a… --note 'restarted the agent on edge-2'"
+    )]
+    Retry(DecisionArgs),
+    /// Abort a halted rollout: nothing more runs (one person's signed vote is enough).
+    #[command(after_help = "Example: emisar approvals abort 3f2a… --note 'rolling back by hand'")]
+    Abort(DecisionArgs),
     /// Deny a request; the note reaches the agent.
     #[command(
         after_help = "Example: emisar approvals deny 3f2a… --note 'not during business hours'"
@@ -58,6 +72,84 @@ pub enum ApprovalsCommand {
         #[arg(long)]
         note: String,
     },
+}
+
+/// What `resume`, `retry` and `abort` take.
+#[derive(clap::Args)]
+pub struct DecisionArgs {
+    /// The halted request's id (from `emisar approvals list --state halted`).
+    id: String,
+    /// A note kept with your vote (and in its `rollout.decided` audit event).
+    #[arg(long)]
+    note: Option<String>,
+    /// The ssh-ed25519 key that signs, as for `approve`.
+    #[arg(long, value_name = "PATH")]
+    ssh_key: Option<std::path::PathBuf>,
+    /// The longest a decision may live from its proposal to its expiry, in seconds, as for
+    /// `approve`.
+    #[arg(long, value_name = "SECS", default_value_t = crate::protocol::approval::DEFAULT_MAX_LIFETIME_SECS)]
+    max_lifetime: u64,
+}
+
+/// Checks the pending decision of `request` (as the decision's proposal answers) before it is
+/// signed: it is the `choice` asked for, about this request and the very statement shown,
+/// names exactly the runners its halt leaves (plus the failed one, for a retry), and lives
+/// no longer than `max_lifetime`. Returns what is signed as people should read it; an error
+/// names the decision's field.
+pub(super) fn check_decision_before_signing(
+    id: &str,
+    choice: crate::protocol::approval::Choice,
+    request: &serde_json::Value,
+    now: u64,
+    max_lifetime: u64,
+) -> Result<String, String> {
+    use crate::protocol::approval::{Decision, check_lifetime, statement::hash_text};
+    let text = request["decision"]["text"]
+        .as_str()
+        .ok_or("the request has no decision to sign")?;
+    let d = Decision::parse(text).map_err(|e| format!("the server's decision: {e}"))?;
+    if d.approval_id != id {
+        return Err(format!(
+            "`approval`: the decision is about approval {}, not {id}",
+            d.approval_id
+        ));
+    }
+    if d.choice != choice {
+        return Err(format!(
+            "`choice`: the decision is a {}, not a {}",
+            d.choice.as_str(),
+            choice.as_str()
+        ));
+    }
+    let statement = request["statement"]["text"].as_str().unwrap_or("");
+    if d.statement_sha256 != hex::encode(hash_text(statement)) {
+        return Err("`statement`: the decision binds another statement than the request's".into());
+    }
+    let halt: crate::server::approvals::Halt =
+        serde_json::from_value(request["result"]["halt"].clone())
+            .map_err(|_| "`runners`: the request does not show where its rollout halted")?;
+    let wanted = crate::server::approvals::halted::runners_for(&halt, choice);
+    if d.runners != wanted || d.halted_wave != halt.wave {
+        return Err(format!(
+            "`runners`: the decision lets {:?} run after wave {}, and the request's halt (wave {}, failed {:?}, not run {:?}) gives {wanted:?}",
+            d.runners, d.halted_wave, halt.wave, halt.runner, halt.not_run
+        ));
+    }
+    let expires = d.expires_unix().map_err(|e| e.to_string())?;
+    check_lifetime(&d.id, expires, now, max_lifetime)
+        .map_err(|e| e.replace("`approval`", "`decision`"))?;
+    let runners = if d.runners.is_empty() {
+        "none".to_owned()
+    } else {
+        d.runners.join(", ")
+    };
+    Ok(format!(
+        "  {}    approval {id}, halted in wave {} (failed: {})\n  runners  {runners}, each in its wave of the signed plan\n  expires  {}\n",
+        d.choice.as_str(),
+        halt.wave,
+        halt.runner.as_deref().unwrap_or("none"),
+        d.expires_at
+    ))
 }
 
 /// Who signs, as the CLI can tell (the server records the token's person; the runners count
@@ -184,6 +276,12 @@ pub fn check_before_signing(
         "  pause    {} s between waves\n",
         st.plan.pause_secs
     ));
+    if request["requester"].as_str() != Some(st.requester.as_str()) {
+        return Err(format!(
+            "`requester`: the statement says `{}`, the request shows {}",
+            st.requester, request["requester"]
+        ));
+    }
     if request["required_approvals"].as_u64() != Some(u64::from(st.required)) {
         return Err(format!(
             "`required`: the statement says {}, the request shows {}",
@@ -314,6 +412,36 @@ pub(super) async fn run(server: ServerArg, command: ApprovalsCommand) -> anyhow:
                 _ => println!("{id}: {state}"),
             }
         }
+        ApprovalsCommand::Resume(args) => {
+            decide_halted(
+                &http,
+                base,
+                &send,
+                crate::protocol::approval::Choice::Resume,
+                args,
+            )
+            .await?;
+        }
+        ApprovalsCommand::Retry(args) => {
+            decide_halted(
+                &http,
+                base,
+                &send,
+                crate::protocol::approval::Choice::Retry,
+                args,
+            )
+            .await?;
+        }
+        ApprovalsCommand::Abort(args) => {
+            decide_halted(
+                &http,
+                base,
+                &send,
+                crate::protocol::approval::Choice::Abort,
+                args,
+            )
+            .await?;
+        }
         ApprovalsCommand::Deny { id, note } => {
             let body = send(
                 http.post(format!("{base}/api/approvals/{id}/deny"))
@@ -322,6 +450,73 @@ pub(super) async fn run(server: ServerArg, command: ApprovalsCommand) -> anyhow:
             .await?;
             println!("{id}: {}", body["state"].as_str().unwrap_or("?"));
         }
+    }
+    Ok(())
+}
+
+/// `resume`, `retry`, `abort`: proposes the decision (or finds the pending one), checks it,
+/// signs it where people sign, and votes for it.
+async fn decide_halted<S, F>(
+    http: &reqwest::Client,
+    base: &str,
+    send: &S,
+    choice: crate::protocol::approval::Choice,
+    args: DecisionArgs,
+) -> anyhow::Result<()>
+where
+    S: Fn(reqwest::RequestBuilder) -> F,
+    F: std::future::Future<Output = anyhow::Result<serde_json::Value>>,
+{
+    let id = &args.id;
+    let request = send(
+        http.post(format!("{base}/api/approvals/{id}/decision"))
+            .json(&serde_json::json!({"choice": choice.as_str()})),
+    )
+    .await?;
+    let decision_id = request["decision"]["id"]
+        .as_str()
+        .context("the server's answer has no decision")?
+        .to_owned();
+    let signature = match request["statement"]["text"].as_str() {
+        None => None,
+        Some(_) => {
+            // Nothing the server computed is trusted: the decision is checked against the
+            // request shown (its statement, its halt) before it is signed.
+            let shown = check_decision_before_signing(
+                id,
+                choice,
+                &request,
+                crate::protocol::signing::now(),
+                args.max_lifetime,
+            )
+            .map_err(|e| anyhow::anyhow!("{e}: not signed"))?;
+            let text = request["decision"]["text"].as_str().unwrap_or_default();
+            eprintln!(
+                "signing decision {decision_id} (sha256:{}):\n{shown}",
+                crate::digest::sha256_hex(text.as_bytes())
+            );
+            let armored = super::ssh_sign::sign(
+                args.ssh_key.as_deref(),
+                crate::protocol::approval::sshsig::APPROVAL_NAMESPACE,
+                text.as_bytes(),
+            )?;
+            Some(serde_json::json!({"kind": "ssh", "signer": whoami(), "signature": armored}))
+        }
+    };
+    let body = send(
+        http.post(format!("{base}/api/approvals/{id}/decision/vote"))
+            .json(&serde_json::json!({"decision_id": decision_id, "note": args.note, "signature": signature})),
+    )
+    .await?;
+    let votes = body["decision"]["votes"].as_array().map_or(0, Vec::len);
+    let required = body["decision"]["required"].as_u64().unwrap_or(1);
+    match body["state"].as_str().unwrap_or("?") {
+        "halted" => println!(
+            "{id}: {} decision {decision_id} pending ({votes} of {required} people)",
+            choice.as_str()
+        ),
+        "executing" => println!("{id}: {}; executing", choice.as_str()),
+        state => println!("{id}: {state}"),
     }
     Ok(())
 }
@@ -366,7 +561,7 @@ mod tests {
         let request = json!({
             "id": id, "tool": "linux.systemctl_restart",
             "args": {"unit": "consul", "token": "hmac-sha256:".to_owned() + &"f".repeat(64)},
-            "runners": ["hvn06", "hvn05"], "required_approvals": 2,
+            "runners": ["hvn06", "hvn05"], "required_approvals": 2, "requester": "agent:a",
             "preview": {"hvn05": {"sealed_vars": vars.to_string()}},
             "statement": {"text": text, "args": signed},
             "plan": {"waves": [["hvn06"], ["hvn05"]], "pause_secs": 30},
@@ -419,6 +614,11 @@ mod tests {
                 Box::new(|r| r["required_approvals"] = json!(3)),
                 "`required`",
             ),
+            // The requester shown is the one signed (a store could show a trusted name).
+            (
+                Box::new(|r| r["requester"] = json!("agent:trusted-bot")),
+                "`requester`",
+            ),
             (
                 Box::new(|r| r["tool"] = json!("linux.systemctl_reload")),
                 "`tool`",
@@ -440,6 +640,49 @@ mod tests {
         // Another request's statement.
         let e = check_before_signing(&id_at(NOW), &r, NOW, 1260).unwrap_err();
         assert!(e.contains("`approval`"), "{e}");
+    }
+
+    /// The request of [`request`], halted at its canary, with a pending decision.
+    fn halted(choice: &str, runners: &[&str]) -> (String, Value) {
+        let (id, mut r) = request();
+        let statement = r["statement"]["text"].as_str().unwrap().to_owned();
+        let d = crate::protocol::approval::Decision {
+            id: id_at(NOW - 10),
+            approval_id: id.clone(),
+            statement_sha256: crate::digest::sha256_hex(statement.as_bytes()),
+            halted_wave: 1,
+            choice: crate::protocol::approval::Choice::parse(choice).unwrap(),
+            runners: runners.iter().map(|s| (*s).to_owned()).collect(),
+            expires_at: "2026-12-06T10:19:00Z".into(),
+        };
+        r["result"] = json!({"halt": {"wave": 1, "runner": "hvn06", "not_run": ["hvn05"]}});
+        r["decision"] = json!({"text": d.text().unwrap()});
+        (id, r)
+    }
+
+    #[test]
+    fn a_rollout_decision_is_signed_only_for_the_halt_the_request_shows() {
+        use crate::protocol::approval::Choice;
+        let (id, r) = halted("retry", &["hvn05", "hvn06"]);
+        let shown = check_decision_before_signing(&id, Choice::Retry, &r, NOW, 1260).unwrap();
+        assert!(shown.contains("runners  hvn05, hvn06"), "{shown}");
+        // Another choice than the one asked for.
+        let e = check_decision_before_signing(&id, Choice::Resume, &r, NOW, 1260).unwrap_err();
+        assert!(e.starts_with("`choice`"), "{e}");
+        // A resume that would run the failed runner again.
+        let (id, r) = halted("resume", &["hvn05", "hvn06"]);
+        let e = check_decision_before_signing(&id, Choice::Resume, &r, NOW, 1260).unwrap_err();
+        assert!(e.starts_with("`runners`"), "{e}");
+        // A decision bound to another statement than the one shown.
+        let (id, mut r) = halted("resume", &["hvn05"]);
+        assert!(check_decision_before_signing(&id, Choice::Resume, &r, NOW, 1260).is_ok());
+        r["statement"]["text"] = json!("another\n");
+        let e = check_decision_before_signing(&id, Choice::Resume, &r, NOW, 1260).unwrap_err();
+        assert!(e.starts_with("`statement`"), "{e}");
+        // One that lives longer than allowed.
+        let (id, r) = halted("abort", &[]);
+        let e = check_decision_before_signing(&id, Choice::Abort, &r, NOW, 60).unwrap_err();
+        assert!(e.starts_with("`expires`"), "{e}");
     }
 
     #[test]

@@ -42,9 +42,10 @@ use crate::protocol::{CallRequest, CallResponse, Mode};
 /// The most single-use ids remembered at once. Ids are forgotten when their token expires,
 /// so this bounds memory under a flood of valid calls; past it, calls are refused.
 const MAX_SEEN_IDS: usize = 100_000;
-/// How long an approval id executed without signatures or a witnessed proof is remembered.
+/// How long an executed approval id is remembered, at least (longer when its expiry is later).
 /// Approvals expire long before this (their default lifetime is 15 minutes), so a remembered
-/// id can never be approved again.
+/// id can never be approved again; and a rollout decision on an approval requested longer ago
+/// than this is refused, since the memory of what ran may be gone.
 const APPROVAL_MEMORY_SECS: u64 = 24 * 3600;
 
 pub struct RunnerState {
@@ -521,16 +522,21 @@ fn check_high_risk(
         claims.approval_id.as_deref(),
         claims.lowered_by_policy.as_deref(),
     ) {
-        (Some(approval_id), _) => state
-            .executed
-            .record(
-                approval_id,
-                keep_until.unwrap_or_else(|| now() + APPROVAL_MEMORY_SECS),
-            )
-            .map_err(|why| match why {
-                ExecRefused::Reused(why) => (StatusCode::CONFLICT, why),
-                ExecRefused::Forbidden(why) => forbidden(why),
-            }),
+        (Some(approval_id), _) => {
+            let key = ledger_key(state, approval_id, request).map_err(forbidden)?;
+            state
+                .executed
+                .record(
+                    &key,
+                    // Held for a day at least, whatever the expiry: a decision on a halted
+                    // rollout may come after it (and is refused once this memory may be gone).
+                    keep_until.unwrap_or(0).max(now() + APPROVAL_MEMORY_SECS),
+                )
+                .map_err(|why| match why {
+                    ExecRefused::Reused(why) => (StatusCode::CONFLICT, why),
+                    ExecRefused::Forbidden(why) => forbidden(why),
+                })
+        }
         (None, Some(policy)) => {
             // The server's policy says this tool runs without a human; the log names the
             // policy, which the server's audit log holds as `policy.loaded`.
@@ -542,6 +548,50 @@ fn check_high_risk(
             "`{}` is risk:high: this runner executes it only under a human's approval or the server policy's lowering, and the call carries neither",
             tool.name
         ))),
+    }
+}
+
+/// What the ledger records for this execution: the approval id, unless people decided to
+/// retry a halted rollout on this runner, which ran the approval already: then the decision's
+/// id (good for one execution here too). A decision that does not name this runner lets
+/// nothing run, and a resume never runs a runner twice. (A runner that checks signatures has
+/// verified the decision's people already; this holds for every runner.)
+fn ledger_key(
+    state: &RunnerState,
+    approval_id: &str,
+    request: &CallRequest,
+) -> Result<String, String> {
+    use crate::protocol::approval::{Choice, Decision};
+    let Some(proof) = &request.decision else {
+        return Ok(approval_id.to_owned());
+    };
+    let decision = Decision::parse(&proof.text).map_err(|e| e.to_string())?;
+    let runner = &state.config.name;
+    // This runner remembers what it executed for APPROVAL_MEMORY_SECS: past that, it could no
+    // longer tell a resume from a second run.
+    let requested = crate::protocol::approval::issued_millis(approval_id).map(|ms| ms / 1000);
+    if requested.is_none_or(|at| now() > at + APPROVAL_MEMORY_SECS) {
+        return Err(format!(
+            "approval {approval_id} was requested more than {} h ago (or its id is not a UUIDv7): this runner remembers its executions that long, so no rollout decision on it runs here; ask again",
+            APPROVAL_MEMORY_SECS / 3600
+        ));
+    }
+    if decision.approval_id != approval_id || !decision.runners.iter().any(|r| r == runner) {
+        return Err(format!(
+            "the rollout decision {} does not let approval {approval_id} run on this runner (`{runner}`)",
+            decision.id
+        ));
+    }
+    if !state.executed.contains(approval_id) {
+        return Ok(approval_id.to_owned());
+    }
+    match decision.choice {
+        Choice::Retry => Ok(format!("decision:{}", decision.id)),
+        Choice::Resume | Choice::Abort => Err(format!(
+            "approval {approval_id} was already executed on this runner, and the rollout decision {} is a {}, not a retry: it never runs a runner twice",
+            decision.id,
+            decision.choice.as_str()
+        )),
     }
 }
 
@@ -682,6 +732,7 @@ mod tests {
             witnessed: None,
             secret_salt: None,
             wave: None,
+            decision: None,
         }
     }
 

@@ -31,7 +31,7 @@ use ssh_key::PublicKey;
 use crate::digest::json_digest;
 use crate::protocol::CallRequest;
 use crate::protocol::approval::{
-    ApprovalProof, Approvers, RunnerApprovals, Signed, Statement, check_lifetime, sshsig,
+    ApprovalProof, Approvers, RunnerApprovals, Signed, Statement, check_lifetime, decision, sshsig,
     statement, verify_quorum,
 };
 use crate::protocol::signing::{CallClaims, now};
@@ -228,11 +228,30 @@ impl Gate {
                 "the signed statement differs from this call in `{differs}`: people signed another write than this one"
             ));
         }
-        let expires = rebuilt.expires_unix().map_err(|e| e.to_string())?;
-        let requested = check_lifetime(approval_id, expires, now(), self.max_lifetime)
+        let mut expires = rebuilt.expires_unix().map_err(|e| e.to_string())?;
+        let t = now();
+        // Under people's decision on a halted rollout, the decision's expiry stands for the
+        // statement's: the statement is still held to its own lifetime bound, as at any
+        // moment before it expired.
+        let statement_clock = match &request.decision {
+            Some(_) => t.min(expires.saturating_sub(1)),
+            None => t,
+        };
+        let requested = check_lifetime(approval_id, expires, statement_clock, self.max_lifetime)
             .map_err(|e| format!("the signed statement: {e}"))?;
         ledger.check_requested(approval_id, requested)?;
         let signed = verify_quorum(&approvers, tool, &text, &proof.signatures, rebuilt.required)?;
+        if let Some(proof) = &request.decision {
+            let held = decision::Held {
+                tool,
+                approval_id,
+                statement: &text,
+                required: rebuilt.required,
+                runner: Some(runner),
+            };
+            let (decision, _) = decision::check(&approvers, &held, proof, t, self.max_lifetime)?;
+            expires = decision.expires_unix().map_err(|e| e.to_string())?;
+        }
         Ok(Checked {
             signed: Some(signed),
             expires,

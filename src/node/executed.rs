@@ -1,7 +1,8 @@
 //! The runner's memory of the approvals it executed, kept in `state_dir` so that no restart
 //! and no lost file lets one approval run twice here.
 //!
-//! - `approvals-executed`: one `ID KEEP_UNTIL` line per approval executed here, appended and
+//! - `approvals-executed`: one `ID KEEP_UNTIL` line per approval executed here (or
+//!   `decision:ID` per rollout decision that retried one here), appended and
 //!   synced *before* the write runs. A last line without its newline was torn by a crash
 //!   before the sync returned, so nothing ran under it: it is dropped, with a warning. Any
 //!   other malformed line stops the runner from starting (the file is not what it wrote).
@@ -113,9 +114,16 @@ impl Executed {
     pub(super) fn record(&self, approval_id: &str, keep_until: u64) -> Result<(), Refused> {
         let mut ids = self.ids.lock().unwrap_or_else(|p| p.into_inner());
         if ids.contains_key(approval_id) {
-            return Err(Refused::Reused(format!(
-                "approval {approval_id} was already executed on this runner: an approval is good for one execution"
-            )));
+            return Err(Refused::Reused(
+                match approval_id.strip_prefix("decision:") {
+                    Some(decision) => format!(
+                        "the rollout decision {decision} was already carried out on this runner: a decision is good for one execution"
+                    ),
+                    None => format!(
+                        "approval {approval_id} was already executed on this runner: an approval is good for one execution"
+                    ),
+                },
+            ));
         }
         let t = now();
         ids.retain(|_, until| *until > t);
@@ -136,6 +144,12 @@ impl Executed {
         })?;
         ids.insert(approval_id.to_owned(), keep_until);
         Ok(())
+    }
+
+    /// Whether `id` was executed here (and still matters).
+    pub(super) fn contains(&self, id: &str) -> bool {
+        let ids = self.ids.lock().unwrap_or_else(|p| p.into_inner());
+        ids.get(id).is_some_and(|until| *until > now())
     }
 
     /// Refuses an approval requested (unix milliseconds) before this runner's state began.

@@ -59,6 +59,7 @@ impl Sealed<'_> {
             witnessed: None,
             secret_salt: None,
             wave: None,
+            decision: None,
         }
         .digest();
         canonical_json(&json!({

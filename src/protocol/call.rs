@@ -56,6 +56,12 @@ pub struct CallRequest {
     /// that checks people's signatures refuses a wave the signed plan does not place it in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wave: Option<u32>,
+    /// People's decision to resume or retry a halted rollout (see
+    /// [`crate::protocol::approval::decision`]), when this execution runs under one: a runner
+    /// runs a retried write a second time only under a decision that names it, and one that
+    /// checks people's signatures takes the decision's expiry for the statement's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision: Option<crate::protocol::approval::DecisionProof>,
 }
 
 impl CallRequest {

@@ -768,6 +768,7 @@ async fn approvals_refuse_what_they_should(backend: Backend) {
         witnessed: None,
         secret_salt: None,
         wave: None,
+        decision: None,
     };
     let claims = |aud: &str, req: &CallRequest, approval: Option<&str>| {
         let t = now();

@@ -97,6 +97,7 @@ async fn a_policy_lowered_write_runs_over_mcp(backend: Backend) {
         witnessed: None,
         secret_salt: None,
         wave: None,
+        decision: None,
     };
     let signed = |lowered_by_policy: Option<String>| Signed {
         call_id: uuid::Uuid::new_v4().to_string(),

@@ -1420,6 +1420,7 @@ async fn runner(app: &TestApp, report: &mut Report, exec_log: &Path) {
         witnessed: None,
         secret_salt: None,
         wave: None,
+        decision: None,
     };
     let claims_for = |req: &CallRequest| {
         let t = now();

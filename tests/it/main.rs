@@ -42,6 +42,7 @@ mod portal_sessions;
 mod portal_statement;
 mod python_client;
 mod replicas;
+mod rollout_decisions;
 mod rollouts;
 mod runner_errors;
 mod runner_identity;

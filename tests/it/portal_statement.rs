@@ -113,6 +113,7 @@ impl Request {
         json!({
             "id": self.id, "tool": TOOL, "state": "pending",
             "args": self.shown, "runners": self.runners, "required_approvals": self.required,
+            "requester": "agent:deploy-bot",
             "preview": preview, "plan": self.plan(),
             "statement": {
                 "text": text, "args": self.signed,
@@ -261,6 +262,11 @@ fn the_portal_refuses_what_the_terminal_refuses_naming_the_field() {
             Answer(|v| v["required_approvals"] = json!(3)),
             NOW,
             "`required`: the statement says 2, the request shows 3",
+        ),
+        (
+            Answer(|v| v["requester"] = json!("agent:trusted-bot")),
+            NOW,
+            "`requester`: the statement says `agent:deploy-bot`, the request shows \"agent:trusted-bot\"",
         ),
         (
             Answer(|v| v["tool"] = json!("linux.systemctl_reload")),

@@ -20,8 +20,8 @@ use crate::harness::certs::self_signed;
 use crate::harness::{Backend, RunnerSpec, spawn_app};
 use crate::signed_approvals::{in_secs, proof, pub_line, ssh};
 
-const TOOL: &str = "roll.mark";
-const FLEET: [&str; 5] = ["edge-1", "edge-2", "edge-3", "edge-4", "edge-5"];
+pub(crate) const TOOL: &str = "roll.mark";
+pub(crate) const FLEET: [&str; 5] = ["edge-1", "edge-2", "edge-3", "edge-4", "edge-5"];
 
 /// A write each runner records in a shared file with its name and the time, and whose gate
 /// asks the runner whether the change left it healthy (a node is sick for a change when its
@@ -47,14 +47,14 @@ tools:
           exec: {argv: ["healthy", "{change}"]}
 "#;
 
-struct Fleet {
-    dir: tempfile::TempDir,
-    app: TestApp,
+pub(crate) struct Fleet {
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) app: TestApp,
 }
 
 impl Fleet {
     /// The runners that marked `change`, in the order they did (each with its time in ns).
-    fn marked(&self, change: &str) -> Vec<(String, u128)> {
+    pub(crate) fn marked(&self, change: &str) -> Vec<(String, u128)> {
         let text = std::fs::read_to_string(self.dir.path().join("marks.log")).unwrap_or_default();
         let mut marks: Vec<(String, u128)> = text
             .lines()
@@ -68,7 +68,7 @@ impl Fleet {
         marks
     }
 
-    fn make_sick(&self, runner: &str, change: &str) {
+    pub(crate) fn make_sick(&self, runner: &str, change: &str) {
         std::fs::write(
             self.dir.path().join(runner).join(format!("sick-{change}")),
             "",
@@ -107,7 +107,12 @@ fn node_programs(dir: &Path, runner: &str) -> PathBuf {
 
 /// Five TLS runners, each trusting an approvers file where a `roll` write needs alice and
 /// bob; the policy rolls out a canary of one, then waves of two.
-async fn fleet() -> Fleet {
+pub(crate) async fn fleet() -> Fleet {
+    fleet_with("").await
+}
+
+/// [`fleet`], with `policy` added to its policy file.
+pub(crate) async fn fleet_with(policy: &str) -> Fleet {
     let dir = tempfile::tempdir().unwrap();
     let packs = dir.path().join("packs");
     std::fs::create_dir_all(&packs).unwrap();
@@ -122,8 +127,12 @@ async fn fleet() -> Fleet {
         ),
     )
     .unwrap();
-    let policy = dir.path().join("policy.yaml");
-    std::fs::write(&policy, "rollout:\n  default: {canary: 1, wave: 2}\n").unwrap();
+    let policy_file = dir.path().join("policy.yaml");
+    std::fs::write(
+        &policy_file,
+        format!("rollout:\n  default: {{canary: 1, wave: 2}}\n{policy}"),
+    )
+    .unwrap();
     let runners = FLEET
         .iter()
         .map(|name| {
@@ -141,7 +150,7 @@ async fn fleet() -> Fleet {
         Options {
             packs_dir: Some(packs),
             approvers_file: Some(approvers),
-            policy_file: Some(policy),
+            policy_file: Some(policy_file),
             ..Default::default()
         },
     )
@@ -151,7 +160,12 @@ async fn fleet() -> Fleet {
 
 /// Asks for `change` on the whole fleet (canary first), has alice and bob sign the statement
 /// they were shown, and returns the agent's answer with the request as people saw it.
-async fn roll(fleet: &Fleet, alice: &Portal, bob: &Portal, change: &str) -> (Value, Value) {
+pub(crate) async fn roll(
+    fleet: &Fleet,
+    alice: &Portal,
+    bob: &Portal,
+    change: &str,
+) -> (Value, Value) {
     let client = fleet.app.mcp_client().await;
     let call = call_in_background(
         &client,
@@ -175,7 +189,11 @@ async fn roll(fleet: &Fleet, alice: &Portal, bob: &Portal, change: &str) -> (Val
     (out, request)
 }
 
-async fn events(app: &TestApp, id: &str, kind: &str) -> Vec<emisar::server::audit::Event> {
+pub(crate) async fn events(
+    app: &TestApp,
+    id: &str,
+    kind: &str,
+) -> Vec<emisar::server::audit::Event> {
     let mut events = app
         .events(AuditFilter {
             approval_id: Some(id.to_owned()),
@@ -317,6 +335,7 @@ async fn a_runner_refuses_a_wave_the_signed_plan_does_not_give_it() {
             witnessed: None,
             secret_salt: None,
             wave,
+            decision: None,
         };
         let signed = Signed {
             call_id: uuid::Uuid::new_v4().to_string(),

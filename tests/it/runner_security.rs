@@ -42,6 +42,7 @@ impl Fixture {
                 witnessed: None,
                 secret_salt: None,
                 wave: None,
+                decision: None,
             }
             .digest(),
             pack_sha256: self.pack_sha256.clone(),

@@ -158,6 +158,7 @@ async fn execute(
         secret_salt: None,
         // The one wave of a one-wave plan.
         wave: Some(1),
+        decision: None,
     };
     let answer = app
         .signed_request(

@@ -925,6 +925,7 @@ async fn execute_with(
         witnessed,
         secret_salt: None,
         wave: None,
+        decision: None,
     };
     let answer = app
         .signed_request(

@@ -136,6 +136,7 @@ async fn execute(
         secret_salt: None,
         // The one wave of a one-wave plan.
         wave: Some(1),
+        decision: None,
     };
     let answer = app
         .signed_request(
@@ -451,6 +452,7 @@ async fn a_signed_write_runs_only_with_the_preview_values_people_signed() {
         witnessed: None,
         secret_salt: None,
         wave: Some(1),
+        decision: None,
     };
     let id = uuid::Uuid::now_v7().to_string();
     let signed = || Signed {
@@ -1019,6 +1021,7 @@ async fn whatever_is_edited_between_display_and_execution_only_what_was_shown_ru
             "args": {"unit": edit.shown},
             "runners": edit.runners_shown,
             "required_approvals": edit.required_shown,
+            "requester": s.requester,
             "preview": null,
             "plan": s.plan,
             "statement": {"text": text, "args": {"unit": edit.signed}},

@@ -1,10 +1,11 @@
 //! Approvals signed by people, checked on the node: the statement a person signs
-//! (`statement.rs`), the two ways they sign it (an OpenSSH key, `sshsig.rs`; a passkey,
+//! (`statement.rs`), a decision on a halted rollout (`decision.rs`), the two ways they sign it (an OpenSSH key, `sshsig.rs`; a passkey,
 //! `webauthn.rs`), the approvers file a runner trusts (`approvers.rs`), and here the signature
 //! as it travels and the one check of a quorum, which the server (when a person approves), the
 //! runner (before a write runs) and `emisar audit verify-approvals` (offline) all use.
 
 pub mod approvers;
+pub mod decision;
 pub mod sshsig;
 pub mod statement;
 pub mod webauthn;
@@ -14,6 +15,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde::{Deserialize, Serialize};
 
 pub use approvers::{Approvers, ApproversError, SignedApprovers};
+pub use decision::{Choice, Decision, DecisionProof};
 pub use statement::{Plan, Statement, StatementError};
 
 /// The most signatures one call may carry.

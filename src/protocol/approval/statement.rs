@@ -439,7 +439,7 @@ fn strip_sha256(field: &str, v: &str) -> Result<String, StatementError> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     pub(crate) fn sample() -> Statement {

@@ -5,8 +5,10 @@
 //! pack digest and the preview captured then). Its states:
 //!
 //! ```text
-//! pending ─▶ approved ─▶ executing ─▶ executed | failed | unknown
-//!    └─▶ denied | expired | withdrawn
+//! pending ─▶ approved ─▶ executing ─▶ executed | failed | unknown | halted
+//!    └─▶ denied | expired | withdrawn                                  │
+//!                          executing ◀─ people's decision: resume, retry ─┤
+//!                                         people's decision: abort ─▶ aborted
 //! ```
 //!
 //! Every transition goes through [`Approvals::transition`]: lock the row, decide the change
@@ -23,27 +25,32 @@
 //!   [`ApprovalError`];
 //! - `state.rs`: the pure state machine: the [`State`]s, a person's [`Verdict`] and
 //!   [`decide`], a plain [`moved`], each giving the [`Change`] with its audit events;
+//! - `halted.rs`: the pure way on from `halted`: a decision proposed ([`halted::propose`]),
+//!   voted for with signatures ([`halted::vote`]) and carried out, with where it halted
+//!   ([`Halt`]);
 //! - `store.rs`: [`Approvals`], the SQL of both backends and [`Approvals::transition`];
 //! - `notify.rs`: the announcements ([`Changed`]): [`Approvals::subscribe`], the NOTIFY sent
 //!   after a commit and the LISTEN task that relays other replicas' changes.
 //!
 //! Invariant: no transition is written whose audit event is not durable; `executing` is
-//! entered once per request, and nothing moves a request out of `executing` except its
+//! entered once from `approved`, and once more per decision people took on a halt; nothing moves a request out of `executing` except its
 //! outcome or, after a crash, `unknown` (never a re-run).
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::protocol::approval::{Signature, Signed};
+use crate::protocol::approval::{Choice, Signature, Signed};
 use crate::server::audit::{AuditError, NewEvent};
 
+pub mod halted;
 mod notify;
 mod state;
 mod store;
 #[cfg(test)]
 pub(crate) mod testing;
 
+pub use halted::Halt;
 pub use notify::Changed;
 pub use state::{Change, State, Verdict, decide, moved};
 pub use store::Approvals;
@@ -118,6 +125,10 @@ pub struct Approval {
     /// The rollout its runners run in: waves in order, each gated, with the pause between
     /// them (fixed at request time; part of the statement people sign).
     pub plan: crate::protocol::approval::Plan,
+    /// People's decision on the halted rollout, while it gathers votes and once taken (the
+    /// latest; the audit log has every one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision: Option<RolloutDecision>,
     /// The actor whose decision settled the request.
     pub decided_by: Option<String>,
     /// The call's outcome (per-runner results) once executed.
@@ -125,6 +136,28 @@ pub struct Approval {
     pub created_at: String,
     pub expires_at: String,
     pub updated_at: String,
+}
+
+/// People's decision on a halted rollout (`crate::protocol::approval::decision`): proposed by
+/// one person, signed like an approval, taken once enough people voted for it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RolloutDecision {
+    /// The decision's id, a UUIDv7 (the `decision` line of its text).
+    pub id: String,
+    pub choice: Choice,
+    /// The runners it lets run (none for an abort).
+    pub runners: Vec<String>,
+    /// The text people sign, and the runners check.
+    pub text: String,
+    /// When it stops holding (RFC 3339).
+    pub expires_at: String,
+    /// Who proposed it (an audit actor).
+    pub proposed_by: String,
+    /// How many people it needs: one to abort, the request's own count to run anything more.
+    pub required: u32,
+    pub votes: Vec<Vote>,
+    /// True once its votes were enough and it was carried out.
+    pub taken: bool,
 }
 
 impl Approval {

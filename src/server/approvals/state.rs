@@ -24,12 +24,14 @@ pub enum State {
     Failed,
     Unknown,
     /// A rollout stopped at a failed health gate (or a failed write) in one wave: the runners
-    /// of the later waves never ran.
+    /// of the later waves never ran. Only people's signed decision moves it on (`halted.rs`).
     Halted,
+    /// People decided a halted rollout runs no further.
+    Aborted,
 }
 
 impl State {
-    pub(crate) const ALL: [State; 10] = [
+    pub(crate) const ALL: [State; 11] = [
         State::Pending,
         State::Approved,
         State::Denied,
@@ -40,6 +42,7 @@ impl State {
         State::Failed,
         State::Unknown,
         State::Halted,
+        State::Aborted,
     ];
 
     pub(crate) fn as_str(self) -> &'static str {
@@ -54,6 +57,7 @@ impl State {
             State::Failed => "failed",
             State::Unknown => "unknown",
             State::Halted => "halted",
+            State::Aborted => "aborted",
         }
     }
 
@@ -69,7 +73,8 @@ impl State {
             })
     }
 
-    /// No further transition will happen.
+    /// No further transition will happen by itself (a halted rollout waits for people's
+    /// decision, which nothing but people makes).
     pub fn is_final(self) -> bool {
         matches!(
             self,
@@ -80,6 +85,7 @@ impl State {
                 | State::Failed
                 | State::Unknown
                 | State::Halted
+                | State::Aborted
         )
     }
 }
@@ -159,23 +165,7 @@ pub fn decide(
             row.expires_at
         )));
     }
-    if who.name == row.requester_name {
-        return Err(ApprovalError::Refused(
-            "you requested this yourself: someone else must decide".into(),
-        ));
-    }
-    if row.on_behalf_of.as_deref() == Some(who.name.as_str()) {
-        return Err(ApprovalError::Refused(format!(
-            "agent `{}` asked for this on your behalf: someone else must decide",
-            row.requester_name
-        )));
-    }
-    if !who.may_approve {
-        return Err(ApprovalError::Refused(format!(
-            "`{}` may not decide requests for `{}` (policy roles)",
-            who.actor, row.tool
-        )));
-    }
+    check_voter(row, who)?;
     let at = format_at(now);
     let mut next = row.clone();
     next.updated_at = at.clone();
@@ -289,6 +279,29 @@ pub fn decide(
             })
         }
     }
+}
+
+/// Who may decide about a request at all: not its requester, nor the person it was asked for
+/// on behalf of, and only with a role the policy lets approve its tool.
+pub(super) fn check_voter(row: &Approval, who: &Actor) -> Result<(), ApprovalError> {
+    if who.name == row.requester_name {
+        return Err(ApprovalError::Refused(
+            "you requested this yourself: someone else must decide".into(),
+        ));
+    }
+    if row.on_behalf_of.as_deref() == Some(who.name.as_str()) {
+        return Err(ApprovalError::Refused(format!(
+            "agent `{}` asked for this on your behalf: someone else must decide",
+            row.requester_name
+        )));
+    }
+    if !who.may_approve {
+        return Err(ApprovalError::Refused(format!(
+            "`{}` may not decide requests for `{}` (policy roles)",
+            who.actor, row.tool
+        )));
+    }
+    Ok(())
 }
 
 /// A plain move from one state to another, audited with `kind` by `actor`.

@@ -29,6 +29,7 @@ pub(crate) fn row() -> Approval {
         note: None,
         statement: None,
         plan: crate::protocol::approval::Plan::one_wave([&"hvn05".to_owned()]),
+        decision: None,
         decided_by: None,
         result: None,
         created_at: "2026-11-30T10:00:00.000000Z".into(),

@@ -61,6 +61,12 @@ pub mod kind {
     /// A rollout stopped: a write or a gate failed in one wave; the detail names the wave,
     /// the runner and why, and the runners of later waves that never ran.
     pub(crate) const ROLLOUT_HALTED: &str = "rollout.halted";
+    /// A person proposed a decision on a halted rollout (resume, retry or abort): the detail
+    /// has its id, choice, runners, how many people it needs, and the text they sign.
+    pub(crate) const ROLLOUT_DECISION_PROPOSED: &str = "rollout.decision_proposed";
+    /// One person voted for a rollout decision (with their signature over its text, where
+    /// people sign); the detail says whether that carried it out.
+    pub(crate) const ROLLOUT_DECIDED: &str = "rollout.decided";
     /// Execution was interrupted (a crash) and its outcome is not known; never re-run.
     pub(crate) const CALL_UNKNOWN: &str = "call.unknown";
     pub(crate) const POLICY_LOADED: &str = "policy.loaded";

@@ -27,6 +27,8 @@ pub const KINDS: &[&str] = &[
     super::kind::ROLLOUT_WAVE,
     super::kind::ROLLOUT_GATE,
     super::kind::ROLLOUT_HALTED,
+    super::kind::ROLLOUT_DECISION_PROPOSED,
+    super::kind::ROLLOUT_DECIDED,
     super::kind::POLICY_LOADED,
     super::kind::USER_ADDED,
     super::kind::USER_REMOVED,

@@ -153,6 +153,7 @@ impl Gateway {
             tool: offered.name.clone(),
             runner_chosen_by_server: false,
             approval: None,
+            halt: None,
             results: vec![RunnerResult {
                 runner: "emisar".into(),
                 ok: true,

@@ -197,9 +197,11 @@ impl Gateway {
         // the agent reads anything (6, 7 and 5 as one commit); if it fails, every result is
         // withheld. A write's intent is durable before it is sent.
         let read = tool.risk == Risk::Read && policy.risk(tool) == Risk::Read;
-        let results = if read {
-            self.read_on_all(tool, &dispatch, &targets.runners, &record, intent)
-                .await
+        let (results, halt) = if read {
+            let results = self
+                .read_on_all(tool, &dispatch, &targets.runners, &record, intent)
+                .await;
+            (results, None)
         } else {
             self.audit
                 .append(intent)
@@ -216,17 +218,19 @@ impl Gateway {
                 args: &args.params,
                 record: &record,
                 no_wave_from: None,
+                only: None,
             };
             let record = &record;
-            self.roll_out(&rollout, |name: String, wave| async move {
-                let dispatch = Dispatch {
-                    wave: Some(wave),
-                    ..dispatch
-                };
-                self.run_on(&name, tool, &dispatch, record).await
-            })
-            .await
-            .results
+            let rolled = self
+                .roll_out(&rollout, |name: String, wave| async move {
+                    let dispatch = Dispatch {
+                        wave: Some(wave),
+                        ..dispatch
+                    };
+                    self.run_on(&name, tool, &dispatch, record).await
+                })
+                .await;
+            (rolled.results, rolled.halt)
         };
 
         // 8. Hand the per-runner results back.
@@ -236,6 +240,7 @@ impl Gateway {
             runner_chosen_by_server: targets.runner_chosen_by_server,
             results,
             approval: None,
+            halt,
         };
         crate::server::metrics::tool_call(
             &tool.name,

@@ -148,6 +148,9 @@ pub struct CallOutcome {
     /// Set when the call went through an approval request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<ApprovalInfo>,
+    /// Where the rollout halted, when it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub halt: Option<crate::server::approvals::Halt>,
 }
 
 impl CallOutcome {
@@ -160,6 +163,7 @@ impl CallOutcome {
             runner_chosen_by_server: row.runner_chosen_by_server,
             results,
             approval: None,
+            halt: None,
         }
     }
 

@@ -25,7 +25,7 @@ use crate::protocol::approval::{
     verify_signature,
 };
 use crate::protocol::witnessed::Binding;
-use crate::server::approvals::{Approval, ApprovalError, Verdict};
+use crate::server::approvals::{self, Approval, ApprovalError, Verdict};
 use crate::server::audit::{Noted, RefusalKey, kind};
 use crate::server::passkeys::{self, PasskeyError};
 use crate::server::principal::Principal;
@@ -249,6 +249,41 @@ impl Gateway {
         row: &Approval,
         verdict: &Verdict,
     ) -> Result<Verdict, ApprovalError> {
+        let Some(text) = &row.statement else {
+            // `decide` refuses a signature on a request without a statement, and says why.
+            return Ok(verdict.clone());
+        };
+        self.verify_signed(row, text, &row.votes, row.required_approvals, verdict)
+    }
+
+    /// A vote for a decision on a halted rollout, with a signature, verified over the
+    /// decision's text as [`Gateway::verify_vote`] verifies one over a statement.
+    pub(super) fn verify_decision_vote(
+        &self,
+        row: &Approval,
+        decision_id: &str,
+        verdict: &Verdict,
+    ) -> Result<Verdict, ApprovalError> {
+        match (&row.statement, &row.decision) {
+            (Some(_), Some(d)) if d.id == decision_id => {
+                self.verify_signed(row, &d.text, &d.votes, d.required, verdict)
+            }
+            // `halted::vote` refuses a stale decision, or a signature where none is signed.
+            _ => Ok(verdict.clone()),
+        }
+    }
+
+    /// A yes with a signature over `text` (of `row`'s tool), verified against the approvers
+    /// file, with the votes so far and the count it needs: the verdict with what the server
+    /// found, or a refusal that names the rule.
+    fn verify_signed(
+        &self,
+        row: &Approval,
+        text: &str,
+        votes: &[approvals::Vote],
+        required: u32,
+        verdict: &Verdict,
+    ) -> Result<Verdict, ApprovalError> {
         let Verdict::Approve {
             note,
             signature: Some(signature),
@@ -257,28 +292,38 @@ impl Gateway {
         else {
             return Ok(verdict.clone());
         };
-        let (Some(text), Some(server)) = (&row.statement, &self.approvers) else {
-            // `decide` refuses a signature on a request without a statement, and says why.
+        let Some(server) = &self.approvers else {
             return Ok(verdict.clone());
         };
         let signed = verify_signature(&server.approvers, text, signature)
             .map_err(|e| ApprovalError::Refused(format!("`signature`: {e}")))?;
+        // The votes so far must hold over the text as it stands: a text rewritten in the store
+        // between two votes counts nobody twice for different things.
+        for v in votes {
+            if let Some(earlier) = &v.signature
+                && verify_signature(&server.approvers, text, earlier).is_err()
+            {
+                return Err(ApprovalError::Refused(format!(
+                    "the text people sign changed since `{}` signed it: their signature does not hold over it, so no vote counts; ask again",
+                    v.user
+                )));
+            }
+        }
         // The deciding vote: the runners will want the rule's SSH signatures among them all.
         let terminal = server
             .approvers
             .rule(&row.tool)
             .map_or(0, |r| r.ssh_signatures);
-        let ssh = row
-            .votes
+        let ssh = votes
             .iter()
             .filter_map(|v| v.signed.as_ref())
             .chain(std::iter::once(&signed))
             .filter(|s| s.alg == crate::protocol::approval::SSH_ALG)
             .count() as u32;
-        if row.votes.len() as u32 + 1 >= row.required_approvals && ssh < terminal {
+        if votes.len() as u32 + 1 >= required && ssh < terminal {
             return Err(ApprovalError::Refused(format!(
-                "`signature`: the approvers file asks for {terminal} SSH signatures for `{}` (made in the terminal: `emisar approvals approve {}`), and this request would have {ssh}: approve it from the terminal",
-                row.tool, row.id
+                "`signature`: the approvers file asks for {terminal} SSH signatures for `{}` (made in the terminal: `emisar approvals`), and this would have {ssh}: sign it from the terminal",
+                row.tool
             )));
         }
         Ok(Verdict::Approve {
@@ -300,6 +345,7 @@ impl Gateway {
         who: &Principal,
         id: &str,
         verdict: &Verdict,
+        verify: impl Fn(&Approval, &Verdict) -> Result<Verdict, ApprovalError>,
     ) -> Result<(), ApprovalError> {
         let Verdict::Approve {
             signature:
@@ -321,7 +367,7 @@ impl Gateway {
         let Verdict::Approve {
             signed: Some(signed),
             ..
-        } = self.verify_vote(&row, verdict)?
+        } = verify(&row, verdict)?
         else {
             return Ok(());
         };

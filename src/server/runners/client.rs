@@ -176,6 +176,8 @@ pub(crate) struct Dispatch<'a> {
     pub secret_salt: Option<&'a str>,
     /// The rollout wave this execution runs in.
     pub wave: Option<u32>,
+    /// People's decision to resume or retry the halted rollout this execution continues.
+    pub decision: Option<&'a crate::protocol::approval::DecisionProof>,
 }
 
 impl<'a> Dispatch<'a> {
@@ -204,6 +206,7 @@ impl<'a> Dispatch<'a> {
             witnessed: None,
             secret_salt: None,
             wave: None,
+            decision: None,
         }
     }
 }
@@ -264,6 +267,7 @@ impl RunnerClient {
             witnessed: d.witnessed.cloned(),
             secret_salt: d.secret_salt.map(str::to_owned),
             wave: d.wave,
+            decision: d.decision.cloned(),
         };
         let iat = now();
         let claims = CallClaims {

@@ -663,6 +663,7 @@ impl TestApp {
             witnessed: None,
             secret_salt: None,
             wave: None,
+            decision: None,
         };
         let signed = Signed {
             call_id: "direct-test-call".into(),

@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use super::super::dispatch::Record;
-use super::super::outcome::CallOutcome;
+use super::super::outcome::{CallOutcome, RunnerResult};
 use super::super::state::Gateway;
 use super::rollout::{Prepared, Rolled};
+use crate::protocol::approval::{Choice, DecisionProof};
 use crate::server::approvals::{self, Actor, Approval, ApprovalError, Lock, State, Verdict};
 use crate::server::audit::kind;
 use crate::server::principal::Principal;
@@ -27,7 +28,8 @@ impl Gateway {
         verdict: Verdict,
     ) -> Result<Approval, ApprovalError> {
         let policy = self.policy();
-        self.check_sign_count(who, id, &verdict).await?;
+        self.check_sign_count(who, id, &verdict, |r, v| self.verify_vote(r, v))
+            .await?;
         let row = self
             .approvals
             .transition(id, Lock::Wait, |r| {
@@ -104,17 +106,22 @@ impl Gateway {
     /// Runs a request this replica claimed (`executing`): rolls it out on its runners with
     /// the approval id and the preview's vars, and records the outcome: `executed`, `failed`
     /// (a write or the last wave's gate failed) or `halted` (runners of later waves never ran).
-    async fn run_claimed(&self, row: Approval) {
+    pub(super) async fn run_claimed(&self, row: Approval) {
         let id = &row.id;
         let started = Instant::now();
         let rolled = self.run_approved(&row).await;
-        let state = match (&rolled.stopped, rolled.halted) {
+        let state = match (&rolled.stopped, &rolled.halt) {
             (None, _) => State::Executed,
-            (Some(_), false) => State::Failed,
-            (Some(_), true) => State::Halted,
+            (Some(_), None) => State::Failed,
+            (Some(_), Some(_)) => State::Halted,
         };
         let ok = state == State::Executed;
-        let outcome = CallOutcome::of_approval(&row, rolled.results);
+        let results = match carried_out(&row) {
+            Some(_) => after_decision(&row, rolled.results),
+            None => rolled.results,
+        };
+        let mut outcome = CallOutcome::of_approval(&row, results);
+        outcome.halt = rolled.halt;
         crate::server::metrics::tool_call(&row.tool, if ok { "ok" } else { "error" });
         let result = serde_json::to_value(&outcome).expect("outcomes are JSON");
         let finished = self
@@ -133,7 +140,7 @@ impl Gateway {
         let before_any = |why: String| Rolled {
             results: Vec::new(),
             stopped: Some(why),
-            halted: false,
+            halt: None,
         };
         let Some(tool) = self.packs.tool(&row.tool) else {
             return before_any(format!("tool `{}` is no longer loaded", row.tool));
@@ -146,6 +153,10 @@ impl Gateway {
             ));
         }
         let proof = self.proof_for(row);
+        let decision = carried_out(row).map(|d| DecisionProof {
+            text: d.text.clone(),
+            signatures: d.votes.iter().filter_map(|v| v.signature.clone()).collect(),
+        });
         let secret_salt = self.commit_salt(tool, &row.id);
         let witnessed = if self.needs_witnessed(row) {
             match self.witnessed_for(row).await {
@@ -169,6 +180,7 @@ impl Gateway {
             proof: proof.as_ref(),
             witnessed: witnessed.as_ref(),
             secret_salt: secret_salt.as_deref(),
+            decision: decision.as_ref(),
         };
         self.roll_out_approved(row, &prepared).await
     }
@@ -209,6 +221,31 @@ impl Gateway {
             Err(e) => tracing::error!(error = %e, approval_id = %id, "could not expire"),
         }
     }
+}
+
+/// The decision people took on the request's halt that this execution carries out (a resume
+/// or a retry), if it is one.
+fn carried_out(row: &Approval) -> Option<&approvals::RolloutDecision> {
+    row.decision
+        .as_ref()
+        .filter(|d| d.taken && d.choice != Choice::Abort)
+}
+
+/// The outcome after a decision ran some runners again: each runner's latest result, the
+/// earlier ones kept for the runners it did not run.
+fn after_decision(row: &Approval, rerun: Vec<RunnerResult>) -> Vec<RunnerResult> {
+    let before: Vec<RunnerResult> = row
+        .result
+        .clone()
+        .and_then(|r| serde_json::from_value::<CallOutcome>(r).ok())
+        .map(|o| o.results)
+        .unwrap_or_default();
+    let mut results: Vec<RunnerResult> = before
+        .into_iter()
+        .filter(|old| !rerun.iter().any(|new| new.runner == old.runner))
+        .collect();
+    results.extend(rerun);
+    results
 }
 
 /// `approved` → `executing`: this replica will run the request, audited with who approved it.

@@ -13,6 +13,8 @@
 //!   time; an approval too old to start (`too_late_to_start`) is expired instead;
 //! - `rollout.rs`: a claimed request's runners wave by wave as its plan says, each wave's
 //!   health gate (the tool's `verify`), and the halt at the first failed write or gate;
+//! - `halted.rs`: people's signed decision on a halted rollout (resume, retry, abort):
+//!   proposed, voted for, and carried out by `execute.rs` with the decision on every call;
 //! - `sweep.rs`: the periodic sweep that expires overdue requests, runs approved ones nobody
 //!   claimed, and marks lost executions `unknown`.
 //!
@@ -21,6 +23,7 @@
 //! `tests/it/approvals.rs`.
 
 mod execute;
+mod halted;
 mod request;
 mod rollout;
 mod sweep;

@@ -172,6 +172,7 @@ impl Gateway {
             note: None,
             statement,
             plan,
+            decision: None,
             decided_by: None,
             result: None,
             created_at: format_at(now),

@@ -21,9 +21,9 @@ use super::super::outcome::{NOT_RUN, RunnerResult};
 use super::super::state::Gateway;
 use crate::pack::ToolRef;
 use crate::protocol::Mode;
-use crate::protocol::approval::{ApprovalProof, Plan};
+use crate::protocol::approval::{ApprovalProof, Decision, DecisionProof, Plan};
 use crate::protocol::witnessed::WitnessedApproval;
-use crate::server::approvals::Approval;
+use crate::server::approvals::{Approval, Halt};
 use crate::server::audit::kind;
 use crate::server::runners::client::Dispatch;
 
@@ -37,6 +37,8 @@ pub(super) struct Prepared<'a> {
     pub(super) proof: Option<&'a ApprovalProof>,
     pub(super) witnessed: Option<&'a WitnessedApproval>,
     pub(super) secret_salt: Option<&'a str>,
+    /// People's decision on the rollout's halt, when this run carries it out.
+    pub(super) decision: Option<&'a DecisionProof>,
 }
 
 /// One write's rollout: the plan, the call its gates ask about, and its record.
@@ -49,6 +51,9 @@ pub(in crate::server::gateway) struct Rollout<'a> {
     /// Unix seconds from which no wave may start (a signed statement's expiry: its runners
     /// would refuse it).
     pub(in crate::server::gateway) no_wave_from: Option<u64>,
+    /// The runners to run, when people's decision on a halted rollout runs some of them
+    /// (each still in its wave of the plan); None: all of them.
+    pub(in crate::server::gateway) only: Option<&'a [String]>,
 }
 
 /// How a rollout ended.
@@ -57,18 +62,25 @@ pub(in crate::server::gateway) struct Rolled {
     pub(in crate::server::gateway) results: Vec<RunnerResult>,
     /// Why it stopped, when a write or a gate failed.
     pub(in crate::server::gateway) stopped: Option<String>,
-    /// True when runners of later waves never ran because of it.
-    pub(in crate::server::gateway) halted: bool,
+    /// Where it halted, when runners of later waves never ran because of it.
+    pub(in crate::server::gateway) halt: Option<Halt>,
 }
 
 impl Gateway {
-    /// Runs an approved request's plan (see [`Gateway::roll_out`]).
+    /// Runs an approved request's plan (see [`Gateway::roll_out`]); under people's decision
+    /// on its halt, only the runners the decision names, until the decision expires.
     pub(super) async fn roll_out_approved(&self, row: &Approval, p: &Prepared<'_>) -> Rolled {
-        let no_wave_from = row
-            .statement
-            .as_deref()
-            .and_then(|text| crate::protocol::approval::Statement::parse(text).ok())
-            .and_then(|st| st.expires_unix().ok());
+        let no_wave_from = match p.decision {
+            Some(d) => Decision::parse(&d.text)
+                .ok()
+                .and_then(|d| d.expires_unix().ok()),
+            None => row
+                .statement
+                .as_deref()
+                .and_then(|text| crate::protocol::approval::Statement::parse(text).ok())
+                .and_then(|st| st.expires_unix().ok()),
+        };
+        let decided = row.decision.as_ref().filter(|_| p.decision.is_some());
         let rollout = Rollout {
             plan: &row.plan,
             tool: p.tool,
@@ -76,6 +88,7 @@ impl Gateway {
             args: &row.args,
             record: &p.record,
             no_wave_from,
+            only: decided.map(|d| d.runners.as_slice()),
         };
         self.roll_out(&rollout, |name: String, wave| async move {
             self.write_on(row, p, &name, wave).await
@@ -94,10 +107,26 @@ impl Gateway {
         W: Fn(String, u32) -> F,
         F: Future<Output = RunnerResult>,
     {
-        let waves = &r.plan.waves;
+        let total = r.plan.waves.len();
+        // Each wave keeps its number in the plan, whichever of its runners run now.
+        let waves: Vec<(u32, Vec<String>)> = r
+            .plan
+            .waves
+            .iter()
+            .enumerate()
+            .map(|(i, wave)| {
+                let run = wave
+                    .iter()
+                    .filter(|n| r.only.is_none_or(|only| only.contains(n)))
+                    .cloned()
+                    .collect::<Vec<_>>();
+                (i as u32 + 1, run)
+            })
+            .filter(|(_, run)| !run.is_empty())
+            .collect();
         let mut results = Vec::new();
-        for (i, runners) in waves.iter().enumerate() {
-            let wave = i as u32 + 1;
+        for (i, (wave, runners)) in waves.iter().enumerate() {
+            let wave = *wave;
             if i > 0 && r.plan.pause_secs > 0 {
                 tokio::time::sleep(Duration::from_secs(r.plan.pause_secs.into())).await;
             }
@@ -105,14 +134,14 @@ impl Gateway {
                 Some(why) => Err(why),
                 // One wave is the whole call, which its intent names already: no second
                 // commit before the runner call.
-                None if waves.len() == 1 => Ok(()),
+                None if total == 1 => Ok(()),
                 // Fail closed: a wave the log cannot show does not start.
                 None => self
                     .record_rollout(
                         r.record,
                         kind::ROLLOUT_WAVE,
                         None,
-                        json!({"wave": wave, "waves": waves.len(), "runners": runners}),
+                        json!({"wave": wave, "waves": total, "runners": runners}),
                     )
                     .await
                     .map_err(|e| {
@@ -146,12 +175,16 @@ impl Gateway {
             let Some((runner, why)) = failed else {
                 continue;
             };
-            let not_run: Vec<String> = waves[i + 1..].iter().flatten().cloned().collect();
+            let not_run: Vec<String> = waves[i + 1..]
+                .iter()
+                .flat_map(|(_, run)| run)
+                .cloned()
+                .collect();
             let halted = !not_run.is_empty();
             let who = runner
                 .as_deref()
                 .map_or_else(String::new, |r| format!("runner `{r}`: "));
-            let stopped = format!("wave {wave} of {}: {who}{why}", waves.len());
+            let stopped = format!("wave {wave} of {total}: {who}{why}");
             if halted {
                 // Nothing more runs either way; a missing record is in the server's log.
                 let _ = self
@@ -167,13 +200,17 @@ impl Gateway {
             return Rolled {
                 results,
                 stopped: Some(stopped),
-                halted,
+                halt: halted.then_some(Halt {
+                    wave,
+                    runner,
+                    not_run,
+                }),
             };
         }
         Rolled {
             results,
             stopped: None,
-            halted: false,
+            halt: None,
         }
     }
 
@@ -195,6 +232,7 @@ impl Gateway {
             witnessed: p.witnessed,
             secret_salt: p.secret_salt,
             wave: Some(wave),
+            decision: p.decision,
             ..Dispatch::new(
                 &row.call_id,
                 &row.tool,

@@ -173,7 +173,7 @@ pub(in crate::server::gateway) fn settled(
         State::Withdrawn => Err(CallError::Withdrawn {
             approval_id: row.id.clone(),
         }),
-        State::Executed | State::Failed | State::Unknown | State::Halted => {
+        State::Executed | State::Failed | State::Unknown | State::Halted | State::Aborted => {
             // The stored outcome is one this code wrote; an unreadable one still settles
             // the call, without results, and says so in the log.
             let stored = row
@@ -193,7 +193,11 @@ pub(in crate::server::gateway) fn settled(
                     row.note.as_deref().unwrap_or("see the per-runner results")
                 ),
                 State::Halted => format!(
-                    "approved, but the rollout halted: {}; the runners marked `not_run` did not change. To go on, ask again naming the runners still to change",
+                    "approved, but the rollout halted: {}; the runners marked `not_run` did not change. People may resume, retry or abort it with a signed decision ({APPROVAL_STATUS_TOOL} with this approval_id shows it), or you may ask again naming the runners still to change",
+                    row.note.as_deref().unwrap_or("see the per-runner results")
+                ),
+                State::Aborted => format!(
+                    "approved, but the rollout halted and people aborted it: {}",
                     row.note.as_deref().unwrap_or("see the per-runner results")
                 ),
                 _ => row.note.clone().unwrap_or_default(),

@@ -1,5 +1,6 @@
-//! The approvals API: `/api/approvals` (list, show, approve, deny) and `/api/events` (the
-//! approval changes as server-sent events), which both the portal's page and
+//! The approvals API: `/api/approvals` (list, show, approve, deny, and people's decision on
+//! a halted rollout: propose, vote) and `/api/events` (the approval changes as server-sent
+//! events), which both the portal's page and
 //! `emisar approvals` call. Behind `http::door::bearer_auth`, like all of `/api/*`.
 //!
 //! Invariants: an approval id from a path is checked to be a UUID before it reaches the
@@ -53,6 +54,15 @@ fn view(state: &HttpState, a: &crate::server::approvals::Approval) -> Value {
         }
         None => Value::Null,
     };
+    // A decision on a halted rollout: its text, SHA-256 and WebAuthn challenge, as for the
+    // statement; a signer recomputes them from the text.
+    if let Some(d) = &a.decision {
+        use base64::Engine;
+        let hash = crate::protocol::approval::statement::hash_text(&d.text);
+        v["decision"]["sha256"] = json!(hex::encode(hash));
+        v["decision"]["challenge"] =
+            json!(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(hash));
+    }
     v
 }
 
@@ -210,4 +220,91 @@ pub(crate) async fn events(State(state): State<HttpState>) -> Response {
     Sse::new(stream)
         .keep_alive(KeepAlive::default())
         .into_response()
+}
+
+/// `POST /api/approvals/{id}/decision`: a person proposes what happens to a halted rollout.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Proposal {
+    /// `resume`, `retry` or `abort`.
+    choice: String,
+}
+
+pub(crate) async fn propose(
+    State(state): State<HttpState>,
+    Extension(who): Extension<Principal>,
+    Path(id): Path<String>,
+    body: Result<Json<Proposal>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    let choice = match body {
+        Ok(Json(p)) => p.choice,
+        Err(e) => {
+            return ApiError::bad_request(format!("invalid proposal: {}", e.body_text()))
+                .into_response();
+        }
+    };
+    if let Some(refused) = bad_id(&id) {
+        return refused;
+    }
+    let choice = match crate::protocol::approval::Choice::parse(&choice) {
+        Ok(c) => c,
+        Err(e) => return ApiError::bad_request(e).into_response(),
+    };
+    match state.gateway.propose_decision(&who, &id, choice).await {
+        Ok(a) => Json(view(&state, &a)).into_response(),
+        Err(e) => ApiError::from(e).into_response(),
+    }
+}
+
+/// `POST /api/approvals/{id}/decision/vote`: a person's vote for the pending decision they
+/// read, signed where people sign.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct DecisionVote {
+    /// The id of the decision voted for (`decision.id`).
+    decision_id: String,
+    #[serde(default)]
+    note: Option<String>,
+    /// The person's signature over the decision's `text`.
+    #[serde(default)]
+    signature: Option<crate::protocol::approval::Signature>,
+}
+
+pub(crate) async fn vote(
+    State(state): State<HttpState>,
+    Extension(who): Extension<Principal>,
+    Path(id): Path<String>,
+    body: Result<Json<DecisionVote>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    let vote = match body {
+        Ok(Json(v)) => v,
+        Err(e) => {
+            return ApiError::bad_request(format!("invalid vote: {}", e.body_text()))
+                .into_response();
+        }
+    };
+    if let Some(refused) = bad_id(&id) {
+        return refused;
+    }
+    if bad_id(&vote.decision_id).is_some() {
+        return ApiError::bad_request("`decision_id` must be a decision id: a UUID")
+            .into_response();
+    }
+    let note = vote.note.unwrap_or_default();
+    if let Err(e) = crate::util::door::text("note", &note, MAX_NOTE_CHARS) {
+        return ApiError::bad_request(e).into_response();
+    }
+    let verdict = Verdict::Approve {
+        note: (!note.trim().is_empty()).then_some(note),
+        signature: vote.signature,
+        signed: None,
+    };
+    match state
+        .gateway
+        .vote_decision(&who, &id, &vote.decision_id, verdict)
+        .await
+    {
+        Ok(a) => Json(view(&state, &a)).into_response(),
+        Err(e) => ApiError::from(e).into_response(),
+    }
 }

@@ -130,6 +130,20 @@ pub(crate) const HANDLERS: &[Handler] = &[
         query: None,
     },
     Handler {
+        operation: "approvals_decision_propose",
+        access: Access::Door,
+        route: |m| on(m, approvals::propose),
+        body: Some(body::<approvals::Proposal>),
+        query: None,
+    },
+    Handler {
+        operation: "approvals_decision_vote",
+        access: Access::Door,
+        route: |m| on(m, approvals::vote),
+        body: Some(body::<approvals::DecisionVote>),
+        query: None,
+    },
+    Handler {
         operation: "approvals_events",
         access: Access::Door,
         route: |m| on(m, approvals::events),

@@ -6,7 +6,8 @@
 //! the node commands the packs run (`vtysh`, `systemctl`, `cat`, `uname`, `dpkg-query`),
 //! first on each lab runner's PATH. The stand-ins ask the lab process what to print, so one
 //! shared state answers every tool and the approved writes change it the way they would
-//! change the fleet.
+//! change the fleet. A probe at the anycast VIP (`vip`) counts the connections refused
+//! there, as the case study's probe did.
 //!
 //! Invariant: nothing in the product imports this module; only the composition roots
 //! (`cli.rs`) and the tests do. The lab binds every port at :0 and reports it.
@@ -14,6 +15,7 @@
 pub mod clock;
 pub mod consul;
 pub mod frr;
+pub mod hcl;
 pub mod http;
 pub mod node;
 pub mod nomad;
@@ -21,4 +23,5 @@ pub mod run;
 pub mod scenario;
 pub mod standin;
 pub mod traefik;
+pub mod vip;
 pub mod vm;

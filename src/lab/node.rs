@@ -8,11 +8,20 @@
 //!
 //! The stand-ins answer the commands the stock packs run, in the real programs' formats:
 //! `cat` (/proc/uptime, /proc/loadavg, /run/reboot-required*, /etc/os-release,
-//! /etc/hostname), `uname`, `dpkg-query -W`, `systemctl` (restart, start, reload, show,
+//! /etc/hostname, /etc/nomad.d/nomad.hcl), `uname`, `dpkg-query -W`, `systemctl` (restart, start, reload, show,
 //! `list-dependencies --reverse --plain`, is-active, status) and `vtysh` (see `frr`). Anything else is refused with a message that says the lab
 //! does not emulate it, never answered with made-up output.
+//!
+//! A node's `/etc/nomad.d/nomad.hcl` is a real file under the lab's state directory
+//! (`nodes/<node>/etc/`), which an operator may edit. Restarting `nomad` reads it as the
+//! agent would ([`hcl::check`]): the unit of HashiCorp's package is `Type=simple` with
+//! `Restart=on-failure` and `RestartSec=2`, so `systemctl restart` succeeds and an agent
+//! that cannot load its config exits at once and is restarted for ever, the unit
+//! `activating (auto-restart)` and never `active`, until the file is fixed and the unit
+//! restarted again.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -28,6 +37,7 @@ use serde_json::json;
 use super::clock::LabClock;
 use super::consul::Consul;
 use super::frr::{self, Bgp};
+use super::hcl;
 use super::nomad::Nomad;
 use super::traefik::Traefik;
 
@@ -72,6 +82,9 @@ pub struct Unit {
     /// `systemctl list-dependencies --reverse` lists before the targets. Every lab unit is
     /// `WantedBy=multi-user.target`, which `graphical.target` requires.
     pub wanted_by: Vec<String>,
+    /// Why the unit's main process exits as soon as it starts (its config does not load),
+    /// so systemd keeps restarting it; `None` while it runs.
+    pub failed: Option<String>,
 }
 
 /// A Debian package as dpkg knows it.
@@ -98,6 +111,19 @@ pub struct NodeState {
     /// 1, 5 and 15 minute load averages.
     pub load: [f64; 3],
     pub cpus: u32,
+    /// The node's `/etc` in the lab's state directory (config files an agent reads when it
+    /// restarts); `None` when the node has no files of its own.
+    pub etc: Option<PathBuf>,
+}
+
+/// A unit restarted on a node, in the order the nodes restarted them.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Restart {
+    pub node: String,
+    pub unit: String,
+    pub main_pid: u32,
+    /// Whether the restarted unit runs (its config loaded), and why not when it does not.
+    pub failed: Option<String>,
 }
 
 /// Everything a node command can see or change.
@@ -108,6 +134,7 @@ pub struct World {
     pub traefik: BTreeMap<String, Arc<Traefik>>,
     nodes: Mutex<BTreeMap<String, NodeState>>,
     next_pid: AtomicU32,
+    restarts: Mutex<Vec<Restart>>,
 }
 
 impl World {
@@ -125,6 +152,7 @@ impl World {
             traefik,
             nodes: Mutex::new(nodes.into_iter().map(|n| (n.name.clone(), n)).collect()),
             next_pid: AtomicU32::new(48_213),
+            restarts: Mutex::new(Vec::new()),
         }
     }
 
@@ -135,6 +163,11 @@ impl World {
     /// A copy of one node's state.
     pub fn node(&self, name: &str) -> Option<NodeState> {
         self.nodes.lock().expect("nodes").get(name).cloned()
+    }
+
+    /// Every unit restart on every node so far, in order.
+    pub fn restarts(&self) -> Vec<Restart> {
+        self.restarts.lock().expect("restarts").clone()
     }
 
     /// Starts each node's Traefik once Nomad runs its allocation there.
@@ -170,6 +203,18 @@ impl World {
             }
             "systemctl" => {
                 let (out, restarted) = systemctl(state, args, now, &self.next_pid);
+                self.restarts
+                    .lock()
+                    .expect("restarts")
+                    .extend(restarted.iter().map(|unit| {
+                        let u = &state.units[unit];
+                        Restart {
+                            node: node.to_owned(),
+                            unit: unit.clone(),
+                            main_pid: u.main_pid,
+                            failed: u.failed.clone(),
+                        }
+                    }));
                 drop(nodes);
                 for unit in restarted {
                     self.unit_restarted(node, &unit, now);
@@ -282,6 +327,10 @@ fn file(node: &NodeState, path: &str, now: SystemTime) -> Option<String> {
             Some(format!("{a:.2} {b:.2} {c:.2} 3/1187 {}\n", 48_000 + node.cpus * 37))
         }
         "/etc/hostname" => Some(format!("{}\n", node.name)),
+        "/etc/nomad.d/nomad.hcl" => {
+            let etc = node.etc.as_ref()?;
+            std::fs::read_to_string(etc.join("nomad.d/nomad.hcl")).ok()
+        }
         "/etc/os-release" => Some(
             "PRETTY_NAME=\"Debian GNU/Linux 13 (trixie)\"\nNAME=\"Debian GNU/Linux\"\nVERSION_ID=\"13\"\nVERSION=\"13 (trixie)\"\nVERSION_CODENAME=trixie\nDEBIAN_VERSION_FULL=13.2\nID=debian\nHOME_URL=\"https://www.debian.org/\"\nSUPPORT_URL=\"https://www.debian.org/support\"\nBUG_REPORT_URL=\"https://bugs.debian.org/\"\n"
                 .to_owned(),
@@ -596,9 +645,14 @@ fn systemctl(
                 if verb == "start" {
                     continue;
                 }
+                let failed = config_failure(node, u);
                 let unit = node.units.get_mut(u).expect("checked above");
                 unit.main_pid = next_pid.fetch_add(311, Ordering::SeqCst);
                 unit.active_since = now;
+                if failed.is_some() {
+                    unit.n_restarts += 1;
+                }
+                unit.failed = failed;
                 restarted.push(u.clone());
             }
             (Output::ok(""), restarted)
@@ -620,10 +674,24 @@ fn systemctl(
                     text.push('\n');
                 }
                 let unit = node.units.get(u);
+                let looping = unit.is_some_and(|x| x.failed.is_some());
+                let (active, sub) = match unit {
+                    None => ("inactive", "dead"),
+                    Some(_) if looping => ("activating", "auto-restart"),
+                    Some(_) => ("active", "running"),
+                };
                 // systemctl prints the service's properties before the unit's.
                 let all: Vec<(&str, String)> = vec![
-                    ("MainPID", unit.map_or(0, |x| x.main_pid).to_string()),
-                    ("Result", "success".into()),
+                    (
+                        "MainPID",
+                        unit.filter(|_| !looping)
+                            .map_or(0, |x| x.main_pid)
+                            .to_string(),
+                    ),
+                    (
+                        "Result",
+                        if looping { "exit-code" } else { "success" }.into(),
+                    ),
                     ("NRestarts", unit.map_or(0, |x| x.n_restarts).to_string()),
                     ("Id", u.clone()),
                     (
@@ -639,14 +707,8 @@ fn systemctl(
                         }
                         .into(),
                     ),
-                    (
-                        "ActiveState",
-                        if unit.is_some() { "active" } else { "inactive" }.into(),
-                    ),
-                    (
-                        "SubState",
-                        if unit.is_some() { "running" } else { "dead" }.into(),
-                    ),
+                    ("ActiveState", active.into()),
+                    ("SubState", sub.into()),
                     (
                         "ActiveEnterTimestamp",
                         unit.map_or(String::new(), |x| timestamp(x.active_since)),
@@ -675,7 +737,10 @@ fn systemctl(
             let mut text = String::new();
             let mut code = 0;
             for u in &units {
-                if node.units.contains_key(u) {
+                if node.units.get(u).is_some_and(|x| x.failed.is_some()) {
+                    text.push_str("activating\n");
+                    code = 3;
+                } else if node.units.contains_key(u) {
                     text.push_str("active\n");
                 } else {
                     text.push_str("inactive\n");
@@ -695,6 +760,9 @@ fn systemctl(
             let mut text = String::new();
             for u in &units {
                 match node.units.get(u) {
+                    Some(x) if x.failed.is_some() => {
+                        text.push_str(&looping_status(&node.name, u, x, now))
+                    }
                     Some(x) => text.push_str(&format!(
                         "● {u} - {desc}\n     Loaded: loaded (/usr/lib/systemd/system/{u}; enabled; preset: enabled)\n     Active: active (running) since {since}; {ago}\n   Main PID: {pid} ({bin})\n",
                         desc = x.description,
@@ -723,6 +791,40 @@ fn systemctl(
             vec![],
         ),
     }
+}
+
+/// The config file a unit's agent reads when it starts, relative to the node's `/etc`.
+fn config_file(unit: &str) -> Option<&'static str> {
+    match unit {
+        "nomad.service" => Some("nomad.d/nomad.hcl"),
+        _ => None,
+    }
+}
+
+/// Why `unit`'s agent on `node` would exit at start: its config file does not load.
+fn config_failure(node: &NodeState, unit: &str) -> Option<String> {
+    let (etc, file) = (node.etc.as_ref()?, config_file(unit)?);
+    let shown = format!("/etc/{file}");
+    let text = match std::fs::read_to_string(etc.join(file)) {
+        Ok(text) => text,
+        Err(e) => return Some(format!("Error loading {shown}: {e}")),
+    };
+    hcl::check(&text).err().map(|why| {
+        format!("Error loading configuration from /etc/nomad.d: Error loading {shown}: {why}")
+    })
+}
+
+/// `systemctl status` of a unit whose agent exits at start and is restarted every 2 s.
+fn looping_status(host: &str, name: &str, unit: &Unit, now: SystemTime) -> String {
+    let bin = name.trim_end_matches(".service");
+    format!(
+        "● {name} - {desc}\n     Loaded: loaded (/usr/lib/systemd/system/{name}; enabled; preset: enabled)\n     Active: activating (auto-restart) (Result: exit-code) since {since}; {ago}\n    Process: {pid} ExecStart=/usr/bin/{bin} agent -config /etc/{bin}.d (code=exited, status=1/FAILURE)\n   Main PID: {pid} (code=exited, status=1/FAILURE)\n\n{host} {bin}[{pid}]: ==> {why}\n",
+        desc = unit.description,
+        since = timestamp(unit.active_since),
+        ago = ago(now.duration_since(unit.active_since).unwrap_or_default()),
+        pid = unit.main_pid,
+        why = unit.failed.as_deref().unwrap_or_default(),
+    )
 }
 
 /// `systemctl reload`: the units' ExecReload= runs; the main process and its start time stay.
@@ -811,6 +913,63 @@ mod tests {
         assert_eq!(
             systemctl(&mut node, &missing, now, &pid).0.stdout,
             "CanReload=no\n"
+        );
+    }
+
+    /// A restarted `nomad` reads its config: with a typo the restart succeeds and the unit
+    /// loops in auto-restart, with HCL's error in its status; fixed, it runs again.
+    #[test]
+    fn nomad_restarts_into_a_loop_on_a_config_it_cannot_load() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("nomad.d")).unwrap();
+        let file = dir.path().join("nomad.d/nomad.hcl");
+        let mut node = super::super::scenario::nodes(now).remove(0);
+        node.etc = Some(dir.path().to_owned());
+        let pid = AtomicU32::new(9000);
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let show = args(&[
+            "show",
+            "-p",
+            "ActiveState,SubState,Result,MainPID",
+            "--",
+            "nomad",
+        ]);
+
+        std::fs::write(
+            &file,
+            "client {\n  enabled = true\n}\nleave_on_terminate = flase\n",
+        )
+        .unwrap();
+        let (out, restarted) = systemctl(&mut node, &args(&["restart", "--", "nomad"]), now, &pid);
+        assert_eq!((out.code, restarted), (0, vec!["nomad.service".to_owned()]));
+        assert_eq!(
+            systemctl(&mut node, &show, now, &pid).0.stdout,
+            "MainPID=0\nResult=exit-code\nActiveState=activating\nSubState=auto-restart\n"
+        );
+        let active = systemctl(&mut node, &args(&["is-active", "nomad"]), now, &pid).0;
+        assert_eq!((active.stdout.as_str(), active.code), ("activating\n", 3));
+        let status = systemctl(&mut node, &args(&["status", "nomad"]), now, &pid).0;
+        assert!(
+            status
+                .stdout
+                .contains("Active: activating (auto-restart) (Result: exit-code)")
+                && status.stdout.contains(
+                    "Error loading /etc/nomad.d/nomad.hcl: At 4:22: Unknown token: 4:22 IDENT flase"
+                ),
+            "{}",
+            status.stdout
+        );
+
+        std::fs::write(
+            &file,
+            "client {\n  enabled = true\n}\nleave_on_terminate = false\n",
+        )
+        .unwrap();
+        systemctl(&mut node, &args(&["restart", "--", "nomad"]), now, &pid);
+        assert_eq!(
+            systemctl(&mut node, &show, now, &pid).0.stdout,
+            "MainPID=9311\nResult=success\nActiveState=active\nSubState=running\n"
         );
     }
 

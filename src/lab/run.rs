@@ -18,11 +18,12 @@ use tokio_util::sync::CancellationToken;
 use super::clock::LabClock;
 use super::consul::Consul;
 use super::http::serve_until;
-use super::node::{STANDINS, World};
+use super::node::{NodeState, STANDINS, World};
 use super::nomad::Nomad;
 use super::scenario::{self, NODES};
 use super::standin::TOKEN_ENV;
 use super::traefik::Traefik;
+use super::vip::Vip;
 use super::vm::{self, Vm};
 use crate::dev::{self, Stack};
 use crate::node::config::{RunnerConfig, ServiceConfig};
@@ -47,6 +48,8 @@ pub struct Lab {
     pub consul: Arc<Consul>,
     pub nomad: Arc<Nomad>,
     pub world: Arc<World>,
+    /// The anycast VIP and the probe at it.
+    pub vip: Arc<Vip>,
     /// What `dev.json` holds.
     pub info: Value,
     pub dev_json: PathBuf,
@@ -138,6 +141,24 @@ fn write_standins(
     Ok(out)
 }
 
+/// Gives each node its own `/etc` under `dir` (`nodes/<node>/etc`), with the files the
+/// lab's agents read when restarted: `nomad.d/nomad.hcl`.
+fn with_etc(nodes: Vec<NodeState>, dir: &Path) -> anyhow::Result<Vec<NodeState>> {
+    nodes
+        .into_iter()
+        .map(|mut node| {
+            let etc = dir.join("nodes").join(&node.name).join("etc");
+            std::fs::create_dir_all(etc.join("nomad.d"))?;
+            std::fs::write(
+                etc.join("nomad.d/nomad.hcl"),
+                scenario::nomad_config(&node.name),
+            )?;
+            node.etc = Some(etc);
+            Ok(node)
+        })
+        .collect()
+}
+
 /// Starts the lab; `shutdown` stops everything it started.
 pub async fn start(opts: LabOptions, shutdown: CancellationToken) -> anyhow::Result<Lab> {
     let began = Instant::now();
@@ -172,10 +193,13 @@ pub async fn start(opts: LabOptions, shutdown: CancellationToken) -> anyhow::Res
         consul.clone(),
         nomad.clone(),
         traefik.clone(),
-        scenario::nodes(start),
+        with_etc(scenario::nodes(start), &dir)?,
     ));
     world.sync();
     spawn_sync(world.clone(), stop.clone());
+    let vip = Vip::new(world.clone());
+    vip.clone().spawn(stop.clone());
+    let vip_url = serve_until(vip.clone().router(), stop.clone()).await?;
 
     let control_token = random_token()?;
     let control_url = serve_until(
@@ -237,7 +261,10 @@ pub async fn start(opts: LabOptions, shutdown: CancellationToken) -> anyhow::Res
             ),
             ("victoriametrics".to_owned(), service(&vm_url, None)),
         ]);
-        c.allowlists = BTreeMap::from([("systemd_units".to_owned(), vec!["consul".to_owned()])]);
+        c.allowlists = BTreeMap::from([(
+            "systemd_units".to_owned(),
+            vec!["consul".to_owned(), "nomad".to_owned()],
+        )]);
         runners.push(c);
     }
     let stack = dev::start(&dir, &opts.listen, None, runners, None, None, stop.clone()).await?;
@@ -253,6 +280,7 @@ pub async fn start(opts: LabOptions, shutdown: CancellationToken) -> anyhow::Res
         "victoriametrics_url": vm_url,
         "traefik_urls": traefik.iter().map(|(n, t)| (n.clone(), t.url())).collect::<BTreeMap<_, _>>(),
         "control_url": control_url,
+        "vip_probe_url": vip_url,
         "metrics_missing": metrics_missing,
     });
     let dev_json = stack.write_info(&info)?;
@@ -261,6 +289,7 @@ pub async fn start(opts: LabOptions, shutdown: CancellationToken) -> anyhow::Res
         consul,
         nomad,
         world,
+        vip,
         info,
         dev_json,
         metrics_missing,
@@ -330,6 +359,10 @@ impl Lab {
         out.push_str(&format!(
             "  Nomad API:    {}\n",
             lab["nomad_url"].as_str().unwrap_or("")
+        ));
+        out.push_str(&format!(
+            "  VIP probe:    {} (connections at the anycast VIP, refused ones by node; POST …/reset)\n",
+            lab["vip_probe_url"].as_str().unwrap_or("")
         ));
         match &self.metrics_missing {
             None => out.push_str(&format!(

@@ -242,6 +242,32 @@ pub fn nomad(token: &str, clock: Arc<LabClock>) -> Arc<Nomad> {
     Arc::new(nomad)
 }
 
+/// The node's Nomad agent config, `/etc/nomad.d/nomad.hcl`: a client on every node, a
+/// server on the three that are Consul servers too.
+pub fn nomad_config(node: &str) -> String {
+    let server = matches!(node, "nomad-hvn01" | "nomad-hvn03" | "nomad-hvn05");
+    format!(
+        "# Nomad agent on {node} (HashiCorp's package runs `nomad agent -config /etc/nomad.d`).\n\
+         datacenter = \"dc1\"\n\
+         data_dir   = \"/opt/nomad/data\"\n\
+         bind_addr  = \"{ip}\"\n\
+         \n\
+         server {{\n\
+         \x20 enabled          = {server}\n\
+         \x20 bootstrap_expect = 3\n\
+         }}\n\
+         \n\
+         client {{\n\
+         \x20 enabled = true\n\
+         }}\n\
+         \n\
+         consul {{\n\
+         \x20 address = \"127.0.0.1:8500\"\n\
+         }}\n",
+        ip = node_ip(node),
+    )
+}
+
 /// What the edge routes: every app from the Consul catalog, by host.
 pub fn site(start: SystemTime) -> Site {
     let apps = [
@@ -310,6 +336,7 @@ pub fn nodes(start: SystemTime) -> Vec<NodeState> {
                 active_since: boot + Duration::from_secs(after),
                 n_restarts: 0,
                 wanted_by: Vec::new(),
+                failed: None,
             };
             let pid = 700 + 13 * k as u32;
             let units = [
@@ -384,6 +411,7 @@ pub fn nodes(start: SystemTime) -> Vec<NodeState> {
                 },
                 load,
                 cpus: 32,
+                etc: None,
             }
         })
         .collect()

@@ -71,6 +71,11 @@ impl Traefik {
         format!("http://{}", self.addr)
     }
 
+    /// The address this node's Traefik serves (or refuses) on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
     pub fn node(&self) -> &str {
         &self.node
     }

@@ -20,8 +20,10 @@ use std::time::{Duration, Instant};
 
 use emisar::lab::clock::LabClock;
 use emisar::lab::consul::{Consul, MemberStatus};
+use emisar::lab::node::World;
 use emisar::lab::nomad::Nomad;
 use emisar::lab::run::{LabOptions, start};
+use emisar::lab::vip::Vip;
 use emisar::server::audit::{self, AuditFilter};
 use emisar::server::db::Db;
 use rmcp::RoleClient;
@@ -35,7 +37,7 @@ use crate::harness::tools::{Proc, mcp_client, require};
 use crate::mcp_calls::call;
 use crate::portal_browser::{Driver, assert_png, require_path};
 
-const NODES: [&str; 5] = [
+pub(crate) const NODES: [&str; 5] = [
     "nomad-hvn01",
     "nomad-hvn02",
     "nomad-hvn03",
@@ -44,15 +46,18 @@ const NODES: [&str; 5] = [
 ];
 const VM: &str = "/usr/bin/victoria-metrics";
 const TOP5: &str = "topk(5, sum by(service) (rate(traefik_service_requests_total[2m])))";
-const CONSUL_REASON: &str = "hvn05 Consul wedged (left the gossip) after a reboot — restart so it rejoins and Traefik's token derivation succeeds";
+pub(crate) const CONSUL_REASON: &str = "hvn05 Consul wedged (left the gossip) after a reboot — restart so it rejoins and Traefik's token derivation succeeds";
 const NOMAD_REASON: &str = "Traefik OOM-looping at the 1 GiB cap under VIP load; raise to 4 GiB";
 
 /// The lab, running in-process until dropped.
-struct RunningLab {
-    info: Value,
+pub(crate) struct RunningLab {
+    pub(crate) info: Value,
     clock: Arc<LabClock>,
     consul: Arc<Consul>,
     nomad: Arc<Nomad>,
+    pub(crate) world: Arc<World>,
+    pub(crate) vip: Arc<Vip>,
+    pub(crate) state_dir: PathBuf,
     db: Db,
     database_url: String,
     stop: CancellationToken,
@@ -60,7 +65,7 @@ struct RunningLab {
 }
 
 impl RunningLab {
-    async fn start() -> RunningLab {
+    pub(crate) async fn start() -> RunningLab {
         require_path(Path::new(VM));
         let dir = tempfile::tempdir().unwrap();
         let stop = CancellationToken::new();
@@ -82,6 +87,9 @@ impl RunningLab {
             clock: lab.clock.clone(),
             consul: lab.consul.clone(),
             nomad: lab.nomad.clone(),
+            world: lab.world.clone(),
+            vip: lab.vip.clone(),
+            state_dir: dir.path().join("lab"),
             db: lab.db().clone(),
             database_url: lab.database_url().to_owned(),
             stop,
@@ -107,7 +115,7 @@ impl RunningLab {
         .await
     }
 
-    async fn approver(&self) -> Portal {
+    pub(crate) async fn approver(&self) -> Portal {
         Portal::login_at(
             &self.base(),
             self.info["approver"].as_str().unwrap(),
@@ -116,7 +124,7 @@ impl RunningLab {
         .await
     }
 
-    async fn events(&self, filter: AuditFilter) -> Vec<audit::Event> {
+    pub(crate) async fn events(&self, filter: AuditFilter) -> Vec<audit::Event> {
         audit::query(
             &self.db,
             &AuditFilter {
@@ -129,7 +137,7 @@ impl RunningLab {
     }
 
     /// `emisar audit verify`, the command an auditor runs, passes on the lab's database.
-    fn verify_with_cli(&self) {
+    pub(crate) fn verify_with_cli(&self) {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_emisar"))
             .args(["audit", "verify", "--database", &self.database_url])
             .output()
@@ -836,7 +844,7 @@ async fn lab_every_stock_read_answers_and_bgp_shutdown_withdraws_the_vip() {
 }
 
 /// The pending requests, once there are `n` of them.
-async fn wait_for_pending(p: &Portal, n: usize) -> Vec<Value> {
+pub(crate) async fn wait_for_pending(p: &Portal, n: usize) -> Vec<Value> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let (status, body) = p.get("/api/approvals?state=pending").await;

@@ -22,6 +22,7 @@ mod harness;
 mod hostile;
 mod join_bounds;
 mod lab;
+mod lab_rollout;
 mod mcp_calls;
 mod oidc;
 mod oidc_mcp;

@@ -12,21 +12,33 @@ use crate::mcp_calls::traefik_with_dead_backends;
 /// Runs tests/mcp_python_client.py against `app` (over https when it serves TLS: the SDK's
 /// HTTP client then trusts the test CA through `SSL_CERT_FILE`) and returns what it printed.
 pub async fn python_call(app: &TestApp, tool: &str, args: &Value) -> Value {
+    python_call_at(&app.mcp_url, &app.token, app.ca_file.as_deref(), tool, args).await
+}
+
+/// Runs tests/mcp_python_client.py against the MCP endpoint `mcp_url` with the agent token
+/// `token` (trusting `ca` when given) and returns what it printed.
+pub async fn python_call_at(
+    mcp_url: &str,
+    token: &str,
+    ca: Option<&std::path::Path>,
+    tool: &str,
+    args: &Value,
+) -> Value {
     let python = require("venv/bin/python");
     let script =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp_python_client.py");
     let mut command = tokio::process::Command::new(python);
     command.arg(script).args([
         "--url",
-        &app.mcp_url,
+        mcp_url,
         "--token",
-        &app.token,
+        token,
         "--tool",
         tool,
         "--args",
         &args.to_string(),
     ]);
-    if let Some(ca) = &app.ca_file {
+    if let Some(ca) = ca {
         command.env("SSL_CERT_FILE", ca);
     }
     let out = command.output().await.unwrap();

@@ -241,6 +241,18 @@ async fn a_bad_change_halts_on_the_canary_and_the_good_one_rolls_out_wave_by_wav
         .map(|r| r["runner"].as_str().unwrap())
         .collect();
     assert_eq!(not_run, ["edge-2", "edge-3", "edge-4", "edge-5"], "{out}");
+    // The canary's write ran, and its result says its node is not healthy.
+    let canary = &results[0];
+    assert_eq!(canary["runner"], "edge-1");
+    assert_eq!(canary["ok"], false, "{out}");
+    assert_eq!(canary["error_kind"], "gate_failed", "{out}");
+    assert!(
+        canary["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("the write ran, then its health gate"),
+        "{out}"
+    );
     let id = request["id"].as_str().unwrap();
     let gates = events(&fleet.app, id, "rollout.gate").await;
     let [gate] = &gates[..] else {

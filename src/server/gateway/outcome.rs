@@ -183,6 +183,8 @@ impl CallOutcome {
 
 /// The `error_kind` of a runner a halted rollout never called (`approval_flow/rollout.rs`).
 pub(super) const NOT_RUN: &str = "not_run";
+/// The `error_kind` of a runner whose write ran and whose health gate then failed.
+pub(super) const GATE_FAILED: &str = "gate_failed";
 
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct RunnerResult {
@@ -368,6 +370,7 @@ mod tests {
         let mut sent: Vec<&str> = errors.iter().map(RunnerError::kind).collect();
         sent.push("outcome_not_recorded");
         sent.push(NOT_RUN);
+        sent.push(GATE_FAILED);
         sent.sort();
         let mut documented = table_column(AGENT_GUIDE, "`error_kind`");
         documented.sort();

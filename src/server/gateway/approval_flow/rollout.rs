@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Map, Value, json};
 
 use super::super::dispatch::Record;
-use super::super::outcome::{NOT_RUN, RunnerResult};
+use super::super::outcome::{GATE_FAILED, NOT_RUN, RunnerResult};
 use super::super::state::Gateway;
 use crate::pack::ToolRef;
 use crate::protocol::Mode;
@@ -168,7 +168,13 @@ impl Gateway {
                         // there is nothing left to hold back, and the writes' answers are
                         // the outcome.
                         None if i + 1 == waves.len() => None,
-                        None => self.gate(r, runners, wave).await.err(),
+                        None => {
+                            let gated = self.gate(r, runners, wave).await;
+                            if let Err((Some(runner), why)) = &gated {
+                                mark_unhealthy(&mut results, runner, why);
+                            }
+                            gated.err()
+                        }
                     }
                 }
             };
@@ -342,6 +348,17 @@ fn too_late_for_wave(no_wave_from: Option<u64>, wave: u32) -> Option<String> {
             "the signed statement expired before wave {wave} could start, so its runners would refuse it; ask again for the runners not run"
         )
     })
+}
+
+/// The result of a runner whose write ran and whose gate then failed: failed, with why, so
+/// the agent reading the results alone does not take the node for healthy (its write's output
+/// is kept).
+fn mark_unhealthy(results: &mut [RunnerResult], runner: &str, why: &str) {
+    if let Some(r) = results.iter_mut().find(|r| r.runner == runner) {
+        r.ok = false;
+        r.error = Some(format!("the write ran, then {why}"));
+        r.error_kind = Some(GATE_FAILED.into());
+    }
 }
 
 /// The result of a runner a halted rollout never called, with why it halted.

@@ -624,6 +624,7 @@ async fn verify_approvals(
     for kind in [
         audit::kind::APPROVAL_APPROVED,
         audit::kind::APPROVAL_EXECUTING,
+        audit::kind::ROLLOUT_DECIDED,
     ] {
         let mut after_seq = None;
         loop {
@@ -661,13 +662,14 @@ async fn verify_approvals(
             );
         }
         println!(
-            "{}: {} executed approvals verified against {} (sha256:{}), {} failed{}",
+            "{}: {} executed approvals and {} rollout decisions verified against {} (sha256:{}), {} failed{}",
             if report.failures.is_empty() {
                 "ok"
             } else {
                 "FAILED"
             },
             report.verified,
+            report.decisions_verified,
             approvers.display(),
             file.sha256,
             report.failures.len(),

@@ -686,7 +686,10 @@ async fn two_people_approve_in_the_terminal_through_ssh_agent_and_it_runs_once()
         "{says}{}",
         String::from_utf8_lossy(&verified.stderr)
     );
-    assert!(says.contains("ok: 1 executed approvals verified"), "{says}");
+    assert!(
+        says.contains("ok: 1 executed approvals and 0 rollout decisions verified"),
+        "{says}"
+    );
     // …and a stored signature altered by someone who owns the database is named.
     let bob_vote = app
         .events(emisar::server::audit::AuditFilter {
@@ -783,7 +786,7 @@ async fn two_people_approve_in_the_terminal_through_ssh_agent_and_it_runs_once()
     assert_eq!(code, Some(0), "{says}");
     assert!(
         says.contains(&format!(
-            "ok: 0 executed approvals verified against {approvers_arg}"
+            "ok: 0 executed approvals and 0 rollout decisions verified against {approvers_arg}"
         )) && says.contains(&format!("1 before seq {after} not checked")),
         "{says}"
     );

@@ -3,7 +3,10 @@
 //!
 //! For each `approval.executing` event, the `approval.approved` events of the same approval
 //! must carry one statement (naming that approval and tool) and signatures over it that verify
-//! with the file, by distinct people, at least as many as the file's rule for the tool. A
+//! with the file, by distinct people, at least as many as the file's rule for the tool. For
+//! each rollout decision carried out (the `rollout.decided` event whose `state` is
+//! `executing`), its `rollout.decided` votes must carry one decision text about that approval
+//! and its statement, with signatures over it by enough distinct people in the same way. A
 //! failure names the event (seq and id) and the rule it broke. Pure: the caller reads the
 //! events; the tests below give each check a case only it catches.
 
@@ -13,12 +16,15 @@ use serde::Serialize;
 
 use super::chain::Event;
 use super::kind;
-use crate::protocol::approval::{Approvers, Signature, Statement, verify_quorum};
+use crate::digest::sha256_hex;
+use crate::protocol::approval::{Approvers, Decision, Signature, Statement, verify_quorum};
 
 #[derive(Debug, Default, Serialize)]
 pub struct Report {
     /// Executed approvals whose signatures held.
     pub verified: u64,
+    /// Rollout decisions carried out (a resume or a retry) whose signatures held.
+    pub decisions_verified: u64,
     pub failures: Vec<Failure>,
     /// Executed approvals the caller set aside (before `--from-seq`): neither verified nor
     /// failed.
@@ -37,6 +43,8 @@ pub struct Failure {
 pub fn verify(events: &[Event], approvers: &Approvers) -> Report {
     let mut approved: BTreeMap<&str, Vec<&Event>> = BTreeMap::new();
     let mut executing: Vec<&Event> = Vec::new();
+    let mut decided: BTreeMap<(&str, &str), Vec<&Event>> = BTreeMap::new();
+    let mut carried_out: Vec<&Event> = Vec::new();
     for e in events {
         let Some(id) = e.approval_id.as_deref() else {
             continue;
@@ -44,32 +52,130 @@ pub fn verify(events: &[Event], approvers: &Approvers) -> Report {
         match e.kind.as_str() {
             kind::APPROVAL_APPROVED => approved.entry(id).or_default().push(e),
             kind::APPROVAL_EXECUTING => executing.push(e),
+            kind::ROLLOUT_DECIDED => {
+                let detail = e.detail.as_ref();
+                let decision = detail
+                    .and_then(|d| d.get("decision_id"))
+                    .and_then(|d| d.as_str())
+                    .unwrap_or_default();
+                decided.entry((id, decision)).or_default().push(e);
+                if detail.and_then(|d| d.get("state")).and_then(|s| s.as_str()) == Some("executing")
+                {
+                    carried_out.push(e);
+                }
+            }
             _ => {}
         }
     }
     let mut report = Report::default();
+    let mut fail = |id: &str, (event, why): (&Event, String)| {
+        report.failures.push(Failure {
+            approval_id: id.to_owned(),
+            seq: event.seq,
+            event_id: event.id.clone(),
+            why,
+        });
+    };
+    let mut verified = 0;
+    let mut decisions_verified = 0;
     for exec in executing {
         let id = exec.approval_id.as_deref().unwrap_or_default();
         let votes = approved.get(id).map(Vec::as_slice).unwrap_or_default();
         match check(id, exec, votes, approvers) {
-            Ok(()) => report.verified += 1,
-            Err((event, why)) => report.failures.push(Failure {
-                approval_id: id.to_owned(),
-                seq: event.seq,
-                event_id: event.id.clone(),
-                why,
-            }),
+            Ok(_) => verified += 1,
+            Err(failed) => fail(id, failed),
         }
     }
+    for last in carried_out {
+        let id = last.approval_id.as_deref().unwrap_or_default();
+        let decision = last
+            .detail
+            .as_ref()
+            .and_then(|d| d.get("decision_id"))
+            .and_then(|d| d.as_str())
+            .unwrap_or_default();
+        let votes = approved.get(id).map(Vec::as_slice).unwrap_or_default();
+        let statement = match check(id, last, votes, approvers) {
+            Ok(text) => text,
+            Err(failed) => {
+                fail(id, failed);
+                continue;
+            }
+        };
+        let decision_votes = decided
+            .get(&(id, decision))
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        match check_decision(id, last, statement, decision_votes, approvers) {
+            Ok(()) => decisions_verified += 1,
+            Err(failed) => fail(id, failed),
+        }
+    }
+    report.verified = verified;
+    report.decisions_verified = decisions_verified;
     report
 }
 
+/// A rollout decision carried out by `last` (the vote that made it enough): every vote for it
+/// carries one decision text, about approval `id` and its `statement`, and a signature over
+/// it; together they make the file's quorum for the tool and the statement's own count.
+fn check_decision<'a>(
+    id: &str,
+    last: &'a Event,
+    statement: &str,
+    votes: &[&'a Event],
+    approvers: &Approvers,
+) -> Result<(), (&'a Event, String)> {
+    let tool = last.tool.as_deref().unwrap_or_default();
+    let mut text: Option<&str> = None;
+    let mut signatures = Vec::new();
+    for vote in votes {
+        let detail = vote.detail.as_ref();
+        let (Some(t), Some(sig)) = (
+            detail.and_then(|d| d.get("text")).and_then(|s| s.as_str()),
+            detail.and_then(|d| d.get("signature")),
+        ) else {
+            return Err((
+                *vote,
+                "a rollout decision's vote without a signature".into(),
+            ));
+        };
+        if text.is_some_and(|first| first != t) {
+            return Err((
+                *vote,
+                "signed another decision text than the first vote".into(),
+            ));
+        }
+        text = Some(t);
+        let d = Decision::parse(t).map_err(|e| (*vote, e.to_string()))?;
+        if d.approval_id != id || d.statement_sha256 != sha256_hex(statement.as_bytes()) {
+            return Err((
+                *vote,
+                "the decision is about another approval or statement than the one signed".into(),
+            ));
+        }
+        let sig: Signature = serde_json::from_value(sig.clone())
+            .map_err(|e| (*vote, format!("an unreadable signature: {e}")))?;
+        crate::protocol::approval::verify_signature(approvers, t, &sig).map_err(|e| (*vote, e))?;
+        signatures.push(sig);
+    }
+    let text = text.ok_or_else(|| (last, "a decision carried out with no vote".to_owned()))?;
+    let required = Statement::parse(statement)
+        .map_err(|e| (last, e.to_string()))?
+        .required;
+    verify_quorum(approvers, tool, text, &signatures, required)
+        .map_err(|e| (last, format!("the rollout decision: {e}")))?;
+    Ok(())
+}
+
+/// The approval `id` executed by `exec`: its votes carry one statement and enough signatures
+/// over it. Returns the statement's text.
 fn check<'a>(
     id: &str,
     exec: &'a Event,
     votes: &[&'a Event],
     approvers: &Approvers,
-) -> Result<(), (&'a Event, String)> {
+) -> Result<&'a str, (&'a Event, String)> {
     let tool = exec.tool.as_deref().unwrap_or_default();
     if votes.is_empty() {
         return Err((exec, "executed with no approval.approved event".into()));
@@ -119,7 +225,7 @@ fn check<'a>(
         .map_err(|e| (exec, e.to_string()))?
         .required;
     verify_quorum(approvers, tool, text, &signatures, required).map_err(|e| (exec, e))?;
-    Ok(())
+    Ok(text)
 }
 
 #[cfg(test)]
@@ -279,5 +385,96 @@ mod tests {
                 )
             );
         }
+    }
+
+    /// A `rollout.decided` vote by key `seed` over decision `text`; `state` after it.
+    fn decided(seq: i64, approval_id: &str, text: &str, seed: u8, state: &str) -> Event {
+        let signature = Signature::Ssh {
+            signer: format!("key{seed}"),
+            signature: sign(&test_key(seed), sshsig::APPROVAL_NAMESPACE, text.as_bytes()),
+        };
+        event(
+            seq,
+            kind::ROLLOUT_DECIDED,
+            approval_id,
+            Some(
+                json!({"decision_id": "d1", "state": state, "text": text, "signature": signature}),
+            ),
+        )
+    }
+
+    fn decision(approval_id: &str, statement: &str) -> String {
+        crate::protocol::approval::Decision {
+            id: "d1".into(),
+            approval_id: approval_id.into(),
+            statement_sha256: sha256_hex(statement.as_bytes()),
+            halted_wave: 1,
+            choice: crate::protocol::approval::Choice::Retry,
+            runners: vec!["hvn05".into()],
+            expires_at: "2026-11-30T10:30:00Z".into(),
+        }
+        .text()
+        .unwrap()
+    }
+
+    #[test]
+    fn a_rollout_decision_carried_out_is_verified_like_its_approval() {
+        let text = statement("a1", TOOL);
+        let d = decision("a1", &text);
+        let approval = [
+            vote(1, "a1", &text, 1),
+            vote(2, "a1", &text, 2),
+            executing(3, "a1"),
+        ];
+        let with = |decided: &[Event]| {
+            let events: Vec<Event> = approval
+                .iter()
+                .cloned()
+                .chain(decided.iter().cloned())
+                .collect();
+            verify(&events, &approvers())
+        };
+        let report = with(&[
+            decided(4, "a1", &d, 1, "halted"),
+            decided(5, "a1", &d, 2, "executing"),
+        ]);
+        assert_eq!(
+            (report.verified, report.decisions_verified),
+            (1, 1),
+            "{report:?}"
+        );
+        assert!(report.failures.is_empty(), "{report:?}");
+        // One person's decision where two are needed: named at the vote that carried it out.
+        let report = with(&[decided(4, "a1", &d, 1, "executing")]);
+        assert_eq!(report.failures.len(), 1, "{report:?}");
+        assert_eq!(report.failures[0].seq, 4);
+        assert!(report.failures[0].why.contains("needs 2"), "{report:?}");
+        // One person with two keys counts once.
+        let report = with(&[
+            decided(4, "a1", &d, 1, "halted"),
+            decided(5, "a1", &d, 3, "executing"),
+        ]);
+        assert!(report.failures[0].why.contains("count once"), "{report:?}");
+        // A decision about another statement than the one people signed.
+        let other = decision("a1", "another statement\n");
+        let report = with(&[
+            decided(4, "a1", &other, 1, "halted"),
+            decided(5, "a1", &other, 2, "executing"),
+        ]);
+        assert!(
+            report.failures[0]
+                .why
+                .contains("another approval or statement"),
+            "{report:?}"
+        );
+        // Two votes over different texts.
+        let report = with(&[
+            decided(4, "a1", &d, 1, "halted"),
+            decided(5, "a1", &d.replace("retry", "resume"), 2, "executing"),
+        ]);
+        assert!(
+            report.failures[0].why.contains("another decision text"),
+            "{report:?}"
+        );
     }
 }

@@ -83,16 +83,19 @@ fn promtool_accepts_the_rules_and_their_unit_tests_pass() {
 }
 
 /// The shipped Prometheus configuration loads: its scrape of emisar with the auditor token
-/// file, and the rules file beside it. promtool reads it where an operator would put it, with
+/// file and the server's CA, and the rules file beside it. promtool reads it where an operator would put it, with
 /// the token file there.
 #[test]
 fn promtool_accepts_the_shipped_prometheus_config() {
     let dir = tempfile::tempdir().unwrap();
     let token = dir.path().join("emisar.token");
     std::fs::write(&token, "emisar_at_example\n").unwrap();
+    // The private CA of the server's certificate, which the config names.
+    let ca = crate::harness::certs::self_signed(dir.path(), "emisar-ca");
     let config = std::fs::read_to_string(repo().join("deploy/prometheus/prometheus.yml"))
         .unwrap()
-        .replace("/etc/prometheus/emisar.token", token.to_str().unwrap());
+        .replace("/etc/prometheus/emisar.token", token.to_str().unwrap())
+        .replace("/etc/prometheus/emisar-ca.crt", ca.cert.to_str().unwrap());
     std::fs::write(dir.path().join("prometheus.yml"), config).unwrap();
     std::fs::copy(rules_file(), dir.path().join("emisar-rules.yml")).unwrap();
     let config = dir.path().join("prometheus.yml");

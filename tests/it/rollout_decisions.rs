@@ -160,7 +160,8 @@ async fn a_signed_retry_runs_the_fixed_canary_again_then_the_rest_and_a_signed_a
     assert_eq!(last["text"], json!(text), "what the auditor verifies again");
     assert_eq!(last["signed"]["person"], "bob");
 
-    // Another change halts; one person's signed abort ends it, and nothing more runs.
+    // Another change halts; one person's signed abort ends it, and nothing more runs (the
+    // file's two SSH signatures are for what runs: an abort runs nothing).
     fleet.make_sick("edge-1", "bad");
     let (out, request) = roll(&fleet, &alice, &bob, "bad").await;
     assert_eq!(out["approval"]["state"], "halted", "{out}");

@@ -106,7 +106,8 @@ fn node_programs(dir: &Path, runner: &str) -> PathBuf {
 }
 
 /// Five TLS runners, each trusting an approvers file where a `roll` write needs alice and
-/// bob; the policy rolls out a canary of one, then waves of two.
+/// bob, both signing in the terminal (SSH); the policy rolls out a canary of one, then waves
+/// of two.
 pub(crate) async fn fleet() -> Fleet {
     fleet_with("").await
 }
@@ -121,7 +122,7 @@ pub(crate) async fn fleet_with(policy: &str) -> Fleet {
     std::fs::write(
         &approvers,
         format!(
-            "serial = 1\n[[person]]\nname = \"alice\"\nssh = [\"{}\"]\n[[person]]\nname = \"bob\"\nssh = [\"{}\"]\n[[rule]]\ntools = \"roll.*\"\napprovals = 2\n",
+            "serial = 1\n[[person]]\nname = \"alice\"\nssh = [\"{}\"]\n[[person]]\nname = \"bob\"\nssh = [\"{}\"]\n[[rule]]\ntools = \"roll.*\"\napprovals = 2\nssh_signatures = 2\n",
             pub_line(1),
             pub_line(2)
         ),

@@ -219,6 +219,7 @@ impl Gateway {
                 record: &record,
                 no_wave_from: None,
                 only: None,
+                first_wave_recorded: false,
             };
             let record = &record;
             let rolled = self

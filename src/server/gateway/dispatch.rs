@@ -288,7 +288,7 @@ impl Record<'_> {
         detail: Value,
     ) -> NewEvent {
         NewEvent {
-            actor: "system:rollout".into(),
+            actor: super::approval_flow::ROLLOUT_ACTOR.into(),
             kind: kind.into(),
             tool: Some(self.tool.to_owned()),
             runner: runner.map(str::to_owned),

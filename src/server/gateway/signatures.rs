@@ -309,11 +309,13 @@ impl Gateway {
                 )));
             }
         }
-        // The deciding vote: the runners will want the rule's SSH signatures among them all.
+        // The deciding vote: the runners will want the rule's SSH signatures among them all
+        // (never more than the people it needs: one abort, which no runner checks, is one).
         let terminal = server
             .approvers
             .rule(&row.tool)
-            .map_or(0, |r| r.ssh_signatures);
+            .map_or(0, |r| r.ssh_signatures)
+            .min(required);
         let ssh = votes
             .iter()
             .filter_map(|v| v.signed.as_ref())

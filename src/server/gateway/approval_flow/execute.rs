@@ -10,7 +10,7 @@ use serde_json::json;
 use super::super::dispatch::Record;
 use super::super::outcome::{CallOutcome, RunnerResult};
 use super::super::state::Gateway;
-use super::rollout::{Prepared, Rolled};
+use super::rollout::{Prepared, ROLLOUT_ACTOR, Rolled};
 use crate::protocol::approval::{Choice, DecisionProof};
 use crate::server::approvals::{self, Actor, Approval, ApprovalError, Lock, State, Verdict};
 use crate::server::audit::kind;
@@ -254,7 +254,7 @@ fn claim(
     now: chrono::DateTime<chrono::Utc>,
 ) -> Result<approvals::Change, ApprovalError> {
     let by = r.decided_by.clone().unwrap_or_else(|| "system".into());
-    approvals::moved(
+    let mut change = approvals::moved(
         r,
         &[State::Approved],
         State::Executing,
@@ -262,7 +262,24 @@ fn claim(
         kind::APPROVAL_EXECUTING,
         json!({"runners": r.runners, "approvals": r.votes}),
         now,
-    )
+    )?;
+    // A rollout of several waves starts its first in the same commit as the claim, one
+    // durable commit fewer between the click and the first runner call (`rollout.rs` then
+    // records the waves after it).
+    if r.plan.waves.len() > 1 {
+        let mut wave = r.event(
+            ROLLOUT_ACTOR,
+            kind::ROLLOUT_WAVE,
+            json!({"wave": 1, "waves": r.plan.waves.len(), "runners": r.plan.waves[0]}),
+        );
+        wave.runner = None;
+        wave.detail = Some(super::super::call::on_behalf_of(
+            wave.detail.take().unwrap_or_default(),
+            r.on_behalf_of.as_deref(),
+        ));
+        change.events.push(wave);
+    }
+    Ok(change)
 }
 
 /// Whether an approved request's execution may no longer start: more than `within` since
@@ -300,6 +317,27 @@ mod tests {
         assert_eq!(
             event.detail,
             Some(json!({"runners": ["hvn05"], "approvals": []}))
+        );
+        // A plan of several waves: its first wave starts in the claim's commit.
+        let waves = Approval {
+            plan: crate::protocol::approval::Plan {
+                waves: vec![vec!["hvn05".into()], vec!["hvn06".into()]],
+                pause_secs: 0,
+            },
+            ..approved.clone()
+        };
+        let change = claim(&waves, now).unwrap();
+        let [executing, wave] = &change.events[..] else {
+            panic!("a claim and the first wave: {:?}", change.events);
+        };
+        assert_eq!(executing.kind, kind::APPROVAL_EXECUTING);
+        assert_eq!(wave.kind, kind::ROLLOUT_WAVE);
+        assert_eq!(wave.actor, "system:rollout");
+        assert_eq!(
+            wave.detail,
+            Some(
+                json!({"wave": 1, "waves": 2, "runners": ["hvn05"], "on_behalf_of": "person:dana"})
+            )
         );
         // Without a recorded approver, the system claims it.
         let nobody = Approval {

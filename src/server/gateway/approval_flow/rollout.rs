@@ -1,15 +1,17 @@
 //! An approved request's rollout: its runners wave by wave, in the order of the plan fixed at
-//! request time (and signed, where people sign), each wave's writes at once, then, before the
-//! next wave, each of its runners' health gate (the tool's `verify`, tried until it passes or
-//! its deadline runs out), then the plan's pause. The last wave has no gate: nothing is left
+//! request time (and signed, where people sign). A wave's runners run at once, each its write
+//! and then its health gate (the tool's `verify`, tried until it passes or its deadline runs
+//! out); then the plan's pause; then the next wave. The last wave has no gate: nothing is left
 //! to hold back, and its writes' answers are the outcome. The first failed write or gate
 //! halts it: the runners of later waves are never called, and the audit log says which
-//! runner failed, why, and which never ran.
+//! runner failed, why, and which never ran. Under people's decision on a halt (`only`), the
+//! runners it names run, each still in its wave.
 //!
 //! Invariant: a runner is called only in the wave the plan places it in (and the call says
 //! which, so a runner that checks people's signatures holds it against the signed plan), and
 //! only after every runner of every earlier wave wrote and passed its gate. Each wave of a
-//! plan with several starts with a durable `rollout.wave` (a plan of one wave is the request
+//! plan with several starts with a durable `rollout.wave` (the first one of an approved
+//! request in its claim's commit, `execute.rs`; a plan of one wave is the request
 //! `approval.executing` already names).
 
 use std::time::{Duration, Instant};
@@ -54,7 +56,12 @@ pub(in crate::server::gateway) struct Rollout<'a> {
     /// The runners to run, when people's decision on a halted rollout runs some of them
     /// (each still in its wave of the plan); None: all of them.
     pub(in crate::server::gateway) only: Option<&'a [String]>,
+    /// True when the first wave's `rollout.wave` is durable already (in the claim's commit).
+    pub(in crate::server::gateway) first_wave_recorded: bool,
 }
+
+/// The actor of a rollout's own events.
+pub(in crate::server::gateway) const ROLLOUT_ACTOR: &str = "system:rollout";
 
 /// How a rollout ended.
 pub(in crate::server::gateway) struct Rolled {
@@ -89,6 +96,8 @@ impl Gateway {
             record: &p.record,
             no_wave_from,
             only: decided.map(|d| d.runners.as_slice()),
+            // The claim of an approved request recorded its first wave (`execute.rs`).
+            first_wave_recorded: decided.is_none(),
         };
         self.roll_out(&rollout, |name: String, wave| async move {
             self.write_on(row, p, &name, wave).await
@@ -135,6 +144,7 @@ impl Gateway {
                 // One wave is the whole call, which its intent names already: no second
                 // commit before the runner call.
                 None if total == 1 => Ok(()),
+                None if i == 0 && r.first_wave_recorded => Ok(()),
                 // Fail closed: a wave the log cannot show does not start.
                 None => self
                     .record_rollout(
@@ -153,29 +163,41 @@ impl Gateway {
             let failed = match started {
                 Err(why) => Some((None, why)),
                 Ok(()) => {
-                    let written = futures::future::join_all(
-                        runners.iter().map(|name| write(name.clone(), wave)),
-                    )
-                    .await;
-                    let failed_write = written.iter().find(|r| !r.ok).map(|r| {
-                        let why = r.error.as_deref().unwrap_or("the write failed");
-                        (Some(r.runner.clone()), format!("the write failed: {why}"))
-                    });
-                    results.extend(written);
-                    match failed_write {
-                        Some(failed) => Some(failed),
-                        // The gate protects the waves still to come; after the last one
-                        // there is nothing left to hold back, and the writes' answers are
-                        // the outcome.
-                        None if i + 1 == waves.len() => None,
-                        None => {
-                            let gated = self.gate(r, runners, wave).await;
-                            if let Err((Some(runner), why)) = &gated {
-                                mark_unhealthy(&mut results, runner, why);
-                            }
-                            gated.err()
+                    // The gate protects the waves still to come; after the last one there is
+                    // nothing left to hold back, and the writes' answers are the outcome.
+                    let gated = i + 1 < waves.len();
+                    // Each runner's gate follows its own write, so a wave takes its slowest
+                    // runner's write and gate, not the slowest write plus the slowest gate.
+                    let ran = futures::future::join_all(runners.iter().map(|name| {
+                        let written = write(name.clone(), wave);
+                        async move {
+                            let written = written.await;
+                            let gate = match gated && written.ok {
+                                true => self.gate_one_of(r, name, wave).await,
+                                false => Ok(()),
+                            };
+                            (written, gate)
                         }
+                    }))
+                    .await;
+                    let failed_write = ran.iter().find(|(w, _)| !w.ok).map(|(w, _)| {
+                        let why = w.error.as_deref().unwrap_or("the write failed");
+                        (Some(w.runner.clone()), format!("the write failed: {why}"))
+                    });
+                    let failed_gate = ran.iter().find_map(|(w, gate)| {
+                        gate.as_ref()
+                            .err()
+                            .map(|why| (Some(w.runner.clone()), why.clone()))
+                    });
+                    let mut written: Vec<RunnerResult> = Vec::with_capacity(ran.len());
+                    for (mut w, gate) in ran {
+                        if let Err(why) = gate {
+                            mark_unhealthy(&mut w, &why);
+                        }
+                        written.push(w);
                     }
+                    results.extend(written);
+                    failed_write.or(failed_gate)
                 }
             };
             let Some((runner, why)) = failed else {
@@ -250,27 +272,13 @@ impl Gateway {
         self.run_on(name, p.tool, &dispatch, &p.record).await
     }
 
-    /// A wave's health gate: every runner of it passes the tool's `verify` within its
-    /// deadline, each gate audited; a tool without one is gated on its writes alone. The
-    /// first runner that fails, and why.
-    async fn gate(
-        &self,
-        r: &Rollout<'_>,
-        runners: &[String],
-        wave: u32,
-    ) -> Result<(), (Option<String>, String)> {
-        let Some(verify) = &r.tool.verify else {
-            return Ok(());
-        };
-        let gates = runners
-            .iter()
-            .map(|name| self.gate_one(r, name, wave, verify.within));
-        let failed = futures::future::join_all(gates)
-            .await
-            .into_iter()
-            .zip(runners)
-            .find_map(|(passed, name)| passed.err().map(|why| (Some(name.clone()), why)));
-        failed.map_or(Ok(()), Err)
+    /// One runner's health gate after its write: the tool's `verify` within its deadline,
+    /// audited; a tool without one is gated on its write alone.
+    async fn gate_one_of(&self, r: &Rollout<'_>, name: &str, wave: u32) -> Result<(), String> {
+        match &r.tool.verify {
+            Some(verify) => self.gate_one(r, name, wave, verify.within).await,
+            None => Ok(()),
+        }
     }
 
     /// One runner's gate: `verify` asked again every second until it passes or `within`
@@ -353,12 +361,10 @@ fn too_late_for_wave(no_wave_from: Option<u64>, wave: u32) -> Option<String> {
 /// The result of a runner whose write ran and whose gate then failed: failed, with why, so
 /// the agent reading the results alone does not take the node for healthy (its write's output
 /// is kept).
-fn mark_unhealthy(results: &mut [RunnerResult], runner: &str, why: &str) {
-    if let Some(r) = results.iter_mut().find(|r| r.runner == runner) {
-        r.ok = false;
-        r.error = Some(format!("the write ran, then {why}"));
-        r.error_kind = Some(GATE_FAILED.into());
-    }
+fn mark_unhealthy(r: &mut RunnerResult, why: &str) {
+    r.ok = false;
+    r.error = Some(format!("the write ran, then {why}"));
+    r.error_kind = Some(GATE_FAILED.into());
 }
 
 /// The result of a runner a halted rollout never called, with why it halted.

@@ -732,8 +732,8 @@ function rolloutPanel(a) {
   const taken = a.decision && a.decision.taken ? a.decision : null;
   return el('div', { class: 'rollout', id: 'rollout' },
     el('h2', {}, 'Rollout'),
-    taken ? el('p', { id: 'decision-taken' }, `After a halt, people decided to ${taken.choice}`,
-      ` (${(taken.runners || []).join(', ') || 'no runner'}), signed by ${(taken.votes || []).map((v) => v.user).join(', ')}.`) : '',
+    taken ? el('p', { id: 'decision-taken' }, `After the halt, ${(taken.votes || []).map((v) => v.user).join(', ')} decided to `,
+      `${taken.choice} (${(taken.runners || []).join(', ') || 'no runner'}).`) : '',
     rolloutDrawing(a.plan.waves, outcomes, halt ? halt.wave : null),
     el('ul', { class: 'rollout-legend' }, used.map((o) => el('li', {},
       el('span', { class: `swatch outcome-tile-${o}` }), OUTCOME_TEXT[o]))),
@@ -795,9 +795,12 @@ async function pendingDecision(a, pending, id, answer) {
   const votes = pending.votes || [];
   const checked = await checkDecision(id, pending.choice, answer);
   const mine = app.session && votes.some((v) => v.user === app.session.user);
+  // Where the runners check no signatures (the request has no statement), a vote carries
+  // none: the server refuses a signed one there, as the terminal's vote does.
+  const signs = Boolean(a.statement);
   const what = checked.error
     ? el('p', { class: 'error', id: 'decision-refused', role: 'alert' },
-      'This decision does not match the halt shown, so no passkey will sign it: ', checked.error)
+      'This decision does not match the halt shown, so this page will not sign it or vote for it: ', checked.error)
     : el('dl', { class: 'fields', id: 'decision-signed' },
       field('Choice', el('strong', { id: 'decision-choice' }, checked.ok.choice)),
       field('Runners it lets run', el('span', { id: 'decision-runners', class: 'mono' }, checked.ok.runners.join(', ') || 'none'),
@@ -805,8 +808,9 @@ async function pendingDecision(a, pending, id, answer) {
       field('Halted in', `wave ${checked.ok.halted} (failed: ${checked.ok.failed ?? 'none'})`),
       field('Expires', el('span', { class: 'mono', id: 'decision-expires' }, checked.ok.expires), ' ', el('span', { class: 'muted' }, relTime(checked.ok.expires))),
       field('SHA-256', el('span', { class: 'mono', id: 'decision-sha256' }, checked.ok.sha256)));
-  const note = el('textarea', { id: 'decision-note', rows: 2, placeholder: 'Note (kept with your vote)' });
-  const sign = el('button', { id: 'decision-sign', type: 'button', class: 'approve', disabled: mine }, 'Sign with passkey');
+  const note = el('textarea', { id: 'decision-vote-note', rows: 2, placeholder: 'Note (kept with your vote)' });
+  const sign = el('button', { id: signs ? 'decision-sign' : 'decision-vote', type: 'button', class: 'approve', disabled: mine },
+    signs ? 'Sign with passkey' : 'Vote for it');
   sign.addEventListener('click', async () => {
     sign.disabled = true;
     d.error = '';
@@ -814,8 +818,9 @@ async function pendingDecision(a, pending, id, answer) {
     try {
       // Checked again at the click, on the clock of that moment; the challenge is computed here.
       const now = await checkDecision(id, pending.choice, answer);
-      if (now.error) throw new Error(`${now.error}: not signed`);
-      const body = { decision_id: now.ok.id, signature: await passkeySignature(now.ok.challenge) };
+      if (now.error) throw new Error(`${now.error}: not ${signs ? 'signed' : 'voted for'}`);
+      const body = { decision_id: now.ok.id };
+      if (signs) body.signature = await passkeySignature(now.ok.challenge);
       if (note.value.trim()) body.note = note.value.trim();
       await api('POST', `/api/approvals/${enc(id)}/decision/vote`, body);
     } catch (e) {
@@ -825,11 +830,11 @@ async function pendingDecision(a, pending, id, answer) {
   });
   return el('div', { class: 'statement', id: 'decision', 'data-decision-id': pending.id },
     el('h3', {}, `Decision: ${pending.choice}`, ' ', el('span', { class: 'muted small' }, `proposed by ${pending.proposed_by}`)),
-    el('p', { id: 'decision-votes' }, `${votes.length} of ${pending.required} people signed`,
+    el('p', { id: 'decision-votes' }, `${votes.length} of ${pending.required} people ${signs ? 'signed' : 'voted for it'}`,
       votes.length ? [': ', el('span', { id: 'decision-voters' }, votes.map((v) => v.user).join(', '))] : ''),
     what,
     el('details', { open: true }, el('summary', {}, 'Decision text (what the passkey signs)'), pre(pending.text, { id: 'decision-text' })),
-    mine ? el('p', { class: 'muted', id: 'decision-mine' }, 'You signed this decision; another person must add theirs.')
+    mine ? el('p', { class: 'muted', id: 'decision-mine' }, `You ${signs ? 'signed' : 'voted for'} this decision; another person must add theirs.`)
       // Offered even when refused: the click checks again and says why nothing is signed.
       : el('div', { class: 'buttons' }, sign),
     mine ? '' : note);

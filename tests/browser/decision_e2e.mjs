@@ -7,22 +7,24 @@
 //
 //   .tools/node/bin/node tests/browser/decision_e2e.mjs      (cwd = repo root)
 //
-// Env: PORTAL_URL, ALICE_PASSWORD, BOB_PASSWORD, STEPS_DIR, SCREENSHOT_DIR, CHROMIUM.
+// Env: PORTAL_URL, ALICE_PASSWORD, BOB_PASSWORD, STEPS_DIR, SCREENSHOT_DIR, CHROMIUM; UNSIGNED=1
+//      where the runners check no signatures: nobody registers a passkey ({"registered": null}),
+//      people approve and vote without one.
 //
 // Protocol on stdout, one JSON line each:
 //   {"registered": {"alice": CREDENTIAL_ID, "bob": CREDENTIAL_ID}}
 // then, for each step file 1, 2, … the test writes in STEPS_DIR (JSON {"do": …, "id": …,
 // "who": …}), one answer:
-//   approve  both approve request `id` with their passkeys
+//   approve  `who` (a list) approve request `id`, with their passkeys where people sign
 //            {"step", "approved": [users]}
 //   halted   alice reads the halted page (01-halted.png; halted-rollout.png: the drawing, the halt)
 //            {"step", "state", "drawing": [[runner, outcome]…], "halt", "buttons"}
-//   propose  alice clicks Retry (02-decision.png; decision-before-signing.png)
+//   propose  alice clicks `choice` (02-decision.png; decision-before-signing.png)
 //            {"step", "decision": {id, text, choice, runners, sha256, votes, refused}}
 //   refuse   `who` clicks "Sign with passkey" on a decision the page must refuse (03-refused.png)
 //            {"step", "shown_refused", "error", "state", "sign_count": [before, after]}
-//   sign     `who` signs the pending decision; with "until": "executed", waits for the rollout
-//            to finish (04-completed.png; completed-rollout.png)
+//   sign     `who` signs (or votes for) the pending decision; with "until": STATE, waits for the
+//            request to reach it (04-completed.png; completed-rollout.png)
 //            {"step", "shown", "votes", "state", "drawing", "taken", "sign_count": [before, after]}
 //   done     exit 0
 // On failure: 99-failure.png, the error and the console on stderr, exit 1; the whole run is
@@ -185,10 +187,11 @@ async function untilState(url, p, id, want, timeoutMs = 30_000) {
 }
 
 async function approve(url, p, id) {
-  await open(url, p, id, '#approve-passkey');
+  const button = process.env.UNSIGNED === '1' ? '#approve' : '#approve-passkey';
+  await open(url, p, id, button);
   const refused = await text(p.page, '#statement-refused');
   if (refused) throw new Error(`${p.name}: the page refuses the statement: ${refused}`);
-  await p.page.click('#approve-passkey');
+  await p.page.click(button);
   const out = await settle(p.page, `${p.name} approving with the passkey`, (who) => {
     const e = document.querySelector('#error');
     if (e && !e.hidden && e.textContent.trim()) return { error: e.textContent.trim() };
@@ -233,8 +236,8 @@ async function step(url, n, order, people) {
   const p = people[order.who || 'alice'];
   const id = order.id;
   if (order.do === 'approve') {
-    for (const who of [people.alice, people.bob]) await approve(url, who, id);
-    say({ step: n, approved: ['alice', 'bob'] });
+    for (const who of order.who) await approve(url, people[who], id);
+    say({ step: n, approved: order.who });
   } else if (order.do === 'halted') {
     await untilState(url, p, id, 'halted');
     await p.page.locator('#rollout-drawing').waitFor({ state: 'visible' });
@@ -242,23 +245,24 @@ async function step(url, n, order, people) {
     await part(p.page, 'halted-rollout.png', '#rollout', '#halted');
     say({ step: n, ...(await halted(p)) });
   } else if (order.do === 'propose') {
-    await open(url, p, id, '#decision-retry');
-    await p.page.click('#decision-retry');
-    await settle(p.page, 'proposing a retry', () => {
+    await open(url, p, id, `#decision-${order.choice}`);
+    await p.page.click(`#decision-${order.choice}`);
+    await settle(p.page, `proposing ${order.choice}`, () => {
       const e = document.querySelector('#error');
       if (e && !e.hidden && e.textContent.trim()) return { error: e.textContent.trim() };
       return document.querySelector('#decision-text') ? { ok: true } : null;
     });
     const error = await p.page.evaluate(pageError);
-    if (error) throw new Error(`proposing a retry: ${error}`);
+    if (error) throw new Error(`proposing ${order.choice}: ${error}`);
     await screenshot(p.page, '02-decision.png');
     await part(p.page, 'decision-before-signing.png', '#halted', '#halted');
     say({ step: n, decision: await decisionShown(p) });
   } else if (order.do === 'refuse' || order.do === 'sign') {
-    await open(url, p, id, '#decision-sign');
+    const button = process.env.UNSIGNED === '1' ? '#decision-vote' : '#decision-sign';
+    await open(url, p, id, button);
     const shown = await decisionShown(p);
     const before = await p.signCount();
-    await p.page.click('#decision-sign');
+    await p.page.click(button);
     const out = await settle(p.page, `${p.name} signing the decision`, () => {
       const e = document.querySelector('#error');
       if (e && !e.hidden && e.textContent.trim()) return { error: e.textContent.trim() };
@@ -302,7 +306,8 @@ async function run() {
     alice: await person(url, 'alice', env('ALICE_PASSWORD')),
     bob: await person(url, 'bob', env('BOB_PASSWORD')),
   };
-  say({ registered: { alice: await register(url, people.alice), bob: await register(url, people.bob) } });
+  if (process.env.UNSIGNED === '1') say({ registered: null });
+  else say({ registered: { alice: await register(url, people.alice), bob: await register(url, people.bob) } });
   for (let n = 1; ; n++) {
     const file = path.join(dir, String(n));
     while (!existsSync(file)) await sleep(100);

@@ -216,7 +216,11 @@ async fn two_people_retry_a_halted_rollout_with_passkeys_and_the_page_refuses_a_
             json!({"change": "fix", "runners": RUNNERS, "reason": "roll the fix out"}),
         );
         let id = crate::approvals::wait_for_pending(&watcher).await;
-        order(&steps, 1, json!({"do": "approve", "id": id}));
+        order(
+            &steps,
+            1,
+            json!({"do": "approve", "who": ["alice", "bob"], "id": id}),
+        );
         driver.expect_json("{\"step\": 1, \"approved\": …}").await;
         let row = until_state(&watcher, &id, "halted").await;
         assert_eq!(
@@ -260,7 +264,11 @@ async fn two_people_retry_a_halted_rollout_with_passkeys_and_the_page_refuses_a_
         );
 
         // 4. Alice proposes a retry: the page shows the decision's text and what it lets run.
-        order(&steps, 3, json!({"do": "propose", "id": id}));
+        order(
+            &steps,
+            3,
+            json!({"do": "propose", "choice": "retry", "id": id}),
+        );
         let proposed = driver.expect_json("{\"step\": 3, \"decision\": …}").await;
         let context = format!("{proposed}\n{}", driver.transcript());
         let stored = stored_decision(pg, &id);
@@ -354,7 +362,7 @@ async fn two_people_retry_a_halted_rollout_with_passkeys_and_the_page_refuses_a_
         );
         assert_eq!(
             joined["taken"],
-            "After a halt, people decided to retry (edge-1, edge-2, edge-3), signed by alice, bob.",
+            "After the halt, alice, bob decided to retry (edge-1, edge-2, edge-3).",
             "{context}"
         );
         order(&steps, 7, json!({"do": "done"}));
@@ -398,4 +406,158 @@ async fn two_people_retry_a_halted_rollout_with_passkeys_and_the_page_refuses_a_
     ] {
         assert_png(&shots.join(name));
     }
+}
+
+/// Where the runners check no signatures, the same page decides without passkeys: one person
+/// approves a rollout that halts on its canary, proposes an abort in the portal and votes for
+/// it without a signature (the server refuses a signed vote there); the request ends
+/// `aborted` and nothing more runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_person_aborts_a_halted_rollout_whose_runners_check_no_signatures() {
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let node = require("node/bin/node");
+    let chromium = require_path(Path::new(CHROMIUM));
+    require_path(&repo.join("tests/browser/node_modules/playwright-core/package.json"));
+    let work = tempfile::tempdir().unwrap();
+    let steps = work.path().join("steps");
+    std::fs::create_dir_all(&steps).unwrap();
+    let shots = repo.join("target").join("decision-e2e-unsigned");
+    std::fs::create_dir_all(&shots).unwrap();
+    let packs = work.path().join("packs");
+    std::fs::create_dir_all(&packs).unwrap();
+    std::fs::write(packs.join("roll.yaml"), PACK).unwrap();
+    let policy = work.path().join("policy.yaml");
+    std::fs::write(&policy, "rollout:\n  default: {canary: 1, wave: 2}\n").unwrap();
+    let runners = RUNNERS
+        .iter()
+        .map(|name| RunnerSpec::new(name).path_first(&node_programs(work.path(), name)))
+        .collect();
+    let app = spawn_app(
+        Backend::Sqlite,
+        runners,
+        Options {
+            packs_dir: Some(packs),
+            policy_file: Some(policy),
+            approval_wait_secs: Some(300),
+            ..Default::default()
+        },
+    )
+    .await;
+    let alice_password = add_user(&app, "alice", Role::Approver).await;
+    let bob_password = add_user(&app, "bob", Role::Approver).await;
+    let watcher = signed_in(&app, "carol", Role::Approver).await;
+    let mut driver = Driver::spawn(
+        &repo,
+        &node,
+        "tests/browser/decision_e2e.mjs",
+        &[
+            ("PORTAL_URL", format!("{}/", app.base_url())),
+            ("ALICE_PASSWORD", alice_password),
+            ("BOB_PASSWORD", bob_password),
+            ("STEPS_DIR", steps.display().to_string()),
+            ("SCREENSHOT_DIR", shots.display().to_string()),
+            ("CHROMIUM", chromium.display().to_string()),
+            ("TMPDIR", work.path().display().to_string()),
+            ("UNSIGNED", "1".into()),
+        ],
+    );
+
+    let run = async {
+        assert_eq!(
+            driver.expect_json("{\"registered\": null}").await,
+            json!({"registered": null})
+        );
+        std::fs::write(work.path().join("edge-1").join("sick-bad"), "").unwrap();
+        let client = app.mcp_client().await;
+        let call = call_in_background(
+            &client,
+            TOOL,
+            json!({"change": "bad", "runners": RUNNERS, "reason": "roll it out"}),
+        );
+        let id = crate::approvals::wait_for_pending(&watcher).await;
+        let (_, request) = watcher.get(&format!("/api/approvals/{id}")).await;
+        assert_eq!(request["statement"], Value::Null, "{request}");
+        assert_eq!(request["required_approvals"], 1, "{request}");
+        order(
+            &steps,
+            1,
+            json!({"do": "approve", "who": ["alice"], "id": id}),
+        );
+        driver.expect_json("{\"step\": 1, \"approved\": …}").await;
+        until_state(&watcher, &id, "halted").await;
+
+        order(&steps, 2, json!({"do": "halted", "id": id}));
+        let shown = driver.expect_json("{\"step\": 2, \"drawing\": …}").await;
+        let context = format!("{shown}\n{}", driver.transcript());
+        assert_eq!(
+            shown["drawing"],
+            json!([
+                ["edge-1", "gate-failed"],
+                ["edge-2", "not-run"],
+                ["edge-3", "not-run"]
+            ]),
+            "{context}"
+        );
+
+        order(
+            &steps,
+            3,
+            json!({"do": "propose", "choice": "abort", "id": id}),
+        );
+        let proposed = driver.expect_json("{\"step\": 3, \"decision\": …}").await;
+        let context = format!("{proposed}\n{}", driver.transcript());
+        assert_eq!(proposed["decision"]["choice"], "abort", "{context}");
+        assert_eq!(proposed["decision"]["runners"], "none", "{context}");
+        assert_eq!(
+            proposed["decision"]["votes"], "0 of 1 people voted for it",
+            "{context}"
+        );
+        assert_eq!(proposed["decision"]["refused"], Value::Null, "{context}");
+
+        order(
+            &steps,
+            4,
+            json!({"do": "sign", "who": "alice", "id": id, "until": "aborted"}),
+        );
+        let voted = driver.expect_json("{\"step\": 4, \"votes\": …}").await;
+        let context = format!("{voted}\n{}", driver.transcript());
+        assert_eq!(voted["state"], "aborted", "{context}");
+        assert_eq!(
+            voted["taken"], "After the halt, alice decided to abort (no runner).",
+            "{context}"
+        );
+        assert_eq!(
+            voted["drawing"],
+            json!([
+                ["edge-1", "gate-failed"],
+                ["edge-2", "not-run"],
+                ["edge-3", "not-run"]
+            ]),
+            "{context}"
+        );
+        order(&steps, 5, json!({"do": "done"}));
+        let status = driver.wait_exit().await;
+        assert!(status.success(), "{status}\n{}", driver.transcript());
+        let _ = call.await;
+        client.cancel().await.unwrap();
+        id
+    };
+    let id = match tokio::time::timeout(Duration::from_secs(180), run).await {
+        Ok(id) => id,
+        Err(_) => panic!(
+            "the unsigned decision browser test did not finish within 180 s\n{}",
+            driver.transcript()
+        ),
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        marked(work.path(), "bad"),
+        ["edge-1"],
+        "the abort ran nothing"
+    );
+    let (_, row) = watcher.get(&format!("/api/approvals/{id}")).await;
+    let votes = row["decision"]["votes"].as_array().unwrap();
+    assert_eq!(votes.len(), 1, "{row}");
+    assert_eq!(votes[0]["user"], "alice", "{row}");
+    assert!(votes[0].get("signature").is_none(), "{row}");
 }

@@ -666,12 +666,16 @@ async function decisionForm(a, id, answer) {
 
 // What became of each runner of a rollout, from the request's outcome: `ok` (ran, and its
 // wave's gate passed or it was the last), `gate-failed` or `write-failed` (the runner where it
-// halted), `failed`, `not-run` (a later wave, never called), or `waiting` (no outcome yet).
+// halted), `failed`, `not-run` (a later wave, never called), or `waiting` (no outcome yet, or
+// running again under people's decision).
 function runnerOutcomes(a) {
   const res = a.result || {};
   const halt = res.halt || null;
   const byRunner = new Map((res.results || []).map((r) => [r.runner, r]));
+  // While a decision people took runs, its runners' old outcomes no longer hold.
+  const rerun = new Set(a.state === 'executing' && a.decision && a.decision.taken ? a.decision.runners || [] : []);
   const outcome = (runner) => {
+    if (rerun.has(runner)) return 'waiting';
     const r = byRunner.get(runner);
     if (halt && halt.runner === runner) return r && r.ok === false ? 'write-failed' : 'gate-failed';
     if (halt && (halt.not_run || []).includes(runner)) return 'not-run';
@@ -734,7 +738,7 @@ function rolloutPanel(a) {
     el('h2', {}, 'Rollout'),
     taken ? el('p', { id: 'decision-taken' }, `After the halt, ${(taken.votes || []).map((v) => v.user).join(', ')} decided to `,
       `${taken.choice} (${(taken.runners || []).join(', ') || 'no runner'}).`) : '',
-    rolloutDrawing(a.plan.waves, outcomes, halt ? halt.wave : null),
+    rolloutDrawing(a.plan.waves, outcomes, halt && a.state !== 'executing' ? halt.wave : null),
     el('ul', { class: 'rollout-legend' }, used.map((o) => el('li', {},
       el('span', { class: `swatch outcome-tile-${o}` }), OUTCOME_TEXT[o]))),
     el('ol', { class: 'waves', id: 'rollout-list' }, a.plan.waves.map((w, i) => el('li', { 'data-wave': String(i + 1) },

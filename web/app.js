@@ -524,6 +524,8 @@ async function viewApproval(id) {
     list);
 
   if (a.state === 'pending') section.append(await decisionForm(a, id, answer));
+  if (a.plan && (a.result || a.state === 'halted')) section.append(rolloutPanel(a));
+  if (a.state === 'halted') section.append(await haltPanel(a, id, answer));
 
   if (a.result) {
     const res = a.result;
@@ -658,6 +660,188 @@ async function decisionForm(a, id, answer) {
     a.statement ? el('div', { class: 'signing' }, signedBox(checked), statementBox(a.statement)) : '',
     el('div', { class: 'buttons' }, buttons),
     el('label', { for: 'note' }, 'Note'), note);
+}
+
+// ------------------------------------------------------------------ rollouts
+
+// What became of each runner of a rollout, from the request's outcome: `ok` (ran, and its
+// wave's gate passed or it was the last), `gate-failed` or `write-failed` (the runner where it
+// halted), `failed`, `not-run` (a later wave, never called), or `waiting` (no outcome yet, or
+// running again under people's decision).
+function runnerOutcomes(a) {
+  const res = a.result || {};
+  const halt = res.halt || null;
+  const byRunner = new Map((res.results || []).map((r) => [r.runner, r]));
+  // While a decision people took runs, its runners' old outcomes no longer hold.
+  const rerun = new Set(a.state === 'executing' && a.decision && a.decision.taken ? a.decision.runners || [] : []);
+  const outcome = (runner) => {
+    if (rerun.has(runner)) return 'waiting';
+    const r = byRunner.get(runner);
+    if (halt && halt.runner === runner) return r && r.ok === false ? 'write-failed' : 'gate-failed';
+    if (halt && (halt.not_run || []).includes(runner)) return 'not-run';
+    if (!r) return 'waiting';
+    if (r.error_kind === 'not_run') return 'not-run';
+    return r.ok ? 'ok' : 'failed';
+  };
+  return new Map(a.plan.waves.flat().map((runner) => [runner, outcome(runner)]));
+}
+
+const OUTCOME_TEXT = {
+  ok: 'ran ok', 'gate-failed': 'gate failed', 'write-failed': 'write failed', failed: 'failed',
+  'not-run': 'not run', waiting: 'waiting',
+};
+
+// The plan drawn wave by wave, left to right: a column per wave (the first the canary), a
+// tile per runner coloured by its outcome, an arrow where the next wave waits on the gate.
+function rolloutDrawing(waves, outcomes, haltedWave) {
+  const col = 200;
+  const tile = { w: 156, h: 42, gap: 10 };
+  const top = 36;
+  const tallest = Math.max(...waves.map((w) => w.length));
+  const width = waves.length * col;
+  const height = top + tallest * (tile.h + tile.gap) + 26;
+  const drawing = svg('svg', {
+    id: 'rollout-drawing', class: 'rollout-drawing', width, height, viewBox: `0 0 ${width} ${height}`,
+    role: 'img', 'aria-label': 'The rollout, wave by wave',
+  });
+  waves.forEach((wave, i) => {
+    const x = i * col + 10;
+    const halted = haltedWave === i + 1;
+    drawing.append(svg('text', { x, y: 16, class: `wave-title${halted ? ' wave-halted' : ''}` },
+      `wave ${i + 1}${i === 0 && waves.length > 1 ? ' · canary' : ''}${halted ? ' · halted' : ''}`));
+    if (i + 1 < waves.length) {
+      const y = top + tile.h / 2;
+      drawing.append(svg('line', { x1: x + tile.w + 2, y1: y, x2: x + col - 14, y2: y, class: 'wave-arrow' }),
+        svg('polygon', { points: `${x + col - 14},${y - 4} ${x + col - 8},${y} ${x + col - 14},${y + 4}`, class: 'wave-arrow-head' }));
+    }
+    wave.forEach((runner, j) => {
+      const y = top + j * (tile.h + tile.gap);
+      const outcome = outcomes.get(runner) || 'waiting';
+      drawing.append(svg('g', { class: `rollout-runner outcome-tile-${outcome}`, 'data-runner': runner, 'data-outcome': outcome },
+        svg('title', {}, `${runner}: ${OUTCOME_TEXT[outcome]}`),
+        svg('rect', { x, y, width: tile.w, height: tile.h, rx: 5 }),
+        svg('text', { x: x + 10, y: y + 18, class: 'runner-name' }, runner),
+        svg('text', { x: x + 10, y: y + 34, class: 'runner-outcome' }, OUTCOME_TEXT[outcome])));
+    });
+  });
+  return drawing;
+}
+
+// A rollout's outcome: the drawing, and beside it the same as a list a screen reader reads.
+function rolloutPanel(a) {
+  const outcomes = runnerOutcomes(a);
+  const halt = a.result && a.result.halt;
+  const used = [...new Set(outcomes.values())];
+  // A decision people took on a halt: what, and who signed it.
+  const taken = a.decision && a.decision.taken ? a.decision : null;
+  return el('div', { class: 'rollout', id: 'rollout' },
+    el('h2', {}, 'Rollout'),
+    taken ? el('p', { id: 'decision-taken' }, `After the halt, ${(taken.votes || []).map((v) => v.user).join(', ')} decided to `,
+      `${taken.choice} (${(taken.runners || []).join(', ') || 'no runner'}).`) : '',
+    rolloutDrawing(a.plan.waves, outcomes, halt && a.state !== 'executing' ? halt.wave : null),
+    el('ul', { class: 'rollout-legend' }, used.map((o) => el('li', {},
+      el('span', { class: `swatch outcome-tile-${o}` }), OUTCOME_TEXT[o]))),
+    el('ol', { class: 'waves', id: 'rollout-list' }, a.plan.waves.map((w, i) => el('li', { 'data-wave': String(i + 1) },
+      w.map((r, j) => [j ? ', ' : '', el('span', { 'data-runner': r, 'data-outcome': outcomes.get(r) }, `${r} (${OUTCOME_TEXT[outcomes.get(r)]})`)])))));
+}
+
+// A halted rollout: where it stopped and why, and people's way on: a decision to resume,
+// retry or abort, which a passkey signs once this page has checked it.
+async function haltPanel(a, id, answer) {
+  const halt = (a.result && a.result.halt) || null;
+  const where = halt
+    ? el('dl', { class: 'fields', id: 'halt' },
+      field('Halted in', el('span', { id: 'halt-wave' }, `wave ${halt.wave} of ${a.plan ? a.plan.waves.length : '?'}`)),
+      field('Runner', el('span', { id: 'halt-runner', class: 'mono' }, halt.runner ?? 'none (the wave could not start)')),
+      field('Why', el('div', { id: 'halt-why', class: 'reason' }, a.outcome_note ?? '')),
+      field('Not run', el('span', { id: 'halt-not-run', class: 'mono' }, (halt.not_run || []).join(', ') || 'none')))
+    : el('p', { class: 'error', id: 'halt' }, 'The request does not say where its rollout halted.');
+  const box = el('div', { class: 'decide', id: 'halted' }, el('h2', {}, 'Halted: what next'), where,
+    el('p', { class: 'muted small' },
+      'Resume runs the runners not run, in their waves; retry runs the failed runner again, then the rest; abort runs nothing more. ',
+      'Each is a decision people sign with their passkeys, as many as the request needed (one to abort).'));
+  const d = app.detail;
+  const buttons = ['resume', 'retry', 'abort'].map((choice) => el('button', {
+    id: `decision-${choice}`, type: 'button', class: choice === 'abort' ? 'deny' : 'approve',
+    onclick: async () => {
+      for (const b of buttons) b.disabled = true;
+      d.error = '';
+      try {
+        await api('POST', `/api/approvals/${enc(id)}/decision`, { choice });
+      } catch (e) {
+        d.error = `${choice}: ${e.message}`;
+      }
+      render({ quiet: true });
+    },
+  }, choice[0].toUpperCase() + choice.slice(1)));
+  box.append(el('div', { class: 'buttons', id: 'decision-buttons' }, buttons));
+  const pending = a.decision && !a.decision.taken ? a.decision : null;
+  if (pending) box.append(await pendingDecision(a, pending, id, answer));
+  return box;
+}
+
+// Checks the decision request `id` carries against the halt the page shows (web/statement.js):
+// `{ok: what is signed}` or `{error: why not, naming the field}`.
+async function checkDecision(id, choice, answer) {
+  if (typeof emisarStatement === 'undefined') return { error: 'the decision check (statement.js) did not load' };
+  try {
+    return { ok: await emisarStatement.checkDecisionBeforeSigning(id, choice, answer, Date.now()) };
+  } catch (e) {
+    if (e instanceof emisarStatement.Refusal) return { error: e.message };
+    return { error: `the decision could not be checked (${e.message})` };
+  }
+}
+
+// The decision waiting for votes: who proposed it and who signed, what is signed (checked
+// here, or why not), its text, and the passkey step.
+async function pendingDecision(a, pending, id, answer) {
+  const d = app.detail;
+  const votes = pending.votes || [];
+  const checked = await checkDecision(id, pending.choice, answer);
+  const mine = app.session && votes.some((v) => v.user === app.session.user);
+  // Where the runners check no signatures (the request has no statement), a vote carries
+  // none: the server refuses a signed one there, as the terminal's vote does.
+  const signs = Boolean(a.statement);
+  const what = checked.error
+    ? el('p', { class: 'error', id: 'decision-refused', role: 'alert' },
+      'This decision does not match the halt shown, so this page will not sign it or vote for it: ', checked.error)
+    : el('dl', { class: 'fields', id: 'decision-signed' },
+      field('Choice', el('strong', { id: 'decision-choice' }, checked.ok.choice)),
+      field('Runners it lets run', el('span', { id: 'decision-runners', class: 'mono' }, checked.ok.runners.join(', ') || 'none'),
+        ' ', el('span', { class: 'muted' }, 'each in its wave of the signed plan')),
+      field('Halted in', `wave ${checked.ok.halted} (failed: ${checked.ok.failed ?? 'none'})`),
+      field('Expires', el('span', { class: 'mono', id: 'decision-expires' }, checked.ok.expires), ' ', el('span', { class: 'muted' }, relTime(checked.ok.expires))),
+      field('SHA-256', el('span', { class: 'mono', id: 'decision-sha256' }, checked.ok.sha256)));
+  const note = el('textarea', { id: 'decision-vote-note', rows: 2, placeholder: 'Note (kept with your vote)' });
+  const sign = el('button', { id: signs ? 'decision-sign' : 'decision-vote', type: 'button', class: 'approve', disabled: mine },
+    signs ? 'Sign with passkey' : 'Vote for it');
+  sign.addEventListener('click', async () => {
+    sign.disabled = true;
+    d.error = '';
+    showError('');
+    try {
+      // Checked again at the click, on the clock of that moment; the challenge is computed here.
+      const now = await checkDecision(id, pending.choice, answer);
+      if (now.error) throw new Error(`${now.error}: not ${signs ? 'signed' : 'voted for'}`);
+      const body = { decision_id: now.ok.id };
+      if (signs) body.signature = await passkeySignature(now.ok.challenge);
+      if (note.value.trim()) body.note = note.value.trim();
+      await api('POST', `/api/approvals/${enc(id)}/decision/vote`, body);
+    } catch (e) {
+      d.error = e.message;
+    }
+    render({ quiet: true });
+  });
+  return el('div', { class: 'statement', id: 'decision', 'data-decision-id': pending.id },
+    el('h3', {}, `Decision: ${pending.choice}`, ' ', el('span', { class: 'muted small' }, `proposed by ${pending.proposed_by}`)),
+    el('p', { id: 'decision-votes' }, `${votes.length} of ${pending.required} people ${signs ? 'signed' : 'voted for it'}`,
+      votes.length ? [': ', el('span', { id: 'decision-voters' }, votes.map((v) => v.user).join(', '))] : ''),
+    what,
+    el('details', { open: true }, el('summary', {}, 'Decision text (what the passkey signs)'), pre(pending.text, { id: 'decision-text' })),
+    mine ? el('p', { class: 'muted', id: 'decision-mine' }, `You ${signs ? 'signed' : 'voted for'} this decision; another person must add theirs.`)
+      // Offered even when refused: the click checks again and says why nothing is signed.
+      : el('div', { class: 'buttons' }, sign),
+    mine ? '' : note);
 }
 
 // ------------------------------------------------------------------ passkeys

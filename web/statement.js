@@ -9,6 +9,11 @@
 // `check_before_signing` in src/cli/approvals.rs (the terminal's check) and
 // src/protocol/approval/statement.rs (the text's format); this file follows both line by line.
 //
+// The same for people's decision on a halted rollout (`checkDecisionBeforeSigning`, below):
+// `check_decision_before_signing` in src/cli/approvals.rs, and the text's format in
+// src/protocol/approval/decision.rs; a refusal names `approval`, `choice`, `statement`,
+// `runners`, `decision` or `expires`.
+//
 // Pure: no DOM. The page loads it before app.js (it sets `emisarStatement`); Node loads it with
 // require() for tests/it/portal_statement.rs, which holds it to the Rust implementation.
 //
@@ -395,8 +400,148 @@
     };
   }
 
+  // ---------------------------------------------------------------- rollout decisions
+  //
+  // People's decision on a halted rollout (resume, retry or abort) is signed like a statement:
+  // src/protocol/approval/decision.rs is the text's format, and `check_decision_before_signing`
+  // in src/cli/approvals.rs the terminal's check, which this follows line by line.
+
+  const DECISION_VERSION_LINE = 'emisar-rollout-decision/v1';
+  const MAX_WAVES = 1000;
+  const CHOICES = ['resume', 'retry', 'abort'];
+  const decisionError = (msg) => new Refusal(`the server's decision: rollout decision: ${msg}`);
+
+  // `Decision::check`'s rule for a one-word field: no whitespace, control character or comma.
+  function checkDecisionWord(field, v) {
+    if (v.length === 0 || utf8.encode(v).length > 512 || /[\p{White_Space}\p{Cc},]/u.test(v)) {
+      throw decisionError(`\`${field}\` must be 1 to 512 bytes without whitespace, a control character or a comma`);
+    }
+  }
+
+  // src/protocol/approval/decision.rs `Decision::parse`: only the text `Decision::text` would
+  // write (the same bytes) is read.
+  function parseDecision(text) {
+    if (typeof text !== 'string') throw new Refusal('the request has no decision to sign');
+    if (utf8.encode(text).length > 64 * 1024) throw decisionError('longer than 64 KiB');
+    if (!text.endsWith('\n')) throw decisionError('must end with a newline');
+    const lines = text.slice(0, -1).split('\n');
+    if (lines[0] !== DECISION_VERSION_LINE) throw decisionError(`the first line must be \`${DECISION_VERSION_LINE}\``);
+    let i = 1;
+    const take = (key) => {
+      if (i >= lines.length) throw decisionError(`\`${key}\` is missing`);
+      const line = lines[i++];
+      const at = line.indexOf(' ');
+      if (at < 0) throw decisionError('every line after the first is `key value`');
+      const k = line.slice(0, at);
+      if (k !== key) throw decisionError(`expected \`${key}\`, found \`${k}\``);
+      return line.slice(at + 1);
+    };
+    const d = {};
+    d.id = take('decision');
+    d.approval = take('approval');
+    const statement = take('statement');
+    if (!statement.startsWith('sha256:')) throw decisionError('`statement` must be `sha256:HEX`');
+    d.statement = statement.slice('sha256:'.length);
+    // Rust's u32 parse: digits, an optional `+`, at most 2^32 - 1.
+    const halted = take('halted');
+    if (!/^\+?[0-9]+$/.test(halted) || Number(halted) > 0xffffffff) throw decisionError('`halted` must be a wave number');
+    d.halted = Number(halted);
+    d.choice = take('choice');
+    if (!CHOICES.includes(d.choice)) throw decisionError(`\`choice\` must be resume, retry or abort, not \`${d.choice}\``);
+    const runners = take('runners');
+    d.runners = runners === '-' ? [] : runners.split(',');
+    d.expires = take('expires');
+    if (i < lines.length) throw decisionError('a line follows `expires`');
+    // `Decision::check`, in its order, then the bytes.
+    checkDecisionWord('decision', d.id);
+    checkDecisionWord('approval', d.approval);
+    d.expiresUnix = parseUtc(d.expires);
+    if (d.expiresUnix === null) throw decisionError('`expires` must be YYYY-MM-DDTHH:MM:SSZ');
+    if (!/^[0-9a-f]{64}$/.test(d.statement)) throw decisionError('`statement` must be a SHA-256 in lowercase hex');
+    if (d.halted === 0 || d.halted > MAX_WAVES) throw decisionError(`\`halted\` must be a wave, 1 to ${MAX_WAVES}`);
+    for (const r of d.runners) checkDecisionWord('runners', r);
+    if (d.runners.some((r, j) => j > 0 && byteOrder(d.runners[j - 1], r) >= 0)) {
+      throw decisionError('`runners` must be sorted, each once');
+    }
+    if (d.choice === 'abort' && d.runners.length) throw decisionError('`runners`: an abort lets no runner run: `-`');
+    if (d.choice !== 'abort' && !d.runners.length) throw decisionError(`\`runners\`: a ${d.choice} names the runners it lets run`);
+    const canonical = `${DECISION_VERSION_LINE}\ndecision ${d.id}\napproval ${d.approval}\nstatement sha256:${d.statement}\n`
+      + `halted ${d.halted}\nchoice ${d.choice}\nrunners ${d.runners.length ? d.runners.join(',') : '-'}\nexpires ${d.expires}\n`;
+    if (canonical !== text) throw decisionError('not in canonical form');
+    return d;
+  }
+
+  // The request's halt (`result.halt`), as `server::approvals::Halt` reads it, or null.
+  function haltOf(request) {
+    const h = isObject(request.result) ? request.result.halt : undefined;
+    if (!isObject(h)) return null;
+    const wave = h.wave;
+    const runner = h.runner === undefined ? null : h.runner;
+    if (typeof wave !== 'number' || !Number.isInteger(wave) || wave < 0 || wave > 0xffffffff) return null;
+    if (runner !== null && typeof runner !== 'string') return null;
+    if (!Array.isArray(h.not_run) || h.not_run.some((r) => typeof r !== 'string')) return null;
+    return { wave, runner, not_run: h.not_run };
+  }
+
+  // src/server/approvals/halted.rs `runners_for`: what the halt leaves, plus the failed one
+  // for a retry, sorted, each once.
+  function runnersFor(halt, choice) {
+    if (choice === 'abort') return [];
+    const runners = choice === 'retry' && halt.runner !== null ? [halt.runner, ...halt.not_run] : [...halt.not_run];
+    return [...new Set(runners)].sort(byteOrder);
+  }
+
+  // The check (src/cli/approvals.rs `check_decision_before_signing`) of the decision the
+  // request `id` carries (the approvals API's answer as text), for `choice`, at `nowMs`.
+  // Returns what is signed and the passkey's challenge, computed here (SHA-256 of the
+  // decision's text), never the server's; throws a Refusal naming the field.
+  async function checkDecisionBeforeSigning(id, choice, responseText, nowMs, maxLifetime = DEFAULT_MAX_LIFETIME_SECS) {
+    let request;
+    try {
+      request = parseExact(responseText);
+    } catch {
+      throw new Refusal('the server\'s answer is not JSON');
+    }
+    if (!isObject(request) || !isObject(request.decision)) throw new Refusal('the request has no decision to sign');
+    const text = request.decision.text;
+    const d = parseDecision(text);
+    if (d.approval !== id) throw new Refusal(`\`approval\`: the decision is about approval ${d.approval}, not ${id}`);
+    if (d.choice !== choice) throw new Refusal(`\`choice\`: the decision is a ${d.choice}, not a ${choice}`);
+    const statement = isObject(request.statement) && typeof request.statement.text === 'string' ? request.statement.text : '';
+    if (hex(await sha256(statement)) !== d.statement) {
+      throw new Refusal('`statement`: the decision binds another statement than the request\'s');
+    }
+    const halt = haltOf(request);
+    if (halt === null) throw new Refusal('`runners`: the request does not show where its rollout halted');
+    const wanted = runnersFor(halt, choice);
+    const same = d.runners.length === wanted.length && d.runners.every((r, j) => r === wanted[j]);
+    if (!same || d.halted !== halt.wave) {
+      const list = (names) => `[${names.map((n) => JSON.stringify(n)).join(', ')}]`;
+      throw new Refusal(`\`runners\`: the decision lets ${list(d.runners)} run after wave ${d.halted}, and the request's halt (wave ${halt.wave}, failed ${halt.runner === null ? 'none' : JSON.stringify(halt.runner)}, not run ${list(halt.not_run)}) gives ${list(wanted)}`);
+    }
+    try {
+      checkLifetime(d.id, d.expiresUnix, Math.floor(nowMs / 1000), maxLifetime);
+    } catch (e) {
+      if (e instanceof Refusal) throw new Refusal(e.message.replaceAll('`approval`', '`decision`'));
+      throw e;
+    }
+    const challenge = await sha256(text);
+    return {
+      text,
+      challenge,
+      sha256: hex(challenge),
+      id: d.id,
+      choice: d.choice,
+      runners: d.runners,
+      halted: halt.wave,
+      failed: halt.runner,
+      expires: d.expires,
+    };
+  }
+
   const api = {
     checkBeforeSigning, parseStatement, parseExact, canonicalJson, Refusal, InexactNumber,
+    checkDecisionBeforeSigning, parseDecision, runnersFor,
     DEFAULT_MAX_LIFETIME_SECS,
   };
   if (typeof module === 'object' && module && module.exports) module.exports = api;

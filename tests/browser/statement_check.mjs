@@ -6,7 +6,9 @@
 // CASES.json: [{"id": ID, "response": "<GET /api/approvals/ID answer as text>", "now_ms": N}]
 // Prints one JSON array, per case {"ok": {sha256, tool, args, runners, required, expires}} or
 // {"error": "<the refusal's message>"}; anything thrown that is not a refusal is reported as
-// {"crash": "<stack>"}.
+// {"crash": "<stack>"}. A case with `"choice": "resume"|"retry"|"abort"` checks the request's
+// rollout decision instead (checkDecisionBeforeSigning): {"ok": {sha256, id, choice, runners,
+// halted, failed, expires, challenge_is_the_text_hash}}.
 import { readFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import path from 'node:path';
@@ -18,6 +20,14 @@ const cases = JSON.parse(readFileSync(process.argv[2], 'utf8'));
 const out = [];
 for (const c of cases) {
   try {
+    if (c.choice !== undefined) {
+      const d = await statement.checkDecisionBeforeSigning(c.id, c.choice, c.response, c.now_ms);
+      out.push({ ok: {
+        sha256: d.sha256, id: d.id, choice: d.choice, runners: d.runners, halted: d.halted, failed: d.failed, expires: d.expires,
+        challenge_is_the_text_hash: Buffer.from(d.challenge).toString('hex') === d.sha256 && d.text === JSON.parse(c.response).decision.text,
+      } });
+      continue;
+    }
     const s = await statement.checkBeforeSigning(c.id, c.response, c.now_ms);
     out.push({ ok: {
       sha256: s.sha256, tool: s.tool, args: s.args, runners: s.runners, required: s.required, expires: s.expires,

@@ -11,6 +11,7 @@ mod audit_activity;
 mod audit_log;
 mod cli;
 mod conformance;
+mod decision_browser;
 mod door;
 mod edges;
 mod fleet;

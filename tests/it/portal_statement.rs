@@ -414,3 +414,314 @@ fn the_portal_refuses_what_the_terminal_refuses_naming_the_field() {
         );
     }
 }
+
+/// The portal's check of a rollout decision before a passkey signs it
+/// (`checkDecisionBeforeSigning` in web/statement.js), against decisions `Decision::text`
+/// wrote: it holds the decision to the approval, the choice clicked, the statement shown and
+/// the runners the shown halt leaves, within the lifetime, as `check_decision_before_signing`
+/// (the terminal's check) does, and refuses what that refuses, naming the same field.
+mod decisions {
+    use emisar::protocol::approval::statement::hash_text;
+    use emisar::protocol::approval::{Choice, Decision};
+    use serde_json::{Value, json};
+
+    use super::{EXPIRES, NOW, Request, id_at};
+
+    /// The tricky request (canary `hvn06`, then `hvn05`) halted on its canary's gate.
+    fn halted_request() -> (Request, Value) {
+        let r = Request::tricky();
+        let mut v = r.response();
+        v["state"] = json!("halted");
+        v["outcome_note"] = json!("wave 1 of 2: runner `hvn06`: the health gate failed");
+        v["result"] = json!({
+            "results": [{"runner": "hvn06", "ok": true}, {"runner": "hvn05", "ok": false, "error_kind": "not_run"}],
+            "halt": {"wave": 1, "runner": "hvn06", "not_run": ["hvn05"]},
+        });
+        (r, v)
+    }
+
+    /// The decision the server would propose for `choice` on [`halted_request`].
+    fn decision(r: &Request, response: &Value, choice: Choice) -> Decision {
+        let runners: &[&str] = match choice {
+            Choice::Resume => &["hvn05"],
+            Choice::Retry => &["hvn05", "hvn06"],
+            Choice::Abort => &[],
+        };
+        Decision {
+            id: id_at(NOW - 30),
+            approval_id: r.id.clone(),
+            statement_sha256: hex::encode(hash_text(
+                response["statement"]["text"].as_str().unwrap(),
+            )),
+            halted_wave: 1,
+            choice,
+            runners: runners.iter().map(|s| (*s).to_owned()).collect(),
+            expires_at: EXPIRES.into(),
+        }
+    }
+
+    /// The API's answer with `text` as the pending decision (the server's own hash and
+    /// challenge wrong on purpose: the page computes its own).
+    fn with_decision(mut response: Value, d: &Decision, text: &str) -> Value {
+        response["decision"] = json!({
+            "id": d.id, "choice": d.choice, "runners": d.runners, "text": text,
+            "expires_at": d.expires_at, "proposed_by": "user:carol", "required": 2,
+            "votes": [], "taken": false,
+            "sha256": "0".repeat(64), "challenge": "AAAA",
+        });
+        response
+    }
+
+    fn case(choice: Choice, edit: impl FnOnce(&mut Decision)) -> (String, String, u64) {
+        let (r, response) = halted_request();
+        let mut d = decision(&r, &response, choice);
+        edit(&mut d);
+        let text = d.text().unwrap();
+        (
+            r.id.clone(),
+            with_decision(response, &d, &text).to_string(),
+            NOW * 1000,
+        )
+    }
+
+    /// Runs the cases, each with the choice the person clicked.
+    fn run(cases: &[(Choice, (String, String, u64))]) -> Vec<Value> {
+        let repo = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let node = crate::harness::tools::require("node/bin/node");
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("cases.json");
+        let json: Vec<Value> = cases
+            .iter()
+            .map(|(choice, (id, response, now_ms))| {
+                json!({"id": id, "choice": choice.as_str(), "response": response, "now_ms": now_ms})
+            })
+            .collect();
+        std::fs::write(&file, serde_json::to_vec(&json).unwrap()).unwrap();
+        let out = std::process::Command::new(node)
+            .arg("tests/browser/statement_check.mjs")
+            .arg(&file)
+            .current_dir(&repo)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "node failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let results: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(results.len(), cases.len());
+        results
+    }
+
+    #[test]
+    fn the_portal_reads_each_choice_as_the_rust_writes_it_and_computes_its_own_challenge() {
+        let cases: Vec<(Choice, (String, String, u64))> =
+            [Choice::Retry, Choice::Resume, Choice::Abort]
+                .into_iter()
+                .map(|c| (c, case(c, |_| ())))
+                .collect();
+        let got = run(&cases);
+        for ((choice, (_, response, _)), result) in cases.iter().zip(&got) {
+            let response: Value = serde_json::from_str(response).unwrap();
+            let text = response["decision"]["text"].as_str().unwrap();
+            let ok = &result["ok"];
+            assert!(ok.is_object(), "{choice:?} refused: {result}");
+            assert_eq!(ok["sha256"], hex::encode(hash_text(text)), "{ok}");
+            assert_eq!(ok["challenge_is_the_text_hash"], true, "{ok}");
+            assert_eq!(ok["choice"], choice.as_str());
+            assert_eq!(ok["runners"], response["decision"]["runners"], "{ok}");
+            assert_eq!(ok["halted"], 1);
+            assert_eq!(ok["failed"], "hvn06");
+            assert_eq!(ok["expires"], EXPIRES);
+        }
+    }
+
+    #[test]
+    fn the_portal_refuses_the_decisions_the_terminal_refuses_naming_the_field() {
+        use Choice::{Abort, Resume, Retry};
+        let mut cases: Vec<(Choice, (String, String, u64), &str)> = vec![
+            // The runners are not what the halt shown gives: the failed one left out of a
+            // retry, one more than the halt leaves, a resume that runs the failed one, an
+            // abort that runs something, another wave.
+            (
+                Retry,
+                case(Retry, |d| d.runners = vec!["hvn05".into()]),
+                "`runners`: the decision lets [\"hvn05\"] run after wave 1, and the request's halt",
+            ),
+            (
+                Retry,
+                case(Retry, |d| d.runners.push("hvn07".into())),
+                "`runners`: the decision lets",
+            ),
+            (
+                Resume,
+                case(Resume, |d| d.runners = vec!["hvn05".into(), "hvn06".into()]),
+                "`runners`: the decision lets",
+            ),
+            (
+                Retry,
+                case(Retry, |d| d.halted_wave = 2),
+                "`runners`: the decision lets [\"hvn05\", \"hvn06\"] run after wave 2",
+            ),
+            // The decision is about something else than what the person clicked or reads.
+            (
+                Retry,
+                case(Retry, |d| d.approval_id = id_at(NOW - 90)),
+                "`approval`: the decision is about approval",
+            ),
+            (
+                Retry,
+                case(Resume, |_| ()),
+                "`choice`: the decision is a resume, not a retry",
+            ),
+            (
+                Retry,
+                case(Retry, |d| {
+                    d.statement_sha256 = hex::encode(hash_text("another\n"))
+                }),
+                "`statement`: the decision binds another statement than the request's",
+            ),
+            // The lifetime, with the decision's own id.
+            (
+                Retry,
+                case(Retry, |d| d.expires_at = "2099-01-01T00:00:00Z".into()),
+                "`expires`: the approval lives",
+            ),
+            (
+                Retry,
+                case(Retry, |d| d.id = id_at(NOW + 120)),
+                "`decision`: requested at",
+            ),
+            (
+                Retry,
+                case(Retry, |d| d.id = d.id.replacen("-7000-", "-4000-", 1)),
+                "`decision`: `",
+            ),
+        ];
+        let (id, expired, _) = case(Retry, |_| ());
+        cases.push((
+            Retry,
+            (id, expired, (NOW + 1200) * 1000),
+            "`expires`: the approval expired",
+        ));
+        // What the request shows changed under the same decision: its halt, or none at all.
+        let (r, response) = halted_request();
+        let d = decision(&r, &response, Retry);
+        let text = d.text().unwrap();
+        let shown = |edit: &dyn Fn(&mut Value)| {
+            let mut v = with_decision(response.clone(), &d, &text);
+            edit(&mut v);
+            (r.id.clone(), v.to_string(), NOW * 1000)
+        };
+        cases.push((
+            Retry,
+            shown(&|v| v["result"]["halt"]["not_run"] = json!(["hvn05", "hvn07"])),
+            "`runners`: the decision lets",
+        ));
+        cases.push((
+            Retry,
+            shown(&|v| v["result"] = Value::Null),
+            "`runners`: the request does not show where its rollout halted",
+        ));
+        cases.push((
+            Retry,
+            shown(&|v| v["statement"]["text"] = json!("emisar-approval/v2\n")),
+            "`statement`: the decision binds another statement",
+        ));
+        cases.push((
+            Retry,
+            shown(&|v| v["decision"] = Value::Null),
+            "the request has no decision to sign",
+        ));
+        // Texts that are not what `Decision::text` writes.
+        let statement = response["statement"]["text"].as_str().unwrap().to_owned();
+        for (from, to, says) in [
+            (
+                "runners hvn05,hvn06",
+                "runners hvn06,hvn05",
+                "`runners` must be sorted, each once",
+            ),
+            (
+                "runners hvn05,hvn06",
+                "runners hvn05, hvn06",
+                "`runners` must be 1 to 512 bytes without whitespace",
+            ),
+            (
+                "runners hvn05,hvn06",
+                "runners -",
+                "`runners`: a retry names the runners it lets run",
+            ),
+            (
+                "choice retry",
+                "choice rerun",
+                "`choice` must be resume, retry or abort, not `rerun`",
+            ),
+            ("halted 1", "halted 0", "`halted` must be a wave, 1 to 1000"),
+            ("halted 1", "halted one", "`halted` must be a wave number"),
+            ("halted 1", "halted +1", "not in canonical form"),
+            (
+                "statement sha256:",
+                "statement ",
+                "`statement` must be `sha256:HEX`",
+            ),
+            (
+                "emisar-rollout-decision/v1",
+                "emisar-approval/v2",
+                "the first line must be",
+            ),
+            (
+                "expires 2026-12-06",
+                "expires 2026-02-30",
+                "`expires` must be YYYY-MM-DDTHH:MM:SSZ",
+            ),
+            (
+                "\nhalted 1\n",
+                "\nhalted\n",
+                "every line after the first is `key value`",
+            ),
+            ("\nhalted 1\n", "\n", "expected `halted`, found `choice`"),
+        ] {
+            assert!(text.contains(from), "{from}");
+            let edited = text.replacen(from, to, 1);
+            cases.push((
+                Retry,
+                shown(&|v| v["decision"]["text"] = json!(edited)),
+                says,
+            ));
+        }
+        cases.push((
+            Retry,
+            shown(&|v| v["decision"]["text"] = json!(text.trim_end())),
+            "must end with a newline",
+        ));
+        cases.push((
+            Retry,
+            shown(&|v| v["decision"]["text"] = json!(format!("{text}extra x\n"))),
+            "a line follows `expires`",
+        ));
+        cases.push((
+            Retry,
+            shown(&|v| v["decision"]["text"] = json!(statement)),
+            "the first line must be `emisar-rollout-decision/v1`",
+        ));
+        let abort = decision(&r, &response, Abort).text().unwrap();
+        cases.push((
+            Abort,
+            shown(&|v| v["decision"]["text"] = json!(abort.replace("runners -", "runners hvn05"))),
+            "`runners`: an abort lets no runner run",
+        ));
+
+        let runs: Vec<(Choice, (String, String, u64))> =
+            cases.iter().map(|(c, run, _)| (*c, run.clone())).collect();
+        let got = run(&runs);
+        for (i, (result, (_, _, says))) in got.iter().zip(&cases).enumerate() {
+            let error = result["error"].as_str().unwrap_or_else(|| {
+                panic!("case {i} (wanted a refusal saying `{says}`) was not refused: {result}")
+            });
+            assert!(
+                error.contains(says),
+                "case {i}: `{error}` does not say `{says}`"
+            );
+        }
+    }
+}

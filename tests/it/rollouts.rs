@@ -26,7 +26,7 @@ pub(crate) const FLEET: [&str; 5] = ["edge-1", "edge-2", "edge-3", "edge-4", "ed
 /// A write each runner records in a shared file with its name and the time, and whose gate
 /// asks the runner whether the change left it healthy (a node is sick for a change when its
 /// folder holds `sick-CHANGE`).
-const PACK: &str = r#"pack: roll
+pub(crate) const PACK: &str = r#"pack: roll
 description: A write whose health each node reports.
 tools:
   mark:
@@ -78,7 +78,7 @@ impl Fleet {
 }
 
 /// Each runner's `mark` and `healthy`, in its own folder on its PATH.
-fn node_programs(dir: &Path, runner: &str) -> PathBuf {
+pub(crate) fn node_programs(dir: &Path, runner: &str) -> PathBuf {
     use std::os::unix::fs::PermissionsExt;
     let bin = dir.join(runner);
     std::fs::create_dir_all(&bin).unwrap();

@@ -184,6 +184,7 @@ pub fn vote(
             pending.expires_at
         )));
     }
+    check_stored(row, pending)?;
     check_voter(row, who)?;
     if pending.votes.iter().any(|v| v.user == who.name) {
         return Err(ApprovalError::Refused(
@@ -264,6 +265,32 @@ pub fn vote(
         row: next,
         events: vec![event],
     })
+}
+
+/// The pending decision as stored is the one [`propose`] would make for the request as it
+/// stands: its text names this approval, its statement, the halt's wave, its choice and
+/// exactly the runners the halt gives that choice (a store edited between proposal and votes
+/// gets no vote counted).
+fn check_stored(row: &Approval, pending: &RolloutDecision) -> Result<(), ApprovalError> {
+    let changed = |what: &str| {
+        ApprovalError::Refused(format!(
+            "decision {}: {what} differs from what the request's halt gives (the store was changed): propose it again",
+            pending.id
+        ))
+    };
+    let d = Decision::parse(&pending.text).map_err(|e| changed(&e.to_string()))?;
+    let halt = halt_of(row).ok_or_else(|| changed("the halt"))?;
+    let wanted = runners_for(&halt, pending.choice);
+    if d.id != pending.id || d.approval_id != row.id || d.choice != pending.choice {
+        return Err(changed("its id, approval or choice"));
+    }
+    if d.statement_sha256 != hex::encode(hash_text(row.statement.as_deref().unwrap_or(""))) {
+        return Err(changed("its statement"));
+    }
+    if d.runners != wanted || pending.runners != wanted || d.halted_wave != halt.wave {
+        return Err(changed("`runners`"));
+    }
+    Ok(())
 }
 
 fn expired(d: &RolloutDecision, now: DateTime<Utc>) -> bool {
@@ -414,12 +441,43 @@ mod tests {
     }
 
     #[test]
+    fn a_decision_changed_in_the_store_takes_no_vote() {
+        let now = at("2026-11-30T10:21:00Z");
+        let row = proposed(Choice::Retry);
+        // The retry's runners without the failed one: a resume under a retry's name.
+        let mut edited = row.clone();
+        let d = edited.decision.as_mut().unwrap();
+        d.text = d.text.replace("runners e2,e3,e4", "runners e3,e4");
+        d.runners = vec!["e3".into(), "e4".into()];
+        let e = vote(&edited, &who("bob"), ID, &Verdict::approve(), now);
+        assert!(matches!(e, Err(ApprovalError::Refused(m)) if m.contains("`runners`")));
+        // The halt edited under it.
+        let mut edited = row.clone();
+        edited.result = Some(
+            json!({"results": [], "halt": {"wave": 2, "runner": "e1", "not_run": ["e4", "e3"]}}),
+        );
+        assert!(vote(&edited, &who("bob"), ID, &Verdict::approve(), now).is_err());
+        // Untouched, it takes the vote.
+        assert!(vote(&row, &who("bob"), ID, &Verdict::approve(), now).is_ok());
+    }
+
+    #[test]
     fn where_people_sign_a_vote_needs_a_verified_signature() {
         let now = at("2026-11-30T10:21:00Z");
-        let row = Approval {
+        let signed = Approval {
             statement: Some("the statement\n".into()),
-            ..proposed(Choice::Resume)
+            ..halted()
         };
+        let row = propose(
+            &signed,
+            &who("alice"),
+            Choice::Resume,
+            ID.into(),
+            at("2026-11-30T10:40:00Z"),
+            now,
+        )
+        .unwrap()
+        .row;
         let e = vote(&row, &who("alice"), ID, &Verdict::approve(), now);
         assert!(matches!(e, Err(ApprovalError::Refused(m)) if m.contains("`signature`")));
         let deny = Verdict::Deny { note: "no".into() };

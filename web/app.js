@@ -677,6 +677,9 @@ function runnerOutcomes(a) {
   const outcome = (runner) => {
     if (rerun.has(runner)) return 'waiting';
     const r = byRunner.get(runner);
+    // A runner whose gate failed has `error_kind: gate_failed` (its write ran), wherever it
+    // halted or not (a resume leaves it so).
+    if (r && r.error_kind === 'gate_failed') return 'gate-failed';
     if (halt && halt.runner === runner) return r && r.ok === false ? 'write-failed' : 'gate-failed';
     if (halt && (halt.not_run || []).includes(runner)) return 'not-run';
     if (!r) return 'waiting';

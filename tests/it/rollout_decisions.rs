@@ -1,7 +1,8 @@
 //! People's signed decision on a halted rollout (issue 46), on PostgreSQL with the five TLS
 //! runners of `rollouts.rs` that require alice's and bob's signatures: a retry, signed by
 //! both once the canary is fixed, runs the canary again and then the rest wave by wave; an
-//! abort, signed by one, ends another; a request over `max_targets` is refused before anyone
+//! abort, signed by one, ends another; a resume, signed by both, runs a third's runners left
+//! without the canary; a request over `max_targets` is refused before anyone
 //! is asked; and a server holding `server.key` cannot use a decision to run a runner twice, on
 //! a runner it does not name, or with fewer people than the write needed.
 
@@ -51,8 +52,7 @@ async fn vote(who: &Portal, id: &str, body: Value) -> (u16, Value) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_signed_retry_runs_the_fixed_canary_again_then_the_rest_and_a_signed_abort_ends_another()
-{
+async fn signed_decisions_retry_abort_and_resume_halted_rollouts_as_people_signed() {
     let fleet = fleet().await;
     let alice = signed_in(&fleet.app, "alice", Role::Approver).await;
     let bob = signed_in(&fleet.app, "bob", Role::Approver).await;
@@ -191,6 +191,48 @@ async fn a_signed_retry_runs_the_fixed_canary_again_then_the_rest_and_a_signed_a
     tokio::time::sleep(Duration::from_millis(300)).await;
     let marked: Vec<String> = fleet.marked("bad").into_iter().map(|(r, _)| r).collect();
     assert_eq!(marked, ["edge-1"], "the abort ran nothing");
+
+    // A third halts; people resume it without the canary (say it is drained): the four left
+    // run in their waves, the canary stays as it was, and its result still says why.
+    fleet.make_sick("edge-1", "skip");
+    let (out, request) = roll(&fleet, &alice, &bob, "skip").await;
+    assert_eq!(out["approval"]["state"], "halted", "{out}");
+    let id = request["id"].as_str().unwrap();
+    let proposed = propose(&alice, id, "resume").await;
+    let decision = &proposed["decision"];
+    assert_eq!(
+        decision["runners"],
+        json!(["edge-2", "edge-3", "edge-4", "edge-5"])
+    );
+    let text = decision["text"].as_str().unwrap().to_owned();
+    for (who, seed) in [(&alice, 1), (&bob, 2)] {
+        let (status, body) = vote(
+            who,
+            id,
+            json!({ "decision_id": decision["id"], "signature": ssh(seed, &text) }),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let row = settled(&alice, id).await;
+    assert_eq!(row["state"], "executed", "{row}");
+    let marks = fleet.marked("skip");
+    let order: Vec<&str> = marks.iter().map(|(r, _)| r.as_str()).collect();
+    assert_eq!(order.len(), 5, "{marks:?}");
+    assert_eq!(order[0], "edge-1", "the canary once, before the halt");
+    let at = |r: &str| marks.iter().find(|(n, _)| n == r).unwrap().1;
+    assert!(
+        at("edge-2").max(at("edge-3")) < at("edge-4").min(at("edge-5")),
+        "the resume kept the signed waves: {marks:?}"
+    );
+    let results = row["result"]["results"].as_array().unwrap();
+    let canary = results.iter().find(|r| r["runner"] == "edge-1").unwrap();
+    assert_eq!(canary["error_kind"], "gate_failed", "{row}");
+    assert_eq!(
+        results.iter().filter(|r| r["ok"] == true).count(),
+        4,
+        "{row}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

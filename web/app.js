@@ -10,7 +10,7 @@
 'use strict';
 
 const STATES = ['pending', 'approved', 'denied', 'expired', 'executing', 'executed',
-  'failed', 'halted', 'unknown', 'withdrawn'];
+  'failed', 'halted', 'aborted', 'unknown', 'withdrawn'];
 // Audit filters, in form order: [query name, label, placeholder].
 const AUDIT_FILTERS = [
   ['tool', 'Tool', 'linux.systemctl_restart'],

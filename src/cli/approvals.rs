@@ -10,8 +10,8 @@ pub enum ApprovalsCommand {
     /// Requests in one state (pending by default), newest first.
     #[command(after_help = "Example: emisar approvals list --server https://emisar.example:7700")]
     List {
-        /// pending, approved, denied, expired, withdrawn, executing, executed, failed or
-        /// unknown.
+        /// pending, approved, denied, expired, withdrawn, executing, executed, failed,
+        /// halted, aborted or unknown.
         #[arg(long, default_value = "pending")]
         state: String,
     },

@@ -523,19 +523,17 @@ fn check_high_risk(
         claims.lowered_by_policy.as_deref(),
     ) {
         (Some(approval_id), _) => {
-            let key = ledger_key(state, approval_id, request).map_err(forbidden)?;
-            state
-                .executed
-                .record(
-                    &key,
-                    // Held for a day at least, whatever the expiry: a decision on a halted
-                    // rollout may come after it (and is refused once this memory may be gone).
-                    keep_until.unwrap_or(0).max(now() + APPROVAL_MEMORY_SECS),
-                )
-                .map_err(|why| match why {
+            // Held for a day at least, whatever the expiry: a decision on a halted rollout
+            // may come after it (and is refused once this memory may be gone).
+            let keep = keep_until.unwrap_or(0).max(now() + APPROVAL_MEMORY_SECS);
+            // The decision's key first: it is the one a replay of the decision meets.
+            for key in ledger_keys(state, approval_id, request).map_err(forbidden)? {
+                state.executed.record(&key, keep).map_err(|why| match why {
                     ExecRefused::Reused(why) => (StatusCode::CONFLICT, why),
                     ExecRefused::Forbidden(why) => forbidden(why),
-                })
+                })?;
+            }
+            Ok(())
         }
         (None, Some(policy)) => {
             // The server's policy says this tool runs without a human; the log names the
@@ -551,19 +549,22 @@ fn check_high_risk(
     }
 }
 
-/// What the ledger records for this execution: the approval id, unless people decided to
-/// retry a halted rollout on this runner, which ran the approval already: then the decision's
-/// id (good for one execution here too). A decision that does not name this runner lets
-/// nothing run, and a resume never runs a runner twice. (A runner that checks signatures has
-/// verified the decision's people already; this holds for every runner.)
-fn ledger_key(
+/// What the ledger records for this execution, each once: the approval id; under people's
+/// decision on a halted rollout, the decision's id first (`decision:ID`: a decision runs a
+/// runner at most once), and the approval id only if it never ran here. A second run of the
+/// approval here needs a retry, and only for a runner of the wave it halted in (the signed
+/// plan's wave, which the call carries and a runner that checks signatures has held it to): a
+/// retry lets the runner that failed run again, never one of a wave that ran and passed. A
+/// decision that does not name this runner lets nothing run. (A runner that checks signatures
+/// has verified the decision's people already; this holds for every runner.)
+fn ledger_keys(
     state: &RunnerState,
     approval_id: &str,
     request: &CallRequest,
-) -> Result<String, String> {
+) -> Result<Vec<String>, String> {
     use crate::protocol::approval::{Choice, Decision};
     let Some(proof) = &request.decision else {
-        return Ok(approval_id.to_owned());
+        return Ok(vec![approval_id.to_owned()]);
     };
     let decision = Decision::parse(&proof.text).map_err(|e| e.to_string())?;
     let runner = &state.config.name;
@@ -582,11 +583,20 @@ fn ledger_key(
             decision.id
         ));
     }
+    let key = format!("decision:{}", decision.id);
     if !state.executed.contains(approval_id) {
-        return Ok(approval_id.to_owned());
+        return Ok(vec![key, approval_id.to_owned()]);
     }
     match decision.choice {
-        Choice::Retry => Ok(format!("decision:{}", decision.id)),
+        Choice::Retry if request.wave == Some(decision.halted_wave) => Ok(vec![key]),
+        Choice::Retry => Err(format!(
+            "approval {approval_id} was already executed on this runner, and the retry {} runs again only the runner that failed, in wave {} where the rollout halted; this call runs in {}",
+            decision.id,
+            decision.halted_wave,
+            request
+                .wave
+                .map_or_else(|| "no wave".to_owned(), |w| format!("wave {w}"))
+        )),
         Choice::Resume | Choice::Abort => Err(format!(
             "approval {approval_id} was already executed on this runner, and the rollout decision {} is a {}, not a retry: it never runs a runner twice",
             decision.id,

@@ -389,6 +389,22 @@ async fn a_runner_holds_a_decision_to_what_people_signed() {
         403,
         "never runs a runner twice",
     );
+    // A retry runs again only the runner of the wave it halted in: edge-2 ran (wave 2) and
+    // passed, and a retry that names it does not run it twice; edge-3 never ran, and a retry
+    // runs it once, and no more (red team: a replayed retry ran every runner it named twice).
+    let wide = decision(Choice::Retry, &["edge-1", "edge-2", "edge-3"], &[1, 2]);
+    refused(
+        &send("edge-2", 2, Some(wide.clone())).await,
+        403,
+        "runs again only the runner that failed, in wave 1",
+    );
+    let answer = send("edge-3", 2, Some(wide.clone())).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    refused(
+        &send("edge-3", 2, Some(wide)).await,
+        403,
+        "runs again only the runner that failed",
+    );
     let order: Vec<String> = fleet.marked("once").into_iter().map(|(r, _)| r).collect();
-    assert_eq!(order, ["edge-1", "edge-1", "edge-2"]);
+    assert_eq!(order, ["edge-1", "edge-1", "edge-2", "edge-3"]);
 }

@@ -261,7 +261,9 @@ async fn a_connection_over_the_per_address_cap_is_closed_at_once(backend: Backen
             break;
         }
         assert!(
-            started.elapsed() < std::time::Duration::from_secs(10),
+            // A generous bound on a condition: the place comes back as soon as the server has
+            // seen the close.
+            started.elapsed() < std::time::Duration::from_secs(30),
             "the place of a closed connection never came back"
         );
     }

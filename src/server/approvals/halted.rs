@@ -290,6 +290,13 @@ fn check_stored(row: &Approval, pending: &RolloutDecision) -> Result<(), Approva
     if d.runners != wanted || pending.runners != wanted || d.halted_wave != halt.wave {
         return Err(changed("`runners`"));
     }
+    let required = match pending.choice {
+        Choice::Abort => 1,
+        Choice::Resume | Choice::Retry => row.required_approvals,
+    };
+    if pending.required != required {
+        return Err(changed("the count of people it needs"));
+    }
     Ok(())
 }
 
@@ -457,6 +464,11 @@ mod tests {
             json!({"results": [], "halt": {"wave": 2, "runner": "e1", "not_run": ["e4", "e3"]}}),
         );
         assert!(vote(&edited, &who("bob"), ID, &Verdict::approve(), now).is_err());
+        // Its count of people lowered (red team: a retry carried out on one vote).
+        let mut edited = row.clone();
+        edited.decision.as_mut().unwrap().required = 1;
+        let e = vote(&edited, &who("bob"), ID, &Verdict::approve(), now);
+        assert!(matches!(e, Err(ApprovalError::Refused(m)) if m.contains("count of people")));
         // Untouched, it takes the vote.
         assert!(vote(&row, &who("bob"), ID, &Verdict::approve(), now).is_ok());
     }

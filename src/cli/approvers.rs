@@ -355,9 +355,7 @@ fn one_file_per_serial(file: &Path) -> anyhow::Result<String> {
         "raising the serial of {} failed",
         file.display()
     );
-    let tmp = file.with_extension("tmp");
-    std::fs::write(&tmp, &text).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, file).with_context(|| format!("writing {}", file.display()))?;
+    replace_public(file, &text)?;
     eprintln!(
         "{}: serial {} was signed before with other contents; raised to {raised}",
         file.display(),
@@ -378,6 +376,11 @@ fn serial_line(text: &str) -> Option<&str> {
                 !r.is_empty() && r.bytes().all(|b| b.is_ascii_digit())
             })
     })
+}
+
+/// Replaces the approvers file whole (it holds public keys only: mode 0644).
+fn replace_public(file: &Path, text: &str) -> anyhow::Result<()> {
+    crate::util::files::replace(file, text.as_bytes(), 0o644)
 }
 
 fn read(file: &Path) -> anyhow::Result<ApproversFile> {
@@ -405,9 +408,7 @@ fn write(file: &Path, mut f: ApproversFile) -> anyhow::Result<()> {
         toml::to_string(&f)?
     );
     let a = Approvers::parse(&text)?;
-    let tmp = file.with_extension("tmp");
-    std::fs::write(&tmp, &text).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, file).with_context(|| format!("writing {}", file.display()))?;
+    replace_public(file, &text)?;
     println!(
         "{}: serial {}, {} people (sha256:{}); sign it again if runners take it from the server",
         file.display(),

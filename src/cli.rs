@@ -3,7 +3,7 @@
 //! `cli/` (`audit`, `people` for users and tokens, `fleet` for join tokens and joined
 //! runners, `approvals`, `packs`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::{Args, CommandFactory, Parser, Subcommand};
@@ -383,22 +383,7 @@ fn no_lab(command: &str) -> anyhow::Error {
 /// Runs a command; the exit code is 0 unless it returns an error or says otherwise.
 pub async fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
-        Command::Serve { config, db } => {
-            let config = ServerConfig::load(&config)?;
-            let url = db
-                .database
-                .clone()
-                .or_else(|| config.database_url.clone())
-                .context("no database given: set database_url in the config, pass --database or set DATABASE_URL")?;
-            let app = crate::server::app::Application::build(config, &url).await?;
-            let stop = app.shutdown_token();
-            let signalled = stop_on_signal();
-            tokio::spawn(async move {
-                signalled.cancelled().await;
-                stop.cancel();
-            });
-            app.run_until_stopped().await?;
-        }
+        Command::Serve { config, db } => serve(&config, &db).await?,
         Command::Runner {
             command: Some(command),
             ..
@@ -408,13 +393,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             config,
             server,
             join_token,
-        } => {
-            let config = config.context(
-                "emisar runner needs --config runner.toml (or a subcommand: list, remove, fingerprint)",
-            )?;
-            let config = RunnerConfig::load_with_join(&config, server, join_token)?;
-            crate::node::start::run(config, stop_on_signal()).await?;
-        }
+        } => runner(config, server, join_token).await?,
         Command::Dev {
             state_dir,
             listen,
@@ -423,7 +402,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             policy,
             signed_approvals,
         } => {
-            let stop = stop_on_signal();
             let opts = crate::dev::DevOptions {
                 state_dir,
                 listen,
@@ -432,7 +410,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 policy_file: policy,
                 signed_approvals,
             };
-            crate::dev::run(opts, stop).await?;
+            crate::dev::run(opts, stop_on_signal()).await?;
         }
         #[cfg(feature = "lab")]
         Command::Lab {
@@ -469,11 +447,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         } => return config_check::run(&file, kind),
         Command::Policy {
             command: PolicyCommand::Check { file, packs_dir },
-        } => {
-            let packs = PackSet::load(packs_dir.as_deref())?;
-            let policy = crate::server::policy::check_file(&file, &packs)?;
-            println!("ok: {} (sha256 {})", file.display(), policy.digest());
-        }
+        } => policy_check(&file, packs_dir.as_deref())?,
         Command::Approvals { server, command } => approvals::run(server, command).await?,
         Command::Approvers { command } => approvers::run(command)?,
         Command::JoinToken { command } => return fleet::join_token(command).await,
@@ -481,72 +455,132 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             private,
             public,
             audit_key,
-        } => {
-            crate::protocol::signing::write_keypair(&private, &public)?;
-            println!(
-                "wrote {} (keep it secret) and {}",
-                private.display(),
-                public.display()
-            );
-            if let Some(path) = audit_key {
-                crate::server::secrets::AuditKey::generate(&path)?;
-                println!("wrote {} (keep it secret)", path.display());
-            }
-        }
+        } => keygen(&private, &public, audit_key.as_deref())?,
         Command::Witness {
             command: Some(WitnessCommand::Keygen { name, key }),
             ..
-        } => {
-            let vkey = crate::witness::serve::keygen(&name, &key)?;
-            println!("wrote {} (keep it secret)", key.display());
-            println!("{vkey}");
-        }
+        } => witness_keygen(&name, &key)?,
         Command::Witness {
             command: None,
             config,
-        } => {
-            let config = config.context("--config: give the witness's witness.toml")?;
-            let config = crate::witness::config::WitnessConfig::load(&config)?;
-            let server = crate::witness::serve::WitnessServer::build(&config).await?;
-            server.run_until_stopped(stop_on_signal()).await?;
-        }
+        } => witness(config).await?,
         Command::McpStdio { url, token } => crate::stdio_bridge::run(&url, &token).await?,
-        Command::Completions { shell } => {
-            // Written whole into memory first: clap_complete panics on a write error, and a
-            // reader that goes away (`| head`) must end the command quietly, not panic.
-            let mut script = Vec::new();
-            clap_complete::generate(shell, &mut Cli::command(), "emisar", &mut script);
-            std::io::Write::write_all(&mut std::io::stdout(), &script)?;
-        }
-        Command::Man { dir } => {
-            std::fs::create_dir_all(&dir)
-                .with_context(|| format!("failed to create {}", dir.display()))?;
-            clap_mangen::generate_to(Cli::command(), &dir)
-                .with_context(|| format!("failed to write man pages into {}", dir.display()))?;
-        }
-        Command::Migrate { db } => {
-            let (db, applied) = Db::connect_and_migrate(db.url()?).await?;
-            if applied.is_empty() {
-                println!("{} schema is up to date", db.backend());
-            } else {
-                println!(
-                    "applied {} migration(s) to {}:",
-                    applied.len(),
-                    db.backend()
-                );
-                for m in &applied {
-                    println!("  {m}");
-                }
-            }
-            // Events written before the audit tree existed are folded into it now, rather
-            // than by the server's first append (which would hold the append lock for it).
-            let leaves = crate::server::audit::tree::fold_all(&db)
-                .await
-                .context("failed to fold the audit log into its Merkle tree")?;
-            println!("audit tree: {leaves} events");
-        }
+        Command::Completions { shell } => completions(shell)?,
+        Command::Man { dir } => man(&dir)?,
+        Command::Migrate { db } => migrate(&db).await?,
     }
     Ok(0)
+}
+
+/// `emisar serve`: the server, until a signal stops it.
+async fn serve(config: &Path, db: &DbArg) -> anyhow::Result<()> {
+    let config = ServerConfig::load(config)?;
+    let url = db
+        .database
+        .clone()
+        .or_else(|| config.database_url.clone())
+        .context("no database given: set database_url in the config, pass --database or set DATABASE_URL")?;
+    let app = crate::server::app::Application::build(config, &url).await?;
+    let stop = app.shutdown_token();
+    let signalled = stop_on_signal();
+    tokio::spawn(async move {
+        signalled.cancelled().await;
+        stop.cancel();
+    });
+    Ok(app.run_until_stopped().await?)
+}
+
+/// `emisar runner --config`: the runner, until a signal stops it.
+async fn runner(
+    config: Option<PathBuf>,
+    server: Option<String>,
+    join_token: Option<String>,
+) -> anyhow::Result<()> {
+    let config = config.context(
+        "emisar runner needs --config runner.toml (or a subcommand: list, remove, fingerprint)",
+    )?;
+    let config = RunnerConfig::load_with_join(&config, server, join_token)?;
+    crate::node::start::run(config, stop_on_signal()).await
+}
+
+/// `emisar policy check`.
+fn policy_check(file: &Path, packs_dir: Option<&Path>) -> anyhow::Result<()> {
+    let packs = PackSet::load(packs_dir)?;
+    let policy = crate::server::policy::check_file(file, &packs)?;
+    println!("ok: {} (sha256 {})", file.display(), policy.digest());
+    Ok(())
+}
+
+/// `emisar keygen`: the server's signing key pair, and the audit key if asked for.
+fn keygen(private: &Path, public: &Path, audit_key: Option<&Path>) -> anyhow::Result<()> {
+    crate::protocol::signing::write_keypair(private, public)?;
+    println!(
+        "wrote {} (keep it secret) and {}",
+        private.display(),
+        public.display()
+    );
+    if let Some(path) = audit_key {
+        crate::server::secrets::AuditKey::generate(path)?;
+        println!("wrote {} (keep it secret)", path.display());
+    }
+    Ok(())
+}
+
+/// `emisar witness keygen`.
+fn witness_keygen(name: &str, key: &Path) -> anyhow::Result<()> {
+    let vkey = crate::witness::serve::keygen(name, key)?;
+    println!("wrote {} (keep it secret)", key.display());
+    println!("{vkey}");
+    Ok(())
+}
+
+/// `emisar witness --config`: the witness, until a signal stops it.
+async fn witness(config: Option<PathBuf>) -> anyhow::Result<()> {
+    let config = config.context("--config: give the witness's witness.toml")?;
+    let config = crate::witness::config::WitnessConfig::load(&config)?;
+    let server = crate::witness::serve::WitnessServer::build(&config).await?;
+    Ok(server.run_until_stopped(stop_on_signal()).await?)
+}
+
+/// `emisar completions`. Written whole into memory first: clap_complete panics on a write
+/// error, and a reader that goes away (`| head`) must end the command quietly, not panic.
+fn completions(shell: clap_complete::Shell) -> anyhow::Result<()> {
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "emisar", &mut script);
+    std::io::Write::write_all(&mut std::io::stdout(), &script)?;
+    Ok(())
+}
+
+/// `emisar man`.
+fn man(dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("failed to create {}", dir.display()))?;
+    clap_mangen::generate_to(Cli::command(), dir)
+        .with_context(|| format!("failed to write man pages into {}", dir.display()))?;
+    Ok(())
+}
+
+/// `emisar migrate`: the schema brought up to date, and the audit log folded into its tree.
+async fn migrate(db: &DbArg) -> anyhow::Result<()> {
+    let (db, applied) = Db::connect_and_migrate(db.url()?).await?;
+    if applied.is_empty() {
+        println!("{} schema is up to date", db.backend());
+    } else {
+        println!(
+            "applied {} migration(s) to {}:",
+            applied.len(),
+            db.backend()
+        );
+        for m in &applied {
+            println!("  {m}");
+        }
+    }
+    // Events written before the audit tree existed are folded into it now, rather than by
+    // the server's first append (which would hold the append lock for it).
+    let leaves = crate::server::audit::tree::fold_all(&db)
+        .await
+        .context("failed to fold the audit log into its Merkle tree")?;
+    println!("audit tree: {leaves} events");
+    Ok(())
 }
 
 #[cfg(test)]

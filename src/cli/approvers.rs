@@ -96,160 +96,204 @@ pub(super) fn run(command: ApproversCommand) -> anyhow::Result<()> {
             passkey,
             alg,
             public_key,
-        } => {
-            if ssh_key.is_none() && passkey.is_none() {
-                anyhow::bail!(
-                    "give a key to add: --ssh-key PATH, or --passkey ID --alg --public-key"
-                );
-            }
-            let mut f = read_or_new(&file)?;
-            let i = match f.people.iter().position(|p| p.name == name) {
-                Some(i) => i,
-                None => {
-                    f.people.push(PersonEntry {
-                        name: name.clone(),
-                        ssh: Vec::new(),
-                        passkeys: Vec::new(),
-                    });
-                    f.people.len() - 1
-                }
-            };
-            if let Some(path) = ssh_key {
-                let line = std::fs::read_to_string(&path)
-                    .with_context(|| format!("--ssh-key {}", path.display()))?;
-                let key = sshsig::read_public_key("--ssh-key", &line)?;
-                f.people[i].ssh.push(key.to_openssh()?);
-            }
-            if let (Some(id), Some(alg), Some(public_key)) = (passkey, alg, public_key) {
-                f.people[i].passkeys.push(PasskeyEntry {
-                    id,
-                    alg: if alg == "ES256" {
-                        CoseAlg::ES256
-                    } else {
-                        CoseAlg::EdDSA
-                    },
-                    public_key,
-                });
-            }
-            write(&file, f)
-        }
+        } => add(
+            &file,
+            name,
+            ssh_key.as_deref(),
+            passkey_entry(passkey, alg, public_key),
+        ),
         ApproversCommand::Remove {
             file,
             name,
             ssh_key,
-        } => {
-            let mut f = read(&file)?;
-            let i = f
-                .people
-                .iter()
-                .position(|p| p.name == name)
-                .with_context(|| {
-                    format!("--name: nobody is called `{name}` in {}", file.display())
-                })?;
-            match ssh_key {
-                None => {
-                    f.people.remove(i);
-                }
-                Some(path) => {
-                    let line = std::fs::read_to_string(&path)
-                        .with_context(|| format!("--ssh-key {}", path.display()))?;
-                    let key = sshsig::read_public_key("--ssh-key", &line)?;
-                    let before = f.people[i].ssh.len();
-                    f.people[i].ssh.retain(|l| {
-                        sshsig::read_public_key("ssh", l)
-                            .map(|k| k.key_data() != key.key_data())
-                            .unwrap_or(true)
-                    });
-                    if f.people[i].ssh.len() == before {
-                        anyhow::bail!("--ssh-key: `{name}` has no such key");
-                    }
-                }
-            }
-            write(&file, f)
+        } => remove(&file, &name, ssh_key.as_deref()),
+        ApproversCommand::Sign { file, ssh_key } => sign(&file, ssh_key.as_deref()),
+        ApproversCommand::Show { file, root_key } => show(&file, root_key.as_deref()),
+    }
+}
+
+/// The passkey `--passkey ID --alg ALG --public-key KEY` names (clap requires all three
+/// together, and allows only ES256 and EdDSA).
+fn passkey_entry(
+    id: Option<String>,
+    alg: Option<String>,
+    public_key: Option<String>,
+) -> Option<PasskeyEntry> {
+    let (id, alg, public_key) = (id?, alg?, public_key?);
+    Some(PasskeyEntry {
+        id,
+        alg: if alg == "ES256" {
+            CoseAlg::ES256
+        } else {
+            CoseAlg::EdDSA
+        },
+        public_key,
+    })
+}
+
+/// `approvers add`: the person (added if new) gets the SSH key and the passkey given.
+fn add(
+    file: &Path,
+    name: String,
+    ssh_key: Option<&Path>,
+    passkey: Option<PasskeyEntry>,
+) -> anyhow::Result<()> {
+    if ssh_key.is_none() && passkey.is_none() {
+        anyhow::bail!("give a key to add: --ssh-key PATH, or --passkey ID --alg --public-key");
+    }
+    let mut f = read_or_new(file)?;
+    let i = match f.people.iter().position(|p| p.name == name) {
+        Some(i) => i,
+        None => {
+            f.people.push(PersonEntry {
+                name,
+                ssh: Vec::new(),
+                passkeys: Vec::new(),
+            });
+            f.people.len() - 1
         }
-        ApproversCommand::Sign { file, ssh_key } => {
-            let text = one_file_per_serial(&file)?;
-            let sig = super::ssh_sign::sign(
-                ssh_key.as_deref(),
-                sshsig::APPROVERS_NAMESPACE,
-                text.as_bytes(),
-            )?;
-            let out = sig_path(&file);
-            std::fs::write(&out, sig).with_context(|| format!("writing {}", out.display()))?;
-            let a = Approvers::parse(&text)?;
-            let history = history_path(&file);
-            let mut f = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&history)
-                .with_context(|| format!("writing {}", history.display()))?;
-            std::io::Write::write_all(&mut f, format!("{} {}\n", a.serial, a.sha256).as_bytes())
-                .with_context(|| format!("writing {}", history.display()))?;
-            println!(
-                "signed {} (serial {}, sha256:{}) → {}",
-                file.display(),
-                a.serial,
-                a.sha256,
-                out.display()
-            );
-            Ok(())
+    };
+    if let Some(path) = ssh_key {
+        let key = read_ssh_key(path)?;
+        f.people[i].ssh.push(key.to_openssh()?);
+    }
+    if let Some(passkey) = passkey {
+        f.people[i].passkeys.push(passkey);
+    }
+    write(file, f)
+}
+
+/// `approvers remove`: the person, or only the SSH key given of theirs.
+fn remove(file: &Path, name: &str, ssh_key: Option<&Path>) -> anyhow::Result<()> {
+    let mut f = read(file)?;
+    let i = f
+        .people
+        .iter()
+        .position(|p| p.name == name)
+        .with_context(|| format!("--name: nobody is called `{name}` in {}", file.display()))?;
+    match ssh_key {
+        None => {
+            f.people.remove(i);
         }
-        ApproversCommand::Show { file, root_key } => {
-            let text = std::fs::read_to_string(&file)
-                .with_context(|| format!("--file {}", file.display()))?;
-            let a = Approvers::parse(&text)?;
-            println!("file: {} (sha256:{})", file.display(), a.sha256);
-            println!("serial: {}", a.serial);
-            if let Some(rp) = &a.rp {
-                println!(
-                    "passkeys: rp_id {} origins {}",
-                    rp.rp_id,
-                    rp.origins.join(" ")
-                );
+        Some(path) => {
+            let key = read_ssh_key(path)?;
+            let before = f.people[i].ssh.len();
+            f.people[i].ssh.retain(|l| {
+                sshsig::read_public_key("ssh", l)
+                    .map(|k| k.key_data() != key.key_data())
+                    .unwrap_or(true)
+            });
+            if f.people[i].ssh.len() == before {
+                anyhow::bail!("--ssh-key: `{name}` has no such key");
             }
-            for p in &a.people {
-                println!("person {}", p.name);
-                for k in &p.ssh {
-                    println!("  ssh {}", sshsig::key_id(k));
-                }
-                for k in &p.passkeys {
-                    println!(
-                        "  passkey {} {:?}",
-                        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&k.credential_id),
-                        k.alg
-                    );
-                }
-            }
-            let f: ApproversFile = toml::from_str(&text)?;
-            for r in &f.rules {
-                println!(
-                    "rule {}: {} approval(s){}",
-                    r.tools,
-                    r.approvals,
-                    if r.unapproved {
-                        ", unapproved allowed when the policy lowers it"
-                    } else {
-                        ""
-                    }
-                );
-            }
-            if let Some(root) = root_key {
-                let line = std::fs::read_to_string(&root)
-                    .with_context(|| format!("--root-key {}", root.display()))?;
-                let key = sshsig::read_public_key("--root-key", &line)?;
-                let sig_file = sig_path(&file);
-                let signature = std::fs::read_to_string(&sig_file)
-                    .with_context(|| format!("reading {}", sig_file.display()))?;
-                SignedApprovers { text, signature }.verify(std::slice::from_ref(&key))?;
-                println!(
-                    "signature: {} is good, by {}",
-                    sig_file.display(),
-                    sshsig::key_id(&key)
-                );
-            }
-            Ok(())
         }
     }
+    write(file, f)
+}
+
+/// The public key in the `--ssh-key` file.
+fn read_ssh_key(path: &Path) -> anyhow::Result<ssh_key::PublicKey> {
+    let line =
+        std::fs::read_to_string(path).with_context(|| format!("--ssh-key {}", path.display()))?;
+    Ok(sshsig::read_public_key("--ssh-key", &line)?)
+}
+
+/// `approvers sign`: FILE.sig over the file (its serial raised first if need be), and the
+/// serial and digest signed added to FILE.signed.
+fn sign(file: &Path, ssh_key: Option<&Path>) -> anyhow::Result<()> {
+    let text = one_file_per_serial(file)?;
+    let sig = super::ssh_sign::sign(ssh_key, sshsig::APPROVERS_NAMESPACE, text.as_bytes())?;
+    let out = sig_path(file);
+    std::fs::write(&out, sig).with_context(|| format!("writing {}", out.display()))?;
+    let a = Approvers::parse(&text)?;
+    let history = history_path(file);
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&history)
+        .with_context(|| format!("writing {}", history.display()))?;
+    std::io::Write::write_all(&mut f, format!("{} {}\n", a.serial, a.sha256).as_bytes())
+        .with_context(|| format!("writing {}", history.display()))?;
+    println!(
+        "signed {} (serial {}, sha256:{}) → {}",
+        file.display(),
+        a.serial,
+        a.sha256,
+        out.display()
+    );
+    Ok(())
+}
+
+/// `approvers show`: the file's digest, serial, people, keys and rules; with a root key,
+/// FILE.sig checked against it.
+fn show(file: &Path, root_key: Option<&Path>) -> anyhow::Result<()> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("--file {}", file.display()))?;
+    let a = Approvers::parse(&text)?;
+    print_people(file, &a);
+    let f: ApproversFile = toml::from_str(&text)?;
+    print_rules(&f);
+    if let Some(root) = root_key {
+        check_signature(file, text, root)?;
+    }
+    Ok(())
+}
+
+fn print_people(file: &Path, a: &Approvers) {
+    println!("file: {} (sha256:{})", file.display(), a.sha256);
+    println!("serial: {}", a.serial);
+    if let Some(rp) = &a.rp {
+        println!(
+            "passkeys: rp_id {} origins {}",
+            rp.rp_id,
+            rp.origins.join(" ")
+        );
+    }
+    for p in &a.people {
+        println!("person {}", p.name);
+        for k in &p.ssh {
+            println!("  ssh {}", sshsig::key_id(k));
+        }
+        for k in &p.passkeys {
+            println!(
+                "  passkey {} {:?}",
+                base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&k.credential_id),
+                k.alg
+            );
+        }
+    }
+}
+
+fn print_rules(f: &ApproversFile) {
+    for r in &f.rules {
+        println!(
+            "rule {}: {} approval(s){}",
+            r.tools,
+            r.approvals,
+            if r.unapproved {
+                ", unapproved allowed when the policy lowers it"
+            } else {
+                ""
+            }
+        );
+    }
+}
+
+/// FILE.sig must be the `--root-key`'s signature over `text`.
+fn check_signature(file: &Path, text: String, root: &Path) -> anyhow::Result<()> {
+    let line =
+        std::fs::read_to_string(root).with_context(|| format!("--root-key {}", root.display()))?;
+    let key = sshsig::read_public_key("--root-key", &line)?;
+    let sig_file = sig_path(file);
+    let signature = std::fs::read_to_string(&sig_file)
+        .with_context(|| format!("reading {}", sig_file.display()))?;
+    SignedApprovers { text, signature }.verify(std::slice::from_ref(&key))?;
+    println!(
+        "signature: {} is good, by {}",
+        sig_file.display(),
+        sshsig::key_id(&key)
+    );
+    Ok(())
 }
 
 fn sig_path(file: &Path) -> PathBuf {
@@ -311,9 +355,7 @@ fn one_file_per_serial(file: &Path) -> anyhow::Result<String> {
         "raising the serial of {} failed",
         file.display()
     );
-    let tmp = file.with_extension("tmp");
-    std::fs::write(&tmp, &text).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, file).with_context(|| format!("writing {}", file.display()))?;
+    replace_public(file, &text)?;
     eprintln!(
         "{}: serial {} was signed before with other contents; raised to {raised}",
         file.display(),
@@ -334,6 +376,11 @@ fn serial_line(text: &str) -> Option<&str> {
                 !r.is_empty() && r.bytes().all(|b| b.is_ascii_digit())
             })
     })
+}
+
+/// Replaces the approvers file whole (it holds public keys only: mode 0644).
+fn replace_public(file: &Path, text: &str) -> anyhow::Result<()> {
+    crate::util::files::replace(file, text.as_bytes(), 0o644)
 }
 
 fn read(file: &Path) -> anyhow::Result<ApproversFile> {
@@ -361,9 +408,7 @@ fn write(file: &Path, mut f: ApproversFile) -> anyhow::Result<()> {
         toml::to_string(&f)?
     );
     let a = Approvers::parse(&text)?;
-    let tmp = file.with_extension("tmp");
-    std::fs::write(&tmp, &text).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, file).with_context(|| format!("writing {}", file.display()))?;
+    replace_public(file, &text)?;
     println!(
         "{}: serial {}, {} people (sha256:{}); sign it again if runners take it from the server",
         file.display(),
@@ -378,6 +423,20 @@ fn write(file: &Path, mut f: ApproversFile) -> anyhow::Result<()> {
 mod tests {
     use super::*;
     use crate::protocol::approval::approvers::tests::file_with;
+
+    #[test]
+    fn a_passkey_is_named_by_all_three_flags() {
+        let entry = |alg: &str| {
+            passkey_entry(Some("cred".into()), Some(alg.into()), Some("MFkw".into()))
+                .expect("all three given")
+        };
+        assert!(matches!(entry("ES256").alg, CoseAlg::ES256));
+        assert!(matches!(entry("EdDSA").alg, CoseAlg::EdDSA));
+        assert_eq!(entry("ES256").id, "cred");
+        assert_eq!(entry("ES256").public_key, "MFkw");
+        assert!(passkey_entry(None, None, None).is_none());
+        assert!(passkey_entry(Some("cred".into()), None, Some("MFkw".into())).is_none());
+    }
 
     #[test]
     fn a_changed_file_is_signed_under_a_higher_serial() {

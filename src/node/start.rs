@@ -14,6 +14,7 @@
 //! Invariant: the runner serves HTTPS unless its config says `insecure_http = true` and names
 //! no certificate.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -25,6 +26,7 @@ use super::config::{JoinConfig, RunnerConfig};
 use super::credential::{Credential, CredentialStore};
 use super::join::{self, ServerRefusal};
 use crate::pack::PackSet;
+use crate::protocol::join::JoinToken;
 use crate::protocol::signing::key_fingerprint;
 use crate::protocol::{JoinRequest, RegisterRequest};
 
@@ -113,89 +115,30 @@ async fn establish(
     announce: Announce<'_>,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<Identity> {
-    let Announce {
-        url,
-        tls_fingerprint,
-        packs,
-    } = announce;
     let token = join.join_token()?;
-    let configured_key = config
-        .server_public_key_file
-        .as_deref()
-        .map(|path| {
-            std::fs::read_to_string(path)
-                .with_context(|| format!("failed to read server public key {}", path.display()))
-        })
-        .transpose()?;
-    // A token issued by a server with another key than the configured one can only lead to a
-    // refused answer; say so before spending it.
-    if let (Some(token), Some(configured)) = (&token, &configured_key) {
-        let fingerprint =
-            key_fingerprint(configured).context("server_public_key_file is not a key")?;
-        if fingerprint != token.pins.key_sha256 {
-            anyhow::bail!(
-                "the join token was issued by a server whose key (sha256 {}) is not server_public_key_file (sha256 {fingerprint}): issue a token on the server this runner trusts",
-                token.pins.key_sha256
-            );
-        }
-    }
+    let configured_key = configured_server_key(config)?;
+    check_token_issuer(token.as_ref(), configured_key.as_deref())?;
     let store = CredentialStore::new(&config.state_dir);
     store.prepare()?;
-    let packs: std::collections::BTreeMap<String, String> = packs
-        .packs()
-        .map(|p| (p.name.clone(), p.digest.clone()))
-        .collect();
-
+    let at = Server {
+        config,
+        join,
+        http,
+        store,
+        configured_key,
+        shutdown,
+    };
+    let packs = announced_packs(announce.packs);
     if let Some(credential) = kept_credential(config, join, token.is_some())? {
         let request = RegisterRequest {
-            url: url.clone(),
+            url: announce.url.clone(),
             packs: packs.clone(),
-            tls_fingerprint: tls_fingerprint.clone(),
+            tls_fingerprint: announce.tls_fingerprint.clone(),
         };
-        match join::register(
-            http,
-            &join.server,
-            &credential.runner_token,
-            &request,
-            shutdown,
-        )
-        .await
-        {
-            Ok(registered) => {
-                if registered.runner != config.name {
-                    anyhow::bail!(
-                        "the server knows this runner's credential as `{}`, not `{}`: remove {} and join again",
-                        registered.runner,
-                        config.name,
-                        store.path().display()
-                    );
-                }
-                tracing::info!(server = %join.server, runner = %config.name, "re-registered with the kept credential");
-                return Ok(Identity {
-                    server_public_key: configured_key.unwrap_or(credential.server_public_key),
-                    runner_token: credential.runner_token,
-                    heartbeat_interval: join::told_interval(registered.heartbeat_interval_ms),
-                });
-            }
-            Err(ServerRefusal::Refused { status, body }) => {
-                let why = format!(
-                    "the server refused the credential of runner `{}` in {} (HTTP {status}: {body})",
-                    config.name,
-                    store.path().display()
-                );
-                if token.is_none() {
-                    anyhow::bail!(
-                        "{why}. It no longer knows this runner (was it removed with `emisar runner remove {}`?). Issue a new join token (`emisar join-token issue --name {}`) and start the runner with --join-token: the credential is replaced when the join succeeds",
-                        config.name,
-                        config.name
-                    );
-                }
-                tracing::warn!("{why}; joining with the join token instead");
-            }
-            Err(e) => anyhow::bail!("failed to re-register at {}: {e}", join.server),
+        if let Some(identity) = at.reregister(credential, &request, token.is_some()).await? {
+            return Ok(identity);
         }
     }
-
     // `kept_credential` answered no credential only because there is a token.
     let Some(token) = token else {
         anyhow::bail!(
@@ -206,32 +149,149 @@ async fn establish(
     };
     let request = JoinRequest {
         name: config.name.clone(),
-        url,
+        url: announce.url,
         labels: config.labels.clone(),
         packs,
-        tls_fingerprint,
+        tls_fingerprint: announce.tls_fingerprint,
     };
-    let joined = join::join(http, &join.server, &token, &request, shutdown).await?;
-    join::check_server_key(
-        &joined.server_public_key,
-        &token.pins,
-        configured_key.as_deref(),
-    )?;
-    store.save(&Credential {
-        server: join.server.clone(),
-        runner: config.name.clone(),
-        runner_token: joined.runner_token.clone(),
-        server_public_key: joined.server_public_key.clone(),
-    })?;
-    tracing::info!(server = %join.server, runner = %config.name, labels = ?joined.labels, packs = ?joined.packs, credential = %store.path().display(), "joined");
-    if joined.packs.is_empty() {
-        tracing::warn!(runner = %config.name, "the join token grants none of the packs this runner serves: the server will send it no calls (issue a token with --pack NAME)");
+    at.join_with(&token, &request).await
+}
+
+/// The server key `server_public_key_file` names, if it names one.
+fn configured_server_key(config: &RunnerConfig) -> anyhow::Result<Option<String>> {
+    config
+        .server_public_key_file
+        .as_deref()
+        .map(|path| {
+            std::fs::read_to_string(path)
+                .with_context(|| format!("failed to read server public key {}", path.display()))
+        })
+        .transpose()
+}
+
+/// A token issued by a server with another key than the configured one can only lead to a
+/// refused answer; say so before spending it.
+fn check_token_issuer(
+    token: Option<&JoinToken>,
+    configured_key: Option<&str>,
+) -> anyhow::Result<()> {
+    let (Some(token), Some(configured)) = (token, configured_key) else {
+        return Ok(());
+    };
+    let fingerprint = key_fingerprint(configured).context("server_public_key_file is not a key")?;
+    if fingerprint != token.pins.key_sha256 {
+        anyhow::bail!(
+            "the join token was issued by a server whose key (sha256 {}) is not server_public_key_file (sha256 {fingerprint}): issue a token on the server this runner trusts",
+            token.pins.key_sha256
+        );
     }
-    Ok(Identity {
-        server_public_key: configured_key.unwrap_or(joined.server_public_key),
-        runner_token: joined.runner_token,
-        heartbeat_interval: join::told_interval(joined.heartbeat_interval_ms),
-    })
+    Ok(())
+}
+
+/// The packs a runner announces: each name with its digest.
+fn announced_packs(packs: &PackSet) -> BTreeMap<String, String> {
+    packs
+        .packs()
+        .map(|p| (p.name.clone(), p.digest.clone()))
+        .collect()
+}
+
+/// The server a runner establishes its identity at, and what it brings there.
+struct Server<'a> {
+    config: &'a RunnerConfig,
+    join: &'a JoinConfig,
+    http: &'a reqwest::Client,
+    /// Where the runner's credential is kept.
+    store: CredentialStore,
+    /// The server key `server_public_key_file` names: trusted over any the server answers.
+    configured_key: Option<String>,
+    shutdown: &'a CancellationToken,
+}
+
+impl Server<'_> {
+    /// Re-registers with the kept credential. `None` when the server refused it and the
+    /// runner has a join token to join with instead.
+    async fn reregister(
+        &self,
+        credential: Credential,
+        request: &RegisterRequest,
+        has_token: bool,
+    ) -> anyhow::Result<Option<Identity>> {
+        let (config, join) = (self.config, self.join);
+        let registered = join::register(
+            self.http,
+            &join.server,
+            &credential.runner_token,
+            request,
+            self.shutdown,
+        )
+        .await;
+        match registered {
+            Ok(registered) => {
+                if registered.runner != config.name {
+                    anyhow::bail!(
+                        "the server knows this runner's credential as `{}`, not `{}`: remove {} and join again",
+                        registered.runner,
+                        config.name,
+                        self.store.path().display()
+                    );
+                }
+                tracing::info!(server = %join.server, runner = %config.name, "re-registered with the kept credential");
+                Ok(Some(Identity {
+                    server_public_key: self
+                        .configured_key
+                        .clone()
+                        .unwrap_or(credential.server_public_key),
+                    runner_token: credential.runner_token,
+                    heartbeat_interval: join::told_interval(registered.heartbeat_interval_ms),
+                }))
+            }
+            Err(ServerRefusal::Refused { status, body }) => {
+                let why = format!(
+                    "the server refused the credential of runner `{}` in {} (HTTP {status}: {body})",
+                    config.name,
+                    self.store.path().display()
+                );
+                if !has_token {
+                    anyhow::bail!(
+                        "{why}. It no longer knows this runner (was it removed with `emisar runner remove {}`?). Issue a new join token (`emisar join-token issue --name {}`) and start the runner with --join-token: the credential is replaced when the join succeeds",
+                        config.name,
+                        config.name
+                    );
+                }
+                tracing::warn!("{why}; joining with the join token instead");
+                Ok(None)
+            }
+            Err(e) => anyhow::bail!("failed to re-register at {}: {e}", join.server),
+        }
+    }
+
+    /// Joins with the join token, checks the key the server answered and keeps the
+    /// credential it handed out.
+    async fn join_with(self, token: &JoinToken, request: &JoinRequest) -> anyhow::Result<Identity> {
+        let (config, join) = (self.config, self.join);
+        let joined = join::join(self.http, &join.server, token, request, self.shutdown).await?;
+        join::check_server_key(
+            &joined.server_public_key,
+            &token.pins,
+            self.configured_key.as_deref(),
+        )?;
+        self.store.save(&Credential {
+            server: join.server.clone(),
+            runner: config.name.clone(),
+            runner_token: joined.runner_token.clone(),
+            server_public_key: joined.server_public_key.clone(),
+        })?;
+        tracing::info!(server = %join.server, runner = %config.name, labels = ?joined.labels, packs = ?joined.packs, credential = %self.store.path().display(), "joined");
+        if joined.packs.is_empty() {
+            tracing::warn!(runner = %config.name, "the join token grants none of the packs this runner serves: the server will send it no calls (issue a token with --pack NAME)");
+        }
+        Ok(Identity {
+            server_public_key: self.configured_key.unwrap_or(joined.server_public_key),
+            runner_token: joined.runner_token,
+            heartbeat_interval: join::told_interval(joined.heartbeat_interval_ms),
+        })
+    }
 }
 
 /// The credential a runner that joins re-registers with at start, read from `state_dir`
@@ -270,5 +330,36 @@ pub fn kept_credential(
             join.server,
             config.state_dir.display()
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::signing::generate_keypair;
+
+    fn token_pinning(public_pem: &str) -> JoinToken {
+        let pin = key_fingerprint(public_pem).unwrap();
+        JoinToken::parse(&format!(
+            "emj_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA.key={pin}"
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_token_from_another_server_than_the_configured_key_is_refused_before_it_is_spent() {
+        let (_, ours) = generate_keypair().unwrap();
+        let (_, theirs) = generate_keypair().unwrap();
+        check_token_issuer(Some(&token_pinning(&ours)), Some(&ours)).unwrap();
+        check_token_issuer(Some(&token_pinning(&ours)), None).unwrap();
+        check_token_issuer(None, Some(&ours)).unwrap();
+        let err = check_token_issuer(Some(&token_pinning(&theirs)), Some(&ours))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("is not server_public_key_file"), "{err}");
+        let err = check_token_issuer(Some(&token_pinning(&ours)), Some("not a key"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("server_public_key_file is not a key"), "{err}");
     }
 }

@@ -5,9 +5,8 @@
 //! only ever replaced when it or its certificate is missing; the fingerprint the runner
 //! prints and sends when it joins is the one of the certificate it serves.
 
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -82,28 +81,12 @@ fn self_signed(config: &RunnerConfig) -> anyhow::Result<(PathBuf, PathBuf)> {
     let cert = params
         .self_signed(&key)
         .context("failed to sign the runner's certificate")?;
-    write_new(&key_file, key.serialize_pem().as_bytes(), 0o600)?;
-    write_new(&cert_file, cert.pem().as_bytes(), 0o644)?;
+    // Each written whole with its mode from the first byte on, so a crash never leaves half
+    // a key.
+    crate::util::files::replace(&key_file, key.serialize_pem().as_bytes(), 0o600)?;
+    crate::util::files::replace(&cert_file, cert.pem().as_bytes(), 0o644)?;
     tracing::info!(cert = %cert_file.display(), fingerprint = %Fingerprint::of(cert.der()), "created the runner's self-signed TLS certificate");
     Ok((cert_file, key_file))
-}
-
-/// Writes `bytes` to `path` with `mode` from the first byte on (a temporary file renamed
-/// into place, so a crash never leaves half a key).
-fn write_new(path: &Path, bytes: &[u8], mode: u32) -> anyhow::Result<()> {
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(mode)
-        .open(&tmp)
-        .with_context(|| format!("failed to write {}", tmp.display()))?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path)
-        .with_context(|| format!("failed to move {} into place", path.display()))?;
-    Ok(())
 }
 
 /// `emisar runner fingerprint`: the fingerprint of the certificate this runner serves (made
@@ -119,6 +102,8 @@ pub fn fingerprint(config: &RunnerConfig) -> anyhow::Result<Fingerprint> {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
 
     #[test]

@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use crate::pack::PackSet;
 use crate::protocol::signing::CallSigner;
 use crate::server::approvals::Approvals;
+use crate::server::audit::checkpoints::Checkpointer;
 use crate::server::audit::{AuditLog, NewEvent, kind};
 use crate::server::config::ServerConfig;
 use crate::server::db::Db;
@@ -41,54 +42,13 @@ pub struct Application {
 
 impl Application {
     pub async fn build(config: ServerConfig, database_url: &str) -> anyhow::Result<Self> {
-        config.check()?;
-        // Read the certificate before anything else starts, so a bad one stops the server at once.
-        let tls = serving_tls(&config)?;
-        if config.insecure_http {
-            tracing::warn!(
-                "insecure_http = true: runners may be reached over plain HTTP, with calls, arguments and results in clear"
-            );
-        }
+        let tls = checked_tls(&config)?;
         let packs = Arc::new(PackSet::load(config.packs_dir.as_deref())?);
-        let signing_pem = std::fs::read_to_string(&config.signing_key_file).with_context(|| {
-            format!(
-                "failed to read signing key {}",
-                config.signing_key_file.display()
-            )
-        })?;
-        let signer = Arc::new(CallSigner::from_pem(&signing_pem)?);
-        let public_pem = crate::protocol::signing::public_pem_of(&signing_pem)?;
+        let (signer, public_pem) = read_signing_key(&config)?;
         let db = Db::connect(database_url).await?;
         let audit = AuditLog::start(db.clone());
-        // Built before anything is served, so a bad log key or witness stops the server now.
-        let checkpointer = config
-            .transparency
-            .as_ref()
-            .map(|t| {
-                crate::server::audit::checkpoints::Checkpointer::new(db.clone(), audit.clone(), t)
-            })
-            .transpose()?;
-        let audit_key = config
-            .audit_key_file
-            .as_deref()
-            .map(AuditKey::from_file)
-            .transpose()?;
-        // Bound before the runners' trust is built: joined runners may never be this address.
-        let listener = TcpListener::bind(&config.listen)
-            .await
-            .with_context(|| format!("failed to listen on {}", config.listen))?;
-        let addr = listener.local_addr()?;
-        let networks = crate::server::runners::networks::JoinNetworks::new(
-            config.join.allowed_networks.as_deref(),
-            vec![addr],
-        )
-        .map_err(anyhow::Error::msg)?;
-        let trust = crate::server::runners::tls::RunnerTrust::new(
-            config.runner_ca_file.as_deref(),
-            config.insecure_http,
-        )?
-        .with_join_networks(networks);
-        let registry = Registry::new(config.runners.clone(), trust)?;
+        let (checkpointer, audit_key) = audit_signers(&config, &db, &audit)?;
+        let (listener, addr, registry) = bind_and_trust(&config).await?;
         let shutdown = CancellationToken::new();
         let approvals = Approvals::new(db.clone(), audit.clone(), shutdown.clone());
         let mut gateway = Gateway::new(
@@ -102,18 +62,7 @@ impl Application {
         )?;
         what_the_gateway_is_told(&mut gateway, &config, &db, &shutdown)?;
         let gateway = Arc::new(gateway);
-        if let Some(path) = &config.policy_file {
-            // `check_file` rather than `Policy::load`: a name the packs lack is then reported
-            // with the file it is in, like a parse error (`load_policy` checks again).
-            gateway
-                .load_policy(
-                    crate::server::policy::check_file(path, &packs),
-                    &path.display().to_string(),
-                    "system",
-                )
-                .await
-                .context("the policy file was not loaded")?;
-        }
+        load_policy_file(&gateway, &config, &packs).await?;
         // Always handled, so `systemctl reload` never kills a server that has no policy file.
         spawn_policy_reload(
             gateway.clone(),
@@ -134,27 +83,8 @@ impl Application {
             .append(server_started(&config, addr, tls.is_some(), &packs))
             .await
             .context("failed to write the first audit event")?;
-        gateway.spawn_sweeper(Duration::from_secs(2), shutdown.clone());
-        audit.spawn_refusal_flusher(shutdown.clone());
-        if let Some(checkpointer) = checkpointer {
-            tracing::info!(
-                log_key = %checkpointer.verifier_key(),
-                "signing checkpoints of the audit log (give auditors and witnesses this key)"
-            );
-            checkpointer.spawn(audit.appended(), shutdown.clone());
-        }
-        crate::server::fleet::spawn_sync(
-            db.clone(),
-            registry.clone(),
-            Duration::from_secs(10),
-            shutdown.clone(),
-        );
-        registry.spawn_prober(
-            Duration::from_millis(config.health_probe_interval_ms),
-            config.health_probes_per_second,
-            shutdown.clone(),
-            signer,
-        );
+        spawn_audit_tasks(&gateway, &audit, checkpointer, &shutdown);
+        spawn_runner_tasks(&config, &db, &registry, signer, &shutdown);
         let (hosts, origins) = hosts_and_origins(&config, addr);
         let router = crate::server::http::router(
             gateway,
@@ -162,11 +92,7 @@ impl Application {
             public_pem,
             hosts,
             origins,
-            tls.is_some()
-                || config
-                    .public_url
-                    .as_deref()
-                    .is_some_and(|u| u.starts_with("https://")),
+            is_https(&config, tls.is_some()),
             &config.login,
             config.join.attempts_per_address_per_minute,
             identity,
@@ -241,6 +167,147 @@ impl Application {
         }
         served
     }
+}
+
+/// The settings checked, and the certificate read before anything else starts, so a bad one
+/// stops the server at once.
+fn checked_tls(config: &ServerConfig) -> anyhow::Result<Option<Arc<rustls::ServerConfig>>> {
+    config.check()?;
+    let tls = serving_tls(config)?;
+    if config.insecure_http {
+        tracing::warn!(
+            "insecure_http = true: runners may be reached over plain HTTP, with calls, arguments and results in clear"
+        );
+    }
+    Ok(tls)
+}
+
+/// The key the server signs calls with, and its public half (PEM) that runners are given.
+fn read_signing_key(config: &ServerConfig) -> anyhow::Result<(Arc<CallSigner>, String)> {
+    let signing_pem = std::fs::read_to_string(&config.signing_key_file).with_context(|| {
+        format!(
+            "failed to read signing key {}",
+            config.signing_key_file.display()
+        )
+    })?;
+    let signer = Arc::new(CallSigner::from_pem(&signing_pem)?);
+    let public_pem = crate::protocol::signing::public_pem_of(&signing_pem)?;
+    Ok((signer, public_pem))
+}
+
+/// What signs the audit log: its checkpoints' key (with the witnesses) and the key of its
+/// entries. Built before anything is served, so a bad log key or witness stops the server now.
+fn audit_signers(
+    config: &ServerConfig,
+    db: &Db,
+    audit: &AuditLog,
+) -> anyhow::Result<(Option<Checkpointer>, Option<AuditKey>)> {
+    let checkpointer = config
+        .transparency
+        .as_ref()
+        .map(|t| Checkpointer::new(db.clone(), audit.clone(), t))
+        .transpose()?;
+    let audit_key = config
+        .audit_key_file
+        .as_deref()
+        .map(AuditKey::from_file)
+        .transpose()?;
+    Ok((checkpointer, audit_key))
+}
+
+/// The listener bound, and the runners' registry with the trust it calls them with. Bound
+/// first: joined runners may never be this address.
+async fn bind_and_trust(
+    config: &ServerConfig,
+) -> anyhow::Result<(TcpListener, SocketAddr, Arc<Registry>)> {
+    let listener = TcpListener::bind(&config.listen)
+        .await
+        .with_context(|| format!("failed to listen on {}", config.listen))?;
+    let addr = listener.local_addr()?;
+    let networks = crate::server::runners::networks::JoinNetworks::new(
+        config.join.allowed_networks.as_deref(),
+        vec![addr],
+    )
+    .map_err(anyhow::Error::msg)?;
+    let trust = crate::server::runners::tls::RunnerTrust::new(
+        config.runner_ca_file.as_deref(),
+        config.insecure_http,
+    )?
+    .with_join_networks(networks);
+    let registry = Registry::new(config.runners.clone(), trust)?;
+    Ok((listener, addr, registry))
+}
+
+/// The policy file, if the settings name one, loaded into the gateway.
+async fn load_policy_file(
+    gateway: &Gateway,
+    config: &ServerConfig,
+    packs: &PackSet,
+) -> anyhow::Result<()> {
+    let Some(path) = &config.policy_file else {
+        return Ok(());
+    };
+    // `check_file` rather than `Policy::load`: a name the packs lack is then reported with
+    // the file it is in, like a parse error (`load_policy` checks again).
+    gateway
+        .load_policy(
+            crate::server::policy::check_file(path, packs),
+            &path.display().to_string(),
+            "system",
+        )
+        .await
+        .context("the policy file was not loaded")
+}
+
+/// The audit side's background work: expired approvals swept, repeated refusals flushed,
+/// checkpoints signed.
+fn spawn_audit_tasks(
+    gateway: &Arc<Gateway>,
+    audit: &AuditLog,
+    checkpointer: Option<Checkpointer>,
+    shutdown: &CancellationToken,
+) {
+    gateway.spawn_sweeper(Duration::from_secs(2), shutdown.clone());
+    audit.spawn_refusal_flusher(shutdown.clone());
+    if let Some(checkpointer) = checkpointer {
+        tracing::info!(
+            log_key = %checkpointer.verifier_key(),
+            "signing checkpoints of the audit log (give auditors and witnesses this key)"
+        );
+        checkpointer.spawn(audit.appended(), shutdown.clone());
+    }
+}
+
+/// The runners' background work: the joined runners synced from the store, and probed.
+fn spawn_runner_tasks(
+    config: &ServerConfig,
+    db: &Db,
+    registry: &Arc<Registry>,
+    signer: Arc<CallSigner>,
+    shutdown: &CancellationToken,
+) {
+    crate::server::fleet::spawn_sync(
+        db.clone(),
+        registry.clone(),
+        Duration::from_secs(10),
+        shutdown.clone(),
+    );
+    registry.spawn_prober(
+        Duration::from_millis(config.health_probe_interval_ms),
+        config.health_probes_per_second,
+        shutdown.clone(),
+        signer,
+    );
+}
+
+/// Whether clients reach this server over HTTPS: it serves TLS itself, or its public URL
+/// says so (a TLS-terminating proxy in front).
+fn is_https(config: &ServerConfig, serves_tls: bool) -> bool {
+    serves_tls
+        || config
+            .public_url
+            .as_deref()
+            .is_some_and(|u| u.starts_with("https://"))
 }
 
 /// Reloads the policy file on SIGHUP. A file that does not load leaves the policy in force

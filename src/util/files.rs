@@ -6,27 +6,44 @@ use std::path::Path;
 
 use anyhow::Context;
 
-/// Replaces `dir/name` with `bytes`, durably, before returning: a fresh temporary file in the
-/// same directory (mode 0600), fsynced, renamed over the old one, then the directory fsynced. A
-/// crash leaves the old file or the new one, never a mix.
+/// Replaces `dir/name` with `bytes`, durably, before returning, readable by this user only
+/// (mode 0600); see [`replace`].
 pub fn replace_private(dir: &Path, name: &str, bytes: &[u8]) -> anyhow::Result<()> {
-    let path = dir.join(name);
-    let tmp = dir.join(format!(".{name}.tmp"));
+    replace(&dir.join(name), bytes, 0o600)
+}
+
+/// Replaces the file at `path` with `bytes`, durably, before returning: a fresh temporary
+/// file in the same directory (created with `mode`, less the umask), fsynced, renamed over
+/// the old one, then the directory fsynced. A crash leaves the old file or the new one, never
+/// a mix.
+pub fn replace(path: &Path, bytes: &[u8], mode: u32) -> anyhow::Result<()> {
+    let name = path
+        .file_name()
+        .with_context(|| format!("{} names no file", path.display()))?;
+    let dir = directory_of(path);
+    let tmp = dir.join(format!(".{}.tmp", name.to_string_lossy()));
     let _ = std::fs::remove_file(&tmp);
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
-        .mode(0o600)
+        .mode(mode)
         .open(&tmp)
         .with_context(|| format!("failed to create {}", tmp.display()))?;
     f.write_all(bytes)
         .and_then(|()| f.sync_all())
         .with_context(|| format!("failed to write {}", tmp.display()))?;
-    std::fs::rename(&tmp, &path)
-        .with_context(|| format!("failed to replace {}", path.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("failed to replace {}", path.display()))?;
     std::fs::File::open(dir)
         .and_then(|d| d.sync_all())
         .with_context(|| format!("failed to sync {}", dir.display()))
+}
+
+/// The directory a file at `path` is in (`.` for a bare file name).
+fn directory_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    }
 }
 
 /// Reads a private key file, refused when others may read or write it: `what` names the key
@@ -62,4 +79,47 @@ pub fn create_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     f.write_all(bytes)
         .and_then(|()| f.sync_all())
         .with_context(|| format!("failed to write {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    fn mode_of(path: &Path) -> u32 {
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn a_file_is_replaced_whole_with_the_mode_asked_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("approvers.toml");
+        std::fs::write(&path, "old").unwrap();
+        // A temporary file a crash left behind is no obstacle.
+        std::fs::write(dir.path().join(".approvers.toml.tmp"), "half").unwrap();
+        replace(&path, b"new", 0o644).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "new");
+        assert_eq!(mode_of(&path), 0o644);
+        replace_private(dir.path(), "approvers.toml", b"newer").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "newer");
+        assert_eq!(mode_of(&path), 0o600);
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, ["approvers.toml"], "no temporary file is left");
+    }
+
+    #[test]
+    fn a_file_is_replaced_in_the_directory_it_is_in() {
+        assert_eq!(directory_of(Path::new("approvers.toml")), Path::new("."));
+        assert_eq!(directory_of(Path::new("./approvers.toml")), Path::new("."));
+        assert_eq!(
+            directory_of(Path::new("/etc/emisar/a.toml")),
+            Path::new("/etc/emisar")
+        );
+        let err = replace(Path::new("/"), b"x", 0o600).unwrap_err();
+        assert!(err.to_string().contains("names no file"), "{err}");
+    }
 }

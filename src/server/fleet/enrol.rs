@@ -11,6 +11,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use serde_json::json;
+use sqlx::{PgPool, SqlitePool};
 
 use super::join_tokens::check_labels;
 use super::{
@@ -26,6 +27,7 @@ use crate::server::runners::registry::Registry;
 use crate::with_pool;
 
 /// What a usable join token grants, as the consuming `UPDATE` returned it.
+#[derive(Debug)]
 struct Grant {
     id: String,
     name: NameRule,
@@ -34,10 +36,72 @@ struct Grant {
     packs: BTreeSet<String>,
 }
 
+/// A row the consuming `UPDATE` returns: the token's id, runner name, name pattern, labels
+/// (JSON) and packs (JSON).
+type Consumed = (String, Option<String>, Option<String>, String, String);
+
 impl Grant {
+    /// The grant a consumed token use carries. Labels or packs that do not parse grant
+    /// nothing (they were written by `issue_join_token` as JSON, so this is a damaged row).
+    fn from_consumed((id, name, pattern, labels, packs): Consumed) -> Self {
+        Grant {
+            id,
+            name: NameRule::from_columns(name, pattern),
+            labels: serde_json::from_str(&labels).unwrap_or_default(),
+            packs: serde_json::from_str(&packs).unwrap_or_default(),
+        }
+    }
+
     /// The packs a runner announcing `announced` serves under this grant: both lists.
     fn served(&self, announced: &BTreeMap<String, String>) -> Vec<String> {
         split_packs(&self.packs, announced).0
+    }
+}
+
+/// One join's values, fixed before the store is touched, and the request they are for.
+struct Attempt<'r> {
+    request: &'r JoinRequest,
+    /// The join token's hash.
+    hash: String,
+    now: String,
+    runner_token_hash: String,
+    tls_fingerprint: Option<String>,
+}
+
+/// An attempt's outcome inside its transaction: the grant the runner joined with, or why it
+/// may not join (`None`: no use of the token was left to consume).
+type Attempted = Result<Grant, Option<Refusal>>;
+
+/// The JSON columns of the runner row a granted join inserts.
+#[derive(Debug, PartialEq)]
+struct RunnerRow {
+    labels: String,
+    /// The announced packs the grant lets the runner serve.
+    served: String,
+    /// The packs the grant names.
+    granted: String,
+}
+
+impl RunnerRow {
+    fn new(grant: &Grant, request: &JoinRequest) -> Self {
+        RunnerRow {
+            labels: serde_json::to_string(&grant.labels).expect("labels are JSON"),
+            served: serde_json::to_string(&grant.served(&request.packs)).expect("packs are JSON"),
+            granted: serde_json::to_string(&grant.packs).expect("packs are JSON"),
+        }
+    }
+}
+
+/// The attempt's outcome once the runner's insert ran: joined, or refused because a runner
+/// of that name joined before (the insert wrote nothing).
+fn inserted_or_joined(grant: Grant, inserted: bool, request: &JoinRequest) -> Attempted {
+    if inserted {
+        Ok(grant)
+    } else {
+        Err(Some(Refusal::new(
+            already_joined(&request.name),
+            Some(&grant),
+        )))
     }
 }
 
@@ -51,6 +115,7 @@ fn split_packs(
 }
 
 /// A join the server will not make: the status it answers with and why.
+#[derive(Debug)]
 struct Refusal {
     error: FleetError,
     join_token_id: Option<String>,
@@ -123,11 +188,37 @@ impl Fleet {
         secret: &str,
         request: JoinRequest,
     ) -> Result<JoinResponse, FleetError> {
+        let tls_fingerprint = self.admit(client, &request).await?;
+        let runner_token =
+            random_secret(RUNNER_PREFIX).map_err(|e| FleetError::Invalid(e.to_string()))?;
+        let attempt = Attempt {
+            request: &request,
+            hash: sha256_hex(secret.as_bytes()),
+            now: format_at(chrono::Utc::now()),
+            runner_token_hash: sha256_hex(runner_token.as_bytes()),
+            tls_fingerprint,
+        };
+        self.check_token_and_url(client, &attempt).await?;
+        let grant = match self.db.pool() {
+            Pool::Pg(pool) => self.join_on_postgres(pool, client, &attempt).await?,
+            Pool::Sqlite(pool) => self.join_on_sqlite(pool, client, &attempt).await?,
+        };
+        let tls_fingerprint = attempt.tls_fingerprint;
+        Ok(self.welcome(&request, grant, tls_fingerprint, runner_token))
+    }
+
+    /// The checks a join passes before the store is read: the request's shape (the pin it
+    /// carries is the answer), then the client's join limit. A refusal is audited.
+    async fn admit(
+        &self,
+        client: IpAddr,
+        request: &JoinRequest,
+    ) -> Result<Option<String>, FleetError> {
         let tls_fingerprint =
-            match check_join_request(&request, self.registry.trust().insecure_http()) {
+            match check_join_request(request, self.registry.trust().insecure_http()) {
                 Ok(pin) => pin,
                 Err(e) => {
-                    self.audit_refusal(client, shape_refusal(&request, &e), &e, false)
+                    self.audit_refusal(client, shape_refusal(request, &e), &e, false)
                         .await;
                     return Err(e);
                 }
@@ -137,148 +228,213 @@ impl Fleet {
         if let Err(limited) = self.limits.check(client) {
             crate::server::metrics::join_rate_limited();
             let e = FleetError::TooMany(limited.message());
-            self.audit_refusal(client, shape_refusal(&request, &e), &e, false)
+            self.audit_refusal(client, shape_refusal(request, &e), &e, false)
                 .await;
             return Err(e);
         }
-        let runner_token =
-            random_secret(RUNNER_PREFIX).map_err(|e| FleetError::Invalid(e.to_string()))?;
-        let hash = sha256_hex(secret.as_bytes());
-        let now = format_at(chrono::Utc::now());
-        let runner_token_hash = sha256_hex(runner_token.as_bytes());
+        Ok(tls_fingerprint)
+    }
+
+    /// The checks that need the store but take no join slot or lock: the token is usable,
+    /// and the URL points into the join networks. A refusal is audited.
+    async fn check_token_and_url(
+        &self,
+        client: IpAddr,
+        attempt: &Attempt<'_>,
+    ) -> Result<(), FleetError> {
         // A token that cannot be used (made up, revoked, expired, used up) is refused here,
         // before a join slot or the join lock is taken, so a flood of them never queues the
         // joins that can succeed. (A token used up between here and the consuming `UPDATE`
         // is still refused there.)
-        if let Usable::No(refusal) = self.usable(&hash).await? {
-            return Err(self.refuse(client, &request, &hash, Some(refusal)).await);
+        if let Usable::No(refusal) = self.usable(&attempt.hash).await? {
+            return Err(self
+                .refuse(client, attempt.request, &attempt.hash, Some(refusal))
+                .await);
         }
         // Where the URL points, only for a usable token and after the limit: a name is
         // resolved here, which nobody without a token may make the server do at will.
-        if let Err(e) = self.check_networks(&request.url).await {
-            self.audit_refusal(client, shape_refusal(&request, &e), &e, true)
+        if let Err(e) = self.check_networks(&attempt.request.url).await {
+            self.audit_refusal(client, shape_refusal(attempt.request, &e), &e, true)
                 .await;
             return Err(e);
         }
+        Ok(())
+    }
 
-        // One attempt: consume a use, decide, insert the runner; the caller commits or rolls
-        // back. Written once for both backends' transactions.
-        macro_rules! attempt {
-            ($tx:expr) => {{
-                let row: Option<(String, Option<String>, Option<String>, String, String)> =
-                    sqlx::query_as(self.db.sql(CONSUME))
-                        .bind(&hash)
-                        .bind(&now)
-                        .fetch_optional(&mut *$tx)
-                        .await?;
-                match row {
-                    None => Err(None),
-                    Some((id, name, pattern, labels, packs)) => {
-                        // A grant that does not parse grants nothing (it was written by
-                        // `issue_join_token` as JSON, so this is a damaged row).
-                        let grant = Grant {
-                            id,
-                            name: NameRule::from_columns(name, pattern),
-                            labels: serde_json::from_str(&labels).unwrap_or_default(),
-                            packs: serde_json::from_str(&packs).unwrap_or_default(),
-                        };
-                        match self.decide(&grant, &request) {
-                            Err(e) => Err(Some(Refusal::new(e, Some(&grant)))),
-                            Ok(()) => {
-                                let inserted: Option<(String,)> =
-                                    sqlx::query_as(self.db.sql(INSERT_RUNNER))
-                                        .bind(&request.name)
-                                        .bind(&request.url)
-                                        .bind(
-                                            serde_json::to_string(&grant.labels)
-                                                .expect("labels are JSON"),
-                                        )
-                                        .bind(
-                                            serde_json::to_string(&grant.served(&request.packs))
-                                                .expect("packs are JSON"),
-                                        )
-                                        .bind(&runner_token_hash)
-                                        .bind(&now)
-                                        .bind(&grant.id)
-                                        .bind(&tls_fingerprint)
-                                        .bind(
-                                            serde_json::to_string(&grant.packs)
-                                                .expect("packs are JSON"),
-                                        )
-                                        .fetch_optional(&mut *$tx)
-                                        .await?;
-                                match inserted {
-                                    Some(_) => Ok(grant),
-                                    None => Err(Some(Refusal::new(
-                                        already_joined(&request.name),
-                                        Some(&grant),
-                                    ))),
-                                }
-                            }
-                        }
-                    }
-                }
-            }};
-        }
-
-        let grant = match self.db.pool() {
-            Pool::Pg(pool) => {
-                let (slot, mut tx) = self.db.begin_holding_slot(pool, &self.in_flight).await?;
-                let attempt: Result<Grant, Option<Refusal>> = attempt!(tx);
-                match attempt {
-                    Ok(grant) => {
-                        self.audit
-                            .append(joined_event(&request, &grant, &tls_fingerprint))
-                            .await?;
-                        tx.commit().await?;
-                        grant
-                    }
-                    Err(refusal) => {
-                        tx.rollback().await?;
-                        // The refusal is audited without the slot: it is another join's.
-                        drop(slot);
-                        return Err(self.refuse(client, &request, &hash, refusal).await);
-                    }
-                }
-            }
-            Pool::Sqlite(pool) => {
-                // SQLite cannot keep its write lock while the audit writer commits, so the
-                // decision is made in a transaction that is rolled back, the event made
-                // durable, and the same statements repeated and committed; the mutex keeps
-                // other joins out in between.
-                let lock = self.local.lock().await;
-                let mut tx = self.db.guard(pool.begin()).await?;
-                let attempt: Result<Grant, Option<Refusal>> = attempt!(tx);
-                tx.rollback().await?;
-                let grant = match attempt {
-                    Ok(grant) => grant,
-                    Err(refusal) => {
-                        drop(lock);
-                        return Err(self.refuse(client, &request, &hash, refusal).await);
-                    }
-                };
+    /// PostgreSQL: the attempt and its audit event commit together, the token's row locked
+    /// (and a join slot held) in between; a refusal is audited after the slot is given back.
+    async fn join_on_postgres(
+        &self,
+        pool: &PgPool,
+        client: IpAddr,
+        attempt: &Attempt<'_>,
+    ) -> Result<Grant, FleetError> {
+        let (slot, mut tx) = self.db.begin_holding_slot(pool, &self.in_flight).await?;
+        match self.attempt_on_postgres(&mut tx, attempt).await? {
+            Ok(grant) => {
                 self.audit
-                    .append(joined_event(&request, &grant, &tls_fingerprint))
+                    .append(joined_event(
+                        attempt.request,
+                        &grant,
+                        &attempt.tls_fingerprint,
+                    ))
                     .await?;
-                let mut tx = self.db.guard(pool.begin()).await?;
-                let again: Result<Grant, Option<Refusal>> = attempt!(tx);
-                match again {
-                    Ok(_) => {
-                        tx.commit().await?;
-                        grant
-                    }
-                    Err(refusal) => {
-                        // Another process (the CLI) changed the token or the runner
-                        // between the two attempts.
-                        tx.rollback().await?;
-                        drop(lock);
-                        return Err(self.refuse(client, &request, &hash, refusal).await);
-                    }
-                }
+                tx.commit().await?;
+                Ok(grant)
+            }
+            Err(refusal) => {
+                tx.rollback().await?;
+                // The refusal is audited without the slot: it is another join's.
+                drop(slot);
+                Err(self
+                    .refuse(client, attempt.request, &attempt.hash, refusal)
+                    .await)
+            }
+        }
+    }
+
+    /// SQLite cannot keep its write lock while the audit writer commits, so the decision is
+    /// made in a transaction that is rolled back, the event made durable, and the same
+    /// statements repeated and committed; the mutex keeps other joins out in between.
+    async fn join_on_sqlite(
+        &self,
+        pool: &SqlitePool,
+        client: IpAddr,
+        attempt: &Attempt<'_>,
+    ) -> Result<Grant, FleetError> {
+        let lock = self.local.lock().await;
+        let mut tx = self.db.guard(pool.begin()).await?;
+        let decided = self.attempt_on_sqlite(&mut tx, attempt).await?;
+        tx.rollback().await?;
+        let grant = match decided {
+            Ok(grant) => grant,
+            Err(refusal) => {
+                drop(lock);
+                return Err(self
+                    .refuse(client, attempt.request, &attempt.hash, refusal)
+                    .await);
             }
         };
-        // The URL and pin were checked before the join was written, so this fails only if no
-        // client can be built at all; the row stays and the sync tries again.
+        self.audit
+            .append(joined_event(
+                attempt.request,
+                &grant,
+                &attempt.tls_fingerprint,
+            ))
+            .await?;
+        let mut tx = self.db.guard(pool.begin()).await?;
+        match self.attempt_on_sqlite(&mut tx, attempt).await? {
+            Ok(_) => {
+                tx.commit().await?;
+                Ok(grant)
+            }
+            Err(refusal) => {
+                // Another process (the CLI) changed the token or the runner between the two
+                // attempts.
+                tx.rollback().await?;
+                drop(lock);
+                Err(self
+                    .refuse(client, attempt.request, &attempt.hash, refusal)
+                    .await)
+            }
+        }
+    }
+
+    /// One attempt on PostgreSQL: consume a use of the token, decide, insert the runner; the
+    /// caller commits or rolls back.
+    async fn attempt_on_postgres(
+        &self,
+        tx: &mut sqlx::PgConnection,
+        attempt: &Attempt<'_>,
+    ) -> Result<Attempted, FleetError> {
+        let consumed: Option<Consumed> = sqlx::query_as(self.db.sql(CONSUME))
+            .bind(&attempt.hash)
+            .bind(&attempt.now)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let grant = match self.granted(consumed, attempt.request) {
+            Ok(grant) => grant,
+            Err(refusal) => return Ok(Err(refusal)),
+        };
+        let row = RunnerRow::new(&grant, attempt.request);
+        let inserted: Option<(String,)> = sqlx::query_as(self.db.sql(INSERT_RUNNER))
+            .bind(&attempt.request.name)
+            .bind(&attempt.request.url)
+            .bind(&row.labels)
+            .bind(&row.served)
+            .bind(&attempt.runner_token_hash)
+            .bind(&attempt.now)
+            .bind(&grant.id)
+            .bind(&attempt.tls_fingerprint)
+            .bind(&row.granted)
+            .fetch_optional(&mut *tx)
+            .await?;
+        Ok(inserted_or_joined(
+            grant,
+            inserted.is_some(),
+            attempt.request,
+        ))
+    }
+
+    /// One attempt on SQLite: the same statements as [`Self::attempt_on_postgres`].
+    async fn attempt_on_sqlite(
+        &self,
+        tx: &mut sqlx::SqliteConnection,
+        attempt: &Attempt<'_>,
+    ) -> Result<Attempted, FleetError> {
+        let consumed: Option<Consumed> = sqlx::query_as(self.db.sql(CONSUME))
+            .bind(&attempt.hash)
+            .bind(&attempt.now)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let grant = match self.granted(consumed, attempt.request) {
+            Ok(grant) => grant,
+            Err(refusal) => return Ok(Err(refusal)),
+        };
+        let row = RunnerRow::new(&grant, attempt.request);
+        let inserted: Option<(String,)> = sqlx::query_as(self.db.sql(INSERT_RUNNER))
+            .bind(&attempt.request.name)
+            .bind(&attempt.request.url)
+            .bind(&row.labels)
+            .bind(&row.served)
+            .bind(&attempt.runner_token_hash)
+            .bind(&attempt.now)
+            .bind(&grant.id)
+            .bind(&attempt.tls_fingerprint)
+            .bind(&row.granted)
+            .fetch_optional(&mut *tx)
+            .await?;
+        Ok(inserted_or_joined(
+            grant,
+            inserted.is_some(),
+            attempt.request,
+        ))
+    }
+
+    /// The grant of the token use the consuming `UPDATE` returned, if the request may join
+    /// with it; `Err(None)` when no use was left to consume.
+    fn granted(
+        &self,
+        consumed: Option<Consumed>,
+        request: &JoinRequest,
+    ) -> Result<Grant, Option<Refusal>> {
+        let grant = Grant::from_consumed(consumed.ok_or(None)?);
+        match self.decide(&grant, request) {
+            Ok(()) => Ok(grant),
+            Err(e) => Err(Some(Refusal::new(e, Some(&grant)))),
+        }
+    }
+
+    /// Loads a joined runner into the registry and answers it. The URL and pin were checked
+    /// before the join was written, so loading fails only if no client can be built at all;
+    /// the row stays and the sync tries again.
+    fn welcome(
+        &self,
+        request: &JoinRequest,
+        grant: Grant,
+        tls_fingerprint: Option<String>,
+        runner_token: String,
+    ) -> JoinResponse {
         let (packs, unserved) = split_packs(&grant.packs, &request.packs);
         if !unserved.is_empty() {
             tracing::warn!(runner = %request.name, packs = ?unserved, "a joined runner announced packs its join token does not grant; it is never sent their calls");
@@ -293,13 +449,13 @@ impl Fleet {
             tracing::error!(runner = %request.name, error = %format!("{e:#}"), "joined runner not loaded");
         }
         self.registry.record_heartbeat(&request.name, Ok(()));
-        Ok(JoinResponse {
+        JoinResponse {
             runner_token,
             server_public_key: self.server_public_key.clone(),
             heartbeat_interval_ms: self.heartbeat_interval_ms(),
             labels: grant.labels,
             packs,
-        })
+        }
     }
 
     /// The URL's host (an address, or every address its name resolves to now) lies in the
@@ -735,6 +891,79 @@ fn is_sha256_hex(digest: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn consumed(labels: &str, packs: &str) -> Consumed {
+        (
+            "jt_1".into(),
+            None,
+            Some("edge-*".into()),
+            labels.into(),
+            packs.into(),
+        )
+    }
+
+    fn announcing(packs: &[&str]) -> JoinRequest {
+        JoinRequest {
+            name: "edge-1".into(),
+            url: "https://10.0.0.1:7701".into(),
+            labels: BTreeMap::new(),
+            packs: packs
+                .iter()
+                .map(|p| ((*p).into(), "ab12".repeat(16)))
+                .collect(),
+            tls_fingerprint: None,
+        }
+    }
+
+    #[test]
+    fn a_consumed_use_grants_what_its_columns_say_and_a_damaged_one_nothing() {
+        let grant = Grant::from_consumed(consumed(r#"{"site":"fra"}"#, r#"["traefik"]"#));
+        assert_eq!(grant.id, "jt_1");
+        assert_eq!(grant.name, NameRule::Pattern("edge-*".into()));
+        assert_eq!(
+            grant.labels,
+            BTreeMap::from([("site".into(), "fra".into())])
+        );
+        assert_eq!(grant.packs, BTreeSet::from(["traefik".into()]));
+
+        let damaged = Grant::from_consumed(consumed("{not json", "[1, 2]"));
+        assert!(damaged.labels.is_empty() && damaged.packs.is_empty());
+    }
+
+    #[test]
+    fn the_runner_row_serves_only_the_announced_packs_the_grant_names() {
+        let grant = Grant::from_consumed(consumed(r#"{"site":"fra"}"#, r#"["consul", "traefik"]"#));
+        let row = RunnerRow::new(&grant, &announcing(&["traefik", "nomad"]));
+        assert_eq!(
+            row,
+            RunnerRow {
+                labels: r#"{"site":"fra"}"#.into(),
+                served: r#"["traefik"]"#.into(),
+                granted: r#"["consul","traefik"]"#.into(),
+            }
+        );
+    }
+
+    #[test]
+    fn a_runner_the_insert_did_not_write_had_joined_before() {
+        let request = announcing(&[]);
+        let grant = || Grant::from_consumed(consumed("{}", "[]"));
+        assert_eq!(
+            inserted_or_joined(grant(), true, &request).unwrap().id,
+            "jt_1"
+        );
+        let refusal = inserted_or_joined(grant(), false, &request)
+            .unwrap_err()
+            .expect("a refusal, not a used-up token");
+        assert!(matches!(refusal.error, FleetError::Conflict(_)));
+        assert!(
+            refusal
+                .error
+                .to_string()
+                .contains("`edge-1` already joined")
+        );
+        assert_eq!(refusal.join_token_id.as_deref(), Some("jt_1"));
+    }
 
     #[test]
     fn join_requests_are_checked_without_echoing_values() {

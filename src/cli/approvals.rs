@@ -3,6 +3,8 @@
 use anyhow::Context;
 use clap::Subcommand;
 
+use crate::protocol::approval::Choice;
+
 use super::ServerArg;
 
 #[derive(Subcommand)]
@@ -413,34 +415,13 @@ pub(super) async fn run(server: ServerArg, command: ApprovalsCommand) -> anyhow:
             }
         }
         ApprovalsCommand::Resume(args) => {
-            decide_halted(
-                &http,
-                base,
-                &send,
-                crate::protocol::approval::Choice::Resume,
-                args,
-            )
-            .await?;
+            decide_halted(&http, base, &send, Choice::Resume, args).await?
         }
         ApprovalsCommand::Retry(args) => {
-            decide_halted(
-                &http,
-                base,
-                &send,
-                crate::protocol::approval::Choice::Retry,
-                args,
-            )
-            .await?;
+            decide_halted(&http, base, &send, Choice::Retry, args).await?
         }
         ApprovalsCommand::Abort(args) => {
-            decide_halted(
-                &http,
-                base,
-                &send,
-                crate::protocol::approval::Choice::Abort,
-                args,
-            )
-            .await?;
+            decide_halted(&http, base, &send, Choice::Abort, args).await?
         }
         ApprovalsCommand::Deny { id, note } => {
             let body = send(

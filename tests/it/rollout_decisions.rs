@@ -8,15 +8,15 @@
 
 use std::time::{Duration, Instant};
 
-use emisar::digest::{json_digest, sha256_hex};
-use emisar::protocol::approval::{Choice, Decision, DecisionProof, Plan, Statement};
+use emisar::digest::sha256_hex;
+use emisar::protocol::approval::{Choice, Decision, DecisionProof};
 use emisar::protocol::{CallRequest, Mode};
 use emisar::server::tokens::Role;
 use serde_json::{Value, json};
 
 use crate::approvals::{Portal, call_in_background, finished, signed_in};
 use crate::harness::app::Signed;
-use crate::rollouts::{FLEET, TOOL, events, fleet, fleet_with, roll};
+use crate::rollouts::{FLEET, TOOL, events, fleet, fleet_with, roll, statement_for};
 use crate::signed_approvals::{in_secs, proof, ssh};
 
 /// Waits until request `id` leaves `executing`, and returns it.
@@ -267,27 +267,8 @@ async fn a_request_over_max_targets_is_refused_before_anyone_is_asked() {
 async fn a_runner_holds_a_decision_to_what_people_signed() {
     let fleet = fleet().await;
     let app = &fleet.app;
-    let packs = emisar::pack::PackSet::load(app.packs_dir.as_deref()).unwrap();
-    let statement = Statement {
-        approval_id: uuid::Uuid::now_v7().to_string(),
-        tool: TOOL.into(),
-        pack_sha256: packs.pack("roll").unwrap().digest.clone(),
-        args_sha256: json_digest(&json!({"change": "once"})),
-        runners: FLEET.iter().map(|r| ((*r).to_owned(), None)).collect(),
-        plan: Plan {
-            waves: vec![
-                vec!["edge-1".into()],
-                vec!["edge-2".into(), "edge-3".into()],
-                vec!["edge-4".into(), "edge-5".into()],
-            ],
-            pause_secs: 0,
-        },
-        required: 2,
-        policy_sha256: "0".repeat(64),
-        requester: "agent:test-agent".into(),
-        // Expires before the retry below.
-        expires_at: in_secs(3),
-    };
+    // Expires before the retry below.
+    let statement = statement_for(&fleet, "once", 3);
     let statement_text = statement.text().unwrap();
     let decision = |choice: Choice, runners: &[&str], signers: &[u8]| {
         let text = Decision {

@@ -190,6 +190,32 @@ pub(crate) async fn roll(
     (out, request)
 }
 
+/// The statement people would sign for `change` on the whole fleet, in the policy's waves
+/// (canary edge-1, then two by two), expiring in `expires_in` seconds: what a server holding
+/// `server.key` sends runners directly.
+pub(crate) fn statement_for(fleet: &Fleet, change: &str, expires_in: i64) -> Statement {
+    let packs = emisar::pack::PackSet::load(fleet.app.packs_dir.as_deref()).unwrap();
+    Statement {
+        approval_id: uuid::Uuid::now_v7().to_string(),
+        tool: TOOL.into(),
+        pack_sha256: packs.pack("roll").unwrap().digest.clone(),
+        args_sha256: json_digest(&json!({ "change": change })),
+        runners: FLEET.iter().map(|r| ((*r).to_owned(), None)).collect(),
+        plan: Plan {
+            waves: vec![
+                vec!["edge-1".into()],
+                vec!["edge-2".into(), "edge-3".into()],
+                vec!["edge-4".into(), "edge-5".into()],
+            ],
+            pause_secs: 0,
+        },
+        required: 2,
+        policy_sha256: "0".repeat(64),
+        requester: "agent:test-agent".into(),
+        expires_at: in_secs(expires_in),
+    }
+}
+
 pub(crate) async fn events(
     app: &TestApp,
     id: &str,
@@ -316,26 +342,7 @@ async fn a_bad_change_halts_on_the_canary_and_the_good_one_rolls_out_wave_by_wav
 async fn a_runner_refuses_a_wave_the_signed_plan_does_not_give_it() {
     let fleet = fleet().await;
     let app = &fleet.app;
-    let packs = emisar::pack::PackSet::load(app.packs_dir.as_deref()).unwrap();
-    let statement = Statement {
-        approval_id: uuid::Uuid::now_v7().to_string(),
-        tool: TOOL.into(),
-        pack_sha256: packs.pack("roll").unwrap().digest.clone(),
-        args_sha256: json_digest(&json!({"change": "forged"})),
-        runners: FLEET.iter().map(|r| ((*r).to_owned(), None)).collect(),
-        plan: Plan {
-            waves: vec![
-                vec!["edge-1".into()],
-                vec!["edge-2".into(), "edge-3".into()],
-                vec!["edge-4".into(), "edge-5".into()],
-            ],
-            pause_secs: 0,
-        },
-        required: 2,
-        policy_sha256: "0".repeat(64),
-        requester: "agent:test-agent".into(),
-        expires_at: in_secs(600),
-    };
+    let statement = statement_for(&fleet, "forged", 600);
     let send = |wave: Option<u32>| {
         let request = CallRequest {
             tool: TOOL.into(),

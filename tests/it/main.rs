@@ -39,6 +39,7 @@ mod packs_test;
 mod passkey_browser;
 mod passkeys;
 mod portal_browser;
+mod portal_fleet;
 mod portal_grid;
 mod portal_sessions;
 mod portal_statement;

@@ -10,7 +10,6 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use emisar::server::audit::AuditFilter;
 use emisar::server::config::RunnerEntry;
 use emisar::server::tokens::Role;
 use serde_json::{Value, json};
@@ -239,8 +238,40 @@ async fn the_runners_grid_and_the_activity_chart_in_a_real_browser() {
     assert_eq!(want[opened], "breaker-open", "{detail}");
     assert_eq!(detail["detail"]["state"], "breaker open");
 
-    // Each series' bars are the activity answer's non-empty buckets, the fullest one at full
-    // height, and the answer is what the audit events say.
+    // The chart is drawn from the activity answer, which is what the audit events say.
+    let answered = assert_chart_drawn_from(&app, &chart).await;
+    let activity = &chart["activity"];
+    let total = |i: usize| answered.iter().map(|c| c[i]).sum::<i64>();
+    assert_eq!(total(1), 4, "four calls passed the checks");
+    assert!(total(2) >= 1, "the refused call is a refusal: {activity}");
+    assert_eq!(day["day"], json!({"bucket_seconds": 900, "buckets": 96}));
+
+    // The states no runner here is in, by the page's own rule.
+    let states: Vec<&str> = rule["rule"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|pair| {
+            assert_eq!(pair[1], expected_state(&pair[0]), "{pair}");
+            pair[1].as_str().unwrap()
+        })
+        .collect();
+    assert_eq!(states, ["degraded", "never-seen", "up", "down"]);
+
+    for name in SCREENSHOTS {
+        assert_png(&shots.join(name));
+    }
+    assert!(!shots.join("99-failure.png").exists());
+}
+
+/// Checks the charts the driver reported (`{"activity": BODY, "bars": …}`): each series' bars
+/// are the activity answer's non-empty buckets, the fullest one at full height, and the answer
+/// is what the audit events say. Returns the answer's counts per bucket (events, calls,
+/// refusals, approvals).
+pub(crate) async fn assert_chart_drawn_from(
+    app: &crate::harness::app::TestApp,
+    chart: &Value,
+) -> Vec<[i64; 4]> {
     let activity = &chart["activity"];
     let buckets = activity["buckets"].as_array().unwrap();
     assert_eq!(buckets.len(), 60, "the last hour by the minute");
@@ -274,32 +305,12 @@ async fn the_runners_grid_and_the_activity_chart_in_a_real_browser() {
             );
         }
     }
-    let events = app.events(AuditFilter::default()).await;
+    let events = app.all_events().await;
     let scanned = scan(&events, activity);
     let answered: Vec<[i64; 4]> = buckets
         .iter()
         .map(|b| ["events", "calls", "refusals", "approvals"].map(|k| b[k].as_i64().unwrap()))
         .collect();
     assert_eq!(answered, scanned, "the chart's answer against the events");
-    let total = |i: usize| answered.iter().map(|c| c[i]).sum::<i64>();
-    assert_eq!(total(1), 4, "four calls passed the checks");
-    assert!(total(2) >= 1, "the refused call is a refusal: {activity}");
-    assert_eq!(day["day"], json!({"bucket_seconds": 900, "buckets": 96}));
-
-    // The states no runner here is in, by the page's own rule.
-    let states: Vec<&str> = rule["rule"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|pair| {
-            assert_eq!(pair[1], expected_state(&pair[0]), "{pair}");
-            pair[1].as_str().unwrap()
-        })
-        .collect();
-    assert_eq!(states, ["degraded", "never-seen", "up", "down"]);
-
-    for name in SCREENSHOTS {
-        assert_png(&shots.join(name));
-    }
-    assert!(!shots.join("99-failure.png").exists());
+    answered
 }

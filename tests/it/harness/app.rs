@@ -567,6 +567,23 @@ impl TestApp {
         .unwrap()
     }
 
+    /// Every event of the log, in order, read a thousand at a time.
+    pub async fn all_events(&self) -> Vec<Event> {
+        let mut all: Vec<Event> = Vec::new();
+        loop {
+            let page = self
+                .events(AuditFilter {
+                    after_seq: all.last().map(|e| e.seq),
+                    ..Default::default()
+                })
+                .await;
+            if page.is_empty() {
+                return all;
+            }
+            all.extend(page);
+        }
+    }
+
     pub async fn events_of_call(&self, call_id: &str) -> Vec<Event> {
         self.events(AuditFilter {
             call_id: Some(call_id.into()),

@@ -1,8 +1,8 @@
 //! The runner's memory of the approvals it executed, kept in `state_dir` so that no restart
 //! and no lost file lets one approval run twice here.
 //!
-//! - `approvals-executed`: one `ID KEEP_UNTIL` line per approval executed here (or
-//!   `decision:ID` per rollout decision that retried one here), appended and
+//! - `approvals-executed`: one `ID KEEP_UNTIL` line per approval executed here (and one
+//!   `decision:ID` per rollout decision a run here was made under), appended and
 //!   synced *before* the write runs. A last line without its newline was torn by a crash
 //!   before the sync returned, so nothing ran under it: it is dropped, with a warning. Any
 //!   other malformed line stops the runner from starting (the file is not what it wrote).

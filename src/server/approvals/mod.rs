@@ -126,8 +126,8 @@ pub struct Approval {
     /// them (fixed at request time; part of the statement people sign).
     pub plan: crate::protocol::approval::Plan,
     /// People's decision on the halted rollout, while it gathers votes and once taken (the
-    /// latest; the audit log has every one).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// latest; the audit log has every one); null until someone proposes one.
+    #[serde(default)]
     pub decision: Option<RolloutDecision>,
     /// The actor whose decision settled the request.
     pub decided_by: Option<String>,

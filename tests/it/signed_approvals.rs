@@ -466,6 +466,75 @@ async fn arguments_edited_in_the_table_after_signing_do_not_run() {
     assert_eq!(restarts(&lab.record), 0, "nothing ran");
 }
 
+/// A statement rewritten in the store between two votes (an insider with the database): the
+/// second person signs the text the server now shows, and the server refuses the vote, since
+/// the first signature does not hold over it. Nobody is counted for two different texts, and
+/// nothing runs (red team 1, F5, issue 46).
+#[tokio::test]
+async fn a_vote_on_a_statement_rewritten_after_the_first_vote_is_refused() {
+    let lab = lab().await;
+    let app = &lab.app;
+    let alice = signed_in(app, "alice", Role::Approver).await;
+    let bob = signed_in(app, "bob", Role::Approver).await;
+    let client = app.mcp_client().await;
+    let call = call_in_background(
+        &client,
+        TOOL,
+        json!({"unit": "consul", "runners": ["hvn05"], "reason": "wedged"}),
+    );
+    let id = wait_for_pending(&alice).await;
+    let (_, request) = alice.get(&format!("/api/approvals/{id}")).await;
+    let text = request["statement"]["text"].as_str().unwrap().to_owned();
+    let sig = |seed, text: &str| json!({"kind": "ssh", "signer": "x", "signature": sign(seed, sshsig::APPROVAL_NAMESPACE, text)});
+    let (status, body) = alice
+        .post(
+            &format!("/api/approvals/{id}/approve"),
+            json!({"signature": sig(1, &text)}),
+            true,
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    // The insider points what people read at other arguments (a `nomad` restart).
+    let other = json_digest(&json!({"unit": "nomad"}));
+    let rewritten: String = text
+        .lines()
+        .map(|l| match l.starts_with("args ") {
+            true => format!("args sha256:{other}\n"),
+            false => format!("{l}\n"),
+        })
+        .collect();
+    assert_ne!(rewritten, text, "the statement names the arguments' digest");
+    emisar::with_pool!(&app.db, pool => sqlx::query(app.db.sql(
+        "UPDATE approvals SET statement = $1 WHERE id = $2"))
+        .bind(&rewritten)
+        .bind(&id)
+        .execute(pool)
+        .await
+        .map(|_| ()))
+    .unwrap();
+    let (_, shown) = bob.get(&format!("/api/approvals/{id}")).await;
+    assert_eq!(shown["statement"]["text"], rewritten.as_str());
+    let (status, body) = bob
+        .post(
+            &format!("/api/approvals/{id}/approve"),
+            json!({"signature": sig(2, &rewritten)}),
+            true,
+        )
+        .await;
+    assert_eq!(status, 403, "{body}");
+    let error = body["error"].as_str().unwrap_or_default();
+    assert!(error.contains("changed since `alice` signed it"), "{body}");
+    let (_, after) = bob.get(&format!("/api/approvals/{id}")).await;
+    assert_eq!(after["state"], "pending", "{after}");
+    assert_eq!(
+        after["approvals"].as_array().map(Vec::len),
+        Some(1),
+        "{after}"
+    );
+    assert_eq!(restarts(&lab.record), 0, "nothing ran");
+    call.abort();
+}
+
 /// Runs `emisar` with `args`, SSH_AUTH_SOCK set to `agent` (without blocking the runtime the
 /// server runs on).
 pub(crate) async fn emisar(agent: &Path, args: &[&str]) -> std::process::Output {

@@ -55,7 +55,7 @@ use emisar::server::app::Application;
 use emisar::server::audit::{self, AuditFilter, AuditLog};
 use emisar::server::config::{RunnerEntry, ServerConfig};
 use emisar::server::db::Db;
-use emisar::server::tokens::Role;
+use emisar::server::principal::Role;
 use rmcp::ServiceExt;
 use rmcp::model::{CallToolRequestParams, CallToolResult};
 use rmcp::transport::StreamableHttpClientTransport;

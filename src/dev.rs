@@ -144,7 +144,7 @@ pub async fn start(
         app.db(),
         &audit,
         DEV_AGENT,
-        crate::server::tokens::Role::Agent,
+        crate::server::principal::Role::Agent,
         std::time::Duration::from_secs(30 * 86_400),
         "system:dev",
     )
@@ -161,7 +161,7 @@ pub async fn start(
                 app.db(),
                 &audit,
                 DEV_APPROVER,
-                crate::server::tokens::Role::Approver,
+                crate::server::principal::Role::Approver,
                 &password,
                 "system:dev",
             )
@@ -309,7 +309,7 @@ pub async fn run(opts: DevOptions, shutdown: CancellationToken) -> anyhow::Resul
             stack.db(),
             &AuditLog::start(stack.db().clone()),
             DEV_APPROVER,
-            crate::server::tokens::Role::Approver,
+            crate::server::principal::Role::Approver,
             std::time::Duration::from_secs(86_400),
             "system:dev",
         )

@@ -127,10 +127,10 @@ pub(super) async fn token(command: TokenCommand) -> anyhow::Result<i32> {
             let ttl = crate::server::tokens::parse_ttl(&ttl).map_err(anyhow::Error::msg)?;
             let db = db.connect().await?;
             let audit = AuditLog::start(db.clone());
-            let role = crate::server::tokens::Role::parse(&role).map_err(anyhow::Error::msg)?;
+            let role = crate::server::principal::Role::parse(&role).map_err(anyhow::Error::msg)?;
             if matches!(
                 role,
-                crate::server::tokens::Role::Approver | crate::server::tokens::Role::Admin
+                crate::server::principal::Role::Approver | crate::server::principal::Role::Admin
             ) {
                 anyhow::bail!(
                     "--role {}: tokens for people come from `emisar user token NAME`, which checks the person exists",
@@ -209,7 +209,7 @@ pub(super) async fn token(command: TokenCommand) -> anyhow::Result<i32> {
 }
 
 pub(super) async fn user(command: UserCommand) -> anyhow::Result<()> {
-    use crate::server::tokens::Role;
+    use crate::server::principal::Role;
     match command {
         UserCommand::Add {
             name,

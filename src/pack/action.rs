@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::is_identifier;
 use super::jq::JqProgram;
 use super::params::Param;
 use super::raw::{RawAction, RawExec, RawHttp, RawStep, RawStepKind};
 use super::template::Template;
+use crate::util::door::is_identifier;
 
 const DEFAULT_HTTP_TIMEOUT: Duration = Duration::from_secs(10);
 const DEFAULT_EXEC_TIMEOUT: Duration = Duration::from_secs(10);

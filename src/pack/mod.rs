@@ -19,8 +19,6 @@ mod template;
 
 pub use action::{AcceptStatus, Action, ExecAction, HttpAction, Step, StepKind};
 pub use jq::JqProgram;
-// Pack, tool and param names follow the door's rule; most callers name it from here.
-pub use crate::util::door::is_identifier;
 pub use params::{Param, ParamType};
 pub use params::{allowlist_admits, shown_value, template_text};
 pub use resolve::{PackError, PackInfo, PackSet, Preview, Risk, Scope, Tool, ToolRef};

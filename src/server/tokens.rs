@@ -18,9 +18,7 @@ use crate::with_pool;
 
 const PREFIX: &str = "emt_";
 
-// Tokens are issued with a role and authenticate as a principal: callers of `issue` and
-// `authenticate` outside the server (the CLI, `emisar dev`, the tests) name them here.
-pub use crate::server::principal::{Principal, Role};
+use crate::server::principal::{Principal, Role};
 
 #[derive(Debug, Clone)]
 pub struct IssuedToken {
@@ -54,7 +52,7 @@ pub async fn issue_scoped(
     ttl: Duration,
     issued_by: &str,
 ) -> anyhow::Result<IssuedToken> {
-    if !crate::pack::is_identifier(name) {
+    if !crate::util::door::is_identifier(name) {
         anyhow::bail!("agent name `{name}` must be an identifier (letters, digits, `_ . @ -`)");
     }
     let mut secret = [0u8; 32];

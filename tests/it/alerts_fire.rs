@@ -11,7 +11,7 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use emisar::server::tokens::Role;
+use emisar::server::principal::Role;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 

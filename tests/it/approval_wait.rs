@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use emisar::server::tokens::Role;
+use emisar::server::principal::Role;
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, ClientRequest, ProgressNotificationParam,
 };

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use emisar::protocol::signing::{CallClaims, CallSigner, ISSUER, Purpose, now};
 use emisar::protocol::{CallRequest, Mode};
 use emisar::server::audit::AuditFilter;
-use emisar::server::tokens::Role;
+use emisar::server::principal::Role;
 use rmcp::model::{CallToolRequestParams, CallToolResult};
 use serde_json::{Value, json};
 

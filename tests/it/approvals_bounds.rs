@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use emisar::server::audit::AuditFilter;
-use emisar::server::tokens::Role;
+use emisar::server::principal::Role;
 use serde_json::{Value, json};
 
 use crate::approvals::{Portal, kinds_of, restart_args, restart_lab, restarts, signed_in};

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use emisar::protocol::{CallRequest, Mode};
-use emisar::server::tokens::Role;
+use emisar::server::principal::Role;
 use rmcp::model::CallToolResult;
 use serde_json::{Map, Value, json};
 

@@ -4,7 +4,7 @@
 //! agent's token, which may not read the audit log, is refused.
 
 use emisar::server::audit::{AuditFilter, AuditLog, NewEvent};
-use emisar::server::tokens::Role;
+use emisar::server::principal::Role;
 use serde_json::{Value, json};
 
 use crate::both_backends;

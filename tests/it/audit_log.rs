@@ -319,7 +319,7 @@ async fn auditors_page_through_the_audit_api(backend: Backend) {
     }
     client.cancel().await.unwrap();
     let auditor = app
-        .issue_token("alice", emisar::server::tokens::Role::Auditor)
+        .issue_token("alice", emisar::server::principal::Role::Auditor)
         .await;
     let http = reqwest::Client::new();
     let get = |token: &str, query: &str| {

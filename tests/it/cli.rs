@@ -1085,7 +1085,8 @@ crate::both_backends!(people_administration_from_the_cli);
 /// `emisar token list` tells a token past its `expires_at` from a live one (and a revoked
 /// one from both): the state is what an administrator acts on.
 async fn token_list_says_which_tokens_have_expired(backend: Backend) {
-    use emisar::server::tokens::{self, Role};
+    use emisar::server::principal::Role;
+    use emisar::server::tokens;
     let app = spawn_app(backend, vec![], Options::default()).await;
     let db = app.database_url.as_str();
     let second = Duration::from_secs(1);

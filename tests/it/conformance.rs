@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use emisar::server::http::mcp::ToolSource;
-use emisar::server::tokens::Principal;
+use emisar::server::principal::Principal;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock,
     ProgressNotificationParam, ResourceContents, Tool,

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use emisar::server::config::WebauthnConfig;
-use emisar::server::tokens::Role;
+use emisar::server::principal::Role;
 use serde_json::{Value, json};
 
 use crate::approvals::{Portal, add_user, call_in_background, signed_in};

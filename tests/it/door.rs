@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use emisar::server::audit::AuditFilter;
 use emisar::server::login_limits::LoginLimitsConfig;
-use emisar::server::tokens::Role;
+use emisar::server::principal::Role;
 use rmcp::model::CallToolRequestParams;
 use serde_json::{Value, json};
 

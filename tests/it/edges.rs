@@ -4,7 +4,7 @@
 //! proxy that terminates TLS.
 
 use emisar::server::audit::NewEvent;
-use emisar::server::tokens::Role;
+use emisar::server::principal::Role;
 use serde_json::{Value, json};
 
 use crate::both_backends;

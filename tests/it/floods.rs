@@ -248,7 +248,7 @@ crate::both_backends!(a_join_flood_costs_bounded_rows_and_real_joins_get_through
 async fn repeated_failed_logins_are_counted_not_written_one_by_one(backend: Backend) {
     let app = spawn_app(backend, vec![], Options::default()).await;
     let password =
-        crate::approvals::add_user(&app, "alice", emisar::server::tokens::Role::Approver).await;
+        crate::approvals::add_user(&app, "alice", emisar::server::principal::Role::Approver).await;
     let before = app.audit_rows().await;
     for i in 0..4 {
         let err = emisar::server::users::login(&app.db, &app.audit, "alice", &format!("wrong-{i}"))

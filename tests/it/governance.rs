@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use emisar::server::audit::{AuditFilter, Event};
 use emisar::server::policy::Policy;
-use emisar::server::tokens::Role;
+use emisar::server::principal::Role;
 use emisar::server::webhook::{WebhookConfig, WebhookKind};
 use rmcp::model::CallToolRequestParams;
 use serde_json::{Value, json};

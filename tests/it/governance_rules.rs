@@ -10,7 +10,7 @@ use emisar::lab::http::serve;
 use emisar::lab::scenario;
 use emisar::protocol::{CallRequest, Mode};
 use emisar::server::policy::Policy;
-use emisar::server::tokens::Role;
+use emisar::server::principal::Role;
 use rmcp::model::CallToolRequestParams;
 use serde_json::{Value, json};
 

@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use emisar::protocol::signing::{CallClaims, CallSigner, ISSUER, Purpose, now};
 use emisar::protocol::{CallRequest, Mode};
-use emisar::server::tokens::Role;
+use emisar::server::principal::Role;
 use futures::StreamExt;
 use rmcp::model::{CallToolRequestParams, CallToolResult};
 use serde_json::{Map, Value, json};
@@ -1253,7 +1253,7 @@ async fn join(app: &TestApp, report: &mut Report) {
     );
     let mut cases: Vec<(String, String)> = Vec::new();
     for (label, name) in hostile_strings().into_iter().chain(wrong_types()) {
-        if name.as_str().is_some_and(emisar::pack::is_identifier) {
+        if name.as_str().is_some_and(emisar::util::door::is_identifier) {
             // A well-formed name would register a runner: not hostile here.
             continue;
         }

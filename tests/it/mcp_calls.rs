@@ -627,7 +627,7 @@ async fn requests_without_a_valid_token_get_401(backend: Backend) {
         &app.db,
         &app.audit,
         "short-lived",
-        emisar::server::tokens::Role::Agent,
+        emisar::server::principal::Role::Agent,
         Duration::from_secs(60),
         "test",
     )
@@ -662,7 +662,7 @@ async fn a_revoked_token_is_refused_on_mcp_within_the_cache_lifetime(backend: Ba
         &app.db,
         &app.audit,
         "soon-revoked",
-        emisar::server::tokens::Role::Agent,
+        emisar::server::principal::Role::Agent,
         Duration::from_secs(3600),
         "test",
     )
@@ -756,7 +756,7 @@ async fn an_expired_token_is_refused_on_mcp_even_from_the_cache(backend: Backend
             &app.db,
             &app.audit,
             name,
-            emisar::server::tokens::Role::Agent,
+            emisar::server::principal::Role::Agent,
             ttl,
             "test",
         )
@@ -805,7 +805,7 @@ async fn an_unknown_mcp_session_id_is_404_and_never_bound() {
         &app.db,
         &app.audit,
         "other-agent",
-        emisar::server::tokens::Role::Agent,
+        emisar::server::principal::Role::Agent,
         Duration::from_secs(3600),
         "test",
     )

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use emisar::server::audit::AuditFilter;
 use emisar::server::oidc::jwt::unix_now;
-use emisar::server::tokens::Role;
+use emisar::server::principal::Role;
 use rmcp::model::CallToolRequestParams;
 use serde_json::{Value, json};
 

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use emisar::server::audit::AuditFilter;
 use emisar::server::oidc::config::{OAuthConfig, OidcConfig};
-use emisar::server::tokens::Role;
+use emisar::server::principal::Role;
 use serde_json::{Value, json};
 
 use crate::approvals::{

@@ -8,7 +8,7 @@
 
 use emisar::server::http::api::Access;
 use emisar::server::http::api::openapi::{document, operations};
-use emisar::server::tokens::Role;
+use emisar::server::principal::Role;
 use serde_json::{Value, json};
 
 use crate::harness::app::Options;

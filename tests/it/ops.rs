@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use emisar::server::config::RunnerEntry;
-use emisar::server::tokens::Role;
+use emisar::server::principal::Role;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
@@ -394,7 +394,7 @@ async fn agents_are_rate_limited_with_a_time_to_retry(backend: Backend) {
     );
     // Another agent has its own bucket.
     let other = app
-        .issue_token("other-agent", emisar::server::tokens::Role::Agent)
+        .issue_token("other-agent", emisar::server::principal::Role::Agent)
         .await;
     let other_client = crate::harness::tools::mcp_client(&app.mcp_url, &other).await;
     let res = call(&other_client, "testkit.echo", args.clone()).await;
@@ -509,7 +509,7 @@ async fn an_mcp_session_belongs_to_the_token_that_opened_it() {
     )
     .await;
     let mallory = app
-        .issue_token("mallory", emisar::server::tokens::Role::Agent)
+        .issue_token("mallory", emisar::server::principal::Role::Agent)
         .await;
     let http = reqwest::Client::new();
     let post = |token: &str, session: Option<&str>, body: Value| {

@@ -98,7 +98,7 @@ async fn postgres_dies_under_load_and_nothing_goes_unrecorded() {
             &direct,
             &audit,
             &format!("agent-{i}"),
-            emisar::server::tokens::Role::Agent,
+            emisar::server::principal::Role::Agent,
             Duration::from_secs(3600),
             "test",
         )

@@ -12,7 +12,7 @@ use emisar::lab::scenario::{self, OOM_ALLOC, SETUP_FAILED_ALLOC};
 use emisar::protocol::Mode;
 use serde_json::{Value, json};
 
-use emisar::server::tokens::Role;
+use emisar::server::principal::Role;
 
 use crate::approvals::{
     call_in_background, finished, kinds_of, pending_ids, signed_in, wait_for_pending,

@@ -6,7 +6,7 @@
 use emisar::protocol::Mode;
 use serde_json::json;
 
-use emisar::server::tokens::Role;
+use emisar::server::principal::Role;
 
 use crate::approvals::{
     Portal, add_user, call_in_background, finished, kinds_of, signed_in, systemctl_cannot_reload,

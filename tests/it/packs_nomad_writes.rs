@@ -11,7 +11,7 @@ use emisar::lab::http::serve;
 use emisar::lab::nomad::Nomad;
 use emisar::lab::scenario::{self, OOM_ALLOC};
 use emisar::protocol::Mode;
-use emisar::server::tokens::Role;
+use emisar::server::principal::Role;
 use rmcp::RoleClient;
 use rmcp::model::CallToolResult;
 use rmcp::service::RunningService;

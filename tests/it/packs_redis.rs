@@ -7,7 +7,7 @@ use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
-use emisar::server::tokens::Role;
+use emisar::server::principal::Role;
 use rmcp::model::CallToolResult;
 use serde_json::{Value, json};
 

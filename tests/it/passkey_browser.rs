@@ -16,7 +16,7 @@ use std::time::Duration;
 use emisar::digest::{canonical_json, json_digest};
 use emisar::server::audit::AuditFilter;
 use emisar::server::config::WebauthnConfig;
-use emisar::server::tokens::Role;
+use emisar::server::principal::Role;
 use serde_json::{Value, json};
 
 use crate::approvals::{

@@ -15,7 +15,7 @@ use ciborium::value::Value as Cbor;
 use emisar::protocol::approval::webauthn::{self, Assertion, PasskeyPublic, RelyingParty};
 use emisar::server::audit::AuditFilter;
 use emisar::server::config::WebauthnConfig;
-use emisar::server::tokens::Role;
+use emisar::server::principal::Role;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use emisar::server::audit::checkpoints::{self, TransparencyConfig};
-use emisar::server::tokens::Role;
+use emisar::server::principal::Role;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 

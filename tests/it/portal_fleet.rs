@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use emisar::server::config::JoinConfig;
 use emisar::server::fleet::JoinTokenSpec;
-use emisar::server::tokens::Role;
+use emisar::server::principal::Role;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 

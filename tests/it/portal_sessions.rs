@@ -2,7 +2,7 @@
 //! cookie is refused with a wrong CSRF token (another session's, or one altered by a
 //! character), not only without one. Both backends.
 
-use emisar::server::tokens::Role;
+use emisar::server::principal::Role;
 use serde_json::Value;
 
 use crate::approvals::{Portal, add_user};

@@ -327,7 +327,7 @@ async fn agent_token(pg: &PgTestDb, name: &str) -> (emisar::server::db::Db, Stri
         &db,
         &audit,
         name,
-        emisar::server::tokens::Role::Agent,
+        emisar::server::principal::Role::Agent,
         Duration::from_secs(3600),
         "test",
     )

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use emisar::digest::sha256_hex;
 use emisar::protocol::approval::{Choice, Decision, DecisionProof};
 use emisar::protocol::{CallRequest, Mode};
-use emisar::server::tokens::Role;
+use emisar::server::principal::Role;
 use serde_json::{Value, json};
 
 use crate::approvals::{Portal, call_in_background, finished, signed_in};

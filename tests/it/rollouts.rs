@@ -11,7 +11,7 @@ use emisar::digest::json_digest;
 use emisar::protocol::approval::{Plan, Statement};
 use emisar::protocol::{CallRequest, Mode};
 use emisar::server::audit::AuditFilter;
-use emisar::server::tokens::Role;
+use emisar::server::principal::Role;
 use serde_json::{Value, json};
 
 use crate::approvals::{Portal, call_in_background, finished, signed_in, wait_for_pending};

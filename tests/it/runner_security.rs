@@ -5,7 +5,7 @@
 use emisar::pack::PackSet;
 use emisar::protocol::signing::{CallClaims, CallSigner, HealthClaims, ISSUER, Purpose, now};
 use emisar::protocol::{CallRequest, Mode};
-use emisar::server::tokens::Role;
+use emisar::server::principal::Role;
 use serde_json::{Value, json};
 
 use crate::harness::app::Options;

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use emisar::server::audit::AuditFilter;
-use emisar::server::tokens::Role;
+use emisar::server::principal::Role;
 use serde_json::json;
 
 use crate::approvals::{

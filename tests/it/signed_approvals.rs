@@ -11,7 +11,7 @@ use emisar::protocol::approval::{
     ApprovalProof, Plan, Signature, SignedApprovers, Statement, sshsig,
 };
 use emisar::protocol::{CallRequest, Mode};
-use emisar::server::tokens::Role;
+use emisar::server::principal::Role;
 use serde_json::{Value, json};
 use ssh_key::{HashAlg, LineEnding, PrivateKey};
 

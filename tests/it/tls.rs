@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use emisar::server::audit::AuditFilter;
 use emisar::server::fleet::JoinTokenSpec;
-use emisar::server::tokens::Role;
+use emisar::server::principal::Role;
 use serde_json::{Value, json};
 
 use crate::both_backends;

@@ -507,7 +507,7 @@ async fn a_rewrite_is_named_from_a_kept_checkpoint_and_every_witness_refuses_wha
         last
     );
     let auditor = app
-        .issue_token("auditor", emisar::server::tokens::Role::Auditor)
+        .issue_token("auditor", emisar::server::principal::Role::Auditor)
         .await;
     let api: proofs::InclusionProof = app
         .http()
@@ -683,7 +683,7 @@ async fn a_split_view_of_the_same_size_is_refused_and_the_refusal_is_seen() {
     );
     assert_eq!(refused.outcome.as_deref(), Some("refused"));
     let auditor = other
-        .issue_token("auditor", emisar::server::tokens::Role::Auditor)
+        .issue_token("auditor", emisar::server::principal::Role::Auditor)
         .await;
     let metrics = metrics_text(&other, &auditor).await;
     assert!(
@@ -957,7 +957,7 @@ async fn a_runner_that_requires_witnessed_approvals_runs_only_what_the_quorum_co
         "linux.systemctl_restart",
         serde_json::json!({"runners": ["hvn05"], "unit": "consul", "reason": "witnessed restart"}),
     );
-    let alice = signed_in(app, "alice", emisar::server::tokens::Role::Approver).await;
+    let alice = signed_in(app, "alice", emisar::server::principal::Role::Approver).await;
     let id = wait_for_pending(&alice).await;
     let (status, body) = alice.approve(&id).await;
     assert_eq!(status, 200, "{body}");
@@ -1335,7 +1335,7 @@ async fn a_truncated_log_fails_verify_and_the_checkpointer_raises_the_alarm_at_o
     );
     let auditor = t
         .app
-        .issue_token("auditor", emisar::server::tokens::Role::Auditor)
+        .issue_token("auditor", emisar::server::principal::Role::Auditor)
         .await;
     let metrics = metrics_text(&t.app, &auditor).await;
     assert!(

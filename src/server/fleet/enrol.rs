@@ -18,12 +18,12 @@ use super::{
     FleetError, MAX_LABELS, MAX_PACKS, MAX_URL_LEN, NameRule, RUNNER_PREFIX, kind, random_secret,
 };
 use crate::digest::sha256_hex;
-use crate::pack::is_identifier;
 use crate::protocol::{JoinRequest, JoinResponse, RegisterRequest, RegisterResponse};
 use crate::server::audit::{AuditLog, NewEvent, RefusalKey, format_at};
 use crate::server::config::RunnerEntry;
 use crate::server::db::{Db, Pool};
 use crate::server::runners::registry::Registry;
+use crate::util::door::is_identifier;
 use crate::with_pool;
 
 /// What a usable join token grants, as the consuming `UPDATE` returned it.

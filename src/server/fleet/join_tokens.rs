@@ -10,10 +10,10 @@ use serde_json::json;
 
 use super::{MAX_JOIN_TOKEN_TTL, MAX_JOIN_TOKEN_USES, MAX_LABELS, MAX_PACKS, kind, random_secret};
 use crate::digest::sha256_hex;
-use crate::pack::is_identifier;
 use crate::protocol::{JoinToken, ServerPins};
 use crate::server::audit::{AuditLog, NewEvent, format_at};
 use crate::server::db::Db;
+use crate::util::door::is_identifier;
 use crate::with_pool;
 
 /// Which names a runner joining with a token may take.

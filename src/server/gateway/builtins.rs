@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 
-use super::approval_flow::{pending_outcome, settled};
+use super::approval_flow::{pending_outcome, settled_outcome};
 use super::call::{Args, CallContext};
 use super::outcome::{CallError, CallOutcome, RunnerResult};
 use super::state::{Gateway, OfferedTool, offered};
@@ -198,7 +198,7 @@ impl Gateway {
         if offered.name == APPROVAL_WAIT_TOOL {
             return self.wait(&row, ctx).await;
         }
-        Ok(settled(&row)?.unwrap_or_else(|| pending_outcome(&row, Duration::ZERO)))
+        Ok(settled_outcome(&row)?.unwrap_or_else(|| pending_outcome(&row, Duration::ZERO)))
     }
 }
 

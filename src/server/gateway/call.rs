@@ -270,7 +270,7 @@ impl Gateway {
         self.reject_repeatable(caller, name, why, "unknown_tool")
             .await;
         Err(CallError::UnknownTool(
-            if crate::pack::is_identifier(name) {
+            if crate::util::door::is_identifier(name) {
                 name.to_owned()
             } else {
                 crate::util::door::describe(name)
@@ -571,7 +571,7 @@ fn rejected_event(
 ) -> NewEvent {
     crate::server::metrics::tool_call(tool, "refused");
     let mut detail = json!({"error": why});
-    let tool = if crate::pack::is_identifier(tool) {
+    let tool = if crate::util::door::is_identifier(tool) {
         Some(tool.to_owned())
     } else {
         detail["tool_name"] = crate::util::door::rendering(tool);

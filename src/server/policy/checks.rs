@@ -13,8 +13,9 @@ use super::{
     rank,
 };
 use crate::digest::{canonical_json, sha256_hex};
-use crate::pack::{PackSet, Risk, Tool, is_identifier};
+use crate::pack::{PackSet, Risk, Tool};
 use crate::selector::Selector;
+use crate::util::door::is_identifier;
 
 use super::decide::most_specific;
 

@@ -417,7 +417,7 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
         &db,
         &audit,
         TEST_AGENT,
-        emisar::server::tokens::Role::Agent,
+        emisar::server::principal::Role::Agent,
         Duration::from_secs(3600),
         "test",
     )
@@ -502,7 +502,7 @@ impl TestApp {
     }
 
     /// Issues another token (an auditor's, say).
-    pub async fn issue_token(&self, name: &str, role: emisar::server::tokens::Role) -> String {
+    pub async fn issue_token(&self, name: &str, role: emisar::server::principal::Role) -> String {
         emisar::server::tokens::issue(
             &self.db,
             &self.audit,

@@ -7,7 +7,7 @@
 //!   anything is stored, the audited intent, the preview on every target (`previews` turns
 //!   the runners' answers into what the request keeps), the statement people sign;
 //! - `wait.rs`: waiting for the request to settle with progress, withdrawing it when the call
-//!   is cancelled, expiring it, and the agent's view of it (`settled`, `pending_outcome`);
+//!   is cancelled, expiring it, and the agent's view of it (`settled_outcome`, `pending_outcome`);
 //! - `execute.rs`: a person's decision, which claims an approved request in the same
 //!   transition (`claim`), and running a claimed one once with the values stored at request
 //!   time; an approval too old to start (`too_late_to_start`) is expired instead;
@@ -18,7 +18,7 @@
 //! - `sweep.rs`: the periodic sweep that expires overdue requests, runs approved ones nobody
 //!   claimed, and marks lost executions `unknown`.
 //!
-//! Each pure step (`previews`, `settled`, `pending_outcome`, `claim`, `too_late_to_start`)
+//! Each pure step (`previews`, `settled_outcome`, `pending_outcome`, `claim`, `too_late_to_start`)
 //! is tested in its file; the whole flow, against real runners and both stores, in
 //! `tests/it/approvals.rs`.
 
@@ -31,4 +31,4 @@ mod wait;
 
 pub(super) use request::Request;
 pub(super) use rollout::{ROLLOUT_ACTOR, Rollout};
-pub(super) use wait::{pending_outcome, settled};
+pub(super) use wait::{pending_outcome, settled_outcome};

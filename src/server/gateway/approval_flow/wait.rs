@@ -36,7 +36,7 @@ impl Gateway {
                 self.expire(&row.id).await;
                 row = self.approvals.get(&a.id).await?;
             }
-            if let Some(done) = settled(&row)? {
+            if let Some(done) = settled_outcome(&row)? {
                 return Ok(done);
             }
             let now = Instant::now();
@@ -137,8 +137,9 @@ async fn changed(changes: &mut tokio::sync::broadcast::Receiver<approvals::Chang
     }
 }
 
-/// The agent's view of a request that has settled, or `None` while it is undecided.
-pub(in crate::server::gateway) fn settled(
+/// What the agent is told about a request that has settled (its result, or the refusal that
+/// ended it), or `None` while it is undecided.
+pub(in crate::server::gateway) fn settled_outcome(
     row: &Approval,
 ) -> Result<Option<CallOutcome>, CallError> {
     let info = |message: String| ApprovalInfo {
@@ -238,7 +239,7 @@ mod tests {
     fn an_undecided_request_has_not_settled() {
         for state in [State::Pending, State::Approved, State::Executing] {
             let r = Approval { state, ..row() };
-            assert!(settled(&r).unwrap().is_none(), "{state:?} settled");
+            assert!(settled_outcome(&r).unwrap().is_none(), "{state:?} settled");
         }
     }
 
@@ -251,7 +252,7 @@ mod tests {
             ..row()
         };
         assert_eq!(
-            settled(&denied).unwrap_err().to_string(),
+            settled_outcome(&denied).unwrap_err().to_string(),
             "refused: approval request a1 was denied by approver:alice: not during the freeze"
         );
         let unnamed = Approval {
@@ -260,7 +261,7 @@ mod tests {
             ..denied
         };
         assert_eq!(
-            settled(&unnamed).unwrap_err().to_string(),
+            settled_outcome(&unnamed).unwrap_err().to_string(),
             "refused: approval request a1 was denied by an approver: "
         );
         let expired = Approval {
@@ -268,7 +269,7 @@ mod tests {
             ..row()
         };
         assert_eq!(
-            settled(&expired).unwrap_err().to_string(),
+            settled_outcome(&expired).unwrap_err().to_string(),
             "refused: approval request a1 expired at 2026-11-30T10:15:00.000000Z before enough humans approved it; nothing ran"
         );
         let too_late = Approval {
@@ -276,7 +277,7 @@ mod tests {
             ..expired
         };
         assert_eq!(
-            settled(&too_late).unwrap_err().to_string(),
+            settled_outcome(&too_late).unwrap_err().to_string(),
             "refused: approval request a1 was approved at 10:05, but its execution did not start"
         );
         let withdrawn = Approval {
@@ -284,7 +285,7 @@ mod tests {
             ..row()
         };
         assert!(matches!(
-            settled(&withdrawn),
+            settled_outcome(&withdrawn),
             Err(CallError::Withdrawn { approval_id }) if approval_id == "a1"
         ));
     }
@@ -300,7 +301,7 @@ mod tests {
             result: Some(stored.clone()),
             ..row()
         };
-        let outcome = settled(&executed).unwrap().unwrap();
+        let outcome = settled_outcome(&executed).unwrap().unwrap();
         assert_eq!(outcome.results.len(), 1);
         assert_eq!(outcome.results[0].runner, "hvn05");
         let info = outcome.approval.unwrap();
@@ -313,7 +314,7 @@ mod tests {
             note: Some("hvn05: exit 1".into()),
             ..executed.clone()
         };
-        let info = settled(&failed).unwrap().unwrap().approval.unwrap();
+        let info = settled_outcome(&failed).unwrap().unwrap().approval.unwrap();
         assert_eq!(
             info.message,
             "approved, but the execution failed: hvn05: exit 1"
@@ -326,7 +327,7 @@ mod tests {
             note: None,
             ..failed
         };
-        let message = settled(&failed_early)
+        let message = settled_outcome(&failed_early)
             .unwrap()
             .unwrap()
             .approval
@@ -343,7 +344,7 @@ mod tests {
             result: None,
             ..executed.clone()
         };
-        let outcome = settled(&unknown).unwrap().unwrap();
+        let outcome = settled_outcome(&unknown).unwrap().unwrap();
         assert!(outcome.results.is_empty());
         assert_eq!(
             outcome.approval.unwrap().message,
@@ -355,7 +356,7 @@ mod tests {
             result: Some(json!({"results": "not a list"})),
             ..executed
         };
-        let outcome = settled(&unreadable).unwrap().unwrap();
+        let outcome = settled_outcome(&unreadable).unwrap().unwrap();
         assert!(outcome.results.is_empty());
         assert_eq!(outcome.call_id, "c1");
         assert_eq!(outcome.approval.unwrap().message, "approved and executed");

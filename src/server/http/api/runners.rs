@@ -12,7 +12,7 @@ use axum::http::header;
 
 use crate::server::http::api::error::ApiError;
 use crate::server::http::state::HttpState;
-use crate::server::tokens::Principal;
+use crate::server::principal::Principal;
 
 /// `GET /api/runners`' answer.
 #[derive(serde::Serialize)]

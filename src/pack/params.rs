@@ -51,6 +51,8 @@ pub struct Param {
     pub secret: bool,
     /// The runner-side allowlist the value must be in, if any.
     pub allowlist: Option<String>,
+    /// The policy-only list the value must be in, if any (see `RawParam::policy_allowlist`).
+    pub policy_allowlist: Option<String>,
 }
 
 impl Param {
@@ -135,15 +137,18 @@ impl Param {
             description: raw.description.clone().unwrap_or_default(),
             required: raw.required,
             secret: raw.secret,
-            allowlist: match &raw.allowlist {
-                Some(a) if !is_identifier(a) => {
-                    return Err(format!(
-                        "param `{name}`: allowlist `{a}` must be an identifier"
-                    ));
-                }
-                other => other.clone(),
-            },
+            allowlist: list_name(name, "allowlist", &raw.allowlist)?,
+            policy_allowlist: list_name(name, "policy_allowlist", &raw.policy_allowlist)?,
         })
+    }
+
+    /// Every list the value must be in, with its name: the runner's `allowlist` (which the
+    /// policy may repeat per runner) and the policy's own `policy_allowlist`.
+    pub fn policy_lists(&self) -> impl Iterator<Item = &str> {
+        self.allowlist
+            .iter()
+            .chain(self.policy_allowlist.iter())
+            .map(String::as_str)
     }
 
     /// The JSON Schema of this parameter, as it appears in the MCP input schema.
@@ -356,6 +361,16 @@ pub(super) fn is_systemd_unit(s: &str) -> bool {
     }
 }
 
+/// A param's list name (`key`: `allowlist` or `policy_allowlist`), which must be an identifier.
+fn list_name(param: &str, key: &str, raw: &Option<String>) -> Result<Option<String>, String> {
+    match raw {
+        Some(a) if !is_identifier(a) => Err(format!(
+            "param `{param}`: {key} `{a}` must be an identifier"
+        )),
+        other => Ok(other.clone()),
+    }
+}
+
 /// The form in which a value is compared with a runner's allowlist: systemd units without a
 /// type suffix are services, so `consul` and `consul.service` are the same entry.
 fn allowlist_key(kind: &ParamType, value: &str) -> String {
@@ -421,6 +436,7 @@ mod tests {
             max_length: None,
             secret: false,
             allowlist: None,
+            policy_allowlist: None,
         }
     }
 
@@ -445,6 +461,20 @@ mod tests {
                 .unwrap_err()
                 .contains("unknown type")
         );
+    }
+
+    #[test]
+    fn list_names_are_identifiers_and_both_are_checked_by_the_policy() {
+        let mut p = raw("identifier");
+        p.policy_allowlist = Some("no such list".into());
+        assert_eq!(
+            Param::from_raw("job", &p).unwrap_err(),
+            "param `job`: policy_allowlist `no such list` must be an identifier"
+        );
+        p.policy_allowlist = Some("jobs".into());
+        p.allowlist = Some("units".into());
+        let param = Param::from_raw("job", &p).unwrap();
+        assert_eq!(param.policy_lists().collect::<Vec<_>>(), ["units", "jobs"]);
     }
 
     #[test]

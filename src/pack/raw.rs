@@ -77,6 +77,12 @@ pub(super) struct RawParam {
     /// the value must be in. A runner without that list refuses every value.
     #[serde(default)]
     pub allowlist: Option<String>,
+    /// The name of a list only the policy holds (`runners.RUNNER.NAME` in the policy file)
+    /// that the value must be in; no runner checks it. For a cluster-scoped write, where the
+    /// server may send the call to any runner serving the pack, so the values it may touch
+    /// are one decision for the cluster, not a list to repeat in every runner.toml.
+    #[serde(default)]
+    pub policy_allowlist: Option<String>,
 }
 
 fn default_true() -> bool {

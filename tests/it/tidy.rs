@@ -305,7 +305,7 @@ fn circles_are_found_whole() {
         vec![(4, "db".to_owned()), (4, "audit".to_owned())],
     );
     assert_eq!(
-        server_paths("use super::super::principal::Role; use super::x;", 2),
+        server_paths("use super::super::tokens::Role; use super::x;", 2),
         vec![(4, "tokens".to_owned())],
     );
 }

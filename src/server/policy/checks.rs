@@ -9,8 +9,7 @@ use serde_json::Value;
 
 use super::format::{Format, RawLevel, RawPolicy, RawRollout, to_raw, to_value};
 use super::{
-    AgentRule, NOMAD_JOBS, Pattern, Policy, PolicyError, RiskRule, Rollout, WaveSize, invalid, key,
-    rank,
+    AgentRule, Pattern, Policy, PolicyError, RiskRule, Rollout, WaveSize, invalid, key, rank,
 };
 use crate::digest::{canonical_json, sha256_hex};
 use crate::pack::{PackSet, Risk, Tool};
@@ -414,8 +413,7 @@ impl Policy {
 
         let lists: BTreeSet<&str> = tools
             .iter()
-            .flat_map(|t| t.params.iter().filter_map(|p| p.allowlist.as_deref()))
-            .chain([NOMAD_JOBS])
+            .flat_map(|t| t.params.iter().flat_map(|p| p.policy_lists()))
             .collect();
         for (runner, named) in &self.runners {
             for name in named.keys().filter(|n| !lists.contains(n.as_str())) {
@@ -704,7 +702,7 @@ mod tests {
                 "unknown allowlist name",
                 "runners: {hvn05: {systemd_unit: [consul], nomad_jobs: [x]}}",
                 &[
-                    "`runners.hvn05.systemd_unit`: no loaded tool has a param with `allowlist: systemd_unit` (known lists: debian_packages, nomad_jobs, ports, systemd_units)",
+                    "`runners.hvn05.systemd_unit`: no loaded tool has a param with `allowlist: systemd_unit` (known lists: debian_packages, nomad_jobs, ports, systemd_units, zones)",
                 ],
             ),
         ];

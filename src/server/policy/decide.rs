@@ -2,7 +2,7 @@
 //! most specific one wins): [`decide`] for one call, and who may approve or use a tool, the
 //! runners an agent is held to, a tool's effective risk.
 
-use super::{AgentRule, Decision, NOMAD_JOBS, Pattern, Policy, Request, Rollout, key, rank};
+use super::{AgentRule, Decision, Pattern, Policy, Request, Rollout, key, rank};
 use crate::pack::{Risk, Tool, allowlist_admits, shown_value};
 use crate::selector::Selector;
 use crate::server::principal::{Principal, Role};
@@ -151,21 +151,13 @@ impl Policy {
     /// Why a runner's policy allowlist refuses the call, if it does.
     fn allowlist_violation(&self, req: &Request) -> Option<String> {
         let tool = req.tool;
-        // Every (param, list) pair to check: params that declare a list, plus the nomad pack's
-        // `job` on writes against the policy-only `nomad_jobs` (see [`NOMAD_JOBS`]).
-        let mut checks: Vec<(&crate::pack::Param, &str)> = tool
+        // Every (param, list) pair to check: the runner's lists, which the policy may repeat
+        // per runner, and the lists only the policy holds (`policy_allowlist` in the pack).
+        let checks: Vec<(&crate::pack::Param, &str)> = tool
             .params
             .iter()
-            .filter_map(|p| p.allowlist.as_deref().map(|l| (p, l)))
+            .flat_map(|p| p.policy_lists().map(move |l| (p, l)))
             .collect();
-        if tool.pack == "nomad" && tool.risk != Risk::Read {
-            checks.extend(
-                tool.params
-                    .iter()
-                    .filter(|p| p.name == "job")
-                    .map(|p| (p, NOMAD_JOBS)),
-            );
-        }
         for (runner, _) in req.runners {
             let Some(lists) = self.runners.get(*runner) else {
                 continue;
@@ -606,6 +598,28 @@ runners:
                 runners: &[("hvn05", "")],
                 args: json!({"job": "vault"}),
                 want: Allow,
+            },
+            Case {
+                name: "policy_allowlist: any pack's list the policy alone holds admits a listed value",
+                format: Yaml,
+                policy: "runners: {hvn05: {zones: [eu]}}",
+                tool: "t.zone_write",
+                agent: "a",
+                runners: &[("hvn05", "")],
+                args: json!({"zone": "eu"}),
+                want: Approval(1),
+            },
+            Case {
+                name: "policy_allowlist: and refuses another",
+                format: Yaml,
+                policy: "runners: {hvn05: {zones: [eu]}}",
+                tool: "t.zone_write",
+                agent: "a",
+                runners: &[("hvn05", "")],
+                args: json!({"zone": "us"}),
+                want: Deny(
+                    "runner `hvn05` does not accept `zone` = `us`: the policy's allowlist `runners.hvn05.zones` has only [eu]",
+                ),
             },
             Case {
                 name: "risk: raising a read (short form) needs approval",

@@ -60,9 +60,10 @@ pub(super) struct RawPolicy {
     #[serde(default)]
     pub(super) roles: BTreeMap<String, RawRole>,
     /// Per runner name, allowlist name → the values a param with `allowlist: NAME` may take,
-    /// on top of the runner's own `[allowlists]` (both must accept). One list is the policy's
-    /// alone: `nomad_jobs` limits the jobs the nomad pack's writes may touch (no runner list
-    /// applies to them, since the server may send a cluster-scoped write to any runner).
+    /// on top of the runner's own `[allowlists]` (both must accept), or with
+    /// `policy_allowlist: NAME`, a list the policy alone holds: the stock nomad pack's writes
+    /// name `nomad_jobs`, the jobs they may touch (no runner list applies to them, since the
+    /// server may send a cluster-scoped write to any runner).
     #[serde(default)]
     pub(super) runners: BTreeMap<String, BTreeMap<String, Vec<String>>>,
 }

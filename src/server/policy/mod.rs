@@ -42,15 +42,6 @@ pub use checks::check_file;
 pub use decide::decide;
 pub use format::{Format, file_schema};
 
-/// A list only the policy holds, checked against the `job` param of the nomad pack's writes.
-/// No pack param declares it, on purpose: `allowlist: NAME` in a pack makes every runner
-/// without `[allowlists] NAME` refuse every value, and a Nomad write is cluster-scoped (the
-/// server picks any runner serving the pack), so the jobs it may touch are one decision for
-/// the whole cluster, made here, not a list to repeat in every runner.toml before the tool
-/// works at all. It is the one list keyed on a pack by name; a second such list should
-/// become a pack field (a param's policy-only list) instead of another special case.
-const NOMAD_JOBS: &str = "nomad_jobs";
-
 #[derive(Debug, thiserror::Error)]
 pub enum PolicyError {
     #[error("failed to read policy file {path}: {source}")]

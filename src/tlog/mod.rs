@@ -1,7 +1,7 @@
-//! The transparency log's pure building blocks, shared by the server (which will keep the tree
-//! and sign checkpoints), the runner (which will check witnessed inclusion proofs) and the
-//! witness (`emisar witness`): no IO, nothing async, and it builds in the runner's
-//! `--no-default-features` build.
+//! The transparency log's pure building blocks, shared by the server (which keeps the tree and
+//! signs checkpoints), the runner (which checks witnessed inclusion proofs) and the witness
+//! (`emisar witness`, which cosigns checkpoints): no IO, nothing async, and it builds in the
+//! runner's `--no-default-features` build.
 //!
 //! - [`tree`]: the RFC 6962 / RFC 9162 Merkle tree over a store of complete subtrees
 //!   ([`tree::SubtreeHashes`]): tree heads, the subtrees an append writes, inclusion and

@@ -124,7 +124,7 @@ pub fn ensure_crypto_provider() -> anyhow::Result<()> {
 /// The signature is aws-lc's (the Ed25519 that rustls and jsonwebtoken already link), not
 /// ed25519-dalek's: on the 2-core AMD EPYC bench machine of 2026-12-05 it signed a call's token
 /// in 10.6 µs against dalek's 19.9 µs (dalek's fixed-base multiplication has no vectorised
-/// backend); end to end the A/B could not tell the two apart (docs/BENCHMARKS.md, issue 28).
+/// backend); end to end the A/B could not tell the two apart (docs/BENCHMARKS.md, "Call tokens signed with aws-lc").
 /// The PEM is still read with dalek, and the key pair built from its seed and public key,
 /// which aws-lc checks agree.
 pub struct CallSigner {

@@ -11,7 +11,7 @@
 //!
 //! `GET /checkpoint/<origin>` ([`Witness::latest`]) reads that state back: the latest
 //! checkpoint cosigned for an origin with the cosignature `add-checkpoint` returned, so an
-//! auditor can ask each witness how far it saw the log go (issue 45).
+//! auditor can ask each witness how far it saw the log go.
 //!
 //! *Invariant:* one lock is held from reading the last cosigned size to the durable write of
 //! the new one, so two concurrent requests can never both extend the same old tree, and no

@@ -10,7 +10,7 @@
 //! signature) is reported loudly: an ERROR log line, the metric
 //! `emisar_witness_refusals_total`, and a `witness.refused` audit event (repeats counted per
 //! window, `refusals.rs`). So is a witness that has cosigned a larger tree than the log now
-//! holds (as stored, or as its 409 says): events it saw are gone from the database (issue 45).
+//! holds (as stored, or as its 409 says): events it saw are gone from the database.
 //! It is reported at the first round that sees it, not once the log has grown back past that
 //! size, and it never counts as cosigned.
 //!

@@ -18,7 +18,7 @@
 //! (`--witness-key`), the newest stored checkpoint must be cosigned by a quorum of them: the
 //! log key alone signs whatever the database holds, so a log truncated back to the kept size,
 //! or truncated and grown again with other events, passes steps 1 to 4; only the witnesses
-//! saw the larger tree, and they cosign nothing that does not extend it (issue 45).
+//! saw the larger tree, and they cosign nothing that does not extend it.
 //!
 //! Nor does that catch a log cut back to the kept size while no checkpointer runs (the newest
 //! stored checkpoint is then the kept one, cosigned). So each witness the auditor names by URL

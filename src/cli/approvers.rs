@@ -10,7 +10,7 @@ use anyhow::Context;
 use base64::Engine;
 use clap::Subcommand;
 
-use crate::protocol::approval::approvers::{ApproversFile, PasskeyEntry, PersonEntry};
+use crate::protocol::approval::approvers::{ApproversFile, PasskeyEntry, PersonEntry, RuleEntry};
 use crate::protocol::approval::webauthn::CoseAlg;
 use crate::protocol::approval::{Approvers, SignedApprovers, sshsig};
 
@@ -266,17 +266,21 @@ fn print_people(file: &Path, a: &Approvers) {
 
 fn print_rules(f: &ApproversFile) {
     for r in &f.rules {
-        println!(
-            "rule {}: {} approval(s){}",
-            r.tools,
-            r.approvals,
-            if r.unapproved {
-                ", unapproved allowed when the policy lowers it"
-            } else {
-                ""
-            }
-        );
+        println!("{}", rule_line(r));
     }
+}
+
+/// One rule as `approvers show` prints it: the tools, the people it needs, how many of them
+/// must sign with SSH, and whether a lowered write may run unsigned.
+fn rule_line(r: &RuleEntry) -> String {
+    let mut line = format!("rule {}: {} approval(s)", r.tools, r.approvals);
+    if r.ssh_signatures > 0 {
+        line += &format!(", {} of them SSH signatures", r.ssh_signatures);
+    }
+    if r.unapproved {
+        line += ", unapproved allowed when the policy lowers it";
+    }
+    line
 }
 
 /// FILE.sig must be the `--root-key`'s signature over `text`.
@@ -423,6 +427,21 @@ fn write(file: &Path, mut f: ApproversFile) -> anyhow::Result<()> {
 mod tests {
     use super::*;
     use crate::protocol::approval::approvers::tests::file_with;
+
+    #[test]
+    fn a_rule_shows_its_ssh_signatures() {
+        let rule = |ssh_signatures, unapproved| RuleEntry {
+            tools: "linux.*".into(),
+            approvals: 2,
+            unapproved,
+            ssh_signatures,
+        };
+        assert_eq!(rule_line(&rule(0, false)), "rule linux.*: 2 approval(s)");
+        assert_eq!(
+            rule_line(&rule(2, true)),
+            "rule linux.*: 2 approval(s), 2 of them SSH signatures, unapproved allowed when the policy lowers it"
+        );
+    }
 
     #[test]
     fn a_passkey_is_named_by_all_three_flags() {

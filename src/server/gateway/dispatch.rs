@@ -11,6 +11,7 @@ use super::outcome::RunnerResult;
 use super::state::Gateway;
 use crate::digest::json_digest;
 use crate::pack::{Risk, ToolRef};
+use crate::protocol::Mode;
 use crate::server::audit::{NewEvent, kind};
 use crate::server::runners::client::{Dispatch, RunnerAnswer, RunnerError};
 use crate::server::runners::registry::rejection_message;
@@ -44,10 +45,19 @@ impl Gateway {
                 .client
                 .call(name, &endpoint, d, self.limits.call_timeout)
                 .await;
-            if let Err(e) = &answer {
+            match &answer {
+                // A health gate asks again while the service comes back: one try that fails is
+                // expected, and the gate says once, at WARN, if none passed.
+                Err(e) if d.mode == Mode::Verify => {
+                    tracing::debug!(runner = name, tool = d.tool, call_id = d.call_id,
+                        error_kind = e.kind(), detail = %e.detail(), "a health gate's try failed");
+                }
                 // The agent reads a kind and a short reason; the operator reads this.
-                tracing::warn!(runner = name, tool = d.tool, call_id = d.call_id,
-                    error_kind = e.kind(), detail = %e.detail(), "runner call failed");
+                Err(e) => {
+                    tracing::warn!(runner = name, tool = d.tool, call_id = d.call_id,
+                        error_kind = e.kind(), detail = %e.detail(), "runner call failed");
+                }
+                Ok(_) => {}
             }
             let runner_failure = match &answer {
                 Err(

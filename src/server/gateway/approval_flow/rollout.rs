@@ -316,6 +316,8 @@ impl Gateway {
                 "saw": crate::util::door::for_audit(seen.get("steps").unwrap_or(&Value::Null))})
             }
             Err(why) => {
+                tracing::warn!(runner = name, tool = %r.tool.name, call_id = r.record.call_id,
+                    wave, tries, error = %why, "a health gate did not pass: the rollout halts");
                 json!({"wave": wave, "passed": false, "tries": tries, "elapsed_ms": elapsed_ms,
                 "within_s": within.as_secs(), "error": why})
             }

@@ -130,16 +130,28 @@ impl Db {
                         Ok(true)
                     })
                 })
-                .connect_with(options)
+                .connect_with(options.clone())
                 .await
                 .with_context(|| {
                     format!("failed to connect to PostgreSQL at {}", redact_url(url))
                 })?;
             let before = applied_versions!(&pool);
+            // A migration is one long statement on a fresh database, not a slow query: its
+            // connection logs statements over a second at DEBUG, not sqlx's WARN.
+            let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect_with(
+                &sqlx::ConnectOptions::log_slow_statements(
+                    options,
+                    log::LevelFilter::Debug,
+                    Duration::from_secs(1),
+                ),
+            )
+            .await
+            .with_context(|| format!("failed to connect to PostgreSQL at {}", redact_url(url)))?;
             PG_MIGRATOR
-                .run(&pool)
+                .run(&mut conn)
                 .await
                 .context("failed to migrate the PostgreSQL schema")?;
+            sqlx::Connection::close(conn).await.ok();
             let applied = newly_applied(&PG_MIGRATOR, &before);
             (Pool::Pg(pool), applied)
         } else if url.starts_with("sqlite:") {

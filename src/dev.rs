@@ -75,6 +75,9 @@ pub async fn start(
     let private = state_dir.join("server.key");
     let public = state_dir.join("server.pub");
     if !private.exists() {
+        // A public key left without its private half (this directory is `emisar dev`'s own)
+        // belongs to no key any more: keygen would refuse to write over it.
+        let _ = std::fs::remove_file(&public);
         crate::protocol::signing::write_keypair(&private, &public)?;
     }
     let database_url = format!("sqlite://{}", state_dir.join("emisar.db").display());

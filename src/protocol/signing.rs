@@ -262,19 +262,38 @@ pub fn generate_keypair() -> anyhow::Result<(String, String)> {
 
 /// Writes a key pair to `private` (mode 0600) and `public`.
 pub fn write_keypair(private: &Path, public: &Path) -> anyhow::Result<()> {
+    let (private_pem, public_pem) = generate_keypair()?;
+    // Neither file is replaced: runners trust the public key they were given, and a new one
+    // written over it would leave them refusing the server (or trusting a key whose private
+    // half is elsewhere). Both are created new, and the private key is removed again when
+    // the public one cannot be, so a refusal leaves nothing half-written.
+    create_new(private, &private_pem, 0o600)?;
+    if let Err(e) = create_new(public, &public_pem, 0o644) {
+        let _ = std::fs::remove_file(private);
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// Writes `text` to a file that must not exist yet, with `mode`.
+fn create_new(path: &Path, text: &str, mode: u32) -> anyhow::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let (private_pem, public_pem) = generate_keypair()?;
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
-        .mode(0o600)
-        .open(private)
-        .with_context(|| format!("failed to create {}", private.display()))?;
-    f.write_all(private_pem.as_bytes())?;
-    std::fs::write(public, public_pem)
-        .with_context(|| format!("failed to write {}", public.display()))?;
-    Ok(())
+        .mode(mode)
+        .open(path)
+        .with_context(|| match path.exists() {
+            true => format!(
+                "{} already exists: keygen replaces no key (move it away first)",
+                path.display()
+            ),
+            false => format!("failed to create {}", path.display()),
+        })?;
+    f.write_all(text.as_bytes())
+        .and_then(|()| f.sync_all())
+        .with_context(|| format!("failed to write {}", path.display()))
 }
 
 /// The public key (SPKI PEM) of a private key (PKCS#8 PEM), handed to runners that join.
@@ -307,6 +326,30 @@ pub fn now() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keygen_replaces_no_key_and_leaves_nothing_half_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let (private, public) = (dir.path().join("server.key"), dir.path().join("server.pub"));
+        write_keypair(&private, &public).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!((mode(&private), mode(&public)), (0o600, 0o644));
+        let trusted = std::fs::read_to_string(&public).unwrap();
+        // A public key the runners trust, without its private half here: not written over.
+        std::fs::remove_file(&private).unwrap();
+        let err = write_keypair(&private, &public).unwrap_err().to_string();
+        assert!(err.contains("server.pub already exists"), "{err}");
+        assert!(!private.exists(), "the private key is removed again");
+        assert_eq!(std::fs::read_to_string(&public).unwrap(), trusted);
+        // A private key is never replaced either.
+        std::fs::write(&private, "kept").unwrap();
+        std::fs::remove_file(&public).unwrap();
+        let err = write_keypair(&private, &public).unwrap_err().to_string();
+        assert!(err.contains("server.key already exists"), "{err}");
+        assert_eq!(std::fs::read_to_string(&private).unwrap(), "kept");
+        assert!(!public.exists());
+    }
 
     fn claims(aud: &str, iat: u64, exp: u64) -> CallClaims {
         CallClaims {

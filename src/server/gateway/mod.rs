@@ -42,4 +42,6 @@ pub use builtins::{APPROVAL_STATUS_TOOL, APPROVAL_WAIT_TOOL, RUNNERS_TOOL};
 pub use call::{CallContext, Progress, ToolCall};
 pub use outcome::{ApprovalInfo, CallError, CallOutcome, RunnerResult};
 pub use signatures::ServerApprovers;
+pub(crate) use state::GatewayParts;
 pub use state::{Gateway, Limits, OfferedTool};
+pub(crate) use witnessed::Witnessing;

@@ -209,8 +209,11 @@ impl Gateway {
         ))
     }
 
-    /// Step 3, second half: where a pack tool's call goes ([`Self::resolve_targets`]), and
-    /// its arguments as the audit log keeps them.
+    /// Step 3, second half: where a pack tool's call goes, from `runners`, a `selector`, or
+    /// (for a cluster-scoped tool) the server's choice, every one of them a runner the caller
+    /// may target ([`Gateway::may_target`]); and its arguments as the audit log keeps them.
+    /// Problems are added to `errors` (what the agent reads); the targets are only meaningful
+    /// when there are none.
     fn resolve(
         &self,
         caller: &Principal,
@@ -219,14 +222,18 @@ impl Gateway {
         mut args: Args,
         mut errors: Vec<String>,
     ) -> Resolved {
-        let mut out_of_reach = Vec::new();
-        let targets = self.resolve_targets(
-            caller,
-            policy,
-            tool,
-            &mut args,
-            (&mut errors, &mut out_of_reach),
-        );
+        let selector = take_selector(&mut args.params, &mut errors);
+        let out_of_reach = self.check_named(caller, policy, tool, &args.named, &mut errors);
+        let mut targets = Targets {
+            runners: args.named.clone(),
+            runner_chosen_by_server: false,
+        };
+        if errors.is_empty() {
+            match self.chosen_targets(caller, policy, tool, selector.as_ref(), &args.named) {
+                Ok(chosen) => targets = chosen,
+                Err(e) => errors.push(e),
+            }
+        }
         let shown_args = self.redact(tool, &args.params);
         Resolved {
             args,
@@ -237,35 +244,19 @@ impl Gateway {
         }
     }
 
-    /// Step 3, second half: the runners a pack tool's call goes to, from `runners`, a
-    /// `selector`, or (for a cluster-scoped tool) the server's choice; every one of them a
-    /// runner the caller may target ([`Gateway::may_target`]). Problems are added to
-    /// `errors` (what the agent reads); the targets are only meaningful when there are none. A
-    /// named runner out of the caller's reach reads to the agent exactly as one that does not
-    /// exist; why it is out of reach goes to `out_of_reach`, for the audit log only.
-    fn resolve_targets(
+    /// Step 3: each runner the call names must be one the caller may target and one that
+    /// serves the tool's pack. A named runner out of the caller's reach reads to the agent
+    /// exactly as one that does not exist (in `errors`); why it is out of reach is returned,
+    /// for the audit log only.
+    fn check_named(
         &self,
         caller: &Principal,
         policy: &Policy,
         tool: &ToolRef,
-        args: &mut Args,
-        (errors, out_of_reach): (&mut Vec<String>, &mut Vec<String>),
-    ) -> Targets {
-        let selector = match args
-            .params
-            .remove("selector")
-            .and_then(|v| v.as_str().map(str::to_owned))
-        {
-            None => None,
-            Some(text) => match Selector::parse(&text) {
-                Ok(sel) => Some(sel),
-                Err(e) => {
-                    errors.push(format!("`selector`: {e}"));
-                    None
-                }
-            },
-        };
-        let named = &args.named;
+        named: &[String],
+        errors: &mut Vec<String>,
+    ) -> Vec<String> {
+        let mut out_of_reach = Vec::new();
         for name in named {
             match self.may_target(caller, policy, name) {
                 None => {
@@ -282,53 +273,78 @@ impl Gateway {
                 Some(_) => {}
             }
         }
-        let mut targets = Targets {
-            runners: named.clone(),
-            runner_chosen_by_server: false,
-        };
-        if !errors.is_empty() {
-            return targets;
-        }
-        match (&selector, named.is_empty(), tool.scope) {
-            (Some(_), false, _) => errors.push("give `runners` or `selector`, not both".into()),
-            (Some(sel), true, scope) => {
-                let matched: Vec<String> = self
-                    .targetable(caller, policy, &tool.pack)
-                    .into_iter()
-                    .filter(|n| self.runners.get(n).is_some_and(|r| sel.matches(&r.labels)))
-                    .collect();
-                if matched.is_empty() {
-                    errors.push(format!(
-                        "`selector`: no runner serving pack `{}` matches `{sel}`",
-                        tool.pack
-                    ));
-                } else if scope == Scope::Cluster {
-                    targets.runners = matched.into_iter().take(1).collect();
-                    targets.runner_chosen_by_server = true;
-                } else {
-                    targets.runners = matched;
-                }
-            }
-            (None, true, Scope::Node) => errors.push(
+        out_of_reach
+    }
+
+    /// Step 3: the targets of a call whose named runners all passed: the named ones, the ones
+    /// `selector` matches, or the server's pick for a cluster-scoped tool; or why there are
+    /// none.
+    fn chosen_targets(
+        &self,
+        caller: &Principal,
+        policy: &Policy,
+        tool: &ToolRef,
+        selector: Option<&Selector>,
+        named: &[String],
+    ) -> Result<Targets, String> {
+        match (selector, named.is_empty(), tool.scope) {
+            (None, false, _) => Ok(Targets {
+                runners: named.to_vec(),
+                runner_chosen_by_server: false,
+            }),
+            (Some(_), false, _) => Err("give `runners` or `selector`, not both".into()),
+            (Some(selector), true, scope) => self.selected(caller, policy, tool, selector, scope),
+            (None, true, Scope::Node) => Err(
                 "`runners`: name at least one runner, or give a `selector` such as role=edge"
                     .into(),
             ),
-            (None, true, Scope::Cluster) => {
-                match self
-                    .targetable(caller, policy, &tool.pack)
-                    .into_iter()
-                    .next()
-                {
-                    Some(best) => {
-                        targets.runners = vec![best];
-                        targets.runner_chosen_by_server = true;
-                    }
-                    None => errors.push(format!("no runner serves pack `{}`", tool.pack)),
-                }
-            }
-            (None, false, _) => {}
+            (None, true, Scope::Cluster) => self
+                .targetable(caller, policy, &tool.pack)
+                .into_iter()
+                .next()
+                .map(|best| Targets {
+                    runners: vec![best],
+                    runner_chosen_by_server: true,
+                })
+                .ok_or_else(|| format!("no runner serves pack `{}`", tool.pack)),
         }
-        targets
+    }
+
+    /// Step 3: the runners serving the tool's pack that the caller may target and `selector`
+    /// matches; for a cluster-scoped tool, the first of them (the server's pick).
+    fn selected(
+        &self,
+        caller: &Principal,
+        policy: &Policy,
+        tool: &ToolRef,
+        selector: &Selector,
+        scope: Scope,
+    ) -> Result<Targets, String> {
+        let matched: Vec<String> = self
+            .targetable(caller, policy, &tool.pack)
+            .into_iter()
+            .filter(|n| {
+                self.runners
+                    .get(n)
+                    .is_some_and(|r| selector.matches(&r.labels))
+            })
+            .collect();
+        if matched.is_empty() {
+            return Err(format!(
+                "`selector`: no runner serving pack `{}` matches `{selector}`",
+                tool.pack
+            ));
+        }
+        let runner_chosen_by_server = scope == Scope::Cluster;
+        let runners = if runner_chosen_by_server {
+            matched.into_iter().take(1).collect()
+        } else {
+            matched
+        };
+        Ok(Targets {
+            runners,
+            runner_chosen_by_server,
+        })
     }
 
     /// Step 4, the one step that refuses a call it found: a call with errors is refused as
@@ -687,6 +703,17 @@ fn validate(offered: &OfferedTool, whole: Map<String, Value>) -> (Args, Vec<Stri
     )
 }
 
+/// Step 3: the `selector` argument, split off the params and parsed; a selector that does not
+/// parse is an error.
+fn take_selector(params: &mut Map<String, Value>, errors: &mut Vec<String>) -> Option<Selector> {
+    let text = params
+        .remove("selector")
+        .and_then(|v| v.as_str().map(str::to_owned))?;
+    Selector::parse(&text)
+        .map_err(|e| errors.push(format!("`selector`: {e}")))
+        .ok()
+}
+
 /// Step 4's first refusal: a call with `errors` is invalid. The agent reads the errors; the
 /// audit log also reads what the agent is not told, why a runner it named is out of its
 /// reach.
@@ -826,6 +853,25 @@ mod tests {
     use super::*;
     use crate::pack::PackSet;
     use crate::server::policy::Format;
+
+    #[test]
+    fn the_selector_is_split_off_and_parsed_or_named_as_the_error() {
+        let mut errors = Vec::new();
+        let mut params = json!({"unit": "consul"}).as_object().unwrap().clone();
+        assert!(take_selector(&mut params, &mut errors).is_none());
+        assert!(errors.is_empty());
+        params.insert("selector".into(), json!("role=edge"));
+        let selector = take_selector(&mut params, &mut errors).unwrap();
+        assert_eq!(selector.to_string(), "role=edge");
+        assert_eq!(Value::Object(params.clone()), json!({"unit": "consul"}));
+        params.insert("selector".into(), json!("role"));
+        assert!(take_selector(&mut params, &mut errors).is_none());
+        assert_eq!(errors, ["`selector`: selector pair 1 must be key=value"]);
+        assert!(
+            !params.contains_key("selector"),
+            "never sent to the runners"
+        );
+    }
 
     #[test]
     fn a_call_with_errors_is_invalid_and_the_log_reads_why_a_runner_is_out_of_reach() {

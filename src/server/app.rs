@@ -20,10 +20,11 @@ use crate::server::audit::checkpoints::Checkpointer;
 use crate::server::audit::{AuditLog, NewEvent, kind};
 use crate::server::config::ServerConfig;
 use crate::server::db::Db;
-use crate::server::gateway::{Gateway, Limits};
+use crate::server::gateway::{Gateway, GatewayParts, Limits, ServerApprovers, Witnessing};
 use crate::server::runners::client::RunnerClient;
 use crate::server::runners::registry::Registry;
 use crate::server::secrets::AuditKey;
+use crate::server::shared_limit::{Quota, SharedLimit};
 use crate::server::webhook::Notifier;
 
 pub struct Application {
@@ -51,17 +52,21 @@ impl Application {
         let (listener, addr, registry) = bind_and_trust(&config).await?;
         let shutdown = CancellationToken::new();
         let approvals = Approvals::new(db.clone(), audit.clone(), shutdown.clone());
-        let mut gateway = Gateway::new(
-            packs.clone(),
-            registry.clone(),
-            audit.clone(),
-            RunnerClient::new(signer.clone()),
-            limits(&config),
+        let configured = configured_parts(&config, &db, &shutdown)?;
+        let gateway = Arc::new(Gateway::new(GatewayParts {
+            packs: packs.clone(),
+            runners: registry.clone(),
+            audit: audit.clone(),
+            client: RunnerClient::new(signer.clone()),
+            limits: limits(&config),
             audit_key,
             approvals,
-        )?;
-        what_the_gateway_is_told(&mut gateway, &config, &db, &shutdown)?;
-        let gateway = Arc::new(gateway);
+            approvers: configured.approvers,
+            shared_limit: configured.shared_limit,
+            witnessing: configured.witnessing,
+            notifier: configured.notifier,
+            public_url: configured.public_url,
+        })?);
         load_policy_file(&gateway, &config, &packs).await?;
         // Always handled, so `systemctl reload` never kills a server that has no policy file.
         spawn_policy_reload(
@@ -338,44 +343,53 @@ fn limits(config: &ServerConfig) -> Limits {
     limits
 }
 
-/// What the gateway learns beyond its parts: the approvers file the server carries, the rate
-/// limit's buckets shared with other replicas (PostgreSQL), whether executions wait for
-/// witnessed checkpoints, and the hooks told about new requests.
-fn what_the_gateway_is_told(
-    gateway: &mut Gateway,
+/// The gateway's parts that only some configs have (see [`GatewayParts`] for each).
+struct ConfiguredParts {
+    approvers: Option<ServerApprovers>,
+    shared_limit: Option<Arc<SharedLimit>>,
+    witnessing: Option<Witnessing>,
+    notifier: Option<Notifier>,
+    public_url: Option<String>,
+}
+
+/// What the config gives the gateway beyond the parts every gateway has: the approvers file
+/// the server carries, the rate limit's buckets shared with other replicas (PostgreSQL),
+/// whether executions wait for witnessed checkpoints, and the hooks told about new requests.
+fn configured_parts(
     config: &ServerConfig,
     db: &Db,
     shutdown: &CancellationToken,
-) -> anyhow::Result<()> {
-    if let Some(file) = &config.approvers_file {
-        gateway.set_approvers(crate::server::gateway::ServerApprovers::load(
+) -> anyhow::Result<ConfiguredParts> {
+    let approvers = match &config.approvers_file {
+        Some(file) => Some(ServerApprovers::load(
             file,
             config.approvers_signature_file.as_deref(),
-        )?);
-    } else if config.approvers_signature_file.is_some() {
-        anyhow::bail!(
+        )?),
+        None if config.approvers_signature_file.is_some() => anyhow::bail!(
             "approvers_signature_file is set without approvers_file: set both, or neither"
-        );
-    }
-    use crate::server::shared_limit::{Quota, SharedLimit};
+        ),
+        None => None,
+    };
     let quota = Quota::per_second(config.rate_limit_per_second, config.rate_limit_burst);
-    if let Some(shared) = SharedLimit::start(db, "agent:", quota, shutdown) {
-        gateway.set_shared_limit(shared);
-    }
-    if let Some(t) = config
+    let shared_limit = SharedLimit::start(db, "agent:", quota, shutdown);
+    let witnessing = config
         .transparency
         .as_ref()
         .filter(|t| !t.witnesses.is_empty())
-    {
-        gateway.set_witnessing(db.clone(), t.witness_quorum.unwrap_or(t.witnesses.len()));
-    }
-    if !config.webhooks.is_empty() {
-        gateway.set_notifier(
-            Notifier::start(config.webhooks.clone(), shutdown.clone()),
-            config.public_url.clone(),
-        );
-    }
-    Ok(())
+        .map(|t| Witnessing::new(db.clone(), t.witness_quorum.unwrap_or(t.witnesses.len())));
+    let (notifier, public_url) = if config.webhooks.is_empty() {
+        (None, None)
+    } else {
+        let notifier = Notifier::start(config.webhooks.clone(), shutdown.clone());
+        (Some(notifier), config.public_url.clone())
+    };
+    Ok(ConfiguredParts {
+        approvers,
+        shared_limit,
+        witnessing,
+        notifier,
+        public_url,
+    })
 }
 
 /// The first event a starting server writes: its version, address, packs and runners.

@@ -22,6 +22,7 @@ use crate::both_backends;
 use crate::harness::app::{Options, Signed};
 use crate::harness::{Backend, RunnerSpec, spawn_app};
 use crate::mcp_calls::call;
+use crate::signed_approvals::approvers_text;
 
 /// A policy file holding `text`, in a folder that lives as long as the returned guard.
 fn policy_file(text: &str) -> (tempfile::TempDir, PathBuf) {
@@ -124,6 +125,84 @@ async fn a_policy_lowered_write_runs_over_mcp(backend: Backend) {
     client.cancel().await.unwrap();
 }
 both_backends!(a_policy_lowered_write_runs_over_mcp);
+
+/// A lowering a target runner would refuse is refused before anything is sent: hvn05 runs
+/// the restart only with people's signatures, and its approvers file does not let it run
+/// unapproved. The agent reads why; the audit log holds the refusal and no intent.
+async fn a_lowering_the_runners_approvers_file_forbids_is_refused_before_it_runs(backend: Backend) {
+    let bin = tempfile::tempdir().unwrap();
+    let record = systemctl_standin(bin.path());
+    let file = bin.path().join("approvers.toml");
+    std::fs::write(&file, approvers_text()).unwrap();
+    let (_policy_dir, policy) =
+        policy_file("risk:\n  linux.systemctl_restart: {risk: read, lower: true}\n");
+    let app = spawn_app(
+        backend,
+        vec![
+            RunnerSpec::new("hvn05")
+                .path_first(bin.path())
+                .allow("systemd_units", &["consul"])
+                .signed_approvals(&["*"], Some(file.clone()), &[]),
+        ],
+        Options {
+            approvers_file: Some(file),
+            policy_file: Some(policy),
+            probe_interval_ms: Some(200),
+            ..Default::default()
+        },
+    )
+    .await;
+    wait_for_health_answer(&app, "hvn05").await;
+    let client = app.mcp_client().await;
+    let res = call(
+        &client,
+        "linux.systemctl_restart",
+        restart_args("the policy lets agents restart consul on their own"),
+    )
+    .await;
+    assert_eq!(kind_of(&res), "signatures_unsatisfiable", "{res:?}");
+    let error = &res.structured_content.as_ref().unwrap()["error"];
+    let why = "the policy lowers `linux.systemctl_restart` below approval, but runner `hvn05` runs it only with people's signatures";
+    assert!(error["message"].as_str().unwrap().contains(why), "{error}");
+    assert_eq!(restarts(&record), 0);
+    let events = app.all_events().await;
+    let rejected: Vec<_> = events
+        .iter()
+        .filter(|e| e.kind == "tool.rejected")
+        .collect();
+    let [rejected] = rejected[..] else {
+        panic!("one refusal: {rejected:?}")
+    };
+    let detail = rejected.detail.as_ref().unwrap();
+    assert!(detail["error"].as_str().unwrap().contains(why), "{detail}");
+    assert!(
+        !events.iter().any(|e| e.kind == "tool.called"),
+        "nothing was meant to run"
+    );
+    client.cancel().await.unwrap();
+}
+both_backends!(a_lowering_the_runners_approvers_file_forbids_is_refused_before_it_runs);
+
+/// Waits until the server has read `runner`'s health answer (the probe that reports its
+/// allowlists also reports its signed approvals).
+async fn wait_for_health_answer(app: &crate::harness::app::TestApp, runner: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let runners = app.runners_api().await;
+        let answered = runners["runners"]
+            .as_array()
+            .and_then(|r| r.iter().find(|r| r["name"] == runner))
+            .is_some_and(|r| !r["allowlists"].is_null());
+        if answered {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server never read {runner}'s health answer: {runners}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
 
 /// The runners a tool's schema lists, the runners a caller may name or select, and the
 /// runner the server picks for a cluster-scoped tool are one set: the token's selector and

@@ -145,14 +145,39 @@ fn is_provider_person(name: &str) -> bool {
 
 /// What happened to the request after a decision. Refused: a request that is not pending or
 /// has expired; a decision by its requester or by the person it was asked for on behalf of;
-/// a role the policy does not let decide the tool; a second vote by the same name; and a
-/// vote by a local user on a request a provider person voted for, or the other way round.
+/// a role the policy does not let decide the tool; a denial without a note; a second vote by
+/// the same name or the same person of the approvers file; a signature the request does not
+/// call for, or one it calls for and lacks; and a vote by a local user on a request a
+/// provider person voted for, or the other way round.
 pub fn decide(
     row: &Approval,
     who: &Actor,
     verdict: &Verdict,
     now: DateTime<Utc>,
 ) -> Result<Change, ApprovalError> {
+    check_open(row, now)?;
+    check_voter(row, who)?;
+    match verdict {
+        Verdict::Deny { note } => deny(row, who, note, now),
+        Verdict::Approve {
+            note,
+            signature,
+            signed,
+        } => {
+            let vote = Vote {
+                user: who.name.clone(),
+                at: format_at(now),
+                note: note.clone(),
+                signature: signature.clone(),
+                signed: signed.clone(),
+            };
+            approve(row, who, vote)
+        }
+    }
+}
+
+/// Whether `row` still takes decisions at `now`: pending, and not expired.
+fn check_open(row: &Approval, now: DateTime<Utc>) -> Result<(), ApprovalError> {
     if row.state != State::Pending {
         return Err(ApprovalError::WrongState {
             state: row.state,
@@ -165,120 +190,153 @@ pub fn decide(
             row.expires_at
         )));
     }
-    check_voter(row, who)?;
-    let at = format_at(now);
-    let mut next = row.clone();
-    next.updated_at = at.clone();
-    match verdict {
-        Verdict::Deny { note } => {
-            if note.trim().is_empty() {
-                return Err(ApprovalError::Refused(
-                    "`note`: a denial needs a note the agent will read".into(),
-                ));
-            }
-            next.state = State::Denied;
-            next.note = Some(note.clone());
-            next.decided_by = Some(who.actor.clone());
-            let event = row.event(
-                &who.actor,
-                crate::server::audit::kind::APPROVAL_DENIED,
-                json!({"note": note}),
-            );
-            Ok(Change {
-                row: next,
-                events: vec![event],
-            })
-        }
-        Verdict::Approve {
-            note,
-            signature,
-            signed,
-        } => {
-            if row.votes.iter().any(|v| v.user == who.name) {
-                return Err(ApprovalError::Refused(
-                    "you approved this already: another approver must add theirs".into(),
-                ));
-            }
-            match (&row.statement, signature, signed) {
-                (None, None, _) | (Some(_), Some(_), Some(_)) => {}
-                (Some(_), None, _) => {
-                    return Err(ApprovalError::Refused(
-                        "`signature`: this request's runners run it only with people's signatures: sign its statement (`emisar approvals approve ID` signs with your SSH key; the portal, with your passkey)".into(),
-                    ));
-                }
-                (None, Some(_), _) => {
-                    return Err(ApprovalError::Refused(
-                        "`signature`: this request has no statement to sign (its runners do not check signatures); approve it without one".into(),
-                    ));
-                }
-                (Some(_), Some(_), None) => {
-                    return Err(ApprovalError::Refused(
-                        "`signature`: not verified by the server".into(),
-                    ));
-                }
-            }
-            if let Some(s) = signed
-                && let Some(v) = row
-                    .votes
-                    .iter()
-                    .find(|v| v.signed.as_ref().is_some_and(|o| o.person == s.person))
-            {
-                return Err(ApprovalError::Refused(format!(
-                    "`signature`: `{}` of the approvers file signed this already (as `{}`): one person counts once, whatever the sign-in",
-                    s.person, v.user
-                )));
-            }
-            // One human may hold a local user and a provider identity (`alice` and
-            // `person:alice@corp`), and nothing links the two: the votes of one request must
-            // all come from one kind of sign-in, within which a name is one person.
-            if let Some(first) = row.votes.first()
-                && is_provider_person(&first.user) != is_provider_person(&who.name)
-            {
-                let (theirs, yours) = if is_provider_person(&first.user) {
-                    ("people signed in through the provider", "a local user")
-                } else {
-                    ("local users", "signed in through the provider")
-                };
-                return Err(ApprovalError::Refused(format!(
-                    "this request's approvals so far are by {theirs} and you are {yours}: all approvals of one request come from one kind of sign-in, so one person with both cannot count twice"
-                )));
-            }
-            next.votes.push(Vote {
-                user: who.name.clone(),
-                at,
-                note: note.clone(),
-                signature: signature.clone(),
-                signed: signed.clone(),
-            });
-            let votes = next.votes.len() as u32;
-            if votes >= row.required_approvals {
-                next.state = State::Approved;
-                next.decided_by = Some(who.actor.clone());
-            }
-            let mut detail =
-                json!({"votes": votes, "required": row.required_approvals, "state": next.state});
-            if let Some(note) = note {
-                detail["note"] = json!(note);
-            }
-            // Everything an auditor needs to verify the signature again, offline.
-            if let (Some(statement), Some(signature), Some(signed)) =
-                (&row.statement, signature, signed)
-            {
-                detail["statement"] = json!(statement);
-                detail["signature"] = json!(signature);
-                detail["signed"] = json!(signed);
-            }
-            let event = row.event(
-                &who.actor,
-                crate::server::audit::kind::APPROVAL_APPROVED,
-                detail,
-            );
-            Ok(Change {
-                row: next,
-                events: vec![event],
-            })
-        }
+    Ok(())
+}
+
+/// A denial: one is enough, and it carries a note the agent will read.
+fn deny(
+    row: &Approval,
+    who: &Actor,
+    note: &str,
+    now: DateTime<Utc>,
+) -> Result<Change, ApprovalError> {
+    if note.trim().is_empty() {
+        return Err(ApprovalError::Refused(
+            "`note`: a denial needs a note the agent will read".into(),
+        ));
     }
+    let mut next = row.clone();
+    next.updated_at = format_at(now);
+    next.state = State::Denied;
+    next.note = Some(note.to_owned());
+    next.decided_by = Some(who.actor.clone());
+    let event = row.event(
+        &who.actor,
+        crate::server::audit::kind::APPROVAL_DENIED,
+        json!({"note": note}),
+    );
+    Ok(Change {
+        row: next,
+        events: vec![event],
+    })
+}
+
+/// A yes, `vote`, counted once it passes every rule a vote must; the request is approved
+/// when it has all the votes it needs.
+fn approve(row: &Approval, who: &Actor, vote: Vote) -> Result<Change, ApprovalError> {
+    check_first_vote_of(row, &vote.user)?;
+    check_signature_fits(row, &vote)?;
+    check_person_counts_once(row, vote.signed.as_ref())?;
+    check_one_kind_of_sign_in(row, &vote.user)?;
+    let next = with_vote(row, who, vote);
+    let event = row.event(
+        &who.actor,
+        crate::server::audit::kind::APPROVAL_APPROVED,
+        approved_detail(row, &next),
+    );
+    Ok(Change {
+        row: next,
+        events: vec![event],
+    })
+}
+
+/// One vote per name.
+fn check_first_vote_of(row: &Approval, user: &str) -> Result<(), ApprovalError> {
+    if row.votes.iter().any(|v| v.user == user) {
+        return Err(ApprovalError::Refused(
+            "you approved this already: another approver must add theirs".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// A request with a statement takes only votes that signed it, verified by the server; one
+/// without takes only votes without a signature.
+fn check_signature_fits(row: &Approval, vote: &Vote) -> Result<(), ApprovalError> {
+    let why = match (&row.statement, &vote.signature, &vote.signed) {
+        (None, None, _) | (Some(_), Some(_), Some(_)) => return Ok(()),
+        (Some(_), None, _) => {
+            "`signature`: this request's runners run it only with people's signatures: sign its statement (`emisar approvals approve ID` signs with your SSH key; the portal, with your passkey)"
+        }
+        (None, Some(_), _) => {
+            "`signature`: this request has no statement to sign (its runners do not check signatures); approve it without one"
+        }
+        (Some(_), Some(_), None) => "`signature`: not verified by the server",
+    };
+    Err(ApprovalError::Refused(why.into()))
+}
+
+/// One person of the approvers file counts once, whatever the user name they signed in as.
+fn check_person_counts_once(row: &Approval, signed: Option<&Signed>) -> Result<(), ApprovalError> {
+    let Some(s) = signed else {
+        return Ok(());
+    };
+    match row
+        .votes
+        .iter()
+        .find(|v| v.signed.as_ref().is_some_and(|o| o.person == s.person))
+    {
+        Some(v) => Err(ApprovalError::Refused(format!(
+            "`signature`: `{}` of the approvers file signed this already (as `{}`): one person counts once, whatever the sign-in",
+            s.person, v.user
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// One human may hold a local user and a provider identity (`alice` and `person:alice@corp`),
+/// and nothing links the two: the votes of one request all come from one kind of sign-in,
+/// within which a name is one person.
+fn check_one_kind_of_sign_in(row: &Approval, user: &str) -> Result<(), ApprovalError> {
+    let Some(first) = row.votes.first() else {
+        return Ok(());
+    };
+    if is_provider_person(&first.user) == is_provider_person(user) {
+        return Ok(());
+    }
+    let (theirs, yours) = if is_provider_person(&first.user) {
+        ("people signed in through the provider", "a local user")
+    } else {
+        ("local users", "signed in through the provider")
+    };
+    Err(ApprovalError::Refused(format!(
+        "this request's approvals so far are by {theirs} and you are {yours}: all approvals of one request come from one kind of sign-in, so one person with both cannot count twice"
+    )))
+}
+
+/// `row` with `vote` added: approved by `who` if that makes enough votes.
+fn with_vote(row: &Approval, who: &Actor, vote: Vote) -> Approval {
+    let mut next = row.clone();
+    next.updated_at = vote.at.clone();
+    next.votes.push(vote);
+    if next.votes.len() as u32 >= row.required_approvals {
+        next.state = State::Approved;
+        next.decided_by = Some(who.actor.clone());
+    }
+    next
+}
+
+/// `approval.approved`'s detail for the vote `next` ends with: the count, the state it made,
+/// the approver's note, and everything an auditor needs to verify its signature again,
+/// offline.
+fn approved_detail(row: &Approval, next: &Approval) -> Value {
+    let vote = next.votes.last().expect("`next` ends with the new vote");
+    let mut detail = json!({
+        "votes": next.votes.len() as u32,
+        "required": row.required_approvals,
+        "state": next.state,
+    });
+    if let Some(note) = &vote.note {
+        detail["note"] = json!(note);
+    }
+    if let (Some(statement), Some(signature), Some(signed)) =
+        (&row.statement, &vote.signature, &vote.signed)
+    {
+        detail["statement"] = json!(statement);
+        detail["signature"] = json!(signature);
+        detail["signed"] = json!(signed);
+    }
+    detail
 }
 
 /// Who may decide about a request at all: not its requester, nor the person it was asked for
@@ -334,6 +392,191 @@ pub fn moved(
 mod tests {
     use super::super::testing::{at, row, who};
     use super::*;
+
+    /// A signed vote by `person` with `key`, as the gateway hands it over once verified.
+    fn signed_vote(user: &str, person: &str, key: &str) -> Vote {
+        Vote {
+            user: user.into(),
+            at: "2026-11-30T10:05:00.000000Z".into(),
+            note: None,
+            signature: Some(Signature::Ssh {
+                signer: person.into(),
+                signature: format!("sig by {key}"),
+            }),
+            signed: Some(Signed {
+                person: person.into(),
+                key_id: key.into(),
+                alg: "ssh-ed25519".into(),
+                statement_sha256: "0".repeat(64),
+            }),
+        }
+    }
+
+    fn plain_vote(user: &str) -> Vote {
+        Vote {
+            user: user.into(),
+            at: "2026-11-30T10:05:00.000000Z".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_a_pending_unexpired_request_is_open() {
+        let now = at("2026-11-30T10:05:00Z");
+        assert!(check_open(&row(), now).is_ok());
+        let approved = Approval {
+            state: State::Approved,
+            ..row()
+        };
+        assert!(matches!(
+            check_open(&approved, now),
+            Err(ApprovalError::WrongState {
+                state: State::Approved,
+                wanted: "pending"
+            })
+        ));
+        let err = check_open(&row(), at("2026-11-30T10:15:00Z")).unwrap_err();
+        assert!(err.to_string().contains("expired at"), "{err}");
+    }
+
+    #[test]
+    fn a_denial_needs_a_note_and_decides_alone() {
+        let now = at("2026-11-30T10:05:00Z");
+        let two = Approval {
+            required_approvals: 2,
+            ..row()
+        };
+        let err = deny(&two, &who("alice"), " \n", now).err().unwrap();
+        assert!(err.to_string().contains("`note`"), "{err}");
+        let change = deny(&two, &who("alice"), "not now", now).unwrap();
+        assert_eq!(change.row.state, State::Denied);
+        assert_eq!(change.row.note.as_deref(), Some("not now"));
+        assert_eq!(change.row.decided_by.as_deref(), Some("approver:alice"));
+        assert_eq!(change.row.updated_at, format_at(now));
+        let [event] = &change.events[..] else {
+            panic!("one event")
+        };
+        assert_eq!(event.kind, crate::server::audit::kind::APPROVAL_DENIED);
+        assert_eq!(event.detail, Some(json!({"note": "not now"})));
+    }
+
+    #[test]
+    fn a_name_votes_once() {
+        let voted = Approval {
+            votes: vec![plain_vote("alice")],
+            ..row()
+        };
+        assert!(check_first_vote_of(&voted, "bob").is_ok());
+        let err = check_first_vote_of(&voted, "alice").unwrap_err();
+        assert!(err.to_string().contains("approved this already"), "{err}");
+    }
+
+    #[test]
+    fn a_signature_is_given_exactly_when_the_request_has_a_statement() {
+        let plain = row();
+        let signed_row = Approval {
+            statement: Some("the statement".into()),
+            ..row()
+        };
+        let signed = signed_vote("alice", "alice", "SHA256:one");
+        let unverified = Vote {
+            signed: None,
+            ..signed.clone()
+        };
+        assert!(check_signature_fits(&plain, &plain_vote("alice")).is_ok());
+        assert!(check_signature_fits(&signed_row, &signed).is_ok());
+        for (name, row, vote, needle) in [
+            (
+                "unsigned",
+                &signed_row,
+                &plain_vote("alice"),
+                "sign its statement",
+            ),
+            ("nothing to sign", &plain, &signed, "no statement to sign"),
+            ("unverified", &signed_row, &unverified, "not verified"),
+        ] {
+            let err = check_signature_fits(row, vote).unwrap_err().to_string();
+            assert!(err.contains(needle), "{name}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_person_of_the_approvers_file_counts_once() {
+        let voted = Approval {
+            votes: vec![signed_vote("alice", "alice", "SHA256:one")],
+            ..row()
+        };
+        assert!(check_person_counts_once(&voted, None).is_ok());
+        let bob = signed_vote("bob", "bob", "SHA256:two");
+        assert!(check_person_counts_once(&voted, bob.signed.as_ref()).is_ok());
+        let again = signed_vote("alice-laptop", "alice", "SHA256:three");
+        let err = check_person_counts_once(&voted, again.signed.as_ref())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("signed this already (as `alice`)"), "{err}");
+    }
+
+    #[test]
+    fn the_first_vote_sets_the_kind_of_sign_in() {
+        assert!(check_one_kind_of_sign_in(&row(), "person:alice@corp").is_ok());
+        let local = Approval {
+            votes: vec![plain_vote("alice")],
+            ..row()
+        };
+        assert!(check_one_kind_of_sign_in(&local, "bob").is_ok());
+        let err = check_one_kind_of_sign_in(&local, "person:bob@corp").unwrap_err();
+        assert!(err.to_string().contains("by local users"), "{err}");
+        let provider = Approval {
+            votes: vec![plain_vote("person:alice@corp")],
+            ..row()
+        };
+        assert!(check_one_kind_of_sign_in(&provider, "person:bob@corp").is_ok());
+        let err = check_one_kind_of_sign_in(&provider, "bob").unwrap_err();
+        assert!(err.to_string().contains("you are a local user"), "{err}");
+    }
+
+    #[test]
+    fn the_vote_that_makes_enough_approves() {
+        let two = Approval {
+            required_approvals: 2,
+            ..row()
+        };
+        let once = with_vote(&two, &who("alice"), plain_vote("alice"));
+        assert_eq!(once.state, State::Pending);
+        assert_eq!(once.decided_by, None);
+        assert_eq!(once.updated_at, "2026-11-30T10:05:00.000000Z");
+        let twice = with_vote(&once, &who("bob"), plain_vote("bob"));
+        assert_eq!(twice.state, State::Approved);
+        assert_eq!(twice.decided_by.as_deref(), Some("approver:bob"));
+        assert_eq!(twice.votes.len(), 2);
+    }
+
+    #[test]
+    fn the_approved_event_holds_what_an_auditor_verifies_again() {
+        let plain = row();
+        let noted = Vote {
+            note: Some("looks right".into()),
+            ..plain_vote("alice")
+        };
+        let next = with_vote(&plain, &who("alice"), noted);
+        assert_eq!(
+            approved_detail(&plain, &next),
+            json!({"votes": 1, "required": 1, "state": "approved", "note": "looks right"})
+        );
+        let signed_row = Approval {
+            statement: Some("the statement".into()),
+            required_approvals: 2,
+            ..row()
+        };
+        let vote = signed_vote("alice", "alice", "SHA256:one");
+        let next = with_vote(&signed_row, &who("alice"), vote.clone());
+        assert_eq!(
+            approved_detail(&signed_row, &next),
+            json!({"votes": 1, "required": 2, "state": "pending",
+                   "statement": "the statement",
+                   "signature": vote.signature, "signed": vote.signed})
+        );
+    }
 
     #[test]
     fn one_request_is_approved_by_one_kind_of_sign_in() {

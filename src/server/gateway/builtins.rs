@@ -9,7 +9,7 @@ use serde_json::{Map, Value, json};
 use super::approval_flow::{pending_outcome, settled_outcome};
 use super::call::{Args, CallContext};
 use super::outcome::{CallError, CallOutcome, RunnerResult};
-use super::state::{Gateway, OfferedTool, offered};
+use super::state::{Gateway, OfferedTool};
 use crate::digest::json_digest;
 use crate::pack::Risk;
 use crate::server::approvals::ApprovalError;
@@ -46,7 +46,7 @@ pub(super) fn builtin_tools() -> anyhow::Result<Vec<OfferedTool>> {
         )
     };
     Ok(vec![
-        offered(
+        OfferedTool::new(
             None,
             RUNNERS_TOOL,
             "emisar's runners and their health: breaker state (closed, half-open, open) and since when, last heartbeat, last call. (Why a runner failed is in the server's log and, for admins, in `/api/runners`.)",
@@ -56,14 +56,14 @@ pub(super) fn builtin_tools() -> anyhow::Result<Vec<OfferedTool>> {
                 json!(["reason"]),
             ),
         )?,
-        offered(
+        OfferedTool::new(
             None,
             APPROVAL_STATUS_TOOL,
             "Where one of your approval requests stands (pending, approved, denied with the approver's note, expired, executing, executed with its result, failed). Returns at once.",
             Risk::Read,
             approval_schema(),
         )?,
-        offered(
+        OfferedTool::new(
             None,
             APPROVAL_WAIT_TOOL,
             "Waits for humans to decide one of your approval requests, with progress notifications, and returns the call's result once it ran (or the request id again if nobody decided yet). Cancelling this call withdraws a request that is still pending.",

@@ -91,16 +91,16 @@ impl Gateway {
         name: &str,
         tool: &ToolRef,
         dispatch: &Dispatch<'_>,
-        record: &Record<'_>,
+        audited: &AuditedCall<'_>,
     ) -> RunnerResult {
         let answered = self.answer_of(name, tool, dispatch).await;
-        let event = answered.outcome_event(name, record);
+        let event = answered.outcome_event(name, audited);
         if self
             .audit
             .append(event)
             .await
             .inspect_err(|e| {
-                tracing::error!(error = %e, tool = record.tool, runner = name, call_id = record.call_id, "could not audit a call outcome");
+                tracing::error!(error = %e, tool = audited.tool, runner = name, call_id = audited.call_id, "could not audit a call outcome");
             })
             .is_err()
         {
@@ -119,7 +119,7 @@ impl Gateway {
         tool: &ToolRef,
         dispatch: &Dispatch<'_>,
         targets: &[String],
-        record: &Record<'_>,
+        audited: &AuditedCall<'_>,
         intent: NewEvent,
     ) -> Vec<RunnerResult> {
         let answered = futures::future::join_all(
@@ -134,7 +134,7 @@ impl Gateway {
             targets
                 .iter()
                 .zip(&answered)
-                .map(|(name, a)| a.outcome_event(name, record)),
+                .map(|(name, a)| a.outcome_event(name, audited)),
         );
         let size = events.len();
         let recorded = self.audit.append_all(events).await;
@@ -147,7 +147,7 @@ impl Gateway {
             Err(e) => {
                 // While the store is down every read fails here: one line per failure was
                 // thousands a minute, so the first is logged, then a summary every 10 s.
-                tracing::debug!(error = %e, tool = record.tool, call_id = record.call_id, runners = targets.len(), "could not audit a read and its outcomes");
+                tracing::debug!(error = %e, tool = audited.tool, call_id = audited.call_id, runners = targets.len(), "could not audit a read and its outcomes");
                 self.read_failures.failed(size, &e.to_string());
                 results.map(withheld).collect()
             }
@@ -188,7 +188,7 @@ impl Answered {
     /// the agent read (`error`, `error_kind`) and, when there is more behind it, the
     /// operator's `error_detail` (cleaned and bounded like the log's): the audit log is read
     /// by auditors and admins, never by agents.
-    fn outcome_event(&self, runner: &str, r: &Record<'_>) -> NewEvent {
+    fn outcome_event(&self, runner: &str, r: &AuditedCall<'_>) -> NewEvent {
         let result = &self.result;
         let (kind, outcome) = if result.ok {
             (kind::CALL_EXECUTED, "ok")
@@ -273,8 +273,9 @@ fn to_result(
     }
 }
 
-/// Who and what a call's events are recorded under: its intent and each runner's outcome.
-pub(super) struct Record<'a> {
+/// A call as its audit events name it: who, what and why, under which ids, for whom. Its
+/// intent, each runner's outcome and each step of its rollout are built from it.
+pub(super) struct AuditedCall<'a> {
     pub(super) actor: &'a str,
     pub(super) tool: &'a str,
     pub(super) args: &'a Value,
@@ -285,10 +286,7 @@ pub(super) struct Record<'a> {
     pub(super) on_behalf_of: Option<&'a str>,
 }
 
-impl Record<'_> {
-    /// The call's `tool.called` (step 5), the one place it is built: who, what and why, and
-    /// in its detail where the call goes and `how` it runs (the keys of that object: lowered
-    /// by the policy, or waiting for approval and from how many people).
+impl AuditedCall<'_> {
     /// A step of the call's rollout (`rollout.wave`, `.gate`, `.halted`), by the system, for
     /// this call (and its request).
     pub(super) fn rollout_event(
@@ -311,6 +309,9 @@ impl Record<'_> {
         }
     }
 
+    /// The call's `tool.called` (step 5), the one place it is built: who, what and why, and
+    /// in its detail where the call goes and `how` it runs (the keys of that object: lowered
+    /// by the policy, or waiting for approval and from how many people).
     pub(super) fn tool_called(
         &self,
         runners: &[String],
@@ -344,7 +345,7 @@ mod tests {
     #[test]
     fn tool_called_holds_where_how_and_for_whom() {
         let args = json!({"unit": "consul"});
-        let record = Record {
+        let audited = AuditedCall {
             actor: "agent:bot",
             tool: "linux.systemctl_restart",
             args: &args,
@@ -355,7 +356,7 @@ mod tests {
         };
         let runners = ["n1".to_owned(), "n2".to_owned()];
         let how = json!({"needs_approval": true, "approvers": 2, "signed": false});
-        let event = record.tool_called(&runners, false, how);
+        let event = audited.tool_called(&runners, false, how);
         assert_eq!(event.kind, kind::TOOL_CALLED);
         assert_eq!(event.args, Some(args.clone()));
         assert_eq!(event.reason.as_deref(), Some("stuck"));
@@ -373,9 +374,9 @@ mod tests {
                         "on_behalf_of": "person:alice"})
             )
         );
-        let lowered = Record {
+        let lowered = AuditedCall {
             on_behalf_of: None,
-            ..record
+            ..audited
         }
         .tool_called(&runners[..1], true, json!({"lowered_by_policy": "abc"}));
         assert_eq!(

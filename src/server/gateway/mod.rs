@@ -5,9 +5,13 @@
 //! 2. **find** the tool (a tool the caller may not use is reported as unknown);
 //! 3. **validate** the arguments against the tool's input schema, and `runners` against the
 //!    runners that serve the tool's pack and that the caller may target (the token's and the
-//!    policy's selectors; rejections are audited as `tool.rejected`);
-//! 4. **policy** (`policy::decide`, pure): allow, deny (audited), or needs approval; a
-//!    risk:high tool the policy lowered carries the policy's digest in the signed call;
+//!    policy's selectors);
+//! 4. **admit or refuse**, the one step that refuses a call it found, audited as
+//!    `tool.rejected`: invalid arguments or runners; then the **policy** (`policy::decide`,
+//!    pure): allow, deny, or needs approval (a risk:high tool the policy lowered carries the
+//!    policy's digest in the signed call); then what a target runner would refuse anyway (a
+//!    value outside its allowlist, before anyone is asked to approve it; a lowering its
+//!    approvers file does not allow);
 //! 5. **audit intent** (`tool.called`): a write's is durable before anything runs, or nothing
 //!    runs; a read's is appended with its outcomes at step 7 (below);
 //!    a call that needs approval then runs its read-only *preview* on the runners, becomes a
@@ -42,4 +46,6 @@ pub use builtins::{APPROVAL_STATUS_TOOL, APPROVAL_WAIT_TOOL, RUNNERS_TOOL};
 pub use call::{CallContext, Progress, ToolCall};
 pub use outcome::{ApprovalInfo, CallError, CallOutcome, RunnerResult};
 pub use signatures::ServerApprovers;
+pub(crate) use state::GatewayParts;
 pub use state::{Gateway, Limits, OfferedTool};
+pub(crate) use witnessed::Witnessing;

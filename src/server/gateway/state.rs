@@ -35,6 +35,9 @@ static UNAUDITED_READS: Wording = Wording {
 };
 
 /// A tool as the gateway offers it: the pack tool plus its full input schema.
+///
+/// The name stands because it says what this is beside the pack's [`ToolRef`] it wraps: a
+/// tool as offered to agents (`tools/list`, `tools/call`), a pack tool or a built-in.
 pub struct OfferedTool {
     /// The pack tool; `None` for emisar's own built-in tools.
     pub tool: Option<ToolRef>,
@@ -82,6 +85,8 @@ impl Limits {
     }
 }
 
+/// The call path's state: the tools it offers, the runners and the stores it reaches, its
+/// limits and the policy in force. Built once from [`GatewayParts`].
 pub struct Gateway {
     pub(super) packs: Arc<PackSet>,
     pub(super) tools: BTreeMap<String, OfferedTool>,
@@ -113,88 +118,58 @@ pub struct Gateway {
     pub(super) read_failures: SharedFailureLog,
 }
 
+/// Everything a gateway is built from, each part decided by the server config (`app.rs`).
+pub(crate) struct GatewayParts {
+    pub(crate) packs: Arc<PackSet>,
+    pub(crate) runners: Arc<Registry>,
+    pub(crate) audit: AuditLog,
+    pub(crate) client: RunnerClient,
+    pub(crate) limits: Limits,
+    /// Keys the HMAC of secret params in the audit log; a pack tool with a secret param
+    /// needs it.
+    pub(crate) audit_key: Option<AuditKey>,
+    pub(crate) approvals: Approvals,
+    /// `approvers_file`: requests are signed by its people (see `signatures.rs`).
+    pub(crate) approvers: Option<super::signatures::ServerApprovers>,
+    /// On PostgreSQL, agents' rate limits also hold across the replicas sharing the store.
+    pub(crate) shared_limit: Option<Arc<crate::server::shared_limit::SharedLimit>>,
+    /// Approved executions to runners with `require_witnessed` wait for a checkpoint the
+    /// witness quorum cosigned and carry the approval's inclusion proof in it.
+    pub(crate) witnessing: Option<super::witnessed::Witnessing>,
+    /// New approval requests are announced through it, with links to `public_url`.
+    pub(crate) notifier: Option<Notifier>,
+    /// Where people reach the portal, for links in notices.
+    pub(crate) public_url: Option<String>,
+}
+
 impl Gateway {
-    pub(crate) fn new(
-        packs: Arc<PackSet>,
-        runners: Arc<Registry>,
-        audit: AuditLog,
-        client: RunnerClient,
-        limits: Limits,
-        audit_key: Option<AuditKey>,
-        approvals: Approvals,
-    ) -> anyhow::Result<Self> {
-        let mut tools = BTreeMap::new();
-        for tool in packs.tools() {
-            if audit_key.is_none() && tool.secret_params().next().is_some() {
-                anyhow::bail!(
-                    "tool `{}` has secret params, which the audit log stores as a keyed HMAC: set audit_key_file",
-                    tool.name
-                );
-            }
-            let input_schema = crate::pack::input_schema(tool);
-            tools.insert(
-                tool.name.clone(),
-                offered(
-                    Some(tool.clone()),
-                    &tool.name,
-                    &tool.description,
-                    tool.risk,
-                    input_schema,
-                )?,
-            );
-        }
-        for builtin in builtin_tools()? {
-            tools.insert(builtin.name.clone(), builtin);
-        }
+    /// The gateway of `parts`, offering every pack tool and the built-ins, under the built-in
+    /// policy until [`Gateway::load_policy`] puts another in force. Refused: a tool with
+    /// secret params and no `audit_key` to keep them.
+    pub(crate) fn new(parts: GatewayParts) -> anyhow::Result<Self> {
+        let tools = offered_tools(&parts.packs, parts.audit_key.is_some())?;
         crate::server::metrics::known_tools(tools.keys().map(String::as_str));
-        let quota =
-            Quota::per_second(NonZeroU32::new(limits.rate_per_second.max(1)).expect("max(1)"))
-                .allow_burst(NonZeroU32::new(limits.rate_burst.max(1)).expect("max(1)"));
+        let limits = parts.limits;
         Ok(Gateway {
-            packs,
+            packs: parts.packs,
             tools,
-            runners,
-            audit,
-            client,
-            limiter: RateLimiter::keyed(quota),
-            shared_limit: None,
+            runners: parts.runners,
+            audit: parts.audit,
+            client: parts.client,
+            limiter: RateLimiter::keyed(agent_quota(&limits)),
+            shared_limit: parts.shared_limit,
             limits,
             retry_budget: RetryBudget::new(0.1, 10.0),
             in_flight: Semaphore::new(MAX_IN_FLIGHT),
-            audit_key,
-            approvals,
+            audit_key: parts.audit_key,
+            approvals: parts.approvals,
             policy: std::sync::RwLock::new(Arc::new(Policy::builtin())),
-            notifier: None,
-            approvers: None,
+            notifier: parts.notifier,
+            approvers: parts.approvers.map(Arc::new),
             read_failures: SharedFailureLog::new(&UNAUDITED_READS, SUMMARY_INTERVAL),
-            witnessing: None,
-            public_url: None,
+            witnessing: parts.witnessing,
+            public_url: parts.public_url,
         })
-    }
-
-    /// Approval requests are signed by the people of `approvers` (`approvers_file`).
-    pub(crate) fn set_approvers(&mut self, approvers: super::signatures::ServerApprovers) {
-        self.approvers = Some(Arc::new(approvers));
-    }
-
-    /// Agents' rate limits also hold across the replicas sharing `shared`'s store.
-    pub(crate) fn set_shared_limit(
-        &mut self,
-        shared: Arc<crate::server::shared_limit::SharedLimit>,
-    ) {
-        self.shared_limit = Some(shared);
-    }
-
-    /// Approved executions to runners with `require_witnessed` wait for a checkpoint that
-    /// `quorum` witnesses cosigned and carry the approval's inclusion proof in it.
-    pub(crate) fn set_witnessing(&mut self, db: crate::server::db::Db, quorum: usize) {
-        self.witnessing = Some(super::witnessed::Witnessing::new(db, quorum));
-    }
-
-    /// New approval requests are announced through `notifier`, with links to `public_url`.
-    pub(crate) fn set_notifier(&mut self, notifier: Notifier, public_url: Option<String>) {
-        self.notifier = Some(notifier);
-        self.public_url = public_url;
     }
 
     /// The policy in force.
@@ -391,21 +366,59 @@ impl Gateway {
     }
 }
 
-pub(super) fn offered(
-    tool: Option<ToolRef>,
-    name: &str,
-    description: &str,
-    risk: Risk,
-    input_schema: Map<String, Value>,
-) -> anyhow::Result<OfferedTool> {
-    let validator = crate::pack::input_validator(&input_schema)
-        .map_err(|e| anyhow::anyhow!("tool `{name}`: {e}"))?;
-    Ok(OfferedTool {
-        tool,
-        name: name.to_owned(),
-        description: description.to_owned(),
-        risk,
-        input_schema: Arc::new(input_schema),
-        validator,
-    })
+/// The tools a gateway offers: every tool of `packs`, then the built-ins. A tool with secret
+/// params needs an audit key (`has_audit_key`), which keeps them as a keyed HMAC.
+fn offered_tools(
+    packs: &PackSet,
+    has_audit_key: bool,
+) -> anyhow::Result<BTreeMap<String, OfferedTool>> {
+    let mut tools = BTreeMap::new();
+    for tool in packs.tools() {
+        if !has_audit_key && tool.secret_params().next().is_some() {
+            anyhow::bail!(
+                "tool `{}` has secret params, which the audit log stores as a keyed HMAC: set audit_key_file",
+                tool.name
+            );
+        }
+        let offered = OfferedTool::new(
+            Some(tool.clone()),
+            &tool.name,
+            &tool.description,
+            tool.risk,
+            crate::pack::input_schema(tool),
+        )?;
+        tools.insert(tool.name.clone(), offered);
+    }
+    for builtin in builtin_tools()? {
+        tools.insert(builtin.name.clone(), builtin);
+    }
+    Ok(tools)
+}
+
+/// Each agent's token bucket: `rate_per_second`, up to `rate_burst` at once (at least 1 each).
+fn agent_quota(limits: &Limits) -> Quota {
+    Quota::per_second(NonZeroU32::new(limits.rate_per_second.max(1)).expect("max(1)"))
+        .allow_burst(NonZeroU32::new(limits.rate_burst.max(1)).expect("max(1)"))
+}
+
+impl OfferedTool {
+    /// The tool `name` with its input schema, and the validator compiled from it.
+    pub(super) fn new(
+        tool: Option<ToolRef>,
+        name: &str,
+        description: &str,
+        risk: Risk,
+        input_schema: Map<String, Value>,
+    ) -> anyhow::Result<OfferedTool> {
+        let validator = crate::pack::input_validator(&input_schema)
+            .map_err(|e| anyhow::anyhow!("tool `{name}`: {e}"))?;
+        Ok(OfferedTool {
+            tool,
+            name: name.to_owned(),
+            description: description.to_owned(),
+            risk,
+            input_schema: Arc::new(input_schema),
+            validator,
+        })
+    }
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::super::dispatch::Record;
+use super::super::dispatch::AuditedCall;
 use super::super::outcome::{CallOutcome, RunnerResult};
 use super::super::state::Gateway;
 use super::rollout::{Prepared, ROLLOUT_ACTOR, Rolled};
@@ -168,7 +168,7 @@ impl Gateway {
         };
         let prepared = Prepared {
             tool,
-            record: Record {
+            audited: AuditedCall {
                 actor: &row.requester,
                 tool: &row.tool,
                 args: &row.shown_args,

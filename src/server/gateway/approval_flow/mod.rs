@@ -30,5 +30,5 @@ mod sweep;
 mod wait;
 
 pub(super) use request::Request;
-pub(super) use rollout::{ROLLOUT_ACTOR, Rollout};
+pub(super) use rollout::{ROLLOUT_ACTOR, Rolled, Rollout};
 pub(super) use wait::{pending_outcome, settled_outcome};

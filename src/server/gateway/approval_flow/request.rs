@@ -6,7 +6,7 @@
 use serde_json::{Map, Value, json};
 
 use super::super::call::on_behalf_of;
-use super::super::dispatch::Record;
+use super::super::dispatch::AuditedCall;
 use super::super::outcome::CallError;
 use super::super::state::Gateway;
 use crate::digest::{canonical_json, json_digest};
@@ -91,7 +91,7 @@ impl Gateway {
         // `tool.called` names the request and an auditor finds the whole story by its id.
         let now = chrono::Utc::now();
         let id = uuid::Uuid::now_v7().to_string();
-        let record = Record {
+        let audited = AuditedCall {
             actor: &actor,
             tool: &tool.name,
             args: &r.shown_args,
@@ -103,7 +103,7 @@ impl Gateway {
         let how =
             json!({"needs_approval": true, "approvers": required, "signed": signed_by.is_some()});
         self.audit
-            .append(record.tool_called(&r.runners, r.runner_chosen_by_server, how))
+            .append(audited.tool_called(&r.runners, r.runner_chosen_by_server, how))
             .await
             .map_err(CallError::AuditUnavailable)?;
         let pack_sha256 = self

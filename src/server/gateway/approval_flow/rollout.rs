@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value, json};
 
-use super::super::dispatch::Record;
+use super::super::dispatch::AuditedCall;
 use super::super::outcome::{GATE_FAILED, NOT_RUN, RunnerResult};
 use super::super::state::Gateway;
 use crate::pack::ToolRef;
@@ -35,7 +35,7 @@ const GATE_RETRY: Duration = Duration::from_secs(1);
 /// What every write of one approved request carries, prepared once.
 pub(super) struct Prepared<'a> {
     pub(super) tool: &'a ToolRef,
-    pub(super) record: Record<'a>,
+    pub(super) audited: AuditedCall<'a>,
     pub(super) proof: Option<&'a ApprovalProof>,
     pub(super) witnessed: Option<&'a WitnessedApproval>,
     pub(super) secret_salt: Option<&'a str>,
@@ -43,13 +43,13 @@ pub(super) struct Prepared<'a> {
     pub(super) decision: Option<&'a DecisionProof>,
 }
 
-/// One write's rollout: the plan, the call its gates ask about, and its record.
+/// One write's rollout: the plan, the call its gates ask about, and its audit events.
 pub(in crate::server::gateway) struct Rollout<'a> {
     pub(in crate::server::gateway) plan: &'a Plan,
     pub(in crate::server::gateway) tool: &'a ToolRef,
     pub(in crate::server::gateway) pack_sha256: &'a str,
     pub(in crate::server::gateway) args: &'a Map<String, Value>,
-    pub(in crate::server::gateway) record: &'a Record<'a>,
+    pub(in crate::server::gateway) audited: &'a AuditedCall<'a>,
     /// Unix seconds from which no wave may start (a signed statement's expiry: its runners
     /// would refuse it).
     pub(in crate::server::gateway) no_wave_from: Option<u64>,
@@ -93,7 +93,7 @@ impl Gateway {
             tool: p.tool,
             pack_sha256: &row.pack_sha256,
             args: &row.args,
-            record: &p.record,
+            audited: &p.audited,
             no_wave_from,
             only: decided.map(|d| d.runners.as_slice()),
             // The claim of an approved request recorded its first wave (`execute.rs`).
@@ -148,7 +148,7 @@ impl Gateway {
                 // Fail closed: a wave the log cannot show does not start.
                 None => self
                     .record_rollout(
-                        r.record,
+                        r.audited,
                         kind::ROLLOUT_WAVE,
                         None,
                         json!({"wave": wave, "waves": total, "runners": runners}),
@@ -217,7 +217,7 @@ impl Gateway {
                 // Nothing more runs either way; a missing record is in the server's log.
                 let _ = self
                     .record_rollout(
-                        r.record,
+                        r.audited,
                         kind::ROLLOUT_HALTED,
                         runner.as_deref(),
                         json!({"wave": wave, "runner": runner, "why": why, "not_run": not_run}),
@@ -269,7 +269,7 @@ impl Gateway {
                 Mode::Execute,
             )
         };
-        self.run_on(name, p.tool, &dispatch, &p.record).await
+        self.run_on(name, p.tool, &dispatch, &p.audited).await
     }
 
     /// One runner's health gate after its write: the tool's `verify` within its deadline,
@@ -292,7 +292,7 @@ impl Gateway {
     ) -> Result<(), String> {
         let started = Instant::now();
         let dispatch = Dispatch::new(
-            r.record.call_id,
+            r.audited.call_id,
             &r.tool.name,
             r.pack_sha256,
             r.args,
@@ -316,14 +316,14 @@ impl Gateway {
                 "saw": crate::util::door::for_audit(seen.get("steps").unwrap_or(&Value::Null))})
             }
             Err(why) => {
-                tracing::warn!(runner = name, tool = %r.tool.name, call_id = r.record.call_id,
+                tracing::warn!(runner = name, tool = %r.tool.name, call_id = r.audited.call_id,
                     wave, tries, error = %why, "a health gate did not pass: the rollout halts");
                 json!({"wave": wave, "passed": false, "tries": tries, "elapsed_ms": elapsed_ms,
                 "within_s": within.as_secs(), "error": why})
             }
         };
         // A gate the log cannot show does not pass.
-        self.record_rollout(r.record, kind::ROLLOUT_GATE, Some(name), detail)
+        self.record_rollout(r.audited, kind::ROLLOUT_GATE, Some(name), detail)
             .await
             .map_err(|e| format!("the audit log could not record its health gate: {e}"))?;
         outcome.map(|_| ()).map_err(|why| {
@@ -337,14 +337,14 @@ impl Gateway {
     /// Audits one step of a rollout, durably, or says why it could not.
     async fn record_rollout(
         &self,
-        record: &Record<'_>,
+        audited: &AuditedCall<'_>,
         kind: &str,
         runner: Option<&str>,
         detail: Value,
     ) -> Result<(), String> {
-        let event = record.rollout_event(kind, runner, detail);
+        let event = audited.rollout_event(kind, runner, detail);
         self.audit.append(event).await.map(|_| ()).map_err(|e| {
-            tracing::error!(error = %e, call_id = record.call_id, kind, "could not audit a rollout step");
+            tracing::error!(error = %e, call_id = audited.call_id, kind, "could not audit a rollout step");
             "the store did not take the event (the server's log has the error)".to_owned()
         })
     }

@@ -359,11 +359,11 @@ fn cli_actor() -> String {
 /// else `uid-N`, so the audit log always names the account that ran the command.
 fn local_user(env_user: Option<String>) -> String {
     env_user
-        .filter(|u| crate::util::door::is_identifier(u))
+        .filter(|u| crate::util::input::is_identifier(u))
         .or_else(|| {
             let uid = nix::unistd::getuid();
             let name = nix::unistd::User::from_uid(uid).ok().flatten()?.name;
-            Some(name).filter(|n| crate::util::door::is_identifier(n))
+            Some(name).filter(|n| crate::util::input::is_identifier(n))
         })
         .unwrap_or_else(|| format!("uid-{}", nix::unistd::getuid()))
 }

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use crate::util::door::is_identifier;
+use crate::util::input::is_identifier;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Selector(Vec<(String, String)>);

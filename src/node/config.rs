@@ -346,14 +346,14 @@ impl RunnerConfig {
     }
 
     pub fn check(&self) -> anyhow::Result<()> {
-        if !crate::util::door::is_identifier(&self.name) {
+        if !crate::util::input::is_identifier(&self.name) {
             anyhow::bail!("name `{}` must be an identifier", self.name);
         }
         if self.server_public_key_file.is_none() && self.join.is_none() {
             anyhow::bail!("{}", self.no_server());
         }
         for (k, v) in &self.labels {
-            if !crate::util::door::is_identifier(k) || !crate::util::door::is_identifier(v) {
+            if !crate::util::input::is_identifier(k) || !crate::util::input::is_identifier(v) {
                 anyhow::bail!("labels: `{k} = {v}` must be identifiers");
             }
         }

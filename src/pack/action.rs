@@ -14,7 +14,7 @@ use super::jq::JqProgram;
 use super::params::Param;
 use super::raw::{RawAction, RawExec, RawHttp, RawStep, RawStepKind};
 use super::template::Template;
-use crate::util::door::is_identifier;
+use crate::util::input::is_identifier;
 
 const DEFAULT_HTTP_TIMEOUT: Duration = Duration::from_secs(10);
 const DEFAULT_EXEC_TIMEOUT: Duration = Duration::from_secs(10);

@@ -10,7 +10,7 @@ use std::net::IpAddr;
 use serde_json::{Map, Value, json};
 
 use super::raw::RawParam;
-use crate::util::door::{IDENTIFIER_PATTERN, MAX_IDENTIFIER, is_identifier};
+use crate::util::input::{IDENTIFIER_PATTERN, MAX_IDENTIFIER, is_identifier};
 
 /// The longest string any parameter accepts unless the pack sets `max_length`.
 const DEFAULT_MAX_LENGTH: u64 = 256;
@@ -267,7 +267,7 @@ pub fn validate(
                 jsonschema::error::ValidationErrorKind::AdditionalProperties { unexpected } => {
                     let names: Vec<String> = unexpected
                         .iter()
-                        .map(|n| crate::util::door::describe(n))
+                        .map(|n| crate::util::input::describe(n))
                         .collect();
                     format!(
                         "properties the tool does not take are not allowed: {}",

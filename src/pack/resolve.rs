@@ -20,7 +20,7 @@ use super::jq::JqProgram;
 use super::params::{self, Param};
 use super::raw::{RawPack, RawPreview, RawTool, RawVerify};
 use crate::digest::sha256_hex;
-use crate::util::door::{IDENTIFIER_PATTERN, is_identifier};
+use crate::util::input::{IDENTIFIER_PATTERN, is_identifier};
 
 /// The packs that ship inside the binary. A pack directory can override any of them by name.
 const STOCK_PACKS: &[(&str, &str)] = &[

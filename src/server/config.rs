@@ -354,7 +354,7 @@ impl ServerConfig {
         }
         let mut seen = std::collections::BTreeSet::new();
         for (i, r) in self.runners.iter().enumerate() {
-            if !crate::util::door::is_identifier(&r.name) {
+            if !crate::util::input::is_identifier(&r.name) {
                 anyhow::bail!("runners[{i}].name `{}` must be an identifier", r.name);
             }
             if !seen.insert(&r.name) {

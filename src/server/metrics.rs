@@ -87,7 +87,7 @@ fn tool_label(tool: &str) -> String {
 /// `name` if it is an identifier (an authenticated agent's or a registered runner's name),
 /// else `unknown`.
 fn name_label(name: &str) -> String {
-    if crate::util::door::is_identifier(name) {
+    if crate::util::input::is_identifier(name) {
         name.to_owned()
     } else {
         "unknown".to_owned()

@@ -143,7 +143,7 @@ pub(crate) async fn finish(
     actor: &str,
     r: Registration<'_>,
 ) -> Result<Passkey, PasskeyError> {
-    crate::util::door::line("name", r.name, MAX_NAME_CHARS).map_err(PasskeyError::Invalid)?;
+    crate::util::input::line("name", r.name, MAX_NAME_CHARS).map_err(PasskeyError::Invalid)?;
     if r.name.trim().is_empty() {
         return Err(PasskeyError::Invalid(
             "`name` must say which passkey this is (e.g. `laptop`)".into(),

@@ -52,7 +52,7 @@ pub async fn issue_scoped(
     ttl: Duration,
     issued_by: &str,
 ) -> anyhow::Result<IssuedToken> {
-    if !crate::util::door::is_identifier(name) {
+    if !crate::util::input::is_identifier(name) {
         anyhow::bail!("agent name `{name}` must be an identifier (letters, digits, `_ . @ -`)");
     }
     let mut secret = [0u8; 32];

@@ -125,7 +125,7 @@ pub async fn add(
     password: &str,
     added_by: &str,
 ) -> Result<(), UserError> {
-    crate::util::door::identifier("name", name).map_err(UserError::Invalid)?;
+    crate::util::input::identifier("name", name).map_err(UserError::Invalid)?;
     if role == Role::Agent {
         return Err(UserError::Invalid(
             "`role` must be approver, auditor or admin: agents get tokens (`emisar token issue`), not logins".into(),
@@ -136,7 +136,7 @@ pub async fn add(
             "`password` must be at least {MIN_PASSWORD} characters"
         )));
     }
-    crate::util::door::secret("password", password, MAX_PASSWORD).map_err(UserError::Invalid)?;
+    crate::util::input::secret("password", password, MAX_PASSWORD).map_err(UserError::Invalid)?;
     let owned = password.to_owned();
     let hash = hashing(move || hash_password(&owned)).await??;
     let exists = with_pool!(db, pool => sqlx::query_scalar::<_, String>("SELECT name FROM users WHERE name = $1")
@@ -293,7 +293,7 @@ pub(crate) async fn set_password(
             "`password` must be at least {MIN_PASSWORD} characters"
         )));
     }
-    crate::util::door::secret("password", password, MAX_PASSWORD).map_err(UserError::Invalid)?;
+    crate::util::input::secret("password", password, MAX_PASSWORD).map_err(UserError::Invalid)?;
     if role_of(db, name).await?.is_none() {
         return Err(UserError::Invalid(format!(
             "`name`: there is no user `{name}`"
@@ -418,8 +418,8 @@ pub async fn login(
 
 /// The shape checks of a login, which need neither the store nor a hash.
 pub(crate) fn check_login(name: &str, password: &str) -> Result<(), UserError> {
-    crate::util::door::identifier("name", name).map_err(UserError::Invalid)?;
-    crate::util::door::secret("password", password, MAX_PASSWORD).map_err(UserError::Invalid)
+    crate::util::input::identifier("name", name).map_err(UserError::Invalid)?;
+    crate::util::input::secret("password", password, MAX_PASSWORD).map_err(UserError::Invalid)
 }
 
 /// The live session with this id, if any.

@@ -1,12 +1,12 @@
 //! Small helpers both the server and the node use: backoff, error chains, config files,
-//! files replaced whole (`files`), sockets, TLS (fingerprints, PEM files, serving HTTPS), and the door's checks on text from
-//! outside.
+//! files replaced whole (`files`), sockets, TLS (fingerprints, PEM files, serving HTTPS), and
+//! the checks on input (`input`: text from outside).
 
 pub mod backoff;
 pub mod config;
-pub mod door;
 mod errors;
 pub mod files;
+pub mod input;
 pub mod net;
 pub mod process;
 pub mod tls;

@@ -1253,7 +1253,10 @@ async fn join(app: &TestApp, report: &mut Report) {
     );
     let mut cases: Vec<(String, String)> = Vec::new();
     for (label, name) in hostile_strings().into_iter().chain(wrong_types()) {
-        if name.as_str().is_some_and(emisar::util::door::is_identifier) {
+        if name
+            .as_str()
+            .is_some_and(emisar::util::input::is_identifier)
+        {
             // A well-formed name would register a runner: not hostile here.
             continue;
         }

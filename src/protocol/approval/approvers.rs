@@ -152,7 +152,7 @@ impl Approvers {
         let mut people = Vec::new();
         let mut seen_keys: BTreeMap<String, String> = BTreeMap::new();
         for (i, p) in file.people.iter().enumerate() {
-            if !crate::util::door::is_identifier(&p.name) && !is_person_name(&p.name) {
+            if !crate::util::input::is_identifier(&p.name) && !is_person_name(&p.name) {
                 return Err(err(format!(
                     "`person[{i}].name` must be a user name (letters, digits, `_ . @ -`) or `person:<id>`"
                 )));

@@ -130,7 +130,7 @@ impl AuditFilter {
             ("outcome", &q.outcome),
         ] {
             if let Some(v) = value {
-                crate::util::door::line(field, v, MAX_FILTER_CHARS)?;
+                crate::util::input::line(field, v, MAX_FILTER_CHARS)?;
             }
         }
         if let Some(k) = &q.kind

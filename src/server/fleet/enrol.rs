@@ -23,7 +23,7 @@ use crate::server::audit::{AuditLog, NewEvent, RefusalKey, format_at};
 use crate::server::config::RunnerEntry;
 use crate::server::db::{Db, Pool};
 use crate::server::runners::registry::Registry;
-use crate::util::door::is_identifier;
+use crate::util::input::is_identifier;
 use crate::with_pool;
 
 /// What a usable join token grants, as the consuming `UPDATE` returned it.

@@ -13,7 +13,7 @@ use crate::digest::sha256_hex;
 use crate::protocol::{JoinToken, ServerPins};
 use crate::server::audit::{AuditLog, NewEvent, format_at};
 use crate::server::db::Db;
-use crate::util::door::is_identifier;
+use crate::util::input::is_identifier;
 use crate::with_pool;
 
 /// Which names a runner joining with a token may take.
@@ -164,7 +164,7 @@ pub(super) fn check_pack_names(field: &str, packs: &BTreeSet<String>) -> Result<
     if let Some(bad) = packs.iter().find(|p| !is_identifier(p)) {
         return Err(format!(
             "{field} {}: a pack name is an identifier (letters, digits and `_.@-`, at most 128 characters)",
-            crate::util::door::describe(bad)
+            crate::util::input::describe(bad)
         ));
     }
     Ok(())

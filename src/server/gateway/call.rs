@@ -188,7 +188,7 @@ impl Gateway {
         if let Some(offered) = self.tool_for(caller, name) {
             return Ok(offered);
         }
-        let why = if let Err(e) = crate::util::door::identifier("name", name) {
+        let why = if let Err(e) = crate::util::input::identifier("name", name) {
             format!("unknown tool: {e}")
         } else if self.tools.contains_key(name) {
             format!(
@@ -201,10 +201,10 @@ impl Gateway {
         self.reject_repeatable(caller, name, why, "unknown_tool")
             .await;
         Err(CallError::UnknownTool(
-            if crate::util::door::is_identifier(name) {
+            if crate::util::input::is_identifier(name) {
                 name.to_owned()
             } else {
-                crate::util::door::describe(name)
+                crate::util::input::describe(name)
             },
         ))
     }
@@ -262,7 +262,7 @@ impl Gateway {
                 None => {
                     errors.push(format!(
                         "`runners`: {} is not a runner this agent may use (the tool's schema and `emisar.runners` list those it may)",
-                        crate::util::door::describe(name)
+                        crate::util::input::describe(name)
                     ));
                     out_of_reach.push(self.out_of_reach(caller, policy, name));
                 }
@@ -600,7 +600,7 @@ impl Gateway {
     ///
     /// What came from outside is stored only in a safe form: a tool name that is not an
     /// identifier, and any argument that is not short text (see
-    /// [`crate::util::door::for_audit`]), are kept as their rendering (escaped preview,
+    /// [`crate::util::input::for_audit`]), are kept as their rendering (escaped preview,
     /// length, SHA-256).
     ///
     /// Refusals that pass the rate limit (invalid arguments, policy denials) are written one
@@ -660,7 +660,7 @@ fn validate(offered: &OfferedTool, whole: Map<String, Value>) -> (Args, Vec<Stri
         .unwrap_or_default();
     // Checked as one Value, without copying the arguments (they can be large).
     let whole = Value::Object(whole);
-    let mut errors = crate::util::door::nul_free("arguments", &whole)
+    let mut errors = crate::util::input::nul_free("arguments", &whole)
         .err()
         .into_iter()
         .collect::<Vec<_>>();
@@ -676,7 +676,7 @@ fn validate(offered: &OfferedTool, whole: Map<String, Value>) -> (Args, Vec<Stri
         .remove("reason")
         .and_then(|v| v.as_str().map(str::to_owned))
         .filter(
-            |r| match crate::util::door::text("reason", r, crate::pack::REASON_MAX_CHARS) {
+            |r| match crate::util::input::text("reason", r, crate::pack::REASON_MAX_CHARS) {
                 Ok(()) => true,
                 Err(e) => {
                     errors.push(e);
@@ -811,17 +811,17 @@ fn rejected_event(
 ) -> NewEvent {
     crate::server::metrics::tool_call(tool, "refused");
     let mut detail = json!({"error": why});
-    let tool = if crate::util::door::is_identifier(tool) {
+    let tool = if crate::util::input::is_identifier(tool) {
         Some(tool.to_owned())
     } else {
-        detail["tool_name"] = crate::util::door::rendering(tool);
+        detail["tool_name"] = crate::util::input::rendering(tool);
         None
     };
     NewEvent {
         actor: who.actor(),
         kind: kind::TOOL_REJECTED.into(),
         tool,
-        args: args.map(|a| crate::util::door::for_audit(&a)),
+        args: args.map(|a| crate::util::input::for_audit(&a)),
         reason,
         outcome: Some("refused".into()),
         detail: Some(on_behalf_of(detail, who.on_behalf_of.as_deref())),

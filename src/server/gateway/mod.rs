@@ -48,4 +48,7 @@ pub use outcome::{ApprovalInfo, CallError, CallOutcome, RunnerResult};
 pub use signatures::ServerApprovers;
 pub(crate) use state::GatewayParts;
 pub use state::{Gateway, Limits, OfferedTool};
+/// A runner as the gateway shows it to a caller (`Gateway::runners_visible_to`): the API and
+/// the portal serve this view, never the registry behind it.
+pub(crate) use crate::server::runners::registry::RunnerStatus;
 pub(crate) use witnessed::Witnessing;

@@ -273,7 +273,7 @@ impl Gateway {
     /// policy's `agents.NAME.runners`) with the runner's labels.
     pub(super) fn out_of_reach(&self, caller: &Principal, policy: &Policy, name: &str) -> String {
         let Some(runner) = self.runners.get(name) else {
-            return format!("no runner is named {}", crate::util::door::describe(name));
+            return format!("no runner is named {}", crate::util::input::describe(name));
         };
         let labels: Vec<String> = runner
             .labels

@@ -107,7 +107,7 @@ pub(crate) fn person_identity(claims: &Claims, identity_claim: &str) -> Result<S
 /// identifier: letters, digits, `_ . @ -`, starting with a letter or digit, at most 128).
 pub(crate) fn agent_name(claims: &Claims, agent_claim: &str) -> Result<String, ClaimError> {
     let name = string_claim(claims, agent_claim)?;
-    if !crate::util::door::is_identifier(name) {
+    if !crate::util::input::is_identifier(name) {
         return Err(ClaimError::Invalid {
             claim: agent_claim.to_owned(),
             rule: "must be an agent name: letters, digits, `_ . @ -`, starting with a letter or digit, at most 128",

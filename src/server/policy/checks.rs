@@ -14,7 +14,7 @@ use super::{
 use crate::digest::{canonical_json, sha256_hex};
 use crate::pack::{PackSet, Risk, Tool};
 use crate::selector::Selector;
-use crate::util::door::is_identifier;
+use crate::util::input::is_identifier;
 
 use super::decide::most_specific;
 

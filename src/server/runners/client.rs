@@ -92,18 +92,18 @@ impl RunnerError {
 }
 
 /// `text` as one line an agent or a log may show: control and invisible characters (those
-/// the door refuses in text, see [`crate::util::door::refused_in_text`]) and line breaks
+/// the door refuses in text, see [`crate::util::input::refused_in_text`]) and line breaks
 /// become spaces, and past `max_chars` characters it is cut with `…`.
 pub(crate) fn clean_line(text: &str, max_chars: usize) -> String {
     clean(text, max_chars, |c| {
-        crate::util::door::refused_in_text(c) || c.is_control()
+        crate::util::input::refused_in_text(c) || c.is_control()
     })
 }
 
 /// Like [`clean_line`], keeping tabs and line breaks (an action's error may quote a
 /// program's output over several lines).
 pub(crate) fn clean_text(text: &str, max_chars: usize) -> String {
-    clean(text, max_chars, crate::util::door::refused_in_text)
+    clean(text, max_chars, crate::util::input::refused_in_text)
 }
 
 fn clean(text: &str, max_chars: usize, refused: impl Fn(char) -> bool) -> String {

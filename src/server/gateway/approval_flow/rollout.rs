@@ -313,7 +313,7 @@ impl Gateway {
         let detail = match &outcome {
             Ok(seen) => {
                 json!({"wave": wave, "passed": true, "tries": tries, "elapsed_ms": elapsed_ms,
-                "saw": crate::util::door::for_audit(seen.get("steps").unwrap_or(&Value::Null))})
+                "saw": crate::util::input::for_audit(seen.get("steps").unwrap_or(&Value::Null))})
             }
             Err(why) => {
                 tracing::warn!(runner = name, tool = %r.tool.name, call_id = r.audited.call_id,

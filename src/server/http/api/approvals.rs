@@ -161,7 +161,7 @@ async fn decide(
     if let Some(refused) = bad_id(&id) {
         return refused;
     }
-    if let Err(e) = crate::util::door::text("note", &note, MAX_NOTE_CHARS) {
+    if let Err(e) = crate::util::input::text("note", &note, MAX_NOTE_CHARS) {
         return ApiError::bad_request(e).into_response();
     }
     let verdict = match choice {
@@ -291,7 +291,7 @@ pub(crate) async fn vote(
             .into_response();
     }
     let note = vote.note.unwrap_or_default();
-    if let Err(e) = crate::util::door::text("note", &note, MAX_NOTE_CHARS) {
+    if let Err(e) = crate::util::input::text("note", &note, MAX_NOTE_CHARS) {
         return ApiError::bad_request(e).into_response();
     }
     let verdict = Verdict::Approve {

@@ -213,14 +213,14 @@ pub(crate) async fn list(
 /// A person's name: an identifier, or `person:<claim>` for someone from the provider.
 fn check_person(field: &str, name: &str) -> Result<(), String> {
     match name.strip_prefix("person:") {
-        Some(claim) => crate::util::door::line(field, claim, 256).and_then(|()| {
+        Some(claim) => crate::util::input::line(field, claim, 256).and_then(|()| {
             if claim.is_empty() {
                 Err(format!("`{field}` must name a person"))
             } else {
                 Ok(())
             }
         }),
-        None => crate::util::door::identifier(field, name),
+        None => crate::util::input::identifier(field, name),
     }
 }
 

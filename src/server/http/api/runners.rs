@@ -17,7 +17,7 @@ use crate::server::principal::Principal;
 /// `GET /api/runners`' answer.
 #[derive(serde::Serialize)]
 pub(crate) struct RunnerList {
-    runners: Vec<crate::server::runners::registry::RunnerStatus>,
+    runners: Vec<crate::server::gateway::RunnerStatus>,
 }
 
 /// `GET /api/runners`: the runners the caller may see. A token limited to a selector sees

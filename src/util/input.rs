@@ -1,4 +1,4 @@
-//! The door: checks on text that arrives from outside (an agent, a browser, a joining runner)
+//! Checks on input: text that arrives from outside (an agent, a browser, a joining runner)
 //! before it is stored, logged or used as a metric label.
 //!
 //! Two shapes cover every field. An *identifier* (tool, login, runner, agent and label names)

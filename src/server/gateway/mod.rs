@@ -42,13 +42,13 @@ mod signatures;
 mod state;
 mod witnessed;
 
+/// A runner as the gateway shows it to a caller (`Gateway::runners_visible_to`): the API and
+/// the portal serve this view, never the registry behind it.
+pub(crate) use crate::server::runners::registry::RunnerStatus;
 pub use builtins::{APPROVAL_STATUS_TOOL, APPROVAL_WAIT_TOOL, RUNNERS_TOOL};
 pub use call::{CallContext, Progress, ToolCall};
 pub use outcome::{ApprovalInfo, CallError, CallOutcome, RunnerResult};
 pub use signatures::ServerApprovers;
 pub(crate) use state::GatewayParts;
 pub use state::{Gateway, Limits, OfferedTool};
-/// A runner as the gateway shows it to a caller (`Gateway::runners_visible_to`): the API and
-/// the portal serve this view, never the registry behind it.
-pub(crate) use crate::server::runners::registry::RunnerStatus;
 pub(crate) use witnessed::Witnessing;

@@ -54,58 +54,20 @@ impl Gateway {
         &self,
         r: Request<'_>,
     ) -> Result<Approval, CallError> {
-        let actor = r.principal.actor();
-        let tool = r.tool;
-        if tool.secret_params().next().is_some() {
-            // A request keeps the args its execution will use; a secret would sit in the
-            // approvals table in clear. Refuse until requests can hold secrets sealed.
-            let err = CallError::NeedsApprovalSecret {
-                tool: tool.name.clone(),
-            };
-            return Err(self.refuse_request(r, err).await);
-        }
-        // Checked before the preview runs, so a flood of requests runs no previews. Requests
-        // made at the same moment can pass together and overshoot by their number.
-        let max = self.limits.max_pending_per_agent;
-        let pending = self.approvals.pending_of(&r.principal.name).await?;
-        if pending >= u64::from(max) {
-            let err = CallError::TooManyPending {
-                agent: r.principal.name.clone(),
-                pending,
-                max,
-            };
-            return Err(self.refuse_request(r, err).await);
-        }
-        // Runners that check people's signatures: as many people as their approvers file
-        // needs, or a refusal now when it could never be satisfied (nobody is asked).
-        let signed_by = match self.signatures_needed(&tool.name, &r.runners, r.approvers) {
-            Ok(needed) => needed,
-            Err(why) => {
-                let err = CallError::SignaturesUnsatisfiable(why);
-                return Err(self.refuse_request(r, err).await);
-            }
+        let signed_by = match self.may_ask_people(&r).await? {
+            Ok(signed_by) => signed_by,
+            Err(refusal) => return Err(self.refuse_request(r, refusal).await),
         };
         let required = signed_by.unwrap_or(r.approvers);
+        let actor = r.principal.actor();
         // A UUIDv7: its time says when the request was made, which signers and runners bound
         // its lifetime by (`protocol::approval::check_lifetime`). Made before the intent, so
         // `tool.called` names the request and an auditor finds the whole story by its id.
         let now = chrono::Utc::now();
         let id = uuid::Uuid::now_v7().to_string();
-        let audited = AuditedCall {
-            actor: &actor,
-            tool: &tool.name,
-            args: &r.shown_args,
-            reason: Some(&r.reason),
-            call_id: &r.call_id,
-            approval_id: Some(&id),
-            on_behalf_of: r.principal.on_behalf_of.as_deref(),
-        };
-        let how =
-            json!({"needs_approval": true, "approvers": required, "signed": signed_by.is_some()});
-        self.audit
-            .append(audited.tool_called(&r.runners, r.runner_chosen_by_server, how))
-            .await
-            .map_err(CallError::AuditUnavailable)?;
+        self.audit_request_intent(&r, &actor, &id, required, signed_by.is_some())
+            .await?;
+        let tool = r.tool;
         let pack_sha256 = self
             .packs
             .pack(&tool.pack)
@@ -121,65 +83,109 @@ impl Gateway {
         // The rollout, fixed now: the runners in the order the call named them (the first
         // are the canary), in waves as the policy's `rollout` line for the tool says.
         let plan = self.policy().rollout_for(&tool.name).0.plan(&r.runners);
-        let statement = match signed_by {
-            None => None,
-            Some(_) => {
-                let start_within = chrono::Duration::from_std(self.limits.approved_start_within)
-                    .unwrap_or(chrono::Duration::minutes(5));
-                let text = self.statement_for(
-                    &id,
-                    &tool.name,
-                    &pack_sha256,
-                    &r.params,
-                    &r.runners,
-                    preview.as_ref(),
-                    &plan,
-                    required,
-                    &actor,
-                    // Whole seconds, rounded up: the statement's form has no fraction.
-                    now + ttl + start_within + chrono::Duration::seconds(1),
-                );
-                match text {
-                    Ok(text) => Some(text),
-                    Err(e) => {
-                        let err = CallError::SignaturesUnsatisfiable(format!(
-                            "the statement to sign could not be written: {e}"
-                        ));
-                        return Err(self.refuse_request(r, err).await);
-                    }
-                }
-            }
-        };
-        let approval = Approval {
+        let mut filed = Filed {
             id,
-            call_id: r.call_id,
-            tool: tool.name.clone(),
+            actor,
             risk: self.policy().risk(tool).as_str().to_owned(),
-            args: r.params,
-            shown_args: r.shown_args,
-            runners: r.runners,
-            runner_chosen_by_server: r.runner_chosen_by_server,
-            raw: r.raw,
-            reason: r.reason,
-            requester: actor.clone(),
-            requester_name: r.principal.name.clone(),
-            on_behalf_of: r.principal.on_behalf_of.clone(),
             pack_sha256,
             preview,
-            required_approvals: required,
-            votes: Vec::new(),
-            state: State::Pending,
-            note: None,
-            statement,
+            required,
+            statement: None,
             plan,
-            decision: None,
-            decided_by: None,
-            result: None,
-            created_at: format_at(now),
-            expires_at: format_at(now + ttl),
-            updated_at: format_at(now),
+            now,
+            ttl,
         };
-        self.file_request(approval).await
+        if signed_by.is_some() {
+            match self.statement_of(&r, &filed) {
+                Ok(text) => filed.statement = Some(text),
+                Err(refusal) => return Err(self.refuse_request(r, refusal).await),
+            }
+        }
+        self.file_request(pending_request(r, filed)).await
+    }
+
+    /// Whether the call may be put to people: `Ok(people the runners' approvers files need,
+    /// where one checks signatures)`, or `Err(the refusal)`, checked before anything runs. The
+    /// outer error is the store's, which could not count the agent's pending requests.
+    async fn may_ask_people(
+        &self,
+        r: &Request<'_>,
+    ) -> Result<Result<Option<u32>, CallError>, CallError> {
+        let tool = r.tool;
+        if tool.secret_params().next().is_some() {
+            // A request keeps the args its execution will use; a secret would sit in the
+            // approvals table in clear. Refuse until requests can hold secrets sealed.
+            return Ok(Err(CallError::NeedsApprovalSecret {
+                tool: tool.name.clone(),
+            }));
+        }
+        // Checked before the preview runs, so a flood of requests runs no previews. Requests
+        // made at the same moment can pass together and overshoot by their number.
+        let max = self.limits.max_pending_per_agent;
+        let pending = self.approvals.pending_of(&r.principal.name).await?;
+        if pending >= u64::from(max) {
+            return Ok(Err(CallError::TooManyPending {
+                agent: r.principal.name.clone(),
+                pending,
+                max,
+            }));
+        }
+        // Runners that check people's signatures: as many people as their approvers file
+        // needs, or a refusal now when it could never be satisfied (nobody is asked).
+        Ok(self
+            .signatures_needed(&tool.name, &r.runners, r.approvers)
+            .map_err(CallError::SignaturesUnsatisfiable))
+    }
+
+    /// `tool.called` for a call that will wait for people, naming request `id`.
+    async fn audit_request_intent(
+        &self,
+        r: &Request<'_>,
+        actor: &str,
+        id: &str,
+        required: u32,
+        signed: bool,
+    ) -> Result<(), CallError> {
+        let audited = AuditedCall {
+            actor,
+            tool: &r.tool.name,
+            args: &r.shown_args,
+            reason: Some(&r.reason),
+            call_id: &r.call_id,
+            approval_id: Some(id),
+            on_behalf_of: r.principal.on_behalf_of.as_deref(),
+        };
+        let how = json!({"needs_approval": true, "approvers": required, "signed": signed});
+        self.audit
+            .append(audited.tool_called(&r.runners, r.runner_chosen_by_server, how))
+            .await
+            .map(|_| ())
+            .map_err(CallError::AuditUnavailable)
+    }
+
+    /// The statement people will sign for the request, or the refusal when it cannot be
+    /// written. Its expiry is the request's, plus the time an approved request has to start,
+    /// in whole seconds rounded up (the statement's form has no fraction).
+    fn statement_of(&self, r: &Request<'_>, f: &Filed) -> Result<String, CallError> {
+        let start_within = chrono::Duration::from_std(self.limits.approved_start_within)
+            .unwrap_or(chrono::Duration::minutes(5));
+        self.statement_for(
+            &f.id,
+            &r.tool.name,
+            &f.pack_sha256,
+            &r.params,
+            &r.runners,
+            f.preview.as_ref(),
+            &f.plan,
+            f.required,
+            &f.actor,
+            f.now + f.ttl + start_within + chrono::Duration::seconds(1),
+        )
+        .map_err(|e| {
+            CallError::SignaturesUnsatisfiable(format!(
+                "the statement to sign could not be written: {e}"
+            ))
+        })
     }
 
     /// Audits a new request (`approval.requested`, with the preview's digest), stores it and
@@ -281,6 +287,54 @@ struct PreviewFailed {
     details: Vec<String>,
 }
 
+/// What the server fixed for a request when it was made, beside what the call brought.
+struct Filed {
+    id: String,
+    actor: String,
+    risk: String,
+    pack_sha256: String,
+    preview: Option<Value>,
+    required: u32,
+    statement: Option<String>,
+    plan: crate::protocol::approval::Plan,
+    now: chrono::DateTime<chrono::Utc>,
+    ttl: chrono::Duration,
+}
+
+/// The pending request a call and what was fixed for it make: nobody has voted, it expires
+/// `ttl` after it was made.
+fn pending_request(r: Request<'_>, f: Filed) -> Approval {
+    Approval {
+        id: f.id,
+        call_id: r.call_id,
+        tool: r.tool.name.clone(),
+        risk: f.risk,
+        args: r.params,
+        shown_args: r.shown_args,
+        runners: r.runners,
+        runner_chosen_by_server: r.runner_chosen_by_server,
+        raw: r.raw,
+        reason: r.reason,
+        requester: f.actor,
+        requester_name: r.principal.name.clone(),
+        on_behalf_of: r.principal.on_behalf_of.clone(),
+        pack_sha256: f.pack_sha256,
+        preview: f.preview,
+        required_approvals: f.required,
+        votes: Vec::new(),
+        state: State::Pending,
+        note: None,
+        statement: f.statement,
+        plan: f.plan,
+        decision: None,
+        decided_by: None,
+        result: None,
+        created_at: format_at(f.now),
+        expires_at: format_at(f.now + f.ttl),
+        updated_at: format_at(f.now),
+    }
+}
+
 /// The preview a request keeps, from each target's answer in `runners`' order: per runner
 /// `{ok, output, vars, seal, sealed_vars}`, `sealed_vars` being the canonical text of the vars
 /// exactly as the runner sealed them; or every failure, where an answer without a seal is
@@ -329,6 +383,61 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn a_new_request_is_pending_unvoted_and_expires_its_ttl_after_it_was_made() {
+        use crate::server::principal::Role;
+        let packs = crate::pack::PackSet::load(None).unwrap();
+        let tool = packs.tool("linux.systemctl_restart").unwrap();
+        let agent = Principal {
+            name: "bot".into(),
+            token_id: "t".into(),
+            role: Role::Agent,
+            roles: vec![Role::Agent],
+            selector: None,
+            on_behalf_of: Some("person:alice".into()),
+        };
+        let r = Request {
+            call_id: "c1".into(),
+            tool,
+            principal: &agent,
+            params: json!({"unit": "consul"}).as_object().unwrap().clone(),
+            shown_args: json!({"unit": "consul"}),
+            runners: runners(&["r1", "r2"]),
+            runner_chosen_by_server: false,
+            raw: false,
+            reason: "wedged".into(),
+            approvers: 1,
+        };
+        let now = chrono::DateTime::parse_from_rfc3339("2026-12-07T00:00:00Z")
+            .unwrap()
+            .with_timezone(&chrono::Utc);
+        let filed = Filed {
+            id: "a1".into(),
+            actor: "agent:bot".into(),
+            risk: "high".into(),
+            pack_sha256: "p".into(),
+            preview: None,
+            required: 2,
+            statement: Some("text".into()),
+            plan: crate::protocol::approval::Plan::one_wave(&runners(&["r1", "r2"])),
+            now,
+            ttl: chrono::Duration::minutes(15),
+        };
+        let a = pending_request(r, filed);
+        assert_eq!(a.state, State::Pending);
+        assert!(a.votes.is_empty() && a.decision.is_none() && a.result.is_none());
+        assert_eq!((a.id.as_str(), a.call_id.as_str()), ("a1", "c1"));
+        assert_eq!(a.tool, "linux.systemctl_restart");
+        assert_eq!(a.requester, "agent:bot");
+        assert_eq!(a.requester_name, "bot");
+        assert_eq!(a.on_behalf_of.as_deref(), Some("person:alice"));
+        assert_eq!(a.required_approvals, 2);
+        assert_eq!(a.statement.as_deref(), Some("text"));
+        assert_eq!(a.runners, ["r1", "r2"]);
+        assert_eq!(a.created_at, "2026-12-07T00:00:00.000000Z");
+        assert_eq!(a.expires_at, "2026-12-07T00:15:00.000000Z");
+    }
 
     fn answer(vars: Value, seal: Option<&str>) -> Result<RunnerAnswer, RunnerError> {
         Ok(RunnerAnswer {

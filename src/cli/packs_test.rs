@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use serde_json::{Map, Value, json};
 
 use crate::node::config::ServiceConfig;
@@ -79,8 +80,9 @@ struct Case {
     /// The preview's values an execution receives (a tool with a preview needs them).
     #[serde(default)]
     vars: Option<Map<String, Value>>,
+    /// Each read by [`Call::read`], so an error names the call it is in.
     #[serde(default)]
-    calls: Vec<Call>,
+    calls: Vec<Value>,
     expect: Expect,
 }
 
@@ -94,24 +96,61 @@ enum CaseMode {
     Verify,
 }
 
-/// One recorded call: the request the engine must make and the answer it gets.
-#[derive(Deserialize, Clone)]
-#[serde(deny_unknown_fields)]
+/// One recorded call, checked when its file was read: its kind's key, the request it names in
+/// a report, and what the case wrote (read again as its kind when the engine asks).
+#[derive(Clone, Debug)]
 struct Call {
-    http: Option<RecordedHttp>,
-    /// The argv the engine must run.
-    exec: Option<Vec<String>>,
-    /// http: the answer's status (default 200).
-    status: Option<u16>,
-    /// http: the answer's body (JSON, or a string for a text answer).
-    body: Option<Value>,
-    /// exec: the exit code (default 0).
-    exit_code: Option<i32>,
-    stdout: Option<String>,
-    stderr: Option<String>,
+    kind: &'static str,
+    request: String,
+    written: Value,
 }
 
-#[derive(Deserialize, Clone)]
+/// A kind of recorded call, one per kind of pack action: the request the engine must make,
+/// written under [`Kind::KEY`], and the answer it gets. Read with `deny_unknown_fields`, so a
+/// field of another kind's answer is refused by name.
+///
+/// A new action kind is, in this file: its struct with an `impl Kind`, its line in [`KINDS`],
+/// and its method of the engine's `Answers` on [`Recorded`] (matched with [`Recorded::next`]).
+trait Kind: DeserializeOwned {
+    /// The key the call is written under, the action's own key in a pack (`http`, `exec`).
+    const KEY: &'static str;
+
+    /// The request, as a report names it (`GET /v1/agent/self`).
+    fn request(&self) -> String;
+
+    /// What the schema cannot say about a call of this kind.
+    fn check(&self) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// How a call written with one kind's key is read and checked ([`read`] of that kind).
+type ReadCall = fn(Value) -> Result<Call, String>;
+
+/// Every kind of recorded call, by key: how a call written with that key is read.
+const KINDS: &[(&str, ReadCall)] = &[
+    (HttpCall::KEY, read::<HttpCall>),
+    (ExecCall::KEY, read::<ExecCall>),
+];
+
+/// An http request the engine must send to the pack's service, and the answer.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HttpCall {
+    http: RecordedHttp,
+    /// The answer's status.
+    #[serde(default = "http_ok")]
+    status: u16,
+    /// The answer's body (JSON, or a string for a text answer).
+    #[serde(default)]
+    body: Value,
+}
+
+fn http_ok() -> u16 {
+    200
+}
+
+#[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RecordedHttp {
     method: String,
@@ -120,6 +159,92 @@ struct RecordedHttp {
     query: BTreeMap<String, String>,
     /// The request body the engine must send, when the step has one.
     body: Option<Value>,
+}
+
+impl Kind for HttpCall {
+    const KEY: &'static str = "http";
+
+    fn request(&self) -> String {
+        let want = &self.http;
+        let mut recorded = format!("{} {}", want.method, want.path);
+        if !want.query.is_empty() {
+            let q: Vec<String> = want.query.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            let _ = write!(recorded, "?{}", q.join("&"));
+        }
+        if let Some(body) = &want.body {
+            let _ = write!(recorded, " with body {body}");
+        }
+        recorded
+    }
+}
+
+/// An argv the engine must run, and how the program answered.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExecCall {
+    exec: Vec<String>,
+    #[serde(default)]
+    exit_code: i32,
+    #[serde(default)]
+    stdout: String,
+    #[serde(default)]
+    stderr: String,
+}
+
+impl Kind for ExecCall {
+    const KEY: &'static str = "exec";
+
+    fn request(&self) -> String {
+        format!("exec {:?}", self.exec)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if self.exec.is_empty() {
+            return Err("`exec`: the argv is empty".into());
+        }
+        Ok(())
+    }
+}
+
+impl Call {
+    /// Reads a call as written in a case: exactly one kind's key, and that kind's fields.
+    fn read(written: Value) -> Result<Call, String> {
+        let keys: Vec<&str> = KINDS.iter().map(|(key, _)| *key).collect();
+        let given: Vec<_> = KINDS
+            .iter()
+            .filter(|(key, _)| written.get(key).is_some())
+            .collect();
+        match given.as_slice() {
+            [(_, read)] => read(written),
+            [] => Err(format!(
+                "needs one of {} (the kind of request the engine makes)",
+                quoted(&keys)
+            )),
+            _ => Err(format!("give one of {}, not several", quoted(&keys))),
+        }
+    }
+
+    /// The call as `K`, which it was checked to be when read.
+    fn answer<K: Kind>(self) -> K {
+        serde_json::from_value(self.written).expect("checked when the case was read")
+    }
+}
+
+/// A call written with `K`'s key, read and checked as `K`.
+fn read<K: Kind>(written: Value) -> Result<Call, String> {
+    let call: K = serde_json::from_value(written.clone()).map_err(|e| e.to_string())?;
+    call.check()?;
+    Ok(Call {
+        kind: K::KEY,
+        request: call.request(),
+        written,
+    })
+}
+
+/// `keys` quoted and listed: "`http`, `exec`".
+fn quoted(keys: &[&str]) -> String {
+    let quoted: Vec<String> = keys.iter().map(|k| format!("`{k}`")).collect();
+    quoted.join(", ")
 }
 
 #[derive(Deserialize)]
@@ -181,8 +306,9 @@ fn parse(file: &str, text: &str, packs: &PackSet) -> anyhow::Result<(String, Vec
         }
         check_mode(&case, tool).map_err(at)?;
         check_expect(&case.expect, case.mode).map_err(at)?;
-        for (j, call) in case.calls.iter().enumerate() {
-            check_call(call).map_err(|m| at(format!("`calls[{j}]`: {m}")))?;
+        let mut calls = Vec::new();
+        for (j, call) in case.calls.into_iter().enumerate() {
+            calls.push(Call::read(call).map_err(|m| at(format!("`calls[{j}]`: {m}")))?);
         }
         cases.push(Ready {
             name: case.name,
@@ -190,7 +316,7 @@ fn parse(file: &str, text: &str, packs: &PackSet) -> anyhow::Result<(String, Vec
             mode: case.mode,
             args: case.args,
             vars: case.vars,
-            calls: case.calls,
+            calls,
             expect: case.expect,
         });
     }
@@ -264,41 +390,6 @@ fn check_expect(expect: &Expect, mode: CaseMode) -> Result<(), String> {
     Ok(())
 }
 
-fn check_call(call: &Call) -> Result<(), String> {
-    match (&call.http, &call.exec) {
-        (Some(_), Some(_)) => Err("give `http` or `exec`, not both".into()),
-        (None, None) => Err("needs `http` (a request) or `exec` (an argv)".into()),
-        (Some(_), None) => {
-            let stray = [
-                ("exit_code", call.exit_code.is_some()),
-                ("stdout", call.stdout.is_some()),
-                ("stderr", call.stderr.is_some()),
-            ];
-            match stray.iter().find(|(_, set)| *set) {
-                Some((field, _)) => Err(format!(
-                    "`{field}` answers an exec call; an http call's answer is `status` and `body`"
-                )),
-                None => Ok(()),
-            }
-        }
-        (None, Some(argv)) => {
-            if argv.is_empty() {
-                return Err("`exec`: the argv is empty".into());
-            }
-            let stray = [
-                ("status", call.status.is_some()),
-                ("body", call.body.is_some()),
-            ];
-            match stray.iter().find(|(_, set)| *set) {
-                Some((field, _)) => Err(format!(
-                    "`{field}` answers an http call; an exec call's answer is `exit_code`, `stdout` and `stderr`"
-                )),
-                None => Ok(()),
-            }
-        }
-    }
-}
-
 /// The recorded answers of one case, handed out in order. A request that is not the next
 /// recorded one is refused (the step fails) and noted, so the case fails even when the
 /// step was optional.
@@ -308,9 +399,18 @@ struct Recorded {
 }
 
 impl Recorded {
-    fn next(&self, made: &str) -> Result<Call, String> {
+    /// The next recorded call, which must be of kind `K`: the engine made `made`.
+    fn next<K: Kind>(&self, made: &str) -> Result<K, String> {
         let next = self.calls.lock().expect("recorded calls").pop_front();
-        next.ok_or_else(|| self.mismatch(format!("unrecorded call: the engine made {made}")))
+        let call =
+            next.ok_or_else(|| self.mismatch(format!("unrecorded call: the engine made {made}")))?;
+        if call.kind != K::KEY {
+            return Err(self.mismatch(format!(
+                "the engine made {made}, but the next recorded call is {}",
+                call.request
+            )));
+        }
+        Ok(call.answer())
     }
 
     fn mismatch(&self, message: String) -> String {
@@ -343,13 +443,8 @@ impl Answers for Recorded {
         _max_output: usize,
     ) -> Result<HttpResult, String> {
         let made = describe_http(request);
-        let call = self.next(&format!("the http request {made}"))?;
-        let Some(want) = &call.http else {
-            return Err(self.mismatch(format!(
-                "the engine made the http request {made}, but the next recorded call is exec {:?}",
-                call.exec.unwrap_or_default()
-            )));
-        };
+        let call: HttpCall = self.next(&format!("the http request {made}"))?;
+        let want = &call.http;
         let query: BTreeMap<String, String> = request
             .query
             .iter()
@@ -360,21 +455,14 @@ impl Answers for Recorded {
             || want.query != query
             || (want.body.is_some() && want.body != request.body)
         {
-            let mut recorded = format!("{} {}", want.method, want.path);
-            if !want.query.is_empty() {
-                let q: Vec<String> = want.query.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                let _ = write!(recorded, "?{}", q.join("&"));
-            }
-            if let Some(body) = &want.body {
-                let _ = write!(recorded, " with body {body}");
-            }
             return Err(self.mismatch(format!(
-                "request mismatch: the engine made {made}, the case recorded {recorded}"
+                "request mismatch: the engine made {made}, the case recorded {}",
+                call.request()
             )));
         }
         Ok(HttpResult {
-            status: call.status.unwrap_or(200),
-            body: call.body.unwrap_or(Value::Null),
+            status: call.status,
+            body: call.body,
             truncated: false,
         })
     }
@@ -386,22 +474,18 @@ impl Answers for Recorded {
         _timeout: Duration,
         _max_output: usize,
     ) -> Result<ExecResult, String> {
-        let call = self.next(&format!("the exec {argv:?}"))?;
-        let Some(want) = &call.exec else {
+        let call: ExecCall = self.next(&format!("the exec {argv:?}"))?;
+        if call.exec != argv {
             return Err(self.mismatch(format!(
-                "the engine ran {argv:?}, but the next recorded call is an http request"
-            )));
-        };
-        if want != argv {
-            return Err(self.mismatch(format!(
-                "argv mismatch: the engine ran {argv:?}, the case recorded {want:?}"
+                "argv mismatch: the engine ran {argv:?}, the case recorded {:?}",
+                call.exec
             )));
         }
         Ok(ExecResult {
-            exit_code: Some(call.exit_code.unwrap_or(0)),
+            exit_code: Some(call.exit_code),
             signal: None,
-            stdout: call.stdout.unwrap_or_default(),
-            stderr: call.stderr.unwrap_or_default(),
+            stdout: call.stdout,
+            stderr: call.stderr,
             truncated: false,
         })
     }
@@ -446,11 +530,7 @@ async fn run_case(tool: &Tool, service_name: Option<&str>, case: &Ready) -> Resu
         problems.push(format!(
             "{} recorded call(s) the engine never made, the first: {}",
             left.len(),
-            match (&left[0].http, &left[0].exec) {
-                (Some(h), _) => format!("{} {}", h.method, h.path),
-                (_, Some(argv)) => format!("exec {argv:?}"),
-                _ => "?".into(),
-            }
+            left[0].request
         ));
     }
     // A failure that only repeats a request mismatch noted above is said once.
@@ -601,4 +681,77 @@ pub(super) async fn run(dir: Option<&Path>) -> anyhow::Result<i32> {
         passed + failed
     );
     Ok(if failed > 0 { 1 } else { 0 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(yaml: &str) -> Result<Call, String> {
+        Call::read(yaml_serde::from_str(yaml).unwrap())
+    }
+
+    fn recorded(calls: &[&str]) -> Recorded {
+        Recorded {
+            calls: Mutex::new(calls.iter().map(|c| read(c).unwrap()).collect()),
+            mismatches: Mutex::new(Vec::new()),
+        }
+    }
+
+    #[test]
+    fn a_call_is_read_as_the_kind_its_key_names_with_its_defaults() {
+        let call = read("{http: {method: GET, path: /x, query: {a: b}}, status: 404}").unwrap();
+        assert_eq!((call.kind, call.request.as_str()), ("http", "GET /x?a=b"));
+        let http: HttpCall = call.answer();
+        assert_eq!((http.status, http.body), (404, Value::Null));
+        let http: HttpCall = read("{http: {method: GET, path: /}}").unwrap().answer();
+        assert_eq!(http.status, 200);
+        let call = read("{exec: [systemctl, show], stdout: hi}").unwrap();
+        assert_eq!(call.request, r#"exec ["systemctl", "show"]"#);
+        let exec: ExecCall = call.answer();
+        assert_eq!(
+            (exec.exit_code, exec.stdout.as_str(), exec.stderr.as_str()),
+            (0, "hi", "")
+        );
+    }
+
+    #[test]
+    fn a_call_names_exactly_one_kind() {
+        assert_eq!(
+            read("{status: 200}").unwrap_err(),
+            "needs one of `http`, `exec` (the kind of request the engine makes)"
+        );
+        assert_eq!(
+            read("{http: {method: GET, path: /}, exec: [x]}").unwrap_err(),
+            "give one of `http`, `exec`, not several"
+        );
+    }
+
+    #[test]
+    fn an_answer_field_of_another_kind_is_refused_by_name() {
+        let err = read("{http: {method: GET, path: /}, exit_code: 1}").unwrap_err();
+        assert!(err.contains("unknown field `exit_code`"), "{err}");
+        let err = read("{exec: [x], body: {}}").unwrap_err();
+        assert!(err.contains("unknown field `body`"), "{err}");
+    }
+
+    #[test]
+    fn an_empty_argv_is_refused() {
+        assert_eq!(read("{exec: []}").unwrap_err(), "`exec`: the argv is empty");
+    }
+
+    #[test]
+    fn the_engine_gets_the_next_call_only_when_it_is_of_the_kind_it_made() {
+        let calls = recorded(&["{exec: [x]}", "{http: {method: GET, path: /y}}"]);
+        let err = calls.next::<HttpCall>("the http request GET /y").err();
+        let want =
+            r#"the engine made the http request GET /y, but the next recorded call is exec ["x"]"#;
+        assert_eq!(err.as_deref(), Some(want));
+        let http = calls.next::<HttpCall>("the http request GET /y").ok();
+        assert_eq!(http.map(|h| h.http.path).as_deref(), Some("/y"));
+        let err = calls.next::<ExecCall>("the exec [\"x\"]").err();
+        let none_left = r#"unrecorded call: the engine made the exec ["x"]"#;
+        assert_eq!(err.as_deref(), Some(none_left));
+        assert_eq!(calls.mismatches.into_inner().unwrap(), [want, none_left]);
+    }
 }

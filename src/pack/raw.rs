@@ -94,7 +94,8 @@ fn default_true() -> bool {
 /// none or several, so the rest of the pack module only ever matches on the kind.
 ///
 /// A new kind of action is a variant here, its key in [`ActionKeys`] and [`StepKeys`], its
-/// checked form in `action.rs`, and its run in the node's engine.
+/// checked form in `action.rs`, its run in the node's engine, and its recording in
+/// `emisar packs test` (a `Kind` in `cli/packs_test.rs`).
 #[derive(Debug, Deserialize)]
 #[serde(try_from = "ActionKeys")]
 pub(super) enum RawAction {

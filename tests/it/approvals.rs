@@ -12,9 +12,9 @@ use emisar::server::principal::Role;
 use rmcp::model::{CallToolRequestParams, CallToolResult};
 use serde_json::{Value, json};
 
-use crate::both_backends;
 use crate::harness::app::{Options, TestApp};
-use crate::harness::{Backend, RunnerSpec, spawn_app};
+use crate::harness::{Backend, Build, RunnerSpec, spawn_app};
+use crate::{both_backends, both_backends_every_build};
 use emisar::lab::clock::LabClock;
 use emisar::lab::http::serve;
 use emisar::lab::scenario;
@@ -217,8 +217,10 @@ impl Portal {
     }
 }
 
-/// Reads server-sent events until one of kind `approval` arrives.
+/// Reads server-sent events until one of kind `approval` arrives, within 20 s in all (the
+/// stream's keep-alives do not extend it).
 async fn next_approval_event(stream: &mut reqwest::Response, buf: &mut String) -> Value {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
         if let Some(end) = buf.find("\n\n") {
             let frame: String = buf.drain(..end + 2).collect();
@@ -231,9 +233,9 @@ async fn next_approval_event(stream: &mut reqwest::Response, buf: &mut String) -
             }
             continue;
         }
-        let chunk = tokio::time::timeout(Duration::from_secs(20), stream.chunk())
+        let chunk = tokio::time::timeout_at(deadline, stream.chunk())
             .await
-            .expect("an event within 20 s")
+            .expect("an approval event within 20 s")
             .unwrap()
             .expect("the stream stays open");
         buf.push_str(&String::from_utf8_lossy(&chunk));
@@ -337,10 +339,14 @@ pub(crate) fn restart_args(reason: &str) -> Value {
 
 /// Request → live in the portal → approved → executed once → result to the
 /// agent; the audit log names everyone and verifies.
-async fn approved_restart_runs_once_and_returns_its_result(backend: Backend) {
+async fn approved_restart_runs_once_and_returns_its_result(backend: Backend, build: Build) {
     let bin = tempfile::tempdir().unwrap();
     let record = systemctl_standin(bin.path());
-    let app = restart_app(backend, bin.path(), Options::default()).await;
+    let options = Options {
+        build,
+        ..Default::default()
+    };
+    let app = restart_app(backend, bin.path(), options).await;
     let password = add_user(&app, "alice", Role::Approver).await;
     let alice = Portal::login(&app, "alice", &password).await;
     let mut events = alice.events().await;
@@ -454,7 +460,7 @@ async fn approved_restart_runs_once_and_returns_its_result(backend: Backend) {
     app.verify_with_cli();
     client.cancel().await.unwrap();
 }
-both_backends!(approved_restart_runs_once_and_returns_its_result);
+both_backends_every_build!(approved_restart_runs_once_and_returns_its_result);
 
 /// A denial's note reaches the agent; nothing executes.
 async fn denied_request_tells_the_agent_why(backend: Backend) {

@@ -8,10 +8,10 @@ use emisar::server::config::RunnerEntry;
 use rmcp::model::{CallToolRequestParams, CallToolResult};
 use serde_json::{Value, json};
 
-use crate::both_backends;
 use crate::harness::app::{Options, TEST_AGENT};
 use crate::harness::traefik::Traefik;
-use crate::harness::{Backend, RunnerSpec, spawn_app, tools::DeadEndpoint};
+use crate::harness::{Backend, Build, RunnerSpec, spawn_app, tools::DeadEndpoint};
+use crate::{both_backends, both_backends_every_build};
 
 pub fn fixtures_dir() -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/it/fixtures")
@@ -79,12 +79,15 @@ async fn live_backend() -> u16 {
     port
 }
 
-async fn traefik_ping_over_mcp_is_audited(backend: Backend) {
+async fn traefik_ping_over_mcp_is_audited(backend: Backend, build: Build) {
     let (traefik, _dead) = traefik_with_dead_backends().await;
     let app = spawn_app(
         backend,
         vec![RunnerSpec::new("node-1").service("traefik", &traefik.api_url)],
-        Options::default(),
+        Options {
+            build,
+            ..Default::default()
+        },
     )
     .await;
     let client = app.mcp_client().await;
@@ -151,20 +154,10 @@ async fn traefik_ping_over_mcp_is_audited(backend: Backend) {
     app.assert_chain_intact().await;
 
     // The same check through the CLI an auditor would run.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_emisar"))
-        .args(["audit", "verify", "--database", &app.database_url])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(stdout.starts_with("ok: "), "{stdout}");
+    app.verify_with_cli();
     client.cancel().await.unwrap();
 }
-both_backends!(traefik_ping_over_mcp_is_audited);
+both_backends_every_build!(traefik_ping_over_mcp_is_audited);
 
 async fn traefik_services_show_up_and_down(backend: Backend) {
     let live = live_backend().await;

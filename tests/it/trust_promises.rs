@@ -3,7 +3,8 @@
 //! runner requires them): what people see is what they sign and what runs; a witnessed
 //! approval runs only the call it binds; an approvers file is one file per serial; the runner
 //! holds the `required` count people signed for; and neither a restart nor a lost or torn
-//! state file lets one approval run twice. Each attack is refused and nothing runs.
+//! state file lets one approval run twice. Each attack is refused and nothing runs. The
+//! preview-values attack also runs on SQLite and against the binaries that ship.
 
 use std::path::PathBuf;
 
@@ -17,9 +18,10 @@ use serde_json::{Value, json};
 use crate::approvals::{
     call_in_background, finished, restarts, signed_in, systemctl_standin, wait_for_pending,
 };
+use crate::both_backends_every_build;
 use crate::harness::app::{Options, Signed, TestApp};
 use crate::harness::certs::self_signed;
-use crate::harness::{Backend, RunnerSpec, spawn_app};
+use crate::harness::{Backend, Build, RunnerSpec, spawn_app};
 use crate::signed_approvals::{Agent, TOOL, approvers_text, emisar, in_secs, proof, sign};
 
 /// The organisation root key's seed: hvn07 and hvn08 trust only approvers files it signed.
@@ -418,8 +420,10 @@ async fn the_policy_asks_more_people_than_the_file_and_the_statement_says_so() {
 /// runner binds its own line of the statement to the values the execution brings. A server
 /// that previews the same call twice and executes with the other preview's (equally sealed)
 /// values gets nothing.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_signed_write_runs_only_with_the_preview_values_people_signed() {
+async fn a_signed_write_runs_only_with_the_preview_values_people_signed(
+    backend: Backend,
+    build: Build,
+) {
     let packs = tempfile::tempdir().unwrap();
     std::fs::write(
         packs.path().join("pv.yaml"),
@@ -430,11 +434,12 @@ async fn a_signed_write_runs_only_with_the_preview_values_people_signed() {
     let file = bin.path().join("approvers.toml");
     std::fs::write(&file, approvers_text()).unwrap();
     let app = spawn_app(
-        Backend::Postgres,
+        backend,
         vec![tls_runner(bin.path(), "hvn05").signed_approvals(&["pv.*"], Some(file.clone()), &[])],
         Options {
             packs_dir: Some(packs.path().to_owned()),
             approvers_file: Some(file),
+            build,
             ..Default::default()
         },
     )
@@ -500,6 +505,7 @@ async fn a_signed_write_runs_only_with_the_preview_values_people_signed() {
     assert_eq!(answer.status, 200, "{}", answer.body);
     assert!(target.exists());
 }
+both_backends_every_build!(a_signed_write_runs_only_with_the_preview_values_people_signed);
 
 /// Sets the stored request's `column` (a database writer).
 async fn set_column(app: &TestApp, id: &str, column: &str, value: &str) {

@@ -20,6 +20,8 @@ use tokio_util::sync::CancellationToken;
 use super::Backend;
 use super::certs::CertFiles;
 use super::pg::PgTestDb;
+use super::shipped::{self, Build};
+use super::tools::Proc;
 
 pub const TEST_AGENT: &str = "test-agent";
 
@@ -192,8 +194,12 @@ pub struct TestApp {
     /// The CA clients must trust to reach this server (when it serves HTTPS).
     pub ca_file: Option<PathBuf>,
     shutdown: CancellationToken,
-    /// The server's task, until [`TestApp::stop`] waits for it.
-    server: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    /// The server, until [`TestApp::stop`] waits for it.
+    server: Option<Server>,
+    /// The runners' processes under [`Build::Shipped`] (killed when dropped).
+    runner_processes: Vec<Proc>,
+    /// Which build serves: the CLI a test runs is the same build.
+    build: Build,
     /// Kept for its Drop (drops the PostgreSQL database).
     pub pg: Option<PgTestDb>,
     /// Each runner started: its config, certificate and stop token (for a restart).
@@ -202,6 +208,9 @@ pub struct TestApp {
 
 #[derive(Default)]
 pub struct Options {
+    /// The build of the server and runners: in this process (default), or the shipped
+    /// binaries as processes ([`shipped`]).
+    pub build: Build,
     pub packs_dir: Option<PathBuf>,
     /// Runners listed in the server config but not started (to play a dead node).
     pub extra_runners: Vec<RunnerEntry>,
@@ -273,6 +282,9 @@ pub async fn fresh_db(backend: Backend, dir: &std::path::Path) -> (String, Optio
 }
 
 pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Options) -> TestApp {
+    if options.build == Build::Shipped {
+        shipped::refuse_unsupported(&options);
+    }
     let dir = tempfile::tempdir().unwrap();
     let (private_key, public_key) = match &options.keys {
         Some(keys) => keys.clone(),
@@ -292,63 +304,150 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
     let mut entries = Vec::new();
     let mut runner_urls = BTreeMap::new();
     let mut started = BTreeMap::new();
+    let mut runner_processes = Vec::new();
     for spec in runners {
-        let mut config = RunnerConfig::with_name(&spec.name);
-        config.listen = "127.0.0.1:0".into();
-        config.server_public_key_file = Some(public_key.clone());
-        config.packs_dir = options.packs_dir.clone();
-        config.exec_path = spec.exec_path.clone();
-        config.max_output_bytes = spec.max_output_bytes;
-        config.services = spec
-            .services
-            .iter()
-            .map(|(k, (url, headers))| {
-                (
-                    k.clone(),
-                    ServiceConfig {
-                        base_url: url.clone(),
-                        headers: headers.clone(),
-                    },
-                )
-            })
-            .collect();
-        config.programs = spec.programs.clone();
-        config.allowlists = spec.allowlists.clone();
-        config.require_signed_approvals = spec.require_signed.clone();
-        config.approvers_file = spec.approvers_file.clone();
-        config.approvers_root_keys = spec.approvers_root_keys.clone();
-        config.min_approvers_serial = spec.min_approvers_serial;
-        if let Some((log_key, witness_keys, quorum)) = &spec.witnessed {
-            config.require_witnessed = true;
-            config.log_key = Some(log_key.clone());
-            config.witness_keys = witness_keys.clone();
-            config.witness_quorum = *quorum;
-        }
-        // Each runner keeps its state (executed signed approvals) in the test's folder.
-        config.state_dir = spec
-            .state_dir
-            .clone()
-            .unwrap_or_else(|| dir.path().join(format!("state-{}", spec.name)));
-        config.fill_standard_services();
-        let stop = shutdown.child_token();
-        let url = serve_runner(&config, spec.tls.as_ref().map(|(c, _)| c), &stop).await;
-        let tls_fingerprint = spec.tls.as_ref().and_then(|(_, pin)| pin.clone());
-        started.insert(
-            spec.name.clone(),
-            (config, spec.tls.as_ref().map(|(c, _)| c.clone()), stop),
-        );
+        let config = runner_config(&spec, &public_key, &options, dir.path());
+        let tls = spec.tls.as_ref().map(|(c, _)| c);
+        let url = match options.build {
+            Build::InProcess => {
+                let stop = shutdown.child_token();
+                let url = serve_runner(&config, tls, &stop).await;
+                started.insert(spec.name.clone(), (config, tls.cloned(), stop));
+                url
+            }
+            Build::Shipped => {
+                let (url, process) =
+                    shipped::start_runner(&with_tls(config, tls), dir.path()).await;
+                runner_processes.push(process);
+                url
+            }
+        };
         entries.push(RunnerEntry {
             name: spec.name.clone(),
             url: spec.reached_at.clone().unwrap_or_else(|| url.clone()),
-            tls_fingerprint,
+            tls_fingerprint: spec.tls.as_ref().and_then(|(_, pin)| pin.clone()),
             packs: None,
             labels: spec.labels.clone(),
         });
         runner_urls.insert(spec.name, url);
     }
-    entries.extend(options.extra_runners);
+    entries.extend(options.extra_runners.clone());
 
-    let audit_key = dir.path().join("audit.key");
+    let config = server_config(&options, entries, &private_key, dir.path());
+    let scheme = if config.serves_tls() { "https" } else { "http" };
+    let (server, db, addr) = match options.build {
+        Build::InProcess => serve_in_process(config, &database_url, &shutdown).await,
+        Build::Shipped => {
+            let (addr, process) = shipped::start_server(&config, &database_url, dir.path()).await;
+            let db = Db::connect(&database_url).await.expect("the store opens");
+            (Server::Process(process), db, addr)
+        }
+    };
+    let audit = AuditLog::start(db.clone());
+    let token = emisar::server::tokens::issue(
+        &db,
+        &audit,
+        TEST_AGENT,
+        emisar::server::principal::Role::Agent,
+        Duration::from_secs(3600),
+        "test",
+    )
+    .await
+    .unwrap()
+    .token;
+    TestApp {
+        mcp_url: format!("{scheme}://{addr}/mcp"),
+        database_url,
+        db,
+        audit,
+        token,
+        runner_urls,
+        dir,
+        private_key,
+        public_key: public_key.clone(),
+        packs_dir: options.packs_dir.clone(),
+        ca_file: options.client_ca_file.clone(),
+        shutdown,
+        server: Some(server),
+        runner_processes,
+        build: options.build,
+        pg,
+        started,
+    }
+}
+
+/// The server of a [`TestApp`]: a task of this process, or the shipped binary's process.
+enum Server {
+    Task(tokio::task::JoinHandle<std::io::Result<()>>),
+    Process(Proc),
+}
+
+/// The config of the runner `spec` describes, trusting `public_key`, keeping its state in
+/// `dir` unless the spec says where.
+fn runner_config(
+    spec: &RunnerSpec,
+    public_key: &std::path::Path,
+    options: &Options,
+    dir: &std::path::Path,
+) -> RunnerConfig {
+    let mut config = RunnerConfig::with_name(&spec.name);
+    config.listen = "127.0.0.1:0".into();
+    config.server_public_key_file = Some(public_key.to_owned());
+    config.packs_dir = options.packs_dir.clone();
+    config.exec_path = spec.exec_path.clone();
+    config.max_output_bytes = spec.max_output_bytes;
+    config.services = spec
+        .services
+        .iter()
+        .map(|(k, (url, headers))| {
+            (
+                k.clone(),
+                ServiceConfig {
+                    base_url: url.clone(),
+                    headers: headers.clone(),
+                },
+            )
+        })
+        .collect();
+    config.programs = spec.programs.clone();
+    config.allowlists = spec.allowlists.clone();
+    config.require_signed_approvals = spec.require_signed.clone();
+    config.approvers_file = spec.approvers_file.clone();
+    config.approvers_root_keys = spec.approvers_root_keys.clone();
+    config.min_approvers_serial = spec.min_approvers_serial;
+    if let Some((log_key, witness_keys, quorum)) = &spec.witnessed {
+        config.require_witnessed = true;
+        config.log_key = Some(log_key.clone());
+        config.witness_keys = witness_keys.clone();
+        config.witness_quorum = *quorum;
+    }
+    // Each runner keeps its state (executed signed approvals) in the test's folder.
+    config.state_dir = spec
+        .state_dir
+        .clone()
+        .unwrap_or_else(|| dir.join(format!("state-{}", spec.name)));
+    config.fill_standard_services();
+    config
+}
+
+/// `config` serving HTTPS with `tls` when given (a runner process reads its certificate from
+/// runner.toml; an in-process one is handed it).
+fn with_tls(mut config: RunnerConfig, tls: Option<&CertFiles>) -> RunnerConfig {
+    if let Some(cert) = tls {
+        config.tls_cert_file = Some(cert.cert.clone());
+        config.tls_key_file = Some(cert.key.clone());
+    }
+    config
+}
+
+/// The server's config: `options` over the harness's defaults, listing `runners`.
+fn server_config(
+    options: &Options,
+    runners: Vec<RunnerEntry>,
+    private_key: &std::path::Path,
+    dir: &std::path::Path,
+) -> ServerConfig {
+    let audit_key = dir.join("audit.key");
     emisar::server::secrets::AuditKey::generate(&audit_key).unwrap();
     let config = ServerConfig {
         listen: options
@@ -360,8 +459,8 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
         packs_dir: options.packs_dir.clone(),
         call_timeout_ms: options.call_timeout_ms.unwrap_or(5_000),
         allowed_hosts: vec!["localhost".into(), "127.0.0.1".into()],
-        runners: entries,
-        audit_key_file: Some(audit_key.clone()),
+        runners,
+        audit_key_file: Some(audit_key),
         rate_limit_per_second: options.rate_limit.map_or(1000, |r| r.0),
         rate_limit_burst: options.rate_limit.map_or(1000, |r| r.1),
         health_probe_interval_ms: options.probe_interval_ms.unwrap_or(10_000),
@@ -390,20 +489,27 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
         approvers_file: options.approvers_file.clone(),
         approvers_signature_file: options.approvers_signature_file.clone(),
         transparency: options.transparency.clone(),
-        ..ServerConfig::with_signing_key(private_key.clone())
+        ..ServerConfig::with_signing_key(private_key.to_owned())
     };
-    let config = match options.max_connections_per_address {
+    match options.max_connections_per_address {
         Some(cap) => ServerConfig {
             max_connections_per_address: cap,
             ..config
         },
         None => config,
-    };
-    let app = emisar::server::app::Application::build(config, &database_url)
+    }
+}
+
+/// Builds the server of `config` in this process and runs it until `shutdown`.
+async fn serve_in_process(
+    config: ServerConfig,
+    database_url: &str,
+    shutdown: &CancellationToken,
+) -> (Server, Db, std::net::SocketAddr) {
+    let app = emisar::server::app::Application::build(config, database_url)
         .await
         .expect("server builds");
     let addr = app.local_addr();
-    let scheme = if app.serves_tls() { "https" } else { "http" };
     let db = app.db().clone();
     let stop = app.shutdown_token();
     let outer = shutdown.clone();
@@ -411,36 +517,11 @@ pub async fn spawn_app(backend: Backend, runners: Vec<RunnerSpec>, options: Opti
         outer.cancelled().await;
         stop.cancel();
     });
-    let server = tokio::spawn(app.run_until_stopped());
-    let audit = AuditLog::start(db.clone());
-    let token = emisar::server::tokens::issue(
-        &db,
-        &audit,
-        TEST_AGENT,
-        emisar::server::principal::Role::Agent,
-        Duration::from_secs(3600),
-        "test",
-    )
-    .await
-    .unwrap()
-    .token;
-    TestApp {
-        mcp_url: format!("{scheme}://{addr}/mcp"),
-        database_url,
+    (
+        Server::Task(tokio::spawn(app.run_until_stopped())),
         db,
-        audit,
-        token,
-        runner_urls,
-        dir,
-        private_key,
-        public_key: public_key.clone(),
-        packs_dir: options.packs_dir.clone(),
-        ca_file: options.client_ca_file.clone(),
-        shutdown,
-        server: Some(server),
-        pg,
-        started,
-    }
+        addr,
+    )
 }
 
 /// Serves a runner of `config` (HTTPS with `tls`) on a free loopback port until `stop`;
@@ -473,7 +554,10 @@ impl TestApp {
     /// reach the new one; the server still dials the old address, so only direct calls (a
     /// server holding server.key) reach it. With `lose_state`, its `state_dir` is deleted first.
     pub async fn restart_runner(&mut self, name: &str, lose_state: bool) {
-        let (config, tls, stop) = self.started.remove(name).expect("a runner of the harness");
+        let (config, tls, stop) = self
+            .started
+            .remove(name)
+            .expect("a runner of the harness, in this process (Build::InProcess)");
         stop.cancel();
         if lose_state {
             std::fs::remove_dir_all(&config.state_dir).unwrap();
@@ -606,8 +690,16 @@ impl TestApp {
     }
 
     /// `emisar audit verify`, the command an auditor runs, passes on this app's database.
+    /// The `emisar` binary of this app's build.
+    pub fn emisar_binary(&self) -> PathBuf {
+        match self.build {
+            Build::InProcess => PathBuf::from(env!("CARGO_BIN_EXE_emisar")),
+            Build::Shipped => shipped::binary("emisar"),
+        }
+    }
+
     pub fn verify_with_cli(&self) {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_emisar"))
+        let out = std::process::Command::new(self.emisar_binary())
             .args(["audit", "verify", "--database", &self.database_url])
             .output()
             .unwrap();
@@ -624,13 +716,20 @@ impl TestApp {
     /// readable through `db`.
     pub async fn stop(&mut self) {
         self.shutdown.cancel();
-        if let Some(server) = self.server.take() {
-            tokio::time::timeout(Duration::from_secs(30), server)
-                .await
-                .expect("the server stops within 30 s")
-                .expect("the server task did not panic")
-                .expect("the server stopped cleanly");
+        match self.server.take() {
+            Some(Server::Task(server)) => Self::wait_for(server).await,
+            Some(Server::Process(server)) => shipped::stop(server).await,
+            None => {}
         }
+        self.runner_processes.clear();
+    }
+
+    async fn wait_for(server: tokio::task::JoinHandle<std::io::Result<()>>) {
+        tokio::time::timeout(Duration::from_secs(30), server)
+            .await
+            .expect("the server stops within 30 s")
+            .expect("the server task did not panic")
+            .expect("the server stopped cleanly");
     }
 
     /// How many events the audit log holds.

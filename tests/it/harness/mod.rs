@@ -9,12 +9,14 @@ pub mod join;
 pub mod oidc;
 pub mod pg;
 pub mod redis;
+pub mod shipped;
 pub mod tools;
 pub mod traefik;
 pub mod vm;
 pub mod vmalert;
 
 pub use app::{RunnerSpec, spawn_app};
+pub use shipped::Build;
 
 /// Which store a test runs against.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -35,6 +37,34 @@ macro_rules! both_backends {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn sqlite() {
                 super::$name($crate::harness::Backend::Sqlite).await
+            }
+        }
+    };
+}
+
+/// Expands one `async fn name(backend: Backend, build: Build)` into a test per backend for
+/// each build: `postgres` and `sqlite` in this process, `shipped_postgres` and
+/// `shipped_sqlite` against the binaries that ship (`harness/shipped.rs`).
+#[macro_export]
+macro_rules! both_backends_every_build {
+    ($name:ident) => {
+        mod $name {
+            use $crate::harness::{Backend, Build};
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                super::$name(Backend::Postgres, Build::InProcess).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                super::$name(Backend::Sqlite, Build::InProcess).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn shipped_postgres() {
+                super::$name(Backend::Postgres, Build::Shipped).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn shipped_sqlite() {
+                super::$name(Backend::Sqlite, Build::Shipped).await
             }
         }
     };

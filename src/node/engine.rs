@@ -21,6 +21,9 @@ use crate::protocol::Mode;
 /// else (templates, checks, captures, status and exit-code rules, output shaping) is the
 /// engine's own and the same for both.
 ///
+/// The names stand for what the two sides are: `Answers` is what the world answers a step
+/// (live on a runner, replayed by `Recorded` in `packs test`), and [`Live`] the world itself.
+///
 /// The engine is generic over this trait instead of holding a `dyn Answers`: the runner's
 /// path is compiled for [`Live`] alone, so a step costs no boxed future and no virtual call.
 pub(crate) trait Answers: Sync {

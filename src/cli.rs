@@ -764,6 +764,10 @@ mod tests {
     /// Without `$USER` (cron, a container), the audit log names the uid's account, never
     /// `unknown`; a `$USER` that is not a plain name is not taken at its word.
     #[test]
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "asks `id` what the answer should be"
+    )]
     fn the_cli_names_its_account_without_user() {
         let id = std::process::Command::new("id")
             .arg("-un")

@@ -10,6 +10,10 @@
 //! Invariant: the process is stopped by its PID when the lab stops, and a watchdog shell
 //! stops it if the lab process dies without stopping it.
 
+// The lab is the documented exception to "only node/exec.rs starts processes" (clippy.toml,
+// tests/it/tidy.rs PROCESS_STARTERS): it runs a real VictoriaMetrics and its watchdog.
+#![allow(clippy::disallowed_methods)]
+
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

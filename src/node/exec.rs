@@ -32,6 +32,10 @@ impl ExecResult {
     }
 }
 
+#[allow(
+    clippy::disallowed_methods,
+    reason = "the runner's one door to processes (clippy.toml)"
+)]
 pub(crate) async fn run(
     argv: &[String],
     path_env: &str,

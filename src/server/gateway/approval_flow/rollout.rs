@@ -116,129 +116,127 @@ impl Gateway {
         W: Fn(String, u32) -> F,
         F: Future<Output = RunnerResult>,
     {
-        let total = r.plan.waves.len();
-        // Each wave keeps its number in the plan, whichever of its runners run now.
-        let waves: Vec<(u32, Vec<String>)> = r
-            .plan
-            .waves
-            .iter()
-            .enumerate()
-            .map(|(i, wave)| {
-                let run = wave
-                    .iter()
-                    .filter(|n| r.only.is_none_or(|only| only.contains(n)))
-                    .cloned()
-                    .collect::<Vec<_>>();
-                (i as u32 + 1, run)
-            })
-            .filter(|(_, run)| !run.is_empty())
-            .collect();
+        let waves = waves_to_run(r.plan, r.only);
         let mut results = Vec::new();
         for (i, (wave, runners)) in waves.iter().enumerate() {
-            let wave = *wave;
             if i > 0 && r.plan.pause_secs > 0 {
                 tokio::time::sleep(Duration::from_secs(r.plan.pause_secs.into())).await;
             }
-            let started = match too_late_for_wave(r.no_wave_from, wave) {
-                Some(why) => Err(why),
-                // One wave is the whole call, which its intent names already: no second
-                // commit before the runner call.
-                None if total == 1 => Ok(()),
-                None if i == 0 && r.first_wave_recorded => Ok(()),
-                // Fail closed: a wave the log cannot show does not start.
-                None => self
-                    .record_rollout(
-                        r.audited,
-                        kind::ROLLOUT_WAVE,
-                        None,
-                        json!({"wave": wave, "waves": total, "runners": runners}),
-                    )
-                    .await
-                    .map_err(|e| {
-                        format!(
-                            "the audit log could not record wave {wave}, so it did not start: {e}"
-                        )
-                    }),
-            };
-            let failed = match started {
-                Err(why) => Some((None, why)),
+            let failed = match self.start_wave(r, i, *wave, runners).await {
+                Err(why) => Some(Failure { runner: None, why }),
                 Ok(()) => {
                     // The gate protects the waves still to come; after the last one there is
                     // nothing left to hold back, and the writes' answers are the outcome.
                     let gated = i + 1 < waves.len();
-                    // Each runner's gate follows its own write, so a wave takes its slowest
-                    // runner's write and gate, not the slowest write plus the slowest gate.
-                    let ran = futures::future::join_all(runners.iter().map(|name| {
-                        let written = write(name.clone(), wave);
-                        async move {
-                            let written = written.await;
-                            let gate = match gated && written.ok {
-                                true => self.gate_one_of(r, name, wave).await,
-                                false => Ok(()),
-                            };
-                            (written, gate)
-                        }
-                    }))
-                    .await;
-                    let failed_write = ran.iter().find(|(w, _)| !w.ok).map(|(w, _)| {
-                        let why = w.error.as_deref().unwrap_or("the write failed");
-                        (Some(w.runner.clone()), format!("the write failed: {why}"))
-                    });
-                    let failed_gate = ran.iter().find_map(|(w, gate)| {
-                        gate.as_ref()
-                            .err()
-                            .map(|why| (Some(w.runner.clone()), why.clone()))
-                    });
-                    let mut written: Vec<RunnerResult> = Vec::with_capacity(ran.len());
-                    for (mut w, gate) in ran {
-                        if let Err(why) = gate {
-                            mark_unhealthy(&mut w, &why);
-                        }
-                        written.push(w);
-                    }
+                    let (written, failed) = self.run_wave(r, *wave, runners, gated, &write).await;
                     results.extend(written);
-                    failed_write.or(failed_gate)
+                    failed
                 }
             };
-            let Some((runner, why)) = failed else {
-                continue;
-            };
-            let not_run: Vec<String> = waves[i + 1..]
-                .iter()
-                .flat_map(|(_, run)| run)
-                .cloned()
-                .collect();
-            let halted = !not_run.is_empty();
-            let who = runner
-                .as_deref()
-                .map_or_else(String::new, |r| format!("runner `{r}`: "));
-            let stopped = format!("wave {wave} of {total}: {who}{why}");
-            if halted {
-                // Nothing more runs either way; a missing record is in the server's log.
-                let _ = self
-                    .record_rollout(
-                        r.audited,
-                        kind::ROLLOUT_HALTED,
-                        runner.as_deref(),
-                        json!({"wave": wave, "runner": runner, "why": why, "not_run": not_run}),
-                    )
+            if let Some(failure) = failed {
+                let not_run = waves[i + 1..].iter().flat_map(|(_, run)| run).cloned();
+                return self
+                    .halt(r, *wave, failure, not_run.collect(), results)
                     .await;
             }
-            results.extend(not_run.iter().map(|name| not_run_result(name, &stopped)));
-            return Rolled {
-                results,
-                stopped: Some(stopped),
-                halt: halted.then_some(Halt {
-                    wave,
-                    runner,
-                    not_run,
-                }),
-            };
         }
         Rolled {
             results,
             stopped: None,
             halt: None,
+        }
+    }
+
+    /// Whether the `i`th wave to run (wave `wave` of the plan) may start: not after the
+    /// signed statement expired, and only once the audit log shows it (fail closed).
+    async fn start_wave(
+        &self,
+        r: &Rollout<'_>,
+        i: usize,
+        wave: u32,
+        runners: &[String],
+    ) -> Result<(), String> {
+        let total = r.plan.waves.len();
+        if let Some(why) = too_late_for_wave(r.no_wave_from, wave) {
+            return Err(why);
+        }
+        // One wave is the whole call, which its intent names already; the claim of an approved
+        // request recorded its first wave: no second commit before the runner call.
+        if total == 1 || (i == 0 && r.first_wave_recorded) {
+            return Ok(());
+        }
+        let detail = json!({"wave": wave, "waves": total, "runners": runners});
+        self.record_rollout(r.audited, kind::ROLLOUT_WAVE, None, detail)
+            .await
+            .map_err(|e| {
+                format!("the audit log could not record wave {wave}, so it did not start: {e}")
+            })
+    }
+
+    /// One wave's runners at once, each its write and then (when `gated`) its health gate:
+    /// every result (a failed gate marks its runner unhealthy) and the wave's first failure,
+    /// a failed write before a failed gate.
+    async fn run_wave<W, F>(
+        &self,
+        r: &Rollout<'_>,
+        wave: u32,
+        runners: &[String],
+        gated: bool,
+        write: &W,
+    ) -> (Vec<RunnerResult>, Option<Failure>)
+    where
+        W: Fn(String, u32) -> F,
+        F: Future<Output = RunnerResult>,
+    {
+        // Each runner's gate follows its own write, so a wave takes its slowest runner's write
+        // and gate, not the slowest write plus the slowest gate.
+        let ran = futures::future::join_all(runners.iter().map(|name| {
+            let written = write(name.clone(), wave);
+            async move {
+                let written = written.await;
+                let gate = match gated && written.ok {
+                    true => self.gate_one_of(r, name, wave).await,
+                    false => Ok(()),
+                };
+                (written, gate)
+            }
+        }))
+        .await;
+        first_failure_marked(ran)
+    }
+
+    /// A failed wave: the runners of later waves (`not_run`) are never called; when there
+    /// are any, the audit log says where it halted and why (nothing more runs either way, so
+    /// a missing record is left to the server's log).
+    async fn halt(
+        &self,
+        r: &Rollout<'_>,
+        wave: u32,
+        failure: Failure,
+        not_run: Vec<String>,
+        mut results: Vec<RunnerResult>,
+    ) -> Rolled {
+        let Failure { runner, why } = failure;
+        let halted = !not_run.is_empty();
+        let who = runner
+            .as_deref()
+            .map_or_else(String::new, |r| format!("runner `{r}`: "));
+        let stopped = format!("wave {wave} of {}: {who}{why}", r.plan.waves.len());
+        if halted {
+            let detail = json!({"wave": wave, "runner": runner, "why": why, "not_run": not_run});
+            let _ = self
+                .record_rollout(r.audited, kind::ROLLOUT_HALTED, runner.as_deref(), detail)
+                .await;
+        }
+        results.extend(not_run.iter().map(|name| not_run_result(name, &stopped)));
+        Rolled {
+            results,
+            stopped: Some(stopped),
+            halt: halted.then_some(Halt {
+                wave,
+                runner,
+                not_run,
+            }),
         }
     }
 
@@ -360,6 +358,62 @@ fn too_late_for_wave(no_wave_from: Option<u64>, wave: u32) -> Option<String> {
     })
 }
 
+/// Why a wave failed: the runner whose write or gate failed (None: the wave never started).
+struct Failure {
+    runner: Option<String>,
+    why: String,
+}
+
+/// The waves to run, each with its number in the plan (1-based) whichever of its runners run
+/// now: all of them, or under people's decision on a halt only those it names (`only`); a
+/// wave left with none is skipped.
+fn waves_to_run(plan: &Plan, only: Option<&[String]>) -> Vec<(u32, Vec<String>)> {
+    plan.waves
+        .iter()
+        .enumerate()
+        .map(|(i, wave)| {
+            let run = wave
+                .iter()
+                .filter(|n| only.is_none_or(|only| only.contains(n)))
+                .cloned()
+                .collect::<Vec<_>>();
+            (i as u32 + 1, run)
+        })
+        .filter(|(_, run)| !run.is_empty())
+        .collect()
+}
+
+/// A wave's writes and gates as results (a runner whose gate failed is marked unhealthy),
+/// and its first failure: a failed write before a failed gate.
+fn first_failure_marked(
+    ran: Vec<(RunnerResult, Result<(), String>)>,
+) -> (Vec<RunnerResult>, Option<Failure>) {
+    let failed_write = ran.iter().find(|(w, _)| !w.ok).map(|(w, _)| Failure {
+        runner: Some(w.runner.clone()),
+        why: format!(
+            "the write failed: {}",
+            w.error.as_deref().unwrap_or("the write failed")
+        ),
+    });
+    let failed_gate = ran.iter().find_map(|(w, gate)| {
+        let why = gate.as_ref().err()?;
+        Some(Failure {
+            runner: Some(w.runner.clone()),
+            why: why.clone(),
+        })
+    });
+    let written = ran
+        .into_iter()
+        .map(|(mut w, gate)| {
+            if let Err(why) = gate {
+                mark_unhealthy(&mut w, &why);
+            }
+            w
+        })
+        .collect();
+    (written, failed_write.or(failed_gate))
+}
+
 /// The result of a runner whose write ran and whose gate then failed: failed, with why, so
 /// the agent reading the results alone does not take the node for healthy (its write's output
 /// is kept).
@@ -381,5 +435,92 @@ fn not_run_result(runner: &str, stopped: &str) -> RunnerResult {
         )),
         error_kind: Some(NOT_RUN.into()),
         duration_ms: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(list: &[&str]) -> Vec<String> {
+        list.iter().map(|n| n.to_string()).collect()
+    }
+
+    fn result(runner: &str, ok: bool) -> RunnerResult {
+        RunnerResult {
+            runner: runner.to_owned(),
+            ok,
+            output: None,
+            truncated: false,
+            error: (!ok).then(|| "exit 1".to_owned()),
+            error_kind: None,
+            duration_ms: 1,
+        }
+    }
+
+    /// Each wave keeps its number in the plan; a decision's `only` runs just its runners, and
+    /// a wave left with none is skipped rather than renumbered.
+    #[test]
+    fn waves_keep_their_numbers_and_only_runs_the_named_runners() {
+        let plan = Plan {
+            waves: vec![names(&["a"]), names(&["b", "c"]), names(&["d", "e"])],
+            pause_secs: 0,
+        };
+        assert_eq!(
+            waves_to_run(&plan, None),
+            [
+                (1, names(&["a"])),
+                (2, names(&["b", "c"])),
+                (3, names(&["d", "e"]))
+            ]
+        );
+        let only = names(&["c", "e"]);
+        assert_eq!(
+            waves_to_run(&plan, Some(&only)),
+            [(2, names(&["c"])), (3, names(&["e"]))]
+        );
+        assert!(waves_to_run(&plan, Some(&[])).is_empty());
+    }
+
+    /// A failed write names its runner before any failed gate; a failed gate marks its
+    /// runner's result failed (`gate_failed`) and keeps the write's output.
+    #[test]
+    fn a_wave_fails_at_its_first_failed_write_then_at_a_failed_gate() {
+        let (written, failed) = first_failure_marked(vec![
+            (
+                result("a", true),
+                Err("its health gate did not pass".into()),
+            ),
+            (result("b", false), Ok(())),
+        ]);
+        let failed = failed.unwrap();
+        assert_eq!(failed.runner.as_deref(), Some("b"));
+        assert_eq!(failed.why, "the write failed: exit 1");
+        assert!(!written[0].ok);
+        assert_eq!(written[0].error_kind.as_deref(), Some(GATE_FAILED));
+
+        let (written, failed) = first_failure_marked(vec![
+            (result("a", true), Ok(())),
+            (result("b", true), Err("gate b".into())),
+        ]);
+        let failed = failed.unwrap();
+        assert_eq!(
+            (failed.runner.as_deref(), failed.why.as_str()),
+            (Some("b"), "gate b")
+        );
+        assert!(written[0].ok && !written[1].ok);
+
+        let (written, failed) = first_failure_marked(vec![(result("a", true), Ok(()))]);
+        assert!(failed.is_none() && written[0].ok);
+    }
+
+    /// A statement that expired keeps every later wave from starting, with why.
+    #[test]
+    fn no_wave_starts_at_or_after_the_statements_expiry() {
+        let now = chrono::Utc::now().timestamp() as u64;
+        assert!(too_late_for_wave(None, 2).is_none());
+        assert!(too_late_for_wave(Some(now + 3600), 2).is_none());
+        let why = too_late_for_wave(Some(now), 2).unwrap();
+        assert!(why.contains("expired before wave 2"), "{why}");
     }
 }

@@ -13,7 +13,10 @@
 use chrono::{DateTime, Utc};
 use serde_json::json;
 
-use super::state::{Change, State, Verdict, check_voter};
+use super::state::{
+    Change, State, Verdict, check_first_vote_of, check_one_kind_of_sign_in,
+    check_person_counts_once, check_voter,
+};
 use super::{Actor, Approval, ApprovalError, RolloutDecision, Vote};
 use crate::protocol::approval::statement::hash_text;
 use crate::protocol::approval::{Choice, Decision};
@@ -163,6 +166,30 @@ pub fn vote(
             "a rollout decision takes votes for it; to stop the rollout, propose `abort`".into(),
         ));
     };
+    let pending = pending_decision(row, decision_id, now)?;
+    check_stored(row, pending)?;
+    check_voter(row, who)?;
+    check_signature_kind(row, signature.is_some(), signed.is_some())?;
+    check_first_vote_of(&pending.votes, &who.name)?;
+    check_person_counts_once(&pending.votes, signed.as_ref())?;
+    check_one_kind_of_sign_in(&pending.votes, &who.name)?;
+    let vote = Vote {
+        user: who.name.clone(),
+        at: format_at(now),
+        note: note.clone(),
+        signature: signature.clone(),
+        signed: signed.clone(),
+    };
+    Ok(counted(row, pending, vote, &who.actor))
+}
+
+/// The decision `decision_id` of a halted request, if it is the one waiting for votes and
+/// has not expired; otherwise why not (replaced, unknown, expired).
+fn pending_decision<'r>(
+    row: &'r Approval,
+    decision_id: &str,
+    now: DateTime<Utc>,
+) -> Result<&'r RolloutDecision, ApprovalError> {
     let pending = match &row.decision {
         Some(d) if d.id == decision_id && !d.taken => d,
         Some(d) if !d.taken => {
@@ -184,55 +211,40 @@ pub fn vote(
             pending.expires_at
         )));
     }
-    check_stored(row, pending)?;
-    check_voter(row, who)?;
-    if pending.votes.iter().any(|v| v.user == who.name) {
-        return Err(ApprovalError::Refused(
-            "you voted for this decision already: another person must add theirs".into(),
-        ));
-    }
-    match (&row.statement, signature, signed) {
-        (None, None, _) | (Some(_), Some(_), Some(_)) => {}
-        (Some(_), None, _) => {
-            return Err(ApprovalError::Refused(
-                "`signature`: this request's runners check people's signatures: sign the decision's text (`emisar approvals resume|retry|abort ID` signs with your SSH key; the portal, with your passkey)".into(),
-            ));
+    Ok(pending)
+}
+
+/// A vote is signed exactly when the request's runners check people's signatures (it has a
+/// statement), and a signature counts only as the gateway verified it (`verified`).
+fn check_signature_kind(
+    row: &Approval,
+    signature: bool,
+    verified: bool,
+) -> Result<(), ApprovalError> {
+    let why = match (row.statement.is_some(), signature, verified) {
+        (false, false, _) | (true, true, true) => return Ok(()),
+        (true, false, _) => {
+            "`signature`: this request's runners check people's signatures: sign the decision's text (`emisar approvals resume|retry|abort ID` signs with your SSH key; the portal, with your passkey)"
         }
-        (None, Some(_), _) => {
-            return Err(ApprovalError::Refused(
-                "`signature`: this request's runners do not check signatures; vote without one"
-                    .into(),
-            ));
+        (false, true, _) => {
+            "`signature`: this request's runners do not check signatures; vote without one"
         }
-        (Some(_), Some(_), None) => {
-            return Err(ApprovalError::Refused(
-                "`signature`: not verified by the server".into(),
-            ));
-        }
-    }
-    if let Some(s) = signed
-        && pending
-            .votes
-            .iter()
-            .any(|v| v.signed.as_ref().is_some_and(|o| o.person == s.person))
-    {
-        return Err(ApprovalError::Refused(format!(
-            "`signature`: `{}` of the approvers file signed this decision already: one person counts once",
-            s.person
-        )));
-    }
-    let at = format_at(now);
+        (true, true, false) => "`signature`: not verified by the server",
+    };
+    Err(ApprovalError::Refused(why.into()))
+}
+
+/// The request with `vote` counted for `pending`: the vote that makes it enough takes the
+/// decision (`executing` for a resume or a retry, `aborted` for an abort), and the event
+/// carries what an auditor needs to verify a signature again, offline.
+fn counted(row: &Approval, pending: &RolloutDecision, vote: Vote, actor: &str) -> Change {
     let mut decision = pending.clone();
-    decision.votes.push(Vote {
-        user: who.name.clone(),
-        at: at.clone(),
-        note: note.clone(),
-        signature: signature.clone(),
-        signed: signed.clone(),
-    });
-    let votes = decision.votes.len() as u32;
+    let note = vote.note.clone();
+    let signature = vote.signature.clone().zip(vote.signed.clone());
     let mut next = row.clone();
-    next.updated_at = at;
+    next.updated_at = vote.at.clone();
+    decision.votes.push(vote);
+    let votes = decision.votes.len() as u32;
     if votes >= decision.required {
         decision.taken = true;
         next.state = match decision.choice {
@@ -253,18 +265,17 @@ pub fn vote(
     if let Some(note) = note {
         detail["note"] = json!(note);
     }
-    // Everything an auditor needs to verify the signature again, offline.
-    if let (Some(signature), Some(signed)) = (signature, signed) {
+    if let Some((signature, signed)) = signature {
         detail["text"] = json!(decision.text);
         detail["signature"] = json!(signature);
         detail["signed"] = json!(signed);
     }
-    let event = row.event(&who.actor, kind::ROLLOUT_DECIDED, detail);
+    let event = row.event(actor, kind::ROLLOUT_DECIDED, detail);
     next.decision = Some(decision);
-    Ok(Change {
+    Change {
         row: next,
         events: vec![event],
-    })
+    }
 }
 
 /// The pending decision as stored is the one [`propose`] would make for the request as it
@@ -494,5 +505,51 @@ mod tests {
         assert!(matches!(e, Err(ApprovalError::Refused(m)) if m.contains("`signature`")));
         let deny = Verdict::Deny { note: "no".into() };
         assert!(vote(&row, &who("alice"), ID, &deny, now).is_err());
+    }
+
+    /// A vote is signed exactly where the request's runners check signatures, and only a
+    /// signature the gateway verified counts.
+    #[test]
+    fn a_vote_is_signed_exactly_where_the_runners_check_signatures() {
+        let unsigned = halted();
+        let signed = Approval {
+            statement: Some("the statement\n".into()),
+            ..halted()
+        };
+        assert!(check_signature_kind(&unsigned, false, false).is_ok());
+        assert!(check_signature_kind(&signed, true, true).is_ok());
+        for (row, signature, verified, says) in [
+            (&signed, false, false, "check people's signatures"),
+            (&unsigned, true, true, "do not check signatures"),
+            (&signed, true, false, "not verified by the server"),
+        ] {
+            let e = check_signature_kind(row, signature, verified).unwrap_err();
+            assert!(
+                matches!(&e, ApprovalError::Refused(m) if m.contains(says)),
+                "{e:?}"
+            );
+        }
+    }
+
+    /// A decision's votes come from one kind of sign-in, as an approval's do: one human with
+    /// a local user and a provider identity cannot count twice toward a resume.
+    #[test]
+    fn a_decisions_votes_come_from_one_kind_of_sign_in() {
+        let now = at("2026-11-30T10:21:00Z");
+        let row = proposed(Choice::Resume);
+        let local = vote(&row, &who("bob"), ID, &Verdict::approve(), now).unwrap();
+        let twice = vote(
+            &local.row,
+            &who("person:bob@corp"),
+            ID,
+            &Verdict::approve(),
+            now,
+        );
+        let Err(ApprovalError::Refused(why)) = twice else {
+            panic!("a second kind of sign-in was counted");
+        };
+        assert!(why.contains("one kind of sign-in"), "{why}");
+        let other = vote(&local.row, &who("carol"), ID, &Verdict::approve(), now).unwrap();
+        assert_eq!(other.row.state, State::Executing);
     }
 }

@@ -224,10 +224,10 @@ fn deny(
 /// A yes, `vote`, counted once it passes every rule a vote must; the request is approved
 /// when it has all the votes it needs.
 fn approve(row: &Approval, who: &Actor, vote: Vote) -> Result<Change, ApprovalError> {
-    check_first_vote_of(row, &vote.user)?;
+    check_first_vote_of(&row.votes, &vote.user)?;
     check_signature_fits(row, &vote)?;
-    check_person_counts_once(row, vote.signed.as_ref())?;
-    check_one_kind_of_sign_in(row, &vote.user)?;
+    check_person_counts_once(&row.votes, vote.signed.as_ref())?;
+    check_one_kind_of_sign_in(&row.votes, &vote.user)?;
     let next = with_vote(row, who, vote);
     let event = row.event(
         &who.actor,
@@ -241,8 +241,8 @@ fn approve(row: &Approval, who: &Actor, vote: Vote) -> Result<Change, ApprovalEr
 }
 
 /// One vote per name.
-fn check_first_vote_of(row: &Approval, user: &str) -> Result<(), ApprovalError> {
-    if row.votes.iter().any(|v| v.user == user) {
+pub(super) fn check_first_vote_of(votes: &[Vote], user: &str) -> Result<(), ApprovalError> {
+    if votes.iter().any(|v| v.user == user) {
         return Err(ApprovalError::Refused(
             "you approved this already: another approver must add theirs".into(),
         ));
@@ -267,12 +267,14 @@ fn check_signature_fits(row: &Approval, vote: &Vote) -> Result<(), ApprovalError
 }
 
 /// One person of the approvers file counts once, whatever the user name they signed in as.
-fn check_person_counts_once(row: &Approval, signed: Option<&Signed>) -> Result<(), ApprovalError> {
+pub(super) fn check_person_counts_once(
+    votes: &[Vote],
+    signed: Option<&Signed>,
+) -> Result<(), ApprovalError> {
     let Some(s) = signed else {
         return Ok(());
     };
-    match row
-        .votes
+    match votes
         .iter()
         .find(|v| v.signed.as_ref().is_some_and(|o| o.person == s.person))
     {
@@ -287,8 +289,8 @@ fn check_person_counts_once(row: &Approval, signed: Option<&Signed>) -> Result<(
 /// One human may hold a local user and a provider identity (`alice` and `person:alice@corp`),
 /// and nothing links the two: the votes of one request all come from one kind of sign-in,
 /// within which a name is one person.
-fn check_one_kind_of_sign_in(row: &Approval, user: &str) -> Result<(), ApprovalError> {
-    let Some(first) = row.votes.first() else {
+pub(super) fn check_one_kind_of_sign_in(votes: &[Vote], user: &str) -> Result<(), ApprovalError> {
+    let Some(first) = votes.first() else {
         return Ok(());
     };
     if is_provider_person(&first.user) == is_provider_person(user) {
@@ -300,7 +302,7 @@ fn check_one_kind_of_sign_in(row: &Approval, user: &str) -> Result<(), ApprovalE
         ("local users", "signed in through the provider")
     };
     Err(ApprovalError::Refused(format!(
-        "this request's approvals so far are by {theirs} and you are {yours}: all approvals of one request come from one kind of sign-in, so one person with both cannot count twice"
+        "the votes so far are by {theirs} and you are {yours}: all votes on one request (and on one decision about its rollout) come from one kind of sign-in, so one person with both cannot count twice"
     )))
 }
 
@@ -466,8 +468,8 @@ mod tests {
             votes: vec![plain_vote("alice")],
             ..row()
         };
-        assert!(check_first_vote_of(&voted, "bob").is_ok());
-        let err = check_first_vote_of(&voted, "alice").unwrap_err();
+        assert!(check_first_vote_of(&voted.votes, "bob").is_ok());
+        let err = check_first_vote_of(&voted.votes, "alice").unwrap_err();
         assert!(err.to_string().contains("approved this already"), "{err}");
     }
 
@@ -506,11 +508,11 @@ mod tests {
             votes: vec![signed_vote("alice", "alice", "SHA256:one")],
             ..row()
         };
-        assert!(check_person_counts_once(&voted, None).is_ok());
+        assert!(check_person_counts_once(&voted.votes, None).is_ok());
         let bob = signed_vote("bob", "bob", "SHA256:two");
-        assert!(check_person_counts_once(&voted, bob.signed.as_ref()).is_ok());
+        assert!(check_person_counts_once(&voted.votes, bob.signed.as_ref()).is_ok());
         let again = signed_vote("alice-laptop", "alice", "SHA256:three");
-        let err = check_person_counts_once(&voted, again.signed.as_ref())
+        let err = check_person_counts_once(&voted.votes, again.signed.as_ref())
             .unwrap_err()
             .to_string();
         assert!(err.contains("signed this already (as `alice`)"), "{err}");
@@ -518,20 +520,20 @@ mod tests {
 
     #[test]
     fn the_first_vote_sets_the_kind_of_sign_in() {
-        assert!(check_one_kind_of_sign_in(&row(), "person:alice@corp").is_ok());
+        assert!(check_one_kind_of_sign_in(&row().votes, "person:alice@corp").is_ok());
         let local = Approval {
             votes: vec![plain_vote("alice")],
             ..row()
         };
-        assert!(check_one_kind_of_sign_in(&local, "bob").is_ok());
-        let err = check_one_kind_of_sign_in(&local, "person:bob@corp").unwrap_err();
+        assert!(check_one_kind_of_sign_in(&local.votes, "bob").is_ok());
+        let err = check_one_kind_of_sign_in(&local.votes, "person:bob@corp").unwrap_err();
         assert!(err.to_string().contains("by local users"), "{err}");
         let provider = Approval {
             votes: vec![plain_vote("person:alice@corp")],
             ..row()
         };
-        assert!(check_one_kind_of_sign_in(&provider, "person:bob@corp").is_ok());
-        let err = check_one_kind_of_sign_in(&provider, "bob").unwrap_err();
+        assert!(check_one_kind_of_sign_in(&provider.votes, "person:bob@corp").is_ok());
+        let err = check_one_kind_of_sign_in(&provider.votes, "bob").unwrap_err();
         assert!(err.to_string().contains("you are a local user"), "{err}");
     }
 

@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use ssh_key::{HashAlg, LineEnding, PrivateKey};
 
 use crate::approvals::{
-    call_in_background, finished, restarts, signed_in, systemctl_standin, wait_for_pending,
+    Portal, call_in_background, finished, restarts, signed_in, systemctl_standin, wait_for_pending,
 };
 use crate::harness::app::{Options, Signed, TestApp};
 use crate::harness::{Backend, RunnerSpec, spawn_app};
@@ -405,12 +405,19 @@ async fn a_compromised_server_cannot_make_a_node_run_a_write() {
     assert_eq!(restarts(&lab.record), 2);
 }
 
-/// Acceptance 3, through the server: arguments edited in the approvals table after people
-/// signed are refused by the runner, which rebuilds the statement from what it receives.
-#[tokio::test]
-async fn arguments_edited_in_the_table_after_signing_do_not_run() {
-    let lab = lab().await;
-    let app = &lab.app;
+/// The agent's `consul` restart on hvn05, waiting for two people (the node's rule): alice and
+/// bob signed in, the request's id and the statement text they sign. `client` keeps the
+/// agent's call open.
+struct PendingRestart {
+    alice: Portal,
+    bob: Portal,
+    client: rmcp::service::RunningService<rmcp::RoleClient, ()>,
+    call: tokio::task::JoinHandle<rmcp::model::CallToolResult>,
+    id: String,
+    text: String,
+}
+
+async fn pending_restart(app: &TestApp) -> PendingRestart {
     let alice = signed_in(app, "alice", Role::Approver).await;
     let bob = signed_in(app, "bob", Role::Approver).await;
     let client = app.mcp_client().await;
@@ -423,6 +430,35 @@ async fn arguments_edited_in_the_table_after_signing_do_not_run() {
     let (_, request) = alice.get(&format!("/api/approvals/{id}")).await;
     let text = request["statement"]["text"].as_str().unwrap().to_owned();
     assert_eq!(request["required_approvals"], 2, "the node's rule sets two");
+    PendingRestart {
+        alice,
+        bob,
+        client,
+        call,
+        id,
+        text,
+    }
+}
+
+/// A vote's `signature`: the SSH signature of the key `seed` over `text`.
+fn ssh_vote(seed: u8, text: &str) -> Value {
+    json!({"kind": "ssh", "signer": "x", "signature": sign(seed, sshsig::APPROVAL_NAMESPACE, text)})
+}
+
+/// Acceptance 3, through the server: arguments edited in the approvals table after people
+/// signed are refused by the runner, which rebuilds the statement from what it receives.
+#[tokio::test]
+async fn arguments_edited_in_the_table_after_signing_do_not_run() {
+    let lab = lab().await;
+    let app = &lab.app;
+    let PendingRestart {
+        alice,
+        bob,
+        client: _client,
+        call,
+        id,
+        text,
+    } = pending_restart(app).await;
     // Unsigned: refused by the server, which says how to sign.
     let (status, body) = alice.approve(&id).await;
     assert_eq!(status, 403, "{body}");
@@ -430,7 +466,7 @@ async fn arguments_edited_in_the_table_after_signing_do_not_run() {
         body["error"].as_str().unwrap().contains("`signature`"),
         "{body}"
     );
-    let sig = |seed| json!({"kind": "ssh", "signer": "x", "signature": sign(seed, sshsig::APPROVAL_NAMESPACE, &text)});
+    let sig = |seed| ssh_vote(seed, &text);
     let (status, body) = alice
         .post(
             &format!("/api/approvals/{id}/approve"),
@@ -474,22 +510,18 @@ async fn arguments_edited_in_the_table_after_signing_do_not_run() {
 async fn a_vote_on_a_statement_rewritten_after_the_first_vote_is_refused() {
     let lab = lab().await;
     let app = &lab.app;
-    let alice = signed_in(app, "alice", Role::Approver).await;
-    let bob = signed_in(app, "bob", Role::Approver).await;
-    let client = app.mcp_client().await;
-    let call = call_in_background(
-        &client,
-        TOOL,
-        json!({"unit": "consul", "runners": ["hvn05"], "reason": "wedged"}),
-    );
-    let id = wait_for_pending(&alice).await;
-    let (_, request) = alice.get(&format!("/api/approvals/{id}")).await;
-    let text = request["statement"]["text"].as_str().unwrap().to_owned();
-    let sig = |seed, text: &str| json!({"kind": "ssh", "signer": "x", "signature": sign(seed, sshsig::APPROVAL_NAMESPACE, text)});
+    let PendingRestart {
+        alice,
+        bob,
+        client: _client,
+        call,
+        id,
+        text,
+    } = pending_restart(app).await;
     let (status, body) = alice
         .post(
             &format!("/api/approvals/{id}/approve"),
-            json!({"signature": sig(1, &text)}),
+            json!({"signature": ssh_vote(1, &text)}),
             true,
         )
         .await;
@@ -517,7 +549,7 @@ async fn a_vote_on_a_statement_rewritten_after_the_first_vote_is_refused() {
     let (status, body) = bob
         .post(
             &format!("/api/approvals/{id}/approve"),
-            json!({"signature": sig(2, &rewritten)}),
+            json!({"signature": ssh_vote(2, &rewritten)}),
             true,
         )
         .await;

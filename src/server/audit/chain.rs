@@ -106,7 +106,11 @@ pub mod kind {
     pub(crate) const WITNESS_REFUSED: &str = "witness.refused";
 }
 
-/// An event as a caller hands it to the writer.
+/// An event as a caller hands it to the writer. Its fields repeat those of the stored
+/// [`Event`](crate::protocol::audit_event::Event) on purpose: `Event` is the wire type a runner
+/// checks and adds what only the store assigns (`seq`, `id`, `at`, the hashes), while this
+/// one is the server's to fill, and one shared inner struct would put a `.fields` in every
+/// read of an event's kind or actor.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct NewEvent {
     /// Who: a caller's `ROLE:NAME` (`agent:`, `auditor:`, `approver:`, `admin:`), a provider

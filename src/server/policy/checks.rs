@@ -2,12 +2,14 @@
 //! roles and names checked, every problem listed with its field path (what needs no packs);
 //! then [`Policy::check`] holds the names and risk lines against the loaded packs.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use serde_json::Value;
 
-use super::format::{Format, RawLevel, RawPolicy, RawRollout, to_raw, to_value};
+use super::format::{
+    Format, RawAgent, RawLevel, RawPolicy, RawRisk, RawRole, RawRollout, to_raw, to_value,
+};
 use super::{
     AgentRule, Pattern, Policy, PolicyError, RiskRule, Rollout, WaveSize, invalid, key, rank,
 };
@@ -17,6 +19,9 @@ use crate::selector::Selector;
 use crate::util::input::is_identifier;
 
 use super::decide::most_specific;
+
+/// `runners` of the file: per runner name, allowlist name → its values.
+type RunnerLists = BTreeMap<String, BTreeMap<String, Vec<String>>>;
 
 /// The most approvers a write may require (more would make a tool effectively unusable).
 const MAX_APPROVERS: u32 = 5;
@@ -144,145 +149,46 @@ impl Policy {
         })
     }
 
+    /// The raw file as a policy: every line compiled, every problem found at once.
     fn resolve(raw: RawPolicy, source: &Value) -> Result<Policy, Vec<String>> {
         let mut problems = Vec::new();
-
-        let agents = raw.agents.map(|agents| {
-            agents
-                .into_iter()
-                .map(|(name, rule)| {
-                    let path = format!("agents.{}", key(&name));
-                    if name != "*" && !is_identifier(&name) {
-                        problems.push(format!(
-                            "`{path}`: an agent name must be a token's agent name (letters, digits, `_ . @ -`) or `*`"
-                        ));
-                    }
-                    let tools = patterns(&format!("{path}.tools"), &rule.tools, &mut problems);
-                    let runners = rule.runners.and_then(|text| {
-                        Selector::parse(&text)
-                            .map_err(|e| problems.push(format!("`{path}.runners`: `{text}`: {e}")))
-                            .ok()
-                    });
-                    (name, AgentRule { tools, runners })
-                })
-                .collect()
-        });
-
-        let mut risk = Vec::new();
-        for (name, line) in raw.risk {
-            let path = format!("risk.{}", key(&name));
-            let pattern = match Pattern::parse(&name) {
-                Ok(p) => p,
-                Err(e) => {
-                    problems.push(format!("`{path}`: {e}"));
-                    continue;
-                }
-            };
-            if line.auto_approve && line.risk != RawLevel::Low {
-                problems.push(format!(
-                    "`{path}`: `auto_approve: true` is only for risk: low (a high write always needs approval, a read needs none)"
-                ));
-            }
-            risk.push((
-                pattern,
-                RiskRule {
-                    risk: line.risk.into(),
-                    lower: line.lower,
-                    auto_approve: line.auto_approve,
-                },
-            ));
-        }
-
-        let mut approvers_default = 1;
-        let mut approvers = Vec::new();
-        for (name, n) in raw.approvers {
-            let path = format!("approvers.{}", key(&name));
-            approvers_in_range(&path, n, &mut problems);
-            if name == "default" {
-                approvers_default = n;
-                continue;
-            }
-            match Pattern::parse(&name) {
-                Ok(p) => approvers.push((p, n)),
-                Err(e) => problems.push(format!("`{path}`: {e} (or `default`)")),
-            }
-        }
-
-        let mut max_targets_default = DEFAULT_MAX_TARGETS;
-        let mut max_targets = Vec::new();
-        for (name, n) in raw.max_targets {
-            let path = format!("max_targets.{}", key(&name));
-            if !(1..=MAX_MAX_TARGETS).contains(&n) {
-                problems.push(format!(
-                    "`{path}`: {n} runners is out of range: it must be 1 to {MAX_MAX_TARGETS}"
-                ));
-            }
-            if name == "default" {
-                max_targets_default = n;
-                continue;
-            }
-            match Pattern::parse(&name) {
-                Ok(p) => max_targets.push((p, n)),
-                Err(e) => problems.push(format!("`{path}`: {e} (or `default`)")),
-            }
-        }
-
-        let mut rollout_default = Rollout::DEFAULT;
-        let mut rollout = Vec::new();
-        for (name, line) in raw.rollout {
-            let path = format!("rollout.{}", key(&name));
-            let Some(compiled) = rollout_line(&path, &line, &mut problems) else {
-                continue;
-            };
-            if name == "default" {
-                rollout_default = compiled;
-                continue;
-            }
-            match Pattern::parse(&name) {
-                Ok(p) => rollout.push((p, compiled)),
-                Err(e) => problems.push(format!("`{path}`: {e} (or `default`)")),
-            }
-        }
-
-        let everything = || vec![Pattern::Prefix(String::new())];
-        let (mut approver_may, mut admin_may) = (everything(), everything());
-        for (role, rule) in raw.roles {
-            let path = format!("roles.{}", key(&role));
-            let slot = match role.as_str() {
-                "approver" => &mut approver_may,
-                "admin" => &mut admin_may,
-                "auditor" | "agent" => {
+        let agents = raw
+            .agents
+            .map(|agents| resolve_agents(agents, &mut problems));
+        let risk = resolve_risk(raw.risk, &mut problems);
+        let (approvers_default, approvers) = per_tool(
+            "approvers",
+            raw.approvers,
+            1,
+            &mut problems,
+            |path, n, problems| {
+                approvers_in_range(path, n, problems);
+                Some(n)
+            },
+        );
+        let (max_targets_default, max_targets) = per_tool(
+            "max_targets",
+            raw.max_targets,
+            DEFAULT_MAX_TARGETS,
+            &mut problems,
+            |path, n, problems| {
+                if !(1..=MAX_MAX_TARGETS).contains(&n) {
                     problems.push(format!(
-                        "`{path}`: an {role} never approves; only `approver` and `admin` may be listed"
+                        "`{path}`: {n} runners is out of range: it must be 1 to {MAX_MAX_TARGETS}"
                     ));
-                    continue;
                 }
-                _ => {
-                    problems.push(format!(
-                        "`{path}`: unknown role; only `approver` and `admin` may be listed"
-                    ));
-                    continue;
-                }
-            };
-            *slot = patterns(&format!("{path}.approve"), &rule.approve, &mut problems);
-        }
-
-        for (runner, lists) in &raw.runners {
-            if !is_identifier(runner) {
-                problems.push(format!(
-                    "`runners.{}`: a runner name must be an identifier (letters, digits, `_ . @ -`)",
-                    key(runner)
-                ));
-            }
-            for name in lists.keys().filter(|n| !is_identifier(n)) {
-                problems.push(format!(
-                    "`runners.{}.{}`: an allowlist name must be an identifier",
-                    key(runner),
-                    key(name)
-                ));
-            }
-        }
-
+                Some(n)
+            },
+        );
+        let (rollout_default, rollout) = per_tool(
+            "rollout",
+            raw.rollout,
+            Rollout::DEFAULT,
+            &mut problems,
+            |path, line, problems| rollout_line(path, &line, problems),
+        );
+        let (approver_may, admin_may) = resolve_roles(raw.roles, &mut problems);
+        check_runner_names(&raw.runners, &mut problems);
         if !problems.is_empty() {
             return Err(problems);
         }
@@ -309,127 +215,284 @@ impl Policy {
     pub(crate) fn check(&self, packs: &PackSet) -> Result<(), PolicyError> {
         let tools: Vec<&Tool> = packs.tools().map(|t| &**t).collect();
         let mut problems = Vec::new();
-        let known = |path: String, pattern: &Pattern, problems: &mut Vec<String>| {
-            if !tools.iter().any(|t| pattern.matches(&t.name)) {
-                problems.push(match pattern {
-                    Pattern::Exact(name) => format!("`{path}`: no loaded pack has a tool `{name}`"),
-                    Pattern::Prefix(_) => format!("`{path}`: `{pattern}` matches no loaded tool"),
-                });
-            }
+        let unknown = |named: Vec<(String, &Pattern)>| -> Vec<String> {
+            named
+                .into_iter()
+                .filter_map(|(path, pattern)| unknown(&tools, &path, pattern))
+                .collect()
         };
-
-        for (name, rule) in self.agents.iter().flatten() {
-            for (i, p) in rule.tools.iter().enumerate() {
-                known(format!("agents.{}.tools[{i}]", key(name)), p, &mut problems);
-            }
-        }
+        problems.extend(unknown(self.agent_patterns()));
         for (pattern, rule) in &self.risk {
             let path = format!("risk.{}", key(&pattern.to_string()));
-            known(path.clone(), pattern, &mut problems);
-            let matched = || tools.iter().filter(|t| pattern.matches(&t.name));
-            let names = |ts: Vec<&&Tool>| {
-                let names: Vec<&str> = ts.iter().map(|t| t.name.as_str()).collect();
-                match pattern {
-                    Pattern::Exact(_) => String::new(),
-                    Pattern::Prefix(_) => format!(" ({})", names.join(", ")),
-                }
-            };
-            if !rule.lower {
-                for own in [Risk::High, Risk::Low] {
-                    let lowered: Vec<_> = matched()
-                        .filter(|t| t.risk == own && rank(rule.risk) < rank(own))
-                        .collect();
-                    if !lowered.is_empty() {
-                        problems.push(format!(
-                            "`{path}`: lowering a risk:{} tool needs `lower: true`{}",
-                            own.as_str(),
-                            names(lowered)
-                        ));
-                    }
-                }
-            }
-            // A tool whose preview captures values executes only with the values captured when
-            // the request was made: a line that lets it run without a request can never work.
-            let without_request: Vec<_> = matched()
-                .filter(|t| {
-                    t.needs_preview_values()
-                        && most_specific(&self.risk, &t.name).is_some_and(|r| std::ptr::eq(r, rule))
-                        && (rule.risk == Risk::Read
-                            || (rule.risk == Risk::Low && rule.auto_approve))
-                })
-                .collect();
-            if !without_request.is_empty() {
-                problems.push(format!(
-                    "`{path}`: a tool with a preview cannot run without an approval request (its execution needs the values its preview captures when the request is made){}",
-                    match pattern {
-                        Pattern::Exact(_) => String::new(),
-                        Pattern::Prefix(_) => format!(
-                            " ({})",
-                            without_request
-                                .iter()
-                                .map(|t| t.name.as_str())
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        ),
-                    }
-                ));
-            }
-            if rule.auto_approve {
-                let high: Vec<_> = matched().filter(|t| t.risk == Risk::High).collect();
-                if !high.is_empty() {
-                    problems.push(format!(
-                        "`{path}`: `auto_approve` is not allowed on a risk:high tool{}",
-                        names(high)
-                    ));
-                }
-            }
+            problems.extend(unknown(vec![(path, pattern)]));
+            self.check_risk_line(&tools, pattern, rule, &mut problems);
         }
-        for (pattern, _) in &self.approvers {
-            known(
-                format!("approvers.{}", key(&pattern.to_string())),
-                pattern,
-                &mut problems,
-            );
-        }
-        for (pattern, _) in &self.max_targets {
-            known(
-                format!("max_targets.{}", key(&pattern.to_string())),
-                pattern,
-                &mut problems,
-            );
-        }
-        for (pattern, _) in &self.rollout {
-            known(
-                format!("rollout.{}", key(&pattern.to_string())),
-                pattern,
-                &mut problems,
-            );
-        }
-        for (role, may) in [("approver", &self.approver_may), ("admin", &self.admin_may)] {
-            for (i, p) in may.iter().enumerate() {
-                known(format!("roles.{role}.approve[{i}]"), p, &mut problems);
-            }
-        }
-
-        let lists: BTreeSet<&str> = tools
-            .iter()
-            .flat_map(|t| t.params.iter().flat_map(|p| p.policy_lists()))
-            .collect();
-        for (runner, named) in &self.runners {
-            for name in named.keys().filter(|n| !lists.contains(n.as_str())) {
-                problems.push(format!(
-                    "`runners.{}.{}`: no loaded tool has a param with `allowlist: {name}` (known lists: {})",
-                    key(runner),
-                    key(name),
-                    lists.iter().copied().collect::<Vec<_>>().join(", ")
-                ));
-            }
-        }
-
+        problems.extend(unknown(self.table_patterns()));
+        check_runner_lists(&tools, &self.runners, &mut problems);
         if problems.is_empty() {
             Ok(())
         } else {
             Err(invalid(problems))
+        }
+    }
+
+    /// The tool patterns of `agents`, each with its path in the file.
+    fn agent_patterns(&self) -> Vec<(String, &Pattern)> {
+        let mut named = Vec::new();
+        for (name, rule) in self.agents.iter().flatten() {
+            for (i, p) in rule.tools.iter().enumerate() {
+                named.push((format!("agents.{}.tools[{i}]", key(name)), p));
+            }
+        }
+        named
+    }
+
+    /// The tool patterns of `approvers`, `max_targets`, `rollout` and `roles`, each with its
+    /// path in the file.
+    fn table_patterns(&self) -> Vec<(String, &Pattern)> {
+        let keyed = |table: &str, p: &Pattern| format!("{table}.{}", key(&p.to_string()));
+        let mut named = Vec::new();
+        named.extend(
+            self.approvers
+                .iter()
+                .map(|(p, _)| (keyed("approvers", p), p)),
+        );
+        named.extend(
+            self.max_targets
+                .iter()
+                .map(|(p, _)| (keyed("max_targets", p), p)),
+        );
+        named.extend(self.rollout.iter().map(|(p, _)| (keyed("rollout", p), p)));
+        for (role, may) in [("approver", &self.approver_may), ("admin", &self.admin_may)] {
+            for (i, p) in may.iter().enumerate() {
+                named.push((format!("roles.{role}.approve[{i}]"), p));
+            }
+        }
+        named
+    }
+
+    /// One `risk` line against the tools it matches: a lowering needs `lower: true`, a tool
+    /// whose preview captures values cannot run without a request, and `auto_approve` never
+    /// reaches a risk:high tool.
+    fn check_risk_line(
+        &self,
+        tools: &[&Tool],
+        pattern: &Pattern,
+        rule: &RiskRule,
+        problems: &mut Vec<String>,
+    ) {
+        let path = format!("risk.{}", key(&pattern.to_string()));
+        let matched = || tools.iter().filter(|t| pattern.matches(&t.name));
+        // A pattern's problem lists the tools it found; an exact name is its tool already.
+        let names = |ts: Vec<&&Tool>| match pattern {
+            Pattern::Exact(_) => String::new(),
+            Pattern::Prefix(_) => {
+                let names: Vec<&str> = ts.iter().map(|t| t.name.as_str()).collect();
+                format!(" ({})", names.join(", "))
+            }
+        };
+        if !rule.lower {
+            for own in [Risk::High, Risk::Low] {
+                let lowered: Vec<_> = matched()
+                    .filter(|t| t.risk == own && rank(rule.risk) < rank(own))
+                    .collect();
+                if !lowered.is_empty() {
+                    problems.push(format!(
+                        "`{path}`: lowering a risk:{} tool needs `lower: true`{}",
+                        own.as_str(),
+                        names(lowered)
+                    ));
+                }
+            }
+        }
+        // A tool whose preview captures values executes only with the values captured when
+        // the request was made: a line that lets it run without a request can never work.
+        let without_request: Vec<_> = matched()
+            .filter(|t| {
+                t.needs_preview_values()
+                    && most_specific(&self.risk, &t.name).is_some_and(|r| std::ptr::eq(r, rule))
+                    && (rule.risk == Risk::Read || (rule.risk == Risk::Low && rule.auto_approve))
+            })
+            .collect();
+        if !without_request.is_empty() {
+            problems.push(format!(
+                "`{path}`: a tool with a preview cannot run without an approval request (its execution needs the values its preview captures when the request is made){}",
+                names(without_request)
+            ));
+        }
+        if rule.auto_approve {
+            let high: Vec<_> = matched().filter(|t| t.risk == Risk::High).collect();
+            if !high.is_empty() {
+                problems.push(format!(
+                    "`{path}`: `auto_approve` is not allowed on a risk:high tool{}",
+                    names(high)
+                ));
+            }
+        }
+    }
+}
+
+/// `agents`: each name a token's agent name or `*`, its tool patterns and runner selector
+/// compiled.
+fn resolve_agents(
+    agents: BTreeMap<String, RawAgent>,
+    problems: &mut Vec<String>,
+) -> BTreeMap<String, AgentRule> {
+    agents
+        .into_iter()
+        .map(|(name, rule)| {
+            let path = format!("agents.{}", key(&name));
+            if name != "*" && !is_identifier(&name) {
+                problems.push(format!(
+                    "`{path}`: an agent name must be a token's agent name (letters, digits, `_ . @ -`) or `*`"
+                ));
+            }
+            let tools = patterns(&format!("{path}.tools"), &rule.tools, problems);
+            let runners = rule.runners.and_then(|text| {
+                Selector::parse(&text)
+                    .map_err(|e| problems.push(format!("`{path}.runners`: `{text}`: {e}")))
+                    .ok()
+            });
+            (name, AgentRule { tools, runners })
+        })
+        .collect()
+}
+
+/// `risk`: each line's pattern compiled, and `auto_approve` only on risk: low.
+fn resolve_risk(
+    raw: BTreeMap<String, RawRisk>,
+    problems: &mut Vec<String>,
+) -> Vec<(Pattern, RiskRule)> {
+    let mut risk = Vec::new();
+    for (name, line) in raw {
+        let path = format!("risk.{}", key(&name));
+        let pattern = match Pattern::parse(&name) {
+            Ok(p) => p,
+            Err(e) => {
+                problems.push(format!("`{path}`: {e}"));
+                continue;
+            }
+        };
+        if line.auto_approve && line.risk != RawLevel::Low {
+            problems.push(format!(
+                "`{path}`: `auto_approve: true` is only for risk: low (a high write always needs approval, a read needs none)"
+            ));
+        }
+        let rule = RiskRule {
+            risk: line.risk.into(),
+            lower: line.lower,
+            auto_approve: line.auto_approve,
+        };
+        risk.push((pattern, rule));
+    }
+    risk
+}
+
+/// A table of lines by tool, `pack.*` or `default` (`approvers`, `max_targets`, `rollout`):
+/// each value compiled by `compile` (which says its own problems, and drops a line it
+/// cannot use), the `default` line apart from the patterns.
+fn per_tool<R, T>(
+    table: &str,
+    raw: BTreeMap<String, R>,
+    mut default: T,
+    problems: &mut Vec<String>,
+    compile: impl Fn(&str, R, &mut Vec<String>) -> Option<T>,
+) -> (T, Vec<(Pattern, T)>) {
+    let mut lines = Vec::new();
+    for (name, value) in raw {
+        let path = format!("{table}.{}", key(&name));
+        let Some(compiled) = compile(&path, value, problems) else {
+            continue;
+        };
+        if name == "default" {
+            default = compiled;
+            continue;
+        }
+        match Pattern::parse(&name) {
+            Ok(p) => lines.push((p, compiled)),
+            Err(e) => problems.push(format!("`{path}`: {e} (or `default`)")),
+        }
+    }
+    (default, lines)
+}
+
+/// `roles`: which tools an `approver` and an `admin` may approve (every tool when not
+/// listed); no other role approves anything.
+fn resolve_roles(
+    roles: BTreeMap<String, RawRole>,
+    problems: &mut Vec<String>,
+) -> (Vec<Pattern>, Vec<Pattern>) {
+    let everything = || vec![Pattern::Prefix(String::new())];
+    let (mut approver_may, mut admin_may) = (everything(), everything());
+    for (role, rule) in roles {
+        let path = format!("roles.{}", key(&role));
+        let slot = match role.as_str() {
+            "approver" => &mut approver_may,
+            "admin" => &mut admin_may,
+            "auditor" | "agent" => {
+                problems.push(format!(
+                    "`{path}`: an {role} never approves; only `approver` and `admin` may be listed"
+                ));
+                continue;
+            }
+            _ => {
+                problems.push(format!(
+                    "`{path}`: unknown role; only `approver` and `admin` may be listed"
+                ));
+                continue;
+            }
+        };
+        *slot = patterns(&format!("{path}.approve"), &rule.approve, problems);
+    }
+    (approver_may, admin_may)
+}
+
+/// `runners`: each runner name and each allowlist name an identifier.
+fn check_runner_names(runners: &RunnerLists, problems: &mut Vec<String>) {
+    for (runner, lists) in runners {
+        if !is_identifier(runner) {
+            problems.push(format!(
+                "`runners.{}`: a runner name must be an identifier (letters, digits, `_ . @ -`)",
+                key(runner)
+            ));
+        }
+        for name in lists.keys().filter(|n| !is_identifier(n)) {
+            problems.push(format!(
+                "`runners.{}.{}`: an allowlist name must be an identifier",
+                key(runner),
+                key(name)
+            ));
+        }
+    }
+}
+
+/// Why `pattern` at `path` names no loaded tool, if it does not: an exact name must exist,
+/// a pattern must match at least one.
+fn unknown(tools: &[&Tool], path: &str, pattern: &Pattern) -> Option<String> {
+    if tools.iter().any(|t| pattern.matches(&t.name)) {
+        return None;
+    }
+    Some(match pattern {
+        Pattern::Exact(name) => format!("`{path}`: no loaded pack has a tool `{name}`"),
+        Pattern::Prefix(_) => format!("`{path}`: `{pattern}` matches no loaded tool"),
+    })
+}
+
+/// `runners.*.LIST`: every list a loaded tool's param names (`allowlist:` or
+/// `policy_allowlist:`); a list nothing reads is a mistake, said with the known ones.
+fn check_runner_lists(tools: &[&Tool], runners: &RunnerLists, problems: &mut Vec<String>) {
+    let lists: BTreeSet<&str> = tools
+        .iter()
+        .flat_map(|t| t.params.iter().flat_map(|p| p.policy_lists()))
+        .collect();
+    for (runner, named) in runners {
+        for name in named.keys().filter(|n| !lists.contains(n.as_str())) {
+            problems.push(format!(
+                "`runners.{}.{}`: no loaded tool has a param with `allowlist: {name}` (known lists: {})",
+                key(runner),
+                key(name),
+                lists.iter().copied().collect::<Vec<_>>().join(", ")
+            ));
         }
     }
 }
@@ -773,5 +836,32 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.starts_with("failed to read policy file"), "{err}");
+    }
+
+    /// A per-tool table keeps its `default` apart, names a line whose pattern does not parse
+    /// with its path, and drops a line its `compile` refuses (which says why itself).
+    #[test]
+    fn a_per_tool_table_keeps_its_default_apart_and_names_its_bad_lines() {
+        let raw: BTreeMap<String, u32> = [("default", 3), ("consul.*", 2), ("a b", 1), ("x", 0)]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect();
+        let mut problems = Vec::new();
+        let (default, lines) = per_tool("approvers", raw, 1, &mut problems, |path, n, p| {
+            if n == 0 {
+                p.push(format!("`{path}`: zero"));
+                return None;
+            }
+            Some(n)
+        });
+        assert_eq!(default, 3);
+        assert_eq!(lines, [(Pattern::parse("consul.*").unwrap(), 2)]);
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(
+            problems[0].starts_with("`approvers.\"a b\"`: "),
+            "{problems:?}"
+        );
+        assert!(problems[0].ends_with("(or `default`)"), "{problems:?}");
+        assert_eq!(problems[1], "`approvers.x`: zero");
     }
 }

@@ -47,20 +47,34 @@ fn directory_of(path: &Path) -> &Path {
 }
 
 /// Reads a private key file, refused when others may read or write it: `what` names the key
-/// in the error (`the witness's`, `the audit log's`).
+/// in the error (`the witness's`, `the audit log's`). The rule is PostgreSQL's for its TLS
+/// key: a key owned by anyone but root is `0600` (no group or other bits); a key owned by
+/// root may also be read by its group (`root:emisar 0640`, as the package makes
+/// `server.key`), and never by others.
 pub fn read_private(path: &Path, what: &str) -> anyhow::Result<String> {
-    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let meta =
         std::fs::metadata(path).with_context(|| format!("failed to read {}", path.display()))?;
-    let mode = meta.permissions().mode() & 0o777;
-    if mode & 0o077 != 0 {
-        anyhow::bail!(
-            "{} is readable or writable by others (mode {mode:o}): it holds {what} private key; \
-             `chmod 600` it",
-            path.display()
-        );
+    if let Some(why) = private_mode_refused(meta.uid(), meta.permissions().mode() & 0o777) {
+        anyhow::bail!("{}: {why}: it holds {what} private key", path.display());
     }
     std::fs::read_to_string(path).with_context(|| format!("failed to read {}", path.display()))
+}
+
+/// Why a private key file owned by `uid` with `mode` may not be used, if it may not.
+fn private_mode_refused(uid: u32, mode: u32) -> Option<String> {
+    let (allowed, rule) = match uid {
+        0 => (
+            0o640,
+            "root's key may be 0600, or 0640 for its group to read it",
+        ),
+        _ => (
+            0o600,
+            "a key not owned by root must be 0600; root's may be 0640",
+        ),
+    };
+    (mode & !allowed != 0)
+        .then(|| format!("mode {mode:o} is too open for a private key ({rule}): `chmod 600` it"))
 }
 
 /// Writes a new private key file (mode 0600, synced); an existing file is never overwritten.
@@ -121,5 +135,40 @@ mod tests {
         );
         let err = replace(Path::new("/"), b"x", 0o600).unwrap_err();
         assert!(err.to_string().contains("names no file"), "{err}");
+    }
+
+    /// PostgreSQL's rule: a key not owned by root has no group or other bits; one owned by
+    /// root may be group-readable; nobody's key is readable by others or group-writable.
+    #[test]
+    fn a_private_key_follows_postgresqls_rule() {
+        assert_eq!(private_mode_refused(1000, 0o600), None);
+        assert_eq!(private_mode_refused(1000, 0o400), None);
+        assert_eq!(private_mode_refused(0, 0o600), None);
+        assert_eq!(private_mode_refused(0, 0o640), None);
+        for (uid, mode) in [
+            (1000, 0o640),
+            (1000, 0o604),
+            (0, 0o660),
+            (0, 0o644),
+            (0, 0o700),
+        ] {
+            let why = private_mode_refused(uid, mode).expect("refused");
+            assert!(
+                why.starts_with(&format!("mode {mode:o} is too open")),
+                "{uid} {mode:o}: {why}"
+            );
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("log.key");
+        std::fs::write(&key, "k").unwrap();
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o604)).unwrap();
+        let err = read_private(&key, "the audit log's")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("mode 604 is too open"), "{err}");
+        assert!(
+            err.ends_with("it holds the audit log's private key"),
+            "{err}"
+        );
     }
 }

@@ -1,7 +1,17 @@
 #!/usr/bin/env python3
 """Drive an MCP server over Streamable HTTP with the official Python SDK (`mcp` 2.3.0).
 
-Used by the Rust integration tests as an independent, non-rmcp client:
+An example client, and an independent, non-rmcp client for the Rust integration tests.
+The Debian package installs it as /usr/share/doc/emisar/examples/mcp_python_client.py; run it
+with the SDK in a virtual environment:
+
+    python3 -m venv mcp-venv
+    mcp-venv/bin/pip install mcp==2.3.0
+    mcp-venv/bin/python /usr/share/doc/emisar/examples/mcp_python_client.py \
+        --url https://emisar.example.internal/mcp --token TOKEN --tool traefik.ping --args '{}'
+
+(A server certificate from a private CA: SSL_CERT_FILE=/path/ca.crt in its environment.)
+In a source checkout (scripts/install-test-deps makes .tools/venv):
 
     .tools/venv/bin/python tests/mcp_python_client.py \
         --url http://127.0.0.1:PORT/mcp --token TOKEN --tool traefik.ping --args '{}'

@@ -79,8 +79,10 @@ async fn an_agent_has_at_most_max_pending_requests(backend: Backend) {
 both_backends!(an_agent_has_at_most_max_pending_requests);
 
 /// Moves request `id` to `approved`, decided by alice `ago` in the past, the way a replica
-/// that stopped right after recording the approval leaves it.
+/// that stopped right after recording the approval leaves it: its `approval.approved` in the
+/// log (the sweep runs nothing the log does not back), the row's time `ago`.
 async fn approved_long_ago(app: &TestApp, id: &str, ago: chrono::Duration) {
+    approved_in_the_log(app, id).await;
     let at = emisar::server::audit::format_at(chrono::Utc::now() - ago);
     emisar::with_pool!(&app.db, pool => sqlx::query(app.db.sql(
         "UPDATE approvals SET state = 'approved', decided_by = 'approver:alice', updated_at = $1::timestamptz WHERE id = $2",
@@ -91,6 +93,31 @@ async fn approved_long_ago(app: &TestApp, id: &str, ago: chrono::Duration) {
     .await
     .map(|_| ()))
     .unwrap();
+}
+
+/// The `approval.approved` event that settled request `id`, as the replica that approved it
+/// appended it.
+async fn approved_in_the_log(app: &TestApp, id: &str) {
+    let requested = app
+        .events(AuditFilter {
+            approval_id: Some(id.into()),
+            kind: Some("approval.requested".into()),
+            ..Default::default()
+        })
+        .await;
+    let requested = &requested[0];
+    app.audit
+        .append(emisar::server::audit::NewEvent {
+            actor: "approver:alice".into(),
+            kind: "approval.approved".into(),
+            tool: requested.tool.clone(),
+            call_id: requested.call_id.clone(),
+            approval_id: Some(id.into()),
+            detail: Some(json!({"votes": 1, "required": 1, "state": "approved"})),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
 }
 
 async fn state_settles(p: &Portal, id: &str) -> Value {
@@ -127,7 +154,12 @@ async fn an_approval_that_never_started_expires(backend: Backend) {
     assert_eq!(restarts(&record), 0);
     assert_eq!(
         kinds_of(&app, &stale).await,
-        ["tool.called", "approval.requested", "approval.expired"]
+        [
+            "tool.called",
+            "approval.requested",
+            "approval.approved",
+            "approval.expired"
+        ]
     );
     let res = call(
         &client,
@@ -149,6 +181,48 @@ async fn an_approval_that_never_started_expires(backend: Backend) {
     client.cancel().await.unwrap();
 }
 both_backends!(an_approval_that_never_started_expires);
+
+/// An insider with the database sets an executed request back to `approved`, its time to a
+/// moment ago, the way an aborted rollout was set to run again (red team 2, A1): the sweep
+/// finds its `approval.executing` in the audit log, runs nothing again, and expires it, saying
+/// why.
+async fn a_request_set_back_to_approved_in_the_store_does_not_run_again(backend: Backend) {
+    let (_bin, record, app) = restart_lab(
+        backend,
+        Options {
+            approval_wait_secs: Some(1),
+            ..Default::default()
+        },
+    )
+    .await;
+    let carol = signed_in(&app, "carol", Role::Auditor).await;
+    let bob = signed_in(&app, "bob", Role::Approver).await;
+    let client = app.mcp_client().await;
+    let id = approval_id(&ask(&client, "once").await);
+    let (status, body) = bob.approve(&id).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(state_settles(&carol, &id).await["state"], "executed");
+    assert_eq!(restarts(&record), 1);
+
+    let at = emisar::server::audit::format_at(chrono::Utc::now() - chrono::Duration::seconds(20));
+    emisar::with_pool!(&app.db, pool => sqlx::query(app.db.sql(
+        "UPDATE approvals SET state = 'approved', updated_at = $1::timestamptz WHERE id = $2",
+    ))
+    .bind(&at)
+    .bind(&id)
+    .execute(pool)
+    .await
+    .map(|_| ()))
+    .unwrap();
+    let row = state_settles(&carol, &id).await;
+    assert_eq!(row["state"], "expired", "{row}");
+    let note = row["outcome_note"].as_str().unwrap();
+    assert!(note.contains("it started already"), "{note}");
+    assert_eq!(restarts(&record), 1, "nothing ran again");
+    app.assert_chain_intact().await;
+    client.cancel().await.unwrap();
+}
+both_backends!(a_request_set_back_to_approved_in_the_store_does_not_run_again);
 
 /// A number series of `/metrics` (scraped with `token`, an auditor's), or `None` when the
 /// scrape does not have it.

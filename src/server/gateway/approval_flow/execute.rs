@@ -11,9 +11,10 @@ use super::super::dispatch::AuditedCall;
 use super::super::outcome::{CallOutcome, RunnerResult};
 use super::super::state::Gateway;
 use super::rollout::{Prepared, ROLLOUT_ACTOR, Rolled};
-use crate::protocol::approval::{Choice, DecisionProof};
+use crate::protocol::approval::{Choice, DecisionProof, Statement};
+use crate::protocol::audit_event::Event;
 use crate::server::approvals::{self, Actor, Approval, ApprovalError, Lock, State, Verdict};
-use crate::server::audit::kind;
+use crate::server::audit::{AuditFilter, format_at, kind};
 use crate::server::principal::Principal;
 
 impl Gateway {
@@ -78,6 +79,29 @@ impl Gateway {
     /// runs it.
     pub(crate) async fn execute_approved(&self, id: &str) {
         let start_within = self.limits.approved_start_within;
+        // The row is the store's, which an insider with the database may rewrite (an aborted
+        // or halted request set back to `approved`, a later `updated_at`); the log is
+        // append-only and witnessed. The window runs from the earlier of the two times.
+        let settled = match self.approved_in_log(id).await {
+            Ok(at) => at,
+            Err(why) => {
+                tracing::error!(approval_id = %id, why = %why, "an approved request the audit log does not back is not run");
+                self.expire_approved_because(id, &why).await;
+                return;
+            }
+        };
+        if settled
+            + chrono::Duration::from_std(start_within).unwrap_or(chrono::Duration::minutes(5))
+            <= chrono::Utc::now()
+        {
+            let why = format!(
+                "its approval is in the audit log at {}, more than {} s ago",
+                format_at(settled),
+                start_within.as_secs()
+            );
+            self.expire_approved_because(id, &why).await;
+            return;
+        }
         let claimed = self
             .approvals
             .transition(id, Lock::SkipLocked, |r| {
@@ -152,6 +176,10 @@ impl Gateway {
                 pack.name, row.pack_sha256, pack.digest
             ));
         }
+        if let Err(why) = plan_as_signed(row) {
+            tracing::error!(approval_id = %row.id, why = %why, "a request whose stored plan is not the one people signed is not run");
+            return before_any(why);
+        }
         let proof = self.proof_for(row);
         let decision = carried_out(row).map(|d| DecisionProof {
             text: d.text.clone(),
@@ -183,6 +211,45 @@ impl Gateway {
             decision: decision.as_ref(),
         };
         self.roll_out_approved(row, &prepared).await
+    }
+
+    /// When the audit log says the request `id` was approved, if it backs a first execution:
+    /// an `approval.approved` that settled it, and no `approval.executing` yet.
+    async fn approved_in_log(&self, id: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
+        let filter = AuditFilter {
+            approval_id: Some(id.to_owned()),
+            limit: MAX_HISTORY,
+            ..AuditFilter::default()
+        };
+        let events = crate::server::audit::query(self.approvals.db(), &filter)
+            .await
+            .map_err(|e| format!("the audit log could not be read: {e}"))?;
+        first_execution_backed(&events)
+    }
+
+    /// Expires an approved request that must not run, saying `why`; nothing runs.
+    async fn expire_approved_because(&self, id: &str, why: &str) {
+        let why = format!("{why}; nothing ran: ask again");
+        let result = self
+            .approvals
+            .transition(id, Lock::SkipLocked, |r| {
+                let mut change = approvals::moved(
+                    r,
+                    &[State::Approved],
+                    State::Expired,
+                    "system",
+                    kind::APPROVAL_EXPIRED,
+                    json!({"approved_at": r.updated_at, "why": why}),
+                    chrono::Utc::now(),
+                )?;
+                change.row.note = Some(why.clone());
+                Ok(change)
+            })
+            .await;
+        match result {
+            Ok(_) | Err(ApprovalError::WrongState { .. }) => {}
+            Err(e) => tracing::error!(error = %e, approval_id = %id, "could not expire"),
+        }
     }
 
     /// Expires an approved request whose execution never started within
@@ -221,6 +288,64 @@ impl Gateway {
             Err(e) => tracing::error!(error = %e, approval_id = %id, "could not expire"),
         }
     }
+}
+
+/// The most events of one approval read to decide whether it may start (a rollout of the
+/// largest plan has a few per runner).
+const MAX_HISTORY: i64 = 100_000;
+
+/// When an approval's events say it was approved, if they back its first execution: the
+/// last `approval.approved` that settled it (`state: approved`), and no `approval.executing`
+/// (an approval is claimed once; only people's signed decision on its halt runs it again).
+fn first_execution_backed(events: &[Event]) -> Result<chrono::DateTime<chrono::Utc>, String> {
+    if let Some(e) = events.iter().find(|e| e.kind == kind::APPROVAL_EXECUTING) {
+        return Err(format!(
+            "it started already (`approval.executing` at seq {}), so the store was changed since",
+            e.seq
+        ));
+    }
+    let settled = events.iter().rev().find(|e| {
+        e.kind == kind::APPROVAL_APPROVED
+            && e.detail.as_ref().is_some_and(|d| d["state"] == "approved")
+    });
+    let Some(settled) = settled else {
+        return Err(
+            "the audit log has no `approval.approved` that settled it, so the store was changed"
+                .into(),
+        );
+    };
+    chrono::DateTime::parse_from_rfc3339(&settled.at)
+        .map(|at| at.with_timezone(&chrono::Utc))
+        .map_err(|e| format!("its approval's time in the audit log is unreadable: {e}"))
+}
+
+/// The stored plan is one a rollout can run, and where people signed, the one they signed:
+/// every wave has a runner, every runner of the request is in exactly one wave, and the
+/// statement's `wave` lines are this plan (a store edited to skip a wave, or to move a
+/// runner, runs nothing).
+fn plan_as_signed(row: &Approval) -> Result<(), String> {
+    let changed =
+        |what: &str| format!("the stored plan {what} (the store was changed): nothing was run");
+    if row.plan.waves.iter().any(Vec::is_empty) {
+        return Err(changed("has an empty wave"));
+    }
+    let mut planned: Vec<&String> = row.plan.waves.iter().flatten().collect();
+    planned.sort();
+    let mut runners: Vec<&String> = row.runners.iter().collect();
+    runners.sort();
+    if planned != runners {
+        return Err(changed(
+            "does not place each of the request's runners in one wave",
+        ));
+    }
+    if let Some(text) = &row.statement {
+        let signed = Statement::parse(text)
+            .map_err(|e| changed(&format!("has no readable statement: {e}")))?;
+        if signed.plan != row.plan {
+            return Err(changed("is not the plan of the statement people signed"));
+        }
+    }
+    Ok(())
 }
 
 /// The decision people took on the request's halt that this execution carries out (a resume
@@ -294,6 +419,8 @@ fn too_late_to_start(row: &Approval, within: Duration, now: chrono::DateTime<chr
 
 #[cfg(test)]
 mod tests {
+    use serde_json::Value;
+
     use crate::server::approvals::testing::{at, row};
 
     use super::*;
@@ -390,6 +517,116 @@ mod tests {
         assert!(
             too_late_to_start(&unreadable, within, at("2026-11-30T10:05:00Z")),
             "an unreadable approval time counts as too late"
+        );
+    }
+
+    fn event(seq: i64, kind: &str, detail: Option<Value>) -> Event {
+        Event {
+            seq,
+            id: format!("e{seq}"),
+            at: format!("2026-11-30T10:0{seq}:00.000000Z"),
+            actor: "approver:alice".into(),
+            kind: kind.into(),
+            tool: None,
+            runner: None,
+            args: None,
+            reason: None,
+            call_id: None,
+            approval_id: Some("a".into()),
+            outcome: None,
+            result_digest: None,
+            detail,
+            prev_hash: String::new(),
+            hash: String::new(),
+            hash_v: 2,
+        }
+    }
+
+    /// The sweep runs an approved request only if the log backs it: an `approval.approved`
+    /// that settled it (its time is the log's), and no `approval.executing` before.
+    #[test]
+    fn only_an_approval_the_log_backs_and_never_started_may_start() {
+        let requested = event(1, kind::APPROVAL_REQUESTED, None);
+        let one_of_two = event(
+            2,
+            kind::APPROVAL_APPROVED,
+            Some(json!({"state": "pending", "votes": 1})),
+        );
+        let settled = event(
+            3,
+            kind::APPROVAL_APPROVED,
+            Some(json!({"state": "approved", "votes": 2})),
+        );
+        let at = first_execution_backed(&[requested.clone(), one_of_two.clone(), settled.clone()]);
+        assert_eq!(at.unwrap(), at_("2026-11-30T10:03:00Z"));
+        let why = first_execution_backed(&[requested.clone(), one_of_two]).unwrap_err();
+        assert!(
+            why.contains("no `approval.approved` that settled it"),
+            "{why}"
+        );
+        let started = event(4, kind::APPROVAL_EXECUTING, None);
+        let why = first_execution_backed(&[requested, settled, started]).unwrap_err();
+        assert!(
+            why.contains("started already (`approval.executing` at seq 4)"),
+            "{why}"
+        );
+    }
+
+    fn at_(text: &str) -> chrono::DateTime<chrono::Utc> {
+        at(text)
+    }
+
+    /// A stored plan runs only as it was made and, where people signed, as they signed it: no
+    /// empty wave (a store edited to skip the canary), every runner in one wave, the
+    /// statement's plan.
+    #[test]
+    fn a_plan_runs_only_as_people_signed_it() {
+        let plan = |waves: &[&[&str]]| crate::protocol::approval::Plan {
+            waves: waves
+                .iter()
+                .map(|w| w.iter().map(|n| n.to_string()).collect())
+                .collect(),
+            pause_secs: 0,
+        };
+        let two = Approval {
+            runners: vec!["e1".into(), "e2".into()],
+            plan: plan(&[&["e1"], &["e2"]]),
+            ..row()
+        };
+        assert!(plan_as_signed(&two).is_ok());
+        for (waves, says) in [
+            (plan(&[&[], &["e2"]]), "has an empty wave"),
+            (plan(&[&["e1"]]), "does not place each"),
+            (plan(&[&["e1", "e2"], &["e2"]]), "does not place each"),
+        ] {
+            let edited = Approval {
+                plan: waves,
+                ..two.clone()
+            };
+            let why = plan_as_signed(&edited).unwrap_err();
+            assert!(why.contains(says), "{why}");
+        }
+        // Signed: the statement's plan is the one that runs.
+        let statement = |p: &crate::protocol::approval::Plan| {
+            let mut st = crate::protocol::approval::statement::tests::sample();
+            st.approval_id = two.id.clone();
+            st.runners = two.runners.iter().map(|r| (r.clone(), None)).collect();
+            st.plan = p.clone();
+            st.text().unwrap()
+        };
+        let signed = Approval {
+            statement: Some(statement(&two.plan)),
+            ..two.clone()
+        };
+        assert!(plan_as_signed(&signed).is_ok());
+        let swapped = Approval {
+            plan: plan(&[&["e2"], &["e1"]]),
+            ..signed.clone()
+        };
+        let why = plan_as_signed(&swapped).unwrap_err();
+        assert!(
+            why.contains("not the plan of the statement people signed"),
+            "{why}"
         );
     }
 }

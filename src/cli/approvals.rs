@@ -2,8 +2,9 @@
 
 use anyhow::Context;
 use clap::Subcommand;
+use serde_json::{Map, Value};
 
-use crate::protocol::approval::Choice;
+use crate::protocol::approval::{Choice, Statement};
 
 use super::ServerArg;
 
@@ -173,13 +174,34 @@ pub fn check_before_signing(
     now: u64,
     max_lifetime: u64,
 ) -> Result<String, String> {
-    use crate::digest::json_digest;
-    use crate::protocol::approval::{Statement, check_lifetime, statement::COMMIT_PREFIX};
-    use serde_json::Value;
+    use crate::protocol::approval::{Statement, check_lifetime};
     let text = request["statement"]["text"]
         .as_str()
         .ok_or("the request has no statement")?;
     let st = Statement::parse(text).map_err(|e| format!("the server's statement: {e}"))?;
+    check_approval_and_tool(id, &st, request)?;
+    let signed = signed_args(&st, request)?;
+    check_runners(&st, request)?;
+    let mut out = format!(
+        "  tool     {}\n  args     {}\n",
+        st.tool,
+        crate::digest::canonical_json(&Value::Object(signed.clone()))
+    );
+    out.push_str(&preview_lines(&st, request)?);
+    out.push_str(&plan_lines(&st, request)?);
+    check_requester_and_required(&st, request)?;
+    let expires = st.expires_unix().map_err(|e| e.to_string())?;
+    check_lifetime(id, expires, now, max_lifetime)?;
+    out.push_str(&format!(
+        "  required {}\n  expires  {}\n",
+        st.required, st.expires_at
+    ));
+    Ok(out)
+}
+
+/// `approval` and `tool`: the statement is about request `id`, and its tool is the one the
+/// request shows.
+fn check_approval_and_tool(id: &str, st: &Statement, request: &Value) -> Result<(), String> {
     if st.approval_id != id {
         return Err(format!(
             "`approval`: the statement names approval {}, not {id}",
@@ -192,11 +214,16 @@ pub fn check_before_signing(
             st.tool, request["tool"]
         ));
     }
-    // The arguments: the statement's digest is of these, and these are the ones shown.
+    Ok(())
+}
+
+/// `args`: the statement's digest is of the arguments the server sent with it, and these are
+/// the ones the request shows. Returns them.
+fn signed_args<'r>(st: &Statement, request: &'r Value) -> Result<&'r Map<String, Value>, String> {
     let signed = request["statement"]["args"]
         .as_object()
         .ok_or("`args`: the server sent no arguments for the statement's digest")?;
-    if json_digest(&Value::Object(signed.clone())) != st.args_sha256 {
+    if crate::digest::json_digest(&Value::Object(signed.clone())) != st.args_sha256 {
         return Err(
             "`args`: the statement's digest is not the digest of the arguments shown".into(),
         );
@@ -208,14 +235,7 @@ pub fn check_before_signing(
         return Err("`args`: the statement covers other arguments than the request shows".into());
     }
     for (k, v) in signed {
-        let same = match (v.as_str(), shown.get(k)) {
-            (Some(c), Some(Value::String(sealed))) if c.starts_with(COMMIT_PREFIX) => {
-                sealed.starts_with("hmac-sha256:")
-            }
-            (_, Some(s)) => s == v,
-            (_, None) => false,
-        };
-        if !same {
+        if !shows_signed_arg(v, shown.get(k)) {
             return Err(format!(
                 "`args`: `{k}` is {} in the statement and {} in the request shown",
                 v,
@@ -223,15 +243,31 @@ pub fn check_before_signing(
             ));
         }
     }
-    // The runners, and the preview values each sealed.
-    let runners: Vec<&str> = request["runners"]
+    Ok(signed)
+}
+
+/// Whether the request shows the argument the statement signed (`signed`) as `shown`: the
+/// same value, or for a secret param (signed as its commitment) a sealed one.
+fn shows_signed_arg(signed: &Value, shown: Option<&Value>) -> bool {
+    use crate::protocol::approval::statement::COMMIT_PREFIX;
+    match (signed.as_str(), shown) {
+        (Some(c), Some(Value::String(sealed))) if c.starts_with(COMMIT_PREFIX) => {
+            sealed.starts_with("hmac-sha256:")
+        }
+        (_, Some(s)) => s == signed,
+        (_, None) => false,
+    }
+}
+
+/// `runner`: the statement names the runners the request shows, in any order.
+fn check_runners(st: &Statement, request: &Value) -> Result<(), String> {
+    let mut wanted: Vec<&str> = request["runners"]
         .as_array()
         .ok_or("`runner`: the request shows no runners")?
         .iter()
         .filter_map(Value::as_str)
         .collect();
     let mut listed: Vec<&str> = st.runners.keys().map(String::as_str).collect();
-    let mut wanted = runners.clone();
     listed.sort_unstable();
     wanted.sort_unstable();
     if listed != wanted {
@@ -239,11 +275,14 @@ pub fn check_before_signing(
             "`runner`: the statement names {listed:?}, the request shows {wanted:?}"
         ));
     }
-    let mut out = format!(
-        "  tool     {}\n  args     {}\n",
-        st.tool,
-        crate::digest::canonical_json(&Value::Object(signed.clone()))
-    );
+    Ok(())
+}
+
+/// `runner R preview`: each runner's preview digest is the digest of the values the request
+/// shows it sealed (none, for a runner the statement gives none). Returns a line per runner
+/// with those values.
+fn preview_lines(st: &Statement, request: &Value) -> Result<String, String> {
+    let mut lines = String::new();
     for (runner, digest) in &st.runners {
         let sealed = request["preview"][runner]["sealed_vars"].as_str();
         let vars = match sealed {
@@ -252,18 +291,23 @@ pub fn check_before_signing(
             })?),
             None => None,
         };
-        if vars.as_ref().map(json_digest) != *digest {
+        if vars.as_ref().map(crate::digest::json_digest) != *digest {
             return Err(format!(
                 "`runner {runner} preview`: the statement's digest is not the digest of the preview values shown"
             ));
         }
-        out.push_str(&format!(
+        lines.push_str(&format!(
             "  runner   {runner}, preview values {}\n",
             vars.as_ref()
                 .map_or_else(|| "none".to_owned(), crate::digest::canonical_json)
         ));
     }
-    // The rollout: the plan signed is the plan the request shows, printed wave by wave.
+    Ok(lines)
+}
+
+/// `wave`: the rollout signed is the plan the request shows. Returns it as lines, wave by
+/// wave, and the pause between them.
+fn plan_lines(st: &Statement, request: &Value) -> Result<String, String> {
     let shown_plan = serde_json::to_value(&st.plan).expect("a plan is JSON");
     if request["plan"] != shown_plan {
         return Err(format!(
@@ -271,13 +315,20 @@ pub fn check_before_signing(
             request["plan"]
         ));
     }
+    let mut lines = String::new();
     for (i, wave) in st.plan.waves.iter().enumerate() {
-        out.push_str(&format!("  wave {}   {}\n", i + 1, wave.join(", ")));
+        lines.push_str(&format!("  wave {}   {}\n", i + 1, wave.join(", ")));
     }
-    out.push_str(&format!(
+    lines.push_str(&format!(
         "  pause    {} s between waves\n",
         st.plan.pause_secs
     ));
+    Ok(lines)
+}
+
+/// `requester` and `required`: the statement's requester and count of people are the ones the
+/// request shows (a store could show a trusted name, or fewer people).
+fn check_requester_and_required(st: &Statement, request: &Value) -> Result<(), String> {
     if request["requester"].as_str() != Some(st.requester.as_str()) {
         return Err(format!(
             "`requester`: the statement says `{}`, the request shows {}",
@@ -290,13 +341,7 @@ pub fn check_before_signing(
             st.required, request["required_approvals"]
         ));
     }
-    let expires = st.expires_unix().map_err(|e| e.to_string())?;
-    check_lifetime(id, expires, now, max_lifetime)?;
-    out.push_str(&format!(
-        "  required {}\n  expires  {}\n",
-        st.required, st.expires_at
-    ));
-    Ok(out)
+    Ok(())
 }
 
 /// `emisar approvals …`: the server's `/api/approvals` with a person's token.
@@ -681,6 +726,146 @@ mod tests {
         assert!(
             check_before_signing(&id, &far, NOW, crate::protocol::approval::MAX_LIFETIME_SECS)
                 .is_err()
+        );
+    }
+
+    /// The request of [`request`] and the statement it carries.
+    fn with_statement() -> (String, Value, Statement) {
+        let (id, r) = request();
+        let st = Statement::parse(r["statement"]["text"].as_str().unwrap()).unwrap();
+        (id, r, st)
+    }
+
+    #[test]
+    fn the_statement_is_about_this_request_and_its_tool() {
+        let (id, mut r, st) = with_statement();
+        assert_eq!(check_approval_and_tool(&id, &st, &r), Ok(()));
+        let other = id_at(NOW);
+        assert_eq!(
+            check_approval_and_tool(&other, &st, &r),
+            Err(format!(
+                "`approval`: the statement names approval {id}, not {other}"
+            ))
+        );
+        r["tool"] = json!("linux.systemctl_reload");
+        assert_eq!(
+            check_approval_and_tool(&id, &st, &r),
+            Err(
+                "`tool`: the statement names `linux.systemctl_restart`, the request shows \"linux.systemctl_reload\""
+                    .into()
+            )
+        );
+    }
+
+    #[test]
+    fn the_signed_arguments_are_the_ones_shown_and_digested() {
+        let (_, r, st) = with_statement();
+        assert_eq!(
+            signed_args(&st, &r).map(|a| Value::Object(a.clone())),
+            Ok(r["statement"]["args"].clone())
+        );
+        let mut no_statement_args = r.clone();
+        no_statement_args["statement"]
+            .as_object_mut()
+            .unwrap()
+            .remove("args");
+        assert_eq!(
+            signed_args(&st, &no_statement_args).unwrap_err(),
+            "`args`: the server sent no arguments for the statement's digest"
+        );
+        let mut no_args = r.clone();
+        no_args["args"] = Value::Null;
+        assert_eq!(
+            signed_args(&st, &no_args).unwrap_err(),
+            "`args`: the request shows no arguments"
+        );
+        let mut other = r.clone();
+        other["args"]["unit"] = json!("nomad");
+        assert_eq!(
+            signed_args(&st, &other).unwrap_err(),
+            "`args`: `unit` is \"consul\" in the statement and \"nomad\" in the request shown"
+        );
+    }
+
+    #[test]
+    fn a_secret_argument_is_shown_sealed_and_any_other_as_signed() {
+        let commitment = json!("commit:sha256:".to_owned() + &"e".repeat(64));
+        let sealed = json!("hmac-sha256:".to_owned() + &"f".repeat(64));
+        assert!(shows_signed_arg(&json!("consul"), Some(&json!("consul"))));
+        assert!(shows_signed_arg(&json!(3), Some(&json!(3))));
+        assert!(!shows_signed_arg(&json!("consul"), Some(&json!("nomad"))));
+        assert!(!shows_signed_arg(&json!("consul"), None));
+        assert!(shows_signed_arg(&commitment, Some(&sealed)));
+        assert!(!shows_signed_arg(&commitment, Some(&json!("plain"))));
+        assert!(!shows_signed_arg(&commitment, None));
+        // A value that is no commitment is not matched by a sealed one.
+        assert!(!shows_signed_arg(&json!("plain"), Some(&sealed)));
+    }
+
+    #[test]
+    fn the_statement_names_the_runners_shown_in_any_order() {
+        let (_, mut r, st) = with_statement();
+        assert_eq!(check_runners(&st, &r), Ok(()));
+        r["runners"] = json!(["hvn05", "hvn06"]);
+        assert_eq!(check_runners(&st, &r), Ok(()));
+        r["runners"] = json!(["hvn05", "hvn07"]);
+        assert_eq!(
+            check_runners(&st, &r).unwrap_err(),
+            "`runner`: the statement names [\"hvn05\", \"hvn06\"], the request shows [\"hvn05\", \"hvn07\"]"
+        );
+        r["runners"] = Value::Null;
+        assert_eq!(
+            check_runners(&st, &r).unwrap_err(),
+            "`runner`: the request shows no runners"
+        );
+    }
+
+    #[test]
+    fn each_runners_preview_digest_is_of_the_values_it_sealed() {
+        let (_, mut r, st) = with_statement();
+        assert_eq!(
+            preview_lines(&st, &r).unwrap(),
+            "  runner   hvn05, preview values {\"restarts\":3,\"state\":\"active\"}\n  runner   hvn06, preview values none\n"
+        );
+        r["preview"]["hvn05"]["sealed_vars"] = json!("{not json");
+        assert_eq!(
+            preview_lines(&st, &r).unwrap_err(),
+            "`runner hvn05 preview`: the sealed values are not JSON"
+        );
+        r["preview"]["hvn05"] = json!({});
+        assert_eq!(
+            preview_lines(&st, &r).unwrap_err(),
+            "`runner hvn05 preview`: the statement's digest is not the digest of the preview values shown"
+        );
+    }
+
+    #[test]
+    fn the_signed_rollout_is_the_plan_shown_wave_by_wave() {
+        let (_, mut r, st) = with_statement();
+        assert_eq!(
+            plan_lines(&st, &r).unwrap(),
+            "  wave 1   hvn06\n  wave 2   hvn05\n  pause    30 s between waves\n"
+        );
+        r["plan"]["pause_secs"] = json!(0);
+        assert_eq!(
+            plan_lines(&st, &r).unwrap_err(),
+            r#"`wave`: the statement's rollout is {"pause_secs":30,"waves":[["hvn06"],["hvn05"]]}, the request shows {"pause_secs":0,"waves":[["hvn06"],["hvn05"]]}"#
+        );
+    }
+
+    #[test]
+    fn the_requester_and_the_count_of_people_are_the_ones_shown() {
+        let (_, mut r, st) = with_statement();
+        assert_eq!(check_requester_and_required(&st, &r), Ok(()));
+        r["required_approvals"] = json!(1);
+        assert_eq!(
+            check_requester_and_required(&st, &r).unwrap_err(),
+            "`required`: the statement says 2, the request shows 1"
+        );
+        r["requester"] = json!("agent:trusted-bot");
+        assert_eq!(
+            check_requester_and_required(&st, &r).unwrap_err(),
+            "`requester`: the statement says `agent:a`, the request shows \"agent:trusted-bot\""
         );
     }
 }

@@ -36,7 +36,7 @@ use crate::node::config::RunnerConfig;
 use crate::pack::{PackInfo, PackSet, Risk, Tool, ToolRef, allowlist_admits, shown_value};
 use crate::protocol::approval::RunnerApprovals;
 use crate::protocol::signing::{CallClaims, CallVerifier, now};
-use crate::protocol::witnessed::WitnessTrust;
+use crate::protocol::witnessed::{WitnessTrust, WitnessedApproval};
 use crate::protocol::{CallRequest, CallResponse, Mode};
 
 /// The most single-use ids remembered at once. Ids are forgotten when their token expires,
@@ -434,7 +434,6 @@ fn check_high_risk(
     claims: &CallClaims,
     request: &CallRequest,
 ) -> Result<(), Refused> {
-    let forbidden = |why: String| (StatusCode::FORBIDDEN, why);
     if tool.risk != Risk::High || request.mode != Mode::Execute {
         return Ok(());
     }
@@ -442,99 +441,22 @@ fn check_high_risk(
     // When the approval stops mattering here: the latest expiry a check found, else a day.
     let mut keep_until = None;
     if let Some(trust) = &state.witnessed {
-        let Some(approval_id) = claims.approval_id.as_deref() else {
-            return Err(forbidden(format!(
-                "`{}` is risk:high and this runner requires witnessed approvals: the call carries no approval",
-                tool.name
-            )));
-        };
-        let Some(witnessed) = &request.witnessed else {
-            return Err(forbidden(format!(
-                "approval {approval_id}: this runner requires a witnessed approval (its approval.approved event in a checkpoint cosigned by {} witnesses), and the call carries none",
-                trust.quorum
-            )));
-        };
-        let refused = |why: String| {
-            forbidden(format!(
-                "approval {approval_id}: the witnessed proof is refused: {why}"
-            ))
-        };
-        let args_sha256 = crate::protocol::approval::statement::args_digest(
-            &request.args,
-            &secret,
-            request.secret_salt.as_deref(),
-        )
-        .map_err(|e| refused(e.to_string()))?;
-        let preview_sha256 = request
-            .preview
-            .as_ref()
-            .map(|p| crate::digest::json_digest(&Value::Object(p.clone())));
-        let call = crate::protocol::witnessed::Call {
-            runner: &state.config.name,
-            approval_id,
-            tool: &tool.name,
-            pack_sha256: &claims.pack_sha256,
-            args_sha256: &args_sha256,
-            preview_sha256: preview_sha256.as_deref(),
-        };
-        let verified = crate::protocol::witnessed::verify(
-            witnessed,
-            &call,
-            trust,
-            now(),
-            state.config.max_approval_lifetime_secs,
-        )
-        .map_err(refused)?;
-        state
-            .executed
-            .check_requested(approval_id, verified.requested)
-            .map_err(refused)?;
-        tracing::info!(tool = %tool.name, %approval_id, event_seq = witnessed.event.seq, cosigned_by = ?verified.cosigned,
-            "the approval is in the audit log as witnessed, bound to this call");
-        keep_until = Some(verified.expires);
+        keep_until = Some(check_witnessed(
+            state, trust, tool, claims, request, &secret,
+        )?);
     }
     if state.gate.requires(&tool.name) {
-        let checked = state
-            .gate
-            .check(
-                &state.config.name,
-                claims,
-                request,
-                &secret,
-                &state.executed,
-            )
-            .map_err(forbidden)?;
-        match &checked.signed {
-            Some(signed) => {
-                let people: Vec<&str> = signed.iter().map(|s| s.person.as_str()).collect();
-                tracing::info!(tool = %tool.name, call_id = %claims.call_id, approval_id = ?claims.approval_id, signed_by = ?people,
-                    "executing a risk:high tool under people's signatures checked here");
-                keep_until = keep_until.max(Some(checked.expires));
-            }
-            None => {
-                tracing::warn!(tool = %tool.name, call_id = %claims.call_id, policy_sha256 = ?claims.lowered_by_policy,
-                    "executing a risk:high tool without approval: the server's policy lowered it and this runner's approvers file allows it unapproved");
-                return Ok(());
-            }
+        match check_signatures(state, tool, claims, request, &secret)? {
+            Some(expires) => keep_until = keep_until.max(Some(expires)),
+            // A lowering this runner's approvers file allows unapproved: nothing to record.
+            None => return Ok(()),
         }
     }
     match (
         claims.approval_id.as_deref(),
         claims.lowered_by_policy.as_deref(),
     ) {
-        (Some(approval_id), _) => {
-            // Held for a day at least, whatever the expiry: a decision on a halted rollout
-            // may come after it (and is refused once this memory may be gone).
-            let keep = keep_until.unwrap_or(0).max(now() + APPROVAL_MEMORY_SECS);
-            // The decision's key first: it is the one a replay of the decision meets.
-            for key in ledger_keys(state, approval_id, request).map_err(forbidden)? {
-                state.executed.record(&key, keep).map_err(|why| match why {
-                    ExecRefused::Reused(why) => (StatusCode::CONFLICT, why),
-                    ExecRefused::Forbidden(why) => forbidden(why),
-                })?;
-            }
-            Ok(())
-        }
+        (Some(approval_id), _) => record_executed(state, approval_id, request, keep_until),
         (None, Some(policy)) => {
             // The server's policy says this tool runs without a human; the log names the
             // policy, which the server's audit log holds as `policy.loaded`.
@@ -546,6 +468,148 @@ fn check_high_risk(
             "`{}` is risk:high: this runner executes it only under a human's approval or the server policy's lowering, and the call carries neither",
             tool.name
         ))),
+    }
+}
+
+/// A refusal with 403: the call is well formed, and this runner will not run it.
+fn forbidden(why: String) -> Refused {
+    (StatusCode::FORBIDDEN, why)
+}
+
+/// Where this runner requires witnessed approvals (`trust`): the call's approval is in the
+/// audit log as witnessed, bound to this very call (its arguments digested with the tool's
+/// `secret` params as commitments), and requested no earlier than this runner's ledger of
+/// executed approvals began. Returns when the approval expires.
+fn check_witnessed(
+    state: &RunnerState,
+    trust: &WitnessTrust,
+    tool: &Tool,
+    claims: &CallClaims,
+    request: &CallRequest,
+    secret: &[&str],
+) -> Result<u64, Refused> {
+    let (approval_id, witnessed) = witnessed_approval(tool, claims, request, trust.quorum)?;
+    let refused = |why: String| {
+        forbidden(format!(
+            "approval {approval_id}: the witnessed proof is refused: {why}"
+        ))
+    };
+    let args_sha256 = crate::protocol::approval::statement::args_digest(
+        &request.args,
+        secret,
+        request.secret_salt.as_deref(),
+    )
+    .map_err(|e| refused(e.to_string()))?;
+    let preview_sha256 = request
+        .preview
+        .as_ref()
+        .map(|p| crate::digest::json_digest(&Value::Object(p.clone())));
+    let call = crate::protocol::witnessed::Call {
+        runner: &state.config.name,
+        approval_id,
+        tool: &tool.name,
+        pack_sha256: &claims.pack_sha256,
+        args_sha256: &args_sha256,
+        preview_sha256: preview_sha256.as_deref(),
+    };
+    let verified = crate::protocol::witnessed::verify(
+        witnessed,
+        &call,
+        trust,
+        now(),
+        state.config.max_approval_lifetime_secs,
+    )
+    .map_err(refused)?;
+    state
+        .executed
+        .check_requested(approval_id, verified.requested)
+        .map_err(refused)?;
+    tracing::info!(tool = %tool.name, %approval_id, event_seq = witnessed.event.seq, cosigned_by = ?verified.cosigned,
+        "the approval is in the audit log as witnessed, bound to this call");
+    Ok(verified.expires)
+}
+
+/// The approval id and its witnessed proof (in a checkpoint cosigned by `quorum` witnesses),
+/// both of which an execution of risk:high `tool` carries on a runner that requires witnessed
+/// approvals.
+fn witnessed_approval<'c>(
+    tool: &Tool,
+    claims: &'c CallClaims,
+    request: &'c CallRequest,
+    quorum: usize,
+) -> Result<(&'c str, &'c WitnessedApproval), Refused> {
+    let Some(approval_id) = claims.approval_id.as_deref() else {
+        return Err(forbidden(format!(
+            "`{}` is risk:high and this runner requires witnessed approvals: the call carries no approval",
+            tool.name
+        )));
+    };
+    let Some(witnessed) = &request.witnessed else {
+        return Err(forbidden(format!(
+            "approval {approval_id}: this runner requires a witnessed approval (its approval.approved event in a checkpoint cosigned by {quorum} witnesses), and the call carries none"
+        )));
+    };
+    Ok((approval_id, witnessed))
+}
+
+/// Where this runner requires people's signatures for `tool`: the gate's check of them.
+/// Returns when their statement expires, or `None` for a policy's lowering this runner's
+/// approvers file allows unapproved.
+fn check_signatures(
+    state: &RunnerState,
+    tool: &Tool,
+    claims: &CallClaims,
+    request: &CallRequest,
+    secret: &[&str],
+) -> Result<Option<u64>, Refused> {
+    let checked = state
+        .gate
+        .check(&state.config.name, claims, request, secret, &state.executed)
+        .map_err(forbidden)?;
+    match &checked.signed {
+        Some(signed) => {
+            let people: Vec<&str> = signed.iter().map(|s| s.person.as_str()).collect();
+            tracing::info!(tool = %tool.name, call_id = %claims.call_id, approval_id = ?claims.approval_id, signed_by = ?people,
+                "executing a risk:high tool under people's signatures checked here");
+            Ok(Some(checked.expires))
+        }
+        None => {
+            tracing::warn!(tool = %tool.name, call_id = %claims.call_id, policy_sha256 = ?claims.lowered_by_policy,
+                "executing a risk:high tool without approval: the server's policy lowered it and this runner's approvers file allows it unapproved");
+            Ok(None)
+        }
+    }
+}
+
+/// Records approval `approval_id` as executed here, durably, under each of its ledger keys
+/// ([`ledger_keys`]), before anything runs: a key recorded before refuses the call.
+fn record_executed(
+    state: &RunnerState,
+    approval_id: &str,
+    request: &CallRequest,
+    keep_until: Option<u64>,
+) -> Result<(), Refused> {
+    let keep = remembered_until(keep_until, now());
+    // The decision's key first: it is the one a replay of the decision meets.
+    for key in ledger_keys(state, approval_id, request).map_err(forbidden)? {
+        state.executed.record(&key, keep).map_err(ledger_refusal)?;
+    }
+    Ok(())
+}
+
+/// Until when an executed approval is remembered: its latest expiry a check found
+/// (`keep_until`), and a day from `now` at least, whatever the expiry: a decision on a halted
+/// rollout may come after it (and is refused once this memory may be gone).
+fn remembered_until(keep_until: Option<u64>, now: u64) -> u64 {
+    keep_until.unwrap_or(0).max(now + APPROVAL_MEMORY_SECS)
+}
+
+/// The ledger's refusal as the call's: a key used before is a conflict (409), anything else
+/// forbidden (403).
+fn ledger_refusal(why: ExecRefused) -> Refused {
+    match why {
+        ExecRefused::Reused(why) => (StatusCode::CONFLICT, why),
+        ExecRefused::Forbidden(why) => forbidden(why),
     }
 }
 
@@ -1044,5 +1108,60 @@ mod tests {
             ..f.claims(&execute)
         };
         assert!(f.admit_with(&lowered, &execute).is_ok());
+    }
+
+    #[test]
+    fn a_runner_requiring_witnessed_approvals_needs_the_approval_id_and_its_proof() {
+        let f = runner(|_| {});
+        let tool = f.state.packs.tool("linux.systemctl_restart").unwrap();
+        let mut execute = request(
+            "linux.systemctl_restart",
+            json!({"unit": "consul"}),
+            Mode::Execute,
+        );
+        let bare = f.claims(&execute);
+        refused(
+            witnessed_approval(tool, &bare, &execute, 2).map(|_| ()),
+            StatusCode::FORBIDDEN,
+            "`linux.systemctl_restart` is risk:high and this runner requires witnessed approvals: the call carries no approval",
+        );
+        let approved = CallClaims {
+            approval_id: Some("a1".into()),
+            ..bare
+        };
+        refused(
+            witnessed_approval(tool, &approved, &execute, 2).map(|_| ()),
+            StatusCode::FORBIDDEN,
+            "approval a1: this runner requires a witnessed approval (its approval.approved event in a checkpoint cosigned by 2 witnesses), and the call carries none",
+        );
+        // What the proof proves is `witnessed::verify`'s to check; here only that it is there.
+        execute.witnessed = Some(
+            serde_json::from_value(json!({
+                "event": {"seq": 7, "id": "e7", "at": "2026-12-06T10:00:00.000000Z",
+                    "actor": "person:ana", "kind": "approval.approved",
+                    "prev_hash": "", "hash": "", "hash_v": 2},
+                "checkpoint": "", "proof": [],
+            }))
+            .unwrap(),
+        );
+        let (id, proof) = witnessed_approval(tool, &approved, &execute, 2).unwrap();
+        assert_eq!((id, proof.event.seq), ("a1", 7));
+    }
+
+    #[test]
+    fn an_executed_approval_is_remembered_a_day_at_least_and_its_reuse_conflicts() {
+        let now = 1_796_551_200;
+        let day = now + APPROVAL_MEMORY_SECS;
+        assert_eq!(remembered_until(None, now), day);
+        assert_eq!(remembered_until(Some(now + 900), now), day);
+        assert_eq!(remembered_until(Some(day + 1), now), day + 1);
+        assert_eq!(
+            ledger_refusal(ExecRefused::Reused("ran".into())),
+            (StatusCode::CONFLICT, "ran".to_owned())
+        );
+        assert_eq!(
+            ledger_refusal(ExecRefused::Forbidden("no".into())),
+            (StatusCode::FORBIDDEN, "no".to_owned())
+        );
     }
 }

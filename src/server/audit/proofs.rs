@@ -39,7 +39,7 @@ use base64::engine::general_purpose::STANDARD as B64;
 use serde::Serialize;
 use tlog_tiles::Hash;
 
-use super::chain::{Event, kind};
+use super::chain::{Anchor, Event, kind};
 use super::checkpoints;
 use super::store::{AuditFilter, query};
 use super::tree;
@@ -311,6 +311,8 @@ pub struct GrowthReport {
 /// `audit verify --checkpoint`: see the module's documentation. `witnesses`, when given, must
 /// have cosigned the newest stored checkpoint; `answers` are the witnesses' latest cosigned
 /// checkpoints (`--witness-url`, fetched before this reads the log), which the log must hold.
+/// Steps 0 to 3 establish that the log extends the kept checkpoint, steps 4 to 6 check what
+/// came after it; the first step that fails says why ([`Stop`]), and the report names it.
 pub async fn verify_from(
     db: &Db,
     kept: &[u8],
@@ -318,37 +320,165 @@ pub async fn verify_from(
     witnesses: Option<&WitnessQuorum>,
     answers: &[WitnessAnswer],
 ) -> anyhow::Result<GrowthReport> {
-    let (note, kept_cp) =
-        checkpoint::parse(kept).map_err(|e| anyhow::anyhow!("--checkpoint: {e}"))?;
-    checkpoint::verify(&note, keys).map_err(|e| anyhow::anyhow!("--checkpoint: {e}"))?;
-    let (n, kept_root) = (kept_cp.size(), *kept_cp.hash());
-    let views = match (answers.is_empty(), witnesses) {
-        (true, _) => None,
-        (false, Some(trusted)) => Some(
-            witness_views(answers, kept_cp.origin(), keys, trusted).map_err(anyhow::Error::msg)?,
-        ),
-        (false, None) => anyhow::bail!(
-            "--witness-url: give the --witness-key of each witness it names, to check its cosignature"
-        ),
-    };
+    let kept = kept_checkpoint(kept, keys)?;
+    let views = witness_answers(answers, witnesses, kept.origin(), keys)?;
     let mut report = GrowthReport {
-        kept_size: n,
+        kept_size: kept.size(),
         witness_quorum: witnesses.map(|w| w.quorum),
         witness_checkpoints: views.clone(),
         ..Default::default()
     };
     let views = views.unwrap_or_default();
+    let stop = match extends_kept(db, &kept, keys, &views, &mut report).await? {
+        Ok(extended) => {
+            check_new_events(db, &kept, extended, witnesses, &views, &mut report).await?
+        }
+        Err(stop) => Some(stop),
+    };
+    match stop {
+        None => Ok(report),
+        Some(Stop::Found {
+            problem,
+            first_changed,
+        }) => {
+            report.problem = Some(problem);
+            report.first_changed = first_changed;
+            Ok(report)
+        }
+        Some(Stop::Rewritten(problem)) => {
+            report.problem = Some(problem);
+            finish_failed(db, report, kept.size(), *kept.hash(), keys).await
+        }
+    }
+}
+
+/// Why verifying from a kept checkpoint stopped: the problem its report names.
+#[derive(Debug, PartialEq)]
+enum Stop {
+    /// The problem, with the first changed event when the step that found it names one.
+    Found {
+        problem: String,
+        first_changed: Option<(i64, i64)>,
+    },
+    /// History the auditor saw was rewritten: the log up to the kept size is rebuilt from its
+    /// events to name the first one that differs from what the log key signed
+    /// ([`finish_failed`]).
+    Rewritten(String),
+}
+
+impl Stop {
+    /// A problem that names no changed event.
+    fn found(problem: String) -> Stop {
+        Stop::Found {
+            problem,
+            first_changed: None,
+        }
+    }
+}
+
+/// A step of verifying that reads the log: a fault reading it (the outer error), or what the
+/// step established, or why the log fails it.
+type Step<T> = anyhow::Result<Result<T, Stop>>;
+
+/// What steps 0 to 3 established: the newest stored checkpoint, signed by the log key, extends
+/// the kept one, whose tree's right edge ends on the event the chain goes on from.
+struct Extended {
+    latest: checkpoints::Stored,
+    /// The newest checkpoint's size and root.
+    big_n: u64,
+    latest_root: Hash,
+    /// The kept tree's right edge, to grow with the new events.
+    edge: Frontier,
+    /// The kept checkpoint's last event (`None` when it is empty).
+    anchor: Option<Anchor>,
+}
+
+/// The checkpoint the auditor kept (`--checkpoint`), signed by the log key.
+fn kept_checkpoint(kept: &[u8], keys: &Verifiers) -> anyhow::Result<Checkpoint> {
+    let (note, kept) = checkpoint::parse(kept).map_err(|e| anyhow::anyhow!("--checkpoint: {e}"))?;
+    checkpoint::verify(&note, keys).map_err(|e| anyhow::anyhow!("--checkpoint: {e}"))?;
+    Ok(kept)
+}
+
+/// The witnesses' answers (`--witness-url`) to a log of `origin`, verified against the keys of
+/// the witnesses the auditor trusts (`--witness-key`); `None` when no URL was given.
+fn witness_answers(
+    answers: &[WitnessAnswer],
+    witnesses: Option<&WitnessQuorum>,
+    origin: &str,
+    keys: &Verifiers,
+) -> anyhow::Result<Option<Vec<WitnessView>>> {
+    match (answers.is_empty(), witnesses) {
+        (true, _) => Ok(None),
+        (false, Some(trusted)) => Ok(Some(
+            witness_views(answers, origin, keys, trusted).map_err(anyhow::Error::msg)?,
+        )),
+        (false, None) => anyhow::bail!(
+            "--witness-url: give the --witness-key of each witness it names, to check its cosignature"
+        ),
+    }
+}
+
+/// Steps 0 to 3: the log still holds what the kept checkpoint and the witnesses committed to,
+/// its newest stored checkpoint (its size goes in `report`) is the log key's and extends the
+/// kept one, and the chain is anchored in the kept tree.
+async fn extends_kept(
+    db: &Db,
+    kept: &Checkpoint,
+    keys: &Verifiers,
+    views: &[WitnessView],
+    report: &mut GrowthReport,
+) -> Step<Extended> {
+    let (n, kept_root) = (kept.size(), *kept.hash());
     // 0. The log still holds every event the kept checkpoint committed to, and every event a
-    // witness cosigned.
-    let events = last_seq(db).await? as u64;
+    // witness cosigned. No rebuild to name a first changed event: the log key signs whatever
+    // the database holds, so the stored checkpoints of the sizes the log lost and grew back
+    // through commit to the new events, not to the ones the kept checkpoint covers.
+    if let Some(problem) = lost_events(last_seq(db).await? as u64, n, views) {
+        return Ok(Err(Stop::found(problem)));
+    }
+    // 1. The newest stored checkpoint is the log key's, and no smaller than the kept one.
+    let (latest, latest_cp) = match newest_signed(checkpoints::latest(db, 0).await?, keys)? {
+        Ok(newest) => newest,
+        Err(problem) => return Ok(Err(Stop::Rewritten(problem))),
+    };
+    let (big_n, latest_root) = (latest_cp.size(), *latest_cp.hash());
+    report.latest_size = big_n;
+    if big_n < n {
+        return Ok(Err(Stop::Rewritten(format!(
+            "the log's newest checkpoint has {big_n} events, fewer than the {n} of the one you kept: it was rolled back"
+        ))));
+    }
+    // 2. The stored tree extends the kept one.
+    let proof = tree::consistency_proof(db, n, big_n).await?;
+    if n > 0
+        && let Err(e) = verify_consistency(n, big_n, kept_root, latest_root, &proof)
+    {
+        return Ok(Err(Stop::Rewritten(format!(
+            "the log does not extend the checkpoint you kept (size {n}): its consistency proof to size {big_n} fails ({e})"
+        ))));
+    }
+    // 3. The chain is anchored in the kept tree.
+    let (edge, anchor) = match anchored_in_kept(db, n, kept_root).await? {
+        Ok(anchored) => anchored,
+        Err(stop) => return Ok(Err(stop)),
+    };
+    Ok(Ok(Extended {
+        latest,
+        big_n,
+        latest_root,
+        edge,
+        anchor,
+    }))
+}
+
+/// Step 0: why the log, which holds `events` events, lost some of the `n` the kept checkpoint
+/// committed to or of those a witness cosigned (`views`), if it did.
+fn lost_events(events: u64, n: u64, views: &[WitnessView]) -> Option<String> {
     if events < n {
-        // No rebuild to name a first changed event: the log key signs whatever the database
-        // holds, so the stored checkpoints of the sizes the log lost and grew back through
-        // commit to the new events, not to the ones the kept checkpoint covers.
-        report.problem = Some(format!(
+        return Some(format!(
             "the log has {events} events, fewer than the {n} of the kept checkpoint: truncated"
         ));
-        return Ok(report);
     }
     let removed: Vec<String> = views
         .iter()
@@ -365,73 +495,79 @@ pub async fn verify_from(
             )
         })
         .collect();
-    if !removed.is_empty() {
-        report.problem = Some(removed.join("; "));
-        return Ok(report);
-    }
-    let latest = checkpoints::latest(db, 0).await?;
-    let latest = match latest {
-        Some(l) => l,
-        None => {
-            report.problem = Some(
-                "the database holds no checkpoint at all, but you kept one: the log was replaced"
-                    .into(),
-            );
-            return finish_failed(db, report, n, kept_root, keys).await;
-        }
+    (!removed.is_empty()).then(|| removed.join("; "))
+}
+
+/// Step 1: the newest stored checkpoint (`latest`) with its parsed note, when there is one and
+/// the log key signed it; else why the log is not the one the auditor kept a checkpoint of.
+fn newest_signed(
+    latest: Option<checkpoints::Stored>,
+    keys: &Verifiers,
+) -> anyhow::Result<Result<(checkpoints::Stored, Checkpoint), String>> {
+    let Some(latest) = latest else {
+        return Ok(Err(
+            "the database holds no checkpoint at all, but you kept one: the log was replaced"
+                .into(),
+        ));
     };
-    let (latest_note, latest_cp) = checkpoint::parse(latest.note.as_bytes())?;
-    if let Err(e) = checkpoint::verify(&latest_note, keys) {
-        report.problem = Some(format!(
+    let (note, cp) = checkpoint::parse(latest.note.as_bytes())?;
+    if let Err(e) = checkpoint::verify(&note, keys) {
+        return Ok(Err(format!(
             "the newest stored checkpoint (size {}) is not signed by the log key: {e}",
             latest.size
-        ));
-        return finish_failed(db, report, n, kept_root, keys).await;
+        )));
     }
-    let (big_n, latest_root) = (latest_cp.size(), *latest_cp.hash());
-    report.latest_size = big_n;
-    if big_n < n {
-        report.problem = Some(format!(
-            "the log's newest checkpoint has {big_n} events, fewer than the {n} of the one you kept: it was rolled back"
-        ));
-        return finish_failed(db, report, n, kept_root, keys).await;
-    }
-    // 2. The stored tree extends the kept one.
-    let proof = tree::consistency_proof(db, n, big_n).await?;
-    if n > 0
-        && let Err(e) = verify_consistency(n, big_n, kept_root, latest_root, &proof)
-    {
-        report.problem = Some(format!(
-            "the log does not extend the checkpoint you kept (size {n}): its consistency proof to size {big_n} fails ({e})"
-        ));
-        return finish_failed(db, report, n, kept_root, keys).await;
-    }
-    // 3. The chain is anchored in the kept tree.
+    Ok(Ok((latest, cp)))
+}
+
+/// Step 3: the stored tree's first `n` leaves hash to the kept root, and event `n`'s stored
+/// hash is their last leaf. Returns that tree's right edge and event `n` (`None` when `n` is
+/// 0), from which the chain goes on.
+async fn anchored_in_kept(db: &Db, n: u64, kept_root: Hash) -> Step<(Frontier, Option<Anchor>)> {
     let edge = tree::frontier(db, n).await?;
     if edge.root() != kept_root {
-        report.problem = Some(format!(
+        return Ok(Err(Stop::Rewritten(format!(
             "the stored tree's first {n} leaves do not hash to the checkpoint you kept"
-        ));
-        return finish_failed(db, report, n, kept_root, keys).await;
+        ))));
     }
-    let anchor = if n > 0 {
-        let Some(anchor) = verify::anchor(db, n as i64).await? else {
-            report.problem = Some(format!("event seq {n} is missing"));
-            report.first_changed = Some((n as i64, n as i64));
-            return Ok(report);
-        };
-        let path = tree::inclusion_proof(db, n, n - 1).await?;
-        let leaf = event_leaf(&anchor.hash).map_err(anyhow::Error::msg)?;
-        if verify_inclusion(leaf, n - 1, n, &path, kept_root).is_err() {
-            report.problem = Some(format!(
-                "event seq {n}'s stored hash is not the last leaf of the checkpoint you kept"
-            ));
-            return finish_failed(db, report, n, kept_root, keys).await;
-        }
-        Some(anchor)
-    } else {
-        None
+    if n == 0 {
+        return Ok(Ok((edge, None)));
+    }
+    let Some(anchor) = verify::anchor(db, n as i64).await? else {
+        return Ok(Err(Stop::Found {
+            problem: format!("event seq {n} is missing"),
+            first_changed: Some((n as i64, n as i64)),
+        }));
     };
+    let path = tree::inclusion_proof(db, n, n - 1).await?;
+    let leaf = event_leaf(&anchor.hash).map_err(anyhow::Error::msg)?;
+    if verify_inclusion(leaf, n - 1, n, &path, kept_root).is_err() {
+        return Ok(Err(Stop::Rewritten(format!(
+            "event seq {n}'s stored hash is not the last leaf of the checkpoint you kept"
+        ))));
+    }
+    Ok(Ok((edge, Some(anchor))))
+}
+
+/// Steps 4 to 6: the events after the kept checkpoint rebuild the newest one and every tree a
+/// witness saw, and a quorum of the trusted witnesses cosigned the newest (the counts and the
+/// cosigners go in `report`). Why not, or `None` when they do.
+async fn check_new_events(
+    db: &Db,
+    kept: &Checkpoint,
+    extended: Extended,
+    witnesses: Option<&WitnessQuorum>,
+    views: &[WitnessView],
+    report: &mut GrowthReport,
+) -> anyhow::Result<Option<Stop>> {
+    let (n, kept_root) = (kept.size(), *kept.hash());
+    let Extended {
+        latest,
+        big_n,
+        latest_root,
+        edge,
+        anchor,
+    } = extended;
     // 4. The new events, checked as `audit verify` checks them (fields → hash → link to the
     // one before), and the leaves of their recomputed hashes make the newest root, and the
     // root at each size a witness cosigned above `n`.
@@ -441,9 +577,10 @@ pub async fn verify_from(
     let upto = marks.iter().copied().max().unwrap_or(big_n);
     let (chain, grown) = verify::verify_growing(db, n as i64, anchor, edge, upto, &marks).await?;
     if let Some(broken) = chain.broken.first() {
-        report.problem = Some(format!("event seq {}: {}", broken.seq, broken.problem));
-        report.first_changed = Some((broken.seq, broken.seq));
-        return Ok(report);
+        return Ok(Some(Stop::Found {
+            problem: format!("event seq {}: {}", broken.seq, broken.problem),
+            first_changed: Some((broken.seq, broken.seq)),
+        }));
     }
     let root_at = |size: u64| {
         if size == n {
@@ -454,44 +591,86 @@ pub async fn verify_from(
     };
     report.verified = grown.tree.size().min(big_n) - n;
     report.unchecked_by_checkpoint = chain.checked.saturating_sub(report.verified);
-    if grown.tree.size() < big_n {
-        report.problem = Some(format!(
-            "the newest checkpoint has {big_n} events but the log only {}",
-            grown.tree.size()
-        ));
-    } else if root_at(big_n) != Some(latest_root) {
-        report.problem = Some(format!(
-            "events {} to {big_n} do not hash to the newest checkpoint's root",
-            n + 1
-        ));
-        report.first_changed = Some((n as i64 + 1, big_n as i64));
-    } else if let Some(problem) = forks(db, &views, n, kept_root, root_at).await? {
-        // 5. What each witness saw is what the log holds.
-        report.problem = Some(problem);
-    } else if let Some(witnesses) = witnesses {
-        // 6. The witnesses followed the log to its newest checkpoint.
-        let (cosigned, _) = checkpoint::parse(latest.cosigned().as_bytes())?;
-        let names = checkpoint::cosigned_by(&cosigned, &witnesses.witnesses);
-        report.cosigned_by = Some(names.iter().map(|&n| n.to_owned()).collect());
-        if names.len() < witnesses.quorum {
-            let mut problem = format!(
-                "the newest stored checkpoint (size {big_n}) is cosigned by {} of the witnesses you trust ({}), it needs {}: the witnesses did not follow the log to it (they never cosign a log truncated and grown again, or a fork; nor anything while they are down, or for a second while the server submits it)",
-                names.len(),
-                if names.is_empty() {
-                    "none".to_owned()
-                } else {
-                    names.join(", ")
-                },
-                witnesses.quorum
-            );
-            if let Some(alarm) = truncation_alarm(db, n as i64).await? {
-                problem.push_str("; ");
-                problem.push_str(&alarm);
-            }
-            report.problem = Some(problem);
-        }
+    let newest = (big_n, latest_root);
+    if let Some(stop) = newest_not_rebuilt(n, newest, grown.tree.size(), root_at(big_n)) {
+        return Ok(Some(stop));
     }
-    Ok(report)
+    // 5. What each witness saw is what the log holds.
+    if let Some(problem) = forks(db, views, n, kept_root, root_at).await? {
+        return Ok(Some(Stop::found(problem)));
+    }
+    // 6. The witnesses followed the log to its newest checkpoint.
+    match witnesses {
+        Some(witnesses) => cosigned_by_quorum(db, &latest, witnesses, n, big_n, report).await,
+        None => Ok(None),
+    }
+}
+
+/// Step 4's verdict: why the events after the kept checkpoint (size `n`), which grew its tree
+/// to `grown` leaves with the root `grown_root` at the newest checkpoint's size, do not
+/// rebuild the newest checkpoint (`newest`: its size and root), if they do not.
+fn newest_not_rebuilt(
+    n: u64,
+    (big_n, latest_root): (u64, Hash),
+    grown: u64,
+    grown_root: Option<Hash>,
+) -> Option<Stop> {
+    if grown < big_n {
+        Some(Stop::found(format!(
+            "the newest checkpoint has {big_n} events but the log only {grown}"
+        )))
+    } else if grown_root != Some(latest_root) {
+        Some(Stop::Found {
+            problem: format!(
+                "events {} to {big_n} do not hash to the newest checkpoint's root",
+                n + 1
+            ),
+            first_changed: Some((n as i64 + 1, big_n as i64)),
+        })
+    } else {
+        None
+    }
+}
+
+/// Step 6: which of the trusted witnesses cosigned the newest stored checkpoint (`latest`, of
+/// size `big_n`; they go in `report`), and whether they make the quorum. When they do not, the
+/// alarm the server's checkpointer raised after seq `n`, if any, explains why.
+async fn cosigned_by_quorum(
+    db: &Db,
+    latest: &checkpoints::Stored,
+    witnesses: &WitnessQuorum,
+    n: u64,
+    big_n: u64,
+    report: &mut GrowthReport,
+) -> anyhow::Result<Option<Stop>> {
+    let (cosigned, _) = checkpoint::parse(latest.cosigned().as_bytes())?;
+    let names = checkpoint::cosigned_by(&cosigned, &witnesses.witnesses);
+    report.cosigned_by = Some(names.iter().map(|&n| n.to_owned()).collect());
+    let Some(mut problem) = short_of_quorum(&names, witnesses.quorum, big_n) else {
+        return Ok(None);
+    };
+    if let Some(alarm) = truncation_alarm(db, n as i64).await? {
+        problem.push_str("; ");
+        problem.push_str(&alarm);
+    }
+    Ok(Some(Stop::found(problem)))
+}
+
+/// Why `names`, the trusted witnesses that cosigned the newest stored checkpoint (of size
+/// `big_n`), are fewer than `quorum`, if they are.
+fn short_of_quorum(names: &[&str], quorum: usize, big_n: u64) -> Option<String> {
+    (names.len() < quorum).then(|| {
+        format!(
+            "the newest stored checkpoint (size {big_n}) is cosigned by {} of the witnesses you trust ({}), it needs {}: the witnesses did not follow the log to it (they never cosign a log truncated and grown again, or a fork; nor anything while they are down, or for a second while the server submits it)",
+            names.len(),
+            if names.is_empty() {
+                "none".to_owned()
+            } else {
+                names.join(", ")
+            },
+            quorum
+        )
+    })
 }
 
 /// Whether any witness's checkpoint differs from the log's tree at its size: above `n` the
@@ -904,6 +1083,163 @@ mod tests {
             ),
             "{}",
             report_text(&r)
+        );
+    }
+
+    /// `log`'s checkpoint of the audit log at `size`, over a root made of `size`.
+    fn signed_at(size: u64, log: &NoteKey) -> Vec<u8> {
+        let root = crate::tlog::tree::record_hash(&size.to_be_bytes());
+        checkpoint::sign("log.example/audit", size, root, "", log).unwrap()
+    }
+
+    fn log_and_keys() -> (NoteKey, Verifiers) {
+        let log = NoteKey::from_seed("log.example/audit", [3; 32]).unwrap();
+        let keys = Verifiers::parse([log.verifier_key().as_str()]).unwrap();
+        (log, keys)
+    }
+
+    #[test]
+    fn the_kept_checkpoint_must_be_the_log_keys() {
+        let (log, keys) = log_and_keys();
+        let other_log = NoteKey::from_seed("log.example/audit", [4; 32]).unwrap();
+        let kept = kept_checkpoint(&signed_at(7, &log), &keys).unwrap();
+        assert_eq!((kept.size(), kept.origin()), (7, "log.example/audit"));
+        let e = kept_checkpoint(&signed_at(7, &other_log), &keys).unwrap_err();
+        assert!(e.to_string().starts_with("--checkpoint: "), "{e}");
+        let e = kept_checkpoint(b"<html>", &keys).unwrap_err();
+        assert!(e.to_string().starts_with("--checkpoint: "), "{e}");
+    }
+
+    #[test]
+    fn witness_urls_are_checked_only_against_witness_keys() {
+        let (log, keys) = log_and_keys();
+        let w1 = NoteKey::from_seed("witness.example/w1", [1; 32]).unwrap();
+        let trusted = WitnessQuorum::new(&log.verifier_key(), &[w1.cosigner_key()], None).unwrap();
+        let origin = "log.example/audit";
+        assert!(witness_answers(&[], None, origin, &keys).unwrap().is_none());
+        assert!(
+            witness_answers(&[], Some(&trusted), origin, &keys)
+                .unwrap()
+                .is_none()
+        );
+        let answers = [answer("https://a", origin, 7, &log, &[&w1])];
+        let e = witness_answers(&answers, None, origin, &keys).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "--witness-url: give the --witness-key of each witness it names, to check its cosignature"
+        );
+        let views = witness_answers(&answers, Some(&trusted), origin, &keys)
+            .unwrap()
+            .unwrap();
+        assert_eq!(views.len(), 1);
+        // A refused answer is refused here too, in the witness's words.
+        let unsigned = [answer("https://a", origin, 7, &log, &[])];
+        let e = witness_answers(&unsigned, Some(&trusted), origin, &keys).unwrap_err();
+        assert!(
+            e.to_string().starts_with("--witness-url https://a: "),
+            "{e}"
+        );
+    }
+
+    /// What witness `w1` said it cosigned: size `size`, at `cosigned_at`.
+    fn view(size: u64, cosigned_at: Option<&str>) -> WitnessView {
+        WitnessView {
+            witness: "w1".into(),
+            url: "https://w1".into(),
+            size,
+            root: String::new(),
+            cosigned_at: cosigned_at.map(str::to_owned),
+            root_hash: Hash::default(),
+        }
+    }
+
+    #[test]
+    fn events_the_kept_checkpoint_or_a_witness_committed_to_are_still_in_the_log() {
+        assert_eq!(lost_events(9, 9, &[view(9, None)]), None);
+        assert_eq!(lost_events(0, 0, &[]), None);
+        assert_eq!(
+            lost_events(8, 9, &[]).as_deref(),
+            Some("the log has 8 events, fewer than the 9 of the kept checkpoint: truncated")
+        );
+        assert_eq!(
+            lost_events(
+                9,
+                9,
+                &[
+                    view(12, Some("2026-12-01T10:00:00Z")),
+                    view(9, None),
+                    view(10, None)
+                ]
+            )
+            .as_deref(),
+            Some(
+                "witness w1 cosigned size 12 at 2026-12-01T10:00:00Z, the log holds 9 events: events were removed (truncated); witness w1 cosigned size 10, the log holds 9 events: events were removed (truncated)"
+            )
+        );
+    }
+
+    #[test]
+    fn the_newest_stored_checkpoint_must_be_there_and_the_log_keys() {
+        let (log, keys) = log_and_keys();
+        let other_log = NoteKey::from_seed("log.example/audit", [4; 32]).unwrap();
+        let stored = |size, note: Vec<u8>| checkpoints::Stored {
+            size,
+            note: String::from_utf8(note).unwrap(),
+            cosignatures: Vec::new(),
+        };
+        let (latest, cp) = newest_signed(Some(stored(9, signed_at(9, &log))), &keys)
+            .unwrap()
+            .unwrap();
+        assert_eq!((latest.size, cp.size()), (9, 9));
+        assert_eq!(
+            newest_signed(None, &keys).unwrap().unwrap_err(),
+            "the database holds no checkpoint at all, but you kept one: the log was replaced"
+        );
+        let e = newest_signed(Some(stored(9, signed_at(9, &other_log))), &keys)
+            .unwrap()
+            .unwrap_err();
+        assert!(
+            e.starts_with("the newest stored checkpoint (size 9) is not signed by the log key: "),
+            "{e}"
+        );
+        // A stored note that is no checkpoint at all is a fault, not a verdict.
+        assert!(newest_signed(Some(stored(9, b"<html>".to_vec())), &keys).is_err());
+    }
+
+    #[test]
+    fn the_new_events_must_rebuild_the_newest_checkpoint() {
+        let root = crate::tlog::tree::record_hash(b"root");
+        let other = crate::tlog::tree::record_hash(b"other");
+        assert_eq!(newest_not_rebuilt(3, (9, root), 9, Some(root)), None);
+        assert_eq!(
+            newest_not_rebuilt(3, (9, root), 8, None),
+            Some(Stop::found(
+                "the newest checkpoint has 9 events but the log only 8".into()
+            ))
+        );
+        let changed = Some(Stop::Found {
+            problem: "events 4 to 9 do not hash to the newest checkpoint's root".into(),
+            first_changed: Some((4, 9)),
+        });
+        assert_eq!(newest_not_rebuilt(3, (9, root), 9, Some(other)), changed);
+        assert_eq!(newest_not_rebuilt(3, (9, root), 12, None), changed);
+    }
+
+    #[test]
+    fn the_newest_checkpoint_needs_a_quorum_of_cosignatures() {
+        assert_eq!(short_of_quorum(&["w1", "w2"], 2, 9), None);
+        assert_eq!(short_of_quorum(&[], 0, 9), None);
+        let short = short_of_quorum(&["w1"], 2, 9).unwrap();
+        assert!(
+            short.starts_with(
+                "the newest stored checkpoint (size 9) is cosigned by 1 of the witnesses you trust (w1), it needs 2: the witnesses did not follow the log to it"
+            ),
+            "{short}"
+        );
+        let none = short_of_quorum(&[], 1, 9).unwrap();
+        assert!(
+            none.contains("by 0 of the witnesses you trust (none), it needs 1"),
+            "{none}"
         );
     }
 }

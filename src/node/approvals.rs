@@ -292,7 +292,7 @@ impl Gate {
             }
             return Ok(file);
         }
-        std::fs::create_dir_all(&self.state_dir)
+        crate::util::files::create_private_dir(&self.state_dir)
             .map_err(|e| format!("cannot create {}: {e}", self.state_dir.display()))?;
         crate::util::files::replace_private(
             &self.state_dir,

@@ -6,7 +6,7 @@
 //! atomically (a temporary file, synced, then renamed), so a crash never leaves half a
 //! credential. A credential file that others may read is refused, not used.
 
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
@@ -70,10 +70,7 @@ impl CredentialStore {
     /// that a join, which spends its token, never succeeds only to find it cannot save.
     pub fn prepare(&self) -> anyhow::Result<()> {
         if !self.dir.exists() {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(&self.dir)
+            crate::util::files::create_private_dir(&self.dir)
                 .with_context(|| format!("failed to create state_dir {}", self.dir.display()))?;
         }
         let probe = self.dir.join(".write-check");

@@ -13,6 +13,7 @@
 
 use std::collections::HashMap;
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -80,7 +81,7 @@ impl Executed {
                 // A new state, or a lost one: nothing requested before now may run here. When
                 // it cannot be kept, each start is a new state (stricter, never looser).
                 let since = now_millis();
-                let kept = std::fs::create_dir_all(dir).and_then(|()| {
+                let kept = crate::util::files::create_private_dir(dir).and_then(|()| {
                     crate::util::files::replace_private(
                         dir,
                         SINCE_FILE,
@@ -128,10 +129,11 @@ impl Executed {
         let t = now();
         ids.retain(|_, until| *until > t);
         let append = || -> std::io::Result<()> {
-            std::fs::create_dir_all(&self.dir)?;
+            crate::util::files::create_private_dir(&self.dir)?;
             let mut f = std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
+                .mode(0o600)
                 .open(self.dir.join(EXECUTED_FILE))?;
             f.write_all(format!("{approval_id} {keep_until}\n").as_bytes())?;
             f.sync_data()
@@ -180,6 +182,21 @@ impl From<String> for Refused {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The state a runner makes for its ledger is its own: the directory 0700, the files 0600
+    /// (a configured runner made them 0755 and 0644 before; red team 2).
+    #[test]
+    fn the_ledger_and_its_directory_are_the_runners_alone() {
+        use std::os::unix::fs::PermissionsExt;
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("state");
+        let ledger = Executed::load(&dir).unwrap();
+        ledger.record("a1", now() + 60).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&dir), 0o700);
+        assert_eq!(mode(&dir.join(EXECUTED_FILE)), 0o600);
+        assert_eq!(mode(&dir.join(SINCE_FILE)), 0o600);
+    }
 
     #[test]
     fn executed_ids_survive_a_restart_and_run_once() {

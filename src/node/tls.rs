@@ -5,7 +5,7 @@
 //! only ever replaced when it or its certificate is missing; the fingerprint the runner
 //! prints and sends when it joins is the one of the certificate it serves.
 
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -51,16 +51,12 @@ fn self_signed(config: &RunnerConfig) -> anyhow::Result<(PathBuf, PathBuf)> {
         }
         return Ok((cert_file, key_file));
     }
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&dir)
-        .with_context(|| {
-            format!(
-                "failed to create {} (state_dir must be writable by the runner)",
-                dir.display()
-            )
-        })?;
+    crate::util::files::create_private_dir(&dir).with_context(|| {
+        format!(
+            "failed to create {} (state_dir must be writable by the runner)",
+            dir.display()
+        )
+    })?;
     // The certificate names the runner and loopback; the server pins it by fingerprint and
     // does not check names, so these are for people who look at it.
     let mut names = vec!["localhost".to_owned(), "127.0.0.1".to_owned()];

@@ -77,6 +77,17 @@ fn private_mode_refused(uid: u32, mode: u32) -> Option<String> {
         .then(|| format!("mode {mode:o} is too open for a private key ({rule}): `chmod 600` it"))
 }
 
+/// Creates a directory only its owner may enter (mode 0700), with any parents it needs (also
+/// 0700); an existing one is left as it is. A runner's `state_dir` holds its credential, its
+/// keys and the ledger of executed approvals.
+pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+}
+
 /// Writes a new private key file (mode 0600, synced); an existing file is never overwritten.
 pub fn create_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     let mut f = std::fs::OpenOptions::new()
@@ -170,5 +181,16 @@ mod tests {
             err.ends_with("it holds the audit log's private key"),
             "{err}"
         );
+    }
+
+    /// A state directory is made 0700, its missing parents too.
+    #[test]
+    fn a_private_directory_is_the_owners_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("var/state");
+        create_private_dir(&state).unwrap();
+        assert_eq!(mode_of(&state), 0o700);
+        assert_eq!(mode_of(&dir.path().join("var")), 0o700);
+        create_private_dir(&state).unwrap();
     }
 }

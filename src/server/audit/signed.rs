@@ -7,8 +7,10 @@
 //! each rollout decision carried out (the `rollout.decided` event whose `state` is
 //! `executing`), its `rollout.decided` votes must carry one decision text about that approval
 //! and its statement, with signatures over it by enough distinct people in the same way. A
-//! failure names the event (seq and id) and the rule it broke. Pure: the caller reads the
-//! events; the tests below give each check a case only it catches.
+//! failure names the event (seq and id) and the rule it broke. An approval claimed twice (a
+//! second `approval.executing`: the store was set back to `approved`) fails at the second, and
+//! each approval counts once. Pure: the caller reads the events; the tests below give each
+//! check a case only it catches.
 
 use std::collections::BTreeMap;
 
@@ -78,8 +80,17 @@ pub fn verify(events: &[Event], approvers: &Approvers) -> Report {
     };
     let mut verified = 0;
     let mut decisions_verified = 0;
+    executing.sort_by_key(|e| e.seq);
+    let mut claimed: BTreeMap<&str, i64> = BTreeMap::new();
     for exec in executing {
         let id = exec.approval_id.as_deref().unwrap_or_default();
+        if let Some(first) = claimed.insert(id, exec.seq) {
+            let why = format!(
+                "a second `approval.executing` (the first is seq {first}): an approval is claimed once, and only a rollout decision (`rollout.decided`) runs it again"
+            );
+            fail(id, (exec, why));
+            continue;
+        }
         let votes = approved.get(id).map(Vec::as_slice).unwrap_or_default();
         match check(id, exec, votes, approvers) {
             Ok(_) => verified += 1,
@@ -329,6 +340,32 @@ mod tests {
         );
         assert_eq!(report.verified, 1, "{report:?}");
         assert!(report.failures.is_empty(), "{report:?}");
+    }
+
+    /// An approval claimed a second time (its row set back to `approved` in the store, and a
+    /// server that ran it again) fails at the second claim, and counts once.
+    #[test]
+    fn an_approval_claimed_twice_fails_at_the_second_claim() {
+        let text = statement("a1", TOOL);
+        let report = verify(
+            &[
+                vote(1, "a1", &text, 1),
+                vote(2, "a1", &text, 2),
+                executing(7, "a1"),
+                executing(3, "a1"),
+            ],
+            &approvers(),
+        );
+        assert_eq!(report.verified, 1, "{report:?}");
+        let [failure] = &report.failures[..] else {
+            panic!("one failure: {report:?}");
+        };
+        assert_eq!(failure.seq, 7);
+        assert!(
+            failure.why.contains("the first is seq 3"),
+            "{}",
+            failure.why
+        );
     }
 
     /// The quorum (`verify_quorum`): every vote's signature verifies, yet the execution had

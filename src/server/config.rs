@@ -106,10 +106,10 @@ pub struct ServerConfig {
     #[serde(default)]
     pub oauth: Option<crate::server::oidc::config::OAuthConfig>,
     /// The server's TLS certificate (PEM, chain allowed) and key: with both, the server serves
-    /// HTTPS itself (and the portal's cookie is `Secure`), e.g. `/etc/emisar/tls/server.crt`.
+    /// HTTPS itself (and the portal's cookie is `Secure`), e.g. `/etc/emisar/tls/tls.crt`.
     #[serde(default)]
     pub tls_cert_file: Option<PathBuf>,
-    /// The private key (PEM) of `tls_cert_file`, e.g. `/etc/emisar/tls/server.key`.
+    /// The private key (PEM) of `tls_cert_file`, e.g. `/etc/emisar/tls/tls.key`.
     #[serde(default)]
     pub tls_key_file: Option<PathBuf>,
     /// A CA (PEM) that signs runners' certificates. A runner without `tls_fingerprint` is

@@ -86,7 +86,7 @@ impl Gateway {
             Ok(at) => at,
             Err(why) => {
                 tracing::error!(approval_id = %id, why = %why, "an approved request the audit log does not back is not run");
-                self.expire_approved_because(id, &why).await;
+                self.expire_approved_if(id, |_| Some(why.clone())).await;
                 return;
             }
         };
@@ -99,7 +99,7 @@ impl Gateway {
                 format_at(settled),
                 start_within.as_secs()
             );
-            self.expire_approved_because(id, &why).await;
+            self.expire_approved_if(id, |_| Some(why.clone())).await;
             return;
         }
         let claimed = self
@@ -227,49 +227,37 @@ impl Gateway {
         first_execution_backed(&events)
     }
 
-    /// Expires an approved request that must not run, saying `why`; nothing runs.
-    async fn expire_approved_because(&self, id: &str, why: &str) {
-        let why = format!("{why}; nothing ran: ask again");
-        let result = self
-            .approvals
-            .transition(id, Lock::SkipLocked, |r| {
-                let mut change = approvals::moved(
-                    r,
-                    &[State::Approved],
-                    State::Expired,
-                    "system",
-                    kind::APPROVAL_EXPIRED,
-                    json!({"approved_at": r.updated_at, "why": why}),
-                    chrono::Utc::now(),
-                )?;
-                change.row.note = Some(why.clone());
-                Ok(change)
-            })
-            .await;
-        match result {
-            Ok(_) | Err(ApprovalError::WrongState { .. }) => {}
-            Err(e) => tracing::error!(error = %e, approval_id = %id, "could not expire"),
-        }
-    }
-
     /// Expires an approved request whose execution never started within
     /// `approved_start_within` of its approval; nothing runs.
     pub(super) async fn expire_approved(&self, id: &str) {
         let start_within = self.limits.approved_start_within;
+        self.expire_approved_if(id, |r| {
+            let late = r.state != State::Approved
+                || too_late_to_start(r, start_within, chrono::Utc::now());
+            late.then(|| {
+                format!(
+                    "was approved at {}, but its execution did not start within {} s of the approval",
+                    r.updated_at,
+                    start_within.as_secs()
+                )
+            })
+        })
+        .await;
+    }
+
+    /// Expires an approved request for the reason `why` gives for the locked row (`None`
+    /// leaves it as it is); nothing runs.
+    async fn expire_approved_if(&self, id: &str, why: impl Fn(&Approval) -> Option<String>) {
         let result = self
             .approvals
             .transition(id, Lock::SkipLocked, |r| {
-                if r.state == State::Approved && !too_late_to_start(r, start_within, chrono::Utc::now()) {
+                let Some(why) = why(r) else {
                     return Err(ApprovalError::WrongState {
                         state: r.state,
                         wanted: "expired",
                     });
-                }
-                let why = format!(
-                    "was approved at {}, but its execution did not start within {} s of the approval; nothing ran: ask again",
-                    r.updated_at,
-                    start_within.as_secs()
-                );
+                };
+                let why = format!("{why}; nothing ran: ask again");
                 let mut change = approvals::moved(
                     r,
                     &[State::Approved],

@@ -573,6 +573,8 @@ impl TestApp {
     pub async fn start_runner(&self, name: &str, listener: TcpListener) -> CancellationToken {
         let mut config = RunnerConfig::with_name(name);
         config.server_public_key_file = Some(self.public_key.clone());
+        // In the test's folder: the default, /var/lib/emisar-runner, is the system's.
+        config.state_dir = self.dir.path().join(format!("state-{name}"));
         config.packs_dir = self.packs_dir.clone();
         config.exec_path = "/usr/bin:/bin".into();
         config.fill_standard_services();

@@ -63,18 +63,18 @@ pub fn read_private(path: &Path, what: &str) -> anyhow::Result<String> {
 
 /// Why a private key file owned by `uid` with `mode` may not be used, if it may not.
 fn private_mode_refused(uid: u32, mode: u32) -> Option<String> {
-    let (allowed, rule) = match uid {
+    let (allowed, fix) = match uid {
         0 => (
             0o640,
-            "root's key may be 0600, or 0640 for its group to read it",
+            "root's key may be 0640 for its group (`chmod 640` it, `chgrp` the service's group) \
+             or `chmod 600`",
         ),
         _ => (
             0o600,
-            "a key not owned by root must be 0600; root's may be 0640",
+            "a key not owned by root must be 0600 (`chmod 600` it), or root's with 0640",
         ),
     };
-    (mode & !allowed != 0)
-        .then(|| format!("mode {mode:o} is too open for a private key ({rule}): `chmod 600` it"))
+    (mode & !allowed != 0).then(|| format!("mode {mode:o} is too open for a private key: {fix}"))
 }
 
 /// Creates a directory only its owner may enter (mode 0700), with any parents it needs (also

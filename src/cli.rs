@@ -253,7 +253,7 @@ pub enum WitnessCommand {
     /// Generate the witness's Ed25519 key (mode 0600, never overwriting one) and print the
     /// verifier key of its cosignatures, for the configs that trust this witness.
     #[command(
-        after_help = "Example: emisar witness keygen --name witness.example.org/w1 --key /etc/emisar-witness/witness.key"
+        after_help = "Example: emisar witness keygen --name witness-a.example.org/w1 --key /etc/emisar-witness/witness.key"
     )]
     Keygen {
         /// The witness's name in its cosignatures, usually a URL without scheme

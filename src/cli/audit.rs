@@ -21,7 +21,7 @@ pub enum AuditCommand {
     /// you kept, with --witness-key that the witnesses cosigned the newest one, and with
     /// --witness-url that the log holds what each witness cosigned last.
     #[command(
-        after_help = "Example: emisar audit verify --checkpoint kept-checkpoint.txt --log-key emisar.example.com/audit+9c1d5e2a+AXyT... --witness-key witness-a.example.org/w1+5b2e7c1d+BNq... --witness-key witness.partner.example.net/w+0f3a9e44+BLk... --witness-quorum 2 --witness-url https://witness-a.example.org:7380 --witness-url https://witness.partner.example.net:7380 --database postgres://emisar@db/emisar"
+        after_help = "Example: emisar audit verify --checkpoint kept-checkpoint.txt --log-key emisar.example.com/audit+9c1d5e2a+AXyT... --witness-key witness-a.example.org/w1+eba1fbfb+BO/e... --witness-key witness.partner.example.net/w+0a9e71c4+BK... --witness-quorum 2 --witness-url https://witness-a.example.org:7380 --witness-url https://witness.partner.example.net:7380 --database postgres://emisar@db/emisar"
     )]
     Verify {
         /// Start at the first event at or after this RFC 3339 time, e.g.
@@ -120,7 +120,7 @@ pub enum AuditCommand {
     /// Print an event with its inclusion proof in the newest checkpoint (JSON); with
     /// --log-key, check it first and exit 1 if it does not verify.
     #[command(
-        after_help = "Example: emisar audit prove 0193a6d2-7f1e-7c3a-9b1e-5d2f8a4c6e01 --log-key audit.example.com/log+1a2b3c4d+AXyz..."
+        after_help = "Example: emisar audit prove 0193a6d2-7f1e-7c3a-9b1e-5d2f8a4c6e01 --log-key emisar.example.com/audit+9c1d5e2a+AXyT..."
     )]
     Prove {
         /// The event's id (a UUID, as `audit query` shows it).

@@ -106,6 +106,10 @@ pub enum Command {
         /// (`emisar approvals approve ID --ssh-key …`, printed at start).
         #[arg(long)]
         signed_approvals: bool,
+        /// Leave the audit log a hash chain only: no log key, no checkpoints and no local
+        /// witness (by default a witness in this process cosigns every checkpoint).
+        #[arg(long)]
+        no_witness: bool,
     },
     /// A fleet-wide 502 incident, replayable: the server, five edge runners
     /// (nomad-hvn01..05) and the lab's Consul, Nomad, Traefik, FRR and metrics behind them.
@@ -401,6 +405,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             packs_dir,
             policy,
             signed_approvals,
+            no_witness,
         } => {
             let opts = crate::dev::DevOptions {
                 state_dir,
@@ -409,6 +414,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 packs_dir,
                 policy_file: policy,
                 signed_approvals,
+                witness: !no_witness,
             };
             crate::dev::run(opts, stop_on_signal()).await?;
         }

@@ -5,6 +5,12 @@
 //! `start` is the reusable part (a server on SQLite plus in-process runners from their
 //! configs, the agent token and the approver); `emisar lab` starts its five runners with it.
 //!
+//! By default the audit log is a transparency log with a witness of its own: a log key and a
+//! witness key kept in the state directory, the witness serving plain HTTP on loopback in
+//! this same process, so the portal's checkpoint panel shows a cosigned checkpoint from the
+//! first event on (`--no-witness` leaves the log a hash chain only). A witness in the same
+//! process as the log proves nothing to an auditor; it shows how the real one works.
+//!
 //! The in-process runners speak plain HTTP (`insecure_http = true`), so each must listen on
 //! loopback: a runner config whose `listen` is not a loopback address is refused.
 
@@ -20,7 +26,10 @@ use crate::node::agent::{self, RunnerState};
 use crate::node::config::RunnerConfig;
 use crate::server::app::Application;
 use crate::server::audit::AuditLog;
+use crate::server::audit::checkpoints::{TransparencyConfig, WitnessEntry};
 use crate::server::config::{RunnerEntry, ServerConfig};
+use crate::witness::config::{LogConfig, WitnessConfig};
+use crate::witness::serve::WitnessServer;
 
 pub struct DevOptions {
     pub state_dir: PathBuf,
@@ -33,6 +42,21 @@ pub struct DevOptions {
     /// Approvals signed by people: a generated approver SSH key, an approvers file the server
     /// and the local runner use, and the runner requiring signatures for every write.
     pub signed_approvals: bool,
+    /// The transparency log and its local witness (on unless `--no-witness`).
+    pub witness: bool,
+}
+
+/// What a [`Stack`] is made of, besides its state directory.
+pub struct StackOptions {
+    /// The server's address (`127.0.0.1:0` picks a free port).
+    pub listen: String,
+    pub packs_dir: Option<PathBuf>,
+    /// Each runs in-process, listening on its `listen` address (loopback only).
+    pub runners: Vec<RunnerConfig>,
+    pub approvers_file: Option<PathBuf>,
+    pub policy_file: Option<PathBuf>,
+    /// Sign checkpoints of the audit log and have a local witness cosign them.
+    pub witness: bool,
 }
 
 pub const DEV_RUNNER: &str = "local";
@@ -40,11 +64,17 @@ pub const DEV_RUNNER: &str = "local";
 pub const DEV_UNIT: &str = "cron";
 pub const DEV_AGENT: &str = "dev-agent";
 pub const DEV_APPROVER: &str = "dev-approver";
+/// The origin of the dev log's checkpoints (the log key's name).
+pub const DEV_LOG_ORIGIN: &str = "localhost/emisar-dev";
+/// The name of the dev witness's cosignatures.
+pub const DEV_WITNESS: &str = "localhost/emisar-dev-witness";
 
-/// A server and its in-process runners, built and listening, not yet serving requests.
+/// A server, its in-process runners and witness, built and listening, not yet serving
+/// requests.
 pub struct Stack {
     app: Application,
-    runner_tasks: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
+    /// The runners' and the witness's.
+    tasks: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
     shutdown: CancellationToken,
     pub state_dir: PathBuf,
     pub mcp_url: String,
@@ -54,21 +84,37 @@ pub struct Stack {
     pub database_url: String,
     /// Runner name → base URL.
     pub runner_urls: BTreeMap<String, String>,
+    /// The local witness, when the stack has one.
+    pub witness: Option<LocalWitness>,
+}
+
+/// Where the local witness listens and the keys that check what it and the log sign.
+pub struct LocalWitness {
+    pub url: String,
+    /// The witness's cosignature verifier key.
+    pub key: String,
+    /// The log's verifier key: what `emisar audit verify --log-key` takes.
+    pub log_key: String,
 }
 
 /// Starts a server on SQLite under `state_dir` (keys, audit key and database are created
-/// once and kept) with `runners` running in-process, each listening on its `listen`
-/// address and listed in the server's config with its labels; issues the agent's token and
-/// creates the approver. Cancelling `shutdown` stops them all.
+/// once and kept) with the runners of `opts` running in-process, each listening on its
+/// `listen` address and listed in the server's config with its labels (and the local witness
+/// when asked); issues the agent's token and creates the approver. Cancelling `shutdown`
+/// stops them all.
 pub async fn start(
     state_dir: &Path,
-    listen: &str,
-    packs_dir: Option<PathBuf>,
-    runners: Vec<RunnerConfig>,
-    approvers_file: Option<PathBuf>,
-    policy_file: Option<PathBuf>,
+    opts: StackOptions,
     shutdown: CancellationToken,
 ) -> anyhow::Result<Stack> {
+    let StackOptions {
+        listen,
+        packs_dir,
+        runners,
+        approvers_file,
+        policy_file,
+        witness,
+    } = opts;
     std::fs::create_dir_all(state_dir)
         .with_context(|| format!("failed to create {}", state_dir.display()))?;
     let state_dir = state_dir.canonicalize()?;
@@ -123,8 +169,16 @@ pub async fn start(
     if !audit_key.exists() {
         crate::server::secrets::AuditKey::generate(&audit_key)?;
     }
+    let mut tasks = Vec::new();
+    let (transparency, witness) = if witness {
+        let (config, witness, task) = local_witness(&state_dir, shutdown.clone()).await?;
+        tasks.push(task);
+        (Some(config), Some(witness))
+    } else {
+        (None, None)
+    };
     let config = ServerConfig {
-        listen: listen.to_owned(),
+        listen,
         database_url: Some(database_url.clone()),
         packs_dir,
         audit_key_file: Some(audit_key),
@@ -133,13 +187,13 @@ pub async fn start(
         insecure_http: true,
         approvers_file,
         policy_file,
+        transparency,
         ..ServerConfig::with_signing_key(private)
     };
     let app = Application::build(config, &database_url).await?;
-    let mut runner_tasks = Vec::new();
     for (listener, state) in pending {
         let state = state.await??;
-        runner_tasks.push(tokio::spawn(agent::run(listener, state, shutdown.clone())));
+        tasks.push(tokio::spawn(agent::run(listener, state, shutdown.clone())));
     }
     let addr = app.local_addr();
     let audit = AuditLog::start(app.db().clone());
@@ -175,7 +229,7 @@ pub async fn start(
     };
     Ok(Stack {
         app,
-        runner_tasks,
+        tasks,
         shutdown,
         state_dir,
         mcp_url: format!("http://{addr}/mcp"),
@@ -184,7 +238,67 @@ pub async fn start(
         approver_password: password,
         database_url,
         runner_urls,
+        witness,
     })
+}
+
+/// The dev log's key and its witness, both made once in `state_dir` and kept: the witness
+/// remembers the newest checkpoint it cosigned (in `state_dir/witness/`), so a log started
+/// again on the same database goes on where it was, and one whose database was deleted
+/// alone is refused as a rollback, as a real witness would.
+async fn local_witness(
+    state_dir: &Path,
+    shutdown: CancellationToken,
+) -> anyhow::Result<(
+    TransparencyConfig,
+    LocalWitness,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+)> {
+    let log_key_file = state_dir.join("log.key");
+    let log_key = if log_key_file.exists() {
+        crate::server::audit::checkpoints::read_log_key(&log_key_file)?.verifier_key()
+    } else {
+        crate::server::audit::checkpoints::log_keygen(DEV_LOG_ORIGIN, &log_key_file)?
+    };
+    let key_file = state_dir.join("witness.key");
+    if !key_file.exists() {
+        crate::witness::serve::keygen(DEV_WITNESS, &key_file)?;
+    }
+    let witness_dir = state_dir.join("witness");
+    crate::util::files::create_private_dir(&witness_dir)
+        .with_context(|| format!("failed to create {}", witness_dir.display()))?;
+    let server = WitnessServer::build(&WitnessConfig {
+        listen: "127.0.0.1:0".into(),
+        key_file,
+        state_dir: witness_dir,
+        tls_cert_file: None,
+        tls_key_file: None,
+        // On loopback, in this process: every request and answer is signed anyway.
+        insecure_http: true,
+        max_connections_per_address: 64,
+        logs: vec![LogConfig {
+            origin: DEV_LOG_ORIGIN.into(),
+            keys: vec![log_key.clone()],
+        }],
+    })
+    .await?;
+    let witness = LocalWitness {
+        url: format!("http://{}", server.local_addr()),
+        key: server.verifier_key().to_owned(),
+        log_key,
+    };
+    let config = TransparencyConfig {
+        log_key_file,
+        checkpoint_interval_ms: 1000,
+        checkpoint_every_events: 1000,
+        witnesses: vec![WitnessEntry {
+            url: witness.url.clone(),
+            key: witness.key.clone(),
+        }],
+        witness_quorum: None,
+    };
+    let task = tokio::spawn(server.run_until_stopped(shutdown));
+    Ok((config, witness, task))
 }
 
 impl Stack {
@@ -204,6 +318,9 @@ impl Stack {
             "database_url": self.database_url,
             "runners": self.runner_urls.keys().collect::<Vec<_>>(),
             "runner_urls": self.runner_urls,
+            "witness_url": self.witness.as_ref().map(|w| &w.url),
+            "witness_key": self.witness.as_ref().map(|w| &w.key),
+            "log_key": self.witness.as_ref().map(|w| &w.log_key),
         })
     }
 
@@ -214,7 +331,8 @@ impl Stack {
         Ok(path)
     }
 
-    /// Serves until the shutdown token is cancelled; then waits for the runners to stop.
+    /// Serves until the shutdown token is cancelled; then waits for the runners and the
+    /// witness to stop.
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
         let app_shutdown = self.app.shutdown_token();
         let stop = self.shutdown.clone();
@@ -224,7 +342,7 @@ impl Stack {
         });
         self.app.run_until_stopped().await?;
         self.shutdown.cancel();
-        for task in self.runner_tasks {
+        for task in self.tasks {
             task.await??;
         }
         Ok(())
@@ -286,11 +404,14 @@ pub async fn run(opts: DevOptions, shutdown: CancellationToken) -> anyhow::Resul
     }
     let stack = start(
         &opts.state_dir,
-        &opts.listen,
-        opts.packs_dir.clone(),
-        vec![runner_config],
-        signing.as_ref().map(|(file, _)| file.clone()),
-        opts.policy_file.clone(),
+        StackOptions {
+            listen: opts.listen.clone(),
+            packs_dir: opts.packs_dir.clone(),
+            runners: vec![runner_config],
+            approvers_file: signing.as_ref().map(|(file, _)| file.clone()),
+            policy_file: opts.policy_file.clone(),
+            witness: opts.witness,
+        },
         shutdown,
     )
     .await?;
@@ -307,6 +428,16 @@ pub async fn run(opts: DevOptions, shutdown: CancellationToken) -> anyhow::Resul
         println!("  Runner:       {name} at {url}");
     }
     println!("  Database:     {}", stack.database_url);
+    match &stack.witness {
+        Some(w) => {
+            println!(
+                "  Witness:      {} (cosigns every checkpoint; {DEV_WITNESS})",
+                w.url
+            );
+            println!("  Log key:      {}", w.log_key);
+        }
+        None => println!("  Witness:      none (--no-witness: the log is a hash chain only)"),
+    }
     if let Some((file, key)) = &signing {
         let token = crate::server::tokens::issue(
             stack.db(),

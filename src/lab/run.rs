@@ -267,7 +267,20 @@ pub async fn start(opts: LabOptions, shutdown: CancellationToken) -> anyhow::Res
         )]);
         runners.push(c);
     }
-    let stack = dev::start(&dir, &opts.listen, None, runners, None, None, stop.clone()).await?;
+    let stack = dev::start(
+        &dir,
+        dev::StackOptions {
+            listen: opts.listen.clone(),
+            packs_dir: None,
+            runners,
+            approvers_file: None,
+            policy_file: None,
+            // The lab replays an incident; its log is a hash chain, as before.
+            witness: false,
+        },
+        stop.clone(),
+    )
+    .await?;
 
     let mut info = stack.info();
     info["lab"] = json!({

@@ -466,6 +466,51 @@ async fn emisar_dev_prints_a_working_url_and_token() {
     assert_eq!(out["error"]["kind"], "denied_by_human", "{out}");
     client.cancel().await.unwrap();
 
+    // The audit log is a transparency log from the start: the portal's checkpoint panel
+    // shows a checkpoint the local witness cosigned, and an auditor holding the printed keys
+    // verifies the log against it and against the witness itself.
+    let witness_line = format!("\u{2014} {} ", emisar::dev::DEV_WITNESS);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let checkpoint = loop {
+        let res = http
+            .get(format!("{portal}api/audit/checkpoint"))
+            .header("cookie", &cookie)
+            .send()
+            .await
+            .unwrap();
+        let status = res.status();
+        let text = res.text().await.unwrap();
+        if status == 200 && text.contains(&witness_line) {
+            break text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no checkpoint cosigned by the dev witness within 20 s: {status} {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(
+        checkpoint.starts_with(&format!("{}\n", emisar::dev::DEV_LOG_ORIGIN)),
+        "{checkpoint}"
+    );
+    let kept = state.path().join("kept-checkpoint.txt");
+    std::fs::write(&kept, &checkpoint).unwrap();
+    let (code, out, err) = emisar(&[
+        "audit",
+        "verify",
+        "--checkpoint",
+        kept.to_str().unwrap(),
+        "--log-key",
+        info["log_key"].as_str().unwrap(),
+        "--witness-key",
+        info["witness_key"].as_str().unwrap(),
+        "--witness-url",
+        info["witness_url"].as_str().unwrap(),
+        "--database",
+        info["database_url"].as_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
@@ -481,6 +526,11 @@ async fn emisar_dev_prints_a_working_url_and_token() {
     assert!(
         stdout.contains(url) && stdout.contains(info["agent_token"].as_str().unwrap()),
         "{stdout}"
+    );
+    assert!(
+        stdout.contains(info["witness_url"].as_str().unwrap())
+            && stdout.contains(info["log_key"].as_str().unwrap()),
+        "the witness and the log key are printed: {stdout}"
     );
 
     // The audit log of the dev database verifies.
@@ -507,9 +557,15 @@ async fn emisar_dev_runs_under_a_given_policy() {
     let (child, info) = start_dev_with(
         &state.path().join("dev"),
         Stdio::null(),
-        &["--policy", policy.to_str().unwrap()],
+        &["--policy", policy.to_str().unwrap(), "--no-witness"],
     )
     .await;
+    // `--no-witness`: no log key, no witness.
+    assert!(
+        info["witness_url"].is_null() && info["log_key"].is_null(),
+        "{info}"
+    );
+    assert!(!state.path().join("dev").join("log.key").exists());
     // Stopped however the test ends.
     struct Stop(std::process::Child);
     impl Drop for Stop {

@@ -323,11 +323,22 @@ async fn start_dev_with(
     (child, info)
 }
 
+/// A child process stopped however the test ends (a failed assertion too), by its PID.
+struct Stop(std::process::Child);
+
+impl Drop for Stop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// `emisar dev` starts with no set-up, binds the port it says, and serves MCP with its token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn emisar_dev_prints_a_working_url_and_token() {
     let state = tempfile::tempdir().unwrap();
-    let (mut child, info) = start_dev(state.path(), Stdio::piped()).await;
+    let (child, info) = start_dev(state.path(), Stdio::piped()).await;
+    let mut dev = Stop(child);
     let url = info["mcp_url"].as_str().unwrap();
     assert!(
         !url.ends_with(":0/mcp"),
@@ -512,17 +523,17 @@ async fn emisar_dev_prints_a_working_url_and_token() {
     assert_eq!(code, 0, "{out}{err}");
 
     nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::unistd::Pid::from_raw(dev.0.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
     )
     .unwrap();
-    let status = child.wait().unwrap();
+    let status = dev.0.wait().unwrap();
     assert!(
         status.success(),
         "emisar dev stops cleanly on SIGTERM: {status}"
     );
     let mut stdout = String::new();
-    std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut stdout).unwrap();
+    std::io::Read::read_to_string(dev.0.stdout.as_mut().unwrap(), &mut stdout).unwrap();
     assert!(
         stdout.contains(url) && stdout.contains(info["agent_token"].as_str().unwrap()),
         "{stdout}"
@@ -560,21 +571,13 @@ async fn emisar_dev_runs_under_a_given_policy() {
         &["--policy", policy.to_str().unwrap(), "--no-witness"],
     )
     .await;
+    let dev = Stop(child);
     // `--no-witness`: no log key, no witness.
     assert!(
         info["witness_url"].is_null() && info["log_key"].is_null(),
         "{info}"
     );
     assert!(!state.path().join("dev").join("log.key").exists());
-    // Stopped however the test ends.
-    struct Stop(std::process::Child);
-    impl Drop for Stop {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let dev = Stop(child);
     use rmcp::ServiceExt;
     use rmcp::transport::StreamableHttpClientTransport;
     use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;

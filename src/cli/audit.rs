@@ -622,6 +622,7 @@ async fn verify_approvals(
     let db = db.connect().await?;
     let mut events = Vec::new();
     for kind in [
+        audit::kind::APPROVAL_REQUESTED,
         audit::kind::APPROVAL_APPROVED,
         audit::kind::APPROVAL_EXECUTING,
         audit::kind::ROLLOUT_DECIDED,

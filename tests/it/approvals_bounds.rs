@@ -224,6 +224,111 @@ async fn a_request_set_back_to_approved_in_the_store_does_not_run_again(backend:
 }
 both_backends!(a_request_set_back_to_approved_in_the_store_does_not_run_again);
 
+/// Red team 3, B1: the insider also deletes the request's `approval.executing` (its triggers
+/// off: the table's owner can) before setting it back to `approved`. The sweep finds the gap
+/// that deletion left in the log, runs nothing again, and expires it, saying why.
+async fn a_claim_deleted_from_the_log_leaves_a_gap_and_runs_nothing_again(backend: Backend) {
+    let (_bin, record, app) = restart_lab(
+        backend,
+        Options {
+            approval_wait_secs: Some(1),
+            ..Default::default()
+        },
+    )
+    .await;
+    let carol = signed_in(&app, "carol", Role::Auditor).await;
+    let bob = signed_in(&app, "bob", Role::Approver).await;
+    let client = app.mcp_client().await;
+    let id = approval_id(&ask(&client, "once").await);
+    let (status, body) = bob.approve(&id).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(state_settles(&carol, &id).await["state"], "executed");
+    assert_eq!(restarts(&record), 1);
+
+    let triggers_off = match backend {
+        Backend::Postgres => "ALTER TABLE audit_events DISABLE TRIGGER USER",
+        Backend::Sqlite => "DROP TRIGGER audit_events_no_delete",
+    };
+    let at = emisar::server::audit::format_at(chrono::Utc::now() - chrono::Duration::seconds(20));
+    for (sql, bind) in [
+        (triggers_off, None),
+        (
+            "DELETE FROM audit_events WHERE approval_id = $1 AND kind = 'approval.executing'",
+            Some(id.as_str()),
+        ),
+    ] {
+        emisar::with_pool!(&app.db, pool => {
+            let q = sqlx::query(app.db.sql(sql));
+            let q = match bind { Some(b) => q.bind(b), None => q };
+            q.execute(pool).await.map(|_| ())
+        })
+        .unwrap();
+    }
+    assert!(
+        !kinds_of(&app, &id)
+            .await
+            .contains(&"approval.executing".to_owned())
+    );
+    emisar::with_pool!(&app.db, pool => sqlx::query(app.db.sql(
+        "UPDATE approvals SET state = 'approved', updated_at = $1::timestamptz WHERE id = $2",
+    ))
+    .bind(&at)
+    .bind(&id)
+    .execute(pool)
+    .await
+    .map(|_| ()))
+    .unwrap();
+    let row = state_settles(&carol, &id).await;
+    assert_eq!(row["state"], "expired", "{row}");
+    let note = row["outcome_note"].as_str().unwrap();
+    assert!(note.contains("missing events since its approval"), "{note}");
+    assert_eq!(restarts(&record), 1, "nothing ran again");
+    client.cancel().await.unwrap();
+}
+both_backends!(a_claim_deleted_from_the_log_leaves_a_gap_and_runs_nothing_again);
+
+/// Red team 3, B0: while a request waits, an insider with the database lowers the count of
+/// people it needs (the policy asks two) to one. One person's yes settles it in the store,
+/// and the run refuses it: the log's `approval.requested` says two. Nothing runs.
+async fn a_count_of_people_lowered_in_the_store_runs_nothing(backend: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(&policy, "approvers:\n  default: 2\n").unwrap();
+    let (_bin, record, app) = restart_lab(
+        backend,
+        Options {
+            approval_wait_secs: Some(1),
+            policy_file: Some(policy),
+            ..Default::default()
+        },
+    )
+    .await;
+    let carol = signed_in(&app, "carol", Role::Auditor).await;
+    let bob = signed_in(&app, "bob", Role::Approver).await;
+    let client = app.mcp_client().await;
+    let id = approval_id(&ask(&client, "two people").await);
+    emisar::with_pool!(&app.db, pool => sqlx::query(app.db.sql(
+        "UPDATE approvals SET required_approvals = 1 WHERE id = $1",
+    ))
+    .bind(&id)
+    .execute(pool)
+    .await
+    .map(|_| ()))
+    .unwrap();
+    let (status, body) = bob.approve(&id).await;
+    assert_eq!(status, 200, "{body}");
+    let row = state_settles(&carol, &id).await;
+    assert_eq!(row["state"], "failed", "{row}");
+    let note = row["outcome_note"].as_str().unwrap();
+    assert!(
+        note.contains("needs 1 people, and it was asked for with 2"),
+        "{note}"
+    );
+    assert_eq!(restarts(&record), 0, "nothing ran");
+    client.cancel().await.unwrap();
+}
+both_backends!(a_count_of_people_lowered_in_the_store_runs_nothing);
+
 /// A number series of `/metrics` (scraped with `token`, an auditor's), or `None` when the
 /// scrape does not have it.
 async fn series(app: &TestApp, token: &str, name: &str) -> Option<f64> {

@@ -716,6 +716,26 @@ async fn forks(
     Ok((!problems.is_empty()).then(|| problems.join("; ")))
 }
 
+/// Whether events are missing from the log from seq `from` on (`seq` has no gaps; only
+/// retention removes events, and only the oldest): None, or what is missing, as a sentence.
+pub(crate) async fn missing_from(db: &Db, from: i64) -> Result<Option<String>, sqlx::Error> {
+    let (count, last): (i64, Option<i64>) = db
+        .guard(async {
+            crate::with_pool!(db, pool => sqlx::query_as(
+                "SELECT COUNT(*), MAX(seq) FROM audit_events WHERE seq >= $1")
+                .bind(from).fetch_one(pool).await)
+        })
+        .await?;
+    let expected = last.map_or(0, |last| last - from + 1);
+    Ok((count != expected).then(|| {
+        format!(
+            "{} of the events from seq {from} to {} are not there",
+            expected - count,
+            last.unwrap_or(from)
+        )
+    }))
+}
+
 /// The number of events in the log: the last one's seq (`seq` has no gaps), 0 when empty.
 async fn last_seq(db: &Db) -> Result<i64, sqlx::Error> {
     let last: Option<i64> = db

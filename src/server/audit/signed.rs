@@ -9,7 +9,9 @@
 //! and its statement, with signatures over it by enough distinct people in the same way. A
 //! failure names the event (seq and id) and the rule it broke. An approval claimed twice (a
 //! second `approval.executing`: the store was set back to `approved`) fails at the second, and
-//! each approval counts once. Pure: the caller reads the events; the tests below give each
+//! each approval counts once. The statement people signed must also be the one the request was
+//! made with: its SHA-256 and its `required` those of the approval's first
+//! `approval.requested` (a store edited before anyone signed fails there). Pure: the caller reads the events; the tests below give each
 //! check a case only it catches.
 
 use std::collections::BTreeMap;
@@ -44,6 +46,7 @@ pub struct Failure {
 /// Checks every executed approval among `events` (any order) against `approvers`.
 pub fn verify(events: &[Event], approvers: &Approvers) -> Report {
     let mut approved: BTreeMap<&str, Vec<&Event>> = BTreeMap::new();
+    let mut requested: BTreeMap<&str, &Event> = BTreeMap::new();
     let mut executing: Vec<&Event> = Vec::new();
     let mut decided: BTreeMap<(&str, &str), Vec<&Event>> = BTreeMap::new();
     let mut carried_out: Vec<&Event> = Vec::new();
@@ -53,6 +56,12 @@ pub fn verify(events: &[Event], approvers: &Approvers) -> Report {
         };
         match e.kind.as_str() {
             kind::APPROVAL_APPROVED => approved.entry(id).or_default().push(e),
+            kind::APPROVAL_REQUESTED => {
+                let first = requested.entry(id).or_insert(e);
+                if e.seq < first.seq {
+                    *first = e;
+                }
+            }
             kind::APPROVAL_EXECUTING => executing.push(e),
             kind::ROLLOUT_DECIDED => {
                 let detail = e.detail.as_ref();
@@ -92,8 +101,10 @@ pub fn verify(events: &[Event], approvers: &Approvers) -> Report {
             continue;
         }
         let votes = approved.get(id).map(Vec::as_slice).unwrap_or_default();
-        match check(id, exec, votes, approvers) {
-            Ok(_) => verified += 1,
+        let checked = check(id, exec, votes, approvers)
+            .and_then(|text| as_requested(exec, text, requested.get(id).copied()));
+        match checked {
+            Ok(()) => verified += 1,
             Err(failed) => fail(id, failed),
         }
     }
@@ -177,6 +188,49 @@ fn check_decision<'a>(
     verify_quorum(approvers, tool, text, &signatures, required)
         .map_err(|e| (last, format!("the rollout decision: {e}")))?;
     Ok(())
+}
+
+/// The statement people signed is the one the request was made with: the SHA-256 and the
+/// count of people its `approval.requested` recorded (an event from before the digest was
+/// recorded is held to its count alone; one with neither fails).
+fn as_requested<'a>(
+    exec: &'a Event,
+    text: &str,
+    requested: Option<&Event>,
+) -> Result<(), (&'a Event, String)> {
+    let detail = requested.and_then(|e| e.detail.as_ref()).ok_or_else(|| {
+        (
+            exec,
+            "executed with no `approval.requested` event in the log".to_owned(),
+        )
+    })?;
+    if let Some(asked) = detail.get("statement_sha256").and_then(|d| d.as_str())
+        && asked != sha256_hex(text.as_bytes())
+    {
+        return Err((
+            exec,
+            format!(
+                "people signed a statement (sha256:{}) other than the one the request was made with (sha256:{asked}): the store was changed before they signed",
+                sha256_hex(text.as_bytes())
+            ),
+        ));
+    }
+    let required = Statement::parse(text)
+        .map_err(|e| (exec, e.to_string()))?
+        .required;
+    match detail.get("required_approvals").and_then(|r| r.as_u64()) {
+        Some(asked) if asked == u64::from(required) => Ok(()),
+        Some(asked) => Err((
+            exec,
+            format!(
+                "the signed statement says `required {required}`, and the request was made for {asked} people: the store was changed before they signed"
+            ),
+        )),
+        None => Err((
+            exec,
+            "its `approval.requested` names no count of people".to_owned(),
+        )),
+    }
 }
 
 /// The approval `id` executed by `exec`: its votes carry one statement and enough signatures
@@ -317,9 +371,85 @@ mod tests {
         event(seq, kind::APPROVAL_EXECUTING, approval_id, None)
     }
 
+    /// `verify` of `events` with, for each approval a vote carries a statement for, the
+    /// `approval.requested` the server recorded for that statement (seq 0).
+    fn checked(events: &[Event]) -> Report {
+        let mut all: Vec<Event> = Vec::new();
+        for e in events {
+            let id = e.approval_id.clone().unwrap_or_default();
+            let text = e.detail.as_ref().and_then(|d| d["statement"].as_str());
+            if let Some(text) = text
+                && !all.iter().any(|r| {
+                    r.kind == kind::APPROVAL_REQUESTED && r.approval_id.as_deref() == Some(&id)
+                })
+            {
+                all.push(requested(0, &id, text));
+            }
+        }
+        all.extend(events.iter().cloned());
+        verify(&all, &approvers())
+    }
+
+    /// The `approval.requested` of a request made with statement `text`.
+    fn requested(seq: i64, approval_id: &str, text: &str) -> Event {
+        let required = Statement::parse(text).unwrap().required;
+        event(
+            seq,
+            kind::APPROVAL_REQUESTED,
+            approval_id,
+            Some(
+                json!({"required_approvals": required, "statement_sha256": sha256_hex(text.as_bytes())}),
+            ),
+        )
+    }
+
+    /// Red team 3, B0: people signed a statement the store changed before they signed (its
+    /// count of people lowered), or one with no request in the log: both fail at the claim.
+    #[test]
+    fn a_statement_other_than_the_requests_fails() {
+        let asked = statement("a1", TOOL);
+        let lowered = asked.replace("\nrequired 2\n", "\nrequired 1\n");
+        assert_ne!(asked, lowered);
+        let signed = |text: &str| {
+            vec![
+                vote(1, "a1", text, 1),
+                vote(2, "a1", text, 2),
+                executing(3, "a1"),
+            ]
+        };
+        let mut events = vec![requested(0, "a1", &asked)];
+        events.extend(signed(&lowered));
+        let report = verify(&events, &approvers());
+        let [f] = &report.failures[..] else {
+            panic!("one failure: {report:?}");
+        };
+        assert_eq!(f.seq, 3);
+        assert!(
+            f.why
+                .contains("other than the one the request was made with"),
+            "{}",
+            f.why
+        );
+        // A request event from before the digest: held to its count of people.
+        let mut old = requested(0, "a1", &asked);
+        old.detail = Some(json!({"required_approvals": 3}));
+        let mut events = vec![old];
+        events.extend(signed(&asked));
+        let report = verify(&events, &approvers());
+        assert!(
+            report.failures[0].why.contains("made for 3 people"),
+            "{report:?}"
+        );
+        let report = verify(&signed(&asked), &approvers());
+        assert!(
+            report.failures[0].why.contains("no `approval.requested`"),
+            "{report:?}"
+        );
+    }
+
     /// The one failure of `events`: its event's seq and why.
     fn failure(events: &[Event]) -> (i64, String) {
-        let report = verify(events, &approvers());
+        let report = checked(events);
         assert_eq!(report.verified, 0, "{report:?}");
         let [f] = &report.failures[..] else {
             panic!("one failure: {report:?}");
@@ -330,14 +460,11 @@ mod tests {
     #[test]
     fn two_people_over_the_executed_statement_verify() {
         let text = statement("a1", TOOL);
-        let report = verify(
-            &[
-                vote(1, "a1", &text, 1),
-                vote(2, "a1", &text, 2),
-                executing(3, "a1"),
-            ],
-            &approvers(),
-        );
+        let report = checked(&[
+            vote(1, "a1", &text, 1),
+            vote(2, "a1", &text, 2),
+            executing(3, "a1"),
+        ]);
         assert_eq!(report.verified, 1, "{report:?}");
         assert!(report.failures.is_empty(), "{report:?}");
     }
@@ -347,15 +474,12 @@ mod tests {
     #[test]
     fn an_approval_claimed_twice_fails_at_the_second_claim() {
         let text = statement("a1", TOOL);
-        let report = verify(
-            &[
-                vote(1, "a1", &text, 1),
-                vote(2, "a1", &text, 2),
-                executing(7, "a1"),
-                executing(3, "a1"),
-            ],
-            &approvers(),
-        );
+        let report = checked(&[
+            vote(1, "a1", &text, 1),
+            vote(2, "a1", &text, 2),
+            executing(7, "a1"),
+            executing(3, "a1"),
+        ]);
         assert_eq!(report.verified, 1, "{report:?}");
         let [failure] = &report.failures[..] else {
             panic!("one failure: {report:?}");
@@ -469,7 +593,7 @@ mod tests {
                 .cloned()
                 .chain(decided.iter().cloned())
                 .collect();
-            verify(&events, &approvers())
+            checked(&events)
         };
         let report = with(&[
             decided(4, "a1", &d, 1, "halted"),

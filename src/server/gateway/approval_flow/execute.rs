@@ -180,6 +180,14 @@ impl Gateway {
             tracing::error!(approval_id = %row.id, why = %why, "a request whose stored plan is not the one people signed is not run");
             return before_any(why);
         }
+        let held = match self.approval_events(&row.id).await {
+            Ok(events) => as_requested(row, &events),
+            Err(why) => Err(why),
+        };
+        if let Err(why) = held {
+            tracing::error!(approval_id = %row.id, why = %why, "a request the audit log does not hold as asked for and approved is not run");
+            return before_any(why);
+        }
         let proof = self.proof_for(row);
         let decision = carried_out(row).map(|d| DecisionProof {
             text: d.text.clone(),
@@ -214,17 +222,32 @@ impl Gateway {
     }
 
     /// When the audit log says the request `id` was approved, if it backs a first execution:
-    /// an `approval.approved` that settled it, and no `approval.executing` yet.
+    /// an `approval.approved` that settled it, no `approval.executing` yet, and no event
+    /// missing from the log since (a deleted `approval.executing` leaves a gap in `seq`).
     async fn approved_in_log(&self, id: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
+        let events = self.approval_events(id).await?;
+        let (seq, at) = first_execution_backed(&events)?;
+        let gap = crate::server::audit::proofs::missing_from(self.approvals.db(), seq)
+            .await
+            .map_err(|e| format!("the audit log could not be read: {e}"))?;
+        match gap {
+            Some(gap) => Err(format!(
+                "the audit log is missing events since its approval ({gap}), so it was changed"
+            )),
+            None => Ok(at),
+        }
+    }
+
+    /// Every event of the request `id`, in order.
+    async fn approval_events(&self, id: &str) -> Result<Vec<Event>, String> {
         let filter = AuditFilter {
             approval_id: Some(id.to_owned()),
             limit: MAX_HISTORY,
             ..AuditFilter::default()
         };
-        let events = crate::server::audit::query(self.approvals.db(), &filter)
+        crate::server::audit::query(self.approvals.db(), &filter)
             .await
-            .map_err(|e| format!("the audit log could not be read: {e}"))?;
-        first_execution_backed(&events)
+            .map_err(|e| format!("the audit log could not be read: {e}"))
     }
 
     /// Expires an approved request whose execution never started within
@@ -283,16 +306,20 @@ impl Gateway {
 const MAX_HISTORY: i64 = 100_000;
 
 /// When an approval's events say it was approved, if they back its first execution: the
-/// last `approval.approved` that settled it (`state: approved`), and no `approval.executing`
-/// (an approval is claimed once; only people's signed decision on its halt runs it again).
-fn first_execution_backed(events: &[Event]) -> Result<chrono::DateTime<chrono::Utc>, String> {
+/// first `approval.approved` that settled it (`state: approved`; a later copy, such as one an
+/// insider appended, never moves its time), and no `approval.executing` (an approval is
+/// claimed once; only people's signed decision on its halt runs it again). Returns that
+/// event's seq and time.
+fn first_execution_backed(
+    events: &[Event],
+) -> Result<(i64, chrono::DateTime<chrono::Utc>), String> {
     if let Some(e) = events.iter().find(|e| e.kind == kind::APPROVAL_EXECUTING) {
         return Err(format!(
             "it started already (`approval.executing` at seq {}), so the store was changed since",
             e.seq
         ));
     }
-    let settled = events.iter().rev().find(|e| {
+    let settled = events.iter().find(|e| {
         e.kind == kind::APPROVAL_APPROVED
             && e.detail.as_ref().is_some_and(|d| d["state"] == "approved")
     });
@@ -303,8 +330,77 @@ fn first_execution_backed(events: &[Event]) -> Result<chrono::DateTime<chrono::U
         );
     };
     chrono::DateTime::parse_from_rfc3339(&settled.at)
-        .map(|at| at.with_timezone(&chrono::Utc))
+        .map(|at| (settled.seq, at.with_timezone(&chrono::Utc)))
         .map_err(|e| format!("its approval's time in the audit log is unreadable: {e}"))
+}
+
+/// The stored request is the one the log says was asked for, and nobody ended it before it
+/// ran: its first `approval.requested` names the same count of people, plan and statement
+/// (an insider with the database who lowers them before people sign runs nothing); no
+/// `approval.denied`, `approval.withdrawn` or `approval.expired` is in the log for it; and at
+/// least as many distinct people as it needs approved it in the log (a vote stored without
+/// its event counts for nothing).
+fn as_requested(row: &Approval, events: &[Event]) -> Result<(), String> {
+    let changed = |what: String| {
+        format!("the stored request {what} (the store was changed): nothing was run")
+    };
+    let Some(requested) = events
+        .iter()
+        .find(|e| e.kind == kind::APPROVAL_REQUESTED)
+        .and_then(|e| e.detail.as_ref())
+    else {
+        return Err(changed(
+            "has no `approval.requested` in the audit log".into(),
+        ));
+    };
+    if requested["required_approvals"] != json!(row.required_approvals) {
+        return Err(changed(format!(
+            "needs {} people, and it was asked for with {}",
+            row.required_approvals, requested["required_approvals"]
+        )));
+    }
+    if requested["plan"] != json!(row.plan) {
+        return Err(changed(
+            "has another plan than it was asked for with".into(),
+        ));
+    }
+    let statement = row
+        .statement
+        .as_deref()
+        .map(super::request::statement_digest);
+    if requested["statement_sha256"] != json!(statement) {
+        return Err(changed(
+            "has another statement than it was asked for with".into(),
+        ));
+    }
+    if let Some(end) = events.iter().find(|e| {
+        [
+            kind::APPROVAL_DENIED,
+            kind::APPROVAL_WITHDRAWN,
+            kind::APPROVAL_EXPIRED,
+        ]
+        .contains(&e.kind.as_str())
+    }) {
+        return Err(changed(format!(
+            "was ended in the audit log (`{}` at seq {})",
+            end.kind, end.seq
+        )));
+    }
+    let mut approvers: Vec<&str> = events
+        .iter()
+        .filter(|e| e.kind == kind::APPROVAL_APPROVED)
+        .map(|e| e.actor.as_str())
+        .collect();
+    approvers.sort_unstable();
+    approvers.dedup();
+    if (approvers.len() as u64) < u64::from(row.required_approvals) {
+        return Err(changed(format!(
+            "counts as approved, and the audit log has {} of the {} people it needs approving it",
+            approvers.len(),
+            row.required_approvals
+        )));
+    }
+    Ok(())
 }
 
 /// The stored plan is one a rollout can run, and where people signed, the one they signed:
@@ -546,7 +642,15 @@ mod tests {
             Some(json!({"state": "approved", "votes": 2})),
         );
         let at = first_execution_backed(&[requested.clone(), one_of_two.clone(), settled.clone()]);
-        assert_eq!(at.unwrap(), at_("2026-11-30T10:03:00Z"));
+        assert_eq!(at.unwrap(), (3, at_("2026-11-30T10:03:00Z")));
+        // A later copy of the settling event (an insider's append) does not move the time.
+        let copy = event(
+            5,
+            kind::APPROVAL_APPROVED,
+            Some(json!({"state": "approved", "votes": 2})),
+        );
+        let at = first_execution_backed(&[requested.clone(), settled.clone(), copy]);
+        assert_eq!(at.unwrap(), (3, at_("2026-11-30T10:03:00Z")));
         let why = first_execution_backed(&[requested.clone(), one_of_two]).unwrap_err();
         assert!(
             why.contains("no `approval.approved` that settled it"),
@@ -558,6 +662,75 @@ mod tests {
             why.contains("started already (`approval.executing` at seq 4)"),
             "{why}"
         );
+    }
+
+    /// A request runs only as it was asked for and approved in the log: the count of people,
+    /// the plan and the statement of its `approval.requested`, no event that ended it, and as
+    /// many distinct people approving it in the log as it needs (red team 3: B0, B3, W4).
+    #[test]
+    fn a_request_runs_only_as_the_log_says_it_was_asked_for_and_approved() {
+        let asked = Approval {
+            required_approvals: 2,
+            statement: Some("the statement\n".into()),
+            ..row()
+        };
+        let requested = |required: u32, plan: &crate::protocol::approval::Plan, text: &str| {
+            event(
+                1,
+                kind::APPROVAL_REQUESTED,
+                Some(json!({"required_approvals": required, "plan": plan,
+                    "statement_sha256": super::super::request::statement_digest(text)})),
+            )
+        };
+        let vote = |seq: i64, who: &str| Event {
+            actor: who.into(),
+            ..event(
+                seq,
+                kind::APPROVAL_APPROVED,
+                Some(json!({"state": "approved"})),
+            )
+        };
+        let good = vec![
+            requested(2, &asked.plan, "the statement\n"),
+            vote(2, "approver:alice"),
+            vote(3, "approver:bob"),
+        ];
+        as_requested(&asked, &good).unwrap();
+        let refused = |events: Vec<Event>, says: &str| {
+            let why = as_requested(&asked, &events).unwrap_err();
+            assert!(why.contains(says), "{why}");
+        };
+        // B0: the count of people (or the statement) lowered in the store before people signed.
+        let mut lowered = good.clone();
+        lowered[0] = requested(3, &asked.plan, "the statement\n");
+        refused(lowered, "needs 2 people, and it was asked for with 3");
+        let mut edited = good.clone();
+        edited[0] = requested(2, &asked.plan, "another statement\n");
+        refused(edited, "another statement");
+        let mut replanned = good.clone();
+        replanned[0] = requested(
+            2,
+            &crate::protocol::approval::Plan {
+                waves: vec![vec!["e0".into()], vec!["e1".into()]],
+                pause_secs: 0,
+            },
+            "the statement\n",
+        );
+        refused(replanned, "another plan");
+        refused(good[1..].to_vec(), "has no `approval.requested`");
+        // B3: a vote stored without its event (or one person's twice) counts for nothing.
+        refused(
+            vec![
+                good[0].clone(),
+                vote(2, "approver:alice"),
+                vote(3, "approver:alice"),
+            ],
+            "has 1 of the 2 people",
+        );
+        // W4: a denial in the log ends it, whatever is appended after.
+        let mut denied = good.clone();
+        denied.insert(2, event(3, kind::APPROVAL_DENIED, None));
+        refused(denied, "`approval.denied` at seq 3");
     }
 
     fn at_(text: &str) -> chrono::DateTime<chrono::Utc> {

@@ -188,16 +188,19 @@ impl Gateway {
         })
     }
 
-    /// Audits a new request (`approval.requested`, with the preview's digest), stores it and
-    /// tells the people who may approve it.
+    /// Audits a new request (`approval.requested`, with the preview's digest, its plan and its
+    /// statement's digest), stores it and tells the people who may approve it.
     async fn file_request(&self, approval: Approval) -> Result<Approval, CallError> {
         let actor = &approval.requester;
         let mut event = approval.event(
             actor,
             kind::APPROVAL_REQUESTED,
             on_behalf_of(
+                // The count of people, the plan and the statement as asked for: the run
+                // holds the stored request to them (`execute.rs`, `as_requested`).
                 json!({"runners": approval.runners, "required_approvals": approval.required_approvals,
-                       "expires_at": approval.expires_at}),
+                       "expires_at": approval.expires_at, "plan": approval.plan,
+                       "statement_sha256": approval.statement.as_deref().map(statement_digest)}),
                 approval.on_behalf_of.as_deref(),
             ),
         );
@@ -376,6 +379,11 @@ fn previews(
     } else {
         Err(PreviewFailed { failures, details })
     }
+}
+
+/// The hex SHA-256 of a statement's text, as `approval.requested` records it.
+pub(super) fn statement_digest(text: &str) -> String {
+    hex::encode(crate::protocol::approval::statement::hash_text(text))
 }
 
 #[cfg(test)]

@@ -57,6 +57,7 @@ mod runner_security_allowlists;
 mod secrets;
 mod signed_approvals;
 mod sockets;
+mod tasks;
 mod tidy;
 mod tls;
 mod transparency;

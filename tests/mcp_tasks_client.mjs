@@ -11,8 +11,9 @@
 //   mode "cancel": calls, prints the task, cancels it with tasks/cancel, prints
 //     {"step": "cancelled", "task": tasks/get after the cancel};
 //   mode "create": calls, prints the task, and leaves it be;
-//   mode "probe" (with "taskId"): tasks/get and tasks/cancel of that id, printing
-//     {"step": "probe", "get": {...}, "cancel": {...}}, each a result or an error.
+//   mode "probe" (with "taskId"): tasks/get, tasks/update (no responses) and tasks/cancel
+//     of that id, printing {"step": "probe", "get", "update", "cancel"}, each {"ok": …} or
+//     {"error": …}.
 
 import { join } from "node:path";
 import { pathToFileURL } from "node:url";
@@ -171,8 +172,9 @@ if (opts.mode === "settle") {
   const other = await session(opts.url, opts.token);
   const controller = other.task(opts.taskId);
   const get = await outcomeOf(controller.snapshot().then(shown));
+  const update = await outcomeOf(controller.update({}).then(() => "acknowledged"));
   const cancel = await outcomeOf(controller.cancel().then(() => "acknowledged"));
-  print({ step: "probe", get, cancel });
+  print({ step: "probe", get, update, cancel });
   await other.close();
 } else {
   throw new Error(`unknown mode ${opts.mode}`);

@@ -103,7 +103,7 @@ async fn create_task(app: &TestApp, token: &str, reason: &str) -> Value {
     task
 }
 
-/// tasks/get and tasks/cancel of `task_id` as `token`.
+/// tasks/get, tasks/update and tasks/cancel of `task_id` as `token`.
 async fn probe(app: &TestApp, token: &str, task_id: &str) -> Value {
     let mut client = TasksClient::start(json!({
         "mode": "probe", "url": app.mcp_url, "token": token, "taskId": task_id,
@@ -253,7 +253,7 @@ async fn tasks_cancel_withdraws_the_request(backend: Backend) {
 both_backends!(tasks_cancel_withdraws_the_request);
 
 /// Another agent's token gets, for a task that is not its own, exactly what an unknown id
-/// gets, on tasks/get and tasks/cancel alike, and its cancel changes nothing.
+/// gets, on tasks/get, tasks/update and tasks/cancel alike, and its cancel changes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_agents_token_cannot_get_or_cancel_a_task() {
     let (_bin, record, app) = restart_lab(Backend::Sqlite, Options::default()).await;
@@ -273,6 +273,11 @@ async fn another_agents_token_cannot_get_or_cancel_a_task() {
         theirs["cancel"], unknown["cancel"],
         "another's task reads as unknown"
     );
+    assert!(theirs["update"]["error"].is_object(), "{theirs}");
+    assert_eq!(
+        theirs["update"], unknown["update"],
+        "another's task reads as unknown"
+    );
 
     let alice = signed_in(&app, "alice", Role::Approver).await;
     assert_eq!(
@@ -284,6 +289,7 @@ async fn another_agents_token_cannot_get_or_cancel_a_task() {
     // The owner's token reads it and cancels it.
     let mine = probe(&app, &app.token, task_id).await;
     assert_eq!(mine["get"]["ok"]["status"], "working", "{mine}");
+    assert_eq!(mine["update"]["ok"], "acknowledged", "{mine}");
     assert_eq!(mine["cancel"]["ok"], "acknowledged", "{mine}");
     let (_, listed) = alice.get("/api/approvals?state=withdrawn").await;
     let id = listed["approvals"][0]["id"].as_str().unwrap().to_owned();

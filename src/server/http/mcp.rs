@@ -386,7 +386,8 @@ impl ToolSource for GatewaySource {
     }
 
     /// Emisar never asks the client for input (people decide out of band), so no task has
-    /// an outstanding input request: an empty update is acknowledged, any response refused.
+    /// an outstanding input request: responses answer nothing and are ignored, as SEP-2663
+    /// has a server do with keys it did not ask for; the owner's update is acknowledged.
     async fn update_task(
         &self,
         caller: Option<Principal>,
@@ -397,12 +398,6 @@ impl ToolSource for GatewaySource {
             .task(&principal, &request.task_id)
             .await
             .map_err(task_error)?;
-        if !request.input_responses.is_empty() {
-            return Err(McpError::invalid_params(
-                "inputResponses: must be empty: emisar's tasks never ask the client for input (people decide in the portal or the CLI)",
-                None,
-            ));
-        }
         Ok(())
     }
 }

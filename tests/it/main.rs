@@ -14,6 +14,7 @@ mod audit_activity;
 mod audit_log;
 mod cli;
 mod conformance;
+mod conformance_tasks;
 mod decision_browser;
 mod door;
 mod edges;

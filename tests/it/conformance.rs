@@ -8,21 +8,25 @@
 //! config can reach it. The production source (the gateway behind bearer auth) is covered
 //! by the other MCP tests.
 //!
-//! Emisar advertises only the tools capability, so the fixtures are the tools-scenario ones;
+//! Emisar advertises the tools capability and the tasks extension (SEP-2663), so the
+//! fixtures are the tools-scenario ones and the tasks scenarios' (`conformance_tasks.rs`);
 //! prompts, resources, logging, completion and every scenario that needs a client feature
-//! (sampling, elicitation, roots) are expected failures, each listed with its reason in
-//! tests/conformance/baseline-*.yml. The CLI exits 0 only when every failure is listed
-//! there and no listed scenario passes, so the baselines cannot go stale silently.
+//! (sampling, elicitation, roots) outside a task are expected failures, each listed with its
+//! reason in tests/conformance/baseline-*.yml. The CLI exits 0 only when every failure is
+//! listed there and no listed scenario passes, so the baselines cannot go stale silently.
+//! Every tasks-* scenario runs on its own and must pass with at least one check.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::conformance_tasks::{self, FixtureTasks};
 use emisar::server::http::mcp::ToolSource;
 use emisar::server::principal::Principal;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock,
-    ProgressNotificationParam, ResourceContents, Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock,
+    GetTaskParams, GetTaskResult, ProgressNotificationParam, ResourceContents, Tool,
+    UpdateTaskParams,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer};
@@ -44,8 +48,12 @@ const PNG: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8/
 /// A WAV header with no samples.
 const WAV: &str = "UklGRiQAAABXQVZFZm10IBAAAAABAAEARKwAAIhYAQACABAAZGF0YQAAAAA=";
 
-/// The suite's fixture tools that a tools-only server can serve.
-struct Fixtures;
+/// The suite's fixture tools that a tools-only server can serve, and the tasks scenarios'
+/// fixtures (`conformance_tasks.rs`).
+#[derive(Default)]
+struct Fixtures {
+    tasks: FixtureTasks,
+}
 
 fn object(schema: Value) -> serde_json::Map<String, Value> {
     match schema {
@@ -145,6 +153,13 @@ fn fixture_tools() -> Vec<Tool> {
             }),
         ),
     ]
+    .into_iter()
+    .chain(
+        conformance_tasks::tools()
+            .into_iter()
+            .map(|(name, description, schema)| tool(name, description, schema)),
+    )
+    .collect()
 }
 
 fn text(s: &str) -> Result<CallToolResponse, McpError> {
@@ -166,6 +181,9 @@ impl ToolSource for Fixtures {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
+        if let Some(answer) = self.tasks.call(&request, &context).await {
+            return answer;
+        }
         match &*request.name {
             "test_simple_text" => text("This is a simple text response for testing."),
             "test_image_content" => {
@@ -229,13 +247,42 @@ impl ToolSource for Fixtures {
             )),
         }
     }
+
+    fn offers_tasks(&self) -> bool {
+        true
+    }
+
+    async fn get_task(
+        &self,
+        _caller: Option<Principal>,
+        request: GetTaskParams,
+    ) -> Result<GetTaskResult, McpError> {
+        self.tasks.get(&request.task_id)
+    }
+
+    async fn cancel_task(
+        &self,
+        _caller: Option<Principal>,
+        request: CancelTaskParams,
+    ) -> Result<(), McpError> {
+        self.tasks.cancel(&request.task_id)
+    }
+
+    async fn update_task(
+        &self,
+        _caller: Option<Principal>,
+        request: UpdateTaskParams,
+    ) -> Result<(), McpError> {
+        self.tasks
+            .update(&request.task_id, &request.input_responses)
+    }
 }
 
 /// The adapter with [`Fixtures`], on loopback, without auth. Cancel the token to stop it.
 async fn serve_fixtures() -> (String, CancellationToken) {
     let shutdown = CancellationToken::new();
     let mcp = emisar::server::http::mcp::service(
-        Arc::new(Fixtures),
+        Arc::new(Fixtures::default()),
         vec!["localhost".into(), "127.0.0.1".into()],
         shutdown.clone(),
     );
@@ -253,7 +300,8 @@ async fn serve_fixtures() -> (String, CancellationToken) {
 
 /// Runs scripts/conformance with `args` and asserts it exits 0. Prints the suite's
 /// summary either way; on failure the panic carries the whole output.
-async fn run_conformance(label: &str, args: &[&str]) {
+/// Runs the suite with `args`, asserts it passed, and returns what it printed.
+async fn run_conformance(label: &str, args: &[&str]) -> String {
     assert!(
         Path::new(SCRIPT).exists(),
         "{SCRIPT} is missing; the conformance suite cannot run"
@@ -286,6 +334,7 @@ async fn run_conformance(label: &str, args: &[&str]) {
          scripts/install-test-deps\n--- args: {args:?}\n--- stdout:\n{stdout}\n--- stderr:\n{stderr}",
         out.status
     );
+    stdout.into_owned()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -376,6 +425,85 @@ async fn conformance_suite_0_2_passes_every_tools_scenario_of_2026_07_28() {
 }
 
 /// The scenarios `scripts/conformance [--v02] list <which>` names (`  - name [versions]`).
+/// The tasks extension's scenarios (SEP-2663), which `--requirements` runs but does not
+/// score: each run on its own, so each is enforced.
+const TASKS_SCENARIOS: &[&str] = &[
+    "tasks-lifecycle",
+    "tasks-capability-negotiation",
+    "tasks-wire-fields",
+    "tasks-request-state-removal",
+    "tasks-mrtr-input",
+    "tasks-request-headers",
+    "tasks-dispatch-and-envelope",
+    "tasks-status-notifications",
+    "tasks-required-task-error",
+    "tasks-mrtr-composition",
+];
+
+/// In 0.2.0-alpha.12 this scenario checks nothing: its one entry is a skip that says the
+/// check waits for a rewrite against `subscriptions/listen` (status notifications are
+/// optional in SEP-2663, and emisar sends none). The test fails once it gains checks.
+const STATUS_NOTIFICATIONS_PLACEHOLDER: &str = "tasks-status-notifications";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_suite_0_2_passes_every_tasks_scenario() {
+    let listed: Vec<String> = listed(true, "--server")
+        .await
+        .into_iter()
+        .filter(|s| s.starts_with("tasks-"))
+        .collect();
+    assert_eq!(
+        listed, TASKS_SCENARIOS,
+        "the suite's tasks scenarios changed: run the new ones here"
+    );
+    let (url, shutdown) = serve_fixtures().await;
+    let results = tempfile::tempdir().unwrap();
+    let out = results.path().to_str().unwrap();
+    for scenario in TASKS_SCENARIOS {
+        // An extension scenario is on no spec version's timeline: without `--force` the CLI
+        // skips it and exits 0.
+        let printed = run_conformance(
+            &format!("0.2 {scenario} (2026-07-28)"),
+            &[
+                "--v02",
+                "server",
+                "--scenario",
+                scenario,
+                "--spec-version",
+                "2026-07-28",
+                "--force",
+                "--url",
+                &url,
+                "--expected-failures",
+                BASELINE_0_2,
+                "-o",
+                out,
+            ],
+        )
+        .await;
+        assert!(
+            !printed.contains("not applicable"),
+            "{scenario} did not run:\n{printed}"
+        );
+        let checks = printed
+            .split("Passed: ")
+            .nth(1)
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|ratio| ratio.split('/').nth(1))
+            .and_then(|total| total.trim().parse::<u32>().ok())
+            .unwrap_or_else(|| panic!("{scenario}: no check count printed:\n{printed}"));
+        if *scenario == STATUS_NOTIFICATIONS_PLACEHOLDER {
+            assert!(
+                checks == 0 && printed.contains("pending subscriptions/listen rewrite"),
+                "{scenario} has checks now: serve notifications/tasks and enforce them\n{printed}"
+            );
+        } else {
+            assert!(checks > 0, "{scenario} ran no check:\n{printed}");
+        }
+    }
+    shutdown.cancel();
+}
+
 async fn listed(v02: bool, which: &str) -> Vec<String> {
     let mut args = vec![];
     if v02 {

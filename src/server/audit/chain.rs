@@ -52,6 +52,10 @@ pub mod kind {
     pub(crate) const APPROVAL_WITHDRAWN: &str = "approval.withdrawn";
     /// An approved request was claimed for execution; written before any runner is called.
     pub(crate) const APPROVAL_EXECUTING: &str = "approval.executing";
+    /// A call that became a pending request was answered with an MCP task (SEP-2663); the
+    /// detail names its owner. Cancelling the task withdraws the request
+    /// (`approval.withdrawn`).
+    pub(crate) const TASK_CREATED: &str = "task.created";
     /// A rollout wave of an approved request starts: the detail names the wave, how many
     /// there are, and its runners; written before any of them is called.
     pub(crate) const ROLLOUT_WAVE: &str = "rollout.wave";

@@ -24,6 +24,7 @@ pub const KINDS: &[&str] = &[
     super::kind::APPROVAL_EXPIRED,
     super::kind::APPROVAL_WITHDRAWN,
     super::kind::APPROVAL_EXECUTING,
+    super::kind::TASK_CREATED,
     super::kind::ROLLOUT_WAVE,
     super::kind::ROLLOUT_GATE,
     super::kind::ROLLOUT_HALTED,

@@ -14,6 +14,7 @@ use super::approval_flow::{Request, Rolled, Rollout};
 use super::dispatch::AuditedCall;
 use super::outcome::{CallError, CallOutcome};
 use super::state::{Gateway, OfferedTool};
+use super::tasks::TaskView;
 use crate::pack::{Risk, Scope, ToolRef, allowlist_admits, shown_value};
 use crate::protocol::Mode;
 use crate::selector::Selector;
@@ -30,12 +31,23 @@ pub struct ToolCall {
     pub args: Map<String, Value>,
 }
 
-/// What a call may do while it waits for humans: report progress, and notice that the
-/// client gave up.
+/// What a call may do while it waits for humans: report progress, notice that the client
+/// gave up, or, when the client declared MCP Tasks, not wait at all.
 #[derive(Clone, Default)]
 pub struct CallContext {
     pub cancel: CancellationToken,
     pub progress: Option<Progress>,
+    /// The client declared the Tasks extension: a call that files an approval request is
+    /// answered with a task at once (`tasks.rs`) instead of waiting.
+    pub tasks: bool,
+}
+
+/// How a call is answered: with its outcome, or, for a client that declared Tasks and a
+/// call that waits for people, with a task to poll.
+#[derive(Debug)]
+pub enum Answer {
+    Now(CallOutcome),
+    Task(TaskView),
 }
 
 /// Sends one progress message to the client.
@@ -93,7 +105,10 @@ struct Refusal {
 impl Gateway {
     /// A call with no way to report progress or be cancelled (tests, the stdio bridge).
     pub async fn call(&self, call: ToolCall) -> Result<CallOutcome, CallError> {
-        self.call_with(call, &CallContext::default()).await
+        match self.call_with(call, &CallContext::default()).await? {
+            Answer::Now(outcome) => Ok(outcome),
+            Answer::Task(_) => unreachable!("a task is made only for a context that asks for one"),
+        }
     }
 
     /// The call path, top to bottom.
@@ -101,7 +116,7 @@ impl Gateway {
         &self,
         call: ToolCall,
         ctx: &CallContext,
-    ) -> Result<CallOutcome, CallError> {
+    ) -> Result<Answer, CallError> {
         let caller = &call.principal;
 
         // 1. Rate limit, per agent, before any work: refusals of unknown names count too, so
@@ -118,7 +133,10 @@ impl Gateway {
         //    from here on.
         let (args, errors) = validate(offered, call.args);
         let Some(tool) = &offered.tool else {
-            return self.builtin_call(caller, offered, args, errors, ctx).await;
+            return self
+                .builtin_call(caller, offered, args, errors, ctx)
+                .await
+                .map(Answer::Now);
         };
         let policy = self.policy();
         let resolved = self.resolve(caller, &policy, tool, args, errors);
@@ -146,6 +164,7 @@ impl Gateway {
                 let lowered_by_policy = lowered_by_policy.as_deref();
                 self.run_now(caller, &policy, tool, resolved, call_id, lowered_by_policy)
                     .await
+                    .map(Answer::Now)
             }
             Admission::NeedsApproval { approvers } => {
                 self.ask_people(caller, tool, resolved, call_id, approvers, ctx)
@@ -562,7 +581,7 @@ impl Gateway {
         call_id: String,
         approvers: u32,
         ctx: &CallContext,
-    ) -> Result<CallOutcome, CallError> {
+    ) -> Result<Answer, CallError> {
         let request = Request {
             call_id,
             tool,
@@ -576,7 +595,16 @@ impl Gateway {
             approvers,
         };
         let pending = self.request_approval(request).await?;
-        self.wait(&pending, ctx).await
+        if ctx.tasks {
+            match self.file_task(caller, &pending).await {
+                Ok(task) => return Ok(Answer::Task(task)),
+                // The request stands; the client waits for it as one without Tasks would.
+                Err(e) => {
+                    tracing::error!(error = %e, approval_id = %pending.id, "could not file a task; waiting instead")
+                }
+            }
+        }
+        self.wait(&pending, ctx).await.map(Answer::Now)
     }
 
     /// Refuses a call that passed validation: [`Self::reject`] records it (its shown args,

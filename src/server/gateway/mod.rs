@@ -16,7 +16,8 @@
 //!    runs; a read's is appended with its outcomes at step 7 (below);
 //!    a call that needs approval then runs its read-only *preview* on the runners, becomes a
 //!    pending request (`approval.requested`, at most `max_pending_per_agent` per agent) and
-//!    waits for humans ([`Gateway::wait`], with progress); the decision that approves it
+//!    waits for humans ([`Gateway::wait`], with progress), or, for a client that declared MCP
+//!    Tasks, is answered at once with a task to poll (`tasks.rs`); the decision that approves it
 //!    claims it in the same transition ([`Gateway::decide`]: `approval.executing`, exactly
 //!    once; the sweep's [`Gateway::execute_approved`] claims one whose replica stopped first,
 //!    within `approved_start_within` of the approval) and carries on at step 6 with the
@@ -40,15 +41,17 @@ mod outcome;
 mod redact;
 mod signatures;
 mod state;
+mod tasks;
 mod witnessed;
 
 /// A runner as the gateway shows it to a caller (`Gateway::runners_visible_to`): the API and
 /// the portal serve this view, never the registry behind it.
 pub(crate) use crate::server::runners::registry::RunnerStatus;
 pub use builtins::{APPROVAL_STATUS_TOOL, APPROVAL_WAIT_TOOL, RUNNERS_TOOL};
-pub use call::{CallContext, Progress, ToolCall};
+pub use call::{Answer, CallContext, Progress, ToolCall};
 pub use outcome::{ApprovalInfo, CallError, CallOutcome, RunnerResult};
 pub use signatures::ServerApprovers;
 pub(crate) use state::GatewayParts;
 pub use state::{Gateway, Limits, OfferedTool};
+pub use tasks::{POLL_INTERVAL_MS, TaskError, TaskState, TaskView};
 pub(crate) use witnessed::Witnessing;

@@ -6,6 +6,12 @@
 //! back as a tool result with `isError`; a refusal's `structuredContent` is
 //! `{"error": {"kind", "message", ...}}` with a stable kind. An unknown tool is a JSON-RPC
 //! invalid-params error whose data is `{"kind": "unknown_tool"}`.
+//!
+//! MCP Tasks (`io.modelcontextprotocol/tasks`, SEP-2663) are advertised when the source
+//! offers them: a call that waits for people, from a client that declared the extension,
+//! answers with a task (`resultType: "task"`); `tasks/get`, `tasks/cancel` and
+//! `tasks/update` go to the source with the caller (`server/gateway/tasks.rs` holds the
+//! tasks). A client that did not declare Tasks is never given one.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -15,9 +21,11 @@ use axum::middleware::Next;
 use axum::response::Response;
 use futures::{FutureExt, StreamExt};
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ServerCapabilities,
-    ServerConfig, Tool, ToolAnnotations,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskMethod, CancelTaskParams,
+    ContentBlock, CreateTaskResult, DetailedTask, GetTaskMethod, GetTaskParams, GetTaskResult,
+    Implementation, JsonObject, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
+    ServerCapabilities, ServerConfig, Task, TaskPayload, TaskStatus, Tool, ToolAnnotations,
+    UpdateTaskMethod, UpdateTaskParams,
 };
 use rmcp::service::RequestContext;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -27,7 +35,10 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::pack::Risk;
-use crate::server::gateway::{CallContext, CallError, Gateway, OfferedTool, Progress, ToolCall};
+use crate::server::gateway::{
+    Answer, CallContext, CallError, CallOutcome, Gateway, OfferedTool, POLL_INTERVAL_MS, Progress,
+    TaskError, TaskState, TaskView, ToolCall,
+};
 use crate::server::principal::Principal;
 
 /// Where the adapter's tools come from. `caller` is the principal the auth layer attached,
@@ -41,6 +52,39 @@ pub trait ToolSource: Send + Sync + 'static {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> impl Future<Output = Result<CallToolResponse, McpError>> + Send;
+
+    /// Whether the source answers calls that wait for people with MCP Tasks; if not, the
+    /// extension is not advertised and `tasks/*` are unknown methods.
+    fn offers_tasks(&self) -> bool {
+        false
+    }
+
+    /// `tasks/get` for `caller`.
+    fn get_task(
+        &self,
+        _caller: Option<Principal>,
+        _request: GetTaskParams,
+    ) -> impl Future<Output = Result<GetTaskResult, McpError>> + Send {
+        std::future::ready(Err(McpError::method_not_found::<GetTaskMethod>()))
+    }
+
+    /// `tasks/cancel` for `caller`.
+    fn cancel_task(
+        &self,
+        _caller: Option<Principal>,
+        _request: CancelTaskParams,
+    ) -> impl Future<Output = Result<(), McpError>> + Send {
+        std::future::ready(Err(McpError::method_not_found::<CancelTaskMethod>()))
+    }
+
+    /// `tasks/update` for `caller`.
+    fn update_task(
+        &self,
+        _caller: Option<Principal>,
+        _request: UpdateTaskParams,
+    ) -> impl Future<Output = Result<(), McpError>> + Send {
+        std::future::ready(Err(McpError::method_not_found::<UpdateTaskMethod>()))
+    }
 }
 
 pub struct EmisarMcp<S> {
@@ -165,7 +209,13 @@ fn caller(context: &RequestContext<RoleServer>) -> Option<Principal> {
 
 impl<S: ToolSource> ServerHandler for EmisarMcp<S> {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        let capabilities = ServerCapabilities::builder().enable_tools();
+        let capabilities = if self.source.offers_tasks() {
+            capabilities.enable_tasks().build()
+        } else {
+            capabilities.build()
+        };
+        ServerConfig::new(capabilities)
             .with_server_info(Implementation::new("emisar", env!("CARGO_PKG_VERSION")))
             .with_instructions(
                 "Operations tools from emisar packs. Every call needs a `reason` (recorded in the audit log); \
@@ -197,6 +247,30 @@ impl<S: ToolSource> ServerHandler for EmisarMcp<S> {
         let who = caller(&context);
         self.source.call(who, request, context).await
     }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, McpError> {
+        self.source.get_task(caller(&context), request).await
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        self.source.cancel_task(caller(&context), request).await
+    }
+
+    async fn update_task(
+        &self,
+        request: UpdateTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        self.source.update_task(caller(&context), request).await
+    }
 }
 
 /// Cancellation and progress for a call that may wait for humans. Progress goes out only
@@ -221,6 +295,9 @@ fn call_context(context: &RequestContext<RoleServer>) -> CallContext {
     CallContext {
         cancel: context.ct.clone(),
         progress,
+        tasks: context
+            .client_capabilities()
+            .is_some_and(|caps| caps.supports_tasks()),
     }
 }
 
@@ -262,39 +339,178 @@ impl ToolSource for GatewaySource {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
-        let principal = caller.ok_or_else(|| {
-            McpError::internal_error(
-                "request reached MCP without an authenticated principal",
-                None,
-            )
-        })?;
+        let principal = authenticated(caller)?;
         let call = ToolCall {
             principal,
             tool: request.name.to_string(),
             args: request.arguments.unwrap_or_default(),
         };
         match self.0.call_with(call, &call_context(&context)).await {
-            Ok(outcome) => {
-                let failed = outcome.is_error();
-                let value = serde_json::to_value(&outcome).map_err(|e| {
-                    McpError::internal_error(format!("failed to encode the result: {e}"), None)
-                })?;
-                Ok(if failed {
-                    CallToolResult::structured_error(value)
-                } else {
-                    CallToolResult::structured(value)
-                }
-                .into())
-            }
-            Err(e @ CallError::UnknownTool(_)) => Err(McpError::invalid_params(
-                e.to_string(),
-                Some(json!({"kind": e.kind()})),
-            )),
-            Err(e) => {
-                let mut result = CallToolResult::error(vec![ContentBlock::text(e.to_string())]);
-                result.structured_content = Some(json!({"error": e.to_json()}));
-                Ok(result.into())
-            }
+            Ok(Answer::Task(task)) => Ok(CallToolResponse::Task(CreateTaskResult::new(task_of(
+                &task,
+            )))),
+            Ok(Answer::Now(outcome)) => tool_result(Ok(outcome)).map(Into::into),
+            Err(e) => tool_result(Err(e)).map(Into::into),
+        }
+    }
+
+    fn offers_tasks(&self) -> bool {
+        true
+    }
+
+    async fn get_task(
+        &self,
+        caller: Option<Principal>,
+        request: GetTaskParams,
+    ) -> Result<GetTaskResult, McpError> {
+        let principal = authenticated(caller)?;
+        let task = self
+            .0
+            .task(&principal, &request.task_id)
+            .await
+            .map_err(task_error)?;
+        Ok(GetTaskResult::new(detailed(task)?))
+    }
+
+    async fn cancel_task(
+        &self,
+        caller: Option<Principal>,
+        request: CancelTaskParams,
+    ) -> Result<(), McpError> {
+        let principal = authenticated(caller)?;
+        self.0
+            .cancel_task(&principal, &request.task_id)
+            .await
+            .map_err(task_error)?;
+        Ok(())
+    }
+
+    /// Emisar never asks the client for input (people decide out of band), so no task has
+    /// an outstanding input request: responses answer nothing and are ignored, as SEP-2663
+    /// has a server do with keys it did not ask for; the owner's update is acknowledged.
+    async fn update_task(
+        &self,
+        caller: Option<Principal>,
+        request: UpdateTaskParams,
+    ) -> Result<(), McpError> {
+        let principal = authenticated(caller)?;
+        self.0
+            .task(&principal, &request.task_id)
+            .await
+            .map_err(task_error)?;
+        Ok(())
+    }
+}
+
+fn authenticated(caller: Option<Principal>) -> Result<Principal, McpError> {
+    caller.ok_or_else(|| {
+        McpError::internal_error(
+            "request reached MCP without an authenticated principal",
+            None,
+        )
+    })
+}
+
+/// A call's answer as a tool result: failures the agent should read are results with
+/// `isError` and `{"error": {kind, message}}`; an unknown tool is invalid params.
+fn tool_result(answer: Result<CallOutcome, CallError>) -> Result<CallToolResult, McpError> {
+    match answer {
+        Ok(outcome) => {
+            let failed = outcome.is_error();
+            let value = serde_json::to_value(&outcome).map_err(|e| {
+                McpError::internal_error(format!("failed to encode the result: {e}"), None)
+            })?;
+            Ok(if failed {
+                CallToolResult::structured_error(value)
+            } else {
+                CallToolResult::structured(value)
+            })
+        }
+        Err(e @ CallError::UnknownTool(_)) => Err(McpError::invalid_params(
+            e.to_string(),
+            Some(json!({"kind": e.kind()})),
+        )),
+        Err(e) => {
+            let mut result = CallToolResult::error(vec![ContentBlock::text(e.to_string())]);
+            result.structured_content = Some(json!({"error": e.to_json()}));
+            Ok(result)
+        }
+    }
+}
+
+/// The spec's task fields of `task`, its status and message.
+fn task_of(task: &TaskView) -> Task {
+    let (status, message) = match &task.state {
+        TaskState::Working(message) => (TaskStatus::Working, Some(message.clone())),
+        TaskState::Completed(outcome) => (
+            TaskStatus::Completed,
+            outcome.approval.as_ref().map(|a| a.message.clone()),
+        ),
+        TaskState::Failed(e) => (TaskStatus::Failed, Some(e.to_string())),
+        TaskState::Cancelled => (
+            TaskStatus::Cancelled,
+            Some("cancelled: the approval request was withdrawn; nothing ran".to_owned()),
+        ),
+    };
+    // No `ttlMs`: a task lives as long as its approval request, which is never deleted.
+    let task = Task::new(
+        task.id.clone(),
+        status,
+        task.created_at.clone(),
+        task.updated_at.clone(),
+    )
+    .with_poll_interval_ms(POLL_INTERVAL_MS);
+    match message {
+        Some(m) => task.with_status_message(m),
+        None => task,
+    }
+}
+
+/// What `tasks/get` answers: the task, and once it is over, the call's result (exactly as
+/// the call would have returned it) or the JSON-RPC error of a refused request.
+fn detailed(task: TaskView) -> Result<DetailedTask, McpError> {
+    let base = task_of(&task);
+    let payload = match task.state {
+        TaskState::Working(_) => TaskPayload::Working,
+        TaskState::Cancelled => TaskPayload::Cancelled,
+        TaskState::Completed(outcome) => TaskPayload::Completed {
+            result: json_object(&tool_result(Ok(*outcome))?)?,
+        },
+        TaskState::Failed(e) => TaskPayload::Failed {
+            error: json_object(&json!({
+                "code": REQUEST_REFUSED,
+                "message": e.to_string(),
+                "data": {"error": e.to_json()},
+            }))?,
+        },
+    };
+    Ok(DetailedTask::new(base, payload))
+}
+
+/// The JSON-RPC error code of a task whose request people denied or let expire: in the
+/// range JSON-RPC leaves to servers, distinct from rmcp's own.
+const REQUEST_REFUSED: i32 = -32000;
+
+fn json_object(value: &impl serde::Serialize) -> Result<JsonObject, McpError> {
+    match serde_json::to_value(value) {
+        Ok(serde_json::Value::Object(map)) => Ok(map),
+        Ok(_) | Err(_) => Err(McpError::internal_error(
+            "failed to encode the task's result",
+            None,
+        )),
+    }
+}
+
+/// A task error as MCP: an unknown (or another caller's) id and a refused cancel are
+/// invalid params; a store failure is internal, its cause logged, not echoed.
+fn task_error(e: TaskError) -> McpError {
+    match e {
+        TaskError::NotFound | TaskError::NotCancellable { .. } => {
+            McpError::invalid_params(e.to_string(), None)
+        }
+        TaskError::Store(_) | TaskError::Approval(_) => {
+            tracing::error!(error = %e, "task operation failed");
+            McpError::internal_error("the store could not answer; try again", None)
         }
     }
 }

@@ -71,28 +71,14 @@ impl Gateway {
     }
 
     async fn withdraw(&self, row: &Approval) {
-        let actor = row.requester.clone();
-        let result = self
-            .approvals
-            .transition(&row.id, Lock::Wait, |r| {
-                approvals::moved(
-                    r,
-                    &[State::Pending],
-                    State::Withdrawn,
-                    &actor,
-                    kind::APPROVAL_WITHDRAWN,
-                    json!({"why": "the agent cancelled its call"}),
-                    chrono::Utc::now(),
-                )
-            })
-            .await;
-        match result {
-            Ok(_) | Err(ApprovalError::WrongState { .. }) => {}
+        let why = "the agent cancelled its call";
+        match self.withdraw_pending(&row.id, &row.requester, why).await {
+            Ok(()) | Err(ApprovalError::WrongState { .. }) => {}
             Err(e) => tracing::error!(error = %e, approval_id = %row.id, "could not withdraw"),
         }
     }
 
-    pub(super) async fn expire(&self, id: &str) {
+    pub(in crate::server::gateway) async fn expire(&self, id: &str) {
         let result = self
             .approvals
             .transition(id, Lock::SkipLocked, |r| {

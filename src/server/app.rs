@@ -21,11 +21,11 @@ use crate::server::audit::{AuditLog, NewEvent, kind};
 use crate::server::config::ServerConfig;
 use crate::server::db::Db;
 use crate::server::gateway::{Gateway, GatewayParts, Limits, ServerApprovers, Witnessing};
+use crate::server::notices::Notices;
 use crate::server::runners::client::RunnerClient;
 use crate::server::runners::registry::Registry;
 use crate::server::secrets::AuditKey;
 use crate::server::shared_limit::{Quota, SharedLimit};
-use crate::server::webhook::Notifier;
 
 pub struct Application {
     listener: TcpListener,
@@ -53,6 +53,15 @@ impl Application {
         let shutdown = CancellationToken::new();
         let approvals = Approvals::new(db.clone(), audit.clone(), shutdown.clone());
         let configured = configured_parts(&config, &db, &shutdown)?;
+        if let Some(notices) = Notices::start(
+            &config.webhooks,
+            &config.notices,
+            config.public_url.as_deref(),
+            &approvals,
+            &shutdown,
+        )? {
+            notices.spawn(shutdown.clone());
+        }
         let gateway = Arc::new(Gateway::new(GatewayParts {
             packs: packs.clone(),
             runners: registry.clone(),
@@ -64,8 +73,6 @@ impl Application {
             approvers: configured.approvers,
             shared_limit: configured.shared_limit,
             witnessing: configured.witnessing,
-            notifier: configured.notifier,
-            public_url: configured.public_url,
         })?);
         load_policy_file(&gateway, &config, &packs).await?;
         // Always handled, so `systemctl reload` never kills a server that has no policy file.
@@ -348,13 +355,11 @@ struct ConfiguredParts {
     approvers: Option<ServerApprovers>,
     shared_limit: Option<Arc<SharedLimit>>,
     witnessing: Option<Witnessing>,
-    notifier: Option<Notifier>,
-    public_url: Option<String>,
 }
 
 /// What the config gives the gateway beyond the parts every gateway has: the approvers file
 /// the server carries, the rate limit's buckets shared with other replicas (PostgreSQL),
-/// whether executions wait for witnessed checkpoints, and the hooks told about new requests.
+/// and whether executions wait for witnessed checkpoints.
 fn configured_parts(
     config: &ServerConfig,
     db: &Db,
@@ -377,18 +382,10 @@ fn configured_parts(
         .as_ref()
         .filter(|t| !t.witnesses.is_empty())
         .map(|t| Witnessing::new(db.clone(), t.witness_quorum.unwrap_or(t.witnesses.len())));
-    let (notifier, public_url) = if config.webhooks.is_empty() {
-        (None, None)
-    } else {
-        let notifier = Notifier::start(config.webhooks.clone(), shutdown.clone());
-        (Some(notifier), config.public_url.clone())
-    };
     Ok(ConfiguredParts {
         approvers,
         shared_limit,
         witnessing,
-        notifier,
-        public_url,
     })
 }
 

@@ -71,9 +71,15 @@ pub struct ServerConfig {
     /// needs one approval. Reloaded on SIGHUP. E.g. `/etc/emisar/policy.toml`.
     #[serde(default)]
     pub policy_file: Option<PathBuf>,
-    /// Who hears about new approval requests.
+    /// Webhooks told about approval requests (generic JSON or Slack-compatible): one
+    /// `[[webhooks]]` table each, with `url`, `kind` and an optional `name`. When they are
+    /// told, and who else is, is `[notices]`.
     #[serde(default)]
-    pub webhooks: Vec<crate::server::webhook::WebhookConfig>,
+    pub webhooks: Vec<crate::server::notices::webhook::WebhookConfig>,
+    /// Notices: email targets (`[[notices.email]]`), escalation groups, reminders. Every
+    /// notice links to the approval page at `public_url`, which must then be set.
+    #[serde(default)]
+    pub notices: crate::server::notices::config::NoticesConfig,
     /// Where people reach this server, e.g. `https://emisar.example.com` (for links in
     /// notifications; `https://` also marks the portal's cookie `Secure`).
     #[serde(default)]
@@ -307,6 +313,7 @@ impl ServerConfig {
             health_probes_per_second: default_probes_per_second(),
             policy_file: None,
             webhooks: Vec::new(),
+            notices: Default::default(),
             public_url: None,
             approval_ttl_secs: default_approval_ttl(),
             approval_wait_secs: default_approval_wait(),
@@ -393,7 +400,10 @@ impl ServerConfig {
         if self.call_timeout_ms == 0 || self.call_timeout_ms > 600_000 {
             anyhow::bail!("call_timeout_ms must be between 1 and 600000");
         }
-        crate::server::webhook::validate(&self.webhooks)?;
+        crate::server::notices::webhook::validate(&self.webhooks)?;
+        self.notices
+            .check(&self.webhooks, self.public_url.as_deref())
+            .map_err(anyhow::Error::msg)?;
         self.login.check()?;
         if !(1..=MAX_JOIN_ATTEMPTS_PER_MINUTE).contains(&self.join.attempts_per_address_per_minute)
         {

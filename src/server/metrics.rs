@@ -7,7 +7,8 @@
 //! `emisar_runner_up{runner}`, `emisar_rate_limited_total{agent}`,
 //! `emisar_rate_limit_fallbacks_total` (calls admitted without the shared rate limit, whose
 //! store did not answer),
-//! `emisar_webhook_deliveries_total{host,outcome}`, `emisar_webhook_dropped_total{host,reason}`,
+//! `emisar_webhook_deliveries_total{host,outcome}`, `emisar_webhook_dropped_total{host,reason}`
+//! (every notice target, webhook or email, by its host),
 //! `emisar_audit_refusals_counted_total{kind,how}` (refusals counted into a `refusal.repeated`
 //! aggregate instead of written one by one; `how` is `counted`, or `folded` into the overflow
 //! key past the tracked-key cap), `emisar_join_rate_limited_total`,
@@ -209,13 +210,14 @@ pub(crate) fn join_rate_limited() {
     metrics::counter!("emisar_join_rate_limited_total").increment(1);
 }
 
-/// A webhook delivery finished: `delivered`, `refused` (4xx) or `failed` (after retries).
+/// A notice delivery (webhook or email) finished: `delivered`, `refused` (a 4xx answer, a
+/// permanent SMTP refusal) or `failed` (after retries).
 pub(crate) fn webhook_delivery(host: &str, outcome: &'static str) {
     metrics::counter!("emisar_webhook_deliveries_total", "host" => host.to_owned(), "outcome" => outcome)
         .increment(1);
 }
 
-/// A notice never reached a webhook's queue: `queue_full` or `stopped`.
+/// A notice never reached a target's queue: `queue_full` or `stopped`.
 pub(crate) fn webhook_dropped(host: &str, reason: &'static str) {
     metrics::counter!("emisar_webhook_dropped_total", "host" => host.to_owned(), "reason" => reason)
         .increment(1);

@@ -9,9 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use emisar::server::audit::{AuditFilter, Event};
+use emisar::server::notices::webhook::{WebhookConfig, WebhookKind};
 use emisar::server::policy::Policy;
 use emisar::server::principal::Role;
-use emisar::server::webhook::{WebhookConfig, WebhookKind};
 use rmcp::model::CallToolRequestParams;
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
@@ -972,10 +972,12 @@ async fn webhooks_announce_requests_off_the_call_path(backend: Backend) {
         Options {
             webhooks: vec![
                 WebhookConfig {
+                    name: None,
                     url: format!("{hooks}/generic"),
                     kind: WebhookKind::Generic,
                 },
                 WebhookConfig {
+                    name: None,
                     url: format!("{hooks}/slack"),
                     kind: WebhookKind::Slack,
                 },

@@ -29,6 +29,7 @@ mod join_bounds;
 mod lab;
 mod lab_rollout;
 mod mcp_calls;
+mod notices;
 mod oidc;
 mod oidc_mcp;
 mod oidc_portal;

@@ -22,7 +22,6 @@ use crate::server::runners::RetryBudget;
 use crate::server::runners::client::RunnerClient;
 use crate::server::runners::registry::Registry;
 use crate::server::secrets::AuditKey;
-use crate::server::webhook::Notifier;
 
 /// The most runner calls in flight at once, across all tool calls of this server.
 const MAX_IN_FLIGHT: usize = 256;
@@ -104,12 +103,8 @@ pub struct Gateway {
     pub(super) approvals: Approvals,
     /// Swapped whole on reload; each call decides under one version.
     pub(super) policy: std::sync::RwLock<Arc<Policy>>,
-    /// Tells people about new requests; never blocks the call path.
-    pub(super) notifier: Option<Notifier>,
     /// `approvers_file`: requests are signed by people (see `signatures.rs`).
     pub(super) approvers: Option<Arc<super::signatures::ServerApprovers>>,
-    /// Where people reach the portal, for links in notices.
-    pub(super) public_url: Option<String>,
     /// `[transparency]` with witnesses: approvals carry witnessed proofs to runners that
     /// require them (see `witnessed.rs`).
     pub(super) witnessing: Option<super::witnessed::Witnessing>,
@@ -136,10 +131,6 @@ pub(crate) struct GatewayParts {
     /// Approved executions to runners with `require_witnessed` wait for a checkpoint the
     /// witness quorum cosigned and carry the approval's inclusion proof in it.
     pub(crate) witnessing: Option<super::witnessed::Witnessing>,
-    /// New approval requests are announced through it, with links to `public_url`.
-    pub(crate) notifier: Option<Notifier>,
-    /// Where people reach the portal, for links in notices.
-    pub(crate) public_url: Option<String>,
 }
 
 impl Gateway {
@@ -164,11 +155,9 @@ impl Gateway {
             audit_key: parts.audit_key,
             approvals: parts.approvals,
             policy: std::sync::RwLock::new(Arc::new(Policy::builtin())),
-            notifier: parts.notifier,
             approvers: parts.approvers.map(Arc::new),
             read_failures: SharedFailureLog::new(&UNAUDITED_READS, SUMMARY_INTERVAL),
             witnessing: parts.witnessing,
-            public_url: parts.public_url,
         })
     }
 

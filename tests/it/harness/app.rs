@@ -231,7 +231,9 @@ pub struct Options {
     /// A policy file to load at start (the built-in policy when none).
     pub policy_file: Option<PathBuf>,
     /// Hooks told about new approval requests.
-    pub webhooks: Vec<emisar::server::webhook::WebhookConfig>,
+    pub webhooks: Vec<emisar::server::notices::webhook::WebhookConfig>,
+    /// `[notices]`: email targets, escalation, reminders (the server's defaults when none).
+    pub notices: Option<emisar::server::notices::config::NoticesConfig>,
     /// The portal's address, for links in notices (and the OpenID redirect URL).
     pub public_url: Option<String>,
     /// Browser origins besides the server's own that may call `/mcp`.
@@ -470,6 +472,7 @@ fn server_config(
         approval_progress_ms: 500,
         policy_file: options.policy_file.clone(),
         webhooks: options.webhooks.clone(),
+        notices: options.notices.clone().unwrap_or_default(),
         public_url: options.public_url.clone(),
         allowed_origins: options.allowed_origins.clone(),
         login: options.login.clone().unwrap_or_default(),

@@ -111,6 +111,7 @@ pub fn refuse_unsupported(options: &Options) {
         ("oauth", options.oauth.is_some()),
         ("server_tls", options.server_tls.is_some()),
         ("webhooks", !options.webhooks.is_empty()),
+        ("notices", options.notices.is_some()),
         ("public_url", options.public_url.is_some()),
         ("allowed_origins", !options.allowed_origins.is_empty()),
         ("login", options.login.is_some()),

@@ -16,7 +16,6 @@ use crate::server::approvals::{Approval, State};
 use crate::server::audit::{NewEvent, format_at, kind};
 use crate::server::principal::Principal;
 use crate::server::runners::client::{Dispatch, RunnerAnswer, RunnerError};
-use crate::server::webhook::Notice;
 
 /// A call that needs approval, after validation and policy.
 pub(in crate::server::gateway) struct Request<'a> {
@@ -189,7 +188,8 @@ impl Gateway {
     }
 
     /// Audits a new request (`approval.requested`, with the preview's digest, its plan and its
-    /// statement's digest), stores it and tells the people who may approve it.
+    /// statement's digest) and stores it; the notices (`server::notices`) hear of it from the
+    /// store and tell people.
     async fn file_request(&self, approval: Approval) -> Result<Approval, CallError> {
         let actor = &approval.requester;
         let mut event = approval.event(
@@ -213,21 +213,6 @@ impl Gateway {
             .map_err(CallError::AuditUnavailable)?;
         self.approvals.insert(&approval).await?;
         crate::server::metrics::tool_call(&approval.tool, "pending");
-        if let Some(notifier) = &self.notifier {
-            notifier.notify(Notice {
-                approval_id: approval.id.clone(),
-                tool: approval.tool.clone(),
-                runners: approval.runners.clone(),
-                requester: approval.requester.clone(),
-                reason: approval.reason.clone(),
-                risk: approval.risk.clone(),
-                expires_at: approval.expires_at.clone(),
-                portal_url: self
-                    .public_url
-                    .as_ref()
-                    .map(|u| format!("{}/#/approvals/{}", u.trim_end_matches('/'), approval.id)),
-            });
-        }
         Ok(approval)
     }
 

@@ -152,8 +152,13 @@ pub(in crate::server::gateway) fn settled_outcome(
             why: match &row.note {
                 Some(note) => note.clone(),
                 None => format!(
-                    "expired at {} before enough humans approved it; nothing ran",
-                    row.expires_at
+                    "expired unanswered at {} after waiting {} ({} of {} approvals); nothing ran: ask again if it is still needed",
+                    row.expires_at,
+                    crate::server::notices::waited_text(
+                        crate::server::notices::expired_after(row).as_secs()
+                    ),
+                    row.votes.len(),
+                    row.required_approvals
                 ),
             },
         }),
@@ -256,7 +261,7 @@ mod tests {
         };
         assert_eq!(
             settled_outcome(&expired).unwrap_err().to_string(),
-            "refused: approval request a1 expired at 2026-11-30T10:15:00.000000Z before enough humans approved it; nothing ran"
+            "refused: approval request a1 expired unanswered at 2026-11-30T10:15:00.000000Z after waiting 15 min (0 of 1 approvals); nothing ran: ask again if it is still needed"
         );
         let too_late = Approval {
             note: Some("was approved at 10:05, but its execution did not start".into()),

@@ -1,31 +1,22 @@
-//! Webhooks: tell people that a write is waiting for their approval, in generic JSON or as a
-//! Slack-compatible `{"text": ...}` message.
+//! Webhooks, one kind of notice target (`server::notices`): the `[[webhooks]]` config, the
+//! body a notice becomes (generic JSON, or a Slack-compatible `{"text": ...}` message) and its
+//! delivery, retried on connect errors, timeouts, 429 and 5xx with capped, fully jittered
+//! backoff, at most [`MAX_ATTEMPTS`] times. The queues and workers that keep deliveries off
+//! the call path are `notices/targets.rs`.
 //!
-//! Each hook has its own bounded queue and background worker, and each delivery runs in its
-//! own task (at most [`CONCURRENCY`] per hook), so a slow or dead hook delays neither the call
-//! path nor the other hooks. A delivery is retried on connect errors, timeouts, 429 and 5xx,
-//! with capped, fully jittered backoff, at most [`MAX_ATTEMPTS`] times.
-//!
-//! Invariant: [`Notifier::notify`] never blocks and never fails; a full queue drops the
-//! notice (warn log and `emisar_webhook_dropped_total`). Webhook URLs are secrets (a Slack
-//! URL is its own credential), so logs and `Debug` name the host only.
+//! Webhook URLs are secrets (a Slack URL is its own credential), so logs and `Debug` name the
+//! host only.
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::{StatusCode, Url};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use tokio::sync::{Semaphore, mpsc};
-use tokio_util::sync::CancellationToken;
 
+pub(crate) use crate::server::notices::{Notice, NoticeEvent};
 use crate::util::Backoff;
 
-/// Notices waiting for one hook; past this, new ones are dropped.
-pub(crate) const QUEUE: usize = 1024;
-/// Deliveries in flight to one hook at once.
-pub(crate) const CONCURRENCY: usize = 16;
 /// Attempts per delivery, the first included.
 pub(crate) const MAX_ATTEMPTS: u32 = 5;
 
@@ -34,7 +25,8 @@ pub(crate) const MAX_ATTEMPTS: u32 = 5;
 )]
 #[serde(rename_all = "lowercase")]
 pub enum WebhookKind {
-    /// `{"event": "approval.requested", ...}` with every [`Notice`] field.
+    /// `{"event": "approval.requested", ...}` (or `approval.reminder`, `approval.expired`)
+    /// with every [`Notice`] field.
     #[default]
     Generic,
     /// `{"text": "..."}`, which Slack incoming webhooks (and Mattermost, Rocket.Chat...) accept.
@@ -54,6 +46,10 @@ impl WebhookKind {
 #[derive(schemars::JsonSchema, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WebhookConfig {
+    /// The name escalation groups use for it (`[[notices.escalation]]`). Default:
+    /// `webhooks[i]`.
+    #[serde(default)]
+    pub name: Option<String>,
     /// Where the notice is POSTed, e.g. `https://hooks.slack.com/services/…`. It may carry a
     /// secret (a Slack hook's path): it is never logged, only its host.
     pub url: String,
@@ -70,6 +66,7 @@ impl fmt::Debug for WebhookConfig {
             .and_then(|u| u.host_str().map(str::to_owned))
             .unwrap_or_else(|| "?".into());
         f.debug_struct("WebhookConfig")
+            .field("name", &self.name)
             .field("url", &format_args!("<secret, host {host}>"))
             .field("kind", &self.kind)
             .finish()
@@ -112,27 +109,11 @@ pub(crate) fn validate(hooks: &[WebhookConfig]) -> Result<(), WebhookError> {
     Ok(())
 }
 
-/// A new pending approval request, as hooks are told about it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub(crate) struct Notice {
-    pub approval_id: String,
-    pub tool: String,
-    pub runners: Vec<String>,
-    /// The audit actor of the caller, e.g. `agent:deploy-bot`.
-    pub requester: String,
-    pub reason: String,
-    pub risk: String,
-    /// RFC 3339 UTC.
-    pub expires_at: String,
-    /// Where an approver reviews it, when the portal's address is known.
-    pub portal_url: Option<String>,
-}
-
 /// The request body a hook of `kind` receives.
 fn body(kind: WebhookKind, notice: &Notice) -> Value {
     match kind {
         WebhookKind::Generic => {
-            let mut body = json!({"event": "approval.requested"});
+            let mut body = json!({"event": notice.event.as_str()});
             if let (Value::Object(out), Ok(Value::Object(fields))) =
                 (&mut body, serde_json::to_value(notice))
             {
@@ -144,8 +125,8 @@ fn body(kind: WebhookKind, notice: &Notice) -> Value {
     }
 }
 
-/// One line: tool, runners, requester, reason, risk, expiry and the link. Text from the
-/// caller is escaped as Slack requires (`& < >`) and flattened to one line.
+/// One line: what happened, tool, runners, requester, reason, risk, expiry and the link. Text
+/// from the caller is escaped as Slack requires (`& < >`) and flattened to one line.
 fn slack_text(n: &Notice) -> String {
     let escape = |s: &str| {
         s.replace('&', "&amp;")
@@ -166,8 +147,16 @@ fn slack_text(n: &Notice) -> String {
         Some(url) => format!("<{}|review {}>", escape(url), escape(&n.approval_id)),
         None => format!("approval {}", escape(&n.approval_id)),
     };
+    let what = match n.event {
+        NoticeEvent::Requested => "Approval requested".to_owned(),
+        NoticeEvent::Reminder => "Reminder, approval still waiting".to_owned(),
+        NoticeEvent::Expired => format!(
+            "Approval expired unanswered after {} (nothing ran)",
+            crate::server::notices::waited_text(n.waited_secs.unwrap_or_default())
+        ),
+    };
     format!(
-        "Approval requested: `{}`{runners} by {} (risk {}): \"{}\" · expires {} · {link}",
+        "{what}: `{}`{runners} by {} (risk {}): \"{}\" · expires {} · {link}",
         escape(&n.tool),
         escape(&n.requester),
         escape(&n.risk),
@@ -176,12 +165,13 @@ fn slack_text(n: &Notice) -> String {
     )
 }
 
-/// Delivery tuning; the defaults are production's, tests shorten the waits.
+/// Delivery tuning (webhooks and email); the defaults are production's, tests shorten the
+/// waits.
 #[derive(Debug, Clone)]
-struct Settings {
-    backoff: Backoff,
-    timeout: Duration,
-    max_attempts: u32,
+pub(crate) struct Settings {
+    pub(crate) backoff: Backoff,
+    pub(crate) timeout: Duration,
+    pub(crate) max_attempts: u32,
 }
 
 impl Default for Settings {
@@ -196,138 +186,46 @@ impl Default for Settings {
 }
 
 /// A hook as the worker uses it.
-struct Hook {
+pub(crate) struct Hook {
     url: Url,
     /// What logs and metrics call it: the URL's host, never the URL.
-    host: String,
+    pub(crate) host: String,
     kind: WebhookKind,
 }
 
-/// Hands notices to the hooks' workers. Cheap to clone.
-#[derive(Clone)]
-pub(crate) struct Notifier {
-    /// One queue per hook, with the host for logs. Empty when no hook is configured.
-    queues: Arc<[(String, mpsc::Sender<Arc<Notice>>)]>,
-}
-
-impl Notifier {
-    /// Starts one worker per hook (on the current tokio runtime). Hooks with an invalid URL
-    /// are logged and left out; validate the config with [`validate`] to refuse them instead.
-    pub(crate) fn start(hooks: Vec<WebhookConfig>, shutdown: CancellationToken) -> Notifier {
-        Notifier::start_with(hooks, shutdown, Settings::default())
+impl Hook {
+    /// The hook of `config`, its URL checked (`field` names it: `webhooks[0].url`).
+    pub(crate) fn new(config: &WebhookConfig, field: &str) -> Result<Hook, WebhookError> {
+        let url = config.parse_url(field)?;
+        Ok(Hook {
+            host: url.host_str().unwrap_or_default().to_owned(),
+            url,
+            kind: config.kind,
+        })
     }
 
-    fn start_with(
-        hooks: Vec<WebhookConfig>,
-        shutdown: CancellationToken,
-        settings: Settings,
-    ) -> Notifier {
-        if hooks.is_empty() {
-            return Notifier {
-                queues: Arc::new([]),
-            };
-        }
-        let client = match reqwest::Client::builder()
-            .timeout(settings.timeout)
-            // A redirect could carry the notice to a host nobody configured.
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-        {
-            Ok(client) => client,
-            Err(e) => {
-                tracing::error!(error = %e.without_url(), "webhooks disabled: failed to build the HTTP client");
-                return Notifier {
-                    queues: Arc::new([]),
-                };
-            }
-        };
-        let settings = Arc::new(settings);
-        let mut queues = Vec::new();
-        for (i, config) in hooks.iter().enumerate() {
-            let url = match config.parse_url(&format!("webhooks[{i}].url")) {
-                Ok(url) => url,
-                Err(e) => {
-                    tracing::error!(error = %e, "webhook left out");
-                    continue;
-                }
-            };
-            let hook = Arc::new(Hook {
-                host: url.host_str().unwrap_or_default().to_owned(),
-                url,
-                kind: config.kind,
-            });
-            let (tx, rx) = mpsc::channel(QUEUE);
-            queues.push((hook.host.clone(), tx));
-            tokio::spawn(worker(
-                rx,
-                hook,
-                client.clone(),
-                settings.clone(),
-                shutdown.clone(),
-            ));
-        }
-        Notifier {
-            queues: queues.into(),
-        }
-    }
-
-    /// Queues `notice` for every hook and returns at once. A hook whose queue is full (or
-    /// whose worker has stopped) misses it, with a warn log and a metric.
-    pub(crate) fn notify(&self, notice: Notice) {
-        let notice = Arc::new(notice);
-        for (host, queue) in self.queues.iter() {
-            let reason = match queue.try_send(notice.clone()) {
-                Ok(()) => continue,
-                Err(mpsc::error::TrySendError::Full(_)) => "queue_full",
-                Err(mpsc::error::TrySendError::Closed(_)) => "stopped",
-            };
-            tracing::warn!(host = %host, approval_id = %notice.approval_id, reason, "webhook notice dropped");
-            crate::server::metrics::webhook_dropped(host, reason);
-        }
+    /// Posts `notice` in this hook's shape until it lands or gives up; the outcome's name.
+    pub(crate) async fn send(
+        &self,
+        client: &reqwest::Client,
+        notice: &Notice,
+        settings: &Settings,
+    ) -> &'static str {
+        let body = body(self.kind, notice);
+        deliver(client, self, &body, settings, &notice.approval_id)
+            .await
+            .outcome
+            .as_str()
     }
 }
 
-/// Takes one hook's notices in order and starts a delivery for each, at most
-/// [`CONCURRENCY`] at once.
-async fn worker(
-    mut rx: mpsc::Receiver<Arc<Notice>>,
-    hook: Arc<Hook>,
-    client: reqwest::Client,
-    settings: Arc<Settings>,
-    shutdown: CancellationToken,
-) {
-    let permits = Arc::new(Semaphore::new(CONCURRENCY));
-    loop {
-        let notice = tokio::select! {
-            _ = shutdown.cancelled() => return,
-            notice = rx.recv() => match notice {
-                Some(notice) => notice,
-                None => return,
-            },
-        };
-        let permit = tokio::select! {
-            _ = shutdown.cancelled() => return,
-            permit = permits.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
-        };
-        let (hook, client, settings, shutdown) = (
-            hook.clone(),
-            client.clone(),
-            settings.clone(),
-            shutdown.clone(),
-        );
-        tokio::spawn(async move {
-            let _permit = permit;
-            let body = body(hook.kind, &notice);
-            tokio::select! {
-                _ = shutdown.cancelled() => {
-                    tracing::warn!(host = %hook.host, approval_id = %notice.approval_id, "webhook delivery abandoned at shutdown");
-                }
-                delivery = deliver(&client, &hook, &body, &settings, &notice.approval_id) => {
-                    crate::server::metrics::webhook_delivery(&hook.host, delivery.outcome.as_str());
-                }
-            }
-        });
-    }
+/// The HTTP client every hook shares: `timeout`, and no redirects (a redirect could carry the
+/// notice to a host nobody configured).
+pub(crate) fn client(timeout: Duration) -> reqwest::Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .timeout(timeout)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -403,8 +301,7 @@ async fn deliver(
 #[cfg(test)]
 mod tests {
     use std::collections::VecDeque;
-    use std::sync::Mutex;
-    use std::time::Instant;
+    use std::sync::{Arc, Mutex};
 
     use axum::extract::State;
     use axum::routing::post;
@@ -465,16 +362,7 @@ mod tests {
     }
 
     fn notice() -> Notice {
-        Notice {
-            approval_id: "ap-1".into(),
-            tool: "nomad.task_resources_set".into(),
-            runners: vec!["hvn05".into(), "hvn06".into()],
-            requester: "agent:deploy-bot".into(),
-            reason: "traefik is\nOOM-killed <again> & again".into(),
-            risk: "high".into(),
-            expires_at: "2030-01-01T00:00:00.000000Z".into(),
-            portal_url: Some("https://emisar.example/approvals/ap-1".into()),
-        }
+        crate::server::notices::tests::notice(NoticeEvent::Requested)
     }
 
     async fn send(status: &[u16], kind: WebhookKind) -> (Delivery, Vec<Value>) {
@@ -504,6 +392,7 @@ mod tests {
         assert_eq!(bodies.len(), 3);
         let mut want = serde_json::to_value(notice()).unwrap();
         want["event"] = json!("approval.requested");
+        want.as_object_mut().unwrap().remove("waited_secs");
         assert_eq!(bodies[2], want);
         assert_eq!(bodies[2]["runners"], json!(["hvn05", "hvn06"]));
 
@@ -514,7 +403,7 @@ mod tests {
         let text = body["text"].as_str().unwrap();
         assert_eq!(
             text,
-            "Approval requested: `nomad.task_resources_set` on hvn05, hvn06 by agent:deploy-bot (risk high): \"traefik is OOM-killed &lt;again&gt; &amp; again\" · expires 2030-01-01T00:00:00.000000Z · <https://emisar.example/approvals/ap-1|review ap-1>"
+            "Approval requested: `nomad.task_resources_set` on hvn05, hvn06 by agent:deploy-bot (risk high): \"traefik is OOM-killed &lt;again&gt; &amp; again\" · expires 2030-01-01T00:00:00.000000Z · <https://emisar.example/#/approvals/ap-1|review ap-1>"
         );
     }
 
@@ -558,75 +447,6 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn the_notifier_delivers_to_every_hook() {
-        let (generic, generic_url) = Server::start(&[503]).await;
-        let (slack, slack_url) = Server::start(&[]).await;
-        let shutdown = CancellationToken::new();
-        let notifier = Notifier::start_with(
-            vec![
-                WebhookConfig {
-                    url: generic_url,
-                    kind: WebhookKind::Generic,
-                },
-                WebhookConfig {
-                    url: slack_url,
-                    kind: WebhookKind::Slack,
-                },
-            ],
-            shutdown.clone(),
-            fast(),
-        );
-        notifier.notify(notice());
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while generic.bodies().len() < 2 || slack.bodies().is_empty() {
-            assert!(Instant::now() < deadline, "the hooks were not called");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        assert_eq!(generic.bodies()[1]["event"], "approval.requested");
-        assert!(slack.bodies()[0]["text"].as_str().unwrap().contains("ap-1"));
-        shutdown.cancel();
-    }
-
-    #[tokio::test]
-    async fn notify_returns_at_once_when_the_hook_hangs() {
-        // Accepts connections and never answers.
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}/hook", listener.local_addr().unwrap());
-        tokio::spawn(async move {
-            let mut held = Vec::new();
-            while let Ok((socket, _)) = listener.accept().await {
-                held.push(socket);
-            }
-        });
-        let shutdown = CancellationToken::new();
-        let notifier = Notifier::start(
-            vec![WebhookConfig {
-                url,
-                kind: WebhookKind::Generic,
-            }],
-            shutdown.clone(),
-        );
-        // Let the worker start every delivery it may; they all hang.
-        for _ in 0..(2 * CONCURRENCY) {
-            notifier.notify(notice());
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        // Then past the queue, so the last notices are dropped. A notify that waited for
-        // room would wait here for good; the bound is liveness only (how fast notify is
-        // belongs to the benchmarks).
-        for _ in 0..(QUEUE + 100) {
-            let started = Instant::now();
-            notifier.notify(notice());
-            assert!(
-                started.elapsed() < Duration::from_secs(5),
-                "notify blocked for {:?}",
-                started.elapsed()
-            );
-        }
-        shutdown.cancel();
-    }
-
     #[test]
     fn config_is_checked_and_never_shows_the_url() {
         #[derive(Deserialize)]
@@ -664,10 +484,12 @@ mod tests {
         for (url, want) in cases {
             let hooks = [
                 WebhookConfig {
+                    name: None,
                     url: "https://ok.example/".into(),
                     kind: WebhookKind::Generic,
                 },
                 WebhookConfig {
+                    name: None,
                     url: url.into(),
                     kind: WebhookKind::Generic,
                 },

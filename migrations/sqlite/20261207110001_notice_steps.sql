@@ -1,0 +1,9 @@
+-- Notices (src/server/notices): each step of a request's notice schedule (the first group,
+-- each escalation, each reminder, the expiry) is claimed here before it is sent. The primary
+-- key makes the claim unique: whoever inserts the row sends the step, exactly once.
+CREATE TABLE notice_steps (
+    approval_id TEXT NOT NULL REFERENCES approvals (id),
+    step        TEXT NOT NULL,
+    claimed_at  TEXT NOT NULL,
+    PRIMARY KEY (approval_id, step)
+);

@@ -328,7 +328,7 @@ mod tests {
         let TaskState::Failed(e) = state_of(State::Expired) else {
             panic!("expired is failed");
         };
-        assert!(e.to_string().contains("expired at"), "{e}");
+        assert!(e.to_string().contains("expired unanswered at"), "{e}");
     }
 
     #[test]

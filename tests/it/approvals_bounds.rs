@@ -182,12 +182,19 @@ async fn an_approval_that_never_started_expires(backend: Backend) {
 }
 both_backends!(an_approval_that_never_started_expires);
 
-/// An insider with the database sets an executed request back to `approved`, its time to a
-/// moment ago, the way an aborted rollout was set to run again (red team 2, A1): the sweep
-/// finds its `approval.executing` in the audit log, runs nothing again, and expires it, saying
-/// why.
-async fn a_request_set_back_to_approved_in_the_store_does_not_run_again(backend: Backend) {
-    let (_bin, record, app) = restart_lab(
+/// A restart asked for, approved by one person and run once on the lab's runner.
+struct RanOnce {
+    _bin: tempfile::TempDir,
+    record: std::path::PathBuf,
+    app: TestApp,
+    /// An auditor, who reads the request.
+    carol: Portal,
+    client: rmcp::service::RunningService<rmcp::RoleClient, ()>,
+    id: String,
+}
+
+async fn ran_once(backend: Backend) -> RanOnce {
+    let (bin, record, app) = restart_lab(
         backend,
         Options {
             approval_wait_secs: Some(1),
@@ -203,17 +210,46 @@ async fn a_request_set_back_to_approved_in_the_store_does_not_run_again(backend:
     assert_eq!(status, 200, "{body}");
     assert_eq!(state_settles(&carol, &id).await["state"], "executed");
     assert_eq!(restarts(&record), 1);
+    RanOnce {
+        _bin: bin,
+        record,
+        app,
+        carol,
+        client,
+        id,
+    }
+}
 
-    let at = emisar::server::audit::format_at(chrono::Utc::now() - chrono::Duration::seconds(20));
+/// What an insider with the database does to run a request again: its row back to
+/// `approved`, its time to `at`.
+async fn set_back_to_approved(app: &TestApp, id: &str, at: &str) {
     emisar::with_pool!(&app.db, pool => sqlx::query(app.db.sql(
         "UPDATE approvals SET state = 'approved', updated_at = $1::timestamptz WHERE id = $2",
     ))
-    .bind(&at)
-    .bind(&id)
+    .bind(at)
+    .bind(id)
     .execute(pool)
     .await
     .map(|_| ()))
     .unwrap();
+}
+
+/// An insider with the database sets an executed request back to `approved`, its time to a
+/// moment ago, the way an aborted rollout was set to run again (red team 2, A1): the sweep
+/// finds its `approval.executing` in the audit log, runs nothing again, and expires it, saying
+/// why.
+async fn a_request_set_back_to_approved_in_the_store_does_not_run_again(backend: Backend) {
+    let RanOnce {
+        _bin,
+        record,
+        app,
+        carol,
+        client,
+        id,
+    } = ran_once(backend).await;
+
+    let at = emisar::server::audit::format_at(chrono::Utc::now() - chrono::Duration::seconds(20));
+    set_back_to_approved(&app, &id, &at).await;
     let row = state_settles(&carol, &id).await;
     assert_eq!(row["state"], "expired", "{row}");
     let note = row["outcome_note"].as_str().unwrap();
@@ -228,22 +264,14 @@ both_backends!(a_request_set_back_to_approved_in_the_store_does_not_run_again);
 /// off: the table's owner can) before setting it back to `approved`. The sweep finds the gap
 /// that deletion left in the log, runs nothing again, and expires it, saying why.
 async fn a_claim_deleted_from_the_log_leaves_a_gap_and_runs_nothing_again(backend: Backend) {
-    let (_bin, record, app) = restart_lab(
-        backend,
-        Options {
-            approval_wait_secs: Some(1),
-            ..Default::default()
-        },
-    )
-    .await;
-    let carol = signed_in(&app, "carol", Role::Auditor).await;
-    let bob = signed_in(&app, "bob", Role::Approver).await;
-    let client = app.mcp_client().await;
-    let id = approval_id(&ask(&client, "once").await);
-    let (status, body) = bob.approve(&id).await;
-    assert_eq!(status, 200, "{body}");
-    assert_eq!(state_settles(&carol, &id).await["state"], "executed");
-    assert_eq!(restarts(&record), 1);
+    let RanOnce {
+        _bin,
+        record,
+        app,
+        carol,
+        client,
+        id,
+    } = ran_once(backend).await;
 
     let triggers_off = match backend {
         Backend::Postgres => "ALTER TABLE audit_events DISABLE TRIGGER USER",
@@ -269,15 +297,7 @@ async fn a_claim_deleted_from_the_log_leaves_a_gap_and_runs_nothing_again(backen
             .await
             .contains(&"approval.executing".to_owned())
     );
-    emisar::with_pool!(&app.db, pool => sqlx::query(app.db.sql(
-        "UPDATE approvals SET state = 'approved', updated_at = $1::timestamptz WHERE id = $2",
-    ))
-    .bind(&at)
-    .bind(&id)
-    .execute(pool)
-    .await
-    .map(|_| ()))
-    .unwrap();
+    set_back_to_approved(&app, &id, &at).await;
     let row = state_settles(&carol, &id).await;
     assert_eq!(row["state"], "expired", "{row}");
     let note = row["outcome_note"].as_str().unwrap();

@@ -400,6 +400,40 @@ fn as_requested(row: &Approval, events: &[Event]) -> Result<(), String> {
             row.required_approvals
         )));
     }
+    match carried_out(row) {
+        Some(decision) => decision_as_voted(row, decision, events).map_err(changed),
+        None => Ok(()),
+    }
+}
+
+/// A resume or a retry runs only when as many distinct people as the request itself needed
+/// voted for that decision in the log (`rollout.decided` naming it): a vote stored without
+/// its event, or a count lowered in the store, counts for nothing (red team 3, F5b).
+fn decision_as_voted(
+    row: &Approval,
+    decision: &approvals::RolloutDecision,
+    events: &[Event],
+) -> Result<(), String> {
+    let mut voters: Vec<&str> = events
+        .iter()
+        .filter(|e| {
+            e.kind == kind::ROLLOUT_DECIDED
+                && e.detail
+                    .as_ref()
+                    .is_some_and(|d| d["decision_id"] == decision.id.as_str())
+        })
+        .map(|e| e.actor.as_str())
+        .collect();
+    voters.sort_unstable();
+    voters.dedup();
+    let needed = row.required_approvals.max(decision.required);
+    if (voters.len() as u64) < u64::from(needed) {
+        return Err(format!(
+            "carries out rollout decision {}, and the audit log has {} of the {needed} people it needs voting for it",
+            decision.id,
+            voters.len()
+        ));
+    }
     Ok(())
 }
 
@@ -727,6 +761,36 @@ mod tests {
             ],
             "has 1 of the 2 people",
         );
+        // F5b: a resume carried out with a vote stored without its event.
+        let decision = approvals::RolloutDecision {
+            id: "d1".into(),
+            choice: Choice::Resume,
+            runners: vec!["e1".into()],
+            text: String::new(),
+            expires_at: String::new(),
+            proposed_by: "approver:alice".into(),
+            required: 1,
+            votes: Vec::new(),
+            taken: true,
+        };
+        let resumed = Approval {
+            decision: Some(decision),
+            ..asked.clone()
+        };
+        let decided = |seq: i64, who: &str, id: &str| Event {
+            actor: who.into(),
+            ..event(seq, kind::ROLLOUT_DECIDED, Some(json!({"decision_id": id})))
+        };
+        let mut voted = good.clone();
+        voted.push(decided(4, "approver:alice", "d1"));
+        let why = as_requested(&resumed, &voted).unwrap_err();
+        assert!(why.contains("1 of the 2 people"), "{why}");
+        voted.push(decided(5, "approver:alice", "d1"));
+        voted.push(decided(6, "approver:bob", "d0"));
+        let why = as_requested(&resumed, &voted).unwrap_err();
+        assert!(why.contains("1 of the 2 people"), "{why}");
+        voted.push(decided(7, "approver:bob", "d1"));
+        as_requested(&resumed, &voted).unwrap();
         // W4: a denial in the log ends it, whatever is appended after.
         let mut denied = good.clone();
         denied.insert(2, event(3, kind::APPROVAL_DENIED, None));

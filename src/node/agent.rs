@@ -807,6 +807,7 @@ mod tests {
             secret_salt: None,
             wave: None,
             decision: None,
+            grant: None,
         }
     }
 

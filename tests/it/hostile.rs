@@ -1424,6 +1424,7 @@ async fn runner(app: &TestApp, report: &mut Report, exec_log: &Path) {
         secret_salt: None,
         wave: None,
         decision: None,
+        grant: None,
     };
     let claims_for = |req: &CallRequest| {
         let t = now();

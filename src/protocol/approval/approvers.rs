@@ -23,6 +23,7 @@
 //! tools = "linux.*"
 //! approvals = 2
 //! ssh_signatures = 1              # at least one from the terminal (`emisar approvals approve`)
+//! grants = true                   # may run under a grant signed by 2 people (default false)
 //!
 //! [[rule]]
 //! tools = "*"
@@ -101,6 +102,10 @@ pub struct RuleEntry {
     /// the server does not serve), at most `approvals`. Default 0.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub ssh_signatures: u32,
+    /// Whether this rule's tools may run under a grant (people's signed, time-boxed mandate
+    /// for an agent's writes, signed by as many people as `approvals`). Default false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub grants: bool,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -131,6 +136,8 @@ pub struct Rule {
     pub approvals: u32,
     pub unapproved: bool,
     pub ssh_signatures: u32,
+    /// Whether the tool may run under a grant.
+    pub grants: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -256,6 +263,7 @@ impl Approvers {
                 approvals: r.approvals,
                 unapproved: r.unapproved,
                 ssh_signatures: r.ssh_signatures,
+                grants: r.grants,
             })
     }
 
@@ -382,6 +390,7 @@ pub(crate) mod tests {
                 approvals: 1,
                 unapproved: true,
                 ssh_signatures: 0,
+                grants: false,
             })
         );
         assert!(

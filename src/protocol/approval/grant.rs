@@ -107,6 +107,9 @@ pub struct GrantProof {
     pub text: String,
     #[serde(default)]
     pub signatures: Vec<Signature>,
+    /// The approvers file, when the server carries one signed by the organisation's root key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approvers: Option<super::SignedApprovers>,
 }
 
 fn err(msg: impl Into<String>) -> StatementError {
@@ -414,19 +417,20 @@ pub struct Call<'a> {
     pub labels: &'a BTreeMap<String, String>,
     /// The arguments the runner received.
     pub args: &'a serde_json::Map<String, Value>,
-    /// The audit actor the call is made for.
-    pub agent: &'a str,
+    /// The audit actor the call is made for; None where the checker cannot know it (a
+    /// runner: the server says who called, and a server holding `server.key` could say
+    /// anyone, so the grant's other lines are what binds there).
+    pub agent: Option<&'a str>,
 }
 
 /// Whether `grant` admits `call`: its agent, a tool line matching the tool, this runner (by
 /// name, or by its own labels), and every constrained argument present and within its
 /// constraint. The error names the first field that does not hold.
 pub fn admits(grant: &Grant, call: &Call<'_>) -> Result<(), String> {
-    if grant.agent != call.agent {
-        return Err(format!(
-            "the grant is for `{}`, not `{}`",
-            grant.agent, call.agent
-        ));
+    if let Some(agent) = call.agent
+        && grant.agent != agent
+    {
+        return Err(format!("the grant is for `{}`, not `{agent}`", grant.agent));
     }
     let tool_matches =
         |pattern: &String| glob::Pattern::new(pattern).is_ok_and(|p| p.matches(call.tool));
@@ -467,22 +471,39 @@ pub fn admits(grant: &Grant, call: &Call<'_>) -> Result<(), String> {
     Ok(())
 }
 
+/// A grant [`check`] found good for a call.
+#[derive(Debug)]
+pub struct Checked {
+    pub grant: Grant,
+    pub signed: Vec<Signed>,
+    /// When it was asked for (its UUIDv7 id's time), in milliseconds since the epoch.
+    pub requested_ms: u64,
+    /// Its expiry, in seconds since the epoch.
+    pub expires: u64,
+}
+
 /// The one check of a grant carried by a call, which the server (when a person signs and
 /// before it calls) and the runner (before a write runs under it) use: it parses, admits the
-/// call, lives within `max_lifetime` and has not expired at `now`, and is signed by enough
-/// distinct people of `approvers`: the file's rule for the called tool and the grant's own
-/// `required`.
+/// call, the approvers file's rule for the called tool lets grants run it, it lives within
+/// `max_lifetime` and has not expired at `now`, and it is signed by enough distinct people of
+/// `approvers`: the file's rule for the called tool and the grant's own `required`.
 pub fn check(
     approvers: &super::Approvers,
     call: &Call<'_>,
     proof: &GrantProof,
     now: u64,
     max_lifetime: u64,
-) -> Result<(Grant, Vec<Signed>), String> {
+) -> Result<Checked, String> {
     let grant = Grant::parse(&proof.text).map_err(|e| e.to_string())?;
     admits(&grant, call)?;
+    if !approvers.rule(call.tool).is_some_and(|r| r.grants) {
+        return Err(format!(
+            "the approvers file (sha256:{}) does not let a grant run `{}`: its rule for the tool needs `grants = true`",
+            approvers.sha256, call.tool
+        ));
+    }
     let expires = grant.expires_unix().map_err(|e| e.to_string())?;
-    check_lifetime(&grant.id, expires, now, max_lifetime).map_err(|e| {
+    let requested_ms = check_lifetime(&grant.id, expires, now, max_lifetime).map_err(|e| {
         format!(
             "the grant: {}",
             e.replace("`approval`", "`grant`")
@@ -497,7 +518,12 @@ pub fn check(
         grant.required,
     )
     .map_err(|e| format!("the grant: {e}"))?;
-    Ok((grant, signed))
+    Ok(Checked {
+        grant,
+        signed,
+        requested_ms,
+        expires,
+    })
 }
 
 #[cfg(test)]
@@ -551,13 +577,14 @@ mod tests {
                     signature: sign(&test_key(*s), sshsig::APPROVAL_NAMESPACE, text.as_bytes()),
                 })
                 .collect(),
+            approvers: None,
         }
     }
 
     fn two_people() -> Approvers {
         Approvers::parse(&file_with(
             &[("alice", 1), ("bob", 2)],
-            "[[rule]]\ntools = \"*\"\napprovals = 2\n",
+            "[[rule]]\ntools = \"*\"\napprovals = 2\ngrants = true\n",
         ))
         .unwrap()
     }
@@ -644,7 +671,7 @@ mod tests {
                 runner,
                 labels,
                 args,
-                agent: "agent:deploy-bot",
+                agent: Some("agent:deploy-bot"),
             }
         }
         let ok = args(json!({"unit": "consul", "memory": 8192, "reason": "x"}));
@@ -685,7 +712,7 @@ mod tests {
             assert!(e.contains(why), "{a}: {e}");
         }
         let other = Call {
-            agent: "agent:other-bot",
+            agent: Some("agent:other-bot"),
             ..call("linux.systemctl_restart", "edge-1", &edge, &ok)
         };
         let e = admits(&g, &other).unwrap_err();
@@ -719,12 +746,13 @@ mod tests {
             runner: "edge-1",
             labels: &edge,
             args: &ok,
-            agent: "agent:deploy-bot",
+            agent: None,
         };
         let now = T + 10;
-        let (g, signed) = check(&a, &call, &signed_by(&[1, 2], &text), now, 3600).unwrap();
-        assert_eq!(g.runner_limit(), 2);
-        assert_eq!(signed.len(), 2);
+        let checked = check(&a, &call, &signed_by(&[1, 2], &text), now, 3600).unwrap();
+        assert_eq!(checked.grant.runner_limit(), 2);
+        assert_eq!(checked.signed.len(), 2);
+        assert_eq!(checked.requested_ms, T * 1000);
         let refused =
             |proof: &GrantProof, now: u64, max: u64| check(&a, &call, proof, now, max).unwrap_err();
         let e = refused(&signed_by(&[1], &text), now, 3600);
@@ -740,11 +768,19 @@ mod tests {
         // The grant's own count holds where the file asks fewer people.
         let one = Approvers::parse(&file_with(
             &[("alice", 1), ("bob", 2)],
-            "[[rule]]\ntools = \"*\"\napprovals = 1\n",
+            "[[rule]]\ntools = \"*\"\napprovals = 1\ngrants = true\n",
         ))
         .unwrap();
         let e = check(&one, &call, &signed_by(&[1], &text), now, 3600).unwrap_err();
         assert!(e.contains("`required 2`"), "{e}");
+        // A file whose rule for the tool does not let grants run it.
+        let no_grants = Approvers::parse(&file_with(
+            &[("alice", 1), ("bob", 2)],
+            "[[rule]]\ntools = \"*\"\napprovals = 2\n",
+        ))
+        .unwrap();
+        let e = check(&no_grants, &call, &signed_by(&[1, 2], &text), now, 3600).unwrap_err();
+        assert!(e.contains("needs `grants = true`"), "{e}");
         // Signatures over another grant (one more call) do not count for this one.
         let mut proof = signed_by(&[1, 2], &text);
         proof.signatures = signed_by(&[1, 2], &text.replace("calls 3", "calls 4")).signatures;

@@ -785,6 +785,7 @@ impl TestApp {
             secret_salt: None,
             wave: None,
             decision: None,
+            grant: None,
         };
         let signed = Signed {
             call_id: "direct-test-call".into(),

@@ -283,6 +283,9 @@ fn rule_line(r: &RuleEntry) -> String {
     if r.grants {
         line += ", may run under a grant";
     }
+    if r.break_glass {
+        line += ", honours break-glass";
+    }
     line
 }
 
@@ -439,6 +442,7 @@ mod tests {
             unapproved,
             ssh_signatures,
             grants: false,
+            break_glass: false,
         };
         assert_eq!(rule_line(&rule(0, false)), "rule linux.*: 2 approval(s)");
         assert_eq!(

@@ -24,6 +24,7 @@
 //! approvals = 2
 //! ssh_signatures = 1              # at least one from the terminal (`emisar approvals approve`)
 //! grants = true                   # may run under a grant signed by 2 people (default false)
+//! break_glass = true              # this runner honours a break-glass window (default false)
 //!
 //! [[rule]]
 //! tools = "*"
@@ -106,6 +107,11 @@ pub struct RuleEntry {
     /// for an agent's writes, signed by as many people as `approvals`). Default false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub grants: bool,
+    /// Whether this rule's tools may run inside a break-glass window (a grant flagged
+    /// `break_glass`, over named runners, signed by two people at least). Default false: a
+    /// runner whose file never says so honours no break-glass at all.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub break_glass: bool,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -138,6 +144,8 @@ pub struct Rule {
     pub ssh_signatures: u32,
     /// Whether the tool may run under a grant.
     pub grants: bool,
+    /// Whether the tool may run inside a break-glass window.
+    pub break_glass: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -264,6 +272,7 @@ impl Approvers {
                 unapproved: r.unapproved,
                 ssh_signatures: r.ssh_signatures,
                 grants: r.grants,
+                break_glass: r.break_glass,
             })
     }
 
@@ -391,6 +400,7 @@ pub(crate) mod tests {
                 unapproved: true,
                 ssh_signatures: 0,
                 grants: false,
+                break_glass: false,
             })
         );
         assert!(

@@ -20,7 +20,8 @@
 //!
 //! One line per field, in this order, each ending in a newline. `grant` is the grant's own
 //! UUIDv7 (its time is when it was asked for, so its lifetime is bounded from then); `agent`
-//! the audit actor it is for; one `tool` line per tool name or glob (`*` matches any run of
+//! the audit actor it is for; `break_glass true`, only in a break-glass window's grant (see
+//! below), right after `agent`; one `tool` line per tool name or glob (`*` matches any run of
 //! characters, as in the approvers file), sorted; `runners` either `names a,b` (sorted) or
 //! `labels k=v,…` (a selector the runner matches against its own labels); one `arg` line per
 //! constrained argument, sorted by name: `in` a sorted JSON array of strings, whole numbers or
@@ -28,6 +29,11 @@
 //! line is not constrained. `calls` is the most calls in all, `calls_per_runner` the most on
 //! one runner; `reason` a JSON string. The first line is neither a statement's nor a decision's,
 //! so no signature over one is ever read as another.
+//!
+//! A break-glass window is a grant with the `break_glass true` line: it names its runners by
+//! name (never a selector), needs two people at least, and a runner runs a call in it only
+//! where its approvers file's rule for the tool says `break_glass = true` (a plain grant
+//! needs `grants = true`; neither flag stands in for the other).
 //!
 //! *Invariant:* a runner runs a call under a grant only when the grant admits it ([`admits`]:
 //! the tool, this runner, every constrained argument, the agent), it lives within the
@@ -83,6 +89,9 @@ pub struct Grant {
     pub id: String,
     /// The audit actor it is for, e.g. `agent:deploy-bot`.
     pub agent: String,
+    /// A break-glass window: runners by name, two people at least, and only where the
+    /// approvers file's rule says `break_glass = true`.
+    pub break_glass: bool,
     /// Tool names or globs, sorted, each once.
     pub tools: Vec<String>,
     pub runners: Runners,
@@ -231,6 +240,9 @@ impl Grant {
         };
         line("grant", &self.id);
         line("agent", &self.agent);
+        if self.break_glass {
+            line("break_glass", "true");
+        }
         for tool in &self.tools {
             line("tool", tool);
         }
@@ -284,6 +296,18 @@ impl Grant {
                 return Err(err("`runners names` are sorted, each once"));
             }
         }
+        if self.break_glass {
+            if !matches!(self.runners, Runners::Names(_)) {
+                return Err(err(
+                    "a break-glass window names its runners (`runners names a,b`), never a selector",
+                ));
+            }
+            if self.required < 2 {
+                return Err(err(
+                    "a break-glass window needs two people at least (`required` 2 or more)",
+                ));
+            }
+        }
         if self.args.len() > MAX_ARGS {
             return Err(err(format!("at most {MAX_ARGS} `arg` lines")));
         }
@@ -330,6 +354,11 @@ impl Grant {
         }
         let id = lines.take("grant")?.to_owned();
         let agent = lines.take("agent")?.to_owned();
+        let break_glass = match lines.repeated("break_glass").collect::<Vec<_>>()[..] {
+            [] => false,
+            ["true"] => true,
+            _ => return Err(err("`break_glass` is given once, as `break_glass true`")),
+        };
         let tools = lines.repeated("tool").map(str::to_owned).collect();
         let runners = match lines.take("runners")?.split_once(' ') {
             Some(("names", names)) => Runners::Names(names.split(',').map(str::to_owned).collect()),
@@ -364,6 +393,7 @@ impl Grant {
         let grant = Grant {
             id,
             agent,
+            break_glass,
             tools,
             runners,
             args,
@@ -496,7 +526,14 @@ pub fn check(
 ) -> Result<Checked, String> {
     let grant = Grant::parse(&proof.text).map_err(|e| e.to_string())?;
     admits(&grant, call)?;
-    if !approvers.rule(call.tool).is_some_and(|r| r.grants) {
+    let rule = approvers.rule(call.tool);
+    if grant.break_glass && !rule.is_some_and(|r| r.break_glass) {
+        return Err(format!(
+            "the approvers file (sha256:{}) does not honour break-glass for `{}`: its rule for the tool needs `break_glass = true`",
+            approvers.sha256, call.tool
+        ));
+    }
+    if !grant.break_glass && !rule.is_some_and(|r| r.grants) {
         return Err(format!(
             "the approvers file (sha256:{}) does not let a grant run `{}`: its rule for the tool needs `grants = true`",
             approvers.sha256, call.tool
@@ -542,6 +579,7 @@ mod tests {
         Grant {
             id: id_at(T),
             agent: "agent:deploy-bot".into(),
+            break_glass: false,
             tools: vec!["linux.systemctl_restart".into(), "nomad.job_*".into()],
             runners: Runners::Labels(Selector::parse("role=edge").unwrap()),
             args: BTreeMap::from([
@@ -794,5 +832,70 @@ mod tests {
         };
         let e = check(&a, &outside, &signed_by(&[1, 2], &text), now, 3600).unwrap_err();
         assert!(e.contains("labels do not match"), "{e}");
+    }
+
+    /// A break-glass window names its runners, needs two people, reads back with its flag,
+    /// and runs only where the approvers file's rule honours break-glass: `grants = true`
+    /// does not stand in for it, nor `break_glass = true` for a plain grant.
+    #[test]
+    fn a_break_glass_window_runs_only_where_the_file_honours_it() {
+        let window = Grant {
+            break_glass: true,
+            tools: vec!["*".into()],
+            runners: Runners::Names(vec!["edge-1".into()]),
+            args: BTreeMap::new(),
+            ..sample()
+        };
+        let text = window.text().unwrap();
+        assert!(
+            text.contains("\nagent agent:deploy-bot\nbreak_glass true\ntool *\n"),
+            "{text}"
+        );
+        assert_eq!(Grant::parse(&text).unwrap(), window);
+        for (bad, why) in [
+            (
+                text.replace("break_glass true", "break_glass yes"),
+                "`break_glass true`",
+            ),
+            (text.replace("required 2", "required 1"), "two people"),
+            (
+                text.replace("runners names edge-1", "runners labels role=edge"),
+                "never a selector",
+            ),
+        ] {
+            let e = Grant::parse(&bad).unwrap_err().to_string();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+        let none = BTreeMap::new();
+        let a = args(json!({"unit": "sshd"}));
+        let call = Call {
+            tool: "linux.systemctl_restart",
+            runner: "edge-1",
+            labels: &none,
+            args: &a,
+            agent: None,
+        };
+        let now = T + 10;
+        // Two people and `grants = true` only: no break-glass here.
+        let e = check(&two_people(), &call, &signed_by(&[1, 2], &text), now, 3600).unwrap_err();
+        assert!(e.contains("needs `break_glass = true`"), "{e}");
+        let honours = Approvers::parse(&file_with(
+            &[("alice", 1), ("bob", 2)],
+            "[[rule]]\ntools = \"*\"\napprovals = 1\nbreak_glass = true\n",
+        ))
+        .unwrap();
+        check(&honours, &call, &signed_by(&[1, 2], &text), now, 3600).unwrap();
+        // One person alone opens no window, whatever the file's own count.
+        let e = check(&honours, &call, &signed_by(&[1], &text), now, 3600).unwrap_err();
+        assert!(e.contains("`required 2`"), "{e}");
+        // A plain grant does not run where the file honours break-glass only.
+        let plain = Grant {
+            break_glass: false,
+            ..window
+        }
+        .text()
+        .unwrap();
+        let e = check(&honours, &call, &signed_by(&[1, 2], &plain), now, 3600).unwrap_err();
+        assert!(e.contains("needs `grants = true`"), "{e}");
     }
 }

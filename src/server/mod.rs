@@ -4,6 +4,7 @@
 pub mod app;
 pub mod approvals;
 pub mod audit;
+pub mod break_glass;
 pub mod config;
 pub mod db;
 pub mod fleet;

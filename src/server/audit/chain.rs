@@ -71,6 +71,11 @@ pub mod kind {
     /// One person voted for a rollout decision (with their signature over its text, where
     /// people sign); the detail says whether that carried it out.
     pub(crate) const ROLLOUT_DECIDED: &str = "rollout.decided";
+    /// People signed the review of a break-glass window after the incident
+    /// (`protocol/approval/review.rs`): the detail names the window (`grant`), and has the
+    /// review's text, its signatures, who signed and the note. Until one is in the log, the
+    /// window is listed as unreviewed (`server/break_glass.rs`).
+    pub(crate) const BREAK_GLASS_REVIEWED: &str = "break_glass.reviewed";
     /// Execution was interrupted (a crash) and its outcome is not known; never re-run.
     pub(crate) const CALL_UNKNOWN: &str = "call.unknown";
     pub(crate) const POLICY_LOADED: &str = "policy.loaded";

@@ -30,6 +30,7 @@ pub const KINDS: &[&str] = &[
     super::kind::ROLLOUT_HALTED,
     super::kind::ROLLOUT_DECISION_PROPOSED,
     super::kind::ROLLOUT_DECIDED,
+    super::kind::BREAK_GLASS_REVIEWED,
     super::kind::POLICY_LOADED,
     super::kind::USER_ADDED,
     super::kind::USER_REMOVED,

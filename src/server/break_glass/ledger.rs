@@ -16,7 +16,7 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::protocol::approval::grant::{Grant, Runners};
@@ -46,7 +46,7 @@ pub mod events {
 }
 
 /// Where a window stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum State {
     /// Asked for; not yet signed by enough people.
@@ -76,7 +76,7 @@ impl State {
 }
 
 /// One call made inside a window.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WindowCall {
     pub call_id: Option<String>,
     pub tool: Option<String>,
@@ -89,7 +89,7 @@ pub struct WindowCall {
 }
 
 /// The review people signed of a window, as the log holds it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WindowReview {
     pub at: String,
     /// Who submitted it.
@@ -101,7 +101,7 @@ pub struct WindowReview {
 }
 
 /// A break-glass window as the log tells it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Window {
     pub id: String,
     pub state: State,

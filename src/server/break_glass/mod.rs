@@ -7,4 +7,4 @@ pub mod ledger;
 pub mod reviews;
 
 pub use ledger::{State, Window, WindowCall, WindowReview, windows};
-pub use reviews::{ReviewError, ReviewRow, Reviews, Signer};
+pub use reviews::{ReviewError, ReviewRow, Reviews, Signer, windows_in_log};

@@ -49,8 +49,12 @@ pub struct ReviewRow {
 pub enum ReviewError {
     #[error("no break-glass window {0} in the audit log")]
     NotFound(String),
+    /// The request broke a rule: the message names the field.
     #[error("{0}")]
     Refused(String),
+    /// The window is not in a state that allows it (open, or reviewed already).
+    #[error("{0}")]
+    Conflict(String),
     #[error(transparent)]
     Store(#[from] sqlx::Error),
     #[error(transparent)]
@@ -75,29 +79,9 @@ impl Reviews {
         Reviews { db, audit }
     }
 
-    /// Every break-glass window the audit log shows, oldest first, in its state at `now`
-    /// (seconds since the epoch).
+    /// Every break-glass window the audit log shows ([`windows_in_log`]).
     pub async fn windows(&self, now: u64) -> Result<Vec<Window>, sqlx::Error> {
-        let mut events = Vec::new();
-        for kind in ledger::events::ALL {
-            let mut after_seq = None;
-            loop {
-                let filter = AuditFilter {
-                    kind: Some((*kind).into()),
-                    after_seq,
-                    limit: audit::MAX_PAGE,
-                    ..Default::default()
-                };
-                let page = self.db.guard(audit::query(&self.db, &filter)).await?;
-                let full = page.len() as i64 == audit::MAX_PAGE;
-                after_seq = page.last().map(|e| e.seq);
-                events.extend(page);
-                if !full {
-                    break;
-                }
-            }
-        }
-        Ok(ledger::windows(&events, now))
+        windows_in_log(&self.db, now).await
     }
 
     /// The window `id` as the log shows it.
@@ -163,10 +147,10 @@ impl Reviews {
         let window = self.window(id, now.timestamp().max(0) as u64).await?;
         match window.state {
             State::ClosedUnreviewed => Ok(window),
-            State::Reviewed => Err(ReviewError::Refused(format!(
+            State::Reviewed => Err(ReviewError::Conflict(format!(
                 "`window`: {id} is reviewed already"
             ))),
-            State::Open | State::Requested => Err(ReviewError::Refused(format!(
+            State::Open | State::Requested => Err(ReviewError::Conflict(format!(
                 "`window`: {id} is still {} until {}: revoke it or wait for its expiry, then review what was done inside it",
                 window.state.as_str(),
                 window.expires_at
@@ -208,10 +192,12 @@ impl Reviews {
                 reviewed_at: None,
             },
         };
-        if review.window != window.id {
+        if review.window != window.id
+            || review.grant_sha256 != crate::digest::sha256_hex(window.text.as_bytes())
+        {
             return Err(refused(format!(
-                "`text`: the review is of window {}, not {id}",
-                review.window
+                "`text`: the review is of window {} (grant sha256:{}), not of {id} as the audit log shows it",
+                review.window, review.grant_sha256
             )));
         }
         let signed = verify_signature(approvers, text, &signature)
@@ -284,6 +270,31 @@ impl Reviews {
             })
             .await
     }
+}
+
+/// Every break-glass window the audit log in `db` shows, oldest first, in its state at `now`
+/// (seconds since the epoch): read from its events alone.
+pub async fn windows_in_log(db: &Db, now: u64) -> Result<Vec<Window>, sqlx::Error> {
+    let mut events = Vec::new();
+    for kind in ledger::events::ALL {
+        let mut after_seq = None;
+        loop {
+            let filter = AuditFilter {
+                kind: Some((*kind).into()),
+                after_seq,
+                limit: audit::MAX_PAGE,
+                ..Default::default()
+            };
+            let page = db.guard(audit::query(db, &filter)).await?;
+            let full = page.len() as i64 == audit::MAX_PAGE;
+            after_seq = page.last().map(|e| e.seq);
+            events.extend(page);
+            if !full {
+                break;
+            }
+        }
+    }
+    Ok(ledger::windows(&events, now))
 }
 
 /// How many people a review of `window` needs: the approvers file's rule for

@@ -342,6 +342,11 @@ impl Gateway {
         &self.audit
     }
 
+    /// The people of the server's `approvers_file`, who sign (None: no file).
+    pub(crate) fn approvers(&self) -> Option<&crate::protocol::approval::Approvers> {
+        self.approvers.as_deref().map(|a| &a.approvers)
+    }
+
     pub(crate) fn runners(&self) -> &Arc<Registry> {
         &self.runners
     }

@@ -1,4 +1,5 @@
-//! The JSON API under `/api`: the approvals (`approvals`), the audit (`audit`), people's
+//! The JSON API under `/api`: the approvals (`approvals`), the audit (`audit`), break-glass
+//! windows and their reviews (`break_glass`), people's
 //! passkeys (`passkeys`), the runners and their enrolment (`runners`), the portal's sign-in, mounted from one
 //! table ([`HANDLERS`]) by the operations of the OpenAPI document (`openapi`), which the
 //! server also serves at `GET /api/openapi.json`.
@@ -20,6 +21,7 @@ use crate::server::http::state::HttpState;
 
 pub mod approvals;
 pub mod audit;
+pub mod break_glass;
 pub mod error;
 pub mod openapi;
 pub mod passkeys;
@@ -191,6 +193,27 @@ pub(crate) const HANDLERS: &[Handler] = &[
         route: |m| on(m, audit::activity),
         body: None,
         query: Some(query::<audit::ActivityQuery>),
+    },
+    Handler {
+        operation: "break_glass_list",
+        access: Access::Door,
+        route: |m| on(m, break_glass::list),
+        body: None,
+        query: Some(query::<break_glass::ListQuery>),
+    },
+    Handler {
+        operation: "break_glass_show",
+        access: Access::Door,
+        route: |m| on(m, break_glass::show),
+        body: None,
+        query: None,
+    },
+    Handler {
+        operation: "break_glass_review",
+        access: Access::Door,
+        route: |m| on(m, break_glass::review),
+        body: Some(body::<break_glass::ReviewSignature>),
+        query: None,
     },
     Handler {
         operation: "runners_list",

@@ -12,6 +12,7 @@ mod approvals_bounds;
 mod approvals_preview;
 mod audit_activity;
 mod audit_log;
+mod break_glass;
 mod cli;
 mod conformance;
 mod conformance_tasks;

@@ -1,0 +1,253 @@
+//! Break-glass reviews on PostgreSQL (issue 47): a closed window is listed as unreviewed, by
+//! `emisar audit break-glass` and by the portal's API, until two people of the approvers file
+//! sign a review with a note in the terminal; a review without a note is refused, naming
+//! `note`; one person's signature leaves the window unreviewed; the review is the audit log's,
+//! so deleting the reviews' rows unreviews nothing.
+//!
+//! The window's own life (`grant.requested` … `grant.used`) is appended here as the grants'
+//! server side writes it (branch `grants-server`, not merged into this one yet): opening a
+//! window and running calls inside it come with that branch.
+
+use std::path::Path;
+
+use emisar::protocol::approval::grant::{Grant, Runners};
+use emisar::server::audit::NewEvent;
+use emisar::server::principal::Role;
+use serde_json::{Value, json};
+use ssh_key::LineEnding;
+
+use crate::approvals::signed_in;
+use crate::harness::app::{Options, TestApp};
+use crate::harness::{Backend, spawn_app};
+use crate::signed_approvals::{key, pub_line};
+
+/// alice (key 1) and bob (key 2); every tool's writes need one person, and every runner of
+/// this file honours break-glass.
+fn approvers_text() -> String {
+    format!(
+        "serial = 1\n\
+         [[person]]\nname = \"alice\"\nssh = [\"{}\"]\n\
+         [[person]]\nname = \"bob\"\nssh = [\"{}\"]\n\
+         [[rule]]\ntools = \"*\"\napprovals = 1\nbreak_glass = true\n",
+        pub_line(1),
+        pub_line(2)
+    )
+}
+
+/// A window over edge-1 asked for two hours ago, for one hour: closed by now. Its life, as
+/// the grants' server side logs it: asked for and signed by alice and bob, active, one call.
+async fn closed_window(app: &TestApp) -> Grant {
+    let now = chrono::Utc::now().timestamp();
+    let opened = uuid::Timestamp::from_unix(uuid::NoContext, (now - 7200) as u64, 0);
+    let expires = chrono::DateTime::from_timestamp(now - 3600, 0).unwrap();
+    let grant = Grant {
+        id: uuid::Uuid::new_v7(opened).to_string(),
+        agent: "agent:ops-bot".into(),
+        break_glass: true,
+        tools: vec!["*".into()],
+        runners: Runners::Names(vec!["edge-1".into()]),
+        args: Default::default(),
+        max_calls: 100,
+        max_calls_per_runner: 100,
+        required: 2,
+        reason: "INC-42: the edge is down".into(),
+        expires_at: expires.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+    };
+    let event = |actor: &str, kind: &str, detail: Value| NewEvent {
+        actor: actor.into(),
+        kind: kind.into(),
+        outcome: Some("ok".into()),
+        detail: Some(detail),
+        ..Default::default()
+    };
+    let id = grant.id.clone();
+    let mut used = event(
+        "agent:ops-bot",
+        "grant.used",
+        json!({"grant": id, "use": 1, "call_id": "call-1", "runners": ["edge-1"]}),
+    );
+    used.tool = Some("linux.systemctl_restart".into());
+    used.call_id = Some("call-1".into());
+    app.audit
+        .append_all(vec![
+            event(
+                "approver:alice",
+                "grant.requested",
+                json!({"grant": id, "text": grant.text().unwrap(), "required": 2}),
+            ),
+            event("approver:alice", "grant.signed", json!({"grant": id, "person": "alice"})),
+            event("approver:bob", "grant.signed", json!({"grant": id, "person": "bob"})),
+            event("approver:bob", "grant.active", json!({"grant": id})),
+            used,
+        ])
+        .await
+        .unwrap();
+    grant
+}
+
+/// Runs `emisar` with `args` (no ssh-agent: the keys are files).
+async fn emisar(args: &[&str]) -> std::process::Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_emisar"))
+        .args(args)
+        .env_remove("SSH_AUTH_SOCK")
+        .env_remove("EMISAR_SERVER")
+        .env_remove("EMISAR_TOKEN")
+        .env_remove("DATABASE_URL")
+        .output()
+        .await
+        .unwrap()
+}
+
+fn key_file(dir: &Path, seed: u8) -> String {
+    let path = dir.join(format!("id_{seed}"));
+    key(seed).write_openssh_file(&path, LineEnding::LF).unwrap();
+    path.display().to_string()
+}
+
+fn text(out: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// `emisar audit break-glass --unreviewed`: its exit code and what it printed.
+async fn unreviewed_in_cli(app: &TestApp) -> (i32, String) {
+    let out = emisar(&[
+        "audit",
+        "break-glass",
+        "--unreviewed",
+        "--database",
+        &app.database_url,
+    ])
+    .await;
+    (out.status.code().unwrap_or(-1), text(&out))
+}
+
+/// Acceptance 2, the review: listed as unreviewed (CLI and API) until two people sign a
+/// review with a note; a review without a note is refused, naming `note`.
+#[tokio::test]
+async fn a_window_is_listed_unreviewed_until_two_people_sign_a_review_with_a_note() {
+    let files = tempfile::tempdir().unwrap();
+    let approvers = files.path().join("approvers.toml");
+    std::fs::write(&approvers, approvers_text()).unwrap();
+    let app = spawn_app(
+        Backend::Postgres,
+        vec![],
+        Options {
+            approvers_file: Some(approvers),
+            ..Default::default()
+        },
+    )
+    .await;
+    let window = closed_window(&app).await;
+    let id = window.id.as_str();
+
+    let (code, listed) = unreviewed_in_cli(&app).await;
+    assert_eq!(code, 1, "{listed}");
+    assert!(listed.contains(id) && listed.contains("closed-unreviewed"), "{listed}");
+    assert!(listed.contains("linux.systemctl_restart on edge-1"), "{listed}");
+    let auditor = signed_in(&app, "carol", Role::Auditor).await;
+    let (status, body) = auditor.get("/api/break-glass?unreviewed=true").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["windows"][0]["id"], id, "{body}");
+    assert_eq!(body["windows"][0]["state"], "closed-unreviewed", "{body}");
+    assert_eq!(body["windows"][0]["calls"][0]["call_id"], "call-1", "{body}");
+
+    let base = app.base_url();
+    let alice = app.issue_token("alice", Role::Approver).await;
+    let bob = app.issue_token("bob", Role::Approver).await;
+    let review = |token: String, seed: u8, note: Option<&'static str>| {
+        let key = key_file(files.path(), seed);
+        let base = base.clone();
+        let id = id.to_owned();
+        async move {
+            let mut args = vec![
+                "break-glass".to_owned(),
+                "review".into(),
+                id,
+                "--ssh-key".into(),
+                key,
+                "--server".into(),
+                base,
+                "--token".into(),
+                token,
+            ];
+            if let Some(note) = note {
+                args.extend(["--note".to_owned(), note.to_owned()]);
+            }
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            emisar(&args).await
+        }
+    };
+    // No note: refused before anything is signed, naming `note`.
+    let out = review(alice.clone(), 1, None).await;
+    assert!(!out.status.success());
+    assert!(text(&out).contains("`note` is required"), "{}", text(&out));
+    // Nor a blank one through the API.
+    let portal = signed_in(&app, "dave", Role::Approver).await;
+    let blank = format!(
+        "emisar-review/v1\nwindow {id}\ngrant sha256:{}\nnote \"  \"\nreviewed 2026-12-07T09:00:00Z\n",
+        emisar::digest::sha256_hex(window.text().unwrap().as_bytes())
+    );
+    let (status, body) = portal
+        .post(
+            &format!("/api/break-glass/{id}/review"),
+            json!({"text": blank, "signature": {"kind": "ssh", "signer": "x", "signature": "x"}}),
+            true,
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("`note`"), "{body}");
+
+    // alice signs with a note: one person, still unreviewed.
+    let out = review(alice.clone(), 1, Some("INC-42: restarted consul once; runbook fixed")).await;
+    assert!(out.status.success(), "{}", text(&out));
+    let shown = text(&out);
+    assert!(shown.contains("1 signed so far"), "{shown}");
+    assert!(shown.contains("call-1"), "the window's calls are shown: {shown}");
+    let (code, listed) = unreviewed_in_cli(&app).await;
+    assert_eq!(code, 1, "{listed}");
+    // alice again counts once.
+    let out = review(alice, 1, None).await;
+    assert!(text(&out).contains("each person counts once"), "{}", text(&out));
+
+    // bob signs the review being signed: reviewed.
+    let out = review(bob, 2, None).await;
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("reviewed (2 people signed)"), "{}", text(&out));
+    let (code, listed) = unreviewed_in_cli(&app).await;
+    assert_eq!(code, 0, "{listed}");
+    let (_, body) = auditor.get("/api/break-glass?unreviewed=true").await;
+    assert_eq!(body["windows"], json!([]), "{body}");
+    let (_, body) = auditor.get("/api/break-glass").await;
+    let w = &body["windows"][0];
+    assert_eq!(w["state"], "reviewed", "{body}");
+    assert_eq!(w["review"]["signed_by"], json!(["alice", "bob"]), "{body}");
+    assert_eq!(
+        w["review"]["note"],
+        "INC-42: restarted consul once; runbook fixed"
+    );
+    let reviewed = app
+        .events(emisar::server::audit::AuditFilter {
+            kind: Some("break_glass.reviewed".into()),
+            limit: 10,
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(reviewed.len(), 1);
+    assert_eq!(reviewed[0].actor, "approver:bob");
+
+    // The review is the log's: deleting the rows unreviews nothing.
+    sqlx::query("DELETE FROM break_glass_reviews")
+        .execute(match app.db.pool() {
+            emisar::server::db::Pool::Pg(p) => p,
+            _ => unreachable!("PostgreSQL"),
+        })
+        .await
+        .unwrap();
+    let (code, listed) = unreviewed_in_cli(&app).await;
+    assert_eq!(code, 0, "{listed}");
+    app.assert_chain_intact().await;
+}

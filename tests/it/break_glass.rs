@@ -75,8 +75,16 @@ async fn closed_window(app: &TestApp) -> Grant {
                 "grant.requested",
                 json!({"grant": id, "text": grant.text().unwrap(), "required": 2}),
             ),
-            event("approver:alice", "grant.signed", json!({"grant": id, "person": "alice"})),
-            event("approver:bob", "grant.signed", json!({"grant": id, "person": "bob"})),
+            event(
+                "approver:alice",
+                "grant.signed",
+                json!({"grant": id, "person": "alice"}),
+            ),
+            event(
+                "approver:bob",
+                "grant.signed",
+                json!({"grant": id, "person": "bob"}),
+            ),
             event("approver:bob", "grant.active", json!({"grant": id})),
             used,
         ])
@@ -146,14 +154,23 @@ async fn a_window_is_listed_unreviewed_until_two_people_sign_a_review_with_a_not
 
     let (code, listed) = unreviewed_in_cli(&app).await;
     assert_eq!(code, 1, "{listed}");
-    assert!(listed.contains(id) && listed.contains("closed-unreviewed"), "{listed}");
-    assert!(listed.contains("linux.systemctl_restart on edge-1"), "{listed}");
+    assert!(
+        listed.contains(id) && listed.contains("closed-unreviewed"),
+        "{listed}"
+    );
+    assert!(
+        listed.contains("linux.systemctl_restart on edge-1"),
+        "{listed}"
+    );
     let auditor = signed_in(&app, "carol", Role::Auditor).await;
     let (status, body) = auditor.get("/api/break-glass?unreviewed=true").await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["windows"][0]["id"], id, "{body}");
     assert_eq!(body["windows"][0]["state"], "closed-unreviewed", "{body}");
-    assert_eq!(body["windows"][0]["calls"][0]["call_id"], "call-1", "{body}");
+    assert_eq!(
+        body["windows"][0]["calls"][0]["call_id"], "call-1",
+        "{body}"
+    );
 
     let base = app.base_url();
     let alice = app.issue_token("alice", Role::Approver).await;
@@ -202,21 +219,37 @@ async fn a_window_is_listed_unreviewed_until_two_people_sign_a_review_with_a_not
     assert!(body["error"].as_str().unwrap().contains("`note`"), "{body}");
 
     // alice signs with a note: one person, still unreviewed.
-    let out = review(alice.clone(), 1, Some("INC-42: restarted consul once; runbook fixed")).await;
+    let out = review(
+        alice.clone(),
+        1,
+        Some("INC-42: restarted consul once; runbook fixed"),
+    )
+    .await;
     assert!(out.status.success(), "{}", text(&out));
     let shown = text(&out);
     assert!(shown.contains("1 signed so far"), "{shown}");
-    assert!(shown.contains("call-1"), "the window's calls are shown: {shown}");
+    assert!(
+        shown.contains("call-1"),
+        "the window's calls are shown: {shown}"
+    );
     let (code, listed) = unreviewed_in_cli(&app).await;
     assert_eq!(code, 1, "{listed}");
     // alice again counts once.
     let out = review(alice, 1, None).await;
-    assert!(text(&out).contains("each person counts once"), "{}", text(&out));
+    assert!(
+        text(&out).contains("each person counts once"),
+        "{}",
+        text(&out)
+    );
 
     // bob signs the review being signed: reviewed.
     let out = review(bob, 2, None).await;
     assert!(out.status.success(), "{}", text(&out));
-    assert!(text(&out).contains("reviewed (2 people signed)"), "{}", text(&out));
+    assert!(
+        text(&out).contains("reviewed (2 people signed)"),
+        "{}",
+        text(&out)
+    );
     let (code, listed) = unreviewed_in_cli(&app).await;
     assert_eq!(code, 0, "{listed}");
     let (_, body) = auditor.get("/api/break-glass?unreviewed=true").await;

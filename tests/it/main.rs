@@ -23,6 +23,7 @@ mod fleet_scale;
 mod floods;
 mod governance;
 mod governance_rules;
+mod grants;
 mod harness;
 mod hostile;
 mod join_bounds;

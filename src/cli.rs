@@ -23,6 +23,7 @@ mod break_glass;
 mod config_check;
 pub mod config_reference;
 mod fleet;
+mod grants;
 mod packs;
 mod packs_test;
 mod people;
@@ -34,6 +35,7 @@ pub use approvers::ApproversCommand;
 pub use audit::{AuditCommand, FilterArgs};
 pub use break_glass::BreakGlassCommand;
 pub use fleet::{JoinTokenCommand, RunnerCommand};
+pub use grants::GrantsCommand;
 pub use packs::PacksCommand;
 pub use people::{TokenCommand, UserCommand};
 
@@ -188,6 +190,14 @@ pub enum Command {
         server: ServerArg,
         #[command(subcommand)]
         command: BreakGlassCommand,
+    },
+    /// Grants: people's signed, time-boxed mandates for an agent's writes (talks to a
+    /// running server).
+    Grants {
+        #[command(flatten)]
+        server: ServerArg,
+        #[command(subcommand)]
+        command: GrantsCommand,
     },
     /// The approvers file runners trust: people, their keys, how many must sign per tool.
     Approvers {
@@ -466,6 +476,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         } => policy_check(&file, packs_dir.as_deref())?,
         Command::Approvals { server, command } => approvals::run(server, command).await?,
         Command::BreakGlass { server, command } => break_glass::run(server, command).await?,
+        Command::Grants { server, command } => grants::run(server, command).await?,
         Command::Approvers { command } => approvers::run(command)?,
         Command::JoinToken { command } => return fleet::join_token(command).await,
         Command::Keygen {

@@ -9,6 +9,7 @@ pub mod config;
 pub mod db;
 pub mod fleet;
 pub mod gateway;
+pub mod grants;
 pub mod http;
 pub mod login_limits;
 pub mod metrics;

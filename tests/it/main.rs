@@ -24,6 +24,7 @@ mod fleet_scale;
 mod floods;
 mod governance;
 mod governance_rules;
+mod grants;
 mod grants_node;
 mod harness;
 mod hostile;

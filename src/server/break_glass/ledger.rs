@@ -26,13 +26,15 @@ use crate::protocol::audit_event::Event;
 
 /// The audit event kinds a window's life is read from.
 pub mod events {
-    pub const GRANT_REQUESTED: &str = "grant.requested";
-    pub const GRANT_SIGNED: &str = "grant.signed";
-    pub const GRANT_ACTIVE: &str = "grant.active";
-    pub const GRANT_USED: &str = "grant.used";
-    pub const GRANT_REVOKED: &str = "grant.revoked";
-    pub const GRANT_EXPIRED: &str = "grant.expired";
-    pub const BREAK_GLASS_REVIEWED: &str = crate::server::audit::kind::BREAK_GLASS_REVIEWED;
+    use crate::server::audit::kind;
+
+    pub const GRANT_REQUESTED: &str = kind::GRANT_REQUESTED;
+    pub const GRANT_SIGNED: &str = kind::GRANT_SIGNED;
+    pub const GRANT_ACTIVE: &str = kind::GRANT_ACTIVE;
+    pub const GRANT_USED: &str = kind::GRANT_USED;
+    pub const GRANT_REVOKED: &str = kind::GRANT_REVOKED;
+    pub const GRANT_EXPIRED: &str = kind::GRANT_EXPIRED;
+    pub const BREAK_GLASS_REVIEWED: &str = kind::BREAK_GLASS_REVIEWED;
     /// Every kind above, for a reader that fetches them from the log.
     pub const ALL: &[&str] = &[
         GRANT_REQUESTED,

@@ -151,6 +151,9 @@ pub struct CallOutcome {
     /// Where the rollout halted, when it did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub halt: Option<crate::server::approvals::Halt>,
+    /// Set when the call ran under a grant: its id (`grant_id`) and which use it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grant: Option<Value>,
 }
 
 impl CallOutcome {
@@ -164,6 +167,7 @@ impl CallOutcome {
             results,
             approval: None,
             halt: None,
+            grant: None,
         }
     }
 

@@ -1,5 +1,5 @@
-//! The JSON API under `/api`: the approvals (`approvals`), the audit (`audit`), break-glass
-//! windows and their reviews (`break_glass`), people's
+//! The JSON API under `/api`: the approvals (`approvals`), people's grants to agents
+//! (`grants`), break-glass windows and their reviews (`break_glass`), the audit (`audit`), people's
 //! passkeys (`passkeys`), the runners and their enrolment (`runners`), the portal's sign-in, mounted from one
 //! table ([`HANDLERS`]) by the operations of the OpenAPI document (`openapi`), which the
 //! server also serves at `GET /api/openapi.json`.
@@ -23,6 +23,7 @@ pub mod approvals;
 pub mod audit;
 pub mod break_glass;
 pub mod error;
+pub mod grants;
 pub mod openapi;
 pub mod passkeys;
 pub mod runners;
@@ -150,6 +151,34 @@ pub(crate) const HANDLERS: &[Handler] = &[
         access: Access::Door,
         route: |m| on(m, approvals::events),
         body: None,
+        query: None,
+    },
+    Handler {
+        operation: "grants_list",
+        access: Access::Door,
+        route: |m| on(m, grants::list),
+        body: None,
+        query: Some(query::<grants::ListQuery>),
+    },
+    Handler {
+        operation: "grants_show",
+        access: Access::Door,
+        route: |m| on(m, grants::show),
+        body: None,
+        query: None,
+    },
+    Handler {
+        operation: "grants_approve",
+        access: Access::Door,
+        route: |m| on(m, grants::approve),
+        body: Some(body::<grants::Approve>),
+        query: None,
+    },
+    Handler {
+        operation: "grants_revoke",
+        access: Access::Door,
+        route: |m| on(m, grants::revoke),
+        body: Some(body::<grants::Revoke>),
         query: None,
     },
     Handler {

@@ -1,4 +1,5 @@
-//! `emisar break-glass review`: a person reads a closed break-glass window and every call made
+//! `emisar break-glass open`: people open a window (a grant flagged break-glass, signed
+//! afterwards with `emisar grants approve`). `emisar break-glass review`: a person reads a closed break-glass window and every call made
 //! inside it, then signs the review with a note (the first signer) or the review being signed
 //! (the others), with their SSH key; and the text `emisar audit break-glass` prints.
 //!
@@ -20,6 +21,27 @@ use crate::server::break_glass::Window;
 
 #[derive(Subcommand)]
 pub enum BreakGlassCommand {
+    /// Open a break-glass window: one agent may run any write on these runners, for at most
+    /// the server's max_grant_lifetime_secs, once enough people other than you signed it
+    /// (`emisar grants approve ID --ssh-key`). Only runners whose approvers file says
+    /// `break_glass = true` honour it.
+    #[command(
+        after_help = "Example: emisar break-glass open --runners edge-1,edge-2 --for agent:ops-bot --ttl-secs 1800 --reason \"INC-42: the edge is down\""
+    )]
+    Open {
+        /// The runners, by name, comma-separated.
+        #[arg(long, value_delimiter = ',', required = true)]
+        runners: Vec<String>,
+        /// The agent it is for, `agent:NAME`.
+        #[arg(long = "for", value_name = "AGENT")]
+        agent: String,
+        /// How long it lives, in seconds (at most the server's max_grant_lifetime_secs).
+        #[arg(long, default_value_t = 3600)]
+        ttl_secs: u64,
+        /// Why, as people read it when they sign.
+        #[arg(long)]
+        reason: String,
+    },
     /// Review a closed break-glass window: shows the window and every call made inside it,
     /// then signs. The first signer gives the note; the others sign the review being signed
     /// (their --note, if any, must be the same).
@@ -63,7 +85,28 @@ pub(super) async fn run(server: ServerArg, command: BreakGlassCommand) -> anyhow
         }
         Ok::<_, anyhow::Error>(body)
     };
-    let BreakGlassCommand::Review { id, note, ssh_key } = command;
+    let (id, note, ssh_key) = match command {
+        BreakGlassCommand::Open {
+            runners,
+            agent,
+            ttl_secs,
+            reason,
+        } => {
+            let body = send(http.post(format!("{base}/api/break-glass")).json(&json!({
+                "runners": runners, "agent": agent, "ttl_secs": ttl_secs, "reason": reason,
+            })))
+            .await?;
+            println!(
+                "break-glass window {} opened for {agent} until {}: {} people must sign it (`emisar grants approve {} --ssh-key PATH`)",
+                body["grant_id"].as_str().unwrap_or("?"),
+                body["expires_at"].as_str().unwrap_or("?"),
+                body["required"],
+                body["grant_id"].as_str().unwrap_or("?"),
+            );
+            return Ok(());
+        }
+        BreakGlassCommand::Review { id, note, ssh_key } => (id, note, ssh_key),
+    };
     let shown = send(http.get(format!("{base}/api/break-glass/{id}"))).await?;
     let window: Window = serde_json::from_value(shown["window"].clone())
         .context("the server's answer is not a break-glass window")?;

@@ -4,9 +4,13 @@
 //! `note`; one person's signature leaves the window unreviewed; the review is the audit log's,
 //! so deleting the reviews' rows unreviews nothing.
 //!
-//! The window's own life (`grant.requested` … `grant.used`) is appended here as the grants'
-//! server side writes it (branch `grants-server`, not merged into this one yet): opening a
-//! window and running calls inside it come with that branch.
+//! And one person alone cannot open a window: `emisar break-glass open` asks for it, the
+//! opener cannot sign it, and one other person's signature leaves it requested; a second makes
+//! it open.
+//!
+//! The reviewed window's own life (`grant.requested` … `grant.used`) is appended as the
+//! grants' server side writes it, so that it is closed (expired an hour ago) and holds a call;
+//! running calls inside a window on TLS runners is not tested here yet.
 
 use std::path::Path;
 
@@ -21,17 +25,33 @@ use crate::harness::app::{Options, TestApp};
 use crate::harness::{Backend, spawn_app};
 use crate::signed_approvals::{key, pub_line};
 
-/// alice (key 1) and bob (key 2); every tool's writes need one person, and every runner of
-/// this file honours break-glass.
+/// alice (key 1), bob (key 2) and carol (key 3); every tool's writes need one person, and
+/// every runner of this file honours break-glass.
 fn approvers_text() -> String {
     format!(
         "serial = 1\n\
          [[person]]\nname = \"alice\"\nssh = [\"{}\"]\n\
          [[person]]\nname = \"bob\"\nssh = [\"{}\"]\n\
+         [[person]]\nname = \"carol\"\nssh = [\"{}\"]\n\
          [[rule]]\ntools = \"*\"\napprovals = 1\nbreak_glass = true\n",
         pub_line(1),
-        pub_line(2)
+        pub_line(2),
+        pub_line(3)
     )
+}
+
+async fn app_with_approvers(files: &Path) -> TestApp {
+    let approvers = files.join("approvers.toml");
+    std::fs::write(&approvers, approvers_text()).unwrap();
+    spawn_app(
+        Backend::Postgres,
+        vec![],
+        Options {
+            approvers_file: Some(approvers),
+            ..Default::default()
+        },
+    )
+    .await
 }
 
 /// A window over edge-1 asked for two hours ago, for one hour: closed by now. Its life, as
@@ -138,17 +158,7 @@ async fn unreviewed_in_cli(app: &TestApp) -> (i32, String) {
 #[tokio::test]
 async fn a_window_is_listed_unreviewed_until_two_people_sign_a_review_with_a_note() {
     let files = tempfile::tempdir().unwrap();
-    let approvers = files.path().join("approvers.toml");
-    std::fs::write(&approvers, approvers_text()).unwrap();
-    let app = spawn_app(
-        Backend::Postgres,
-        vec![],
-        Options {
-            approvers_file: Some(approvers),
-            ..Default::default()
-        },
-    )
-    .await;
+    let app = app_with_approvers(files.path()).await;
     let window = closed_window(&app).await;
     let id = window.id.as_str();
 
@@ -283,4 +293,112 @@ async fn a_window_is_listed_unreviewed_until_two_people_sign_a_review_with_a_not
     let (code, listed) = unreviewed_in_cli(&app).await;
     assert_eq!(code, 0, "{listed}");
     app.assert_chain_intact().await;
+}
+
+/// Acceptance 2, opening: one person alone cannot open a window. The opener cannot sign it,
+/// and one other person's signature leaves it requested; two make it open. A TTL over the
+/// server's max_grant_lifetime_secs is refused, naming `ttl_secs`.
+#[tokio::test]
+async fn one_person_alone_cannot_open_a_window() {
+    let files = tempfile::tempdir().unwrap();
+    let app = app_with_approvers(files.path()).await;
+    let base = app.base_url();
+    let token = |name: &'static str| app.issue_token(name, Role::Approver);
+    let (alice, bob, carol) = (
+        token("alice").await,
+        token("bob").await,
+        token("carol").await,
+    );
+    let run = |args: Vec<String>| async move {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        emisar(&args).await
+    };
+    let open = |ttl: &str, token: &str| {
+        run([
+            "break-glass",
+            "open",
+            "--runners",
+            "edge-2,edge-1",
+            "--for",
+            "agent:ops-bot",
+            "--ttl-secs",
+            ttl,
+            "--reason",
+            "INC-7: the edge is down",
+            "--server",
+            &base,
+            "--token",
+            token,
+        ]
+        .map(str::to_owned)
+        .to_vec())
+    };
+    let out = open("7200", &alice).await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("`ttl_secs` must be 1 to 3600"),
+        "{}",
+        text(&out)
+    );
+    let out = open("1800", &alice).await;
+    assert!(out.status.success(), "{}", text(&out));
+    let said = text(&out);
+    assert!(said.contains("2 people must sign it"), "{said}");
+    let id = said
+        .split_whitespace()
+        .nth(2)
+        .expect("break-glass window ID opened …")
+        .to_owned();
+    let auditor = signed_in(&app, "dave", Role::Auditor).await;
+    let state = || async {
+        let (_, body) = auditor.get("/api/break-glass").await;
+        let w = body["windows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|w| w["id"] == id.as_str())
+            .cloned()
+            .unwrap_or_else(|| panic!("{id} is listed: {body}"));
+        (w["state"].as_str().unwrap().to_owned(), w)
+    };
+    let (listed, w) = state().await;
+    assert_eq!(listed, "requested", "{w}");
+    assert_eq!(w["runners"], json!(["edge-1", "edge-2"]), "{w}");
+    assert_eq!(w["opened_by"], "approver:alice", "{w}");
+    let sign = |token: String, seed: u8| {
+        let key = key_file(files.path(), seed);
+        run(vec![
+            "grants".into(),
+            "approve".into(),
+            id.clone(),
+            "--ssh-key".into(),
+            key,
+            "--server".into(),
+            base.clone(),
+            "--token".into(),
+            token,
+        ])
+    };
+    // The opener does not sign their own window.
+    let out = sign(alice, 1).await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("someone else must sign it"),
+        "{}",
+        text(&out)
+    );
+    // One other person: still requested.
+    let out = sign(bob, 2).await;
+    assert!(out.status.success(), "{}", text(&out));
+    let (listed, w) = state().await;
+    assert_eq!(listed, "requested", "{w}");
+    // A second: open.
+    let out = sign(carol, 3).await;
+    assert!(out.status.success(), "{}", text(&out));
+    let (listed, w) = state().await;
+    assert_eq!(listed, "open", "{w}");
+    assert_eq!(w["signed_by"], json!(["bob", "carol"]), "{w}");
+    let (_, grant) = auditor.get(&format!("/api/grants/{id}")).await;
+    assert_eq!(grant["status"], "active", "{grant}");
+    assert_eq!(grant["break_glass"], true, "{grant}");
 }

@@ -1,4 +1,6 @@
-//! The break-glass API: `/api/break-glass` (the windows the audit log shows, with their
+//! The break-glass API: `POST /api/break-glass` (people open a window: a grant flagged
+//! `break_glass`, signed afterwards like any grant), `GET /api/break-glass` (the windows the
+//! audit log shows, with their
 //! state, calls, who opened and who reviewed; `?unreviewed=true` for those people still owe a
 //! review), `/api/break-glass/{id}` (one window and the review being signed), and
 //! `/api/break-glass/{id}/review` (a person's signature of the review). `emisar audit
@@ -142,6 +144,40 @@ pub(crate) async fn review(
         .await;
     match signed {
         Ok(row) => Json(json!({"review": row})).into_response(),
+        Err(e) => ApiError::from(e).into_response(),
+    }
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Open {
+    runners: Vec<String>,
+    agent: String,
+    ttl_secs: u64,
+    reason: String,
+}
+
+/// `POST /api/break-glass`: an approver or admin opens a window; it runs nothing until enough
+/// people signed it (`POST /api/grants/{id}/approve`).
+pub(crate) async fn open(
+    State(state): State<HttpState>,
+    Extension(who): Extension<Principal>,
+    body: Result<Json<Open>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    let ask = match body {
+        Ok(Json(b)) => crate::server::gateway::WindowAsk {
+            runners: b.runners,
+            agent: b.agent,
+            ttl_secs: b.ttl_secs,
+            reason: b.reason,
+        },
+        Err(e) => {
+            return ApiError::unreadable_body(&e, format!("invalid window: {}", e.body_text()))
+                .into_response();
+        }
+    };
+    match state.gateway.open_break_glass(&who, ask).await {
+        Ok(v) => Json(v).into_response(),
         Err(e) => ApiError::from(e).into_response(),
     }
 }

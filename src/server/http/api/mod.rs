@@ -231,6 +231,13 @@ pub(crate) const HANDLERS: &[Handler] = &[
         query: Some(query::<break_glass::ListQuery>),
     },
     Handler {
+        operation: "break_glass_open",
+        access: Access::Door,
+        route: |m| on(m, break_glass::open),
+        body: Some(body::<break_glass::Open>),
+        query: None,
+    },
+    Handler {
         operation: "break_glass_show",
         access: Access::Door,
         route: |m| on(m, break_glass::show),

@@ -566,3 +566,36 @@ async fn one_account_a_wide_call_or_a_deleted_use_gets_no_more_than_people_signe
 }
 
 crate::both_backends!(one_account_a_wide_call_or_a_deleted_use_gets_no_more_than_people_signed);
+
+/// Eight calls at once for a grant of three: exactly three run under it (uses 1, 2 and 3, each
+/// once), the other five are asked of people; the grant's lock (a PostgreSQL advisory lock
+/// on that backend) holds from the count to the append.
+async fn calls_at_once_never_take_one_use_twice(backend: Backend) {
+    let lab = lab(backend).await;
+    let id = active(&lab, 600).await;
+    let calls: Vec<_> = (0..8)
+        .map(|_| call_in_background(&lab.agent, TOOL, restart("consul", "hvn05")))
+        .collect();
+    let mut uses = Vec::new();
+    let mut asked = 0;
+    for c in calls {
+        let out = finished(c).await.structured_content.unwrap();
+        match out.get("grant") {
+            Some(grant) => {
+                assert_eq!(grant["grant_id"], id.as_str(), "{out}");
+                uses.push(grant["use"].as_u64().unwrap());
+            }
+            None => {
+                assert_eq!(out["approval"]["state"], "pending", "{out}");
+                asked += 1;
+            }
+        }
+    }
+    uses.sort_unstable();
+    assert_eq!(uses, vec![1, 2, 3]);
+    assert_eq!(asked, 5);
+    assert_eq!(restarts(&lab.record), 3);
+    assert_eq!(kind_events(&lab.app, "grant.used").await.len(), 3);
+}
+
+crate::both_backends!(calls_at_once_never_take_one_use_twice);

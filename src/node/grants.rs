@@ -163,10 +163,17 @@ pub(super) async fn revoked(State(state): State<Arc<RunnerState>>, headers: Head
             ),
         );
     }
-    // Past its expiry a grant runs nothing anyway; a later `expires` is remembered no longer
-    // than a grant may live here.
-    let longest = now() + state.config.max_grant_lifetime_secs;
+    // A later `expires` is remembered no longer than a grant may live here.
+    let t = now();
+    let longest = t + state.config.max_grant_lifetime_secs;
+    let (mut recorded, mut expired) = (0, 0);
     for revoked in &claims.grants {
+        // An expired grant runs nothing here anyway: nothing to remember, and the answer
+        // says so rather than count it as revoked.
+        if revoked.expires <= t {
+            expired += 1;
+            continue;
+        }
         if let Err(why) = state
             .executed
             .revoke(&revoked.id, revoked.expires.min(longest))
@@ -174,7 +181,8 @@ pub(super) async fn revoked(State(state): State<Arc<RunnerState>>, headers: Head
             let (status, why) = ledger_refusal(why);
             return refuse(status, why);
         }
+        recorded += 1;
         tracing::warn!(grant = %revoked.id, "grant revoked: nothing more runs under it here");
     }
-    Json(json!({"revoked": claims.grants.len()})).into_response()
+    Json(json!({"revoked": recorded, "already_expired": expired})).into_response()
 }

@@ -98,24 +98,35 @@ impl GrantRow {
 /// How many calls ran under a grant, as the audit log has them.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Uses {
+    /// The calls run under it, one per runner each `grant.used` names.
     pub total: u32,
     pub per_runner: BTreeMap<String, u32>,
     /// The log holds a `grant.revoked` event for it.
     pub revoked: bool,
+    /// The seq of its `grant.requested` event: from there on no event may be missing.
+    pub requested_seq: Option<i64>,
 }
 
 impl Uses {
     /// Adds one `grant.*` event of the log, by its kind and detail.
-    fn count(&mut self, kind: &str, detail: &Value) {
+    fn count(&mut self, seq: i64, kind: &str, detail: &Value) {
         match kind {
             k if k == kind::GRANT_USED => {
-                self.total += 1;
-                let runners = detail["runners"].as_array().into_iter().flatten();
-                for runner in runners.filter_map(Value::as_str) {
+                let runners: Vec<&str> = detail["runners"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Value::as_str)
+                    .collect();
+                self.total += runners.len().max(1) as u32;
+                for runner in runners {
                     *self.per_runner.entry(runner.to_owned()).or_default() += 1;
                 }
             }
             k if k == kind::GRANT_REVOKED => self.revoked = true,
+            k if k == kind::GRANT_REQUESTED => {
+                self.requested_seq = Some(self.requested_seq.map_or(seq, |s| s.min(seq)));
+            }
             _ => {}
         }
     }
@@ -364,12 +375,12 @@ impl Grants {
     /// How many calls ran under grant `id`, and whether it was revoked, from the audit log.
     pub async fn uses(&self, id: &str) -> Result<Uses, sqlx::Error> {
         let db = &self.db;
-        let rows: Vec<(String, Option<String>)> = db
+        let rows: Vec<(i64, String, Option<String>)> = db
             .guard(async {
                 match db.pool() {
                     crate::server::db::Pool::Pg(pool) => {
                         sqlx::query_as(
-                            "SELECT kind, detail FROM audit_events WHERE (detail::jsonb ->> 'grant') = $1 AND kind LIKE 'grant.%'",
+                            "SELECT seq, kind, detail FROM audit_events WHERE (detail::jsonb ->> 'grant') = $1 AND kind LIKE 'grant.%'",
                         )
                         .bind(id)
                         .fetch_all(pool)
@@ -377,7 +388,7 @@ impl Grants {
                     }
                     crate::server::db::Pool::Sqlite(pool) => {
                         sqlx::query_as(
-                            "SELECT kind, detail FROM audit_events WHERE json_extract(detail, '$.grant') = $1 AND kind LIKE 'grant.%'",
+                            "SELECT seq, kind, detail FROM audit_events WHERE json_extract(detail, '$.grant') = $1 AND kind LIKE 'grant.%'",
                         )
                         .bind(id)
                         .fetch_all(pool)
@@ -387,11 +398,11 @@ impl Grants {
             })
             .await?;
         let mut uses = Uses::default();
-        for (kind, detail) in rows {
+        for (seq, kind, detail) in rows {
             let detail = detail
                 .and_then(|d| serde_json::from_str::<Value>(&d).ok())
                 .unwrap_or(Value::Null);
-            uses.count(&kind, &detail);
+            uses.count(seq, &kind, &detail);
         }
         Ok(uses)
     }
@@ -426,19 +437,27 @@ mod tests {
     #[test]
     fn uses_are_counted_from_the_log_per_grant_and_runner() {
         let mut uses = Uses::default();
+        uses.count(9, kind::GRANT_REQUESTED, &json!({"grant": "g"}));
         uses.count(
+            12,
             kind::GRANT_USED,
             &json!({"grant": "g", "runners": ["a", "b"]}),
         );
-        uses.count(kind::GRANT_USED, &json!({"grant": "g", "runners": ["a"]}));
-        uses.count(kind::GRANT_SIGNED, &json!({"grant": "g"}));
-        assert_eq!(uses.total, 2);
+        uses.count(
+            13,
+            kind::GRANT_USED,
+            &json!({"grant": "g", "runners": ["a"]}),
+        );
+        uses.count(10, kind::GRANT_SIGNED, &json!({"grant": "g"}));
+        // A call on two runners is two of the grant's calls (red team 5, B3).
+        assert_eq!(uses.total, 3);
+        assert_eq!(uses.requested_seq, Some(9));
         assert_eq!(
             uses.per_runner,
             BTreeMap::from([("a".to_owned(), 2), ("b".to_owned(), 1)])
         );
         assert!(!uses.revoked);
-        uses.count(kind::GRANT_REVOKED, &json!({"grant": "g"}));
+        uses.count(14, kind::GRANT_REVOKED, &json!({"grant": "g"}));
         assert!(uses.revoked);
     }
 

@@ -194,10 +194,26 @@ async fn a_grant_two_people_signed_runs_three_restarts_and_nothing_outside_it(ba
     assert_eq!(sign(&lab.alice, &id, &text, 1).await["status"], "requested");
     let res = call(&lab.agent, TOOL, restart("consul", "hvn05")).await;
     asked_people(&res, None);
-    // The same person again (another key, or the same) counts once; bob's key by alice is
-    // bob's, but signs as alice's session: the file's people are what count.
+    // One account signs once; and one person of the file counts once, whichever account
+    // sends their signature (bob's session with alice's key).
     let (status, body) = lab
         .alice
+        .post(
+            &format!("/api/grants/{id}/approve"),
+            json!({"signature": ssh(1, &text)}),
+            true,
+        )
+        .await;
+    assert_eq!(status, 403, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("signed this grant already"),
+        "{body}"
+    );
+    let (status, body) = lab
+        .bob
         .post(
             &format!("/api/grants/{id}/approve"),
             json!({"signature": ssh(1, &text)}),
@@ -460,3 +476,126 @@ async fn a_bad_grant_request_names_the_field_and_the_rule() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["grants"], json!([]), "nothing stored");
 }
+
+/// Red team 5's cases, each once more than people signed, none run:
+/// - one account signs a grant twice with two people's keys (B4): refused, as an approval is;
+/// - a call naming two runners takes two of the grant's calls (B3): with one left it runs
+///   nowhere, and the runners ran exactly `calls` restarts;
+/// - whoever can write the database deletes the `grant.used` events (B1; deleting a
+///   `grant.revoked` is the same gap, B2): the log has events missing since the grant was
+///   asked for, so its uses cannot be counted, and nothing more runs under it.
+async fn one_account_a_wide_call_or_a_deleted_use_gets_no_more_than_people_signed(
+    backend: Backend,
+) {
+    let lab = lab(backend).await;
+    let app = &lab.app;
+    let res = call(
+        &lab.agent,
+        "emisar.request_grant",
+        json!({
+            "tools": [TOOL], "runners": {"names": ["hvn05", "hvn06"]},
+            "args": {"unit": {"in": ["consul"]}}, "calls": 3, "calls_per_runner": 2,
+            "expires_in_secs": 600, "reason": "INC-43: consul on both",
+        }),
+    )
+    .await;
+    let out = only_output(&res);
+    let (id, text) = (
+        out["grant_id"].as_str().unwrap().to_owned(),
+        out["text"].as_str().unwrap().to_owned(),
+    );
+    assert_eq!(sign(&lab.alice, &id, &text, 1).await["status"], "requested");
+    let (status, body) = lab
+        .alice
+        .post(
+            &format!("/api/grants/{id}/approve"),
+            json!({"signature": ssh(2, &text)}),
+            true,
+        )
+        .await;
+    assert!(status >= 400, "{status} {body}");
+    assert!(
+        body.to_string().contains("signed this grant already"),
+        "{body}"
+    );
+    assert_eq!(sign(&lab.bob, &id, &text, 2).await["status"], "active");
+
+    let both = json!({"unit": "consul", "runners": ["hvn05", "hvn06"], "reason": "INC-43"});
+    ran_under(&call(&lab.agent, TOOL, both.clone()).await, &id, 1);
+    assert_eq!(restarts(&lab.record), 2);
+    let res = call(&lab.agent, TOOL, both).await;
+    asked_people(
+        &res,
+        Some("2 of 3 calls used, and this call would run on 2 runners"),
+    );
+    ran_under(
+        &call(&lab.agent, TOOL, restart("consul", "hvn06")).await,
+        &id,
+        3,
+    );
+    assert_eq!(restarts(&lab.record), 3, "exactly the grant's 3 calls ran");
+
+    let triggers_off = match backend {
+        Backend::Postgres => "ALTER TABLE audit_events DISABLE TRIGGER USER",
+        Backend::Sqlite => "DROP TRIGGER audit_events_no_delete",
+    };
+    let delete = match backend {
+        Backend::Postgres => {
+            "DELETE FROM audit_events WHERE kind = 'grant.used' AND (detail::jsonb ->> 'grant') = $1"
+        }
+        Backend::Sqlite => {
+            "DELETE FROM audit_events WHERE kind = 'grant.used' AND json_extract(detail, '$.grant') = $1"
+        }
+    };
+    for (sql, bind) in [(triggers_off, None), (delete, Some(id.as_str()))] {
+        emisar::with_pool!(&app.db, pool => {
+            let q = sqlx::query(sql);
+            let q = match bind { Some(b) => q.bind(b), None => q };
+            q.execute(pool).await.map(|_| ())
+        })
+        .unwrap();
+    }
+    assert!(kind_events(app, "grant.used").await.is_empty());
+    // hvn05 ran the grant once, so its own count would let one more run there.
+    let res = call(&lab.agent, TOOL, restart("consul", "hvn05")).await;
+    asked_people(
+        &res,
+        Some("the audit log is missing events since it was asked for"),
+    );
+    assert_eq!(restarts(&lab.record), 3, "nothing more ran");
+}
+
+crate::both_backends!(one_account_a_wide_call_or_a_deleted_use_gets_no_more_than_people_signed);
+
+/// Eight calls at once for a grant of three: exactly three run under it (uses 1, 2 and 3, each
+/// once), the other five are asked of people; the grant's lock (a PostgreSQL advisory lock
+/// on that backend) holds from the count to the append.
+async fn calls_at_once_never_take_one_use_twice(backend: Backend) {
+    let lab = lab(backend).await;
+    let id = active(&lab, 600).await;
+    let calls: Vec<_> = (0..8)
+        .map(|_| call_in_background(&lab.agent, TOOL, restart("consul", "hvn05")))
+        .collect();
+    let mut uses = Vec::new();
+    let mut asked = 0;
+    for c in calls {
+        let out = finished(c).await.structured_content.unwrap();
+        match out.get("grant") {
+            Some(grant) => {
+                assert_eq!(grant["grant_id"], id.as_str(), "{out}");
+                uses.push(grant["use"].as_u64().unwrap());
+            }
+            None => {
+                assert_eq!(out["approval"]["state"], "pending", "{out}");
+                asked += 1;
+            }
+        }
+    }
+    uses.sort_unstable();
+    assert_eq!(uses, vec![1, 2, 3]);
+    assert_eq!(asked, 5);
+    assert_eq!(restarts(&lab.record), 3);
+    assert_eq!(kind_events(&lab.app, "grant.used").await.len(), 3);
+}
+
+crate::both_backends!(calls_at_once_never_take_one_use_twice);

@@ -266,7 +266,7 @@ async fn a_runner_runs_a_grants_calls_only_within_it_whoever_signs_the_call() {
         .unwrap();
     assert_eq!(
         revoke(app, "edge-2", &token).await,
-        (200, json!({"revoked": 1}))
+        (200, json!({"revoked": 1, "already_expired": 0}))
     );
     let after = restart(app, "edge-2", "traefik", &proof, None).await;
     refused(&lab, after, 403, "was revoked", 4);

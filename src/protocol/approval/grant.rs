@@ -26,8 +26,8 @@
 //! `labels k=v,…` (a selector the runner matches against its own labels); one `arg` line per
 //! constrained argument, sorted by name: `in` a sorted JSON array of strings, whole numbers or
 //! booleans, or `range MIN..MAX` over whole numbers, both ends included; an argument without a
-//! line is not constrained. `calls` is the most calls in all, `calls_per_runner` the most on
-//! one runner; `reason` a JSON string. The first line is neither a statement's nor a decision's,
+//! line is not constrained. `calls` is the most calls in all (a call that runs on two runners
+//! is two), `calls_per_runner` the most on one runner; `reason` a JSON string. The first line is neither a statement's nor a decision's,
 //! so no signature over one is ever read as another.
 //!
 //! A break-glass window is a grant with the `break_glass true` line: it names its runners by

@@ -579,6 +579,14 @@ impl Gateway {
         self.check_signer(who, &row)?;
         let signed = verify_signature(&server.approvers, &row.text, &signature)
             .map_err(|e| GrantError::Refused(format!("`signature`: {e}")))?;
+        // One account signs once, whichever keys it holds: holding another person's key does
+        // not make one account two people (as for approvals: "you approved this already").
+        if row.signatures.iter().any(|v| v.user == who.name) {
+            return Err(GrantError::Refused(format!(
+                "`{}` signed this grant already: each account signs once, and someone else must sign it too",
+                who.actor()
+            )));
+        }
         if let Some(earlier) = row
             .signatures
             .iter()
@@ -934,6 +942,20 @@ impl Gateway {
             Ok(g) => g,
             Err(e) => return Ok(Err(e.to_string())),
         };
+        // The uses and the revocation are read from the log: a log with events missing since
+        // the grant was asked for (a `grant.used` or `grant.revoked` deleted) counts nothing.
+        let Some(requested_seq) = uses.requested_seq else {
+            return Ok(Err(
+                "the audit log holds no `grant.requested` event for it".into()
+            ));
+        };
+        if let Some(gap) =
+            crate::server::audit::proofs::missing_from(self.grants.db(), requested_seq).await?
+        {
+            return Ok(Err(format!(
+                "the audit log is missing events since it was asked for ({gap}), so its uses and revocation cannot be counted; nothing runs under it"
+            )));
+        }
         if let Err(e) = uses_left(&grant, &uses, runners) {
             return Ok(Err(e));
         }
@@ -944,13 +966,23 @@ impl Gateway {
     }
 }
 
-/// Whether one more call on `runners` fits `grant`'s counts, given its `uses`.
+/// Whether one more call on `runners` fits `grant`'s counts, given its `uses`: each runner it
+/// runs on is one of the grant's `calls`.
 fn uses_left(grant: &Grant, uses: &Uses, runners: &[String]) -> Result<(), String> {
     if uses.revoked {
         return Err("the audit log has it revoked".into());
     }
-    if uses.total >= grant.max_calls {
-        return Err(format!("{} of {} calls used", uses.total, grant.max_calls));
+    // A call counts once per runner it runs on: `calls` bounds the writes that run, as
+    // `calls_per_runner` does on each runner.
+    let more = runners.len().max(1) as u32;
+    if uses.total + more > grant.max_calls {
+        return Err(match uses.total >= grant.max_calls {
+            true => format!("{} of {} calls used", uses.total, grant.max_calls),
+            false => format!(
+                "{} of {} calls used, and this call would run on {more} runners",
+                uses.total, grant.max_calls
+            ),
+        });
     }
     for runner in runners {
         let used = uses.per_runner.get(runner).copied().unwrap_or(0);
@@ -1075,7 +1107,14 @@ mod tests {
         uses.total = 3;
         let e = uses_left(&grant(3, 2), &uses, &runners).unwrap_err();
         assert_eq!(e, "3 of 3 calls used");
+        // Two calls left, and a call on two runners is two of them (red team 5, B3) ...
+        uses.total = 1;
+        uses_left(&grant(3, 2), &uses, &runners).unwrap();
+        // ... while one left does not run a call on two.
         uses.total = 2;
+        let e = uses_left(&grant(3, 2), &uses, &runners).unwrap_err();
+        assert_eq!(e, "2 of 3 calls used, and this call would run on 2 runners");
+        uses.total = 1;
         uses.per_runner.insert("n2".into(), 2);
         let e = uses_left(&grant(3, 2), &uses, &runners).unwrap_err();
         assert_eq!(e, "2 of 2 calls on runner `n2` used");

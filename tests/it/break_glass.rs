@@ -9,8 +9,11 @@
 //! it open.
 //!
 //! The reviewed window's own life (`grant.requested` … `grant.used`) is appended as the
-//! grants' server side writes it, so that it is closed (expired an hour ago) and holds a call;
-//! running calls inside a window on TLS runners is not tested here yet.
+//! grants' server side writes it, so that it is closed (expired an hour ago) and holds a call.
+//!
+//! And a window's calls run on TLS runners that honour break-glass, flagged in the log and
+//! only once two witnesses cosigned their record; a runner whose file does not honour
+//! break-glass refuses them, and a call no witness quorum cosigns runs nowhere.
 
 use std::path::Path;
 
@@ -401,4 +404,137 @@ async fn one_person_alone_cannot_open_a_window() {
     let (_, grant) = auditor.get(&format!("/api/grants/{id}")).await;
     assert_eq!(grant["status"], "active", "{grant}");
     assert_eq!(grant["break_glass"], true, "{grant}");
+}
+
+/// Acceptance 2, the calls: two people open a window over edge-1 and core-1 for the test
+/// agent, on a server whose log two witnesses cosign; the agent's restart on edge-1 runs
+/// under it at once, its `tool.called` and `grant.used` flagged `break_glass`, and it ran only
+/// once its `grant.used` was in a checkpoint both witnesses cosigned (the inclusion proof
+/// holds); core-1, whose approvers file does not honour break-glass, refuses the window's call
+/// itself, nothing run there. Both runners serve TLS and require people's signatures.
+#[tokio::test]
+async fn a_windows_calls_run_flagged_and_witnessed_where_the_runner_honours_it() {
+    use crate::harness::RunnerSpec;
+    use crate::harness::certs::self_signed;
+    use emisar::server::audit::checkpoints;
+
+    let dir = tempfile::tempdir().unwrap();
+    let honours = dir.path().join("approvers.toml");
+    std::fs::write(&honours, approvers_text()).unwrap();
+    let plain = dir.path().join("approvers-plain.toml");
+    std::fs::write(&plain, approvers_text().replace("break_glass = true", "")).unwrap();
+    let record = crate::approvals::systemctl_standin(dir.path());
+    let log_key = dir.path().join("log.key");
+    let log_vkey = checkpoints::log_keygen(crate::transparency::ORIGIN, &log_key).unwrap();
+    let w1 = crate::transparency::witness(dir.path(), "w1", &log_vkey).await;
+    let w2 = crate::transparency::witness(dir.path(), "w2", &log_vkey).await;
+    let runner = |name: &str, file: &Path| {
+        let cert = self_signed(dir.path(), name);
+        RunnerSpec::new(name)
+            .https(cert.clone(), Some(cert.fingerprint.to_string()))
+            .path_first(dir.path())
+            .allow("systemd_units", &["consul"])
+            .signed_approvals(&["*"], Some(file.to_owned()), &[])
+    };
+    let app = spawn_app(
+        Backend::Postgres,
+        vec![runner("edge-1", &honours), runner("core-1", &plain)],
+        Options {
+            approvers_file: Some(honours.clone()),
+            transparency: Some(crate::transparency::transparency(
+                log_key,
+                [&w1, &w2],
+                50,
+                1,
+            )),
+            ..Default::default()
+        },
+    )
+    .await;
+    let alice = signed_in(&app, "alice", Role::Approver).await;
+    let (status, opened) = alice
+        .post(
+            "/api/break-glass",
+            json!({"runners": ["edge-1", "core-1"], "agent": "agent:test-agent",
+                   "ttl_secs": 600, "reason": "INC-9: the edge is down"}),
+            true,
+        )
+        .await;
+    assert_eq!(status, 200, "{opened}");
+    let id = opened["grant_id"].as_str().unwrap().to_owned();
+    let text = opened["text"].as_str().unwrap().to_owned();
+    for (who, seed) in [("bob", 2), ("carol", 3)] {
+        let person = signed_in(&app, who, Role::Approver).await;
+        let (status, body) = person
+            .post(
+                &format!("/api/grants/{id}/approve"),
+                json!({"signature": crate::signed_approvals::ssh(seed, &text)}),
+                true,
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+    }
+
+    let agent = app.mcp_client().await;
+    let restart = |runner: &str| json!({"unit": "consul", "runners": [runner], "reason": "INC-9: restart consul"});
+    let ran = crate::mcp_calls::call(&agent, crate::signed_approvals::TOOL, restart("edge-1"))
+        .await
+        .structured_content
+        .unwrap();
+    assert_eq!(ran["grant"]["grant_id"], id.as_str(), "{ran}");
+    assert_eq!(ran["results"][0]["ok"], true, "{ran}");
+    assert_eq!(crate::approvals::restarts(&record), 1);
+    let call_id = ran["call_id"].as_str().unwrap();
+    let events = app.events_of_call(call_id).await;
+    let called = events.iter().find(|e| e.kind == "tool.called").unwrap();
+    assert_eq!(
+        called.detail.as_ref().unwrap()["break_glass"],
+        true,
+        "{called:?}"
+    );
+    let used = events.iter().find(|e| e.kind == "grant.used").unwrap();
+    assert_eq!(
+        used.detail.as_ref().unwrap()["break_glass"],
+        true,
+        "{used:?}"
+    );
+    // Witnessed before it ran: the proof of its grant.used in a checkpoint both cosigned.
+    let proof = emisar::server::audit::proofs::prove(&app.db, &used.id, 2)
+        .await
+        .unwrap();
+    assert!(
+        proof.checkpoint.contains("\n\u{2014} "),
+        "{}",
+        proof.checkpoint
+    );
+    let first_run = std::fs::read_to_string(&record).unwrap();
+    assert!(!first_run.is_empty());
+
+    let core = crate::mcp_calls::call(&agent, crate::signed_approvals::TOOL, restart("core-1"))
+        .await
+        .structured_content
+        .unwrap();
+    assert_eq!(core["results"][0]["ok"], false, "{core}");
+    assert!(
+        core.to_string().contains("does not honour break-glass"),
+        "{core}"
+    );
+    assert_eq!(
+        crate::approvals::restarts(&record),
+        1,
+        "nothing ran on core-1"
+    );
+
+    // A witness stops answering: the quorum (both) never cosigns the next call's record,
+    // so it does not run.
+    drop(w2);
+    let unwitnessed =
+        crate::mcp_calls::call(&agent, crate::signed_approvals::TOOL, restart("edge-1")).await;
+    let said = format!("{:?}", unwitnessed.structured_content);
+    assert!(said.contains("not_witnessed"), "{said}");
+    assert_eq!(
+        crate::approvals::restarts(&record),
+        1,
+        "the unwitnessed call ran nothing"
+    );
 }

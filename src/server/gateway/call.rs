@@ -553,14 +553,41 @@ impl Gateway {
             on_behalf_of: caller.on_behalf_of.as_deref(),
         };
         let runners = &resolved.targets.runners;
-        let how = json!({"grant": grant.id, "grant_use": grant.number});
+        let mut how = json!({"grant": grant.id, "grant_use": grant.number});
+        if grant.break_glass {
+            how["break_glass"] = json!(true);
+        }
         let intent = audited.tool_called(runners, resolved.targets.runner_chosen_by_server, how);
         let used = grant.used_event(&audited, runners);
-        self.audit
+        let appended = self
+            .audit
             .append_all(vec![intent, used])
             .await
             .map_err(CallError::AuditUnavailable)?;
         drop(grant.lock);
+        // A break-glass call runs only once the log that records it is witnessed: its
+        // `grant.used` in a checkpoint the witness quorum cosigned, so no server can run it
+        // and then hide it.
+        if grant.break_glass {
+            let used_id = appended.last().map(|e| e.id.clone()).unwrap_or_default();
+            if let Err(why) = self.witnessed_event(&used_id).await {
+                let why = format!(
+                    "break-glass call {call_id} under window {}: {why}",
+                    grant.id
+                );
+                let (shown_args, reason) = (resolved.shown_args, resolved.args.reason);
+                return Err(self
+                    .refuse(
+                        caller,
+                        &tool.name,
+                        shown_args,
+                        reason,
+                        why.clone(),
+                        CallError::NotWitnessed(why),
+                    )
+                    .await);
+            }
+        }
         let dispatch = Dispatch {
             grant: Some(&grant.proof),
             ..self.dispatch(tool, &resolved.args, &call_id, None)

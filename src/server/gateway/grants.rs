@@ -870,11 +870,19 @@ impl Gateway {
                 why.push(format!("grant {}: {e}", row.id));
                 continue;
             }
+            if row.break_glass && self.witnessing.is_none() {
+                why.push(format!(
+                    "grant {}: a break-glass window's calls run only witnessed, and this server has no witnesses ([transparency] witnesses in emisar.toml)",
+                    row.id
+                ));
+                continue;
+            }
             match self.take_use(&row, runners).await {
                 Ok(Ok(taken)) => {
                     return Ok(Ok(GrantUse {
                         id: row.id,
                         number: taken.number,
+                        break_glass: row.break_glass,
                         proof,
                         lock: taken.lock,
                     }));
@@ -1007,6 +1015,8 @@ struct Taken {
 pub(super) struct GrantUse {
     pub(super) id: String,
     pub(super) number: u32,
+    /// A break-glass window's: the call is flagged and waits to be witnessed before it runs.
+    pub(super) break_glass: bool,
     pub(super) proof: GrantProof,
     pub(super) lock: crate::server::grants::UseLock,
 }
@@ -1021,7 +1031,7 @@ impl GrantUse {
             call_id: Some(audited.call_id.to_owned()),
             outcome: Some("ok".into()),
             detail: Some(super::call::on_behalf_of(
-                json!({"grant": self.id, "use": self.number, "call_id": audited.call_id, "runners": runners}),
+                json!({"grant": self.id, "use": self.number, "call_id": audited.call_id, "runners": runners, "break_glass": self.break_glass}),
                 audited.on_behalf_of,
             )),
             ..Default::default()

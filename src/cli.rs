@@ -19,9 +19,11 @@ mod approvals;
 pub use approvals::check_before_signing;
 mod approvers;
 mod audit;
+mod break_glass;
 mod config_check;
 pub mod config_reference;
 mod fleet;
+mod grants;
 mod packs;
 mod packs_test;
 mod people;
@@ -31,7 +33,9 @@ mod table;
 pub use approvals::ApprovalsCommand;
 pub use approvers::ApproversCommand;
 pub use audit::{AuditCommand, FilterArgs};
+pub use break_glass::BreakGlassCommand;
 pub use fleet::{JoinTokenCommand, RunnerCommand};
+pub use grants::GrantsCommand;
 pub use packs::PacksCommand;
 pub use people::{TokenCommand, UserCommand};
 
@@ -178,6 +182,22 @@ pub enum Command {
         server: ServerArg,
         #[command(subcommand)]
         command: ApprovalsCommand,
+    },
+    /// Break-glass windows, for people who review them (talks to a running server; `emisar
+    /// audit break-glass` lists them from the database).
+    BreakGlass {
+        #[command(flatten)]
+        server: ServerArg,
+        #[command(subcommand)]
+        command: BreakGlassCommand,
+    },
+    /// Grants: people's signed, time-boxed mandates for an agent's writes (talks to a
+    /// running server).
+    Grants {
+        #[command(flatten)]
+        server: ServerArg,
+        #[command(subcommand)]
+        command: GrantsCommand,
     },
     /// The approvers file runners trust: people, their keys, how many must sign per tool.
     Approvers {
@@ -455,6 +475,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             command: PolicyCommand::Check { file, packs_dir },
         } => policy_check(&file, packs_dir.as_deref())?,
         Command::Approvals { server, command } => approvals::run(server, command).await?,
+        Command::BreakGlass { server, command } => break_glass::run(server, command).await?,
+        Command::Grants { server, command } => grants::run(server, command).await?,
         Command::Approvers { command } => approvers::run(command)?,
         Command::JoinToken { command } => return fleet::join_token(command).await,
         Command::Keygen {

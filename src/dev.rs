@@ -372,7 +372,7 @@ fn dev_approvers(state_dir: &Path) -> anyhow::Result<(PathBuf, PathBuf)> {
     std::fs::write(
         &file,
         format!(
-            "# emisar dev: the dev approver's SSH key may approve any write alone.\nserial = 1\n\n[[person]]\nname = \"{DEV_APPROVER}\"\nssh = [\"{}\"]\n\n[[rule]]\ntools = \"*\"\napprovals = 1\n",
+            "# emisar dev: the dev approver's SSH key may approve any write alone, and sign a\n# grant (`emisar grants approve`) that lets the agent's writes run without a new approval.\nserial = 1\n\n[[person]]\nname = \"{DEV_APPROVER}\"\nssh = [\"{}\"]\n\n[[rule]]\ntools = \"*\"\napprovals = 1\ngrants = true\n",
             key.public_key().to_openssh()?
         ),
     )?;
@@ -415,7 +415,28 @@ pub async fn run(opts: DevOptions, shutdown: CancellationToken) -> anyhow::Resul
         shutdown,
     )
     .await?;
-    let dev_json = stack.write_info(&stack.info())?;
+    // With signed approvals, the approver's token and key sign from the terminal: printed,
+    // and in dev.json for scripts.
+    let mut info = stack.info();
+    let signer = match &signing {
+        Some((file, key)) => {
+            let token = crate::server::tokens::issue(
+                stack.db(),
+                &AuditLog::start(stack.db().clone()),
+                DEV_APPROVER,
+                crate::server::principal::Role::Approver,
+                std::time::Duration::from_secs(86_400),
+                "system:dev",
+            )
+            .await?;
+            info["approver_token"] = json!(token.token);
+            info["approver_ssh_key"] = json!(key);
+            info["approvers_file"] = json!(file);
+            Some((file, key, token.token))
+        }
+        None => None,
+    };
+    let dev_json = stack.write_info(&info)?;
     println!("emisar dev is running.");
     println!("  Portal:       {}", stack.portal_url);
     println!(
@@ -438,25 +459,19 @@ pub async fn run(opts: DevOptions, shutdown: CancellationToken) -> anyhow::Resul
         }
         None => println!("  Witness:      none (--no-witness: the log is a hash chain only)"),
     }
-    if let Some((file, key)) = &signing {
-        let token = crate::server::tokens::issue(
-            stack.db(),
-            &AuditLog::start(stack.db().clone()),
-            DEV_APPROVER,
-            crate::server::principal::Role::Approver,
-            std::time::Duration::from_secs(86_400),
-            "system:dev",
-        )
-        .await?;
+    if let Some((file, key, token)) = &signer {
+        let server = stack.portal_url.trim_end_matches('/');
         println!(
             "  Signed approvals: on (the runner checks people's signatures; {})",
             file.display()
         );
         println!(
-            "  Approve with: emisar approvals approve ID --ssh-key {} --server {} --token {}",
+            "  Approve with: emisar approvals approve ID --ssh-key {} --server {server} --token {token}",
             key.display(),
-            stack.portal_url.trim_end_matches('/'),
-            token.token
+        );
+        println!(
+            "  Grant with:   emisar grants approve ID --ssh-key {} --server {server} --token {token}",
+            key.display(),
         );
     }
     println!("  Written to:   {}", dev_json.display());

@@ -157,7 +157,7 @@ pub(super) fn check_decision_before_signing(
 
 /// Who signs, as the CLI can tell (the server records the token's person; the runners count
 /// people by key).
-fn whoami() -> String {
+pub(super) fn whoami() -> String {
     super::local_user(std::env::var("USER").ok())
 }
 

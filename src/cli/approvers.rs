@@ -280,6 +280,12 @@ fn rule_line(r: &RuleEntry) -> String {
     if r.unapproved {
         line += ", unapproved allowed when the policy lowers it";
     }
+    if r.grants {
+        line += ", may run under a grant";
+    }
+    if r.break_glass {
+        line += ", honours break-glass";
+    }
     line
 }
 
@@ -435,6 +441,8 @@ mod tests {
             approvals: 2,
             unapproved,
             ssh_signatures,
+            grants: false,
+            break_glass: false,
         };
         assert_eq!(rule_line(&rule(0, false)), "rule linux.*: 2 approval(s)");
         assert_eq!(

@@ -105,6 +105,24 @@ pub enum AuditCommand {
         #[command(flatten)]
         db: DbArg,
     },
+    /// List the break-glass windows the audit log shows, oldest first: each one's state
+    /// (requested, open, closed-unreviewed, reviewed), who opened and signed it, the calls made
+    /// inside it and who reviewed it. Read from the log alone, so a window whose rows were
+    /// deleted from the store still shows, unreviewed. With --unreviewed, exits 1 when people
+    /// still owe a review.
+    #[command(
+        after_help = "Example: emisar audit break-glass --unreviewed --database postgres://emisar@db/emisar"
+    )]
+    BreakGlass {
+        /// Only the windows people still owe a review.
+        #[arg(long)]
+        unreviewed: bool,
+        /// The windows as one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        db: DbArg,
+    },
     /// Print the newest signed checkpoint of the audit log with its witnesses' cosignatures:
     /// keep it somewhere the server cannot reach, and verify from it later.
     #[command(
@@ -365,6 +383,11 @@ pub(super) async fn run(command: AuditCommand) -> anyhow::Result<i32> {
             json,
             db,
         } => verify_approvals(approvers, from_seq, json, db).await,
+        AuditCommand::BreakGlass {
+            unreviewed,
+            json,
+            db,
+        } => break_glass(unreviewed, json, db).await,
         AuditCommand::Checkpoint { cosigned_by, db } => {
             let db = db.connect().await?;
             match audit::checkpoints::latest(&db, cosigned_by).await? {
@@ -606,6 +629,23 @@ async fn verify(
         print!("{}", verify_text(&report));
     }
     Ok(if report.is_intact() { 0 } else { 1 })
+}
+
+/// `audit break-glass`: the windows of the log, their calls and reviews.
+async fn break_glass(unreviewed: bool, json: bool, db: DbArg) -> anyhow::Result<i32> {
+    let db = db.connect().await?;
+    let now = crate::protocol::signing::now();
+    let windows: Vec<_> = crate::server::break_glass::windows_in_log(&db, now)
+        .await?
+        .into_iter()
+        .filter(|w| !unreviewed || w.state.unreviewed())
+        .collect();
+    if json {
+        println!("{}", serde_json::json!({"windows": windows}));
+    } else {
+        print!("{}", super::break_glass::windows_text(&windows));
+    }
+    Ok(i32::from(unreviewed && !windows.is_empty()))
 }
 
 /// `audit verify-approvals`: every executed approval's signatures against an approvers file.

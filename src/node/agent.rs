@@ -7,7 +7,8 @@
 //! this runner's allowlist → an execution's preview values are ones the tool's preview
 //! captures, none named like a param, under this runner's own seal for this call and these
 //! arguments → an execution of a risk:high tool carries an approval id never used before, or
-//! the policy's lowering. Only then does the action run. A preview's answer carries the seal
+//! the policy's lowering, or a grant this runner finds good and has uses left here
+//! ([`super::grants`]). Only then does the action run. A preview's answer carries the seal
 //! over what it captured.
 //!
 //! `GET /healthz` answers liveness (`{"status": "ok"}`) to anyone, and this runner's details
@@ -49,19 +50,19 @@ const MAX_SEEN_IDS: usize = 100_000;
 const APPROVAL_MEMORY_SECS: u64 = 24 * 3600;
 
 pub struct RunnerState {
-    config: RunnerConfig,
+    pub(super) config: RunnerConfig,
     packs: PackSet,
-    verifier: CallVerifier,
+    pub(super) verifier: CallVerifier,
     /// Single-use ids seen, with the expiry of their token.
     seen: Mutex<HashMap<String, u64>>,
     /// Approval ids already executed here, kept in `state_dir`, and when that state began.
-    executed: Executed,
+    pub(super) executed: Executed,
     /// Seals what previews capture, so an execution runs only with values this runner made.
     seal_key: SealKey,
     /// `require_witnessed`: the keys a write's witnessed approval is checked against.
-    witnessed: Option<WitnessTrust>,
+    pub(super) witnessed: Option<WitnessTrust>,
     /// People's signatures required before a write runs (`require_signed_approvals`).
-    gate: Gate,
+    pub(super) gate: Gate,
     http: reqwest::Client,
 }
 
@@ -159,6 +160,7 @@ impl RunnerState {
 pub fn router(state: Arc<RunnerState>) -> Router {
     Router::new()
         .route("/v1/call", post(call))
+        .route("/v1/grants/revoked", post(super::grants::revoked))
         .route("/healthz", get(health))
         .with_state(state)
 }
@@ -222,14 +224,14 @@ async fn health(State(state): State<Arc<RunnerState>>, headers: HeaderMap) -> Re
     .into_response()
 }
 
-fn refuse(status: StatusCode, message: impl Into<String>) -> Response {
+pub(super) fn refuse(status: StatusCode, message: impl Into<String>) -> Response {
     let message = message.into();
     tracing::warn!(%status, %message, "call refused");
     (status, Json(json!({"error": message}))).into_response()
 }
 
 /// A refusal: the status it answers with and the reason the caller reads.
-type Refused = (StatusCode, String);
+pub(super) type Refused = (StatusCode, String);
 
 /// A call that passed every check, ready to run.
 struct Admitted<'s> {
@@ -254,7 +256,7 @@ async fn call(
 }
 
 /// The bearer token of a request, if it carries one.
-fn bearer(headers: &HeaderMap) -> Option<&str> {
+pub(super) fn bearer(headers: &HeaderMap) -> Option<&str> {
     headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -437,6 +439,9 @@ fn check_high_risk(
     if tool.risk != Risk::High || request.mode != Mode::Execute {
         return Ok(());
     }
+    if let Some(proof) = &request.grant {
+        return super::grants::check(state, tool, claims, request, proof);
+    }
     let secret: Vec<&str> = tool.secret_params().collect();
     // When the approval stops mattering here: the latest expiry a check found, else a day.
     let mut keep_until = None;
@@ -472,7 +477,7 @@ fn check_high_risk(
 }
 
 /// A refusal with 403: the call is well formed, and this runner will not run it.
-fn forbidden(why: String) -> Refused {
+pub(super) fn forbidden(why: String) -> Refused {
     (StatusCode::FORBIDDEN, why)
 }
 
@@ -522,7 +527,7 @@ fn check_witnessed(
     .map_err(refused)?;
     state
         .executed
-        .check_requested(approval_id, verified.requested)
+        .check_requested(&format!("approval {approval_id}"), verified.requested)
         .map_err(refused)?;
     tracing::info!(tool = %tool.name, %approval_id, event_seq = witnessed.event.seq, cosigned_by = ?verified.cosigned,
         "the approval is in the audit log as witnessed, bound to this call");
@@ -606,7 +611,7 @@ fn remembered_until(keep_until: Option<u64>, now: u64) -> u64 {
 
 /// The ledger's refusal as the call's: a key used before is a conflict (409), anything else
 /// forbidden (403).
-fn ledger_refusal(why: ExecRefused) -> Refused {
+pub(super) fn ledger_refusal(why: ExecRefused) -> Refused {
     match why {
         ExecRefused::Reused(why) => (StatusCode::CONFLICT, why),
         ExecRefused::Forbidden(why) => forbidden(why),
@@ -807,6 +812,7 @@ mod tests {
             secret_salt: None,
             wave: None,
             decision: None,
+            grant: None,
         }
     }
 

@@ -30,9 +30,10 @@ use ssh_key::PublicKey;
 
 use crate::digest::json_digest;
 use crate::protocol::CallRequest;
+use crate::protocol::approval::grant::{self, GrantProof};
 use crate::protocol::approval::{
-    ApprovalProof, Approvers, RunnerApprovals, Signed, Statement, check_lifetime, decision, sshsig,
-    statement, verify_quorum,
+    Approvers, RunnerApprovals, Signed, SignedApprovers, Statement, check_lifetime, decision,
+    sshsig, statement, verify_quorum,
 };
 use crate::protocol::signing::{CallClaims, now};
 
@@ -163,7 +164,7 @@ impl Gate {
         ledger: &super::executed::Executed,
     ) -> Result<Checked, String> {
         let proof = request.approval.as_ref();
-        let approvers = self.approvers(proof)?;
+        let approvers = self.approvers(proof.and_then(|p| p.approvers.as_ref()))?;
         let tool = &request.tool;
         let Some(approval_id) = claims.approval_id.as_deref() else {
             // No approval: only a policy lowering the file itself allows.
@@ -239,7 +240,7 @@ impl Gate {
         };
         let requested = check_lifetime(approval_id, expires, statement_clock, self.max_lifetime)
             .map_err(|e| format!("the signed statement: {e}"))?;
-        ledger.check_requested(approval_id, requested)?;
+        ledger.check_requested(&format!("approval {approval_id}"), requested)?;
         let signed = verify_quorum(&approvers, tool, &text, &proof.signatures, rebuilt.required)?;
         if let Some(proof) = &request.decision {
             let held = decision::Held {
@@ -258,12 +259,39 @@ impl Gate {
         })
     }
 
+    /// The check of one risk:high execution of a covered tool under a grant instead of an
+    /// approval: the grant's one check ([`grant::check`]) against this runner's approvers file,
+    /// its own name and labels and its bound `max_lifetime` on grants, and the grant asked for
+    /// after this runner's state began (its uses are counted there). Counting and revocation
+    /// are the caller's, in the ledger.
+    pub(super) fn check_grant(
+        &self,
+        runner: &str,
+        labels: &BTreeMap<String, String>,
+        request: &CallRequest,
+        proof: &GrantProof,
+        max_lifetime: u64,
+        ledger: &super::executed::Executed,
+    ) -> Result<grant::Checked, String> {
+        let approvers = self.approvers(proof.approvers.as_ref())?;
+        let call = grant::Call {
+            tool: &request.tool,
+            runner,
+            labels,
+            args: &request.args,
+            agent: None,
+        };
+        let checked = grant::check(&approvers, &call, proof, now(), max_lifetime)?;
+        ledger.check_requested(&format!("grant {}", checked.grant.id), checked.requested_ms)?;
+        Ok(checked)
+    }
+
     /// The approvers file for this call: the runner's own, else a carried one under a root key.
-    fn approvers(&self, proof: Option<&ApprovalProof>) -> Result<Approvers, String> {
+    fn approvers(&self, carried: Option<&SignedApprovers>) -> Result<Approvers, String> {
         if let Some(local) = &self.local {
             return Ok(local.clone());
         }
-        let carried = proof.and_then(|p| p.approvers.as_ref()).ok_or(
+        let carried = carried.ok_or(
             "this runner trusts an approvers file signed by its approvers_root_keys, and the call carries none",
         )?;
         let file = carried.verify(&self.root_keys).map_err(|e| e.to_string())?;

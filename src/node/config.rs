@@ -39,6 +39,7 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "approvers_root_keys",
     "min_approvers_serial",
     "max_approval_lifetime_secs",
+    "max_grant_lifetime_secs",
     "require_witnessed",
     "log_key",
     "witness_keys",
@@ -143,6 +144,12 @@ pub struct RunnerConfig {
     /// Raise it with the server's settings.
     #[serde(default = "default_max_approval_lifetime")]
     pub max_approval_lifetime_secs: u64,
+    /// The longest a grant (people's signed, time-boxed mandate for an agent's writes, or a
+    /// break-glass window) may live from when it was asked for, in seconds: a grant that
+    /// lives longer is refused here, whatever its signatures. Default 3600 (1 h), the most
+    /// 86400.
+    #[serde(default = "default_max_grant_lifetime")]
+    pub max_grant_lifetime_secs: u64,
     /// Run a risk:high write only when the call carries its approval's `approval.approved`
     /// audit event with an inclusion proof in a checkpoint signed by `log_key` and cosigned by
     /// `witness_quorum` of `witness_keys`: then no approval runs here that every witness does
@@ -224,6 +231,9 @@ impl std::fmt::Debug for ServiceConfig {
 fn default_max_approval_lifetime() -> u64 {
     crate::protocol::approval::DEFAULT_MAX_LIFETIME_SECS
 }
+fn default_max_grant_lifetime() -> u64 {
+    crate::protocol::approval::grant::DEFAULT_MAX_LIFETIME_SECS
+}
 fn default_state_dir() -> PathBuf {
     PathBuf::from("/var/lib/emisar-runner")
 }
@@ -271,6 +281,7 @@ impl RunnerConfig {
             approvers_root_keys: Vec::new(),
             min_approvers_serial: 0,
             max_approval_lifetime_secs: default_max_approval_lifetime(),
+            max_grant_lifetime_secs: default_max_grant_lifetime(),
             require_witnessed: false,
             log_key: None,
             witness_keys: Vec::new(),
@@ -358,6 +369,9 @@ impl RunnerConfig {
             }
         }
         self.check_tls()?;
+        if !(10..=86_400).contains(&self.max_grant_lifetime_secs) {
+            anyhow::bail!("max_grant_lifetime_secs must be between 10 and 86400 (a day)");
+        }
         if !(10..=crate::protocol::approval::MAX_LIFETIME_SECS)
             .contains(&self.max_approval_lifetime_secs)
         {

@@ -2,8 +2,9 @@
 //! and no lost file lets one approval run twice here.
 //!
 //! - `approvals-executed`: one `ID KEEP_UNTIL` line per approval executed here (and one
-//!   `decision:ID` per rollout decision a run here was made under), appended and
-//!   synced *before* the write runs. A last line without its newline was torn by a crash
+//!   `decision:ID` per rollout decision a run here was made under, one `grant:ID#N` per call
+//!   run here under a grant, the Nth of its uses here, and one `revoked:ID` per grant the
+//!   server said was revoked), appended and synced *before* the write runs. A last line without its newline was torn by a crash
 //!   before the sync returned, so nothing ran under it: it is dropped, with a warning. Any
 //!   other malformed line stops the runner from starting (the file is not what it wrote).
 //! - `state-since`: when this runner's state began (unix milliseconds). A runner whose state was
@@ -126,6 +127,55 @@ impl Executed {
                 },
             ));
         }
+        self.append(&mut ids, approval_id, keep_until)
+    }
+
+    /// Takes the next of the `limit` uses grant `grant_id` has on this runner, durably, before
+    /// anything runs: records `grant:ID#N` for the first N from 1 not recorded yet, and
+    /// returns N; refuses when all `limit` are (the grant's calls here are spent), or when
+    /// the record cannot be made. The lock is held from the count to the sync, so two calls
+    /// at once never take one use.
+    pub(super) fn take_use(
+        &self,
+        grant_id: &str,
+        limit: u32,
+        keep_until: u64,
+    ) -> Result<u32, Refused> {
+        let mut ids = self.ids.lock().unwrap_or_else(|p| p.into_inner());
+        let key = |n: u32| format!("grant:{grant_id}#{n}");
+        let Some(n) = (1..=limit).find(|n| !ids.contains_key(&key(*n))) else {
+            return Err(Refused::Reused(format!(
+                "grant {grant_id} allows {limit} call(s) on this runner, and {limit} ran here: its calls here are spent"
+            )));
+        };
+        self.append(&mut ids, &key(n), keep_until)?;
+        Ok(n)
+    }
+
+    /// Records that grant `grant_id` was revoked, durably, until its expiry (past it the grant
+    /// runs nothing anyway); recording it twice changes nothing.
+    pub(super) fn revoke(&self, grant_id: &str, expires: u64) -> Result<(), Refused> {
+        let key = format!("revoked:{grant_id}");
+        let mut ids = self.ids.lock().unwrap_or_else(|p| p.into_inner());
+        if ids.contains_key(&key) {
+            return Ok(());
+        }
+        self.append(&mut ids, &key, expires)
+    }
+
+    /// Whether grant `grant_id` was revoked here (and still matters).
+    pub(super) fn revoked(&self, grant_id: &str) -> bool {
+        self.contains(&format!("revoked:{grant_id}"))
+    }
+
+    /// Appends `key` with `keep_until` to the file and syncs it, then to `ids` (whose lock the
+    /// caller holds), dropping the entries that no longer matter.
+    fn append(
+        &self,
+        ids: &mut HashMap<String, u64>,
+        key: &str,
+        keep_until: u64,
+    ) -> Result<(), Refused> {
         let t = now();
         ids.retain(|_, until| *until > t);
         let append = || -> std::io::Result<()> {
@@ -135,16 +185,16 @@ impl Executed {
                 .append(true)
                 .mode(0o600)
                 .open(self.dir.join(EXECUTED_FILE))?;
-            f.write_all(format!("{approval_id} {keep_until}\n").as_bytes())?;
+            f.write_all(format!("{key} {keep_until}\n").as_bytes())?;
             f.sync_data()
         };
         append().map_err(|e| {
             Refused::Forbidden(format!(
-                "cannot record approval {approval_id} as executed in {} ({e}); nothing was run",
+                "cannot record `{key}` in {} ({e}); nothing was run",
                 self.dir.display()
             ))
         })?;
-        ids.insert(approval_id.to_owned(), keep_until);
+        ids.insert(key.to_owned(), keep_until);
         Ok(())
     }
 
@@ -154,11 +204,12 @@ impl Executed {
         ids.get(id).is_some_and(|until| *until > now())
     }
 
-    /// Refuses an approval requested (unix milliseconds) before this runner's state began.
-    pub(super) fn check_requested(&self, approval_id: &str, requested: u64) -> Result<(), String> {
+    /// Refuses an approval (or a grant: `what` names it, e.g. `approval ID`) requested (unix
+    /// milliseconds) before this runner's state began.
+    pub(super) fn check_requested(&self, what: &str, requested: u64) -> Result<(), String> {
         if requested < self.since {
             return Err(format!(
-                "approval {approval_id} was requested at {requested} (unix ms), before this runner's state began at {} (its state_dir is new or was lost): it may have run here already, so it never runs; ask again",
+                "{what} was requested at {requested} (unix ms), before this runner's state began at {} (its state_dir is new or was lost): it may have run here already, so it never runs; ask again",
                 self.since
             ));
         }
@@ -242,8 +293,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let ledger = Executed::load(dir.path()).unwrap();
         let since = ledger.since();
-        ledger.check_requested("a1", since).unwrap();
-        let e = ledger.check_requested("a1", since - 1).unwrap_err();
+        ledger.check_requested("approval a1", since).unwrap();
+        let e = ledger
+            .check_requested("approval a1", since - 1)
+            .unwrap_err();
         assert!(e.contains("state_dir is new or was lost"), "{e}");
         // The start time is kept: a restart with the state keeps it.
         std::thread::sleep(std::time::Duration::from_millis(5));
@@ -251,5 +304,40 @@ mod tests {
         // Lost: a new state begins at the next start.
         std::fs::remove_dir_all(dir.path()).unwrap();
         assert!(Executed::load(dir.path()).unwrap().since() > since);
+    }
+
+    /// A grant's uses here are counted in the ledger: the first `limit` calls take one each,
+    /// the next is refused, after a restart too; two threads at once never take one use; a
+    /// revocation is kept across a restart and recorded once.
+    #[test]
+    fn a_grants_uses_here_are_counted_once_each_and_survive_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = std::sync::Arc::new(Executed::load(dir.path()).unwrap());
+        let keep = now() + 60;
+        let took: Vec<u32> = (0..4)
+            .map(|_| {
+                let l = ledger.clone();
+                std::thread::spawn(move || l.take_use("g1", 3, keep).ok())
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .filter_map(|t| t.join().unwrap())
+            .collect();
+        let mut sorted = took.clone();
+        sorted.sort();
+        assert_eq!(sorted, vec![1, 2, 3], "{took:?}");
+        let again = Executed::load(dir.path()).unwrap();
+        let e = again.take_use("g1", 3, keep).unwrap_err();
+        assert!(
+            matches!(&e, Refused::Reused(why) if why.contains("spent")),
+            "{e:?}"
+        );
+        assert_eq!(again.take_use("g2", 3, keep).unwrap(), 1);
+        assert!(!again.revoked("g2"));
+        again.revoke("g2", keep).unwrap();
+        again.revoke("g2", keep).unwrap();
+        let text = std::fs::read_to_string(dir.path().join(EXECUTED_FILE)).unwrap();
+        assert_eq!(text.matches("revoked:g2 ").count(), 1, "{text}");
+        assert!(Executed::load(dir.path()).unwrap().revoked("g2"));
     }
 }

@@ -5,7 +5,8 @@
 //! `engine` runs a tool's steps; `exec` and `http_action` are the two kinds of action, and
 //! only `exec` spawns processes; `seal` is the runner's own seal on what its previews
 //! captured; `approvals` checks people's signatures on a write before it runs
-//! (`require_signed_approvals`); `join` is the runner's side of joining a server, `credential` keeps what joining
+//! (`require_signed_approvals`); `grants` runs a write under people's grant instead and
+//! takes the server's revocations; `join` is the runner's side of joining a server, `credential` keeps what joining
 //! earned it, so it re-registers after a restart, and `tls` is the runner's TLS identity
 //! (configured, or self-signed and kept in `state_dir`).
 
@@ -16,6 +17,7 @@ pub mod credential;
 pub(crate) mod engine;
 pub(crate) mod exec;
 mod executed;
+mod grants;
 pub(crate) mod http_action;
 pub mod join;
 mod seal;

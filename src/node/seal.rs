@@ -60,6 +60,7 @@ impl Sealed<'_> {
             secret_salt: None,
             wave: None,
             decision: None,
+            grant: None,
         }
         .digest();
         canonical_json(&json!({

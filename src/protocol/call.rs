@@ -62,6 +62,11 @@ pub struct CallRequest {
     /// checks people's signatures takes the decision's expiry for the statement's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decision: Option<crate::protocol::approval::DecisionProof>,
+    /// People's grant this execution runs under instead of an approval (see
+    /// [`crate::protocol::approval::grant`]); a runner checks its signatures and limits and
+    /// counts its calls before anything runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grant: Option<crate::protocol::approval::grant::GrantProof>,
 }
 
 impl CallRequest {

@@ -1,5 +1,6 @@
 //! The server's Ed25519 key and the claims of the tokens it signs for runners: a call token
-//! (one runner call) and a health token (the prober reading a runner's `/healthz` details).
+//! (one runner call), a health token (the prober reading a runner's `/healthz` details) and a
+//! revocation token (grants the runner must no longer run any call under).
 //!
 //! Invariant: a runner executes only a call whose token verifies with the server's public key,
 //! names this runner as audience, lives at most [`MAX_TOKEN_LIFETIME`] seconds, carries a `jti`
@@ -36,6 +37,8 @@ pub enum Purpose {
     Call,
     /// Read the runner's `/healthz` details ([`HealthClaims`]).
     Health,
+    /// Tell the runner which grants were revoked ([`RevokeClaims`]).
+    Revoke,
 }
 
 impl Purpose {
@@ -43,6 +46,7 @@ impl Purpose {
         match self {
             Purpose::Call => "call",
             Purpose::Health => "health",
+            Purpose::Revoke => "revoke",
         }
     }
 }
@@ -100,6 +104,45 @@ impl HealthClaims {
             iat,
             exp: iat + TOKEN_LIFETIME,
             purpose: Purpose::Health,
+        }
+    }
+}
+
+/// The claims of a revocation token: the grants this runner must run nothing more under.
+/// Anyone holding `server.key` may send one; it only ever takes authority away, so it carries
+/// no `jti`, and sending it twice changes nothing.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RevokeClaims {
+    pub iss: String,
+    /// The runner's name.
+    pub aud: String,
+    pub iat: u64,
+    pub exp: u64,
+    /// Always [`Purpose::Revoke`].
+    pub purpose: Purpose,
+    pub grants: Vec<RevokedGrant>,
+}
+
+/// One revoked grant: its id, and its expiry (unix seconds), past which the runner need not
+/// remember it (the grant runs nothing after it anyway).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct RevokedGrant {
+    pub id: String,
+    pub expires: u64,
+}
+
+impl RevokeClaims {
+    /// A revocation token's claims for `runner`, valid from now for [`TOKEN_LIFETIME`] seconds.
+    pub fn for_runner(runner: &str, grants: Vec<RevokedGrant>) -> Self {
+        let iat = now();
+        RevokeClaims {
+            iss: ISSUER.to_owned(),
+            aud: runner.to_owned(),
+            iat,
+            exp: iat + TOKEN_LIFETIME,
+            purpose: Purpose::Revoke,
+            grants,
         }
     }
 }
@@ -209,6 +252,11 @@ impl CallVerifier {
     /// A health token's claims, if the token is one for this runner and for reading health.
     pub fn verify_health(&self, token: &str) -> Result<HealthClaims, VerifyError> {
         self.decode(token, Purpose::Health)
+    }
+
+    /// A revocation token's claims, if the token is one for this runner and for revoking.
+    pub fn verify_revoke(&self, token: &str) -> Result<RevokeClaims, VerifyError> {
+        self.decode(token, Purpose::Revoke)
     }
 
     /// Signature, issuer, audience and expiry; then the lifetime and the purpose the token

@@ -280,6 +280,9 @@ fn spawn_audit_tasks(
     shutdown: &CancellationToken,
 ) {
     gateway.spawn_sweeper(Duration::from_secs(2), shutdown.clone());
+    // Revoked grants a replica may not have finished telling every runner of.
+    let resend = gateway.clone();
+    tokio::spawn(async move { resend.resend_revocations().await });
     audit.spawn_refusal_flusher(shutdown.clone());
     if let Some(checkpointer) = checkpointer {
         tracing::info!(
@@ -347,6 +350,8 @@ fn limits(config: &ServerConfig) -> Limits {
     limits.progress_every = Duration::from_millis(config.approval_progress_ms);
     limits.approved_start_within = Duration::from_secs(config.approved_start_within_secs);
     limits.max_pending_per_agent = config.max_pending_per_agent;
+    limits.max_grant_lifetime = Duration::from_secs(config.max_grant_lifetime_secs);
+    limits.revocation_retry = Duration::from_millis(config.health_probe_interval_ms);
     limits
 }
 

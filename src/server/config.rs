@@ -134,6 +134,11 @@ pub struct ServerConfig {
     /// The most approval requests one agent may have pending at once (default 20).
     #[serde(default = "default_max_pending")]
     pub max_pending_per_agent: u32,
+    /// The longest a grant may live, from the agent's request to its expiry, in seconds
+    /// (default 3600): `emisar.request_grant` refuses a longer `expires_in_secs`. Keep it at
+    /// most the runners' `max_grant_lifetime_secs`, or they refuse the grant's calls.
+    #[serde(default = "default_max_grant_lifetime")]
+    pub max_grant_lifetime_secs: u64,
     /// How runners that join are bounded: where they may be reached, and how often one address may try.
     #[serde(default)]
     pub join: JoinConfig,
@@ -240,6 +245,9 @@ fn default_approved_start_within() -> u64 {
 fn default_max_pending() -> u32 {
     20
 }
+fn default_max_grant_lifetime() -> u64 {
+    crate::protocol::approval::grant::DEFAULT_MAX_LIFETIME_SECS
+}
 
 fn default_rate() -> u32 {
     20
@@ -328,6 +336,7 @@ impl ServerConfig {
             insecure_http: false,
             approved_start_within_secs: default_approved_start_within(),
             max_pending_per_agent: default_max_pending(),
+            max_grant_lifetime_secs: default_max_grant_lifetime(),
             join: JoinConfig::default(),
             webauthn: WebauthnConfig::default(),
             approvers_file: None,
@@ -445,6 +454,9 @@ impl ServerConfig {
         }
         if !(1..=3600).contains(&self.approved_start_within_secs) {
             anyhow::bail!("approved_start_within_secs must be between 1 and 3600");
+        }
+        if !(60..=7 * 24 * 3600).contains(&self.max_grant_lifetime_secs) {
+            anyhow::bail!("max_grant_lifetime_secs must be between 60 and 604800 (a week)");
         }
         if !(1..=10_000).contains(&self.max_pending_per_agent) {
             anyhow::bail!("max_pending_per_agent must be between 1 and 10000");

@@ -4,10 +4,12 @@
 pub mod app;
 pub mod approvals;
 pub mod audit;
+pub mod break_glass;
 pub mod config;
 pub mod db;
 pub mod fleet;
 pub mod gateway;
+pub mod grants;
 pub mod http;
 pub mod login_limits;
 pub mod metrics;

@@ -775,6 +775,7 @@ async fn approvals_refuse_what_they_should(backend: Backend) {
         secret_salt: None,
         wave: None,
         decision: None,
+        grant: None,
     };
     let claims = |aud: &str, req: &CallRequest, approval: Option<&str>| {
         let t = now();

@@ -196,6 +196,7 @@ async fn preview_values_run_only_under_the_runners_own_seal(backend: Backend) {
         secret_salt: None,
         wave: None,
         decision: None,
+        grant: None,
     };
     let signed = |call_id: &str| Signed {
         call_id: call_id.into(),

@@ -554,6 +554,114 @@ async fn emisar_dev_prints_a_working_url_and_token() {
     assert_eq!(code, 0, "{out}{err}");
 }
 
+/// The quickstart's grant (README): `emisar dev --signed-approvals` lets a newcomer give the
+/// agent a grant and watch its writes run without a new approval. The agent asks for two
+/// restarts of cron (`emisar.request_grant`); the dev approver signs it from the terminal with
+/// the key and token dev.json names (`emisar grants approve`, the printed command); two
+/// restarts then run at once on the local runner (which checks the signature itself), and
+/// `emisar.grants` says none is left. The runner's `systemctl` is a stand-in (`--runner-config`), so no
+/// service of this machine is touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn emisar_dev_lets_a_newcomer_try_a_grant() {
+    let state = tempfile::tempdir().unwrap();
+    let bin = tempfile::tempdir().unwrap();
+    let record = crate::approvals::systemctl_standin(bin.path());
+    let runner_toml = state.path().join("runner.toml");
+    std::fs::write(
+        &runner_toml,
+        format!(
+            "name = \"local\"\nlisten = \"127.0.0.1:0\"\nserver_public_key_file = \"{}\"\nexec_path = \"{}:/usr/bin:/bin\"\n\n[allowlists]\nsystemd_units = [\"cron\"]\n",
+            state.path().join("server.pub").display(),
+            bin.path().display()
+        ),
+    )
+    .unwrap();
+    let (child, info) = start_dev_with(
+        state.path(),
+        Stdio::null(),
+        &[
+            "--signed-approvals",
+            "--runner-config",
+            runner_toml.to_str().unwrap(),
+        ],
+    )
+    .await;
+    let _dev = Stop(child);
+    let (portal, token) = (
+        info["portal_url"].as_str().unwrap().trim_end_matches('/'),
+        info["approver_token"]
+            .as_str()
+            .expect("dev.json names the approver's token"),
+    );
+    let key = info["approver_ssh_key"].as_str().unwrap();
+
+    use rmcp::ServiceExt;
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+    let config =
+        StreamableHttpClientTransportConfig::with_uri(info["mcp_url"].as_str().unwrap().to_owned())
+            .auth_header(info["agent_token"].as_str().unwrap().to_owned());
+    let client = ().serve(StreamableHttpClientTransport::from_config(config)).await.unwrap();
+    let asked = call(
+        &client,
+        "emisar.request_grant",
+        serde_json::json!({
+            "tools": ["linux.systemctl_restart"], "runners": {"names": ["local"]},
+            "args": {"unit": {"in": ["cron"]}}, "calls": 2, "expires_in_secs": 600,
+            "reason": "quickstart: try a grant"
+        }),
+    )
+    .await
+    .structured_content
+    .unwrap();
+    let asked = &asked["results"][0]["output"];
+    let grant = asked["grant_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{asked}"));
+    assert_eq!(asked["status"], "requested", "{asked}");
+
+    let signed = Command::new(env!("CARGO_BIN_EXE_emisar"))
+        .args(["grants", "approve", grant, "--ssh-key", key])
+        .args(["--server", portal, "--token", token])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        signed.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&signed.stdout),
+        String::from_utf8_lossy(&signed.stderr)
+    );
+    let restart = || {
+        call(
+            &client,
+            "linux.systemctl_restart",
+            serde_json::json!({"runners": ["local"], "unit": "cron", "reason": "quickstart: under the grant"}),
+        )
+    };
+    for n in 1..=2 {
+        let ran = restart().await.structured_content.unwrap();
+        assert_eq!(ran["results"][0]["ok"], true, "{ran}");
+        assert_eq!(ran["grant"]["grant_id"], grant, "{ran}");
+        assert_eq!(ran["grant"]["use"], n, "{ran}");
+        assert_eq!(crate::approvals::restarts(&record), n, "{ran}");
+    }
+    // Both uses are spent: a third restart would be asked of people, as before the grant.
+    let grants = call(
+        &client,
+        "emisar.grants",
+        serde_json::json!({"reason": "how much is left"}),
+    )
+    .await
+    .structured_content
+    .unwrap();
+    let grants = &grants["results"][0]["output"]["grants"];
+    assert_eq!(grants[0]["grant_id"], grant, "{grants}");
+    assert_eq!(grants[0]["status"], "active", "{grants}");
+    assert_eq!(grants[0]["calls_left"], 0, "{grants}");
+    assert_eq!(crate::approvals::restarts(&record), 2);
+}
+
 /// `emisar dev --policy FILE` runs under that policy (docs/getting-started.md): a tool the
 /// file does not give the dev agent is not the agent's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -99,6 +99,7 @@ async fn a_policy_lowered_write_runs_over_mcp(backend: Backend) {
         secret_salt: None,
         wave: None,
         decision: None,
+        grant: None,
     };
     let signed = |lowered_by_policy: Option<String>| Signed {
         call_id: uuid::Uuid::new_v4().to_string(),

@@ -197,6 +197,10 @@ fn samples() -> Vec<Value> {
         json!(16),
         json!(1),
         json!(true),
+        // `emisar.request_grant`'s `tools`, `args` and `runners` (names or labels).
+        json!(["a1"]),
+        json!({}),
+        json!({"names": ["node-1"]}),
     ]
 }
 
@@ -275,7 +279,11 @@ fn corpus(tools: &[rmcp::model::Tool]) -> Vec<Case> {
         for (name, prop) in &properties {
             let value = match name.as_str() {
                 "reason" => json!(format!("hostile corpus: {}", tool.name)),
-                "runners" => json!(["node-1"]),
+                // A runner list, except for a tool whose `runners` is another shape (a
+                // grant's `{"names": [...]}`): a sample fits that.
+                "runners" if validator(prop.as_object().unwrap()).is_valid(&json!(["node-1"])) => {
+                    json!(["node-1"])
+                }
                 "selector" | "raw" => continue,
                 _ => {
                     let one = validator(prop.as_object().unwrap());
@@ -1424,6 +1432,7 @@ async fn runner(app: &TestApp, report: &mut Report, exec_log: &Path) {
         secret_salt: None,
         wave: None,
         decision: None,
+        grant: None,
     };
     let claims_for = |req: &CallRequest| {
         let t = now();

@@ -300,6 +300,7 @@ async fn a_runner_holds_a_decision_to_what_people_signed() {
             secret_salt: None,
             wave: Some(wave),
             decision,
+            grant: None,
         };
         let signed = Signed {
             call_id: uuid::Uuid::new_v4().to_string(),

@@ -356,6 +356,7 @@ async fn a_runner_refuses_a_wave_the_signed_plan_does_not_give_it() {
             secret_salt: None,
             wave,
             decision: None,
+            grant: None,
         };
         let signed = Signed {
             call_id: uuid::Uuid::new_v4().to_string(),

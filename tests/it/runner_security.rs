@@ -43,6 +43,7 @@ impl Fixture {
                 secret_salt: None,
                 wave: None,
                 decision: None,
+                grant: None,
             }
             .digest(),
             pack_sha256: self.pack_sha256.clone(),

@@ -159,6 +159,7 @@ async fn execute(
         // The one wave of a one-wave plan.
         wave: Some(1),
         decision: None,
+        grant: None,
     };
     let answer = app
         .signed_request(

@@ -926,6 +926,7 @@ async fn execute_with(
         secret_salt: None,
         wave: None,
         decision: None,
+        grant: None,
     };
     let answer = app
         .signed_request(

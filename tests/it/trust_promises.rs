@@ -139,6 +139,7 @@ async fn execute(
         // The one wave of a one-wave plan.
         wave: Some(1),
         decision: None,
+        grant: None,
     };
     let answer = app
         .signed_request(
@@ -458,6 +459,7 @@ async fn a_signed_write_runs_only_with_the_preview_values_people_signed(
         secret_salt: None,
         wave: Some(1),
         decision: None,
+        grant: None,
     };
     let id = uuid::Uuid::now_v7().to_string();
     let signed = || Signed {

@@ -23,6 +23,8 @@
 //! tools = "linux.*"
 //! approvals = 2
 //! ssh_signatures = 1              # at least one from the terminal (`emisar approvals approve`)
+//! grants = true                   # may run under a grant signed by 2 people (default false)
+//! break_glass = true              # this runner honours a break-glass window (default false)
 //!
 //! [[rule]]
 //! tools = "*"
@@ -101,6 +103,15 @@ pub struct RuleEntry {
     /// the server does not serve), at most `approvals`. Default 0.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub ssh_signatures: u32,
+    /// Whether this rule's tools may run under a grant (people's signed, time-boxed mandate
+    /// for an agent's writes, signed by as many people as `approvals`). Default false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub grants: bool,
+    /// Whether this rule's tools may run inside a break-glass window (a grant flagged
+    /// `break_glass`, over named runners, signed by two people at least). Default false: a
+    /// runner whose file never says so honours no break-glass at all.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub break_glass: bool,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -131,6 +142,10 @@ pub struct Rule {
     pub approvals: u32,
     pub unapproved: bool,
     pub ssh_signatures: u32,
+    /// Whether the tool may run under a grant.
+    pub grants: bool,
+    /// Whether the tool may run inside a break-glass window.
+    pub break_glass: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -256,6 +271,8 @@ impl Approvers {
                 approvals: r.approvals,
                 unapproved: r.unapproved,
                 ssh_signatures: r.ssh_signatures,
+                grants: r.grants,
+                break_glass: r.break_glass,
             })
     }
 
@@ -382,6 +399,8 @@ pub(crate) mod tests {
                 approvals: 1,
                 unapproved: true,
                 ssh_signatures: 0,
+                grants: false,
+                break_glass: false,
             })
         );
         assert!(

@@ -1,11 +1,15 @@
 //! Approvals signed by people, checked on the node: the statement a person signs
-//! (`statement.rs`), a decision on a halted rollout (`decision.rs`), the two ways they sign it (an OpenSSH key, `sshsig.rs`; a passkey,
+//! (`statement.rs`), a decision on a halted rollout (`decision.rs`), a grant (`grant.rs`: its
+//! format and its one check, which the server and the runners both make), the review of a
+//! break-glass window (`review.rs`), the two ways they sign it (an OpenSSH key, `sshsig.rs`; a passkey,
 //! `webauthn.rs`), the approvers file a runner trusts (`approvers.rs`), and here the signature
 //! as it travels and the one check of a quorum, which the server (when a person approves), the
 //! runner (before a write runs) and `emisar audit verify-approvals` (offline) all use.
 
 pub mod approvers;
 pub mod decision;
+pub mod grant;
+pub mod review;
 pub mod sshsig;
 pub mod statement;
 pub mod webauthn;

@@ -71,6 +71,11 @@ pub mod kind {
     /// One person voted for a rollout decision (with their signature over its text, where
     /// people sign); the detail says whether that carried it out.
     pub(crate) const ROLLOUT_DECIDED: &str = "rollout.decided";
+    /// People signed the review of a break-glass window after the incident
+    /// (`protocol/approval/review.rs`): the detail names the window (`grant`), and has the
+    /// review's text, its signatures, who signed and the note. Until one is in the log, the
+    /// window is listed as unreviewed (`server/break_glass.rs`).
+    pub(crate) const BREAK_GLASS_REVIEWED: &str = "break_glass.reviewed";
     /// Execution was interrupted (a crash) and its outcome is not known; never re-run.
     pub(crate) const CALL_UNKNOWN: &str = "call.unknown";
     pub(crate) const POLICY_LOADED: &str = "policy.loaded";
@@ -108,6 +113,25 @@ pub mod kind {
     /// tree that does not extend what it cosigned, or a bad signature; the detail names the
     /// witness, the size and its answer.
     pub(crate) const WITNESS_REFUSED: &str = "witness.refused";
+    /// An agent asked for a grant (`emisar.request_grant`); the detail has its id (`grant`),
+    /// the text people sign, how many must, and its expiry.
+    pub(crate) const GRANT_REQUESTED: &str = "grant.requested";
+    /// One person signed a grant; the detail names the grant, the person of the approvers
+    /// file and the key.
+    pub(crate) const GRANT_SIGNED: &str = "grant.signed";
+    /// Enough people signed a grant: calls it admits run under it from now on.
+    pub(crate) const GRANT_ACTIVE: &str = "grant.active";
+    /// A call ran under a grant: the detail names the grant, which use it is, the call and
+    /// its runners. Written with the call's `tool.called`, before any runner is called; a
+    /// grant's uses are counted from these events.
+    pub(crate) const GRANT_USED: &str = "grant.used";
+    /// A person revoked a grant; the detail has why. Nothing more runs under it.
+    pub(crate) const GRANT_REVOKED: &str = "grant.revoked";
+    /// A runner acknowledged a grant's revocation (`POST /v1/grants/revoked`); the detail
+    /// names the grant and after how many tries.
+    pub(crate) const GRANT_REVOCATION_DELIVERED: &str = "grant.revocation_delivered";
+    /// A grant reached its expiry while it was still requested or active.
+    pub(crate) const GRANT_EXPIRED: &str = "grant.expired";
 }
 
 /// An event as a caller hands it to the writer. Its fields repeat those of the stored

@@ -30,6 +30,7 @@ pub const KINDS: &[&str] = &[
     super::kind::ROLLOUT_HALTED,
     super::kind::ROLLOUT_DECISION_PROPOSED,
     super::kind::ROLLOUT_DECIDED,
+    super::kind::BREAK_GLASS_REVIEWED,
     super::kind::POLICY_LOADED,
     super::kind::USER_ADDED,
     super::kind::USER_REMOVED,
@@ -49,6 +50,13 @@ pub const KINDS: &[&str] = &[
     super::kind::PASSKEY_SIGN_COUNT_REFUSED,
     super::kind::REFUSAL_REPEATED,
     super::kind::WITNESS_REFUSED,
+    super::kind::GRANT_REQUESTED,
+    super::kind::GRANT_SIGNED,
+    super::kind::GRANT_ACTIVE,
+    super::kind::GRANT_USED,
+    super::kind::GRANT_REVOKED,
+    super::kind::GRANT_REVOCATION_DELIVERED,
+    super::kind::GRANT_EXPIRED,
 ];
 
 /// Every outcome an event records.

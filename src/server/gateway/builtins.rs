@@ -1,6 +1,7 @@
-//! emisar's own tools, answered by the server itself: `emisar.runners` (runner health) and
+//! emisar's own tools, answered by the server itself: `emisar.runners` (runner health),
 //! `emisar.approval_status` / `emisar.approval_wait` (the caller's own approval requests
-//! only). They take no runners and run nothing on a node.
+//! only), and `emisar.request_grant` / `emisar.grants` (the caller's own grants, `grants.rs`).
+//! They run nothing on a node.
 
 use std::time::Duration;
 
@@ -22,6 +23,11 @@ pub const RUNNERS_TOOL: &str = "emisar.runners";
 pub const APPROVAL_STATUS_TOOL: &str = "emisar.approval_status";
 /// The built-in tool that waits (again) for one of the caller's approval requests.
 pub const APPROVAL_WAIT_TOOL: &str = "emisar.approval_wait";
+
+/// The built-in tool an agent asks people for a grant with.
+pub const REQUEST_GRANT_TOOL: &str = "emisar.request_grant";
+/// The built-in tool that lists the caller's grants and what remains of each.
+pub const GRANTS_TOOL: &str = "emisar.grants";
 
 const ASKING: &str = "Why you are asking. Recorded in the audit log.";
 
@@ -46,6 +52,26 @@ pub(super) fn builtin_tools() -> anyhow::Result<Vec<OfferedTool>> {
         )
     };
     Ok(vec![
+        OfferedTool::new(
+            None,
+            REQUEST_GRANT_TOOL,
+            "Asks people for a grant: a signed, time-boxed mandate under which your writes of the named tools, on the named runners, with arguments within the given constraints, run without a new approval each, up to `calls` in all and `calls_per_runner` on one runner. Answers at once with the grant id and the text people sign; `emisar.grants` shows when it is active. A call it does not cover is asked of people as before.",
+            Risk::Read,
+            object(
+                grant_request_properties(),
+                json!(["tools", "runners", "calls", "expires_in_secs", "reason"]),
+            ),
+        )?,
+        OfferedTool::new(
+            None,
+            GRANTS_TOOL,
+            "Your grants, newest first: status (requested, active, revoked, expired), expiry, what each allows, and how many calls remain in all and per runner.",
+            Risk::Read,
+            object(
+                json!({"reason": crate::pack::reason_schema(ASKING)}),
+                json!(["reason"]),
+            ),
+        )?,
         OfferedTool::new(
             None,
             RUNNERS_TOOL,
@@ -73,6 +99,31 @@ pub(super) fn builtin_tools() -> anyhow::Result<Vec<OfferedTool>> {
     ])
 }
 
+/// The input of `emisar.request_grant`.
+fn grant_request_properties() -> Value {
+    json!({
+        "tools": {"type": "array", "minItems": 1, "maxItems": 64,
+                  "items": {"type": "string", "minLength": 1, "maxLength": 128},
+                  "description": "Tool names or globs (`nomad.job_*`) the grant covers; writes only."},
+        "runners": {"type": "object",
+                    "description": "The runners it covers: {\"names\": [\"edge-1\"]} or {\"labels\": {\"role\": \"edge\"}}.",
+                    "properties": {
+                        "names": {"type": "array", "minItems": 1, "items": {"type": "string"}},
+                        "labels": {"type": "object", "additionalProperties": {"type": "string"}}
+                    },
+                    "additionalProperties": false},
+        "args": {"type": "object",
+                 "description": "Per argument, what it must be: {\"in\": [values]} or {\"min\": a, \"max\": b} (whole numbers). An argument not named here is not constrained.",
+                 "additionalProperties": {"type": "object"}},
+        "calls": {"type": "integer", "minimum": 1, "maximum": 1000, "description": "The most calls in all."},
+        "calls_per_runner": {"type": "integer", "minimum": 1, "maximum": 1000,
+                             "description": "The most calls on one runner (default: `calls`)."},
+        "expires_in_secs": {"type": "integer", "minimum": 1,
+                            "description": "How long it lives from now, at most the server's max_grant_lifetime_secs (default 3600)."},
+        "reason": crate::pack::reason_schema("Why you need it; people read it when they sign. Recorded in the audit log."),
+    })
+}
+
 impl Gateway {
     /// Steps 3 to 8 for a built-in tool.
     pub(super) async fn builtin_call(
@@ -83,7 +134,14 @@ impl Gateway {
         mut errors: Vec<String>,
         ctx: &CallContext,
     ) -> Result<CallOutcome, CallError> {
-        if offered.name == RUNNERS_TOOL {
+        if offered.name == REQUEST_GRANT_TOOL {
+            return self.request_grant_tool(caller, offered, args, errors).await;
+        }
+        if offered.name == GRANTS_TOOL && errors.is_empty() {
+            return self.grants_tool(caller, offered, args.reason).await;
+        }
+        // `emisar.grants` with errors is refused as `emisar.runners` refuses them.
+        if offered.name == RUNNERS_TOOL || offered.name == GRANTS_TOOL {
             return self
                 .runners_tool(caller, offered, args.reason, errors)
                 .await;
@@ -154,6 +212,7 @@ impl Gateway {
             runner_chosen_by_server: false,
             approval: None,
             halt: None,
+            grant: None,
             results: vec![RunnerResult {
                 runner: "emisar".into(),
                 ok: true,

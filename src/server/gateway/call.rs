@@ -166,9 +166,21 @@ impl Gateway {
                     .await
                     .map(Answer::Now)
             }
+            // A call that needs people runs at once under an active grant of the caller's
+            // that admits it and has a use left (`grants.rs`); else people are asked, and
+            // the agent reads why no grant covered it.
             Admission::NeedsApproval { approvers } => {
-                self.ask_people(caller, tool, resolved, call_id, approvers, ctx)
-                    .await
+                let (runners, params) = (&resolved.targets.runners, &resolved.args.params);
+                match self.under_grant(caller, tool, runners, params).await? {
+                    Ok(grant) => self
+                        .run_under_grant(caller, &policy, tool, resolved, call_id, grant)
+                        .await
+                        .map(Answer::Now),
+                    Err(not_covered) => self
+                        .ask_people(caller, tool, resolved, call_id, approvers, ctx)
+                        .await
+                        .map(|answer| with_not_covered(answer, &not_covered)),
+                }
             }
         }
     }
@@ -508,6 +520,89 @@ impl Gateway {
             results,
             approval: None,
             halt,
+            grant: None,
+        };
+        crate::server::metrics::tool_call(
+            &tool.name,
+            if outcome.all_failed() { "error" } else { "ok" },
+        );
+        Ok(outcome)
+    }
+
+    /// Steps 5 to 8 for a call that needs approval and runs under a grant instead: its
+    /// intent names the grant and the use, and is one append with the use (`grant.used`),
+    /// made before the grant's lock is released; then it runs as any write, each runner
+    /// given the grant's text and signatures, which it checks again.
+    async fn run_under_grant(
+        &self,
+        caller: &Principal,
+        policy: &Policy,
+        tool: &ToolRef,
+        resolved: Resolved,
+        call_id: String,
+        grant: super::grants::GrantUse,
+    ) -> Result<CallOutcome, CallError> {
+        let actor = caller.actor();
+        let audited = AuditedCall {
+            actor: &actor,
+            tool: &tool.name,
+            args: &resolved.shown_args,
+            reason: resolved.args.reason.as_deref(),
+            call_id: &call_id,
+            approval_id: None,
+            on_behalf_of: caller.on_behalf_of.as_deref(),
+        };
+        let runners = &resolved.targets.runners;
+        let mut how = json!({"grant": grant.id, "grant_use": grant.number});
+        if grant.break_glass {
+            how["break_glass"] = json!(true);
+        }
+        let intent = audited.tool_called(runners, resolved.targets.runner_chosen_by_server, how);
+        let used = grant.used_event(&audited, runners);
+        let appended = self
+            .audit
+            .append_all(vec![intent, used])
+            .await
+            .map_err(CallError::AuditUnavailable)?;
+        drop(grant.lock);
+        // A break-glass call runs only once the log that records it is witnessed: its
+        // `grant.used` in a checkpoint the witness quorum cosigned, so no server can run it
+        // and then hide it.
+        if grant.break_glass {
+            let used_id = appended.last().map(|e| e.id.clone()).unwrap_or_default();
+            if let Err(why) = self.witnessed_event(&used_id).await {
+                let why = format!(
+                    "break-glass call {call_id} under window {}: {why}",
+                    grant.id
+                );
+                let (shown_args, reason) = (resolved.shown_args, resolved.args.reason);
+                return Err(self
+                    .refuse(
+                        caller,
+                        &tool.name,
+                        shown_args,
+                        reason,
+                        why.clone(),
+                        CallError::NotWitnessed(why),
+                    )
+                    .await);
+            }
+        }
+        let dispatch = Dispatch {
+            grant: Some(&grant.proof),
+            ..self.dispatch(tool, &resolved.args, &call_id, None)
+        };
+        let rolled = self
+            .write_in_waves(policy, tool, &dispatch, runners, &audited)
+            .await;
+        let outcome = CallOutcome {
+            call_id,
+            tool: tool.name.clone(),
+            runner_chosen_by_server: resolved.targets.runner_chosen_by_server,
+            results: rolled.results,
+            approval: None,
+            halt: rolled.halt,
+            grant: Some(json!({"grant_id": grant.id, "use": grant.number})),
         };
         crate::server::metrics::tool_call(
             &tool.name,
@@ -674,6 +769,21 @@ impl Gateway {
     }
 }
 
+/// A call people were asked for, answered with why no grant covered it (`grant G: 3 of 3
+/// calls used`), when a grant was looked at: in its approval's message.
+fn with_not_covered(mut answer: Answer, not_covered: &[String]) -> Answer {
+    if let (Answer::Now(outcome), false) = (&mut answer, not_covered.is_empty())
+        && let Some(approval) = outcome.approval.as_mut()
+    {
+        approval.message = format!(
+            "{} (no grant covered this call: {})",
+            approval.message,
+            not_covered.join("; ")
+        );
+    }
+    answer
+}
+
 /// Step 3, first half: schema errors, and the arguments with `reason`, `raw` and `runners`
 /// split off.
 ///
@@ -716,10 +826,15 @@ fn validate(offered: &OfferedTool, whole: Map<String, Value>) -> (Args, Vec<Stri
         .remove("raw")
         .and_then(|v| v.as_bool())
         .unwrap_or(false);
-    let named: Vec<String> = params
-        .remove("runners")
-        .and_then(|v| serde_json::from_value(v).ok())
-        .unwrap_or_default();
+    // A pack tool's `runners` says where it goes; a built-in's (`emisar.request_grant`) is
+    // its own argument.
+    let named: Vec<String> = match offered.tool {
+        Some(_) => params
+            .remove("runners")
+            .and_then(|v| serde_json::from_value(v).ok())
+            .unwrap_or_default(),
+        None => Vec::new(),
+    };
     (
         Args {
             params,

@@ -34,9 +34,11 @@
 //! result reaches the agent before its outcome and its call's intent are.
 
 mod approval_flow;
+mod break_glass;
 mod builtins;
 mod call;
 mod dispatch;
+mod grants;
 mod outcome;
 mod redact;
 mod signatures;
@@ -47,8 +49,12 @@ mod witnessed;
 /// A runner as the gateway shows it to a caller (`Gateway::runners_visible_to`): the API and
 /// the portal serve this view, never the registry behind it.
 pub(crate) use crate::server::runners::registry::RunnerStatus;
-pub use builtins::{APPROVAL_STATUS_TOOL, APPROVAL_WAIT_TOOL, RUNNERS_TOOL};
+pub use break_glass::WindowAsk;
+pub use builtins::{
+    APPROVAL_STATUS_TOOL, APPROVAL_WAIT_TOOL, GRANTS_TOOL, REQUEST_GRANT_TOOL, RUNNERS_TOOL,
+};
 pub use call::{Answer, CallContext, Progress, ToolCall};
+pub use grants::GrantError;
 pub use outcome::{ApprovalInfo, CallError, CallOutcome, RunnerResult};
 pub use signatures::ServerApprovers;
 pub(crate) use state::GatewayParts;

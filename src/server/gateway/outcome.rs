@@ -34,6 +34,9 @@ pub enum CallError {
     NeedsApprovalSecret { tool: String },
     #[error("refused: the preview failed, so no approval was requested: {0}")]
     PreviewFailed(String),
+    /// A break-glass call whose record no witness quorum cosigned in time: nothing ran.
+    #[error("refused: {0}")]
+    NotWitnessed(String),
     #[error("refused: approval request {approval_id} was denied by {by}: {note}")]
     DeniedByHuman {
         approval_id: String,
@@ -83,6 +86,7 @@ impl CallError {
             CallError::SignaturesUnsatisfiable(_) => "signatures_unsatisfiable",
             CallError::NeedsApprovalSecret { .. } => "needs_approval_secret",
             CallError::PreviewFailed(_) => "preview_failed",
+            CallError::NotWitnessed(_) => "not_witnessed",
             CallError::DeniedByHuman { .. } => "denied_by_human",
             CallError::Expired { .. } => "expired",
             CallError::Withdrawn { .. } => "withdrawn",
@@ -151,6 +155,9 @@ pub struct CallOutcome {
     /// Where the rollout halted, when it did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub halt: Option<crate::server::approvals::Halt>,
+    /// Set when the call ran under a grant: its id (`grant_id`) and which use it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grant: Option<Value>,
 }
 
 impl CallOutcome {
@@ -164,6 +171,7 @@ impl CallOutcome {
             results,
             approval: None,
             halt: None,
+            grant: None,
         }
     }
 
@@ -226,6 +234,7 @@ mod tests {
             CallError::SignaturesUnsatisfiable("x".into()),
             CallError::NeedsApprovalSecret { tool: "x".into() },
             CallError::PreviewFailed("x".into()),
+            CallError::NotWitnessed(String::new()),
             CallError::DeniedByHuman {
                 approval_id: id(),
                 by: "ann".into(),
@@ -271,6 +280,7 @@ mod tests {
             | CallError::SignaturesUnsatisfiable(_)
             | CallError::NeedsApprovalSecret { .. }
             | CallError::PreviewFailed(_)
+            | CallError::NotWitnessed(_)
             | CallError::DeniedByHuman { .. }
             | CallError::Expired { .. }
             | CallError::Withdrawn { .. }

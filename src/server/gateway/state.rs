@@ -67,6 +67,10 @@ pub struct Limits {
     pub approved_start_within: Duration,
     /// The most approval requests one agent may have pending at once.
     pub max_pending_per_agent: u32,
+    /// The longest a grant may live, from its request to its expiry.
+    pub max_grant_lifetime: Duration,
+    /// How often a revoked grant is sent again to a runner that did not acknowledge it.
+    pub revocation_retry: Duration,
 }
 
 impl Limits {
@@ -80,6 +84,10 @@ impl Limits {
             progress_every: Duration::from_secs(10),
             approved_start_within: Duration::from_secs(5 * 60),
             max_pending_per_agent: 20,
+            max_grant_lifetime: Duration::from_secs(
+                crate::protocol::approval::grant::DEFAULT_MAX_LIFETIME_SECS,
+            ),
+            revocation_retry: super::grants::DEFAULT_REVOCATION_RETRY,
         }
     }
 }
@@ -101,6 +109,8 @@ pub struct Gateway {
     pub(super) in_flight: Semaphore,
     pub(super) audit_key: Option<AuditKey>,
     pub(super) approvals: Approvals,
+    /// People's grants to agents (`grants.rs`), in the approvals' store.
+    pub(super) grants: crate::server::grants::Grants,
     /// Swapped whole on reload; each call decides under one version.
     pub(super) policy: std::sync::RwLock<Arc<Policy>>,
     /// `approvers_file`: requests are signed by people (see `signatures.rs`).
@@ -153,6 +163,7 @@ impl Gateway {
             retry_budget: RetryBudget::new(0.1, 10.0),
             in_flight: Semaphore::new(MAX_IN_FLIGHT),
             audit_key: parts.audit_key,
+            grants: crate::server::grants::Grants::new(parts.approvals.db().clone()),
             approvals: parts.approvals,
             policy: std::sync::RwLock::new(Arc::new(Policy::builtin())),
             approvers: parts.approvers.map(Arc::new),
@@ -340,6 +351,11 @@ impl Gateway {
 
     pub(crate) fn audit(&self) -> &AuditLog {
         &self.audit
+    }
+
+    /// The people of the server's `approvers_file`, who sign (None: no file).
+    pub(crate) fn approvers(&self) -> Option<&crate::protocol::approval::Approvers> {
+        self.approvers.as_deref().map(|a| &a.approvers)
     }
 
     pub(crate) fn runners(&self) -> &Arc<Registry> {

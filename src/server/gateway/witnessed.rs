@@ -87,4 +87,27 @@ impl super::Gateway {
             }
         }
     }
+
+    /// Waits up to [`WAIT`] until event `id` is in a checkpoint the witness quorum cosigned
+    /// (a break-glass call's `grant.used`); the error says why nothing runs.
+    pub(super) async fn witnessed_event(&self, id: &str) -> Result<(), String> {
+        let Some(w) = &self.witnessing else {
+            return Err(
+                "this server has no witnesses: set [transparency] witnesses in emisar.toml".into(),
+            );
+        };
+        let deadline = Instant::now() + WAIT;
+        loop {
+            match audit::proofs::prove(&w.db, id, w.quorum).await {
+                Ok(_) => return Ok(()),
+                Err(e) if Instant::now() >= deadline => {
+                    return Err(format!(
+                        "it was not witnessed within {} s ({e}): nothing ran",
+                        WAIT.as_secs()
+                    ));
+                }
+                Err(_) => tokio::time::sleep(POLL).await,
+            }
+        }
+    }
 }

@@ -178,6 +178,8 @@ pub(crate) struct Dispatch<'a> {
     pub wave: Option<u32>,
     /// People's decision to resume or retry the halted rollout this execution continues.
     pub decision: Option<&'a crate::protocol::approval::DecisionProof>,
+    /// People's grant this execution runs under instead of an approval.
+    pub grant: Option<&'a crate::protocol::approval::grant::GrantProof>,
 }
 
 impl<'a> Dispatch<'a> {
@@ -207,6 +209,7 @@ impl<'a> Dispatch<'a> {
             secret_salt: None,
             wave: None,
             decision: None,
+            grant: None,
         }
     }
 }
@@ -268,6 +271,7 @@ impl RunnerClient {
             secret_salt: d.secret_salt.map(str::to_owned),
             wave: d.wave,
             decision: d.decision.cloned(),
+            grant: d.grant.cloned(),
         };
         let iat = now();
         let claims = CallClaims {
@@ -334,6 +338,51 @@ impl RunnerClient {
                 Err(e) => Err(RunnerError::BadAnswer {
                     detail: clean_line(&e.to_string(), MAX_DETAIL_CHARS),
                 }),
+            }
+        };
+        tokio::time::timeout(deadline, send)
+            .await
+            .unwrap_or(Err(RunnerError::Timeout(deadline)))
+    }
+
+    /// Tells `runner` that `grants` are revoked (`POST /v1/grants/revoked`, a revocation
+    /// token for it, no body); Ok once it answered 2xx.
+    pub(crate) async fn revoke(
+        &self,
+        runner: &str,
+        endpoint: &Endpoint,
+        grants: Vec<crate::protocol::signing::RevokedGrant>,
+        deadline: Duration,
+    ) -> Result<(), RunnerError> {
+        let claims = crate::protocol::signing::RevokeClaims::for_runner(runner, grants);
+        let token = self
+            .signer
+            .sign(&claims)
+            .map_err(|e| RunnerError::Unreachable {
+                detail: format!("could not sign the revocation: {e:#}"),
+            })?;
+        let url = format!(
+            "{}/v1/grants/revoked",
+            endpoint.entry.url.trim_end_matches('/')
+        );
+        let send = async {
+            let mut response = endpoint
+                .http
+                .post(&url)
+                .bearer_auth(token)
+                .send()
+                .await
+                .map_err(|e| send_error(&e))?;
+            let status = response.status();
+            let bytes = super::read_capped(&mut response, MAX_ANSWER_BYTES)
+                .await
+                .map_err(|_| RunnerError::BadAnswer {
+                    detail: "the revocation's answer could not be read".into(),
+                })?;
+            if status.is_success() {
+                Ok(())
+            } else {
+                Err(refusal(status.as_u16(), &bytes))
             }
         };
         tokio::time::timeout(deadline, send)

@@ -413,6 +413,9 @@ fn runner_config(
         .collect();
     config.programs = spec.programs.clone();
     config.allowlists = spec.allowlists.clone();
+    // Its own labels are the server's for it, as runner.toml and the server's list agree in
+    // a deployment: a grant's selector is matched against the runner's own.
+    config.labels = spec.labels.clone();
     config.require_signed_approvals = spec.require_signed.clone();
     config.approvers_file = spec.approvers_file.clone();
     config.approvers_root_keys = spec.approvers_root_keys.clone();
@@ -785,6 +788,7 @@ impl TestApp {
             secret_salt: None,
             wave: None,
             decision: None,
+            grant: None,
         };
         let signed = Signed {
             call_id: "direct-test-call".into(),

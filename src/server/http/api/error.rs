@@ -145,6 +145,32 @@ impl From<ApprovalError> for ApiError {
     }
 }
 
+impl From<crate::server::gateway::GrantError> for ApiError {
+    fn from(e: crate::server::gateway::GrantError) -> Self {
+        use crate::server::gateway::GrantError;
+        let code = match &e {
+            GrantError::NotFound(_) => Code::NotFound,
+            GrantError::Invalid(_) => Code::InvalidRequest,
+            GrantError::Refused(_) => Code::Forbidden,
+            GrantError::Audit(_) => {
+                return ApiError::unavailable(
+                    "a grant operation failed",
+                    &e,
+                    "refused: the audit log cannot record this now, so nothing changed; try again later",
+                );
+            }
+            GrantError::Store(_) => {
+                return ApiError::unavailable(
+                    "a grant operation failed",
+                    &e,
+                    "the grant store is unavailable; try again later",
+                );
+            }
+        };
+        ApiError::new(code, e.to_string())
+    }
+}
+
 impl From<FleetError> for ApiError {
     fn from(e: FleetError) -> Self {
         let code = match &e {

@@ -1,4 +1,5 @@
-//! The JSON API under `/api`: the approvals (`approvals`), the audit (`audit`), people's
+//! The JSON API under `/api`: the approvals (`approvals`), people's grants to agents
+//! (`grants`), break-glass windows and their reviews (`break_glass`), the audit (`audit`), people's
 //! passkeys (`passkeys`), the runners and their enrolment (`runners`), the portal's sign-in, mounted from one
 //! table ([`HANDLERS`]) by the operations of the OpenAPI document (`openapi`), which the
 //! server also serves at `GET /api/openapi.json`.
@@ -20,7 +21,9 @@ use crate::server::http::state::HttpState;
 
 pub mod approvals;
 pub mod audit;
+pub mod break_glass;
 pub mod error;
+pub mod grants;
 pub mod openapi;
 pub mod passkeys;
 pub mod runners;
@@ -151,6 +154,34 @@ pub(crate) const HANDLERS: &[Handler] = &[
         query: None,
     },
     Handler {
+        operation: "grants_list",
+        access: Access::Door,
+        route: |m| on(m, grants::list),
+        body: None,
+        query: Some(query::<grants::ListQuery>),
+    },
+    Handler {
+        operation: "grants_show",
+        access: Access::Door,
+        route: |m| on(m, grants::show),
+        body: None,
+        query: None,
+    },
+    Handler {
+        operation: "grants_approve",
+        access: Access::Door,
+        route: |m| on(m, grants::approve),
+        body: Some(body::<grants::Approve>),
+        query: None,
+    },
+    Handler {
+        operation: "grants_revoke",
+        access: Access::Door,
+        route: |m| on(m, grants::revoke),
+        body: Some(body::<grants::Revoke>),
+        query: None,
+    },
+    Handler {
         operation: "audit_query",
         access: Access::Door,
         route: |m| on(m, audit::page),
@@ -191,6 +222,34 @@ pub(crate) const HANDLERS: &[Handler] = &[
         route: |m| on(m, audit::activity),
         body: None,
         query: Some(query::<audit::ActivityQuery>),
+    },
+    Handler {
+        operation: "break_glass_list",
+        access: Access::Door,
+        route: |m| on(m, break_glass::list),
+        body: None,
+        query: Some(query::<break_glass::ListQuery>),
+    },
+    Handler {
+        operation: "break_glass_open",
+        access: Access::Door,
+        route: |m| on(m, break_glass::open),
+        body: Some(body::<break_glass::Open>),
+        query: None,
+    },
+    Handler {
+        operation: "break_glass_show",
+        access: Access::Door,
+        route: |m| on(m, break_glass::show),
+        body: None,
+        query: None,
+    },
+    Handler {
+        operation: "break_glass_review",
+        access: Access::Door,
+        route: |m| on(m, break_glass::review),
+        body: Some(body::<break_glass::ReviewSignature>),
+        query: None,
     },
     Handler {
         operation: "runners_list",

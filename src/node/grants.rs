@@ -1,0 +1,188 @@
+//! The runner's side of grants (issue 47): a risk:high write that carries people's grant
+//! instead of an approval runs here only when this runner finds the grant good itself, and
+//! counts it against the grant's calls in its own state directory; and `POST
+//! /v1/grants/revoked`, where the server tells it which grants must run nothing more.
+//!
+//! *Invariant:* a write runs under a grant only when
+//! - the call carries the grant alone (no approval id, no policy's lowering, no decision);
+//! - this runner does not require witnessed approvals (a grant's call carries no witnessed
+//!   proof, so such a runner runs none);
+//! - where `require_signed_approvals` covers the tool, the grant passes its one check
+//!   ([`crate::protocol::approval::grant::check`]) against this runner's approvers file, its
+//!   own name and labels and `max_grant_lifetime_secs`; elsewhere (the server's signatures are
+//!   trusted for this tool here, as its approval ids are) the grant still admits the call, has
+//!   not expired and lives within that bound, and a break-glass window never runs (only an
+//!   approvers file honours one);
+//! - it was asked for after this runner's state began, was not revoked here, and fewer than
+//!   its `calls_per_runner` (and `calls`) ran here under it, the use taken durably before the
+//!   write runs ([`super::executed::Executed::take_use`]).
+//!
+//! A revocation token is signed by `server.key` (purpose `revoke`, for this runner); it only
+//! ever takes authority away, so a replay changes nothing.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use super::agent::{Refused, RunnerState, bearer, forbidden, ledger_refusal, refuse};
+use crate::pack::Tool;
+use crate::protocol::CallRequest;
+use crate::protocol::approval::check_lifetime;
+use crate::protocol::approval::grant::{self, Grant, GrantProof};
+use crate::protocol::signing::{CallClaims, now};
+
+/// The most grants one revocation token may name: far more than are ever alive at once (each
+/// lives an hour at most by default).
+const MAX_REVOKED_PER_TOKEN: usize = 1000;
+
+/// The check of one risk:high execution that carries `proof`, and its use taken here.
+pub(super) fn check(
+    state: &RunnerState,
+    tool: &Tool,
+    claims: &CallClaims,
+    request: &CallRequest,
+    proof: &GrantProof,
+) -> Result<(), Refused> {
+    let carries_approval = claims.approval_id.is_some()
+        || claims.lowered_by_policy.is_some()
+        || request.approval.is_some()
+        || request.decision.is_some()
+        || request.witnessed.is_some();
+    if carries_approval {
+        return Err(forbidden(
+            "the call carries a grant and an approval (or a policy's lowering, or a rollout decision): a write runs under one of them, never both".to_owned(),
+        ));
+    }
+    if state.witnessed.is_some() {
+        return Err(forbidden(format!(
+            "`{}`: this runner requires witnessed approvals (require_witnessed), and a call under a grant carries no witnessed proof, so no grant runs here",
+            tool.name
+        )));
+    }
+    let config = &state.config;
+    let (grant, expires, signed_by) = if state.gate.requires(&tool.name) {
+        let checked = state
+            .gate
+            .check_grant(
+                &config.name,
+                &config.labels,
+                request,
+                proof,
+                config.max_grant_lifetime_secs,
+                &state.executed,
+            )
+            .map_err(forbidden)?;
+        let people: Vec<String> = checked.signed.iter().map(|s| s.person.clone()).collect();
+        (checked.grant, checked.expires, Some(people))
+    } else {
+        let (grant, expires) = unsigned_here(state, request, proof).map_err(forbidden)?;
+        (grant, expires, None)
+    };
+    if state.executed.revoked(&grant.id) {
+        return Err(forbidden(format!(
+            "grant {} was revoked (the server told this runner so): nothing more runs under it",
+            grant.id
+        )));
+    }
+    let limit = grant.runner_limit();
+    let n = state
+        .executed
+        .take_use(&grant.id, limit, expires)
+        .map_err(ledger_refusal)?;
+    tracing::info!(tool = %tool.name, call_id = %claims.call_id, grant = %grant.id, use_here = n, of = limit,
+        break_glass = grant.break_glass, signed_by = ?signed_by,
+        "executing a risk:high tool under a grant checked here");
+    Ok(())
+}
+
+/// The grant, where this runner does not check people's signatures for the tool: it still
+/// admits the call, lives within `max_grant_lifetime_secs`, has not expired, was asked for
+/// after this runner's state began, and is no break-glass window.
+fn unsigned_here(
+    state: &RunnerState,
+    request: &CallRequest,
+    proof: &GrantProof,
+) -> Result<(Grant, u64), String> {
+    let config = &state.config;
+    let grant = Grant::parse(&proof.text).map_err(|e| e.to_string())?;
+    if grant.break_glass {
+        return Err(format!(
+            "`{}`: a break-glass window runs only where the runner's approvers file honours it (`break_glass = true`), and this runner checks no signatures for the tool",
+            request.tool
+        ));
+    }
+    let call = grant::Call {
+        tool: &request.tool,
+        runner: &config.name,
+        labels: &config.labels,
+        args: &request.args,
+        agent: None,
+    };
+    grant::admits(&grant, &call)?;
+    let expires = grant.expires_unix().map_err(|e| e.to_string())?;
+    let requested = check_lifetime(&grant.id, expires, now(), config.max_grant_lifetime_secs)
+        .map_err(|e| format!("the grant: {e}"))?;
+    state
+        .executed
+        .check_requested(&format!("grant {}", grant.id), requested)?;
+    Ok((grant, expires))
+}
+
+/// `POST /v1/grants/revoked`: records each grant the token names as revoked here.
+pub(super) async fn revoked(State(state): State<Arc<RunnerState>>, headers: HeaderMap) -> Response {
+    let Some(token) = bearer(&headers) else {
+        return refuse(
+            StatusCode::UNAUTHORIZED,
+            "a signed revocation token is required",
+        );
+    };
+    let claims = match state.verifier.verify_revoke(token) {
+        Ok(claims) => claims,
+        Err(e) => return refuse(StatusCode::UNAUTHORIZED, e.to_string()),
+    };
+    if claims.grants.len() > MAX_REVOKED_PER_TOKEN {
+        return refuse(
+            StatusCode::BAD_REQUEST,
+            format!("`grants`: at most {MAX_REVOKED_PER_TOKEN} in one token"),
+        );
+    }
+    if let Some(bad) = claims
+        .grants
+        .iter()
+        .find(|g| crate::protocol::approval::issued_millis(&g.id).is_none())
+    {
+        return refuse(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "`grants`: `{}` is not a grant id (a UUIDv7)",
+                bad.id.escape_debug()
+            ),
+        );
+    }
+    // A later `expires` is remembered no longer than a grant may live here.
+    let t = now();
+    let longest = t + state.config.max_grant_lifetime_secs;
+    let (mut recorded, mut expired) = (0, 0);
+    for revoked in &claims.grants {
+        // An expired grant runs nothing here anyway: nothing to remember, and the answer
+        // says so rather than count it as revoked.
+        if revoked.expires <= t {
+            expired += 1;
+            continue;
+        }
+        if let Err(why) = state
+            .executed
+            .revoke(&revoked.id, revoked.expires.min(longest))
+        {
+            let (status, why) = ledger_refusal(why);
+            return refuse(status, why);
+        }
+        recorded += 1;
+        tracing::warn!(grant = %revoked.id, "grant revoked: nothing more runs under it here");
+    }
+    Json(json!({"revoked": recorded, "already_expired": expired})).into_response()
+}

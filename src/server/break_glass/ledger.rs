@@ -1,0 +1,434 @@
+//! Break-glass windows as the audit log tells them (issue 47): which windows were opened, by
+//! whom, which calls ran inside each, and whether people signed a review afterwards. The
+//! portal and `emisar audit break-glass` list windows from here.
+//!
+//! A window is a grant whose text says `break_glass true` (`protocol/approval/grant.rs`). Its
+//! life is in the log: `grant.requested` (with the text people sign), `grant.signed`,
+//! `grant.active`, `grant.used` (one per call, naming the call), `grant.revoked` or
+//! `grant.expired`, and at last `break_glass.reviewed` (the signed review,
+//! `protocol/approval/review.rs`).
+//!
+//! *Invariant:* a window's state is read from the log alone, never from the grants or
+//! reviews tables: a window whose rows were deleted from the store still shows, unreviewed,
+//! from its events; and a review counts only when its text binds the window's own grant text
+//! (its id and SHA-256), so a review of another window, or of an edited text, leaves it
+//! unreviewed.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::protocol::approval::grant::{Grant, Runners};
+use crate::protocol::approval::review::Review;
+use crate::protocol::approval::statement::{hash_text, parse_utc};
+use crate::protocol::audit_event::Event;
+
+/// The audit event kinds a window's life is read from.
+pub mod events {
+    use crate::server::audit::kind;
+
+    pub const GRANT_REQUESTED: &str = kind::GRANT_REQUESTED;
+    pub const GRANT_SIGNED: &str = kind::GRANT_SIGNED;
+    pub const GRANT_ACTIVE: &str = kind::GRANT_ACTIVE;
+    pub const GRANT_USED: &str = kind::GRANT_USED;
+    pub const GRANT_REVOKED: &str = kind::GRANT_REVOKED;
+    pub const GRANT_EXPIRED: &str = kind::GRANT_EXPIRED;
+    pub const BREAK_GLASS_REVIEWED: &str = kind::BREAK_GLASS_REVIEWED;
+    /// Every kind above, for a reader that fetches them from the log.
+    pub const ALL: &[&str] = &[
+        GRANT_REQUESTED,
+        GRANT_SIGNED,
+        GRANT_ACTIVE,
+        GRANT_USED,
+        GRANT_REVOKED,
+        GRANT_EXPIRED,
+        BREAK_GLASS_REVIEWED,
+    ];
+}
+
+/// Where a window stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum State {
+    /// Asked for; not yet signed by enough people.
+    Requested,
+    /// Signed by enough people, not revoked, not expired: calls inside it run.
+    Open,
+    /// Revoked or expired, and no review binds it yet.
+    ClosedUnreviewed,
+    /// People signed a review of it.
+    Reviewed,
+}
+
+impl State {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Requested => "requested",
+            State::Open => "open",
+            State::ClosedUnreviewed => "closed-unreviewed",
+            State::Reviewed => "reviewed",
+        }
+    }
+
+    /// Whether people still owe this window a review.
+    pub fn unreviewed(self) -> bool {
+        self != State::Reviewed
+    }
+}
+
+/// One call made inside a window.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WindowCall {
+    pub call_id: Option<String>,
+    pub tool: Option<String>,
+    pub runners: Vec<String>,
+    /// Who called (the agent's audit actor).
+    pub actor: String,
+    pub at: String,
+    /// The `grant.used` event's sequence number.
+    pub seq: i64,
+}
+
+/// The review people signed of a window, as the log holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WindowReview {
+    pub at: String,
+    /// Who submitted it.
+    pub actor: String,
+    /// The people of the approvers file whose signatures the server verified.
+    pub signed_by: Vec<String>,
+    pub note: String,
+    pub seq: i64,
+}
+
+/// A break-glass window as the log tells it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Window {
+    pub id: String,
+    pub state: State,
+    pub agent: String,
+    pub runners: Vec<String>,
+    pub reason: String,
+    pub expires_at: String,
+    pub required: u32,
+    /// Who asked for it (`grant.requested`'s actor), and when.
+    pub opened_by: String,
+    pub opened_at: String,
+    /// The people who signed it, in the order they did.
+    pub signed_by: Vec<String>,
+    /// When it became active (enough people signed).
+    pub active_at: Option<String>,
+    /// When and why it closed before or at its expiry: `revoked` or `expired`.
+    pub closed: Option<(String, String)>,
+    pub calls: Vec<WindowCall>,
+    pub review: Option<WindowReview>,
+    /// The grant text people signed.
+    pub text: String,
+}
+
+/// The break-glass windows among `events` (any order; the kinds of [`events::ALL`]), oldest
+/// first, each in its state at `now` (seconds since the epoch).
+pub fn windows(events: &[Event], now: u64) -> Vec<Window> {
+    let mut sorted: Vec<&Event> = events.iter().collect();
+    sorted.sort_by_key(|e| e.seq);
+    let mut found: BTreeMap<String, Window> = BTreeMap::new();
+    for event in &sorted {
+        if event.kind == events::GRANT_REQUESTED
+            && let Some(window) = opened(event)
+        {
+            found.entry(window.id.clone()).or_insert(window);
+        }
+    }
+    for event in sorted {
+        let Some(window) = grant_of(event).and_then(|id| found.get_mut(id)) else {
+            continue;
+        };
+        follow(window, event);
+    }
+    let mut list: Vec<Window> = found.into_values().collect();
+    for window in &mut list {
+        window.state = state_of(window, now);
+    }
+    list.sort_by(|a, b| a.opened_at.cmp(&b.opened_at).then(a.id.cmp(&b.id)));
+    list
+}
+
+/// The grant id an event's detail names.
+fn grant_of(event: &Event) -> Option<&str> {
+    event.detail.as_ref()?.get("grant")?.as_str()
+}
+
+/// The window a `grant.requested` event opens, when its text is a break-glass window's.
+fn opened(event: &Event) -> Option<Window> {
+    let text = event.detail.as_ref()?.get("text")?.as_str()?;
+    let grant = Grant::parse(text).ok()?;
+    if !grant.break_glass || grant_of(event) != Some(grant.id.as_str()) {
+        return None;
+    }
+    let runners = match &grant.runners {
+        Runners::Names(names) => names.clone(),
+        Runners::Labels(_) => return None,
+    };
+    Some(Window {
+        id: grant.id,
+        state: State::Requested,
+        agent: grant.agent,
+        runners,
+        reason: grant.reason,
+        expires_at: grant.expires_at,
+        required: grant.required,
+        opened_by: event.actor.clone(),
+        opened_at: event.at.clone(),
+        signed_by: Vec::new(),
+        active_at: None,
+        closed: None,
+        calls: Vec::new(),
+        review: None,
+        text: text.to_owned(),
+    })
+}
+
+/// What one event of a window's life adds to it.
+fn follow(window: &mut Window, event: &Event) {
+    let detail = event.detail.as_ref();
+    let text = |key: &str| detail.and_then(|d| d.get(key)).and_then(Value::as_str);
+    match event.kind.as_str() {
+        events::GRANT_SIGNED => {
+            if let Some(person) = text("person") {
+                window.signed_by.push(person.to_owned());
+            }
+        }
+        events::GRANT_ACTIVE => {
+            window.active_at.get_or_insert_with(|| event.at.clone());
+        }
+        events::GRANT_USED => window.calls.push(WindowCall {
+            call_id: event.call_id.clone().or(text("call_id").map(str::to_owned)),
+            tool: event.tool.clone(),
+            runners: strings(detail.and_then(|d| d.get("runners"))),
+            actor: event.actor.clone(),
+            at: event.at.clone(),
+            seq: event.seq,
+        }),
+        events::GRANT_REVOKED | events::GRANT_EXPIRED => {
+            let why = event.kind.trim_start_matches("grant.").to_owned();
+            window.closed.get_or_insert((event.at.clone(), why));
+        }
+        events::BREAK_GLASS_REVIEWED if window.review.is_none() => {
+            window.review = review_of(window, event);
+        }
+        _ => {}
+    }
+}
+
+/// The review an event records, when its text binds this window's id and grant text.
+fn review_of(window: &Window, event: &Event) -> Option<WindowReview> {
+    let detail = event.detail.as_ref()?;
+    let review = Review::parse(detail.get("text")?.as_str()?).ok()?;
+    if review.window != window.id || review.grant_sha256 != hex::encode(hash_text(&window.text)) {
+        return None;
+    }
+    Some(WindowReview {
+        at: event.at.clone(),
+        actor: event.actor.clone(),
+        signed_by: strings(detail.get("signed_by")),
+        note: review.note,
+        seq: event.seq,
+    })
+}
+
+fn strings(v: Option<&Value>) -> Vec<String> {
+    v.and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A window's state at `now`: reviewed once a review binds it; else closed once revoked,
+/// expired in the log or past its expiry by the clock; else open once active.
+fn state_of(window: &Window, now: u64) -> State {
+    let past_expiry = parse_utc(&window.expires_at).is_none_or(|t| now >= t);
+    if window.review.is_some() {
+        State::Reviewed
+    } else if window.closed.is_some() || past_expiry {
+        State::ClosedUnreviewed
+    } else if window.active_at.is_some() {
+        State::Open
+    } else {
+        State::Requested
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::protocol::approval::tests::id_at;
+
+    /// 2026-12-06T10:00:00Z.
+    const T: u64 = 1_796_551_200;
+
+    fn grant(break_glass: bool) -> Grant {
+        Grant {
+            id: id_at(T),
+            agent: "agent:ops-bot".into(),
+            break_glass,
+            tools: vec!["*".into()],
+            runners: Runners::Names(vec!["edge-1".into(), "edge-2".into()]),
+            args: BTreeMap::new(),
+            max_calls: 100,
+            max_calls_per_runner: 100,
+            required: 2,
+            reason: "INC-7: the edge is down".into(),
+            expires_at: "2026-12-06T11:00:00Z".into(),
+        }
+    }
+
+    fn event(seq: i64, kind: &str, actor: &str, detail: Value) -> Event {
+        Event {
+            seq,
+            id: format!("e{seq}"),
+            at: format!("2026-12-06T10:{:02}:00.000000Z", seq),
+            actor: actor.into(),
+            kind: kind.into(),
+            tool: None,
+            runner: None,
+            args: None,
+            reason: None,
+            call_id: None,
+            approval_id: None,
+            outcome: Some("ok".into()),
+            result_digest: None,
+            detail: Some(detail),
+            prev_hash: String::new(),
+            hash: String::new(),
+            hash_v: 0,
+        }
+    }
+
+    /// A window's life up to two calls: requested by alice, signed by alice and bob, active.
+    fn life(g: &Grant) -> Vec<Event> {
+        let text = g.text().unwrap();
+        let id = g.id.clone();
+        let mut used = event(
+            5,
+            events::GRANT_USED,
+            "agent:ops-bot",
+            json!({"grant": id, "use": 1, "call_id": "c1", "runners": ["edge-1"]}),
+        );
+        used.tool = Some("linux.systemctl_restart".into());
+        used.call_id = Some("c1".into());
+        vec![
+            event(
+                1,
+                events::GRANT_REQUESTED,
+                "user:alice",
+                json!({"grant": id, "text": text, "required": 2}),
+            ),
+            event(
+                2,
+                events::GRANT_SIGNED,
+                "user:alice",
+                json!({"grant": id, "person": "alice"}),
+            ),
+            event(
+                3,
+                events::GRANT_SIGNED,
+                "user:bob",
+                json!({"grant": id, "person": "bob"}),
+            ),
+            event(4, events::GRANT_ACTIVE, "user:bob", json!({"grant": id})),
+            used,
+            event(
+                6,
+                events::GRANT_USED,
+                "agent:ops-bot",
+                json!({"grant": id, "use": 2, "call_id": "c2", "runners": ["edge-2"]}),
+            ),
+        ]
+    }
+
+    fn reviewed(seq: i64, g: &Grant, review_text: &str) -> Event {
+        event(
+            seq,
+            events::BREAK_GLASS_REVIEWED,
+            "user:carol",
+            json!({"grant": g.id, "text": review_text, "signed_by": ["alice", "carol"]}),
+        )
+    }
+
+    #[test]
+    fn a_window_is_open_then_closed_unreviewed_until_a_review_binds_it() {
+        let g = grant(true);
+        let mut log = life(&g);
+        let during = T + 600;
+        let list = windows(&log, during);
+        assert_eq!(list.len(), 1);
+        let w = &list[0];
+        assert_eq!(w.state, State::Open);
+        assert_eq!(w.opened_by, "user:alice");
+        assert_eq!(w.signed_by, ["alice", "bob"]);
+        assert_eq!(w.runners, ["edge-1", "edge-2"]);
+        assert_eq!(w.calls.len(), 2);
+        assert_eq!(w.calls[0].tool.as_deref(), Some("linux.systemctl_restart"));
+        assert_eq!(w.calls[1].call_id.as_deref(), Some("c2"));
+        assert_eq!(w.calls[1].runners, ["edge-2"]);
+        // Past its expiry by the clock, with no event saying so: closed, unreviewed.
+        let after = T + 3600;
+        assert_eq!(windows(&log, after)[0].state, State::ClosedUnreviewed);
+        // Revoked in the log: closed at once.
+        log.push(event(
+            7,
+            events::GRANT_REVOKED,
+            "user:bob",
+            json!({"grant": g.id}),
+        ));
+        let w = &windows(&log, during)[0];
+        assert_eq!(w.state, State::ClosedUnreviewed);
+        assert_eq!(w.closed.as_ref().unwrap().1, "revoked");
+        // A review of an edited text (another window's hash) does not count.
+        let text = g.text().unwrap();
+        let other = Grant {
+            runners: Runners::Names(vec!["edge-1".into()]),
+            ..g.clone()
+        }
+        .text()
+        .unwrap();
+        let forged = Review::of(&other, "all fine", "2026-12-06T12:00:00Z").unwrap();
+        log.push(reviewed(8, &g, &forged.text().unwrap()));
+        assert_eq!(windows(&log, after)[0].state, State::ClosedUnreviewed);
+        // The review of this window's own text makes it reviewed.
+        let review = Review::of(&text, "restarted consul twice", "2026-12-06T12:00:00Z").unwrap();
+        log.push(reviewed(9, &g, &review.text().unwrap()));
+        let w = &windows(&log, after)[0];
+        assert_eq!(w.state, State::Reviewed);
+        let r = w.review.as_ref().unwrap();
+        assert_eq!(r.note, "restarted consul twice");
+        assert_eq!(r.signed_by, ["alice", "carol"]);
+        assert_eq!(r.actor, "user:carol");
+    }
+
+    #[test]
+    fn only_break_glass_grants_are_windows_and_events_in_any_order_tell_the_same() {
+        let plain = grant(false);
+        assert!(windows(&life(&plain), T + 600).is_empty());
+        let g = grant(true);
+        let mut log = life(&g);
+        log.reverse();
+        let w = &windows(&log, T + 600)[0];
+        assert_eq!(w.state, State::Open);
+        assert_eq!(w.signed_by, ["alice", "bob"]);
+        // Requested, never signed by enough people: not open.
+        let w = &windows(&log[4..], T + 600)[0];
+        assert_eq!(w.state, State::Requested);
+        // A `grant.requested` whose detail names another id than its text is not a window.
+        let mut lying = life(&g);
+        lying[0].detail.as_mut().unwrap()["grant"] = json!(id_at(T + 5));
+        assert!(windows(&lying, T + 600).is_empty());
+    }
+}

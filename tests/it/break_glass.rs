@@ -1,0 +1,540 @@
+//! Break-glass reviews on PostgreSQL (issue 47): a closed window is listed as unreviewed, by
+//! `emisar audit break-glass` and by the portal's API, until two people of the approvers file
+//! sign a review with a note in the terminal; a review without a note is refused, naming
+//! `note`; one person's signature leaves the window unreviewed; the review is the audit log's,
+//! so deleting the reviews' rows unreviews nothing.
+//!
+//! And one person alone cannot open a window: `emisar break-glass open` asks for it, the
+//! opener cannot sign it, and one other person's signature leaves it requested; a second makes
+//! it open.
+//!
+//! The reviewed window's own life (`grant.requested` … `grant.used`) is appended as the
+//! grants' server side writes it, so that it is closed (expired an hour ago) and holds a call.
+//!
+//! And a window's calls run on TLS runners that honour break-glass, flagged in the log and
+//! only once two witnesses cosigned their record; a runner whose file does not honour
+//! break-glass refuses them, and a call no witness quorum cosigns runs nowhere.
+
+use std::path::Path;
+
+use emisar::protocol::approval::grant::{Grant, Runners};
+use emisar::server::audit::NewEvent;
+use emisar::server::principal::Role;
+use serde_json::{Value, json};
+use ssh_key::LineEnding;
+
+use crate::approvals::signed_in;
+use crate::harness::app::{Options, TestApp};
+use crate::harness::{Backend, spawn_app};
+use crate::signed_approvals::{key, pub_line};
+
+/// alice (key 1), bob (key 2) and carol (key 3); every tool's writes need one person, and
+/// every runner of this file honours break-glass.
+fn approvers_text() -> String {
+    format!(
+        "serial = 1\n\
+         [[person]]\nname = \"alice\"\nssh = [\"{}\"]\n\
+         [[person]]\nname = \"bob\"\nssh = [\"{}\"]\n\
+         [[person]]\nname = \"carol\"\nssh = [\"{}\"]\n\
+         [[rule]]\ntools = \"*\"\napprovals = 1\nbreak_glass = true\n",
+        pub_line(1),
+        pub_line(2),
+        pub_line(3)
+    )
+}
+
+async fn app_with_approvers(files: &Path) -> TestApp {
+    let approvers = files.join("approvers.toml");
+    std::fs::write(&approvers, approvers_text()).unwrap();
+    spawn_app(
+        Backend::Postgres,
+        vec![],
+        Options {
+            approvers_file: Some(approvers),
+            ..Default::default()
+        },
+    )
+    .await
+}
+
+/// A window over edge-1 asked for two hours ago, for one hour: closed by now. Its life, as
+/// the grants' server side logs it: asked for and signed by alice and bob, active, one call.
+async fn closed_window(app: &TestApp) -> Grant {
+    let now = chrono::Utc::now().timestamp();
+    let opened = uuid::Timestamp::from_unix(uuid::NoContext, (now - 7200) as u64, 0);
+    let expires = chrono::DateTime::from_timestamp(now - 3600, 0).unwrap();
+    let grant = Grant {
+        id: uuid::Uuid::new_v7(opened).to_string(),
+        agent: "agent:ops-bot".into(),
+        break_glass: true,
+        tools: vec!["*".into()],
+        runners: Runners::Names(vec!["edge-1".into()]),
+        args: Default::default(),
+        max_calls: 100,
+        max_calls_per_runner: 100,
+        required: 2,
+        reason: "INC-42: the edge is down".into(),
+        expires_at: expires.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+    };
+    let event = |actor: &str, kind: &str, detail: Value| NewEvent {
+        actor: actor.into(),
+        kind: kind.into(),
+        outcome: Some("ok".into()),
+        detail: Some(detail),
+        ..Default::default()
+    };
+    let id = grant.id.clone();
+    let mut used = event(
+        "agent:ops-bot",
+        "grant.used",
+        json!({"grant": id, "use": 1, "call_id": "call-1", "runners": ["edge-1"]}),
+    );
+    used.tool = Some("linux.systemctl_restart".into());
+    used.call_id = Some("call-1".into());
+    app.audit
+        .append_all(vec![
+            event(
+                "approver:alice",
+                "grant.requested",
+                json!({"grant": id, "text": grant.text().unwrap(), "required": 2}),
+            ),
+            event(
+                "approver:alice",
+                "grant.signed",
+                json!({"grant": id, "person": "alice"}),
+            ),
+            event(
+                "approver:bob",
+                "grant.signed",
+                json!({"grant": id, "person": "bob"}),
+            ),
+            event("approver:bob", "grant.active", json!({"grant": id})),
+            used,
+        ])
+        .await
+        .unwrap();
+    grant
+}
+
+/// Runs `emisar` with `args` (no ssh-agent: the keys are files).
+async fn emisar(args: &[&str]) -> std::process::Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_emisar"))
+        .args(args)
+        .env_remove("SSH_AUTH_SOCK")
+        .env_remove("EMISAR_SERVER")
+        .env_remove("EMISAR_TOKEN")
+        .env_remove("DATABASE_URL")
+        .output()
+        .await
+        .unwrap()
+}
+
+fn key_file(dir: &Path, seed: u8) -> String {
+    let path = dir.join(format!("id_{seed}"));
+    key(seed).write_openssh_file(&path, LineEnding::LF).unwrap();
+    path.display().to_string()
+}
+
+fn text(out: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// `emisar audit break-glass --unreviewed`: its exit code and what it printed.
+async fn unreviewed_in_cli(app: &TestApp) -> (i32, String) {
+    let out = emisar(&[
+        "audit",
+        "break-glass",
+        "--unreviewed",
+        "--database",
+        &app.database_url,
+    ])
+    .await;
+    (out.status.code().unwrap_or(-1), text(&out))
+}
+
+/// Acceptance 2, the review: listed as unreviewed (CLI and API) until two people sign a
+/// review with a note; a review without a note is refused, naming `note`.
+#[tokio::test]
+async fn a_window_is_listed_unreviewed_until_two_people_sign_a_review_with_a_note() {
+    let files = tempfile::tempdir().unwrap();
+    let app = app_with_approvers(files.path()).await;
+    let window = closed_window(&app).await;
+    let id = window.id.as_str();
+
+    let (code, listed) = unreviewed_in_cli(&app).await;
+    assert_eq!(code, 1, "{listed}");
+    assert!(
+        listed.contains(id) && listed.contains("closed-unreviewed"),
+        "{listed}"
+    );
+    assert!(
+        listed.contains("linux.systemctl_restart on edge-1"),
+        "{listed}"
+    );
+    let auditor = signed_in(&app, "carol", Role::Auditor).await;
+    let (status, body) = auditor.get("/api/break-glass?unreviewed=true").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["windows"][0]["id"], id, "{body}");
+    assert_eq!(body["windows"][0]["state"], "closed-unreviewed", "{body}");
+    assert_eq!(
+        body["windows"][0]["calls"][0]["call_id"], "call-1",
+        "{body}"
+    );
+
+    let base = app.base_url();
+    let alice = app.issue_token("alice", Role::Approver).await;
+    let bob = app.issue_token("bob", Role::Approver).await;
+    let review = |token: String, seed: u8, note: Option<&'static str>| {
+        let key = key_file(files.path(), seed);
+        let base = base.clone();
+        let id = id.to_owned();
+        async move {
+            let mut args = vec![
+                "break-glass".to_owned(),
+                "review".into(),
+                id,
+                "--ssh-key".into(),
+                key,
+                "--server".into(),
+                base,
+                "--token".into(),
+                token,
+            ];
+            if let Some(note) = note {
+                args.extend(["--note".to_owned(), note.to_owned()]);
+            }
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            emisar(&args).await
+        }
+    };
+    // No note: refused before anything is signed, naming `note`.
+    let out = review(alice.clone(), 1, None).await;
+    assert!(!out.status.success());
+    assert!(text(&out).contains("`note` is required"), "{}", text(&out));
+    // Nor a blank one through the API.
+    let portal = signed_in(&app, "dave", Role::Approver).await;
+    let blank = format!(
+        "emisar-review/v1\nwindow {id}\ngrant sha256:{}\nnote \"  \"\nreviewed 2026-12-07T09:00:00Z\n",
+        emisar::digest::sha256_hex(window.text().unwrap().as_bytes())
+    );
+    let (status, body) = portal
+        .post(
+            &format!("/api/break-glass/{id}/review"),
+            json!({"text": blank, "signature": {"kind": "ssh", "signer": "x", "signature": "x"}}),
+            true,
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("`note`"), "{body}");
+
+    // alice signs with a note: one person, still unreviewed.
+    let out = review(
+        alice.clone(),
+        1,
+        Some("INC-42: restarted consul once; runbook fixed"),
+    )
+    .await;
+    assert!(out.status.success(), "{}", text(&out));
+    let shown = text(&out);
+    assert!(shown.contains("1 signed so far"), "{shown}");
+    assert!(
+        shown.contains("call-1"),
+        "the window's calls are shown: {shown}"
+    );
+    let (code, listed) = unreviewed_in_cli(&app).await;
+    assert_eq!(code, 1, "{listed}");
+    // alice again counts once.
+    let out = review(alice, 1, None).await;
+    assert!(
+        text(&out).contains("each person counts once"),
+        "{}",
+        text(&out)
+    );
+
+    // bob signs the review being signed: reviewed.
+    let out = review(bob, 2, None).await;
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("reviewed (2 people signed)"),
+        "{}",
+        text(&out)
+    );
+    let (code, listed) = unreviewed_in_cli(&app).await;
+    assert_eq!(code, 0, "{listed}");
+    let (_, body) = auditor.get("/api/break-glass?unreviewed=true").await;
+    assert_eq!(body["windows"], json!([]), "{body}");
+    let (_, body) = auditor.get("/api/break-glass").await;
+    let w = &body["windows"][0];
+    assert_eq!(w["state"], "reviewed", "{body}");
+    assert_eq!(w["review"]["signed_by"], json!(["alice", "bob"]), "{body}");
+    assert_eq!(
+        w["review"]["note"],
+        "INC-42: restarted consul once; runbook fixed"
+    );
+    let reviewed = app
+        .events(emisar::server::audit::AuditFilter {
+            kind: Some("break_glass.reviewed".into()),
+            limit: 10,
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(reviewed.len(), 1);
+    assert_eq!(reviewed[0].actor, "approver:bob");
+
+    // The review is the log's: deleting the rows unreviews nothing.
+    sqlx::query("DELETE FROM break_glass_reviews")
+        .execute(match app.db.pool() {
+            emisar::server::db::Pool::Pg(p) => p,
+            _ => unreachable!("PostgreSQL"),
+        })
+        .await
+        .unwrap();
+    let (code, listed) = unreviewed_in_cli(&app).await;
+    assert_eq!(code, 0, "{listed}");
+    app.assert_chain_intact().await;
+}
+
+/// Acceptance 2, opening: one person alone cannot open a window. The opener cannot sign it,
+/// and one other person's signature leaves it requested; two make it open. A TTL over the
+/// server's max_grant_lifetime_secs is refused, naming `ttl_secs`.
+#[tokio::test]
+async fn one_person_alone_cannot_open_a_window() {
+    let files = tempfile::tempdir().unwrap();
+    let app = app_with_approvers(files.path()).await;
+    let base = app.base_url();
+    let token = |name: &'static str| app.issue_token(name, Role::Approver);
+    let (alice, bob, carol) = (
+        token("alice").await,
+        token("bob").await,
+        token("carol").await,
+    );
+    let run = |args: Vec<String>| async move {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        emisar(&args).await
+    };
+    let open = |ttl: &str, token: &str| {
+        run([
+            "break-glass",
+            "open",
+            "--runners",
+            "edge-2,edge-1",
+            "--for",
+            "agent:ops-bot",
+            "--ttl-secs",
+            ttl,
+            "--reason",
+            "INC-7: the edge is down",
+            "--server",
+            &base,
+            "--token",
+            token,
+        ]
+        .map(str::to_owned)
+        .to_vec())
+    };
+    let out = open("7200", &alice).await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("`ttl_secs` must be 1 to 3600"),
+        "{}",
+        text(&out)
+    );
+    let out = open("1800", &alice).await;
+    assert!(out.status.success(), "{}", text(&out));
+    let said = text(&out);
+    assert!(said.contains("2 people must sign it"), "{said}");
+    let id = said
+        .split_whitespace()
+        .nth(2)
+        .expect("break-glass window ID opened …")
+        .to_owned();
+    let auditor = signed_in(&app, "dave", Role::Auditor).await;
+    let state = || async {
+        let (_, body) = auditor.get("/api/break-glass").await;
+        let w = body["windows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|w| w["id"] == id.as_str())
+            .cloned()
+            .unwrap_or_else(|| panic!("{id} is listed: {body}"));
+        (w["state"].as_str().unwrap().to_owned(), w)
+    };
+    let (listed, w) = state().await;
+    assert_eq!(listed, "requested", "{w}");
+    assert_eq!(w["runners"], json!(["edge-1", "edge-2"]), "{w}");
+    assert_eq!(w["opened_by"], "approver:alice", "{w}");
+    let sign = |token: String, seed: u8| {
+        let key = key_file(files.path(), seed);
+        run(vec![
+            "grants".into(),
+            "approve".into(),
+            id.clone(),
+            "--ssh-key".into(),
+            key,
+            "--server".into(),
+            base.clone(),
+            "--token".into(),
+            token,
+        ])
+    };
+    // The opener does not sign their own window.
+    let out = sign(alice, 1).await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("someone else must sign it"),
+        "{}",
+        text(&out)
+    );
+    // One other person: still requested.
+    let out = sign(bob, 2).await;
+    assert!(out.status.success(), "{}", text(&out));
+    let (listed, w) = state().await;
+    assert_eq!(listed, "requested", "{w}");
+    // A second: open.
+    let out = sign(carol, 3).await;
+    assert!(out.status.success(), "{}", text(&out));
+    let (listed, w) = state().await;
+    assert_eq!(listed, "open", "{w}");
+    assert_eq!(w["signed_by"], json!(["bob", "carol"]), "{w}");
+    let (_, grant) = auditor.get(&format!("/api/grants/{id}")).await;
+    assert_eq!(grant["status"], "active", "{grant}");
+    assert_eq!(grant["break_glass"], true, "{grant}");
+}
+
+/// Acceptance 2, the calls: two people open a window over edge-1 and core-1 for the test
+/// agent, on a server whose log two witnesses cosign; the agent's restart on edge-1 runs
+/// under it at once, its `tool.called` and `grant.used` flagged `break_glass`, and it ran only
+/// once its `grant.used` was in a checkpoint both witnesses cosigned (the inclusion proof
+/// holds); core-1, whose approvers file does not honour break-glass, refuses the window's call
+/// itself, nothing run there. Both runners serve TLS and require people's signatures.
+#[tokio::test]
+async fn a_windows_calls_run_flagged_and_witnessed_where_the_runner_honours_it() {
+    use crate::harness::RunnerSpec;
+    use crate::harness::certs::self_signed;
+    use emisar::server::audit::checkpoints;
+
+    let dir = tempfile::tempdir().unwrap();
+    let honours = dir.path().join("approvers.toml");
+    std::fs::write(&honours, approvers_text()).unwrap();
+    let plain = dir.path().join("approvers-plain.toml");
+    std::fs::write(&plain, approvers_text().replace("break_glass = true", "")).unwrap();
+    let record = crate::approvals::systemctl_standin(dir.path());
+    let log_key = dir.path().join("log.key");
+    let log_vkey = checkpoints::log_keygen(crate::transparency::ORIGIN, &log_key).unwrap();
+    let w1 = crate::transparency::witness(dir.path(), "w1", &log_vkey).await;
+    let w2 = crate::transparency::witness(dir.path(), "w2", &log_vkey).await;
+    let runner = |name: &str, file: &Path| {
+        let cert = self_signed(dir.path(), name);
+        RunnerSpec::new(name)
+            .https(cert.clone(), Some(cert.fingerprint.to_string()))
+            .path_first(dir.path())
+            .allow("systemd_units", &["consul"])
+            .signed_approvals(&["*"], Some(file.to_owned()), &[])
+    };
+    let app = spawn_app(
+        Backend::Postgres,
+        vec![runner("edge-1", &honours), runner("core-1", &plain)],
+        Options {
+            approvers_file: Some(honours.clone()),
+            transparency: Some(crate::transparency::transparency(
+                log_key,
+                [&w1, &w2],
+                50,
+                1,
+            )),
+            ..Default::default()
+        },
+    )
+    .await;
+    let alice = signed_in(&app, "alice", Role::Approver).await;
+    let (status, opened) = alice
+        .post(
+            "/api/break-glass",
+            json!({"runners": ["edge-1", "core-1"], "agent": "agent:test-agent",
+                   "ttl_secs": 600, "reason": "INC-9: the edge is down"}),
+            true,
+        )
+        .await;
+    assert_eq!(status, 200, "{opened}");
+    let id = opened["grant_id"].as_str().unwrap().to_owned();
+    let text = opened["text"].as_str().unwrap().to_owned();
+    for (who, seed) in [("bob", 2), ("carol", 3)] {
+        let person = signed_in(&app, who, Role::Approver).await;
+        let (status, body) = person
+            .post(
+                &format!("/api/grants/{id}/approve"),
+                json!({"signature": crate::signed_approvals::ssh(seed, &text)}),
+                true,
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+    }
+
+    let agent = app.mcp_client().await;
+    let restart = |runner: &str| json!({"unit": "consul", "runners": [runner], "reason": "INC-9: restart consul"});
+    let ran = crate::mcp_calls::call(&agent, crate::signed_approvals::TOOL, restart("edge-1"))
+        .await
+        .structured_content
+        .unwrap();
+    assert_eq!(ran["grant"]["grant_id"], id.as_str(), "{ran}");
+    assert_eq!(ran["results"][0]["ok"], true, "{ran}");
+    assert_eq!(crate::approvals::restarts(&record), 1);
+    let call_id = ran["call_id"].as_str().unwrap();
+    let events = app.events_of_call(call_id).await;
+    let called = events.iter().find(|e| e.kind == "tool.called").unwrap();
+    assert_eq!(
+        called.detail.as_ref().unwrap()["break_glass"],
+        true,
+        "{called:?}"
+    );
+    let used = events.iter().find(|e| e.kind == "grant.used").unwrap();
+    assert_eq!(
+        used.detail.as_ref().unwrap()["break_glass"],
+        true,
+        "{used:?}"
+    );
+    // Witnessed before it ran: the proof of its grant.used in a checkpoint both cosigned.
+    let proof = emisar::server::audit::proofs::prove(&app.db, &used.id, 2)
+        .await
+        .unwrap();
+    assert!(
+        proof.checkpoint.contains("\n\u{2014} "),
+        "{}",
+        proof.checkpoint
+    );
+    let first_run = std::fs::read_to_string(&record).unwrap();
+    assert!(!first_run.is_empty());
+
+    let core = crate::mcp_calls::call(&agent, crate::signed_approvals::TOOL, restart("core-1"))
+        .await
+        .structured_content
+        .unwrap();
+    assert_eq!(core["results"][0]["ok"], false, "{core}");
+    assert!(
+        core.to_string().contains("does not honour break-glass"),
+        "{core}"
+    );
+    assert_eq!(
+        crate::approvals::restarts(&record),
+        1,
+        "nothing ran on core-1"
+    );
+
+    // A witness stops answering: the quorum (both) never cosigns the next call's record,
+    // so it does not run.
+    drop(w2);
+    let unwitnessed =
+        crate::mcp_calls::call(&agent, crate::signed_approvals::TOOL, restart("edge-1")).await;
+    let said = format!("{:?}", unwitnessed.structured_content);
+    assert!(said.contains("not_witnessed"), "{said}");
+    assert_eq!(
+        crate::approvals::restarts(&record),
+        1,
+        "the unwitnessed call ran nothing"
+    );
+}

@@ -1,7 +1,9 @@
 // emisar portal: a small single-page app over the same-origin /api JSON endpoints.
 //
 // Routes (location.hash): #/login, #/approvals[?state=S], #/approvals/<id>,
-// #/audit[?filters], #/runners, #/passkeys. Unknown routes fall back to #/approvals.
+// #/audit[?filters], #/runners, #/passkeys, #/grants[?status=S], #/grants/<id> (a grant or a
+// break-glass window: signed with a passkey, revoked), #/break-glass (the windows, those owed a
+// review first). Unknown routes fall back to #/approvals.
 //
 // Invariant: text that comes from the server (agent reasons, args, notes, errors...) only
 // ever reaches the page through textContent, text nodes or setAttribute on inert
@@ -174,13 +176,20 @@ function loggedIn(session) {
   if (session.display_name) $('#whoami').setAttribute('title', session.user);
   $('#top').hidden = false;
   // Live updates are about approvals, which a person with no role may not see.
-  if (session.role !== 'none') openEvents();
+  if (session.role !== 'none') {
+    openEvents();
+    refreshUnreviewed();
+    if (!app.unreviewedTimer) app.unreviewedTimer = setInterval(refreshUnreviewed, 60000);
+  }
 }
 
 function loggedOut() {
   if (!app.session) return;
   app.session = null;
   closeEvents();
+  clearInterval(app.unreviewedTimer);
+  app.unreviewedTimer = null;
+  setUnreviewed(0);
   $('#top').hidden = true;
   $('#whoami').textContent = '';
   const here = location.hash;
@@ -255,8 +264,8 @@ function parseHash() {
   const q = raw.indexOf('?');
   const path = (q < 0 ? raw : raw.slice(0, q)).split('/').filter(Boolean).map(decodeURIComponent);
   const query = new URLSearchParams(q < 0 ? '' : raw.slice(q + 1));
-  const page = ['login', 'approvals', 'audit', 'runners', 'passkeys'].includes(path[0]) ? path[0] : null;
-  return { page, id: page === 'approvals' && path[1] ? path[1] : null, query };
+  const page = ['login', 'approvals', 'audit', 'runners', 'passkeys', 'grants', 'break-glass'].includes(path[0]) ? path[0] : null;
+  return { page, id: (page === 'approvals' || page === 'grants') && path[1] ? path[1] : null, query };
 }
 
 async function render(opts = {}) {
@@ -292,6 +301,9 @@ async function render(opts = {}) {
     else if (route.page === 'approvals') node = await viewApprovals(route.query);
     else if (route.page === 'audit') node = await viewAudit(route.query);
     else if (route.page === 'passkeys') node = await viewPasskeys();
+    else if (route.page === 'grants' && route.id) node = await viewGrant(route.id);
+    else if (route.page === 'grants') node = await viewGrants(route.query);
+    else if (route.page === 'break-glass') node = await viewBreakGlass();
     else node = await viewRunners();
   } catch (e) {
     if (e instanceof ApiError && e.status === 401) return;
@@ -858,6 +870,247 @@ async function pendingDecision(a, pending, id, answer) {
       // Offered even when refused: the click checks again and says why nothing is signed.
       : el('div', { class: 'buttons' }, sign),
     mine ? '' : note);
+}
+
+// ------------------------------------------------------------------ grants and break-glass
+
+const GRANT_STATUSES = ['requested', 'active', 'revoked', 'expired'];
+
+async function viewGrants(query) {
+  const status = query.get('status') ?? '';
+  const data = await api('GET', status ? `/api/grants?status=${enc(status)}` : '/api/grants');
+  const grants = (data && data.grants) || [];
+  const select = el('select', { id: 'grant-status-filter', onchange: () => {
+    location.hash = select.value ? `#/grants?status=${enc(select.value)}` : '#/grants';
+  } }, el('option', { value: '' }, 'all'), GRANT_STATUSES.map((s) => el('option', { value: s }, s)));
+  select.value = status;
+  const head = el('div', { class: 'view-head' }, el('h1', {}, 'Grants'),
+    el('label', { class: 'inline' }, 'Show ', select));
+  const intro = el('p', { class: 'muted' },
+    'A grant lets an agent run the writes it bounds, without a new round of people each, until it is '
+    + 'spent, expires or is revoked. Each runner checks its signatures and counts its calls itself.');
+  if (grants.length === 0) {
+    return el('section', {}, head, intro, el('p', { id: 'no-grants', class: 'empty' }, 'No grants match.'));
+  }
+  const rows = grants.map((g) => {
+    const href = `#/grants/${enc(g.grant_id)}`;
+    const runners = g.runners && (g.runners.names ? g.runners.names.join(', ') : `labels ${g.runners.labels}`);
+    return el('tr', { class: 'grant-row', 'data-grant-id': g.grant_id, onclick: (ev) => {
+      if (ev.target.closest('a')) return;
+      location.hash = href;
+    } },
+    el('td', { class: 'tool' }, el('a', { href }, g.grant_id.slice(0, 8)),
+      g.break_glass ? [' ', el('span', { class: 'badge break-glass' }, 'break-glass')] : ''),
+    el('td', {}, g.agent),
+    el('td', { class: 'mono' }, (g.tools || []).join(', ')),
+    el('td', {}, runners || ''),
+    el('td', {}, `${g.calls_used} of ${g.calls}`),
+    el('td', { class: 'reason-cell', title: g.reason || '' }, g.reason || ''),
+    el('td', {}, g.status === 'requested' || g.status === 'active' ? relTime(g.expires_at) : el('span', { class: 'muted' }, '—')),
+    el('td', {}, badge('state', g.status)));
+  });
+  return el('section', {}, head, intro,
+    el('table', { class: 'list', id: 'grants' },
+      el('thead', {}, el('tr', {}, ['Grant', 'Agent', 'Tools', 'Runners', 'Calls used', 'Reason', 'Expires', 'Status']
+        .map((h) => el('th', {}, h)))),
+      el('tbody', {}, rows)));
+}
+
+// Checks grant `id` as the API answered it (`answer`, as text) on this browser's clock:
+// `{ok: the grant read from its own text}` or `{error: why not, naming the line}`.
+async function checkGrant(id, answer) {
+  if (typeof emisarStatement === 'undefined') return { error: 'the statement check (statement.js) did not load' };
+  try {
+    return { ok: await emisarStatement.checkGrantBeforeSigning(id, answer, Date.now()) };
+  } catch (e) {
+    if (e instanceof emisarStatement.Refusal) return { error: e.message };
+    return { error: `the grant could not be checked (${e.message})` };
+  }
+}
+
+// The grant in words, every line read from the text people sign (never from the API's other
+// fields), with what a reader cannot see made visible.
+function grantWords(checked, signing) {
+  const title = signing ? 'What you sign' : 'What was signed';
+  if (checked.error) {
+    return el('div', { class: 'statement refused', id: 'grant-signed' },
+      el('h3', {}, title),
+      el('p', { class: 'error', id: 'grant-refused', role: 'alert' },
+        signing ? 'This grant\'s text does not hold, so no passkey will sign it: ' : 'This grant\'s text does not hold: ',
+        checked.error));
+  }
+  const g = checked.ok;
+  return el('div', { class: 'statement', id: 'grant-signed' },
+    el('h3', {}, title),
+    el('p', { class: 'muted small' }, 'Each line read in this browser from the grant\'s own text, the bytes a signature covers.'),
+    el('dl', { class: 'fields', id: 'grant-words' },
+      g.words.map(([label, text]) => field(label, el('span', { class: 'mono', 'data-line': label }, emisarStatement.visible(text)),
+        label === 'expires' ? [' ', el('span', { class: 'muted' }, relTime(text))] : ''))),
+    el('dl', { class: 'fields' },
+      field('SHA-256', el('span', { id: 'grant-sha256', class: 'mono' }, g.sha256))));
+}
+
+async function viewGrant(id) {
+  const { data: g, text: answer } = await apiText('GET', `/api/grants/${enc(id)}`);
+  const checked = await checkGrant(id, answer);
+  const signing = g.status === 'requested';
+  const section = el('section', { class: 'detail', 'data-grant-id': g.grant_id },
+    el('p', { class: 'crumbs' }, el('a', { href: '#/grants' }, '← Grants'),
+      g.break_glass ? [' · ', el('a', { href: '#/break-glass' }, 'Break-glass windows')] : ''),
+    el('h1', {}, g.break_glass ? el('span', { class: 'badge break-glass', id: 'break-glass-banner' }, 'BREAK-GLASS window') : 'Grant',
+      ' ', el('span', { id: 'grant-status', class: `badge state-${token(g.status)}` }, g.status)),
+    errorBox(''));
+
+  section.append(grantWords(checked, signing));
+  const perRunner = Object.entries(g.runners_used || {});
+  section.append(el('h2', {}, 'Use'),
+    el('dl', { class: 'fields' },
+      field('Calls', el('span', { id: 'grant-calls' }, `${g.calls_used} used of ${g.calls}, ${g.calls_left} left`),
+        el('span', { class: 'muted' }, ' (counted from the audit log)')),
+      perRunner.length ? field('Per runner', el('ul', { id: 'grant-runners-used' },
+        perRunner.map(([r, u]) => el('li', { 'data-runner': r }, `${r}: ${u.used} used, ${u.left} left`)))) : [],
+      field('Asked by', g.requested_by, ' ', el('span', { class: 'muted' }, relText(g.requested_at))),
+      g.on_behalf_of != null ? field('On behalf of', g.on_behalf_of) : [],
+      field('Signed by', el('span', { id: 'grant-signed-by' }, (g.signed_by || []).join(', ') || 'nobody yet'),
+        ` (${(g.signed_by || []).length} of ${g.required})`),
+      g.revoked_at ? field('Revoked', el('span', { id: 'grant-revoked' }, `by ${g.revoked_by} ${relText(g.revoked_at)}: `),
+        el('span', { class: 'reason' }, g.revoke_reason || '')) : []));
+
+  if (signing) section.append(grantSignForm(id, answer, checked));
+  if (g.status === 'requested' || g.status === 'active') section.append(grantRevokeForm(id, g));
+  section.append(el('details', {}, el('summary', {}, 'Grant text'), pre(g.text, { id: 'grant-text' })),
+    el('p', { class: 'muted small' }, 'In the terminal: ', el('span', { class: 'mono' }, `emisar grants show ${g.grant_id}`)));
+  return section;
+}
+
+function grantSignForm(id, answer, checked) {
+  const note = el('textarea', { id: 'grant-note', rows: 2, placeholder: 'Note (kept with your signature)' });
+  const sign = el('button', { id: 'grant-sign-passkey', type: 'button', class: 'approve', disabled: checked.error ? true : null },
+    'Sign with passkey');
+  sign.addEventListener('click', async () => {
+    sign.disabled = true;
+    showError('');
+    try {
+      // Checked again at the click, on the clock of that moment, from the answer shown.
+      const now = await checkGrant(id, answer);
+      if (now.error) throw new Error(`${now.error}: not signed`);
+      const body = { signature: await passkeySignature(now.ok.challenge) };
+      if (note.value.trim()) body.note = note.value.trim();
+      await api('POST', `/api/grants/${enc(id)}/approve`, body);
+      render({ quiet: true });
+    } catch (e) {
+      showError(e.message);
+      sign.disabled = false;
+    }
+  });
+  return el('div', { class: 'decide' }, el('h2', {}, 'Sign'),
+    el('p', { class: 'muted small' }, 'Your passkey signs the text above; runners check the signatures against their own approvers file.'),
+    el('div', { class: 'buttons' }, sign), el('label', { for: 'grant-note' }, 'Note'), note);
+}
+
+function grantRevokeForm(id, g) {
+  const reason = el('input', { id: 'revoke-reason', placeholder: 'why it ends now', maxlength: 2000 });
+  const revoke = el('button', { id: 'grant-revoke', type: 'button', class: 'deny' }, g.break_glass ? 'Close the window' : 'Revoke');
+  revoke.addEventListener('click', async () => {
+    if (!reason.value.trim()) {
+      showError('a reason is required to revoke');
+      reason.focus();
+      return;
+    }
+    revoke.disabled = true;
+    showError('');
+    try {
+      await api('POST', `/api/grants/${enc(id)}/revoke`, { reason: reason.value.trim() });
+      render({ quiet: true });
+    } catch (e) {
+      showError(e.message);
+      revoke.disabled = false;
+    }
+  });
+  return el('div', { class: 'decide' }, el('h2', {}, g.break_glass ? 'Close' : 'Revoke'),
+    el('p', { class: 'muted small' }, 'Nothing runs under it on the server from now on; each runner is told, and refuses it within the bound the operator guide states.'),
+    el('label', { for: 'revoke-reason' }, 'Reason'), reason, el('div', { class: 'buttons' }, revoke));
+}
+
+// A window's state as the log tells it (src/server/break_glass/ledger.rs `State`): every
+// state but `reviewed` is owed a review.
+const WINDOW_STATES = { requested: 'requested', open: 'open', 'closed-unreviewed': 'closed, unreviewed', reviewed: 'reviewed' };
+
+async function viewBreakGlass() {
+  const data = await api('GET', '/api/break-glass');
+  const windows = ((data && data.windows) || []).slice().reverse();
+  const unreviewed = windows.filter((w) => w.state !== 'reviewed');
+  setUnreviewed(unreviewed.length);
+  const head = el('div', { class: 'view-head' }, el('h1', {}, 'Break-glass windows'));
+  const intro = el('p', { class: 'muted' },
+    'Two people open a window for named runners, for at most an hour. Every call in it is flagged, witnessed and '
+    + 'announced, and the window stays unreviewed until people sign a review with a note (',
+    el('span', { class: 'mono' }, 'emisar break-glass review ID --note … --ssh-key …'), ').');
+  const summary = el('p', { id: 'unreviewed-summary', class: unreviewed.length ? 'error' : 'muted' },
+    unreviewed.length ? `${unreviewed.length} window${unreviewed.length === 1 ? '' : 's'} not reviewed yet.` : 'Every window is reviewed.');
+  const rows = windows.map((w) => el('tr', { class: `window-row window-${token(w.state)}`, 'data-window-id': w.id },
+    el('td', { class: 'tool' }, el('a', { href: `#/grants/${enc(w.id)}` }, w.id.slice(0, 8))),
+    el('td', {}, el('span', { class: `badge window-state-${token(w.state)}`, 'data-state': w.state }, WINDOW_STATES[w.state] || w.state)),
+    el('td', {}, w.runners.join(', ')),
+    el('td', {}, w.agent),
+    el('td', { class: 'reason-cell', title: w.reason }, w.reason),
+    el('td', {}, w.opened_by, ' ', el('span', { class: 'muted' }, relText(w.opened_at))),
+    el('td', {}, w.signed_by.join(', ')),
+    el('td', { class: 'window-calls' }, String(w.calls.length)),
+    el('td', {}, w.review ? [w.review.signed_by.join(', '), el('div', { class: 'reason' }, w.review.note)] : el('span', { class: 'muted' }, '—'))));
+  const table = windows.length
+    ? el('table', { class: 'list', id: 'windows' },
+      el('thead', {}, el('tr', {}, ['Window', 'State', 'Runners', 'Agent', 'Reason', 'Opened', 'Signed by', 'Calls', 'Review']
+        .map((h) => el('th', {}, h)))),
+      el('tbody', {}, rows))
+    : el('p', { class: 'empty', id: 'no-windows' }, 'No break-glass window was ever opened.');
+  return el('section', {}, head, intro, errorBox(''), summary, table, openWindowForm());
+}
+
+function openWindowForm() {
+  const runners = el('input', { id: 'window-runners', placeholder: 'edge-1,edge-2', required: true });
+  const agent = el('input', { id: 'window-agent', placeholder: 'agent:ops-bot', required: true });
+  const minutes = el('input', { id: 'window-minutes', type: 'number', min: 1, max: 60, value: 30, required: true });
+  const reason = el('input', { id: 'window-reason', placeholder: 'INC-42: …', required: true, maxlength: 1000 });
+  const go = el('button', { id: 'window-open', type: 'submit', class: 'deny' }, 'Ask to open a window');
+  return el('form', { class: 'filters', id: 'window-form', onsubmit: async (ev) => {
+    ev.preventDefault();
+    go.disabled = true;
+    showError('');
+    try {
+      const g = await api('POST', '/api/break-glass', {
+        runners: runners.value.split(',').map((r) => r.trim()).filter(Boolean),
+        agent: agent.value.trim(),
+        ttl_secs: Number(minutes.value) * 60,
+        reason: reason.value.trim(),
+      });
+      location.hash = `#/grants/${enc(g.grant_id)}`;
+    } catch (e) {
+      showError(e.message);
+      go.disabled = false;
+    }
+  } }, el('h2', {}, 'Open a window'),
+  el('p', { class: 'muted small' }, 'It runs nothing until two other people sign it on its page.'),
+  el('label', {}, 'Runners', runners), el('label', {}, 'Agent', agent),
+  el('label', {}, 'Minutes', minutes), el('label', {}, 'Reason', reason),
+  el('div', { class: 'buttons' }, go));
+}
+
+// The header's count of break-glass windows owed a review (every state but reviewed).
+function setUnreviewed(n) {
+  const badgeEl = $('#unreviewed-count');
+  if (!badgeEl) return;
+  badgeEl.textContent = n ? String(n) : '';
+  badgeEl.hidden = !n;
+}
+
+async function refreshUnreviewed() {
+  try {
+    const data = await api('GET', '/api/break-glass?unreviewed=true');
+    setUnreviewed(((data && data.windows) || []).length);
+  } catch {
+    // The count is a hint; the page itself says what failed.
+  }
 }
 
 // ------------------------------------------------------------------ passkeys

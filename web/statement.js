@@ -14,6 +14,10 @@
 // src/protocol/approval/decision.rs; a refusal names `approval`, `choice`, `statement`,
 // `runners`, `decision` or `expires`.
 //
+// The same for a grant people sign (`checkGrantBeforeSigning`, below): `check_before_signing`
+// in src/cli/grants.rs, and the text's format in src/protocol/approval/grant.rs; the grants
+// and break-glass pages show a grant only as this reads it from its own text.
+//
 // Pure: no DOM. The page loads it before app.js (it sets `emisarStatement`); Node loads it with
 // require() for tests/it/portal_statement.rs, which holds it to the Rust implementation.
 //
@@ -539,10 +543,292 @@
     };
   }
 
+  // ---------------------------------------------------------------- grants
+  //
+  // The check before a passkey signs a grant (src/cli/grants.rs `check_before_signing`, the
+  // terminal's), and the grant read back from its own text (src/protocol/approval/grant.rs
+  // `Grant::parse`): what the page shows of a grant is what this reads from the text a
+  // signature covers, never the API's other fields. Where this page cannot read a line
+  // exactly as the Rust does (a glob beyond `*`, a number beyond 2^53), it refuses and says
+  // to sign in the terminal.
+  const GRANT_VERSION_LINE = 'emisar-grant/v1';
+  // grant.rs DEFAULT_MAX_LIFETIME_SECS (the runners' default max_grant_lifetime_secs) and
+  // its bounds; mod.rs MAX_SIGNATURES.
+  const GRANT_MAX_LIFETIME_SECS = 3600;
+  const GRANT_MAX_CALLS = 1000;
+  const GRANT_MAX_TOOLS = 64;
+  const GRANT_MAX_ARGS = 32;
+  const GRANT_MAX_VALUES = 64;
+  const GRANT_MAX_REASON = 1024;
+  const MAX_SIGNATURES = 32;
+  const GRANT_TERMINAL = 'sign it in the terminal (`emisar grants approve ID --ssh-key PATH`)';
+  // src/util/input.rs `is_identifier`, and a selector's pair (src/selector.rs).
+  const IDENTIFIER = /^[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}$/;
+  const LABEL = /^[A-Za-z0-9][A-Za-z0-9_.@-]{0,62}$/;
+
+  const grantError = (msg) => new Refusal(`the grant: ${msg}`);
+
+  // grant.rs `word`: 1 to 128 bytes, no whitespace, control character or comma.
+  function grantWord(field, v) {
+    if (v.length === 0 || utf8.encode(v).length > 128 || /[\p{White_Space}\p{Cc},]/u.test(v)) {
+      throw grantError(`\`${field}\` must be 1 to 128 bytes without whitespace, a control character or a comma`);
+    }
+  }
+
+  function sortedOnce(items) {
+    return items.every((v, i) => i === 0 || byteOrder(items[i - 1], v) < 0);
+  }
+
+  const WHOLE_TEXT = /^(0|-?[1-9][0-9]*)$/;
+
+  // A whole number as the Rust writes it, or a refusal naming `field`.
+  function wholeNumber(field, text, min, max) {
+    if (!WHOLE_TEXT.test(text)) throw grantError(`\`${field}\` must be a whole number`);
+    const n = Number(text);
+    if (!Number.isSafeInteger(n)) {
+      throw grantError(`\`${field}\` is ${text}, beyond what this page checks exactly (2^53): ${GRANT_TERMINAL}`);
+    }
+    if (n < min || n > max) throw grantError(`\`${field}\` must be ${min} to ${max}`);
+    return n;
+  }
+
+  // grant.rs `Constraint::parse` and `check`: `in [...]` (strings, whole numbers, booleans,
+  // sorted by their JSON text, each once) or `range MIN..MAX`.
+  function parseConstraint(name, text) {
+    if (text.startsWith('in ')) {
+      let values;
+      try {
+        values = parseExact(text.slice(3));
+      } catch {
+        throw grantError(`\`arg ${name}\`: \`in\` takes a JSON array`);
+      }
+      if (!Array.isArray(values)) throw grantError(`\`arg ${name}\`: \`in\` takes a JSON array`);
+      if (values.length === 0 || values.length > GRANT_MAX_VALUES) {
+        throw grantError(`\`arg ${name}\`: \`in\` lists 1 to ${GRANT_MAX_VALUES} values`);
+      }
+      const texts = values.map((v, i) => {
+        if (v instanceof InexactNumber) {
+          throw grantError(`\`arg ${name}\`: \`in\` value ${i} is the number ${v.source}, which this page cannot check exactly: ${GRANT_TERMINAL}`);
+        }
+        if (typeof v !== 'string' && typeof v !== 'boolean' && typeof v !== 'number') {
+          throw grantError(`\`arg ${name}\`: \`in\` takes strings, whole numbers and booleans, not ${JSON.stringify(v)}`);
+        }
+        if (typeof v === 'string' && /\p{Cs}/u.test(v)) {
+          throw grantError(`\`arg ${name}\`: \`in\` value ${i} holds a lone UTF-16 surrogate, which has no UTF-8 form`);
+        }
+        return JSON.stringify(v);
+      });
+      if (!sortedOnce(texts)) throw grantError(`\`arg ${name}\`: \`in\` values are sorted by their JSON text, each once`);
+      return { in: values, text: `in [${texts.join(',')}]` };
+    }
+    if (text.startsWith('range ')) {
+      const ends = text.slice(6).split('..');
+      if (ends.length !== 2) throw grantError(`\`arg ${name}\`: \`range\` is MIN..MAX`);
+      const [min, max] = ends.map((e) => {
+        if (!WHOLE_TEXT.test(e)) throw grantError(`\`arg ${name}\`: a range's ends are whole numbers, not ${JSON.stringify(e)}`);
+        const n = Number(e);
+        if (!Number.isSafeInteger(n)) {
+          throw grantError(`\`arg ${name}\`: a range's end ${e} is beyond what this page checks exactly (2^53): ${GRANT_TERMINAL}`);
+        }
+        return n;
+      });
+      if (min > max) throw grantError(`\`arg ${name}\`: a range's MIN (${min}) is at most its MAX (${max})`);
+      return { min, max, text: `range ${min}..${max}` };
+    }
+    throw grantError(`\`arg ${name}\`: \`in [...]\` or \`range MIN..MAX\``);
+  }
+
+  // grant.rs `Grant::parse`: only the text `Grant::text` would write (the same bytes) is
+  // read. Returns the grant's fields; throws a Refusal naming the line.
+  function parseGrant(text) {
+    if (typeof text !== 'string') throw new Refusal('the grant has no text');
+    if (utf8.encode(text).length > 64 * 1024) throw grantError('longer than 64 KiB');
+    if (!text.endsWith('\n')) throw grantError('must end with a newline');
+    const lines = text.slice(0, -1).split('\n');
+    if (lines[0] !== GRANT_VERSION_LINE) throw grantError(`the first line must be \`${GRANT_VERSION_LINE}\``);
+    const fields = lines.slice(1).map((line) => {
+      const at = line.indexOf(' ');
+      if (at < 0) throw grantError('every line after the first is `key value`');
+      return [line.slice(0, at), line.slice(at + 1)];
+    });
+    let i = 0;
+    const take = (key) => {
+      if (i >= fields.length) throw grantError(`\`${key}\` is missing`);
+      const [k, v] = fields[i++];
+      if (k !== key) throw grantError(`expected \`${key}\`, found \`${k}\``);
+      return v;
+    };
+    const repeated = (key) => {
+      const out = [];
+      while (i < fields.length && fields[i][0] === key) out.push(fields[i++][1]);
+      return out;
+    };
+    const g = {};
+    g.id = take('grant');
+    g.agent = take('agent');
+    const bg = repeated('break_glass');
+    if (bg.length > 1 || (bg.length === 1 && bg[0] !== 'true')) {
+      throw grantError('`break_glass` is given once, as `break_glass true`');
+    }
+    g.breakGlass = bg.length === 1;
+    g.tools = repeated('tool');
+    const runners = take('runners');
+    const sp = runners.indexOf(' ');
+    const how = sp < 0 ? '' : runners.slice(0, sp);
+    const which = runners.slice(sp + 1);
+    if (how === 'names') {
+      g.runners = { names: which.split(',') };
+    } else if (how === 'labels') {
+      const pairs = which.split(',');
+      if (pairs.length > 16) throw grantError('`runners labels`: a selector has at most 16 key=value pairs');
+      g.runners = { labels: pairs.map((p, n) => {
+        const eq = p.indexOf('=');
+        const [k, v] = eq < 0 ? [p, null] : [p.slice(0, eq), p.slice(eq + 1)];
+        if (v === null || !LABEL.test(k) || !LABEL.test(v)) {
+          throw grantError(`\`runners labels\`: selector pair ${n + 1}: key and value must each be 1 to 63 letters, digits or \`_ . @ -\`, starting with a letter or digit`);
+        }
+        return [k, v];
+      }) };
+    } else {
+      throw grantError('`runners` is `names a,b` or `labels key=value,…`');
+    }
+    g.args = new Map();
+    for (const arg of repeated('arg')) {
+      const at = arg.indexOf(' ');
+      if (at < 0) throw grantError('`arg` is `NAME in [...]` or `NAME range MIN..MAX`');
+      const name = arg.slice(0, at);
+      if (g.args.has(name)) throw grantError(`\`arg ${name}\` is given twice`);
+      g.args.set(name, parseConstraint(name, arg.slice(at + 1)));
+    }
+    g.calls = wholeNumber('calls', take('calls'), 1, GRANT_MAX_CALLS);
+    g.callsPerRunner = wholeNumber('calls_per_runner', take('calls_per_runner'), 1, g.calls);
+    g.required = wholeNumber('required', take('required'), 1, MAX_SIGNATURES);
+    const reason = take('reason');
+    try {
+      g.reason = JSON.parse(reason);
+    } catch {
+      g.reason = null;
+    }
+    if (typeof g.reason !== 'string' || /\p{Cs}/u.test(g.reason)) throw grantError('`reason` must be a JSON string');
+    g.expires = take('expires');
+    if (i < fields.length) throw grantError('a line follows `expires`');
+
+    // `Grant::check`, then its bytes.
+    grantWord('grant', g.id);
+    grantWord('agent', g.agent);
+    if (g.tools.length === 0 || g.tools.length > GRANT_MAX_TOOLS) throw grantError(`\`tool\`: name 1 to ${GRANT_MAX_TOOLS} tools`);
+    for (const tool of g.tools) {
+      grantWord('tool', tool);
+      // A glob of this page's own reading: `*` alone, never `**`, `?` or `[…]` (the Rust's
+      // glob reads more; this page refuses rather than guess what it matches).
+      if (!/^[A-Za-z0-9_.@*-]+$/.test(tool) || tool.includes('**')) {
+        throw grantError(`\`tool\` \`${tool}\` is a pattern this page does not read (only names and \`*\`): ${GRANT_TERMINAL}`);
+      }
+    }
+    if (!sortedOnce(g.tools)) throw grantError('`tool` lines are sorted, each once');
+    if (g.runners.names) {
+      for (const name of g.runners.names) grantWord('runners', name);
+      if (!sortedOnce(g.runners.names)) throw grantError('`runners names` are sorted, each once');
+    }
+    if (g.breakGlass) {
+      if (!g.runners.names) throw grantError('a break-glass window names its runners (`runners names a,b`), never a selector');
+      if (g.required < 2) throw grantError('a break-glass window needs two people at least (`required` 2 or more)');
+    }
+    if (g.args.size > GRANT_MAX_ARGS) throw grantError(`at most ${GRANT_MAX_ARGS} \`arg\` lines`);
+    for (const name of g.args.keys()) {
+      if (!IDENTIFIER.test(name)) throw grantError(`\`arg\`: ${JSON.stringify(name)} is not an argument name`);
+    }
+    if (g.reason.trim() === '' || utf8.encode(JSON.stringify(g.reason)).length > GRANT_MAX_REASON) {
+      throw grantError(`\`reason\` says why, in at most ${GRANT_MAX_REASON} bytes`);
+    }
+    g.expiresUnix = parseUtc(g.expires);
+    if (g.expiresUnix === null) throw grantError('`expires` must be YYYY-MM-DDTHH:MM:SSZ');
+    const runnersLine = g.runners.names
+      ? `names ${g.runners.names.join(',')}`
+      : `labels ${g.runners.labels.map(([k, v]) => `${k}=${v}`).join(',')}`;
+    const argNames = [...g.args.keys()].sort(byteOrder);
+    const canonical = `${GRANT_VERSION_LINE}\ngrant ${g.id}\nagent ${g.agent}\n`
+      + (g.breakGlass ? 'break_glass true\n' : '')
+      + g.tools.map((t) => `tool ${t}\n`).join('')
+      + `runners ${runnersLine}\n`
+      + argNames.map((n) => `arg ${n} ${g.args.get(n).text}\n`).join('')
+      + `calls ${g.calls}\ncalls_per_runner ${g.callsPerRunner}\nrequired ${g.required}\n`
+      + `reason ${JSON.stringify(g.reason)}\nexpires ${g.expires}\n`;
+    if (canonical !== text) throw grantError('not in canonical form');
+    return g;
+  }
+
+  // What people read before they sign, line by line as the terminal shows it (src/cli/
+  // grants.rs `in_words`): [label, text] pairs.
+  function grantInWords(g) {
+    const runners = g.runners.names
+      ? `only ${g.runners.names.join(', ')}`
+      : `those whose labels match ${g.runners.labels.map(([k, v]) => `${k}=${v}`).join(',')}`;
+    const args = g.args.size === 0
+      ? 'any (the runners\' own allowlists still hold)'
+      : [...g.args.keys()].sort(byteOrder).map((name) => {
+        const c = g.args.get(name);
+        return c.in ? `${name} one of ${c.in.map((v) => JSON.stringify(v)).join(', ')}` : `${name} from ${c.min} to ${c.max}`;
+      }).join('; ');
+    return [
+      ['grant', g.id],
+      ['for', g.agent],
+      ...(g.breakGlass ? [['break-glass', 'yes: every call in it is flagged, witnessed and announced, and runs only where the runner\'s approvers file says break_glass = true']] : []),
+      ['tools', g.tools.join(', ')],
+      ['runners', runners],
+      ['arguments', args],
+      ['calls', `at most ${g.calls} in all, ${g.callsPerRunner} on one runner`],
+      ['expires', g.expires],
+      ['needs', `${g.required} people's signatures`],
+      ['reason', g.reason],
+    ];
+  }
+
+  // The check before a passkey signs grant `id` (src/cli/grants.rs `check_before_signing`),
+  // over the grants API's answer as text (`GET /api/grants/ID`), at `nowMs`: the text is a
+  // grant's, in canonical form, of this id, asked for no later than this clock allows, not
+  // expired, living no longer than `maxLifetime` seconds. Returns the grant read from its
+  // text, in words, and the passkey's challenge (the SHA-256 of the text, computed here).
+  async function checkGrantBeforeSigning(id, responseText, nowMs, maxLifetime = GRANT_MAX_LIFETIME_SECS) {
+    let shown;
+    try {
+      shown = JSON.parse(responseText);
+    } catch {
+      throw new Refusal('the server\'s answer is not JSON');
+    }
+    if (!isObject(shown) || typeof shown.text !== 'string') throw new Refusal('the server\'s answer has no `text`');
+    const text = shown.text;
+    const g = parseGrant(text);
+    if (g.id !== id) throw new Refusal(`\`grant\`: the text is of grant ${g.id}, not ${id}`);
+    const now = Math.floor(nowMs / 1000);
+    const issuedMs = issuedMillis(g.id);
+    if (issuedMs === null) throw new Refusal(`\`grant\`: \`${g.id}\` is not a UUIDv7, whose time says when it was asked for`);
+    const issued = Math.floor(issuedMs / 1000);
+    if (issued > now + CLOCK_SKEW_SECS) {
+      throw new Refusal(`\`grant\`: asked for at ${issued} (unix seconds), after this clock's ${now}: a grant from the future is refused`);
+    }
+    if (now >= g.expiresUnix) throw new Refusal(`\`expires\`: the grant expired at ${g.expires}`);
+    const lives = Math.max(0, g.expiresUnix - issued);
+    if (lives > maxLifetime) {
+      throw new Refusal(`\`expires\`: the grant lives ${lives} s from its request to its expiry, more than the ${maxLifetime} s allowed here (max_grant_lifetime_secs' default); a longer grant is signed in the terminal with --max-lifetime`);
+    }
+    const challenge = await sha256(text);
+    return { text, challenge, sha256: hex(challenge), grant: g, words: grantInWords(g) };
+  }
+
+  // Text shown in a grant's words, with what a reader cannot see made visible: format and
+  // control characters and every space but the plain one, as \u{…} (U+200B in `consul\u200b`
+  // is another unit than `consul`, and must not look like it).
+  function visible(text) {
+    return String(text).replace(/[\p{Cf}\p{Cc}\p{Zl}\p{Zp}\p{Mn}\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]/gu,
+      (c) => `\\u{${c.codePointAt(0).toString(16)}}`);
+  }
+
   const api = {
     checkBeforeSigning, parseStatement, parseExact, canonicalJson, Refusal, InexactNumber,
     checkDecisionBeforeSigning, parseDecision, runnersFor,
-    DEFAULT_MAX_LIFETIME_SECS,
+    checkGrantBeforeSigning, parseGrant, grantInWords, visible,
+    DEFAULT_MAX_LIFETIME_SECS, GRANT_MAX_LIFETIME_SECS,
   };
   if (typeof module === 'object' && module && module.exports) module.exports = api;
   else exported.emisarStatement = Object.freeze(api);

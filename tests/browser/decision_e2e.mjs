@@ -29,36 +29,14 @@
 //   done     exit 0
 // On failure: 99-failure.png, the error and the console on stderr, exit 1; the whole run is
 // capped at 200 s.
-import { existsSync, mkdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
-import { chromium } from 'playwright-core';
+import { drive, env, say, sleep } from './people.mjs';
 
-const OVERALL_TIMEOUT_MS = 200_000;
-const CHROMIUM_ARGS = [
-  '--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage', '--no-first-run',
-  '--disable-background-networking', '--disable-component-update', '--disable-sync',
-  '--disable-quic', '--disable-default-apps', '--disable-extensions',
-  '--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1 , EXCLUDE localhost',
-];
-
-const env = (name, fallback) => {
-  const v = process.env[name] ?? fallback;
-  if (v === undefined || v === '') throw new Error(`environment variable ${name} is not set`);
-  return v;
-};
-const say = (line) => process.stdout.write(`${JSON.stringify(line)}\n`);
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
-
-let browser = null;
-let shotDir = null;
-let lastPage = null;
-const consoleLog = [];
-const problems = [];
-let finished = false;
-
-async function screenshot(page, name) {
-  await page.screenshot({ path: path.join(shotDir, name), fullPage: true, timeout: 5_000 });
-}
+// The shared driver (tests/browser/people.mjs), set as the run starts.
+let h = null;
+const screenshot = (page, name) => h.shot(page, name);
+const settle = (...args) => h.settle(...args);
+const text = (...args) => h.text(...args);
 
 // A screenshot of the part of the page from `first`'s top to `last`'s bottom (for the docs).
 async function part(page, name, first, last) {
@@ -69,40 +47,8 @@ async function part(page, name, first, last) {
     const outer = document.querySelector('section.detail').getBoundingClientRect();
     return { x: outer.left, y: top, width: outer.width, height: bottom - top };
   }, [first, last]);
-  await page.screenshot({ path: path.join(shotDir, name), fullPage: true, clip: box, timeout: 5_000 });
+  await page.screenshot({ path: path.join(h.shotDir, name), fullPage: true, clip: box, timeout: 5_000 });
 }
-
-async function fail(err) {
-  if (finished) return;
-  finished = true;
-  process.stderr.write(`decision_e2e: FAILED: ${err && err.stack ? err.stack : err}\n`);
-  if (lastPage) {
-    try {
-      process.stderr.write(`decision_e2e: page url at failure: ${lastPage.url()}\n`);
-      await screenshot(lastPage, '99-failure.png');
-    } catch (e) {
-      process.stderr.write(`decision_e2e: could not take 99-failure.png: ${e.message}\n`);
-    }
-  }
-  if (consoleLog.length) process.stderr.write(`decision_e2e: browser console:\n  ${consoleLog.join('\n  ')}\n`);
-  if (browser) { try { await browser.close(); } catch { /* gone */ } }
-  process.exit(1);
-}
-
-// Waits until `fn` (run in the page) returns something truthy. (The predicate is handed to
-// the page as a function: the portal's CSP allows no eval.)
-async function settle(page, what, fn, timeout = 20_000, arg = null) {
-  const h = await page.waitForFunction(fn, arg, { timeout, polling: 50 }).catch(async (e) => {
-    const shown = await page.locator('#error').textContent().catch(() => '');
-    throw new Error(`${what}: nothing happened within ${timeout} ms (page error: ${shown || 'none'})`, { cause: e });
-  });
-  return h.jsonValue();
-}
-
-const text = (page, sel) => page.evaluate((s) => {
-  const n = document.querySelector(s);
-  return n ? n.textContent.trim() : null;
-}, sel);
 
 // The page's error box, or null.
 const pageError = () => {
@@ -110,63 +56,9 @@ const pageError = () => {
   return e && !e.hidden && e.textContent.trim() ? e.textContent.trim() : null;
 };
 
-// One person: a browser context of their own, a virtual authenticator, logged in.
-async function person(url, name, password) {
-  const context = await browser.newContext({ viewport: { width: 1280, height: 900 } });
-  const page = await context.newPage();
-  page.setDefaultTimeout(10_000);
-  page.on('console', (msg) => {
-    const line = `[${name} ${msg.type()}] ${msg.text()}`;
-    consoleLog.push(line);
-    if (/Content Security Policy/i.test(msg.text())) problems.push(line);
-  });
-  page.on('pageerror', (e) => { consoleLog.push(`[${name} pageerror] ${e.message}`); problems.push(e.message); });
-  page.on('response', (r) => {
-    if (r.status() >= 400) consoleLog.push(`[${name} http ${r.status()}] ${r.request().method()} ${r.url()}`);
-  });
-  const cdp = await context.newCDPSession(page);
-  await cdp.send('WebAuthn.enable');
-  const { authenticatorId } = await cdp.send('WebAuthn.addVirtualAuthenticator', { options: {
-    protocol: 'ctap2', transport: 'internal', hasResidentKey: true,
-    hasUserVerification: true, isUserVerified: true, automaticPresenceSimulation: true,
-  } });
-  lastPage = page;
-  await page.goto(url, { waitUntil: 'load', timeout: 15_000 });
-  await page.locator('#login-name').waitFor({ state: 'visible' });
-  await page.fill('#login-name', name);
-  await page.fill('#login-password', password);
-  await page.click('#login-submit');
-  await page.locator('#whoami').filter({ hasText: /\S/ }).waitFor({ state: 'visible' });
-  const signCount = async () => {
-    const { credentials } = await cdp.send('WebAuthn.getCredentials', { authenticatorId });
-    return credentials.map((c) => c.signCount).reduce((a, b) => a + b, 0);
-  };
-  return { name, page, cdp, authenticatorId, signCount };
-}
-
-async function register(url, p) {
-  const { page } = p;
-  lastPage = page;
-  await page.goto(`${url}#/passkeys`);
-  await page.locator('#passkey-name').waitFor({ state: 'visible' });
-  await page.fill('#passkey-name', `${p.name}'s virtual authenticator`);
-  await page.click('#passkey-register');
-  await settle(page, `${p.name} registering a passkey`, () => {
-    const e = document.querySelector('#error');
-    if (e && !e.hidden && e.textContent.trim()) return { error: e.textContent.trim() };
-    return document.querySelectorAll('.passkey-row').length === 1;
-  });
-  const creds = (await p.cdp.send('WebAuthn.getCredentials', { authenticatorId: p.authenticatorId })).credentials;
-  if (creds.length !== 1) throw new Error(`${p.name}'s authenticator holds ${creds.length} credentials, expected 1`);
-  // Leave the portal, so its live-update stream does not hold the server the test restarts.
-  await page.goto('about:blank');
-  // CDP gives the id in standard base64; the portal and the approvers file in base64url.
-  return creds[0].credentialId.replace(/\+/g, '-').replace(/\//g, '_').replace(/=+$/, '');
-}
-
 // Opens request `id` afresh (the page fetches it as the database now holds it).
 async function open(url, p, id, ready = '#state') {
-  lastPage = p.page;
+  h.focus(p.page);
   await p.page.goto('about:blank');
   await p.page.goto(`${url}#/approvals/${id}`);
   await p.page.locator(ready).waitFor({ state: 'visible' });
@@ -291,42 +183,16 @@ async function step(url, n, order, people) {
   } else {
     throw new Error(`step ${n}: unknown order ${JSON.stringify(order)}`);
   }
-  if (problems.length) throw new Error(`browser problems: ${problems.join('; ')}`);
 }
 
-async function run() {
+await drive('decision-e2e', 200_000, async (harness) => {
+  h = harness;
   const url = env('PORTAL_URL');
-  const dir = env('STEPS_DIR');
-  shotDir = path.resolve(env('SCREENSHOT_DIR', 'target/decision-e2e'));
-  mkdirSync(shotDir, { recursive: true });
-  browser = await chromium.launch({
-    executablePath: process.env.CHROMIUM || '/usr/bin/chromium', headless: true, args: CHROMIUM_ARGS, timeout: 30_000,
-  });
   const people = {
-    alice: await person(url, 'alice', env('ALICE_PASSWORD')),
-    bob: await person(url, 'bob', env('BOB_PASSWORD')),
+    alice: await h.person(url, 'alice', env('ALICE_PASSWORD')),
+    bob: await h.person(url, 'bob', env('BOB_PASSWORD')),
   };
   if (process.env.UNSIGNED === '1') say({ registered: null });
-  else say({ registered: { alice: await register(url, people.alice), bob: await register(url, people.bob) } });
-  for (let n = 1; ; n++) {
-    const file = path.join(dir, String(n));
-    while (!existsSync(file)) await sleep(100);
-    const order = JSON.parse(readFileSync(file, 'utf8'));
-    if (order.do === 'done') return;
-    await step(url, n, order, people);
-  }
-}
-
-const overall = setTimeout(() => fail(new Error(`overall timeout of ${OVERALL_TIMEOUT_MS} ms`)), OVERALL_TIMEOUT_MS);
-try {
-  await run();
-} catch (e) {
-  clearTimeout(overall);
-  await fail(e);
-}
-clearTimeout(overall);
-if (!finished) {
-  finished = true;
-  await browser.close();
-  process.exit(0);
-}
+  else say({ registered: { alice: await h.register(url, people.alice), bob: await h.register(url, people.bob) } });
+  await h.steps(env('STEPS_DIR'), (n, order) => step(url, n, order, people));
+});

@@ -8,7 +8,9 @@
 // {"error": "<the refusal's message>"}; anything thrown that is not a refusal is reported as
 // {"crash": "<stack>"}. A case with `"choice": "resume"|"retry"|"abort"` checks the request's
 // rollout decision instead (checkDecisionBeforeSigning): {"ok": {sha256, id, choice, runners,
-// halted, failed, expires, challenge_is_the_text_hash}}.
+// halted, failed, expires, challenge_is_the_text_hash}}. A case with `"grant": true` checks a
+// grant (`GET /api/grants/ID`'s answer) before a passkey signs it (checkGrantBeforeSigning):
+// {"ok": {sha256, words: {label: text}, visible: [text as shown], challenge_is_the_text_hash}}.
 import { readFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import path from 'node:path';
@@ -20,6 +22,14 @@ const cases = JSON.parse(readFileSync(process.argv[2], 'utf8'));
 const out = [];
 for (const c of cases) {
   try {
+    if (c.grant) {
+      const g = await statement.checkGrantBeforeSigning(c.id, c.response, c.now_ms);
+      out.push({ ok: {
+        sha256: g.sha256, words: Object.fromEntries(g.words), visible: g.words.map(([, t]) => statement.visible(t)),
+        challenge_is_the_text_hash: Buffer.from(g.challenge).toString('hex') === g.sha256 && g.text === JSON.parse(c.response).text,
+      } });
+      continue;
+    }
     if (c.choice !== undefined) {
       const d = await statement.checkDecisionBeforeSigning(c.id, c.choice, c.response, c.now_ms);
       out.push({ ok: {

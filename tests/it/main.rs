@@ -25,6 +25,7 @@ mod floods;
 mod governance;
 mod governance_rules;
 mod grants;
+mod grants_browser;
 mod grants_node;
 mod harness;
 mod hostile;

@@ -126,15 +126,20 @@ impl Request {
 
 /// Runs web/statement.js over `cases` (id, the API's answer as text, now in ms) in Node.
 fn run_in_node(cases: &[(String, String, u64)]) -> Vec<Value> {
-    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let node = require("node/bin/node");
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("cases.json");
     let cases: Vec<Value> = cases
         .iter()
         .map(|(id, response, now_ms)| json!({"id": id, "response": response, "now_ms": now_ms}))
         .collect();
-    std::fs::write(&file, serde_json::to_vec(&cases).unwrap()).unwrap();
+    run_in_node_cases(&cases)
+}
+
+/// Runs web/statement.js over `cases` as tests/browser/statement_check.mjs reads them.
+fn run_in_node_cases(cases: &[Value]) -> Vec<Value> {
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let node = require("node/bin/node");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("cases.json");
+    std::fs::write(&file, serde_json::to_vec(cases).unwrap()).unwrap();
     let out = std::process::Command::new(node)
         .arg("tests/browser/statement_check.mjs")
         .arg(&file)
@@ -723,5 +728,390 @@ mod decisions {
                 "case {i}: `{error}` does not say `{says}`"
             );
         }
+    }
+}
+
+/// The portal's reading of a grant before a passkey signs it (web/statement.js
+/// `checkGrantBeforeSigning`), held to the Rust: what `Grant::text` writes it reads back line
+/// for line, in words as the terminal shows them, with the challenge the text's SHA-256; what
+/// `Grant::parse` or the terminal's check refuses, it refuses naming the line; and where it
+/// cannot read a line exactly (a glob beyond `*`, a number beyond 2^53) it refuses and sends
+/// the person to the terminal, never guesses.
+mod grants {
+    use std::collections::BTreeMap;
+
+    use emisar::protocol::approval::grant::{Constraint, Grant, Runners};
+    use emisar::protocol::approval::statement::hash_text;
+    use emisar::selector::Selector;
+    use serde_json::{Value, json};
+
+    use super::{NOW, id_at, run_in_node_cases};
+
+    fn tricky() -> Grant {
+        Grant {
+            id: id_at(NOW - 60),
+            agent: "agent:deploy-bot".into(),
+            break_glass: false,
+            tools: vec!["linux.systemctl_restart".into(), "nomad.job_*".into()],
+            runners: Runners::Labels(Selector::parse("role=edge,dc=dc1").unwrap()),
+            args: BTreeMap::from([
+                ("memory".into(), Constraint::Range { min: -5, max: 8192 }),
+                (
+                    "unit".into(),
+                    Constraint::In(vec![
+                        json!("\"q\\uote é 😀"),
+                        json!("consul"),
+                        json!("consul\u{200b}"),
+                        json!(-3),
+                        json!(12),
+                        json!(false),
+                    ]),
+                ),
+            ]),
+            max_calls: 3,
+            max_calls_per_runner: 2,
+            required: 2,
+            reason: "INC-42: \"edge\" flaps\nsee the runbook é".into(),
+            expires_at: "2026-12-06T10:30:00Z".into(),
+        }
+    }
+
+    /// `GET /api/grants/ID`'s answer for `text`, with the fields a lying server could fill.
+    fn answer(id: &str, text: &str) -> String {
+        json!({
+            "grant_id": id, "status": "requested", "text": text,
+            "tools": ["*"], "runners": {"names": ["everything"]}, "sha256": "0".repeat(64),
+        })
+        .to_string()
+    }
+
+    fn sorted(mut g: Grant) -> Grant {
+        if let Some(Constraint::In(values)) = g.args.get_mut("unit") {
+            values.sort_by_key(Value::to_string);
+        }
+        g
+    }
+
+    fn check(cases: &[(&str, String, u64)]) -> Vec<Value> {
+        let cases: Vec<Value> = cases
+            .iter()
+            .map(|(id, text, now)| json!({"grant": true, "id": id, "response": answer(id, text), "now_ms": now * 1000}))
+            .collect();
+        run_in_node_cases(&cases)
+    }
+
+    #[test]
+    fn the_portal_reads_a_grant_exactly_as_the_rust_writes_it() {
+        let g = sorted(tricky());
+        let text = g.text().unwrap();
+        let window = Grant {
+            break_glass: true,
+            tools: vec!["*".into()],
+            runners: Runners::Names(vec!["edge-1".into(), "edge-2".into()]),
+            args: BTreeMap::new(),
+            ..g.clone()
+        };
+        let window_text = window.text().unwrap();
+        let got = check(&[
+            (&g.id, text.clone(), NOW),
+            (&window.id, window_text.clone(), NOW),
+        ]);
+        let ok = &got[0]["ok"];
+        assert!(ok.is_object(), "refused: {}", got[0]);
+        assert_eq!(ok["sha256"], hex::encode(hash_text(&text)), "{ok}");
+        assert_eq!(ok["challenge_is_the_text_hash"], true, "{ok}");
+        let words = &ok["words"];
+        assert_eq!(words["grant"], g.id.as_str());
+        assert_eq!(words["for"], "agent:deploy-bot");
+        assert_eq!(words["tools"], "linux.systemctl_restart, nomad.job_*");
+        assert_eq!(
+            words["runners"],
+            "those whose labels match role=edge,dc=dc1"
+        );
+        assert_eq!(
+            words["arguments"],
+            "memory from -5 to 8192; unit one of \"\\\"q\\\\uote é 😀\", \"consul\", \"consul\u{200b}\", -3, 12, false",
+            "{ok}"
+        );
+        assert_eq!(words["calls"], "at most 3 in all, 2 on one runner");
+        assert_eq!(words["needs"], "2 people's signatures");
+        assert_eq!(words["reason"], g.reason.as_str());
+        assert_eq!(words["expires"], "2026-12-06T10:30:00Z");
+        assert!(words.get("break-glass").is_none(), "{words}");
+        // What a reader cannot see is shown: the zero-width space, the newline.
+        let shown = ok["visible"].to_string();
+        assert!(shown.contains("consul\\\\u{200b}"), "{shown}");
+        assert!(shown.contains("flaps\\\\u{a}see"), "{shown}");
+        // The server's own `tools`, `runners` and `sha256` were not read.
+        assert!(!shown.contains("everything"), "{shown}");
+
+        let ok = &got[1]["ok"];
+        assert!(ok.is_object(), "refused: {}", got[1]);
+        assert_eq!(ok["sha256"], hex::encode(hash_text(&window_text)));
+        assert_eq!(ok["words"]["runners"], "only edge-1, edge-2");
+        assert_eq!(ok["words"]["tools"], "*");
+        assert!(
+            ok["words"]["break-glass"]
+                .as_str()
+                .is_some_and(|s| s.starts_with("yes")),
+            "{ok}"
+        );
+        assert_eq!(
+            ok["words"]["arguments"],
+            "any (the runners' own allowlists still hold)"
+        );
+    }
+
+    #[test]
+    fn the_portal_refuses_a_grant_the_terminal_refuses_naming_the_line() {
+        let g = sorted(tricky());
+        let text = g.text().unwrap();
+        let edit = |from: &str, to: &str| {
+            assert!(text.contains(from), "{from:?} not in {text}");
+            text.replacen(from, to, 1)
+        };
+        let long = Grant {
+            expires_at: "2026-12-06T11:00:00Z".into(),
+            ..g.clone()
+        };
+        let v4 = Grant {
+            id: "0193f4d0-5d4f-4e3b-9a8c-1f2e3d4c5b6a".into(),
+            ..g.clone()
+        };
+        let future = Grant {
+            id: id_at(NOW + 600),
+            expires_at: "2026-12-06T10:40:00Z".into(),
+            ..g.clone()
+        };
+        // Each: the text, the clock, what the refusal says, and whether the Rust reads the
+        // text as a grant at all (`Grant::parse`).
+        let cases: Vec<(String, u64, &str, bool)> = vec![
+            (
+                edit("calls 3\n", "calls 03\n"),
+                NOW,
+                "`calls` must be a whole number",
+                false,
+            ),
+            (
+                edit("calls 3\n", "calls 1001\n"),
+                NOW,
+                "`calls` must be 1 to 1000",
+                false,
+            ),
+            (
+                edit("calls_per_runner 2", "calls_per_runner 4"),
+                NOW,
+                "`calls_per_runner` must be 1 to 3",
+                false,
+            ),
+            (
+                edit("required 2", "required 0"),
+                NOW,
+                "`required` must be 1 to 32",
+                false,
+            ),
+            (
+                edit(
+                    "tool linux.systemctl_restart\ntool nomad.job_*",
+                    "tool nomad.job_*\ntool linux.systemctl_restart",
+                ),
+                NOW,
+                "`tool` lines are sorted, each once",
+                false,
+            ),
+            (
+                edit("range -5..8192", "range 8192..-5"),
+                NOW,
+                "a range's MIN (8192) is at most its MAX (-5)",
+                false,
+            ),
+            (
+                edit("range -5..8192", "range -05..8192"),
+                NOW,
+                "a range's ends are whole numbers",
+                false,
+            ),
+            (
+                edit("range -5..8192", "range -0..8192"),
+                NOW,
+                "a range's ends are whole numbers",
+                false,
+            ),
+            (
+                edit(",-3,12,", ",12,-3,"),
+                NOW,
+                "`in` values are sorted by their JSON text, each once",
+                false,
+            ),
+            (
+                edit(",-3,12,", ",-3, 12,"),
+                NOW,
+                "not in canonical form",
+                false,
+            ),
+            (
+                edit(",-3,12,", ",-3,1.0,"),
+                NOW,
+                "which this page cannot check exactly",
+                false,
+            ),
+            (
+                edit(",-3,12,", ",-3,[12],"),
+                NOW,
+                "`in` takes strings, whole numbers and booleans",
+                false,
+            ),
+            (
+                edit("reason \"INC", "reason \"\\u0049NC"),
+                NOW,
+                "not in canonical form",
+                false,
+            ),
+            (
+                edit(
+                    "reason \"INC-42: \\\"edge\\\" flaps\\nsee the runbook é\"",
+                    "reason \"  \"",
+                ),
+                NOW,
+                "`reason` says why",
+                false,
+            ),
+            (
+                edit(
+                    "runners labels role=edge,dc=dc1",
+                    "runners labels role=edge;dc=dc1",
+                ),
+                NOW,
+                "`runners labels`: selector pair 1",
+                false,
+            ),
+            (
+                edit("runners labels", "runners label"),
+                NOW,
+                "`runners` is `names a,b` or `labels key=value,…`",
+                false,
+            ),
+            (
+                edit(
+                    "agent agent:deploy-bot\n",
+                    "agent agent:deploy-bot\nbreak_glass true\n",
+                ),
+                NOW,
+                "a break-glass window names its runners",
+                false,
+            ),
+            (
+                edit(
+                    "agent agent:deploy-bot\n",
+                    "agent agent:deploy-bot\nbreak_glass yes\n",
+                ),
+                NOW,
+                "`break_glass` is given once",
+                false,
+            ),
+            (
+                edit("arg unit", "arg memory"),
+                NOW,
+                "`arg memory` is given twice",
+                false,
+            ),
+            (
+                format!("{text}calls 4\n"),
+                NOW,
+                "a line follows `expires`",
+                false,
+            ),
+            (
+                text.trim_end().to_owned(),
+                NOW,
+                "must end with a newline",
+                false,
+            ),
+            (
+                edit("emisar-grant/v1", "emisar-approval/v2"),
+                NOW,
+                "the first line must be `emisar-grant/v1`",
+                false,
+            ),
+            (
+                edit(
+                    "expires 2026-12-06T10:30:00Z",
+                    "expires 2026-02-30T10:30:00Z",
+                ),
+                NOW,
+                "`expires` must be YYYY-MM-DDTHH:MM:SSZ",
+                false,
+            ),
+            // Grants the Rust reads, which the terminal's check or this page refuses.
+            (
+                long.text().unwrap(),
+                NOW,
+                "`expires`: the grant lives 3660 s from its request to its expiry, more than the 3600 s",
+                true,
+            ),
+            (
+                g.text().unwrap(),
+                NOW + 1800,
+                "`expires`: the grant expired at 2026-12-06T10:30:00Z",
+                true,
+            ),
+            (v4.text().unwrap(), NOW, "is not a UUIDv7", true),
+            (
+                future.text().unwrap(),
+                NOW,
+                "a grant from the future is refused",
+                true,
+            ),
+            (
+                edit("tool nomad.job_*", "tool nomad.job_[ab]"),
+                NOW,
+                "a pattern this page does not read",
+                true,
+            ),
+            (
+                edit("range -5..8192", "range -5..9007199254740993"),
+                NOW,
+                "beyond what this page checks exactly",
+                true,
+            ),
+        ];
+        // The page is opened for the grant the text names (or the sample's, where the Rust
+        // reads no grant in it).
+        let ids: Vec<String> = cases
+            .iter()
+            .map(|(text, ..)| Grant::parse(text).map_or(g.id.clone(), |g| g.id))
+            .collect();
+        let node_cases: Vec<(&str, String, u64)> = cases
+            .iter()
+            .zip(&ids)
+            .map(|((text, now, ..), id)| (id.as_str(), text.clone(), *now))
+            .collect();
+        let got = check(&node_cases);
+        for ((text, _, says, rust_reads), out) in cases.iter().zip(&got) {
+            let error = out["error"]
+                .as_str()
+                .unwrap_or_else(|| panic!("not refused ({says}): {out}\n{text}"));
+            assert!(
+                error.contains(says),
+                "wanted {says:?}, got {error:?}\n{text}"
+            );
+            assert_eq!(
+                Grant::parse(text).is_ok(),
+                *rust_reads,
+                "{says}: the Rust's reading\n{text}"
+            );
+        }
+        // The page was opened for another grant than its text names.
+        let other = id_at(NOW - 30);
+        let got = check(&[(&other, text.clone(), NOW)]);
+        let error = got[0]["error"].as_str().unwrap_or_default();
+        assert!(
+            error.contains(&format!(
+                "`grant`: the text is of grant {}, not {other}",
+                g.id
+            )),
+            "{}",
+            got[0]
+        );
     }
 }

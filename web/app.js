@@ -931,7 +931,7 @@ async function checkGrant(id, answer) {
 // The grant in words, every line read from the text people sign (never from the API's other
 // fields), with what a reader cannot see made visible.
 function grantWords(checked, signing) {
-  const title = signing ? 'What you sign' : 'What was signed';
+  const title = signing ? 'What you sign' : 'The grant, in words';
   if (checked.error) {
     return el('div', { class: 'statement refused', id: 'grant-signed' },
       el('h3', {}, title),
@@ -978,6 +978,7 @@ async function viewGrant(id) {
 
   if (signing) section.append(grantSignForm(id, answer, checked));
   if (g.status === 'requested' || g.status === 'active') section.append(grantRevokeForm(id, g));
+  if (g.break_glass && (g.status === 'revoked' || g.status === 'expired')) section.append(await reviewPanel(id, g.text));
   section.append(el('details', {}, el('summary', {}, 'Grant text'), pre(g.text, { id: 'grant-text' })),
     el('p', { class: 'muted small' }, 'In the terminal: ', el('span', { class: 'mono' }, `emisar grants show ${g.grant_id}`)));
   return section;
@@ -1034,6 +1035,58 @@ function grantRevokeForm(id, g) {
 
 // A window's state as the log tells it (src/server/break_glass/ledger.rs `State`): every
 // state but `reviewed` is owed a review.
+// A closed break-glass window's review: as signed (the log's `break_glass.reviewed`), or the
+// one proposed, which each person reads and signs with a passkey, or a note to propose one.
+// What a passkey signs is built or read here and must bind this window (web/statement.js
+// `checkReviewBeforeSigning`).
+async function reviewPanel(id, windowText) {
+  const { window: w, review } = await api('GET', `/api/break-glass/${enc(id)}`);
+  const box = el('div', { class: 'decide', id: 'review' }, el('h2', {}, 'Review'));
+  if (w.review) {
+    box.append(el('p', { id: 'review-done' }, `Reviewed by ${w.review.signed_by.join(', ')} `, relTime(w.review.at)),
+      el('div', { class: 'reason', id: 'review-note' }, emisarStatement.visible(w.review.note)));
+    return box;
+  }
+  box.append(el('p', { class: 'muted small' }, `${w.calls.length} call${w.calls.length === 1 ? '' : 's'} ran in this window `
+    + `(the audit log's grant.used events). It stays unreviewed until ${w.required} people sign a review with a note.`),
+  w.calls.length ? el('ul', { id: 'window-calls' }, w.calls.map((c) => el('li', {},
+    el('span', { class: 'mono' }, c.tool || '?'), ` on ${c.runners.join(', ')} by ${c.actor} `, relTime(c.at)))) : '');
+  const proposed = review && review.text;
+  const note = proposed ? null : el('textarea', { id: 'review-note-input', rows: 3, placeholder: 'What was done inside the window, and why (required)' });
+  if (proposed) {
+    box.append(el('p', {}, `Proposed by ${review.proposed_by}, signed by ${review.votes.length}:`));
+  }
+  let shown = null;
+  if (proposed) {
+    try {
+      shown = await emisarStatement.checkReviewBeforeSigning(id, windowText, proposed, null, Date.now());
+      box.append(el('div', { class: 'reason', id: 'review-proposed' }, emisarStatement.visible(shown.note)));
+    } catch (e) {
+      box.append(el('p', { class: 'error', id: 'review-refused', role: 'alert' }, 'This review does not hold, so no passkey will sign it: ', e.message));
+    }
+  } else {
+    box.append(el('label', { for: 'review-note-input' }, 'Note'), note);
+  }
+  const sign = el('button', { id: 'review-sign', type: 'button', class: 'approve', disabled: proposed && !shown ? true : null },
+    proposed ? 'Sign this review with passkey' : 'Propose and sign a review with passkey');
+  sign.addEventListener('click', async () => {
+    sign.disabled = true;
+    showError('');
+    try {
+      // Built or read again at the click, on the clock of that moment.
+      const r = await emisarStatement.checkReviewBeforeSigning(id, windowText, proposed, note && note.value.trim(), Date.now());
+      const signature = await passkeySignature(r.challenge);
+      await api('POST', `/api/break-glass/${enc(id)}/review`, { text: r.text, signature });
+      render({ quiet: true });
+    } catch (e) {
+      showError(e.message);
+      sign.disabled = false;
+    }
+  });
+  box.append(el('div', { class: 'buttons' }, sign));
+  return box;
+}
+
 const WINDOW_STATES = { requested: 'requested', open: 'open', 'closed-unreviewed': 'closed, unreviewed', reviewed: 'reviewed' };
 
 async function viewBreakGlass() {
@@ -1044,8 +1097,8 @@ async function viewBreakGlass() {
   const head = el('div', { class: 'view-head' }, el('h1', {}, 'Break-glass windows'));
   const intro = el('p', { class: 'muted' },
     'Two people open a window for named runners, for at most an hour. Every call in it is flagged, witnessed and '
-    + 'announced, and the window stays unreviewed until people sign a review with a note (',
-    el('span', { class: 'mono' }, 'emisar break-glass review ID --note … --ssh-key …'), ').');
+    + 'announced, and the window stays unreviewed until people sign a review with a note, on its page once it is '
+    + 'closed or in the terminal (', el('span', { class: 'mono' }, 'emisar break-glass review ID --note … --ssh-key …'), ').');
   const summary = el('p', { id: 'unreviewed-summary', class: unreviewed.length ? 'error' : 'muted' },
     unreviewed.length ? `${unreviewed.length} window${unreviewed.length === 1 ? '' : 's'} not reviewed yet.` : 'Every window is reviewed.');
   const rows = windows.map((w) => el('tr', { class: `window-row window-${token(w.state)}`, 'data-window-id': w.id },

@@ -824,10 +824,92 @@
       (c) => `\\u{${c.codePointAt(0).toString(16)}}`);
   }
 
+  // ---------------------------------------------------------------- reviews
+  //
+  // The review of a break-glass window people sign after the incident (src/protocol/approval/
+  // review.rs `Review::text`, `Review::parse` and `check`): proposed here from a note, or read
+  // from the review someone proposed. Either way it must bind the window the page shows: its id
+  // and the SHA-256 of its grant text, both computed here from the window's text.
+  const REVIEW_VERSION_LINE = 'emisar-review/v1';
+  const MAX_NOTE = 4096;
+
+  const reviewError = (msg) => new Refusal(`the review: ${msg}`);
+
+  function checkNote(note) {
+    if (typeof note !== 'string' || note.trim() === '') {
+      throw reviewError('`note` is required: say what was done inside the window and why');
+    }
+    if (/\p{Cs}/u.test(note)) throw reviewError('`note` holds a lone UTF-16 surrogate, which has no UTF-8 form');
+    const bytes = utf8.encode(note).length;
+    if (bytes > MAX_NOTE) throw reviewError(`\`note\` is ${bytes} bytes, more than the ${MAX_NOTE} allowed`);
+  }
+
+  const reviewText = (r) => `${REVIEW_VERSION_LINE}\nwindow ${r.window}\ngrant sha256:${r.grant}\n`
+    + `note ${JSON.stringify(r.note)}\nreviewed ${r.reviewed}\n`;
+
+  // `Review::parse`: only the text `Review::text` would write.
+  function parseReview(text) {
+    if (typeof text !== 'string') throw reviewError('no text');
+    if (!text.endsWith('\n')) throw reviewError('must end with a newline');
+    const lines = text.slice(0, -1).split('\n');
+    if (lines[0] !== REVIEW_VERSION_LINE) throw reviewError(`the first line must be \`${REVIEW_VERSION_LINE}\``);
+    const keys = ['window', 'grant', 'note', 'reviewed'];
+    if (lines.length !== keys.length + 1) throw reviewError('a review has the lines window, grant, note and reviewed');
+    const r = {};
+    keys.forEach((key, i) => {
+      const line = lines[i + 1];
+      const at = line.indexOf(' ');
+      if (at < 0 || line.slice(0, at) !== key) throw reviewError(`expected \`${key}\`, found \`${line.slice(0, Math.max(at, 0))}\``);
+      r[key] = line.slice(at + 1);
+    });
+    if (!r.grant.startsWith('sha256:') || !/^[0-9a-f]{64}$/.test(r.grant.slice(7))) {
+      throw reviewError('`grant` must be `sha256:` and a SHA-256 in lowercase hex');
+    }
+    r.grant = r.grant.slice(7);
+    try {
+      r.note = JSON.parse(r.note);
+    } catch {
+      throw reviewError('`note` must be a JSON string');
+    }
+    checkNote(r.note);
+    if (parseUtc(r.reviewed) === null) throw reviewError('`reviewed` must be UTC as YYYY-MM-DDTHH:MM:SSZ');
+    if (reviewText(r) !== text) throw reviewError('not in canonical form');
+    return r;
+  }
+
+  // The review a passkey signs for window `id`, whose grant text is `windowText`: the one
+  // proposed (`proposedText`), or, with none, a new one with `note` at `nowMs`. It binds this
+  // window (its id, and the SHA-256 of its text computed here), was proposed no earlier than
+  // the window was asked for and not in this clock's future. Returns the review's text, note,
+  // time and the passkey's challenge.
+  async function checkReviewBeforeSigning(id, windowText, proposedText, note, nowMs) {
+    const g = parseGrant(windowText);
+    if (g.id !== id) throw new Refusal(`\`window\`: the text is of grant ${g.id}, not ${id}`);
+    if (!g.breakGlass) throw new Refusal(`\`window\`: grant ${id} is not a break-glass window`);
+    const grant = hex(await sha256(windowText));
+    const now = Math.floor(nowMs / 1000);
+    let r;
+    if (proposedText) {
+      r = parseReview(proposedText);
+    } else {
+      checkNote(note);
+      r = { window: id, grant, note, reviewed: new Date(now * 1000).toISOString().replace(/\.\d{3}Z$/, 'Z') };
+    }
+    if (r.window !== id) throw reviewError(`\`window\`: the review is of window ${r.window}, not ${id}`);
+    if (r.grant !== grant) throw reviewError('`grant`: the review binds another grant text than the window\'s (sha256 differs)');
+    const reviewed = parseUtc(r.reviewed);
+    const opened = Math.floor((issuedMillis(id) ?? 0) / 1000);
+    if (reviewed < opened) throw reviewError(`\`reviewed\`: ${r.reviewed} is before the window was asked for`);
+    if (reviewed > now + CLOCK_SKEW_SECS) throw reviewError(`\`reviewed\`: ${r.reviewed} is in the future of this clock`);
+    const text = reviewText(r);
+    const challenge = await sha256(text);
+    return { text, challenge, sha256: hex(challenge), note: r.note, reviewed: r.reviewed, grantSha256: grant };
+  }
+
   const api = {
     checkBeforeSigning, parseStatement, parseExact, canonicalJson, Refusal, InexactNumber,
     checkDecisionBeforeSigning, parseDecision, runnersFor,
-    checkGrantBeforeSigning, parseGrant, grantInWords, visible,
+    checkGrantBeforeSigning, parseGrant, grantInWords, visible, checkReviewBeforeSigning, parseReview,
     DEFAULT_MAX_LIFETIME_SECS, GRANT_MAX_LIFETIME_SECS,
   };
   if (typeof module === 'object' && module && module.exports) module.exports = api;

@@ -11,12 +11,18 @@
 // Protocol on stdout, one JSON line each:
 //   {"registered": {"alice": CREDENTIAL_ID, "bob": CREDENTIAL_ID}}
 // then, for each step file 1, 2, … in STEPS_DIR (JSON {"do": …, "who": …, "id": …}), one answer:
-//   look     `who` finds grant `id` in the Grants list and opens it (look-N.png)
-//            {"step", "listed", "shown": {refused, words: {label: text}, sha256, status, sign_disabled, banner}}
+//   look     `who` finds grant `id` in the Grants list and opens it (look-N.png); with
+//            "try": true, clicks "Sign with passkey" if the page lets them
+//            {"step", "listed", "shown": {refused, words: {label: text}, sha256, status, sign_disabled, banner},
+//             "sign_count": [before, after]}
 //   sign     `who` signs grant `id` with the passkey (sign-N.png)
 //            {"step", "status", "signed_by", "error", "sign_count": [before, after]}
 //   revoke   `who` revokes grant `id` with `reason` (revoke-N.png)
 //            {"step", "status", "revoked", "error"}
+//   review   `who` opens closed window `id` and signs its review with the passkey: proposes one
+//            with `note`, or signs the one proposed (until it shows `until`: `proposed`, with
+//            `votes` signatures, or `done`) unless the page refuses it (review-N.png)
+//            {"step", "refused", "error", "proposed", "done", "sign_count": [before, after]}
 //   windows  `who` opens the break-glass page (windows-N.png)
 //            {"step", "rows": [{id, state}], "summary", "count"}
 //   done     exit 0
@@ -63,7 +69,15 @@ await drive('grants-e2e', 200_000, async (h) => {
       const listed = await p.page.locator(`.grant-row[data-grant-id="${order.id}"]`).count() === 1;
       await open(p, `#/grants/${order.id}`, '#grant-signed');
       await shot('look');
-      h.say({ step: n, listed, shown: await shown(p.page) });
+      const seen = await shown(p.page);
+      // With `try`, the person clicks "Sign with passkey" if the page lets them: a signature
+      // the page should not have asked for shows in the authenticator's count.
+      const before = await p.signCount();
+      if (order.try && seen.sign_disabled === false) {
+        await p.page.click('#grant-sign-passkey');
+        await h.sleep(1000);
+      }
+      h.say({ step: n, listed, shown: seen, sign_count: [before, await p.signCount()] });
     } else if (order.do === 'sign') {
       await open(p, `#/grants/${order.id}`, '#grant-sign-passkey');
       const before = await p.signCount();
@@ -88,6 +102,30 @@ await drive('grants-e2e', 200_000, async (h) => {
       const out = await outcome(p, `${p.name} revoking grant ${order.id}`, ['revoked']);
       await shot('revoke');
       h.say({ step: n, status: out.status ?? null, revoked: await h.text(p.page, '#grant-revoked'), error: out.error ?? null });
+    } else if (order.do === 'review') {
+      // Propose a review with `note`, or sign the one proposed; `until` is `proposed` or `done`.
+      await open(p, `#/grants/${order.id}`, '#review');
+      const refused = await h.text(p.page, '#review-refused');
+      const before = await p.signCount();
+      let error = null;
+      if (refused === null) {
+        if (order.note) await p.page.fill('#review-note-input', order.note);
+        await p.page.click('#review-sign');
+        const out = await h.settle(p.page, `${p.name} signing the review of ${order.id}`, ([until, votes]) => {
+          const e = document.querySelector('#error');
+          if (e && !e.hidden && e.textContent.trim()) return { error: e.textContent.trim() };
+          if (until === 'done') return document.querySelector('#review-done') ? { ok: true } : null;
+          const p = document.querySelector('#review p:not(.muted)');
+          return document.querySelector('#review-proposed') && p && p.textContent.includes(`signed by ${votes}`) ? { ok: true } : null;
+        }, 30_000, [order.until, order.votes ?? 1]);
+        error = out.error ?? null;
+      }
+      await h.sleep(300);
+      await shot('review');
+      h.say({
+        step: n, refused, error, proposed: await h.text(p.page, '#review-proposed'), done: await h.text(p.page, '#review-done'),
+        sign_count: [before, await p.signCount()],
+      });
     } else if (order.do === 'windows') {
       await open(p, '#/break-glass', '#windows, #no-windows');
       // The header's count is set as the page draws.

@@ -11,6 +11,9 @@
 // halted, failed, expires, challenge_is_the_text_hash}}. A case with `"grant": true` checks a
 // grant (`GET /api/grants/ID`'s answer) before a passkey signs it (checkGrantBeforeSigning):
 // {"ok": {sha256, words: {label: text}, visible: [text as shown], challenge_is_the_text_hash}}.
+// A case with `"review": true` checks the review of break-glass window `id` whose grant text
+// is `window_text` (checkReviewBeforeSigning): the one `proposed`, or a new one with `note`:
+// {"ok": {text, sha256, note, reviewed, challenge_is_the_text_hash}}.
 import { readFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import path from 'node:path';
@@ -22,6 +25,14 @@ const cases = JSON.parse(readFileSync(process.argv[2], 'utf8'));
 const out = [];
 for (const c of cases) {
   try {
+    if (c.review) {
+      const r = await statement.checkReviewBeforeSigning(c.id, c.window_text, c.proposed ?? null, c.note ?? null, c.now_ms);
+      out.push({ ok: {
+        text: r.text, sha256: r.sha256, note: r.note, reviewed: r.reviewed,
+        challenge_is_the_text_hash: Buffer.from(r.challenge).toString('hex') === r.sha256,
+      } });
+      continue;
+    }
     if (c.grant) {
       const g = await statement.checkGrantBeforeSigning(c.id, c.response, c.now_ms);
       out.push({ ok: {

@@ -19,7 +19,7 @@ use emisar::server::principal::Role;
 use serde_json::{Value, json};
 
 use crate::approvals::{Portal, add_user, call_in_background, signed_in};
-use crate::harness::app::Options;
+use crate::harness::app::{Options, TestApp};
 use crate::harness::certs::self_signed;
 use crate::harness::pg::PgTestDb;
 use crate::harness::tools::{DeadEndpoint, require};
@@ -40,9 +40,101 @@ fn passkey_line(key: &emisar::server::passkeys::Passkey) -> String {
     )
 }
 
+/// Alice and bob (approvers) in a browser driver of their own (`script`, given
+/// `ALICE_PASSWORD`, `BOB_PASSWORD`, `STEPS_DIR`, `SCREENSHOT_DIR`), on a first server on
+/// PostgreSQL whose port is held for the server that follows: the origin a passkey signs for
+/// names it, so both servers must be reached at the same one.
+pub(crate) struct TwoPeople {
+    pub work: tempfile::TempDir,
+    /// Where the test writes the driver's steps.
+    pub steps: PathBuf,
+    pub shots: PathBuf,
+    pub port: u16,
+    pub origin: String,
+    pub webauthn: WebauthnConfig,
+    pub first: TestApp,
+    pub driver: Driver,
+}
+
+impl TwoPeople {
+    pub(crate) async fn start(script: &str, shots: &str) -> TwoPeople {
+        let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let node = require("node/bin/node");
+        let chromium = require_path(Path::new(CHROMIUM));
+        require_path(&repo.join("tests/browser/node_modules/playwright-core/package.json"));
+        let work = tempfile::tempdir().unwrap();
+        let steps = work.path().join("steps");
+        std::fs::create_dir_all(&steps).unwrap();
+        let shots = repo.join("target").join(shots);
+        std::fs::create_dir_all(&shots).unwrap();
+        let port = DeadEndpoint::bind_reserved().release();
+        let origin = format!("http://localhost:{port}");
+        let webauthn = WebauthnConfig {
+            rp_id: Some("localhost".into()),
+            origins: vec![origin.clone()],
+        };
+        let first = spawn_app(
+            Backend::Postgres,
+            vec![],
+            Options {
+                listen: Some(format!("127.0.0.1:{port}")),
+                webauthn: Some(webauthn.clone()),
+                ..Default::default()
+            },
+        )
+        .await;
+        let alice_password = add_user(&first, "alice", Role::Approver).await;
+        let bob_password = add_user(&first, "bob", Role::Approver).await;
+        let driver = Driver::spawn(
+            &repo,
+            &node,
+            script,
+            &[
+                ("PORTAL_URL", format!("{origin}/")),
+                ("ALICE_PASSWORD", alice_password),
+                ("BOB_PASSWORD", bob_password),
+                ("STEPS_DIR", steps.display().to_string()),
+                ("SCREENSHOT_DIR", shots.display().to_string()),
+                ("CHROMIUM", chromium.display().to_string()),
+                ("TMPDIR", work.path().display().to_string()),
+            ],
+        );
+        TwoPeople {
+            work,
+            steps,
+            shots,
+            port,
+            origin,
+            webauthn,
+            first,
+            driver,
+        }
+    }
+}
+
+/// The passkeys alice and bob registered in the browser (the driver's
+/// `{"registered": {"alice": ID, "bob": ID}}`), as the `[[person]]` entries of an approvers
+/// file.
+pub(crate) async fn registered_people(driver: &mut Driver, first: &TestApp) -> String {
+    let registered = driver.expect_json("{\"registered\": {…}}").await;
+    let mut lines = Vec::new();
+    for name in ["alice", "bob"] {
+        let keys = emisar::server::passkeys::of_user(&first.db, name)
+            .await
+            .unwrap();
+        assert_eq!(keys.len(), 1, "{keys:?}");
+        assert_eq!(registered["registered"][name], keys[0].credential_id);
+        lines.push(format!(
+            "[[person]]\nname = \"{name}\"\npasskeys = [{}]\n",
+            passkey_line(&keys[0])
+        ));
+    }
+    lines.join("\n")
+}
+
 /// Tells the driver its step `n`: written under another name and renamed, since the driver
 /// reads the file as soon as it exists.
-fn order(dir: &Path, n: usize, order: Value) {
+pub(crate) fn order(dir: &Path, n: usize, order: Value) {
     let tmp = dir.join(format!("{n}.tmp"));
     std::fs::write(&tmp, order.to_string()).unwrap();
     std::fs::rename(&tmp, dir.join(n.to_string())).unwrap();
@@ -95,73 +187,26 @@ fn store_decision(pg: &PgTestDb, id: &str, decision: &Value) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_people_retry_a_halted_rollout_with_passkeys_and_the_page_refuses_a_tampered_decision()
 {
-    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let node = require("node/bin/node");
-    let chromium = require_path(Path::new(CHROMIUM));
-    require_path(&repo.join("tests/browser/node_modules/playwright-core/package.json"));
-    let work = tempfile::tempdir().unwrap();
-    let steps = work.path().join("steps");
-    std::fs::create_dir_all(&steps).unwrap();
-    let shots = repo.join("target").join("decision-e2e");
-    std::fs::create_dir_all(&shots).unwrap();
-
-    // The portal's port is held until each server binds it: the origin a passkey signs for
-    // names it, so both servers must be reached at the same one.
-    let port = DeadEndpoint::bind_reserved().release();
-    let origin = format!("http://localhost:{port}");
-    let webauthn = WebauthnConfig {
-        rp_id: Some("localhost".into()),
-        origins: vec![origin.clone()],
-    };
-    let mut first = spawn_app(
-        Backend::Postgres,
-        vec![],
-        Options {
-            listen: Some(format!("127.0.0.1:{port}")),
-            webauthn: Some(webauthn.clone()),
-            ..Default::default()
-        },
-    )
-    .await;
-    let alice_password = add_user(&first, "alice", Role::Approver).await;
-    let bob_password = add_user(&first, "bob", Role::Approver).await;
-    let mut driver = Driver::spawn(
-        &repo,
-        &node,
-        "tests/browser/decision_e2e.mjs",
-        &[
-            ("PORTAL_URL", format!("{origin}/")),
-            ("ALICE_PASSWORD", alice_password),
-            ("BOB_PASSWORD", bob_password),
-            ("STEPS_DIR", steps.display().to_string()),
-            ("SCREENSHOT_DIR", shots.display().to_string()),
-            ("CHROMIUM", chromium.display().to_string()),
-            ("TMPDIR", work.path().display().to_string()),
-        ],
-    );
+    let TwoPeople {
+        work,
+        steps,
+        shots,
+        port,
+        origin,
+        webauthn,
+        mut first,
+        mut driver,
+    } = TwoPeople::start("tests/browser/decision_e2e.mjs", "decision-e2e").await;
 
     let run = async {
         // 1. Registered in the browser; the operator's approvers file holds both passkeys,
         // and a `roll` write needs both people.
-        let registered = driver.expect_json("{\"registered\": {…}}").await;
-        let mut lines = Vec::new();
-        for name in ["alice", "bob"] {
-            let keys = emisar::server::passkeys::of_user(&first.db, name)
-                .await
-                .unwrap();
-            assert_eq!(keys.len(), 1, "{keys:?}");
-            assert_eq!(registered["registered"][name], keys[0].credential_id);
-            lines.push(format!(
-                "[[person]]\nname = \"{name}\"\npasskeys = [{}]\n",
-                passkey_line(&keys[0])
-            ));
-        }
+        let people = registered_people(&mut driver, &first).await;
         let approvers = work.path().join("approvers.toml");
         std::fs::write(
             &approvers,
             format!(
-                "serial = 1\n\n[webauthn]\nrp_id = \"localhost\"\norigins = [\"{origin}\"]\n\n{}\n[[rule]]\ntools = \"roll.*\"\napprovals = 2\n",
-                lines.join("\n")
+                "serial = 1\n\n[webauthn]\nrp_id = \"localhost\"\norigins = [\"{origin}\"]\n\n{people}\n[[rule]]\ntools = \"roll.*\"\napprovals = 2\n",
             ),
         )
         .unwrap();

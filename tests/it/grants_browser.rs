@@ -14,36 +14,27 @@
 //!
 //! A break-glass window carol asked for is listed, owed a review, with the header's count;
 //! its page says BREAK-GLASS and what it covers; alice closes it, and it is listed closed and
-//! unreviewed. Screenshots land in target/grants-e2e/.
+//! unreviewed; alice proposes its review with a note and signs it with her passkey, bob's page
+//! refuses the proposal a database writer made bind another grant text, and, as proposed, bob
+//! signs it: reviewed. Screenshots land in target/grants-e2e/.
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use emisar::protocol::approval::grant::Grant;
 use emisar::server::audit::AuditFilter;
-use emisar::server::config::WebauthnConfig;
 use emisar::server::principal::Role;
 use serde_json::{Value, json};
 
-use crate::approvals::{
-    add_user, call_in_background, finished, restarts, signed_in, systemctl_standin,
-};
+use crate::approvals::{call_in_background, finished, restarts, signed_in, systemctl_standin};
+use crate::decision_browser::{TwoPeople, order, registered_people};
 use crate::harness::app::Options;
 use crate::harness::certs::self_signed;
 use crate::harness::pg::PgTestDb;
-use crate::harness::tools::{DeadEndpoint, only_output, require};
+use crate::harness::tools::only_output;
 use crate::harness::{Backend, RunnerSpec, spawn_app};
-use crate::portal_browser::{CHROMIUM, Driver, assert_png, require_path};
+use crate::portal_browser::assert_png;
 
 const TOOL: &str = "linux.systemctl_restart";
-
-/// Tells the driver its step `n`: written under another name and renamed, since the driver
-/// reads the file as soon as it exists.
-fn order(dir: &Path, n: usize, order: Value) {
-    let tmp = dir.join(format!("{n}.tmp"));
-    std::fs::write(&tmp, order.to_string()).unwrap();
-    std::fs::rename(&tmp, dir.join(n.to_string())).unwrap();
-}
 
 /// The stored text of grant `id`, as a database writer sets it.
 fn set_text(pg: &PgTestDb, id: &str, text: &str) {
@@ -56,77 +47,28 @@ fn set_text(pg: &PgTestDb, id: &str, text: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn people_sign_and_revoke_grants_in_the_portal_and_see_the_windows_owed_a_review() {
-    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let node = require("node/bin/node");
-    let chromium = require_path(Path::new(CHROMIUM));
-    require_path(&repo.join("tests/browser/node_modules/playwright-core/package.json"));
-    let work = tempfile::tempdir().unwrap();
     let bin = tempfile::tempdir().unwrap();
     let record = systemctl_standin(bin.path());
-    let steps = work.path().join("steps");
-    std::fs::create_dir_all(&steps).unwrap();
-    let shots = repo.join("target").join("grants-e2e");
-    std::fs::create_dir_all(&shots).unwrap();
-
-    // The portal's port is held until each server binds it: the origin a passkey signs for
-    // names it, so both servers must be reached at the same one.
-    let port = DeadEndpoint::bind_reserved().release();
-    let origin = format!("http://localhost:{port}");
-    let webauthn = WebauthnConfig {
-        rp_id: Some("localhost".into()),
-        origins: vec![origin.clone()],
-    };
-    let mut first = spawn_app(
-        Backend::Postgres,
-        vec![],
-        Options {
-            listen: Some(format!("127.0.0.1:{port}")),
-            webauthn: Some(webauthn.clone()),
-            ..Default::default()
-        },
-    )
-    .await;
-    let alice_password = add_user(&first, "alice", Role::Approver).await;
-    let bob_password = add_user(&first, "bob", Role::Approver).await;
-    let mut driver = Driver::spawn(
-        &repo,
-        &node,
-        "tests/browser/grants_e2e.mjs",
-        &[
-            ("PORTAL_URL", format!("{origin}/")),
-            ("ALICE_PASSWORD", alice_password),
-            ("BOB_PASSWORD", bob_password),
-            ("STEPS_DIR", steps.display().to_string()),
-            ("SCREENSHOT_DIR", shots.display().to_string()),
-            ("CHROMIUM", chromium.display().to_string()),
-            ("TMPDIR", work.path().display().to_string()),
-        ],
-    );
+    let TwoPeople {
+        work,
+        steps,
+        shots,
+        port,
+        origin,
+        webauthn,
+        mut first,
+        mut driver,
+    } = TwoPeople::start("tests/browser/grants_e2e.mjs", "grants-e2e").await;
 
     let run = async {
         // 1. Registered in the browser; the operator's approvers file holds both passkeys,
         // and its rule lets a grant two people signed run any write.
-        let registered = driver.expect_json("{\"registered\": {…}}").await;
-        let mut people = Vec::new();
-        for name in ["alice", "bob"] {
-            let keys = emisar::server::passkeys::of_user(&first.db, name)
-                .await
-                .unwrap();
-            assert_eq!(keys.len(), 1, "{keys:?}");
-            assert_eq!(registered["registered"][name], keys[0].credential_id);
-            people.push(format!(
-                "[[person]]\nname = \"{name}\"\npasskeys = [{{ id = \"{}\", alg = \"{}\", public_key = \"{}\" }}]\n",
-                keys[0].credential_id,
-                keys[0].alg.as_str(),
-                keys[0].public_key
-            ));
-        }
+        let people = registered_people(&mut driver, &first).await;
         let approvers = work.path().join("approvers.toml");
         std::fs::write(
             &approvers,
             format!(
-                "serial = 1\n\n[webauthn]\nrp_id = \"localhost\"\norigins = [\"{origin}\"]\n\n{}\n[[rule]]\ntools = \"*\"\napprovals = 2\ngrants = true\nbreak_glass = true\n",
-                people.join("\n")
+                "serial = 1\n\n[webauthn]\nrp_id = \"localhost\"\norigins = [\"{origin}\"]\n\n{people}\n[[rule]]\ntools = \"*\"\napprovals = 2\ngrants = true\nbreak_glass = true\n",
             ),
         )
         .unwrap();
@@ -201,9 +143,17 @@ async fn people_sign_and_revoke_grants_in_the_portal_and_see_the_windows_owed_a_
         for (edited, says) in &edits {
             set_text(pg, &id, edited);
             n += 1;
-            order(&steps, n, json!({"do": "look", "who": "alice", "id": id}));
+            order(
+                &steps,
+                n,
+                json!({"do": "look", "who": "alice", "id": id, "try": true}),
+            );
             let out = driver.expect_json("{\"step\": N, \"shown\": …}").await;
             let context = format!("{says}: {out}\n{}", driver.transcript());
+            assert_eq!(
+                out["sign_count"][0], out["sign_count"][1],
+                "the authenticator signed nothing: {context}"
+            );
             let refused = out["shown"]["refused"].as_str().unwrap_or_default();
             assert!(refused.contains(says), "{context}");
             assert_eq!(out["shown"]["sign_disabled"], true, "{context}");
@@ -362,6 +312,93 @@ async fn people_sign_and_revoke_grants_in_the_portal_and_see_the_windows_owed_a_
         );
         assert_eq!(out["count"], "1", "{context}");
 
+        // 10. The review, in the page: alice proposes one with a note and signs it; a
+        // database writer makes the proposal bind another grant text, and bob's page refuses
+        // it, naming `grant`, and signs nothing; as proposed, bob signs it: reviewed.
+        n += 1;
+        order(
+            &steps,
+            n,
+            json!({"do": "review", "who": "alice", "id": wid, "note": "INC-43: nothing ran; closed early", "until": "proposed"}),
+        );
+        let out = driver.expect_json("{\"step\": N, \"proposed\": …}").await;
+        let context = format!("{out}\n{}", driver.transcript());
+        assert_eq!(out["error"], Value::Null, "{context}");
+        assert_eq!(
+            out["proposed"], "INC-43: nothing ran; closed early",
+            "{context}"
+        );
+        let proposed = pg
+            .superuser_sql(&format!(
+                "SELECT text FROM break_glass_reviews WHERE window_id = '{wid}'"
+            ))
+            .unwrap();
+        let proposed = proposed.trim_end_matches('\n').to_owned() + "\n";
+        let at = proposed.find("grant sha256:").unwrap() + "grant sha256:".len();
+        let elsewhere = format!(
+            "{}{}{}",
+            &proposed[..at],
+            "0".repeat(64),
+            &proposed[at + 64..]
+        );
+        let set_review = |text: &str| {
+            pg.superuser_sql(&format!(
+                "UPDATE break_glass_reviews SET text = '{}' WHERE window_id = '{wid}'",
+                text.replace('\'', "''")
+            ))
+            .unwrap()
+        };
+        set_review(&elsewhere);
+        n += 1;
+        order(
+            &steps,
+            n,
+            json!({"do": "review", "who": "bob", "id": wid, "until": "done"}),
+        );
+        let out = driver.expect_json("{\"step\": N, \"refused\": …}").await;
+        let context = format!("{out}\n{}", driver.transcript());
+        assert!(
+            out["refused"]
+                .as_str()
+                .is_some_and(|r| r.contains("`grant`: the review binds another grant text")),
+            "{context}"
+        );
+        assert_eq!(out["sign_count"][0], out["sign_count"][1], "{context}");
+        set_review(&proposed);
+        n += 1;
+        order(
+            &steps,
+            n,
+            json!({"do": "review", "who": "bob", "id": wid, "until": "done"}),
+        );
+        let out = driver.expect_json("{\"step\": N, \"done\": …}").await;
+        let context = format!("{out}\n{}", driver.transcript());
+        assert_eq!(out["error"], Value::Null, "{context}");
+        assert!(
+            out["done"]
+                .as_str()
+                .is_some_and(|d| d.starts_with("Reviewed by alice, bob")),
+            "{context}"
+        );
+        n += 1;
+        order(&steps, n, json!({"do": "windows", "who": "alice"}));
+        let out = driver.expect_json("{\"step\": N, \"rows\": …}").await;
+        let context = format!("{out}\n{}", driver.transcript());
+        assert_eq!(
+            out["rows"],
+            json!([{"id": wid, "state": "reviewed"}]),
+            "{context}"
+        );
+        assert_eq!(out["count"], Value::Null, "{context}");
+        assert_eq!(out["summary"], "Every window is reviewed.", "{context}");
+        let reviewed = app
+            .events(AuditFilter {
+                kind: Some("break_glass.reviewed".into()),
+                ..Default::default()
+            })
+            .await;
+        assert_eq!(reviewed.len(), 1, "{reviewed:?}");
+
         order(&steps, n + 1, json!({"do": "done"}));
         let status = driver.wait_exit().await;
         assert!(status.success(), "{status}\n{}", driver.transcript());
@@ -376,7 +413,13 @@ async fn people_sign_and_revoke_grants_in_the_portal_and_see_the_windows_owed_a_
         ),
     };
     app.verify_with_cli();
-    for name in ["look-3.png", "sign-5.png", "revoke-6.png", "windows-10.png"] {
+    for name in [
+        "look-3.png",
+        "sign-5.png",
+        "revoke-6.png",
+        "windows-10.png",
+        "review-13.png",
+    ] {
         assert_png(&shots.join(name));
     }
 }

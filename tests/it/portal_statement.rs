@@ -1114,4 +1114,74 @@ mod grants {
             got[0]
         );
     }
+
+    /// A break-glass window's review in the portal: a new one is the text `Review::text`
+    /// writes for the note at the browser's clock, and a proposed one is read as
+    /// `Review::parse` and `review::check` read it: bound to this window's id and the SHA-256 of
+    /// its grant text computed in the browser, proposed between the window's request and now.
+    #[test]
+    fn the_portal_writes_and_reads_a_review_as_the_rust_does() {
+        use emisar::protocol::approval::review::Review;
+
+        let window = Grant {
+            break_glass: true,
+            tools: vec!["*".into()],
+            runners: Runners::Names(vec!["edge-1".into()]),
+            args: BTreeMap::new(),
+            ..sorted(tricky())
+        };
+        let text = window.text().unwrap();
+        let note = "INC-42: restarted \"consul\" twice\né 😀";
+        let at = "2026-12-06T10:05:00Z";
+        let review = Review::of(&text, note, at).unwrap().text().unwrap();
+        let case = |proposed: Option<&str>, note: Option<&str>, now: u64| json!({"review": true, "id": window.id, "window_text": text, "proposed": proposed, "note": note, "now_ms": now * 1000});
+        let plain = Grant {
+            break_glass: false,
+            ..window.clone()
+        };
+        let edit = |from: &str, to: &str| review.replacen(from, to, 1);
+        let other_grant = edit(&hex::encode(hash_text(&text)), &"0".repeat(64));
+        let cases = vec![
+            // A new review, at 10:05:00 by the browser's clock.
+            case(None, Some(note), 1_796_551_500),
+            // The review proposed, read back.
+            case(Some(&review), None, 1_796_551_500),
+            // Refused.
+            case(None, Some("   "), 1_796_551_500),
+            case(
+                Some(&edit(&window.id, &id_at(NOW - 30))),
+                None,
+                1_796_551_500,
+            ),
+            case(Some(&other_grant), None, 1_796_551_500),
+            case(Some(&edit(at, "2026-12-06T09:00:00Z")), None, 1_796_551_500),
+            case(Some(&edit(at, "2026-12-06T11:00:00Z")), None, 1_796_551_500),
+            case(
+                Some(&edit("note \"INC", "note \"\\u0049NC")),
+                None,
+                1_796_551_500,
+            ),
+            json!({"review": true, "id": plain.id, "window_text": plain.text().unwrap(), "note": note, "now_ms": 1_796_551_500_000_u64}),
+        ];
+        let got = run_in_node_cases(&cases);
+        let ok = &got[0]["ok"];
+        assert_eq!(ok["text"], review.as_str(), "{}", got[0]);
+        assert_eq!(ok["sha256"], hex::encode(hash_text(&review)));
+        assert_eq!(ok["challenge_is_the_text_hash"], true);
+        assert_eq!(got[1]["ok"]["text"], review.as_str(), "{}", got[1]);
+        assert_eq!(got[1]["ok"]["note"], note);
+        let says = [
+            "`note` is required",
+            "`window`: the review is of window",
+            "`grant`: the review binds another grant text",
+            "`reviewed`: 2026-12-06T09:00:00Z is before the window was asked for",
+            "`reviewed`: 2026-12-06T11:00:00Z is in the future of this clock",
+            "not in canonical form",
+            "is not a break-glass window",
+        ];
+        for (out, says) in got[2..].iter().zip(says) {
+            let error = out["error"].as_str().unwrap_or_default();
+            assert!(error.contains(says), "wanted {says:?}: {out}");
+        }
+    }
 }

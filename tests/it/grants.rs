@@ -477,6 +477,57 @@ async fn a_bad_grant_request_names_the_field_and_the_rule() {
     assert_eq!(body["grants"], json!([]), "nothing stored");
 }
 
+/// One agent waits on at most `max_pending_per_agent` grants (20 here) at once, as on
+/// approval requests: the 21st ask is refused as `too_many_pending`, naming the limit, and
+/// stores nothing; once one of them is signed, the agent may ask again.
+#[tokio::test]
+async fn an_agent_waits_on_no_more_grants_than_max_pending_per_agent() {
+    let lab = lab(Backend::Sqlite).await;
+    let ask = json!({
+        "tools": [TOOL], "runners": {"names": ["hvn05"]}, "calls": 1,
+        "expires_in_secs": 600, "reason": "INC-42",
+    });
+    let mut first = None;
+    for n in 0..20 {
+        let res = call(&lab.agent, "emisar.request_grant", ask.clone()).await;
+        assert_ne!(res.is_error, Some(true), "ask {n}: {res:?}");
+        let out = only_output(&res);
+        first.get_or_insert_with(|| {
+            (
+                out["grant_id"].as_str().unwrap().to_owned(),
+                out["text"].as_str().unwrap().to_owned(),
+            )
+        });
+    }
+    let res = call(&lab.agent, "emisar.request_grant", ask.clone()).await;
+    assert_eq!(res.is_error, Some(true), "{res:?}");
+    let error = &res.structured_content.as_ref().unwrap()["error"];
+    assert_eq!(error["kind"], "too_many_pending", "{error}");
+    assert_eq!(
+        (error["pending"].clone(), error["max"].clone()),
+        (json!(20), json!(20))
+    );
+    let text = format!("{:?}", res.content);
+    assert!(
+        text.contains("already has 20 grants waiting for people's signatures")
+            && text.contains("max_pending_per_agent = 20"),
+        "{text}"
+    );
+    let (_, body) = lab.alice.get("/api/grants").await;
+    assert_eq!(
+        body["grants"].as_array().unwrap().len(),
+        20,
+        "nothing stored"
+    );
+    // One is signed: the agent may ask again.
+    let (id, grant) = first.unwrap();
+    sign(&lab.alice, &id, &grant, 1).await;
+    let signed = sign(&lab.bob, &id, &grant, 2).await;
+    assert_eq!(signed["status"], "active", "{signed}");
+    let res = call(&lab.agent, "emisar.request_grant", ask).await;
+    assert_ne!(res.is_error, Some(true), "{res:?}");
+}
+
 /// Red team 5's cases, each once more than people signed, none run:
 /// - one account signs a grant twice with two people's keys (B4): refused, as an approval is;
 /// - a call naming two runners takes two of the grant's calls (B3): with one left it runs

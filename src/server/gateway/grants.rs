@@ -322,6 +322,25 @@ impl Gateway {
             });
         };
         let now = chrono::Utc::now();
+        // As for approval requests: one agent waits on at most `max_pending_per_agent` grants
+        // at once, so a flood of asks fills neither the table nor people's notices. Requests
+        // made at the same moment can pass together and overshoot by their number.
+        let max = self.limits.max_pending_per_agent;
+        let waiting = self
+            .grants
+            .list(Some(&grant.agent), Some(Status::Requested), i64::from(max))
+            .await
+            .map_err(|e| CallError::Approval(e.into()))?
+            .iter()
+            .filter(|g| !g.expired_at(now))
+            .count() as u64;
+        if waiting >= u64::from(max) {
+            return Err(CallError::TooManyGrantsAsked {
+                agent: caller.name.clone(),
+                waiting,
+                max,
+            });
+        }
         let row = GrantRow {
             id: grant.id.clone(),
             agent: grant.agent.clone(),

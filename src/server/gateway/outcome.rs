@@ -58,6 +58,14 @@ pub enum CallError {
         max: u32,
     },
     #[error(
+        "refused: agent `{agent}` already has {waiting} grants waiting for people's signatures, the most allowed (max_pending_per_agent = {max}); wait for them to be signed or to expire"
+    )]
+    TooManyGrantsAsked {
+        agent: String,
+        waiting: u64,
+        max: u32,
+    },
+    #[error(
         "rate limited: agent `{agent}` may make {per_second} calls per second (bursts of {burst}); retry in {retry_after_ms} ms"
     )]
     RateLimited {
@@ -90,7 +98,9 @@ impl CallError {
             CallError::DeniedByHuman { .. } => "denied_by_human",
             CallError::Expired { .. } => "expired",
             CallError::Withdrawn { .. } => "withdrawn",
-            CallError::TooManyPending { .. } => "too_many_pending",
+            CallError::TooManyPending { .. } | CallError::TooManyGrantsAsked { .. } => {
+                "too_many_pending"
+            }
             CallError::RateLimited { .. } => "rate_limited",
             CallError::AuditUnavailable(_) => "audit_unavailable",
             CallError::Approval(ApprovalError::NotFound(_)) => "unknown_approval",
@@ -115,7 +125,12 @@ impl CallError {
             CallError::RateLimited { retry_after_ms, .. } => {
                 error["retry_after_ms"] = json!(retry_after_ms);
             }
-            CallError::TooManyPending { pending, max, .. } => {
+            CallError::TooManyPending { pending, max, .. }
+            | CallError::TooManyGrantsAsked {
+                waiting: pending,
+                max,
+                ..
+            } => {
                 error["pending"] = json!(pending);
                 error["max"] = json!(max);
             }
@@ -250,6 +265,11 @@ mod tests {
                 pending: 20,
                 max: 20,
             },
+            CallError::TooManyGrantsAsked {
+                agent: "a".into(),
+                waiting: 20,
+                max: 20,
+            },
             CallError::RateLimited {
                 agent: "a".into(),
                 per_second: 1,
@@ -285,6 +305,7 @@ mod tests {
             | CallError::Expired { .. }
             | CallError::Withdrawn { .. }
             | CallError::TooManyPending { .. }
+            | CallError::TooManyGrantsAsked { .. }
             | CallError::RateLimited { .. }
             | CallError::AuditUnavailable(_)
             | CallError::Approval(

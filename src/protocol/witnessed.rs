@@ -168,6 +168,27 @@ pub fn verify(
             e.approval_id
         ));
     }
+    let cosigned = verify_included(e, &w.checkpoint, &w.proof, trust)?;
+    let (requested, expires) = check_binding(e, call, now, max_lifetime)?;
+    Ok(Verified {
+        cosigned,
+        requested,
+        expires,
+    })
+}
+
+/// Checks that event `e` is in the log `trust` names: its hash is its fields', the checkpoint
+/// (`checkpoint_text`, a signed note) is signed by the log key and cosigned by `trust.quorum`
+/// distinct trusted witnesses, and the audit path `proof` leads from the event's leaf to the
+/// checkpoint's root. Returns the witnesses that cosigned. A runner checks a witnessed
+/// approval with it, and the server a break-glass call's `grant.used` before the call runs
+/// (it trusts no cosignature row of its database that does not verify).
+pub fn verify_included(
+    e: &Event,
+    checkpoint_text: &str,
+    proof: &[String],
+    trust: &WitnessTrust,
+) -> Result<Vec<String>, String> {
     let recomputed = e.compute_hash();
     if recomputed != e.hash {
         return Err(format!(
@@ -177,7 +198,7 @@ pub fn verify(
     if e.seq < 1 {
         return Err(format!("event seq {} is not a leaf", e.seq));
     }
-    let (note, cp) = checkpoint::parse(w.checkpoint.as_bytes()).map_err(|e| e.to_string())?;
+    let (note, cp) = checkpoint::parse(checkpoint_text.as_bytes()).map_err(|e| e.to_string())?;
     checkpoint::verify(&note, &trust.log).map_err(|e| format!("the log's signature: {e}"))?;
     let cosigned: Vec<String> = checkpoint::cosigned_by(&note, &trust.witnesses)
         .into_iter()
@@ -185,7 +206,7 @@ pub fn verify(
         .collect();
     if cosigned.len() < trust.quorum {
         return Err(format!(
-            "the checkpoint is cosigned by {} of the witnesses this runner trusts ({}), it needs {}",
+            "the checkpoint is cosigned by {} of the trusted witnesses ({}), it needs {}",
             cosigned.len(),
             if cosigned.is_empty() {
                 "none".to_owned()
@@ -195,7 +216,7 @@ pub fn verify(
             trust.quorum
         ));
     }
-    let proof = proof_hashes(&w.proof)?;
+    let proof = proof_hashes(proof)?;
     let leaf = event_leaf(&e.hash)?;
     verify_inclusion(leaf, e.seq as u64 - 1, cp.size(), &proof, *cp.hash()).map_err(|err| {
         format!(
@@ -204,12 +225,7 @@ pub fn verify(
             cp.size()
         )
     })?;
-    let (requested, expires) = check_binding(e, call, now, max_lifetime)?;
-    Ok(Verified {
-        cosigned,
-        requested,
-        expires,
-    })
+    Ok(cosigned)
 }
 
 /// The proven event against the call: the request it settled, the binding, the lifetime.

@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::pack::PackSet;
 use crate::protocol::signing::CallSigner;
+use crate::protocol::witnessed::WitnessTrust;
 use crate::server::approvals::Approvals;
 use crate::server::audit::checkpoints::Checkpointer;
 use crate::server::audit::{AuditLog, NewEvent, kind};
@@ -382,11 +383,26 @@ fn configured_parts(
     };
     let quota = Quota::per_second(config.rate_limit_per_second, config.rate_limit_burst);
     let shared_limit = SharedLimit::start(db, "agent:", quota, shutdown);
-    let witnessing = config
+    // What the server verifies a witnessed checkpoint against: its own log key and the
+    // witnesses' keys of its config, never the cosignature rows of its database alone.
+    let witnessing = match config
         .transparency
         .as_ref()
         .filter(|t| !t.witnesses.is_empty())
-        .map(|t| Witnessing::new(db.clone(), t.witness_quorum.unwrap_or(t.witnesses.len())));
+    {
+        Some(t) => {
+            let log_key = crate::server::audit::checkpoints::read_log_key(&t.log_key_file)?;
+            let keys: Vec<String> = t.witnesses.iter().map(|w| w.key.clone()).collect();
+            let trust = WitnessTrust::new(
+                &log_key.verifier_key(),
+                &keys,
+                t.witness_quorum.unwrap_or(keys.len()),
+            )
+            .map_err(|e| anyhow::anyhow!("[transparency]: {e}"))?;
+            Some(Witnessing::new(db.clone(), trust))
+        }
+        None => None,
+    };
     Ok(ConfiguredParts {
         approvers,
         shared_limit,

@@ -2,11 +2,15 @@
 //! `require_witnessed` first waits until a checkpoint cosigned by the witness quorum covers
 //! the approval's `approval.approved` event, then carries that event with its inclusion proof
 //! (`protocol::witnessed`). The runner checks it against its own keys; nothing here is trusted
-//! by it.
+//! by it. A break-glass call waits the same way for its `grant.used`, and there the server is
+//! the only check: it counts a checkpoint as witnessed only once the log's signature, the
+//! quorum's cosignatures (against the witness keys of its own config) and the inclusion proof
+//! all verify ([`verify_included`]), never because cosignature rows are in its database (red
+//! team 6: a database writer's copied rows let an unwitnessed call run).
 
 use std::time::{Duration, Instant};
 
-use crate::protocol::witnessed::WitnessedApproval;
+use crate::protocol::witnessed::{WitnessTrust, WitnessedApproval, verify_included};
 use crate::server::approvals::Approval;
 use crate::server::audit::{self, AuditFilter, kind};
 use crate::server::db::Db;
@@ -20,12 +24,40 @@ const POLL: Duration = Duration::from_millis(25);
 
 pub(crate) struct Witnessing {
     db: Db,
-    quorum: usize,
+    /// The log's verifier key and the configured witnesses' keys, with the quorum.
+    trust: WitnessTrust,
 }
 
 impl Witnessing {
-    pub(crate) fn new(db: Db, quorum: usize) -> Self {
-        Witnessing { db, quorum }
+    pub(crate) fn new(db: Db, trust: WitnessTrust) -> Self {
+        Witnessing { db, trust }
+    }
+
+    /// The proof that event `id` is in a checkpoint the quorum cosigned, verified; waits for
+    /// one up to [`WAIT`]. A proof that does not verify (a cosignature row that is not a
+    /// witness's signature over that checkpoint) counts as none.
+    async fn proven(&self, id: &str) -> Result<audit::proofs::InclusionProof, String> {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let found = audit::proofs::prove(&self.db, id, self.trust.quorum)
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|p| {
+                    verify_included(&p.event, &p.checkpoint, &p.proof, &self.trust)
+                        .map(|_| p)
+                        .map_err(|e| format!("its checkpoint does not verify: {e}"))
+                });
+            match found {
+                Ok(p) => return Ok(p),
+                Err(e) if Instant::now() >= deadline => {
+                    return Err(format!(
+                        "it was not witnessed within {} s ({e}): nothing ran",
+                        WAIT.as_secs()
+                    ));
+                }
+                Err(_) => tokio::time::sleep(POLL).await,
+            }
+        }
     }
 }
 
@@ -67,25 +99,15 @@ impl super::Gateway {
                 row.id
             ));
         };
-        let deadline = Instant::now() + WAIT;
-        loop {
-            match audit::proofs::prove(&w.db, &event.id, w.quorum).await {
-                Ok(p) => {
-                    return Ok(WitnessedApproval {
-                        event: p.event,
-                        checkpoint: p.checkpoint,
-                        proof: p.proof,
-                    });
-                }
-                Err(e) if Instant::now() >= deadline => {
-                    return Err(format!(
-                        "the approval was not witnessed within {} s ({e}): nothing ran",
-                        WAIT.as_secs()
-                    ));
-                }
-                Err(_) => tokio::time::sleep(POLL).await,
-            }
-        }
+        let p = w
+            .proven(&event.id)
+            .await
+            .map_err(|e| format!("the approval: {e}"))?;
+        Ok(WitnessedApproval {
+            event: p.event,
+            checkpoint: p.checkpoint,
+            proof: p.proof,
+        })
     }
 
     /// Waits up to [`WAIT`] until event `id` is in a checkpoint the witness quorum cosigned
@@ -96,18 +118,6 @@ impl super::Gateway {
                 "this server has no witnesses: set [transparency] witnesses in emisar.toml".into(),
             );
         };
-        let deadline = Instant::now() + WAIT;
-        loop {
-            match audit::proofs::prove(&w.db, id, w.quorum).await {
-                Ok(_) => return Ok(()),
-                Err(e) if Instant::now() >= deadline => {
-                    return Err(format!(
-                        "it was not witnessed within {} s ({e}): nothing ran",
-                        WAIT.as_secs()
-                    ));
-                }
-                Err(_) => tokio::time::sleep(POLL).await,
-            }
-        }
+        w.proven(id).await.map(|_| ())
     }
 }

@@ -56,6 +56,7 @@ pub(super) struct Node<'a> {
 
 /// How many grants of one revocation token were recorded as revoked here, and how many had
 /// expired already (nothing to remember).
+#[derive(Debug)]
 pub(super) struct Revocations {
     pub(super) recorded: usize,
     pub(super) expired: usize,
@@ -203,4 +204,73 @@ pub(super) fn record_revoked(
         tracing::warn!(grant = %revoked.id, "grant revoked: nothing more runs under it here");
     }
     Ok(told)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A grant id of the shape the server makes (a UUIDv7), the `n`th of a test.
+    fn grant_id(n: u32) -> String {
+        format!("01900000-0000-7000-8000-{n:012}")
+    }
+
+    fn revoked(n: u32, expires: u64) -> RevokedGrant {
+        RevokedGrant {
+            id: grant_id(n),
+            expires,
+        }
+    }
+
+    #[test]
+    fn a_revocation_is_kept_no_longer_than_a_grant_lives_and_an_expired_one_only_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Executed::load(dir.path()).unwrap();
+        let t = now();
+        let told = record_revoked(
+            &ledger,
+            3600,
+            &[
+                revoked(1, t + 600),
+                revoked(2, t + 86_400),
+                revoked(3, t - 1),
+            ],
+        )
+        .unwrap();
+        assert_eq!((told.recorded, told.expired), (2, 1));
+        assert!(ledger.revoked(&grant_id(1)) && ledger.revoked(&grant_id(2)));
+        assert!(!ledger.revoked(&grant_id(3)));
+        // The one that claims a day is kept an hour at most (`max_lifetime`).
+        let text = std::fs::read_to_string(dir.path().join("approvals-executed")).unwrap();
+        let kept: u64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("revoked:{} ", grant_id(2))))
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(kept <= now() + 3600, "{text}");
+    }
+
+    #[test]
+    fn a_bad_revocation_list_is_refused_whole_naming_the_field() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Executed::load(dir.path()).unwrap();
+        let t = now();
+        let not_an_id = RevokedGrant {
+            id: "g1".into(),
+            expires: t + 600,
+        };
+        let (status, why) =
+            record_revoked(&ledger, 3600, &[revoked(1, t + 600), not_an_id]).unwrap_err();
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert!(why.contains("`grants`: `g1` is not a grant id"), "{why}");
+        assert!(!ledger.revoked(&grant_id(1)), "nothing is recorded");
+        let many: Vec<_> = (0..=MAX_REVOKED_PER_TOKEN as u32)
+            .map(|n| revoked(n, t + 600))
+            .collect();
+        let (status, why) = record_revoked(&ledger, 3600, &many).unwrap_err();
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert!(why.contains("at most 1000"), "{why}");
+        assert!(!ledger.revoked(&grant_id(0)), "nothing is recorded");
+    }
 }

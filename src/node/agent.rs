@@ -15,13 +15,20 @@
 //! (name, pack digests, allowlists) only with a health token the server signed for this
 //! runner (its purpose `health`, see [`crate::protocol::signing`]): they tell a stranger which
 //! packs to pretend to serve and which values would run here.
+//!
+//! `POST /v1/grants/revoked` takes a revocation token the server signed for this runner (its
+//! purpose `revoke`) and hands the grants it names to [`super::grants::record_revoked`].
+//!
+//! *Invariant:* `grants` and `refusal` import nothing of this module: [`grants::check`] reads
+//! the runner through the view [`grants::Node`] this module builds, so the runner's modules
+//! form a tree with this one above them.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -31,7 +38,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::approvals::{Gate, GateConfig};
 use super::engine::{self, Env};
-use super::executed::{Executed, Refused as ExecRefused};
+use super::executed::Executed;
+use super::grants;
+use super::refusal::{Refused, bearer, forbidden, ledger_refusal, refuse};
 use super::seal::{SealKey, Sealed};
 use crate::node::config::RunnerConfig;
 use crate::pack::{PackInfo, PackSet, Risk, Tool, ToolRef, allowlist_admits, shown_value};
@@ -50,19 +59,19 @@ const MAX_SEEN_IDS: usize = 100_000;
 const APPROVAL_MEMORY_SECS: u64 = 24 * 3600;
 
 pub struct RunnerState {
-    pub(super) config: RunnerConfig,
+    config: RunnerConfig,
     packs: PackSet,
-    pub(super) verifier: CallVerifier,
+    verifier: CallVerifier,
     /// Single-use ids seen, with the expiry of their token.
     seen: Mutex<HashMap<String, u64>>,
     /// Approval ids already executed here, kept in `state_dir`, and when that state began.
-    pub(super) executed: Executed,
+    executed: Executed,
     /// Seals what previews capture, so an execution runs only with values this runner made.
     seal_key: SealKey,
     /// `require_witnessed`: the keys a write's witnessed approval is checked against.
-    pub(super) witnessed: Option<WitnessTrust>,
+    witnessed: Option<WitnessTrust>,
     /// People's signatures required before a write runs (`require_signed_approvals`).
-    pub(super) gate: Gate,
+    gate: Gate,
     http: reqwest::Client,
 }
 
@@ -129,6 +138,17 @@ impl RunnerState {
             .collect()
     }
 
+    /// What [`grants::check`] reads of this runner: its config, its gate, its ledger and
+    /// whether it requires witnessed approvals.
+    fn grant_view(&self) -> grants::Node<'_> {
+        grants::Node {
+            config: &self.config,
+            gate: &self.gate,
+            executed: &self.executed,
+            requires_witnessed: self.witnessed.is_some(),
+        }
+    }
+
     /// Records `jti` as used; false if it was seen before (or the table is full).
     fn first_use(&self, jti: &str, exp: u64) -> Result<(), &'static str> {
         Self::remember(&self.seen, jti, exp, "this call token was already used")
@@ -160,7 +180,7 @@ impl RunnerState {
 pub fn router(state: Arc<RunnerState>) -> Router {
     Router::new()
         .route("/v1/call", post(call))
-        .route("/v1/grants/revoked", post(super::grants::revoked))
+        .route("/v1/grants/revoked", post(revoked))
         .route("/healthz", get(health))
         .with_state(state)
 }
@@ -224,14 +244,30 @@ async fn health(State(state): State<Arc<RunnerState>>, headers: HeaderMap) -> Re
     .into_response()
 }
 
-pub(super) fn refuse(status: StatusCode, message: impl Into<String>) -> Response {
-    let message = message.into();
-    tracing::warn!(%status, %message, "call refused");
-    (status, Json(json!({"error": message}))).into_response()
+/// `POST /v1/grants/revoked`: a revocation token signed by the server for this runner; each
+/// grant it names is recorded as revoked here ([`grants::record_revoked`]).
+async fn revoked(State(state): State<Arc<RunnerState>>, headers: HeaderMap) -> Response {
+    let Some(token) = bearer(&headers) else {
+        return refuse(
+            StatusCode::UNAUTHORIZED,
+            "a signed revocation token is required",
+        );
+    };
+    let claims = match state.verifier.verify_revoke(token) {
+        Ok(claims) => claims,
+        Err(e) => return refuse(StatusCode::UNAUTHORIZED, e.to_string()),
+    };
+    match grants::record_revoked(
+        &state.executed,
+        state.config.max_grant_lifetime_secs,
+        &claims.grants,
+    ) {
+        Ok(told) => {
+            Json(json!({"revoked": told.recorded, "already_expired": told.expired})).into_response()
+        }
+        Err((status, why)) => refuse(status, why),
+    }
 }
-
-/// A refusal: the status it answers with and the reason the caller reads.
-pub(super) type Refused = (StatusCode, String);
 
 /// A call that passed every check, ready to run.
 struct Admitted<'s> {
@@ -253,14 +289,6 @@ async fn call(
         Ok(call) => execute(&state, call).await,
         Err((status, why)) => refuse(status, why),
     }
-}
-
-/// The bearer token of a request, if it carries one.
-pub(super) fn bearer(headers: &HeaderMap) -> Option<&str> {
-    headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
 }
 
 /// Every check a call passes before anything runs, in the order the module doc gives; the
@@ -440,7 +468,7 @@ fn check_high_risk(
         return Ok(());
     }
     if let Some(proof) = &request.grant {
-        return super::grants::check(state, tool, claims, request, proof);
+        return grants::check(&state.grant_view(), tool, claims, request, proof);
     }
     let secret: Vec<&str> = tool.secret_params().collect();
     // When the approval stops mattering here: the latest expiry a check found, else a day.
@@ -474,11 +502,6 @@ fn check_high_risk(
             tool.name
         ))),
     }
-}
-
-/// A refusal with 403: the call is well formed, and this runner will not run it.
-pub(super) fn forbidden(why: String) -> Refused {
-    (StatusCode::FORBIDDEN, why)
 }
 
 /// Where this runner requires witnessed approvals (`trust`): the call's approval is in the
@@ -607,15 +630,6 @@ fn record_executed(
 /// rollout may come after it (and is refused once this memory may be gone).
 fn remembered_until(keep_until: Option<u64>, now: u64) -> u64 {
     keep_until.unwrap_or(0).max(now + APPROVAL_MEMORY_SECS)
-}
-
-/// The ledger's refusal as the call's: a key used before is a conflict (409), anything else
-/// forbidden (403).
-pub(super) fn ledger_refusal(why: ExecRefused) -> Refused {
-    match why {
-        ExecRefused::Reused(why) => (StatusCode::CONFLICT, why),
-        ExecRefused::Forbidden(why) => forbidden(why),
-    }
 }
 
 /// What the ledger records for this execution, each once: the approval id; under people's
@@ -1155,19 +1169,11 @@ mod tests {
     }
 
     #[test]
-    fn an_executed_approval_is_remembered_a_day_at_least_and_its_reuse_conflicts() {
+    fn an_executed_approval_is_remembered_a_day_at_least() {
         let now = 1_796_551_200;
         let day = now + APPROVAL_MEMORY_SECS;
         assert_eq!(remembered_until(None, now), day);
         assert_eq!(remembered_until(Some(now + 900), now), day);
         assert_eq!(remembered_until(Some(day + 1), now), day + 1);
-        assert_eq!(
-            ledger_refusal(ExecRefused::Reused("ran".into())),
-            (StatusCode::CONFLICT, "ran".to_owned())
-        );
-        assert_eq!(
-            ledger_refusal(ExecRefused::Forbidden("no".into())),
-            (StatusCode::FORBIDDEN, "no".to_owned())
-        );
     }
 }

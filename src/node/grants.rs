@@ -17,31 +17,55 @@
 //!   its `calls_per_runner` (and `calls`) ran here under it, the use taken durably before the
 //!   write runs ([`super::executed::Executed::take_use`]).
 //!
-//! A revocation token is signed by `server.key` (purpose `revoke`, for this runner); it only
-//! ever takes authority away, so a replay changes nothing.
+//! A revocation token is signed by `server.key` (purpose `revoke`, for this runner; `agent`
+//! verifies it and hands its grants to [`record_revoked`]); it only ever takes authority away,
+//! so a replay changes nothing.
+//!
+//! *Invariant:* this module imports nothing of `agent` (which calls it): it reads the runner
+//! only through [`Node`], and takes its refusals from [`super::refusal`], so the runner's
+//! modules form a tree.
 
-use std::sync::Arc;
+use axum::http::StatusCode;
 
-use axum::Json;
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
-use serde_json::json;
-
-use super::agent::{Refused, RunnerState, bearer, forbidden, ledger_refusal, refuse};
+use super::approvals::Gate;
+use super::config::RunnerConfig;
+use super::executed::Executed;
+use super::refusal::{Refused, forbidden, ledger_refusal};
 use crate::pack::Tool;
 use crate::protocol::CallRequest;
 use crate::protocol::approval::check_lifetime;
 use crate::protocol::approval::grant::{self, Grant, GrantProof};
-use crate::protocol::signing::{CallClaims, now};
+use crate::protocol::signing::{CallClaims, RevokedGrant, now};
 
 /// The most grants one revocation token may name: far more than are ever alive at once (each
 /// lives an hour at most by default).
 const MAX_REVOKED_PER_TOKEN: usize = 1000;
 
-/// The check of one risk:high execution that carries `proof`, and its use taken here.
+/// What a grant's check reads of the runner (`agent` builds it from its state).
+pub(super) struct Node<'a> {
+    /// Its name, labels and `max_grant_lifetime_secs`.
+    pub(super) config: &'a RunnerConfig,
+    /// Which tools need people's signatures here, and the approvers file that checks them.
+    pub(super) gate: &'a Gate,
+    /// The ledger: when this runner's state began, the grants revoked here, the uses taken.
+    pub(super) executed: &'a Executed,
+    /// Whether this runner requires witnessed approvals (`require_witnessed`): then no grant
+    /// runs here.
+    pub(super) requires_witnessed: bool,
+}
+
+/// How many grants of one revocation token were recorded as revoked here, and how many had
+/// expired already (nothing to remember).
+#[derive(Debug)]
+pub(super) struct Revocations {
+    pub(super) recorded: usize,
+    pub(super) expired: usize,
+}
+
+/// The check, on `node`, of one risk:high execution that carries `proof`, and its use taken in
+/// `node`'s ledger.
 pub(super) fn check(
-    state: &RunnerState,
+    node: &Node<'_>,
     tool: &Tool,
     claims: &CallClaims,
     request: &CallRequest,
@@ -57,15 +81,15 @@ pub(super) fn check(
             "the call carries a grant and an approval (or a policy's lowering, or a rollout decision): a write runs under one of them, never both".to_owned(),
         ));
     }
-    if state.witnessed.is_some() {
+    if node.requires_witnessed {
         return Err(forbidden(format!(
             "`{}`: this runner requires witnessed approvals (require_witnessed), and a call under a grant carries no witnessed proof, so no grant runs here",
             tool.name
         )));
     }
-    let config = &state.config;
-    let (grant, expires, signed_by) = if state.gate.requires(&tool.name) {
-        let checked = state
+    let config = node.config;
+    let (grant, expires, signed_by) = if node.gate.requires(&tool.name) {
+        let checked = node
             .gate
             .check_grant(
                 &config.name,
@@ -73,23 +97,23 @@ pub(super) fn check(
                 request,
                 proof,
                 config.max_grant_lifetime_secs,
-                &state.executed,
+                node.executed,
             )
             .map_err(forbidden)?;
         let people: Vec<String> = checked.signed.iter().map(|s| s.person.clone()).collect();
         (checked.grant, checked.expires, Some(people))
     } else {
-        let (grant, expires) = unsigned_here(state, request, proof).map_err(forbidden)?;
+        let (grant, expires) = unsigned_here(node, request, proof).map_err(forbidden)?;
         (grant, expires, None)
     };
-    if state.executed.revoked(&grant.id) {
+    if node.executed.revoked(&grant.id) {
         return Err(forbidden(format!(
             "grant {} was revoked (the server told this runner so): nothing more runs under it",
             grant.id
         )));
     }
     let limit = grant.runner_limit();
-    let n = state
+    let n = node
         .executed
         .take_use(&grant.id, limit, expires)
         .map_err(ledger_refusal)?;
@@ -103,11 +127,11 @@ pub(super) fn check(
 /// admits the call, lives within `max_grant_lifetime_secs`, has not expired, was asked for
 /// after this runner's state began, and is no break-glass window.
 fn unsigned_here(
-    state: &RunnerState,
+    node: &Node<'_>,
     request: &CallRequest,
     proof: &GrantProof,
 ) -> Result<(Grant, u64), String> {
-    let config = &state.config;
+    let config = node.config;
     let grant = Grant::parse(&proof.text).map_err(|e| e.to_string())?;
     if grant.break_glass {
         return Err(format!(
@@ -126,63 +150,127 @@ fn unsigned_here(
     let expires = grant.expires_unix().map_err(|e| e.to_string())?;
     let requested = check_lifetime(&grant.id, expires, now(), config.max_grant_lifetime_secs)
         .map_err(|e| format!("the grant: {e}"))?;
-    state
-        .executed
+    node.executed
         .check_requested(&format!("grant {}", grant.id), requested)?;
     Ok((grant, expires))
 }
 
-/// `POST /v1/grants/revoked`: records each grant the token names as revoked here.
-pub(super) async fn revoked(State(state): State<Arc<RunnerState>>, headers: HeaderMap) -> Response {
-    let Some(token) = bearer(&headers) else {
-        return refuse(
-            StatusCode::UNAUTHORIZED,
-            "a signed revocation token is required",
-        );
-    };
-    let claims = match state.verifier.verify_revoke(token) {
-        Ok(claims) => claims,
-        Err(e) => return refuse(StatusCode::UNAUTHORIZED, e.to_string()),
-    };
-    if claims.grants.len() > MAX_REVOKED_PER_TOKEN {
-        return refuse(
+/// Records each grant a verified revocation token names (`grants`) as revoked in `executed`,
+/// remembered until its `expires` but no longer than `max_lifetime` seconds from now (no grant
+/// lives longer here). The whole list is checked first (at most [`MAX_REVOKED_PER_TOKEN`], each
+/// id a UUIDv7), so a bad one records nothing; a grant already expired is counted, not
+/// recorded: it runs nothing here anyway.
+pub(super) fn record_revoked(
+    executed: &Executed,
+    max_lifetime: u64,
+    grants: &[RevokedGrant],
+) -> Result<Revocations, Refused> {
+    if grants.len() > MAX_REVOKED_PER_TOKEN {
+        return Err((
             StatusCode::BAD_REQUEST,
             format!("`grants`: at most {MAX_REVOKED_PER_TOKEN} in one token"),
-        );
+        ));
     }
-    if let Some(bad) = claims
-        .grants
+    if let Some(bad) = grants
         .iter()
         .find(|g| crate::protocol::approval::issued_millis(&g.id).is_none())
     {
-        return refuse(
+        return Err((
             StatusCode::BAD_REQUEST,
             format!(
                 "`grants`: `{}` is not a grant id (a UUIDv7)",
                 bad.id.escape_debug()
             ),
-        );
+        ));
     }
     // A later `expires` is remembered no longer than a grant may live here.
     let t = now();
-    let longest = t + state.config.max_grant_lifetime_secs;
-    let (mut recorded, mut expired) = (0, 0);
-    for revoked in &claims.grants {
+    let longest = t + max_lifetime;
+    let mut told = Revocations {
+        recorded: 0,
+        expired: 0,
+    };
+    for revoked in grants {
         // An expired grant runs nothing here anyway: nothing to remember, and the answer
         // says so rather than count it as revoked.
         if revoked.expires <= t {
-            expired += 1;
+            told.expired += 1;
             continue;
         }
-        if let Err(why) = state
-            .executed
+        executed
             .revoke(&revoked.id, revoked.expires.min(longest))
-        {
-            let (status, why) = ledger_refusal(why);
-            return refuse(status, why);
-        }
-        recorded += 1;
+            .map_err(ledger_refusal)?;
+        told.recorded += 1;
         tracing::warn!(grant = %revoked.id, "grant revoked: nothing more runs under it here");
     }
-    Json(json!({"revoked": recorded, "already_expired": expired})).into_response()
+    Ok(told)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A grant id of the shape the server makes (a UUIDv7), the `n`th of a test.
+    fn grant_id(n: u32) -> String {
+        format!("01900000-0000-7000-8000-{n:012}")
+    }
+
+    fn revoked(n: u32, expires: u64) -> RevokedGrant {
+        RevokedGrant {
+            id: grant_id(n),
+            expires,
+        }
+    }
+
+    #[test]
+    fn a_revocation_is_kept_no_longer_than_a_grant_lives_and_an_expired_one_only_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Executed::load(dir.path()).unwrap();
+        let t = now();
+        let told = record_revoked(
+            &ledger,
+            3600,
+            &[
+                revoked(1, t + 600),
+                revoked(2, t + 86_400),
+                revoked(3, t - 1),
+            ],
+        )
+        .unwrap();
+        assert_eq!((told.recorded, told.expired), (2, 1));
+        assert!(ledger.revoked(&grant_id(1)) && ledger.revoked(&grant_id(2)));
+        assert!(!ledger.revoked(&grant_id(3)));
+        // The one that claims a day is kept an hour at most (`max_lifetime`).
+        let text = std::fs::read_to_string(dir.path().join("approvals-executed")).unwrap();
+        let kept: u64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("revoked:{} ", grant_id(2))))
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(kept <= now() + 3600, "{text}");
+    }
+
+    #[test]
+    fn a_bad_revocation_list_is_refused_whole_naming_the_field() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Executed::load(dir.path()).unwrap();
+        let t = now();
+        let not_an_id = RevokedGrant {
+            id: "g1".into(),
+            expires: t + 600,
+        };
+        let (status, why) =
+            record_revoked(&ledger, 3600, &[revoked(1, t + 600), not_an_id]).unwrap_err();
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert!(why.contains("`grants`: `g1` is not a grant id"), "{why}");
+        assert!(!ledger.revoked(&grant_id(1)), "nothing is recorded");
+        let many: Vec<_> = (0..=MAX_REVOKED_PER_TOKEN as u32)
+            .map(|n| revoked(n, t + 600))
+            .collect();
+        let (status, why) = record_revoked(&ledger, 3600, &many).unwrap_err();
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert!(why.contains("at most 1000"), "{why}");
+        assert!(!ledger.revoked(&grant_id(0)), "nothing is recorded");
+    }
 }

@@ -6,9 +6,14 @@
 //! only `exec` spawns processes; `seal` is the runner's own seal on what its previews
 //! captured; `approvals` checks people's signatures on a write before it runs
 //! (`require_signed_approvals`); `grants` runs a write under people's grant instead and
-//! takes the server's revocations; `join` is the runner's side of joining a server, `credential` keeps what joining
-//! earned it, so it re-registers after a restart, and `tls` is the runner's TLS identity
-//! (configured, or self-signed and kept in `state_dir`).
+//! records the server's revocations; `refusal` is how the runner's endpoints refuse; `join` is
+//! the runner's side of joining a server, `credential` keeps what joining earned it, so it
+//! re-registers after a restart, and `tls` is the runner's TLS identity (configured, or
+//! self-signed and kept in `state_dir`).
+//!
+//! *Invariant:* these modules form a tree (no two import each other, however indirectly):
+//! `agent` sits above `grants`, which reads the runner through the view `agent` hands it, and
+//! both take their refusals from `refusal`, below them.
 
 pub mod agent;
 mod approvals;
@@ -20,6 +25,7 @@ mod executed;
 mod grants;
 pub(crate) mod http_action;
 pub mod join;
+mod refusal;
 mod seal;
 pub mod start;
 pub mod tls;

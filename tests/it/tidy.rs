@@ -104,14 +104,15 @@ fn shared_blocks_import_neither_side() {
     }
 }
 
-/// The server's module graph: each top-level module of `src/server/` (a file `X.rs`, or a
-/// folder `X/` with every file under it) → the other top-level modules it names, each with the
-/// first place (`file:line`) that names it. A module is named by `crate::server::X…` (braced
-/// groups included) or by enough `super::` to climb out of its own folder.
+/// The module graph of `area` (`server`, `node`): each top-level module of `src/AREA/` (a
+/// file `X.rs`, or a folder `X/` with every file under it) → the other top-level modules it
+/// names, each with the first place (`file:line`) that names it. A module is named by
+/// `crate::AREA::X…` (braced groups included) or by enough `super::` to climb out of its own
+/// folder.
 type ModuleGraph = BTreeMap<String, BTreeMap<String, String>>;
 
-fn server_module_graph() -> ModuleGraph {
-    let root = src().join("server");
+fn module_graph(area: &str) -> ModuleGraph {
+    let root = src().join(area);
     let mut modules = BTreeMap::new();
     for entry in std::fs::read_dir(&root).unwrap() {
         let path = entry.unwrap().path();
@@ -147,12 +148,12 @@ fn server_module_graph() -> ModuleGraph {
                 .map(|l| l.split("//").next().unwrap_or(""))
                 .collect::<Vec<_>>()
                 .join("\n");
-            for (at, module) in server_paths(&code, here.len()) {
+            for (at, module) in module_paths(&code, here.len(), area) {
                 if module != *name && modules.contains_key(&module) {
                     let line = code[..at].matches('\n').count() + 1;
                     imports
                         .entry(module)
-                        .or_insert_with(|| format!("src/server/{}:{line}", relative.display()));
+                        .or_insert_with(|| format!("src/{area}/{}:{line}", relative.display()));
                 }
             }
         }
@@ -161,13 +162,13 @@ fn server_module_graph() -> ModuleGraph {
     graph
 }
 
-/// Every top-level server module `code` names, with the byte offset of the path: after
-/// `crate::server::`, and after a chain of exactly `depth` `super::` in a file whose module
-/// is `depth` deep under `server` (`tokens.rs` is 1 deep, `fleet/enrol.rs` 2), where it
+/// Every top-level module of `area` that `code` names, with the byte offset of the path: after
+/// `crate::AREA::`, and after a chain of exactly `depth` `super::` in a file whose module
+/// is `depth` deep under `area` (`server/tokens.rs` is 1 deep, `server/fleet/enrol.rs` 2), where it
 /// climbs out of its own top-level module. `X::…` and `X;` give `X`, `{X, Y::z}` gives `X`
 /// and `Y`. (An inline module's `super::` is read as its file's, which can only name the
 /// file's own module: test modules reach back into their file, not beyond.)
-fn server_paths(code: &str, depth: usize) -> Vec<(usize, String)> {
+fn module_paths(code: &str, depth: usize, area: &str) -> Vec<(usize, String)> {
     let ident = |s: &str| -> String {
         s.trim_start()
             .chars()
@@ -199,8 +200,9 @@ fn server_paths(code: &str, depth: usize) -> Vec<(usize, String)> {
         found
     };
     let mut found = Vec::new();
-    for (at, _) in code.match_indices("crate::server::") {
-        let rest = &code[at + "crate::server::".len()..];
+    let named = format!("crate::{area}::");
+    for (at, _) in code.match_indices(&named) {
+        let rest = &code[at + named.len()..];
         found.extend(heads(rest).into_iter().map(|m| (at, m)));
     }
     for (at, _) in code.match_indices("super::") {
@@ -301,25 +303,22 @@ fn circles_are_found_whole() {
     assert_eq!(found.len(), 2, "{found:?}");
     assert!(circles(&graph(&[("a", "b"), ("b", "c"), ("a", "c")])).is_empty());
     assert_eq!(
-        server_paths("use super::{db::Db, audit::kind};\nsuper::super::x::y", 1),
+        module_paths(
+            "use super::{db::Db, audit::kind};\nsuper::super::x::y",
+            1,
+            "server"
+        ),
         vec![(4, "db".to_owned()), (4, "audit".to_owned())],
     );
     assert_eq!(
-        server_paths("use super::super::tokens::Role; use super::x;", 2),
+        module_paths("use super::super::tokens::Role; use super::x;", 2, "server"),
         vec![(4, "tokens".to_owned())],
     );
 }
 
-#[test]
-fn the_server_module_graph_has_no_circle() {
-    let graph = server_module_graph();
-    assert!(
-        graph.get("http").is_some_and(|i| i.contains_key("gateway"))
-            && graph.get("tokens").is_some_and(|i| i.contains_key("db")),
-        "the module graph was not read: `http` should import `gateway` and `tokens` `db` \
-         ({graph:?})"
-    );
-    let found: Vec<String> = circles(&graph)
+/// The circles of `graph`, each with the arrows that close it (`from → to (file:line)`).
+fn circles_shown(graph: &ModuleGraph) -> Vec<String> {
+    circles(graph)
         .iter()
         .map(|circle| {
             let mut text = format!("circle of {} modules: {}", circle.len(), circle.join(", "));
@@ -332,11 +331,45 @@ fn the_server_module_graph_has_no_circle() {
             }
             text
         })
-        .collect();
+        .collect()
+}
+
+#[test]
+fn the_server_module_graph_has_no_circle() {
+    let graph = module_graph("server");
+    assert!(
+        graph.get("http").is_some_and(|i| i.contains_key("gateway"))
+            && graph.get("tokens").is_some_and(|i| i.contains_key("db")),
+        "the module graph was not read: `http` should import `gateway` and `tokens` `db` \
+         ({graph:?})"
+    );
+    let found = circles_shown(&graph);
     assert!(
         found.is_empty(),
         "the server's modules import each other in a circle (break one arrow of each: move \
          what both sides need into a module below them):\n{}",
+        found.join("\n")
+    );
+}
+
+/// The runner's modules form a tree (ARCHITECTURE.md, `src/node/mod.rs`): `agent` above
+/// `grants`, both above `refusal`.
+#[test]
+fn the_node_module_graph_has_no_circle() {
+    let graph = module_graph("node");
+    assert!(
+        graph.get("agent").is_some_and(|i| i.contains_key("grants"))
+            && graph
+                .get("grants")
+                .is_some_and(|i| i.contains_key("refusal")),
+        "the module graph was not read: `agent` should import `grants` and `grants` \
+         `refusal` ({graph:?})"
+    );
+    let found = circles_shown(&graph);
+    assert!(
+        found.is_empty(),
+        "the runner's modules import each other in a circle (break one arrow of each: move \
+         what both sides need into a module below them, or hand it over as a parameter):\n{}",
         found.join("\n")
     );
 }

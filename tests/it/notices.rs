@@ -4,6 +4,10 @@
 //! at the decision; two replicas on one PostgreSQL send each step once, and a restarted
 //! server resumes the schedule from the store; a request that expires unanswered tells the
 //! agent and the people; an email reaches a real local SMTP server (aiosmtpd).
+//!
+//! And a grant an agent asks for reaches the first group at once with the link to the grant's
+//! page, and a restarted server sends it to nobody again. (A break-glass window's notices,
+//! which need witnesses, are tested with its calls in `break_glass.rs`.)
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -22,16 +26,16 @@ use crate::harness::app::{Options, TestApp};
 use crate::harness::tools::{Proc, listens_on, require};
 use crate::mcp_calls::call;
 
-const PUBLIC_URL: &str = "https://emisar.example.test";
+pub(crate) const PUBLIC_URL: &str = "https://emisar.example.test";
 
 /// A hook receiver: every body it was posted, with the hook's path and when it came.
 #[derive(Clone, Default)]
-struct Receiver {
+pub(crate) struct Receiver {
     got: Arc<Mutex<Vec<(String, Value, Instant)>>>,
 }
 
 impl Receiver {
-    async fn start() -> (Receiver, String) {
+    pub(crate) async fn start() -> (Receiver, String) {
         let receiver = Receiver::default();
         let kept = receiver.clone();
         let app = axum::Router::new().route(
@@ -53,8 +57,8 @@ impl Receiver {
         (receiver, base)
     }
 
-    /// The bodies `hook` got about request `id`, with when each came.
-    fn about(&self, hook: &str, id: &str) -> Vec<(Value, Instant)> {
+    /// The bodies `hook` got about request (or grant) `id`, with when each came.
+    pub(crate) fn about(&self, hook: &str, id: &str) -> Vec<(Value, Instant)> {
         self.got
             .lock()
             .unwrap()
@@ -65,13 +69,15 @@ impl Receiver {
     }
 }
 
-/// Whether a body (generic or Slack) is about request `id`.
+/// Whether a body (generic or Slack) is about request (or grant) `id`.
 fn mentions(body: &Value, id: &str) -> bool {
-    body["approval_id"] == id || body["text"].as_str().is_some_and(|t| t.contains(id))
+    body["approval_id"] == id
+        || body["grant_id"] == id
+        || body["text"].as_str().is_some_and(|t| t.contains(id))
 }
 
 /// The generic event, or the Slack text's first words, of each body.
-fn kinds(bodies: &[(Value, Instant)]) -> Vec<String> {
+pub(crate) fn kinds(bodies: &[(Value, Instant)]) -> Vec<String> {
     bodies
         .iter()
         .map(|(b, _)| match b["event"].as_str() {
@@ -87,7 +93,7 @@ fn kinds(bodies: &[(Value, Instant)]) -> Vec<String> {
         .collect()
 }
 
-fn hook(base: &str, name: &str, kind: WebhookKind) -> WebhookConfig {
+pub(crate) fn hook(base: &str, name: &str, kind: WebhookKind) -> WebhookConfig {
     WebhookConfig {
         name: Some(name.into()),
         url: format!("{base}/{name}"),
@@ -139,7 +145,11 @@ async fn request(app: &TestApp, reason: &str) -> (String, Instant) {
     )
 }
 
-async fn eventually<T, F: FnMut() -> Option<T>>(secs: u64, what: &str, mut check: F) -> T {
+pub(crate) async fn eventually<T, F: FnMut() -> Option<T>>(
+    secs: u64,
+    what: &str,
+    mut check: F,
+) -> T {
     let deadline = Instant::now() + Duration::from_secs(secs);
     loop {
         if let Some(v) = check() {
@@ -527,3 +537,79 @@ async fn an_email_reaches_a_real_smtp_server(backend: Backend) {
     assert_eq!(json!(smtp.delivered().len()), json!(1));
 }
 both_backends!(an_email_reaches_a_real_smtp_server);
+
+/// An agent asks for a grant: the first group hears at once, its Slack text naming the agent,
+/// the tool and the runner with the link to the grant's page; the second group does not
+/// before its delay. A restarted server on the same store sends it to nobody again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_request_reaches_the_first_group_once() {
+    use crate::signed_approvals::pub_line;
+    let bin = tempfile::tempdir().unwrap();
+    systemctl_standin(bin.path());
+    let approvers = bin.path().join("approvers.toml");
+    std::fs::write(
+        &approvers,
+        format!(
+            "serial = 1\n[[person]]\nname = \"alice\"\nssh = [\"{}\"]\n\
+             [[rule]]\ntools = \"linux.systemctl_restart\"\napprovals = 1\ngrants = true\n",
+            pub_line(1)
+        ),
+    )
+    .unwrap();
+    let (receiver, base) = Receiver::start().await;
+    let options = || Options {
+        approvers_file: Some(approvers.clone()),
+        ..escalating(&base, 60, None)
+    };
+    let mut a = restart_app(Backend::Postgres, bin.path(), options()).await;
+    let client = a.mcp_client().await;
+    let res = call(
+        &client,
+        "emisar.request_grant",
+        json!({
+            "tools": ["linux.systemctl_restart"],
+            "runners": {"names": ["hvn05"]},
+            "calls": 2,
+            "expires_in_secs": 600,
+            "reason": "INC-5: consul flaps on hvn05",
+        }),
+    )
+    .await;
+    let out = crate::harness::tools::only_output(&res);
+    let id = out["grant_id"].as_str().unwrap().to_owned();
+    client.cancel().await.unwrap();
+
+    let (first, _) = eventually(5, "the first group told of the grant", || {
+        receiver.about("first", &id).into_iter().next()
+    })
+    .await;
+    let text = first["text"].as_str().unwrap();
+    assert!(
+        text.starts_with(
+            "Grant requested: agent:test-agent asks for `linux.systemctl_restart` on hvn05 (1 must sign): \"INC-5: consul flaps on hvn05\""
+        ) && text.ends_with(&format!("<{PUBLIC_URL}/#/grants/{id}|review grant {id}>")),
+        "{text}"
+    );
+    assert!(!text.contains("BREAK-GLASS"), "{text}");
+    // Past a pass or two: the second group waits its 60 s.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        receiver.about("second", &id).is_empty(),
+        "the second group was told at once"
+    );
+
+    a.stop().await;
+    let again = Options {
+        database_url: Some(a.database_url.clone()),
+        keys: Some((a.private_key.clone(), a.public_key.clone())),
+        ..options()
+    };
+    let _restarted = restart_app(Backend::Postgres, bin.path(), again).await;
+    // The restarted server passes over the grant every 200 ms.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        receiver.about("first", &id).len(),
+        1,
+        "the grant's notice sent again after the restart"
+    );
+}

@@ -6,8 +6,10 @@
 //! agent and the people; an email reaches a real local SMTP server (aiosmtpd).
 //!
 //! And a grant an agent asks for reaches the first group at once with the link to the grant's
-//! page, and a restarted server sends it to nobody again. (A break-glass window's notices,
-//! which need witnesses, are tested with its calls in `break_glass.rs`.)
+//! page, and a restarted server sends it to nobody again; a break-glass window's life in the
+//! store (asked for, open, two calls) is told to every group at once, each step once, on both
+//! backends. (A window opened and used through the server, its calls witnessed, is announced
+//! in `break_glass.rs`.)
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -613,3 +615,163 @@ async fn a_grant_request_reaches_the_first_group_once() {
         "the grant's notice sent again after the restart"
     );
 }
+
+/// A break-glass window's life as the store holds it (its grant row, then signed open, then
+/// two calls' `grant.used` flagged `break_glass`), on either backend: every group hears of it
+/// asked for, open and of each call, once, with no escalation wait; the link is the grant's
+/// page. (The window opened and used through the server, witnessed, is `break_glass.rs`.)
+async fn a_windows_life_in_the_store_is_announced(backend: Backend) {
+    use emisar::protocol::approval::grant::{Grant, Runners};
+    use emisar::server::approvals::Vote;
+    use emisar::server::audit::{NewEvent, format_at};
+    use emisar::server::grants::{GrantRow, Grants, Status};
+
+    let bin = tempfile::tempdir().unwrap();
+    systemctl_standin(bin.path());
+    let (receiver, base) = Receiver::start().await;
+    let app = restart_app(backend, bin.path(), escalating(&base, 3600, None)).await;
+    let now = chrono::Utc::now();
+    let grant = Grant {
+        id: uuid::Uuid::now_v7().to_string(),
+        agent: "agent:ops-bot".into(),
+        break_glass: true,
+        tools: vec!["*".into()],
+        runners: Runners::Names(vec!["edge-1".into(), "edge-2".into()]),
+        args: Default::default(),
+        max_calls: 100,
+        max_calls_per_runner: 100,
+        required: 2,
+        reason: "INC-77: the edge is down".into(),
+        expires_at: (now + chrono::Duration::minutes(30))
+            .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+    };
+    let id = grant.id.clone();
+    let grants = Grants::new(app.db.clone());
+    grants
+        .insert(&GrantRow {
+            id: id.clone(),
+            agent: grant.agent.clone(),
+            requester_name: "alice".into(),
+            on_behalf_of: None,
+            text: grant.text().unwrap(),
+            status: Status::Requested,
+            required: 2,
+            signatures: vec![],
+            break_glass: true,
+            expires_at: grant.expires_at.clone(),
+            requested_at: format_at(now),
+            decided_at: None,
+            decided_by: None,
+            revoked_at: None,
+            revoked_by: None,
+            revoke_reason: None,
+        })
+        .await
+        .unwrap();
+    let of = |hook: &str, event: &str| -> Vec<Value> {
+        receiver
+            .about(hook, &id)
+            .into_iter()
+            .map(|(body, _)| body)
+            .filter(|body| match hook {
+                "second" => body["event"] == event,
+                _ => body["text"].as_str().unwrap().starts_with(event),
+            })
+            .collect()
+    };
+    let asked = eventually(
+        5,
+        "the window asked for told to the last group at once",
+        || of("second", "break_glass.requested").pop(),
+    )
+    .await;
+    assert_eq!(
+        asked["portal_url"],
+        format!("{PUBLIC_URL}/#/grants/{id}"),
+        "{asked}"
+    );
+    eventually(5, "the window asked for told to the first group", || {
+        of("first", "BREAK-GLASS window requested by alice").pop()
+    })
+    .await;
+
+    let vote = |user: &str| Vote {
+        user: user.into(),
+        at: format_at(now),
+        note: None,
+        signature: None,
+        signed: None,
+    };
+    let at = format_at(chrono::Utc::now());
+    assert!(
+        grants
+            .sign(
+                &id,
+                0,
+                &[vote("bob"), vote("carol")],
+                Status::Active,
+                Some(("approver:carol", &at))
+            )
+            .await
+            .unwrap()
+    );
+    let used = |call_id: &str, runner: &str| NewEvent {
+        actor: "agent:ops-bot".into(),
+        kind: "grant.used".into(),
+        tool: Some("linux.systemctl_restart".into()),
+        call_id: Some(call_id.into()),
+        outcome: Some("ok".into()),
+        detail: Some(
+            json!({"grant": id, "use": 1, "call_id": call_id, "runners": [runner], "break_glass": true}),
+        ),
+        ..Default::default()
+    };
+    app.audit
+        .append_all(vec![used("call-a", "edge-1"), used("call-b", "edge-2")])
+        .await
+        .unwrap();
+    let open = eventually(5, "the window told open", || {
+        of("second", "break_glass.open").pop()
+    })
+    .await;
+    assert_eq!(open["signed_by"], json!(["bob", "carol"]), "{open}");
+    eventually(5, "both calls told to both groups", || {
+        (of("second", "break_glass.call").len() >= 2 && of("first", "BREAK-GLASS call").len() >= 2)
+            .then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut calls: Vec<(Value, Value, Value)> = of("second", "break_glass.call")
+        .into_iter()
+        .map(|b| {
+            (
+                b["call_id"].clone(),
+                b["tool"].clone(),
+                b["runners"].clone(),
+            )
+        })
+        .collect();
+    calls.sort_by_key(|c| c.0.to_string());
+    assert_eq!(
+        calls,
+        [
+            (
+                json!("call-a"),
+                json!("linux.systemctl_restart"),
+                json!(["edge-1"])
+            ),
+            (
+                json!("call-b"),
+                json!("linux.systemctl_restart"),
+                json!(["edge-2"])
+            ),
+        ]
+    );
+    let told = (
+        receiver.about("first", &id).len(),
+        receiver.about("second", &id).len(),
+    );
+    assert_eq!(told, (4, 4), "asked, open and two calls, each once");
+    assert_eq!(of("first", "BREAK-GLASS").len(), 4);
+}
+both_backends!(a_windows_life_in_the_store_is_announced);

@@ -182,10 +182,16 @@ impl Notices {
         let mut appended = self.audit.appended();
         let mut log_open = true;
         tokio::spawn(async move {
-            let mut requests = true;
+            let mut woken_by_log = false;
+            let mut requests_at: Option<tokio::time::Instant> = None;
             loop {
+                let now = tokio::time::Instant::now();
+                let requests = looks_at_requests(woken_by_log, requests_at, now, self.check_every);
+                if requests {
+                    requests_at = Some(now);
+                }
                 self.tick(chrono::Utc::now(), requests).await;
-                requests = true;
+                woken_by_log = false;
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
                     _ = changes.recv() => {}
@@ -193,7 +199,7 @@ impl Notices {
                         Ok(()) => {
                             // Let a burst of appends settle: one pass for all of them.
                             tokio::time::sleep(grants::AUDIT_WAKE).await;
-                            requests = false;
+                            woken_by_log = true;
                         }
                         Err(_) => log_open = false,
                     },
@@ -300,6 +306,19 @@ impl Notices {
     }
 }
 
+/// Whether a pass at `now` looks at the requests too, not only the grants: always, unless the
+/// log woke it; then only if the last pass that did is `check_every` old. A busy log wakes the
+/// loop before `check_every` ever passes, and the requests' steps that fall due with time
+/// alone (escalation, reminders, expiry) must not wait for it to calm down.
+fn looks_at_requests(
+    woken_by_log: bool,
+    last: Option<tokio::time::Instant>,
+    now: tokio::time::Instant,
+    check_every: Duration,
+) -> bool {
+    !woken_by_log || last.is_none_or(|at| now.duration_since(at) >= check_every)
+}
+
 /// How long `a` has waited at `now`.
 fn waited(a: &Approval, now: chrono::DateTime<chrono::Utc>) -> Duration {
     parse(&a.created_at)
@@ -339,6 +358,19 @@ pub(crate) mod tests {
             portal_url: Some(approval_page("https://emisar.example/", "ap-1")),
             waited_secs: None,
         }
+    }
+
+    #[test]
+    fn a_busy_log_never_holds_back_the_requests_past_check_every() {
+        let every = Duration::from_millis(200);
+        let t0 = tokio::time::Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        // Not woken by the log: always.
+        assert!(looks_at_requests(false, Some(ms(0)), ms(10), every));
+        // Woken by the log: the grants only, until check_every passed since the last look.
+        assert!(looks_at_requests(true, None, ms(0), every));
+        assert!(!looks_at_requests(true, Some(ms(0)), ms(150), every));
+        assert!(looks_at_requests(true, Some(ms(0)), ms(200), every));
     }
 
     #[test]

@@ -541,8 +541,9 @@ async fn an_email_reaches_a_real_smtp_server(backend: Backend) {
 both_backends!(an_email_reaches_a_real_smtp_server);
 
 /// An agent asks for a grant: the first group hears at once, its Slack text naming the agent,
-/// the tool and the runner with the link to the grant's page; the second group does not
-/// before its delay. A restarted server on the same store sends it to nobody again.
+/// the tool and the runner with the link to the grant's page; the second group not before its
+/// delay, and then from a server restarted on the same store, which sends the first group's
+/// notice to nobody again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_request_reaches_the_first_group_once() {
     use crate::signed_approvals::pub_line;
@@ -561,10 +562,11 @@ async fn a_grant_request_reaches_the_first_group_once() {
     let (receiver, base) = Receiver::start().await;
     let options = || Options {
         approvers_file: Some(approvers.clone()),
-        ..escalating(&base, 60, None)
+        ..escalating(&base, 4, None)
     };
     let mut a = restart_app(Backend::Postgres, bin.path(), options()).await;
     let client = a.mcp_client().await;
+    let asked = Instant::now();
     let res = call(
         &client,
         "emisar.request_grant",
@@ -593,7 +595,7 @@ async fn a_grant_request_reaches_the_first_group_once() {
         "{text}"
     );
     assert!(!text.contains("BREAK-GLASS"), "{text}");
-    // Past a pass or two: the second group waits its 60 s.
+    // Past a pass or two: the second group waits its 4 s.
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(
         receiver.about("second", &id).is_empty(),
@@ -607,8 +609,23 @@ async fn a_grant_request_reaches_the_first_group_once() {
         ..options()
     };
     let _restarted = restart_app(Backend::Postgres, bin.path(), again).await;
+    let (second, at) = eventually(10, "the second group told by the restarted server", || {
+        receiver.about("second", &id).into_iter().next()
+    })
+    .await;
+    assert!(
+        at >= asked + Duration::from_secs(4),
+        "told after {:?}",
+        at - asked
+    );
+    assert_eq!(second["event"], "grant.requested", "{second}");
+    assert_eq!(
+        second["portal_url"],
+        format!("{PUBLIC_URL}/#/grants/{id}"),
+        "{second}"
+    );
     // The restarted server passes over the grant every 200 ms.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(
         receiver.about("first", &id).len(),
         1,

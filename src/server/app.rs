@@ -59,6 +59,7 @@ impl Application {
             &config.notices,
             config.public_url.as_deref(),
             &approvals,
+            &audit,
             &shutdown,
         )? {
             notices.spawn(shutdown.clone());

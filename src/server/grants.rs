@@ -134,6 +134,17 @@ impl Uses {
 
 use crate::server::audit::kind;
 
+/// One call made under a grant: its `grant.used` event.
+#[derive(Debug, Clone)]
+pub struct UsedEvent {
+    /// Who called, e.g. `agent:ops-bot`.
+    pub actor: String,
+    pub tool: String,
+    pub call_id: String,
+    /// `grant`, `use`, `runners`, `break_glass`…
+    pub detail: Value,
+}
+
 /// The columns of a `SELECT` of grants, timestamps as fixed-width text on both backends.
 fn columns(db: &Db) -> String {
     format!(
@@ -370,6 +381,65 @@ impl Grants {
             })
             .await?;
         raws.into_iter().map(from_raw).collect()
+    }
+
+    /// The grants notices may still have to announce (`server::notices::grants`): every grant
+    /// whose expiry is after `since` and that is still requested or is a break-glass window,
+    /// oldest first, at most 1000.
+    pub async fn to_announce(&self, since: &str) -> Result<Vec<GrantRow>, sqlx::Error> {
+        let sql = self.db.sql(format!(
+            "SELECT {} FROM grants WHERE expires_at > $1::timestamptz AND (status = 'requested' OR break_glass) ORDER BY id LIMIT 1000",
+            columns(&self.db)
+        ));
+        let db = &self.db;
+        let raws = db
+            .guard(async {
+                with_pool!(db, pool => {
+                    sqlx::query_as::<_, Raw>(sql).bind(since).fetch_all(pool).await
+                })
+            })
+            .await?;
+        raws.into_iter().map(from_raw).collect()
+    }
+
+    /// The calls made under grant `id`, as the audit log has them: each `grant.used` event's
+    /// actor, tool, call id and detail, in the log's order.
+    pub async fn used_events(&self, id: &str) -> Result<Vec<UsedEvent>, sqlx::Error> {
+        let db = &self.db;
+        type Row = (String, Option<String>, Option<String>, Option<String>);
+        let rows: Vec<Row> = db
+            .guard(async {
+                match db.pool() {
+                    crate::server::db::Pool::Pg(pool) => {
+                        sqlx::query_as(
+                            "SELECT actor, tool, call_id, detail FROM audit_events WHERE (detail::jsonb ->> 'grant') = $1 AND kind LIKE 'grant.%' AND kind = 'grant.used' ORDER BY seq",
+                        )
+                        .bind(id)
+                        .fetch_all(pool)
+                        .await
+                    }
+                    crate::server::db::Pool::Sqlite(pool) => {
+                        sqlx::query_as(
+                            "SELECT actor, tool, call_id, detail FROM audit_events WHERE json_extract(detail, '$.grant') = $1 AND kind = 'grant.used' ORDER BY seq",
+                        )
+                        .bind(id)
+                        .fetch_all(pool)
+                        .await
+                    }
+                }
+            })
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(actor, tool, call_id, detail)| UsedEvent {
+                actor,
+                tool: tool.unwrap_or_default(),
+                call_id: call_id.unwrap_or_default(),
+                detail: detail
+                    .and_then(|d| serde_json::from_str::<Value>(&d).ok())
+                    .unwrap_or(Value::Null),
+            })
+            .collect())
     }
 
     /// How many calls ran under grant `id`, and whether it was revoked, from the audit log.

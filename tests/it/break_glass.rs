@@ -13,7 +13,9 @@
 //!
 //! And a window's calls run on TLS runners that honour break-glass, flagged in the log and
 //! only once two witnesses cosigned their record; a runner whose file does not honour
-//! break-glass refuses them, and a call no witness quorum cosigns runs nowhere.
+//! break-glass refuses them, and a call no witness quorum cosigns runs nowhere. Every group of
+//! the notices hears at once of the window asked for (with the link to its page), of it open,
+//! and of each call inside it, once per call, with the tool and the runners.
 
 use std::path::Path;
 
@@ -412,11 +414,18 @@ async fn one_person_alone_cannot_open_a_window() {
 /// once its `grant.used` was in a checkpoint both witnesses cosigned (the inclusion proof
 /// holds); core-1, whose approvers file does not honour break-glass, refuses the window's call
 /// itself, nothing run there. Both runners serve TLS and require people's signatures.
+///
+/// The notices' two groups (the second told of an approval request only after an hour) both
+/// hear at once of the window asked for, with its page, of it open, and of each of its three
+/// calls once, with the tool and the runners.
 #[tokio::test]
 async fn a_windows_calls_run_flagged_and_witnessed_where_the_runner_honours_it() {
     use crate::harness::RunnerSpec;
     use crate::harness::certs::self_signed;
+    use crate::notices::{PUBLIC_URL, Receiver, eventually, hook};
     use emisar::server::audit::checkpoints;
+    use emisar::server::notices::config::{EscalationGroup, NoticesConfig};
+    use emisar::server::notices::webhook::WebhookKind;
 
     let dir = tempfile::tempdir().unwrap();
     let honours = dir.path().join("approvers.toml");
@@ -436,6 +445,11 @@ async fn a_windows_calls_run_flagged_and_witnessed_where_the_runner_honours_it()
             .allow("systemd_units", &["consul"])
             .signed_approvals(&["*"], Some(file.to_owned()), &[])
     };
+    let (receiver, hooks) = Receiver::start().await;
+    let group = |after_secs, target: &str| EscalationGroup {
+        after_secs,
+        targets: vec![target.into()],
+    };
     let app = spawn_app(
         Backend::Postgres,
         vec![runner("edge-1", &honours), runner("core-1", &plain)],
@@ -447,6 +461,16 @@ async fn a_windows_calls_run_flagged_and_witnessed_where_the_runner_honours_it()
                 50,
                 1,
             )),
+            webhooks: vec![
+                hook(&hooks, "first", WebhookKind::Slack),
+                hook(&hooks, "second", WebhookKind::Generic),
+            ],
+            notices: Some(NoticesConfig {
+                escalation: vec![group(0, "first"), group(3600, "second")],
+                check_every_ms: 200,
+                ..Default::default()
+            }),
+            public_url: Some(PUBLIC_URL.into()),
             ..Default::default()
         },
     )
@@ -463,6 +487,37 @@ async fn a_windows_calls_run_flagged_and_witnessed_where_the_runner_honours_it()
     assert_eq!(status, 200, "{opened}");
     let id = opened["grant_id"].as_str().unwrap().to_owned();
     let text = opened["text"].as_str().unwrap().to_owned();
+
+    // Every group hears of the window asked for at once, with the link to its page.
+    let page = format!("{PUBLIC_URL}/#/grants/{id}");
+    let event_of = |hook: &str, event: &str| -> Vec<Value> {
+        receiver
+            .about(hook, &id)
+            .into_iter()
+            .map(|(body, _)| body)
+            .filter(|body| match hook {
+                "second" => body["event"] == event,
+                _ => body["text"].as_str().unwrap().starts_with(event),
+            })
+            .collect()
+    };
+    let asked = eventually(5, "the second group told of the window at once", || {
+        event_of("second", "break_glass.requested").pop()
+    })
+    .await;
+    assert_eq!(asked["portal_url"], page.as_str(), "{asked}");
+    assert_eq!(asked["runners"], json!(["core-1", "edge-1"]), "{asked}");
+    assert_eq!(asked["reason"], "INC-9: the edge is down", "{asked}");
+    assert_eq!(asked["requested_by"], "alice", "{asked}");
+    let asked = eventually(5, "the first group told of the window", || {
+        event_of("first", "BREAK-GLASS window requested").pop()
+    })
+    .await;
+    let said = asked["text"].as_str().unwrap();
+    assert!(
+        said.contains(&format!("<{page}|review window {id}>")),
+        "{said}"
+    );
     for (who, seed) in [("bob", 2), ("carol", 3)] {
         let person = signed_in(&app, who, Role::Approver).await;
         let (status, body) = person
@@ -473,6 +528,17 @@ async fn a_windows_calls_run_flagged_and_witnessed_where_the_runner_honours_it()
             )
             .await;
         assert_eq!(status, 200, "{body}");
+    }
+    // And of it open.
+    for (hook, event) in [
+        ("second", "break_glass.open"),
+        ("first", "BREAK-GLASS window open"),
+    ] {
+        let open = eventually(5, "the window announced open", || {
+            event_of(hook, event).pop()
+        })
+        .await;
+        assert!(open.to_string().contains("carol"), "{open}");
     }
 
     let agent = app.mcp_client().await;
@@ -537,4 +603,65 @@ async fn a_windows_calls_run_flagged_and_witnessed_where_the_runner_honours_it()
         1,
         "the unwitnessed call ran nothing"
     );
+
+    // Each of the window's three calls (run, refused by core-1, unwitnessed) is announced to
+    // every group, once, with its tool and runners.
+    let used: Vec<(String, Value)> = app
+        .events(emisar::server::audit::AuditFilter {
+            kind: Some("grant.used".into()),
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .into_iter()
+        .filter_map(|e| {
+            let detail = e.detail.unwrap();
+            (detail["grant"] == id.as_str())
+                .then(|| (e.call_id.unwrap(), detail["runners"].clone()))
+        })
+        .collect();
+    assert_eq!(used.len(), 3, "{used:?}");
+    eventually(10, "every call announced", || {
+        (event_of("second", "break_glass.call").len() >= used.len()
+            && event_of("first", "BREAK-GLASS call").len() >= used.len())
+        .then_some(())
+    })
+    .await;
+    // Passes every 200 ms: an announcement sent twice would come within a second.
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    let mut announced: Vec<(String, Value)> = event_of("second", "break_glass.call")
+        .into_iter()
+        .map(|body| {
+            assert_eq!(body["tool"], crate::signed_approvals::TOOL, "{body}");
+            assert_eq!(body["agent"], "agent:test-agent", "{body}");
+            assert_eq!(body["reason"], "INC-9: the edge is down", "{body}");
+            assert_eq!(body["portal_url"], page.as_str(), "{body}");
+            (
+                body["call_id"].as_str().unwrap().to_owned(),
+                body["runners"].clone(),
+            )
+        })
+        .collect();
+    announced.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut want = used.clone();
+    want.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        announced, want,
+        "one announcement per call, with its runners"
+    );
+    let texts = event_of("first", "BREAK-GLASS call");
+    assert_eq!(texts.len(), used.len(), "{texts:?}");
+    for (_, runners) in &used {
+        let runner = runners[0].as_str().unwrap();
+        let line = format!(
+            "BREAK-GLASS call: agent:test-agent calls `{}` on {runner} in window {id}",
+            crate::signed_approvals::TOOL
+        );
+        assert!(
+            texts
+                .iter()
+                .any(|t| t["text"].as_str().unwrap().starts_with(&line)),
+            "{line} in {texts:?}"
+        );
+    }
 }

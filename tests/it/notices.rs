@@ -4,6 +4,12 @@
 //! at the decision; two replicas on one PostgreSQL send each step once, and a restarted
 //! server resumes the schedule from the store; a request that expires unanswered tells the
 //! agent and the people; an email reaches a real local SMTP server (aiosmtpd).
+//!
+//! And a grant an agent asks for reaches the first group at once with the link to the grant's
+//! page, and a restarted server sends it to nobody again; a break-glass window's life in the
+//! store (asked for, open, two calls) is told to every group at once, each step once, on both
+//! backends. (A window opened and used through the server, its calls witnessed, is announced
+//! in `break_glass.rs`.)
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -22,16 +28,16 @@ use crate::harness::app::{Options, TestApp};
 use crate::harness::tools::{Proc, listens_on, require};
 use crate::mcp_calls::call;
 
-const PUBLIC_URL: &str = "https://emisar.example.test";
+pub(crate) const PUBLIC_URL: &str = "https://emisar.example.test";
 
 /// A hook receiver: every body it was posted, with the hook's path and when it came.
 #[derive(Clone, Default)]
-struct Receiver {
+pub(crate) struct Receiver {
     got: Arc<Mutex<Vec<(String, Value, Instant)>>>,
 }
 
 impl Receiver {
-    async fn start() -> (Receiver, String) {
+    pub(crate) async fn start() -> (Receiver, String) {
         let receiver = Receiver::default();
         let kept = receiver.clone();
         let app = axum::Router::new().route(
@@ -53,8 +59,8 @@ impl Receiver {
         (receiver, base)
     }
 
-    /// The bodies `hook` got about request `id`, with when each came.
-    fn about(&self, hook: &str, id: &str) -> Vec<(Value, Instant)> {
+    /// The bodies `hook` got about request (or grant) `id`, with when each came.
+    pub(crate) fn about(&self, hook: &str, id: &str) -> Vec<(Value, Instant)> {
         self.got
             .lock()
             .unwrap()
@@ -65,13 +71,15 @@ impl Receiver {
     }
 }
 
-/// Whether a body (generic or Slack) is about request `id`.
+/// Whether a body (generic or Slack) is about request (or grant) `id`.
 fn mentions(body: &Value, id: &str) -> bool {
-    body["approval_id"] == id || body["text"].as_str().is_some_and(|t| t.contains(id))
+    body["approval_id"] == id
+        || body["grant_id"] == id
+        || body["text"].as_str().is_some_and(|t| t.contains(id))
 }
 
 /// The generic event, or the Slack text's first words, of each body.
-fn kinds(bodies: &[(Value, Instant)]) -> Vec<String> {
+pub(crate) fn kinds(bodies: &[(Value, Instant)]) -> Vec<String> {
     bodies
         .iter()
         .map(|(b, _)| match b["event"].as_str() {
@@ -87,7 +95,7 @@ fn kinds(bodies: &[(Value, Instant)]) -> Vec<String> {
         .collect()
 }
 
-fn hook(base: &str, name: &str, kind: WebhookKind) -> WebhookConfig {
+pub(crate) fn hook(base: &str, name: &str, kind: WebhookKind) -> WebhookConfig {
     WebhookConfig {
         name: Some(name.into()),
         url: format!("{base}/{name}"),
@@ -139,7 +147,11 @@ async fn request(app: &TestApp, reason: &str) -> (String, Instant) {
     )
 }
 
-async fn eventually<T, F: FnMut() -> Option<T>>(secs: u64, what: &str, mut check: F) -> T {
+pub(crate) async fn eventually<T, F: FnMut() -> Option<T>>(
+    secs: u64,
+    what: &str,
+    mut check: F,
+) -> T {
     let deadline = Instant::now() + Duration::from_secs(secs);
     loop {
         if let Some(v) = check() {
@@ -527,3 +539,256 @@ async fn an_email_reaches_a_real_smtp_server(backend: Backend) {
     assert_eq!(json!(smtp.delivered().len()), json!(1));
 }
 both_backends!(an_email_reaches_a_real_smtp_server);
+
+/// An agent asks for a grant: the first group hears at once, its Slack text naming the agent,
+/// the tool and the runner with the link to the grant's page; the second group not before its
+/// delay, and then from a server restarted on the same store, which sends the first group's
+/// notice to nobody again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_request_reaches_the_first_group_once() {
+    use crate::signed_approvals::pub_line;
+    let bin = tempfile::tempdir().unwrap();
+    systemctl_standin(bin.path());
+    let approvers = bin.path().join("approvers.toml");
+    std::fs::write(
+        &approvers,
+        format!(
+            "serial = 1\n[[person]]\nname = \"alice\"\nssh = [\"{}\"]\n\
+             [[rule]]\ntools = \"linux.systemctl_restart\"\napprovals = 1\ngrants = true\n",
+            pub_line(1)
+        ),
+    )
+    .unwrap();
+    let (receiver, base) = Receiver::start().await;
+    let options = || Options {
+        approvers_file: Some(approvers.clone()),
+        ..escalating(&base, 4, None)
+    };
+    let mut a = restart_app(Backend::Postgres, bin.path(), options()).await;
+    let client = a.mcp_client().await;
+    let asked = Instant::now();
+    let res = call(
+        &client,
+        "emisar.request_grant",
+        json!({
+            "tools": ["linux.systemctl_restart"],
+            "runners": {"names": ["hvn05"]},
+            "calls": 2,
+            "expires_in_secs": 600,
+            "reason": "INC-5: consul flaps on hvn05",
+        }),
+    )
+    .await;
+    let out = crate::harness::tools::only_output(&res);
+    let id = out["grant_id"].as_str().unwrap().to_owned();
+    client.cancel().await.unwrap();
+
+    let (first, _) = eventually(5, "the first group told of the grant", || {
+        receiver.about("first", &id).into_iter().next()
+    })
+    .await;
+    let text = first["text"].as_str().unwrap();
+    assert!(
+        text.starts_with(
+            "Grant requested: agent:test-agent asks for `linux.systemctl_restart` on hvn05 (1 must sign): \"INC-5: consul flaps on hvn05\""
+        ) && text.ends_with(&format!("<{PUBLIC_URL}/#/grants/{id}|review grant {id}>")),
+        "{text}"
+    );
+    assert!(!text.contains("BREAK-GLASS"), "{text}");
+    // Past a pass or two: the second group waits its 4 s.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        receiver.about("second", &id).is_empty(),
+        "the second group was told at once"
+    );
+
+    a.stop().await;
+    let again = Options {
+        database_url: Some(a.database_url.clone()),
+        keys: Some((a.private_key.clone(), a.public_key.clone())),
+        ..options()
+    };
+    let _restarted = restart_app(Backend::Postgres, bin.path(), again).await;
+    let (second, at) = eventually(10, "the second group told by the restarted server", || {
+        receiver.about("second", &id).into_iter().next()
+    })
+    .await;
+    assert!(
+        at >= asked + Duration::from_secs(4),
+        "told after {:?}",
+        at - asked
+    );
+    assert_eq!(second["event"], "grant.requested", "{second}");
+    assert_eq!(
+        second["portal_url"],
+        format!("{PUBLIC_URL}/#/grants/{id}"),
+        "{second}"
+    );
+    // The restarted server passes over the grant every 200 ms.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        receiver.about("first", &id).len(),
+        1,
+        "the grant's notice sent again after the restart"
+    );
+}
+
+/// A break-glass window's life as the store holds it (its grant row, then signed open, then
+/// two calls' `grant.used` flagged `break_glass`), on either backend: every group hears of it
+/// asked for, open and of each call, once, with no escalation wait; the link is the grant's
+/// page. (The window opened and used through the server, witnessed, is `break_glass.rs`.)
+async fn a_windows_life_in_the_store_is_announced(backend: Backend) {
+    use emisar::protocol::approval::grant::{Grant, Runners};
+    use emisar::server::approvals::Vote;
+    use emisar::server::audit::{NewEvent, format_at};
+    use emisar::server::grants::{GrantRow, Grants, Status};
+
+    let bin = tempfile::tempdir().unwrap();
+    systemctl_standin(bin.path());
+    let (receiver, base) = Receiver::start().await;
+    let app = restart_app(backend, bin.path(), escalating(&base, 3600, None)).await;
+    let now = chrono::Utc::now();
+    let grant = Grant {
+        id: uuid::Uuid::now_v7().to_string(),
+        agent: "agent:ops-bot".into(),
+        break_glass: true,
+        tools: vec!["*".into()],
+        runners: Runners::Names(vec!["edge-1".into(), "edge-2".into()]),
+        args: Default::default(),
+        max_calls: 100,
+        max_calls_per_runner: 100,
+        required: 2,
+        reason: "INC-77: the edge is down".into(),
+        expires_at: (now + chrono::Duration::minutes(30))
+            .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+    };
+    let id = grant.id.clone();
+    let grants = Grants::new(app.db.clone());
+    grants
+        .insert(&GrantRow {
+            id: id.clone(),
+            agent: grant.agent.clone(),
+            requester_name: "alice".into(),
+            on_behalf_of: None,
+            text: grant.text().unwrap(),
+            status: Status::Requested,
+            required: 2,
+            signatures: vec![],
+            break_glass: true,
+            expires_at: grant.expires_at.clone(),
+            requested_at: format_at(now),
+            decided_at: None,
+            decided_by: None,
+            revoked_at: None,
+            revoked_by: None,
+            revoke_reason: None,
+        })
+        .await
+        .unwrap();
+    let of = |hook: &str, event: &str| -> Vec<Value> {
+        receiver
+            .about(hook, &id)
+            .into_iter()
+            .map(|(body, _)| body)
+            .filter(|body| match hook {
+                "second" => body["event"] == event,
+                _ => body["text"].as_str().unwrap().starts_with(event),
+            })
+            .collect()
+    };
+    let asked = eventually(
+        5,
+        "the window asked for told to the last group at once",
+        || of("second", "break_glass.requested").pop(),
+    )
+    .await;
+    assert_eq!(
+        asked["portal_url"],
+        format!("{PUBLIC_URL}/#/grants/{id}"),
+        "{asked}"
+    );
+    eventually(5, "the window asked for told to the first group", || {
+        of("first", "BREAK-GLASS window requested by alice").pop()
+    })
+    .await;
+
+    let vote = |user: &str| Vote {
+        user: user.into(),
+        at: format_at(now),
+        note: None,
+        signature: None,
+        signed: None,
+    };
+    let at = format_at(chrono::Utc::now());
+    assert!(
+        grants
+            .sign(
+                &id,
+                0,
+                &[vote("bob"), vote("carol")],
+                Status::Active,
+                Some(("approver:carol", &at))
+            )
+            .await
+            .unwrap()
+    );
+    let used = |call_id: &str, runner: &str| NewEvent {
+        actor: "agent:ops-bot".into(),
+        kind: "grant.used".into(),
+        tool: Some("linux.systemctl_restart".into()),
+        call_id: Some(call_id.into()),
+        outcome: Some("ok".into()),
+        detail: Some(
+            json!({"grant": id, "use": 1, "call_id": call_id, "runners": [runner], "break_glass": true}),
+        ),
+        ..Default::default()
+    };
+    app.audit
+        .append_all(vec![used("call-a", "edge-1"), used("call-b", "edge-2")])
+        .await
+        .unwrap();
+    let open = eventually(5, "the window told open", || {
+        of("second", "break_glass.open").pop()
+    })
+    .await;
+    assert_eq!(open["signed_by"], json!(["bob", "carol"]), "{open}");
+    eventually(5, "both calls told to both groups", || {
+        (of("second", "break_glass.call").len() >= 2 && of("first", "BREAK-GLASS call").len() >= 2)
+            .then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut calls: Vec<(Value, Value, Value)> = of("second", "break_glass.call")
+        .into_iter()
+        .map(|b| {
+            (
+                b["call_id"].clone(),
+                b["tool"].clone(),
+                b["runners"].clone(),
+            )
+        })
+        .collect();
+    calls.sort_by_key(|c| c.0.to_string());
+    assert_eq!(
+        calls,
+        [
+            (
+                json!("call-a"),
+                json!("linux.systemctl_restart"),
+                json!(["edge-1"])
+            ),
+            (
+                json!("call-b"),
+                json!("linux.systemctl_restart"),
+                json!(["edge-2"])
+            ),
+        ]
+    );
+    let told = (
+        receiver.about("first", &id).len(),
+        receiver.about("second", &id).len(),
+    );
+    assert_eq!(told, (4, 4), "asked, open and two calls, each once");
+    assert_eq!(of("first", "BREAK-GLASS").len(), 4);
+}
+both_backends!(a_windows_life_in_the_store_is_announced);

@@ -15,7 +15,8 @@ const MAX_DELAY_SECS: u64 = 7 * 24 * 3600;
 /// `check_every_ms` bounds: often enough for a test's one-second escalation, never a busy loop.
 const CHECK_EVERY_MS: std::ops::RangeInclusive<u64> = 100..=60_000;
 
-/// `[notices]`: who hears about approval requests, when, and how often again.
+/// `[notices]`: who hears about approval requests and grants, when, and how often again (a
+/// break-glass window's notices go to every group at once).
 #[derive(schemars::JsonSchema, Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NoticesConfig {

@@ -13,10 +13,10 @@ use lettre::message::header::ContentType;
 use lettre::message::{Mailbox, Mailboxes};
 use lettre::transport::smtp::authentication::Credentials;
 use lettre::transport::smtp::client::{Tls, TlsParameters};
-use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
+use lettre::{AsyncSmtpTransport, AsyncTransport, Tokio1Executor};
 use serde::Deserialize;
 
-use super::{Notice, NoticeEvent};
+use super::{GrantEvent, GrantNotice, Message, Notice, NoticeEvent};
 use crate::server::notices::webhook::Settings;
 
 /// How the connection to the SMTP server is protected.
@@ -208,50 +208,58 @@ impl Mailer {
 
     /// Sends `notice` until it lands, the server refuses it for good, or the attempts run out.
     /// Whether it was delivered.
-    pub(crate) async fn deliver(&self, notice: &Notice, settings: &Settings) -> &'static str {
+    pub(crate) async fn deliver(&self, notice: &Message, settings: &Settings) -> &'static str {
         let message = match message(&self.from, &self.to, notice) {
             Ok(m) => m,
             Err(e) => {
-                tracing::error!(host = %self.host, approval_id = %notice.approval_id, error = %e, "email notice could not be written");
+                tracing::error!(host = %self.host, id = %notice.id(), error = %e, "email notice could not be written");
                 return "failed";
             }
         };
         let host = self.host.as_str();
-        let approval_id = notice.approval_id.as_str();
+        let id = notice.id();
         for attempts in 1..=settings.max_attempts {
             match self.transport.send(message.clone()).await {
                 Ok(_) => {
-                    tracing::info!(host, approval_id, attempts, "email notice delivered");
+                    tracing::info!(host, id, attempts, "email notice delivered");
                     return "delivered";
                 }
                 Err(e) if e.is_permanent() => {
-                    tracing::error!(host, approval_id, attempts, error = %e, "the SMTP server refused the email notice; not retried");
+                    tracing::error!(host, id, attempts, error = %e, "the SMTP server refused the email notice; not retried");
                     return "refused";
                 }
                 Err(e) => {
-                    tracing::warn!(host, approval_id, attempts, error = %e, "email notice delivery failed");
+                    tracing::warn!(host, id, attempts, error = %e, "email notice delivery failed");
                 }
             }
             if attempts < settings.max_attempts {
                 tokio::time::sleep(settings.backoff.delay(attempts - 1)).await;
             }
         }
-        tracing::error!(host, approval_id, "email notice delivery given up");
+        tracing::error!(host, id, "email notice delivery given up");
         "failed"
     }
 }
 
 /// The email a notice becomes: a subject that says what happened, and a plain-text body with
 /// the request and the link to the page where people sign. Nothing in it decides.
-pub(crate) fn message(from: &Mailbox, to: &Mailboxes, n: &Notice) -> anyhow::Result<Message> {
-    let mut builder = Message::builder()
+pub(crate) fn message(
+    from: &Mailbox,
+    to: &Mailboxes,
+    notice: &Message,
+) -> anyhow::Result<lettre::Message> {
+    let (subject, body) = match notice {
+        Message::Approval(n) => (subject(n), body(n)),
+        Message::Grant(n) => (grant_subject(n), grant_body(n)),
+    };
+    let mut builder = lettre::Message::builder()
         .from(from.clone())
-        .subject(subject(n))
+        .subject(subject)
         .header(ContentType::TEXT_PLAIN);
     for mailbox in to.iter() {
         builder = builder.to(mailbox.clone());
     }
-    Ok(builder.body(body(n))?)
+    Ok(builder.body(body)?)
 }
 
 fn subject(n: &Notice) -> String {
@@ -287,6 +295,68 @@ fn body(n: &Notice) -> String {
         n.risk,
         n.reason.split_whitespace().collect::<Vec<_>>().join(" "),
         n.expires_at,
+    )
+}
+
+/// A grant's subject: a window's starts with `BREAK-GLASS`.
+fn grant_subject(n: &GrantNotice) -> String {
+    let clean = |s: &str| -> String { s.chars().filter(|c| !c.is_control()).collect() };
+    let runners = clean(&n.runners.join(", "));
+    let what = match n.event {
+        GrantEvent::Requested => format!("Grant requested: {}", clean(&n.tools.join(", "))),
+        GrantEvent::BreakGlassRequested => format!("BREAK-GLASS window requested on {runners}"),
+        GrantEvent::BreakGlassOpen => format!("BREAK-GLASS window open on {runners}"),
+        GrantEvent::BreakGlassCall => format!(
+            "BREAK-GLASS call: {} on {runners}",
+            clean(n.tool.as_deref().unwrap_or_default())
+        ),
+    };
+    format!("[emisar] {what} ({})", n.grant_id)
+}
+
+fn grant_body(n: &GrantNotice) -> String {
+    let headline = match n.event {
+        GrantEvent::Requested => format!(
+            "An agent asks for a grant: room to run these writes without a new round of people each, once {} people signed it.",
+            n.required
+        ),
+        GrantEvent::BreakGlassRequested => format!(
+            "BREAK-GLASS: {} asks to open a break-glass window, in which the agent runs any write on these runners without asking people, once {} people signed it.",
+            n.requested_by, n.required
+        ),
+        GrantEvent::BreakGlassOpen => format!(
+            "BREAK-GLASS: the window is open, signed by {}. The agent's writes on these runners run without asking people until it expires or is revoked; each one is announced.",
+            n.signed_by.join(", ")
+        ),
+        GrantEvent::BreakGlassCall => format!(
+            "BREAK-GLASS: a call inside window {}, run without asking people.",
+            n.grant_id
+        ),
+    };
+    let mut lines = vec![format!("Agent:     {}", n.agent)];
+    match (&n.tool, &n.call_id) {
+        (Some(tool), Some(call_id)) => {
+            lines.push(format!("Tool:      {tool}"));
+            lines.push(format!("Call:      {call_id}"));
+        }
+        _ => lines.push(format!("Tools:     {}", n.tools.join(", "))),
+    }
+    lines.push(format!("Runners:   {}", n.runners.join(", ")));
+    lines.push(format!(
+        "Reason:    {}",
+        n.reason.split_whitespace().collect::<Vec<_>>().join(" ")
+    ));
+    lines.push(format!("Expires:   {}", n.expires_at));
+    let link = match (&n.portal_url, n.event) {
+        (Some(url), GrantEvent::Requested | GrantEvent::BreakGlassRequested) => {
+            format!("Review and sign it here: {url}")
+        }
+        (Some(url), _) => format!("See it here: {url}"),
+        (None, _) => format!("See it in the portal: grant {}", n.grant_id),
+    };
+    format!(
+        "{headline}\n\n{}\n\n{link}\n\nThis message decides nothing: signing or revoking happens on that page, signed by you.\n",
+        lines.join("\n")
     )
 }
 
@@ -377,7 +447,7 @@ mod tests {
         let c = config("");
         let to: Mailboxes = c.to.iter().map(|t| t.parse::<Mailbox>().unwrap()).collect();
         let text = String::from_utf8(
-            message(&c.from.parse().unwrap(), &to, &notice)
+            message(&c.from.parse().unwrap(), &to, &notice.into())
                 .unwrap()
                 .formatted(),
         )
@@ -398,5 +468,32 @@ mod tests {
             !text.to_lowercase().contains("approve?") && !text.contains("/approve"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_windows_call_says_break_glass_in_its_subject() {
+        let mut call = crate::server::notices::grants::tests::notice(GrantEvent::BreakGlassCall);
+        call.tool = Some("linux.systemctl_restart".into());
+        call.call_id = Some("c-1".into());
+        call.runners = vec!["edge-1".into()];
+        let c = config("");
+        let to: Mailboxes = c.to.iter().map(|t| t.parse::<Mailbox>().unwrap()).collect();
+        let text = String::from_utf8(
+            message(&c.from.parse().unwrap(), &to, &Message::Grant(call))
+                .unwrap()
+                .formatted(),
+        )
+        .unwrap();
+        assert!(
+            text.contains(
+                "Subject: [emisar] BREAK-GLASS call: linux.systemctl_restart on edge-1 (g-1)"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("See it here: https://emisar.example/#/grants/g-1"),
+            "{text}"
+        );
+        assert!(text.contains("Call:      c-1"), "{text}");
     }
 }

@@ -1,6 +1,8 @@
 //! Notices that reach people: a request waiting for approval, a reminder that it still waits,
 //! and its expiry unanswered, sent to webhooks (generic JSON or Slack-compatible) and email
-//! (SMTP), group after group as configured (`[notices]`).
+//! (SMTP), group after group as configured (`[notices]`); and grants asked for, break-glass
+//! windows asked for and open, and every call inside a window (`grants.rs`, whose module doc
+//! says who hears which).
 //!
 //! Every replica runs [`Notices::run`]: it wakes on every new request and decision (the
 //! store's change announcements, from all replicas on PostgreSQL) and every
@@ -11,15 +13,16 @@
 //! due. A claim is taken before the send, so a crash between the two loses that one step
 //! (at most once, never twice).
 //!
-//! Every notice links to the page where people sign (`public_url` + `/#/approvals/<id>`)
-//! and none carries anything that decides. Sending never blocks the caller
-//! ([`targets::Targets::send`]).
+//! Every notice links to the page where people sign (`public_url` + `/#/approvals/<id>`, a
+//! grant's `/#/grants/<id>`) and none carries anything that decides. Sending never blocks the
+//! caller ([`targets::Targets::send`]).
 
 pub mod config;
 pub mod email;
 pub mod webhook;
 
 mod claims;
+mod grants;
 mod schedule;
 mod targets;
 
@@ -30,11 +33,14 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use self::config::NoticesConfig;
+pub(crate) use self::grants::{GrantEvent, GrantNotice};
 use self::schedule::{Schedule, Step};
 use self::targets::Targets;
 use self::webhook::{Settings, WebhookConfig};
 use crate::server::approvals::{Approval, Approvals, State};
+use crate::server::audit::AuditLog;
 use crate::server::db::Db;
+use crate::server::grants::Grants;
 
 /// What a notice tells.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,6 +86,37 @@ pub(crate) struct Notice {
     pub waited_secs: Option<u64>,
 }
 
+/// What a target delivers: a notice of an approval request, or of a grant.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Message {
+    Approval(Notice),
+    Grant(GrantNotice),
+}
+
+impl Message {
+    /// The id it is about (the approval's or the grant's), as logs name it.
+    pub(crate) fn id(&self) -> &str {
+        match self {
+            Message::Approval(n) => &n.approval_id,
+            Message::Grant(n) => &n.grant_id,
+        }
+    }
+
+    /// The generic webhook's `event`.
+    pub(crate) fn event(&self) -> &'static str {
+        match self {
+            Message::Approval(n) => n.event.as_str(),
+            Message::Grant(n) => n.event.as_str(),
+        }
+    }
+}
+
+impl From<Notice> for Message {
+    fn from(n: Notice) -> Message {
+        Message::Approval(n)
+    }
+}
+
 /// `95` → `1 min 35 s`: how long a request waited, for people.
 pub(crate) fn waited_text(secs: u64) -> String {
     match (secs / 3600, secs % 3600 / 60, secs % 60) {
@@ -99,6 +136,8 @@ pub(crate) fn approval_page(public_url: &str, id: &str) -> String {
 pub(crate) struct Notices {
     db: Db,
     approvals: Approvals,
+    grants: Grants,
+    audit: AuditLog,
     targets: Targets,
     schedule: Schedule,
     public_url: Option<String>,
@@ -113,6 +152,7 @@ impl Notices {
         notices: &NoticesConfig,
         public_url: Option<&str>,
         approvals: &Approvals,
+        audit: &AuditLog,
         shutdown: &CancellationToken,
     ) -> anyhow::Result<Option<Arc<Notices>>> {
         let targets = Targets::start(webhooks, &notices.email, shutdown, Settings::default())?;
@@ -122,6 +162,8 @@ impl Notices {
         Ok(Some(Arc::new(Notices {
             db: approvals.db().clone(),
             approvals: approvals.clone(),
+            grants: Grants::new(approvals.db().clone()),
+            audit: audit.clone(),
             targets,
             schedule: Schedule {
                 groups: notices.groups(webhooks),
@@ -133,29 +175,54 @@ impl Notices {
     }
 
     /// Looks for due steps until `shutdown`: at every change of a request and every
-    /// `check_every`.
+    /// `check_every`; and for grants' announcements also shortly after every change of this
+    /// replica's audit log (a grant asked for or signed, a call inside a window).
     pub(crate) fn spawn(self: Arc<Self>, shutdown: CancellationToken) {
         let mut changes = self.approvals.subscribe();
+        let mut appended = self.audit.appended();
+        let mut log_open = true;
         tokio::spawn(async move {
+            let mut woken_by_log = false;
+            let mut requests_at: Option<tokio::time::Instant> = None;
             loop {
-                self.tick(chrono::Utc::now()).await;
+                let now = tokio::time::Instant::now();
+                let requests = looks_at_requests(woken_by_log, requests_at, now, self.check_every);
+                if requests {
+                    requests_at = Some(now);
+                }
+                self.tick(chrono::Utc::now(), requests).await;
+                woken_by_log = false;
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
                     _ = changes.recv() => {}
+                    changed = appended.changed(), if log_open => match changed {
+                        Ok(()) => {
+                            // Let a burst of appends settle: one pass for all of them.
+                            tokio::time::sleep(grants::AUDIT_WAKE).await;
+                            woken_by_log = true;
+                        }
+                        Err(_) => log_open = false,
+                    },
                     _ = tokio::time::sleep(self.check_every) => {}
                 }
             }
         });
     }
 
-    /// Sends every step due at `now` that nobody has claimed. A store that cannot be read is
-    /// logged; the next tick tries again.
-    async fn tick(&self, now: chrono::DateTime<chrono::Utc>) {
-        if let Err(e) = self.announce_pending(now).await {
-            tracing::warn!(error = %e, "notices could not read the pending requests");
+    /// Sends every step due at `now` that nobody has claimed: the grants' announcements, and
+    /// the requests' steps when `requests`. A store that cannot be read is logged; the next
+    /// tick tries again.
+    async fn tick(&self, now: chrono::DateTime<chrono::Utc>, requests: bool) {
+        if requests {
+            if let Err(e) = self.announce_pending(now).await {
+                tracing::warn!(error = %e, "notices could not read the pending requests");
+            }
+            if let Err(e) = self.announce_expired(now).await {
+                tracing::warn!(error = %e, "notices could not read the expired requests");
+            }
         }
-        if let Err(e) = self.announce_expired(now).await {
-            tracing::warn!(error = %e, "notices could not read the expired requests");
+        if let Err(e) = self.announce_grants(now).await {
+            tracing::warn!(error = %e, "notices could not read the grants to announce");
         }
     }
 
@@ -214,7 +281,7 @@ impl Notices {
         let targets = self.schedule.targets(step, waited);
         tracing::info!(approval_id = %request.id, step = %step.key(), targets = ?targets, "notice sent");
         self.targets
-            .send(&targets, self.notice(&current, step, waited));
+            .send(&targets, self.notice(&current, step, waited).into());
         Ok(())
     }
 
@@ -237,6 +304,19 @@ impl Notices {
             waited_secs: (event == NoticeEvent::Expired).then_some(waited.as_secs()),
         }
     }
+}
+
+/// Whether a pass at `now` looks at the requests too, not only the grants: always, unless the
+/// log woke it; then only if the last pass that did is `check_every` old. A busy log wakes the
+/// loop before `check_every` ever passes, and the requests' steps that fall due with time
+/// alone (escalation, reminders, expiry) must not wait for it to calm down.
+fn looks_at_requests(
+    woken_by_log: bool,
+    last: Option<tokio::time::Instant>,
+    now: tokio::time::Instant,
+    check_every: Duration,
+) -> bool {
+    !woken_by_log || last.is_none_or(|at| now.duration_since(at) >= check_every)
 }
 
 /// How long `a` has waited at `now`.
@@ -278,6 +358,19 @@ pub(crate) mod tests {
             portal_url: Some(approval_page("https://emisar.example/", "ap-1")),
             waited_secs: None,
         }
+    }
+
+    #[test]
+    fn a_busy_log_never_holds_back_the_requests_past_check_every() {
+        let every = Duration::from_millis(200);
+        let t0 = tokio::time::Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        // Not woken by the log: always.
+        assert!(looks_at_requests(false, Some(ms(0)), ms(10), every));
+        // Woken by the log: the grants only, until check_every passed since the last look.
+        assert!(looks_at_requests(true, None, ms(0), every));
+        assert!(!looks_at_requests(true, Some(ms(0)), ms(150), every));
+        assert!(looks_at_requests(true, Some(ms(0)), ms(200), every));
     }
 
     #[test]

@@ -70,6 +70,11 @@ impl Schedule {
         }
     }
 
+    /// Every group's targets, each once, in order: who hears of an emergency at once.
+    pub(crate) fn everyone(&self) -> Vec<String> {
+        self.told_before(|_| true)
+    }
+
     /// The targets of every group whose delay `passed`, each once, in order.
     fn told_before(&self, passed: impl Fn(Duration) -> bool) -> Vec<String> {
         let mut out: Vec<String> = Vec::new();
@@ -122,5 +127,6 @@ mod tests {
             .map(Step::key)
             .collect();
         assert_eq!(keys, ["group:1", "reminder:2", "expired"]);
+        assert_eq!(s.everyone(), ["slack", "mail"]);
     }
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use super::Notice;
+use super::Message;
 use super::config::{email_name, webhook_name};
 use super::email::{EmailConfig, Mailer};
 use crate::server::notices::webhook::{Hook, Settings, WebhookConfig};
@@ -35,7 +35,7 @@ impl Channel {
         }
     }
 
-    async fn deliver(&self, notice: &Notice, settings: &Settings) -> &'static str {
+    async fn deliver(&self, notice: &Message, settings: &Settings) -> &'static str {
         match self {
             Channel::Hook(hook, client) => hook.send(client, notice, settings).await,
             Channel::Email(mailer) => mailer.deliver(notice, settings).await,
@@ -47,7 +47,7 @@ impl Channel {
 struct Queue {
     name: String,
     host: String,
-    tx: mpsc::Sender<Arc<Notice>>,
+    tx: mpsc::Sender<Arc<Message>>,
 }
 
 /// Hands notices to the targets' workers. Cheap to clone.
@@ -103,7 +103,7 @@ impl Targets {
 
     /// Queues `notice` for each target named in `names` and returns at once. A target whose
     /// queue is full (or whose worker has stopped) misses it, with a warn log and a metric.
-    pub(crate) fn send(&self, names: &[String], notice: Notice) {
+    pub(crate) fn send(&self, names: &[String], notice: Message) {
         let notice = Arc::new(notice);
         for queue in self.queues.iter().filter(|q| names.contains(&q.name)) {
             let reason = match queue.tx.try_send(notice.clone()) {
@@ -111,7 +111,7 @@ impl Targets {
                 Err(mpsc::error::TrySendError::Full(_)) => "queue_full",
                 Err(mpsc::error::TrySendError::Closed(_)) => "stopped",
             };
-            tracing::warn!(target_name = %queue.name, host = %queue.host, approval_id = %notice.approval_id, reason, "notice dropped");
+            tracing::warn!(target_name = %queue.name, host = %queue.host, id = %notice.id(), event = notice.event(), reason, "notice dropped");
             crate::server::metrics::webhook_dropped(&queue.host, reason);
         }
     }
@@ -120,7 +120,7 @@ impl Targets {
 /// Takes one target's notices in order and starts a delivery for each, at most
 /// [`CONCURRENCY`] at once.
 async fn worker(
-    mut rx: mpsc::Receiver<Arc<Notice>>,
+    mut rx: mpsc::Receiver<Arc<Message>>,
     channel: Arc<Channel>,
     settings: Arc<Settings>,
     shutdown: CancellationToken,
@@ -143,7 +143,7 @@ async fn worker(
             let _permit = permit;
             tokio::select! {
                 _ = shutdown.cancelled() => {
-                    tracing::warn!(host = %channel.host(), approval_id = %notice.approval_id, "notice delivery abandoned at shutdown");
+                    tracing::warn!(host = %channel.host(), id = %notice.id(), event = notice.event(), "notice delivery abandoned at shutdown");
                 }
                 outcome = channel.deliver(&notice, &settings) => {
                     crate::server::metrics::webhook_delivery(channel.host(), outcome);
@@ -205,7 +205,7 @@ mod tests {
         .unwrap();
         targets.send(
             &["b".into()],
-            super::super::tests::notice(NoticeEvent::Requested),
+            super::super::tests::notice(NoticeEvent::Requested).into(),
         );
         let deadline = Instant::now() + Duration::from_secs(10);
         while seen.lock().unwrap().is_empty() {
@@ -232,7 +232,7 @@ mod tests {
         let targets =
             Targets::start(&[hook(url, "h")], &[], &shutdown, Settings::default()).unwrap();
         let names = ["h".to_owned()];
-        let notice = || super::super::tests::notice(NoticeEvent::Requested);
+        let notice = || -> Message { super::super::tests::notice(NoticeEvent::Requested).into() };
         // Let the worker start every delivery it may; they all hang.
         for _ in 0..(2 * CONCURRENCY) {
             targets.send(&names, notice());

@@ -14,7 +14,7 @@ use reqwest::{StatusCode, Url};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-pub(crate) use crate::server::notices::{Notice, NoticeEvent};
+pub(crate) use crate::server::notices::{GrantEvent, GrantNotice, Message, Notice, NoticeEvent};
 use crate::util::Backoff;
 
 /// Attempts per delivery, the first included.
@@ -26,7 +26,8 @@ pub(crate) const MAX_ATTEMPTS: u32 = 5;
 #[serde(rename_all = "lowercase")]
 pub enum WebhookKind {
     /// `{"event": "approval.requested", ...}` (or `approval.reminder`, `approval.expired`)
-    /// with every [`Notice`] field.
+    /// with every [`Notice`] field; for grants `grant.requested`, `break_glass.requested`,
+    /// `break_glass.open` or `break_glass.call` with every [`GrantNotice`] field.
     #[default]
     Generic,
     /// `{"text": "..."}`, which Slack incoming webhooks (and Mattermost, Rocket.Chat...) accept.
@@ -110,34 +111,47 @@ pub(crate) fn validate(hooks: &[WebhookConfig]) -> Result<(), WebhookError> {
 }
 
 /// The request body a hook of `kind` receives.
-fn body(kind: WebhookKind, notice: &Notice) -> Value {
+fn body(kind: WebhookKind, message: &Message) -> Value {
     match kind {
         WebhookKind::Generic => {
-            let mut body = json!({"event": notice.event.as_str()});
-            if let (Value::Object(out), Ok(Value::Object(fields))) =
-                (&mut body, serde_json::to_value(notice))
-            {
+            let mut body = json!({"event": message.event()});
+            let fields = match message {
+                Message::Approval(n) => serde_json::to_value(n),
+                Message::Grant(n) => serde_json::to_value(n),
+            };
+            if let (Value::Object(out), Ok(Value::Object(fields))) = (&mut body, fields) {
                 out.extend(fields);
             }
             body
         }
-        WebhookKind::Slack => json!({"text": slack_text(notice)}),
+        WebhookKind::Slack => json!({"text": match message {
+            Message::Approval(n) => slack_text(n),
+            Message::Grant(n) => grant_slack_text(n),
+        }}),
     }
+}
+
+/// Escapes text as Slack requires (`& < >`).
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// A reason on one line, at most 200 characters.
+fn one_line(reason: &str) -> String {
+    let mut reason: String = reason.split_whitespace().collect::<Vec<_>>().join(" ");
+    if let Some((cut, _)) = reason.char_indices().nth(200) {
+        reason.truncate(cut);
+        reason.push('…');
+    }
+    reason
 }
 
 /// One line: what happened, tool, runners, requester, reason, risk, expiry and the link. Text
 /// from the caller is escaped as Slack requires (`& < >`) and flattened to one line.
 fn slack_text(n: &Notice) -> String {
-    let escape = |s: &str| {
-        s.replace('&', "&amp;")
-            .replace('<', "&lt;")
-            .replace('>', "&gt;")
-    };
-    let mut reason: String = n.reason.split_whitespace().collect::<Vec<_>>().join(" ");
-    if let Some((cut, _)) = reason.char_indices().nth(200) {
-        reason.truncate(cut);
-        reason.push('…');
-    }
+    let reason = one_line(&n.reason);
     let runners = if n.runners.is_empty() {
         String::new()
     } else {
@@ -161,6 +175,48 @@ fn slack_text(n: &Notice) -> String {
         escape(&n.requester),
         escape(&n.risk),
         escape(&reason),
+        escape(&n.expires_at),
+    )
+}
+
+/// One line about a grant or a window: what happened (a window's notices start with
+/// `BREAK-GLASS`), who, which tools or tool, which runners, the reason, the expiry and the link
+/// to the grant's page. Escaped and flattened as [`slack_text`].
+fn grant_slack_text(n: &GrantNotice) -> String {
+    let runners = escape(&n.runners.join(", "));
+    let tools = escape(&n.tools.join(", "));
+    let what = match n.event {
+        GrantEvent::Requested => format!(
+            "Grant requested: {} asks for `{tools}` on {runners} ({} must sign)",
+            escape(&n.agent),
+            n.required
+        ),
+        GrantEvent::BreakGlassRequested => format!(
+            "BREAK-GLASS window requested by {}: {} would run any write on {runners} ({} must sign)",
+            escape(&n.requested_by),
+            escape(&n.agent),
+            n.required
+        ),
+        GrantEvent::BreakGlassOpen => format!(
+            "BREAK-GLASS window open: {} runs any write on {runners}, signed by {}",
+            escape(&n.agent),
+            escape(&n.signed_by.join(", "))
+        ),
+        GrantEvent::BreakGlassCall => format!(
+            "BREAK-GLASS call: {} calls `{}` on {runners} in window {}",
+            escape(&n.agent),
+            escape(n.tool.as_deref().unwrap_or_default()),
+            escape(&n.grant_id)
+        ),
+    };
+    let name = if n.break_glass { "window" } else { "grant" };
+    let link = match &n.portal_url {
+        Some(url) => format!("<{}|review {name} {}>", escape(url), escape(&n.grant_id)),
+        None => format!("{name} {}", escape(&n.grant_id)),
+    };
+    format!(
+        "{what}: \"{}\" · expires {} · {link}",
+        escape(&one_line(&n.reason)),
         escape(&n.expires_at),
     )
 }
@@ -208,11 +264,11 @@ impl Hook {
     pub(crate) async fn send(
         &self,
         client: &reqwest::Client,
-        notice: &Notice,
+        notice: &Message,
         settings: &Settings,
     ) -> &'static str {
         let body = body(self.kind, notice);
-        deliver(client, self, &body, settings, &notice.approval_id)
+        deliver(client, self, &body, settings, notice.id())
             .await
             .outcome
             .as_str()
@@ -259,7 +315,7 @@ async fn deliver(
     hook: &Hook,
     body: &Value,
     settings: &Settings,
-    approval_id: &str,
+    id: &str,
 ) -> Delivery {
     let host = hook.host.as_str();
     let mut attempts = 0;
@@ -268,30 +324,30 @@ async fn deliver(
         let done = |outcome| Delivery { attempts, outcome };
         match client.post(hook.url.clone()).json(body).send().await {
             Ok(resp) if resp.status().is_success() => {
-                tracing::info!(host, approval_id, attempts, "webhook delivered");
+                tracing::info!(host, id, attempts, "webhook delivered");
                 return done(Outcome::Delivered);
             }
             Ok(resp)
                 if resp.status() == StatusCode::TOO_MANY_REQUESTS
                     || resp.status().is_server_error() =>
             {
-                tracing::warn!(host, approval_id, attempts, status = %resp.status(), "webhook delivery failed");
+                tracing::warn!(host, id, attempts, status = %resp.status(), "webhook delivery failed");
             }
             Ok(resp) => {
-                tracing::error!(host, approval_id, attempts, status = %resp.status(), "webhook refused the notice; not retried");
+                tracing::error!(host, id, attempts, status = %resp.status(), "webhook refused the notice; not retried");
                 return done(Outcome::Refused(resp.status()));
             }
             // reqwest's errors print the URL; `without_url` keeps the secret out of the log.
             Err(e) if e.is_connect() || e.is_timeout() => {
-                tracing::warn!(host, approval_id, attempts, error = %e.without_url(), "webhook delivery failed");
+                tracing::warn!(host, id, attempts, error = %e.without_url(), "webhook delivery failed");
             }
             Err(e) => {
-                tracing::error!(host, approval_id, attempts, error = %e.without_url(), "webhook delivery failed; not retried");
+                tracing::error!(host, id, attempts, error = %e.without_url(), "webhook delivery failed; not retried");
                 return done(Outcome::Failed);
             }
         }
         if attempts >= settings.max_attempts {
-            tracing::error!(host, approval_id, attempts, "webhook delivery given up");
+            tracing::error!(host, id, attempts, "webhook delivery given up");
             return done(Outcome::Failed);
         }
         tokio::time::sleep(settings.backoff.delay(attempts - 1)).await;
@@ -371,7 +427,7 @@ mod tests {
         let delivery = deliver(
             &reqwest::Client::new(),
             &hook(&url, kind),
-            &body(kind, &n),
+            &body(kind, &n.clone().into()),
             &fast(),
             &n.approval_id,
         )
@@ -497,6 +553,63 @@ mod tests {
             let err = validate(&hooks).unwrap_err().to_string();
             assert!(err.starts_with("`webhooks[1].url`: "), "{err}");
             assert!(err.contains(want) && !err.contains("SECRET"), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_windows_notices_say_break_glass_and_link_the_grants_page_only() {
+        use crate::server::notices::grants::tests::notice as window;
+        let mut call = window(GrantEvent::BreakGlassCall);
+        call.tool = Some("linux.systemctl_restart".into());
+        call.call_id = Some("c-1".into());
+        call.runners = vec!["edge-1".into()];
+        call.agent = "agent:test-agent".into();
+        let text = grant_slack_text(&call);
+        assert_eq!(
+            text,
+            "BREAK-GLASS call: agent:test-agent calls `linux.systemctl_restart` on edge-1 in window g-1: \"INC-42: the edge is &lt;down&gt; &amp; out\" · expires 2030-01-01T00:00:00Z · <https://emisar.example/#/grants/g-1|review window g-1>"
+        );
+        let generic = body(WebhookKind::Generic, &Message::Grant(call));
+        assert_eq!(generic["event"], "break_glass.call");
+        assert_eq!(generic["tool"], "linux.systemctl_restart");
+        assert_eq!(generic["call_id"], "c-1");
+        assert_eq!(generic["runners"], json!(["edge-1"]));
+        assert_eq!(generic["portal_url"], "https://emisar.example/#/grants/g-1");
+        assert!(generic.get("signed_by").is_none(), "{generic}");
+
+        let mut open = window(GrantEvent::BreakGlassOpen);
+        open.signed_by = vec!["bob".into(), "carol".into()];
+        assert!(
+            grant_slack_text(&open).starts_with(
+                "BREAK-GLASS window open: agent:ops-bot runs any write on edge-1, edge-2, signed by bob, carol: "
+            ),
+            "{}",
+            grant_slack_text(&open)
+        );
+        assert!(
+            grant_slack_text(&window(GrantEvent::BreakGlassRequested))
+                .starts_with("BREAK-GLASS window requested by alice: agent:ops-bot would run any write on edge-1, edge-2 (2 must sign): ")
+        );
+        let mut grant = window(GrantEvent::Requested);
+        grant.tools = vec!["linux.systemctl_restart".into()];
+        let text = grant_slack_text(&grant);
+        assert!(
+            text.starts_with("Grant requested: agent:ops-bot asks for `linux.systemctl_restart` on edge-1, edge-2 (2 must sign): ")
+                && text.ends_with("<https://emisar.example/#/grants/g-1|review grant g-1>")
+                && !text.contains("BREAK-GLASS"),
+            "{text}"
+        );
+        for event in [
+            GrantEvent::Requested,
+            GrantEvent::BreakGlassRequested,
+            GrantEvent::BreakGlassOpen,
+            GrantEvent::BreakGlassCall,
+        ] {
+            let text = grant_slack_text(&window(event)).to_lowercase();
+            assert!(
+                !text.contains("/approve") && !text.contains("/deny") && !text.contains("/revoke"),
+                "{text}"
+            );
         }
     }
 

@@ -392,6 +392,14 @@ async fn one_person_alone_cannot_open_a_window() {
         "{}",
         text(&out)
     );
+    // Nor through another account with the opener's key (red team 6, B1).
+    let out = sign(bob.clone(), 1).await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("alice of the approvers file asked for this grant (account `alice`)"),
+        "{}",
+        text(&out)
+    );
     // One other person: still requested.
     let out = sign(bob, 2).await;
     assert!(out.status.success(), "{}", text(&out));
@@ -592,12 +600,40 @@ async fn a_windows_calls_run_flagged_and_witnessed_where_the_runner_honours_it()
     );
 
     // A witness stops answering: the quorum (both) never cosigns the next call's record,
-    // so it does not run.
+    // so it does not run. Meanwhile a database writer copies each witness's last
+    // cosignature row under every newer checkpoint (red team 6, B2): rows that are no
+    // witness's signature over those checkpoints count for nothing.
     drop(w2);
+    let forging = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let forger = {
+        let forging = forging.clone();
+        let psql = app.pg.as_ref().unwrap().superuser_args();
+        std::thread::spawn(move || {
+            let mut copied = 0;
+            while forging.load(std::sync::atomic::Ordering::SeqCst) {
+                let out = crate::harness::pg::superuser_sql_with(
+                    &psql,
+                    "INSERT INTO audit_cosignatures (size, witness, line) \
+                     SELECT c.size, w.witness, w.line FROM audit_checkpoints c, \
+                     (SELECT DISTINCT ON (witness) witness, line FROM audit_cosignatures ORDER BY witness, size DESC) w \
+                     WHERE c.size > (SELECT max(size) FROM audit_cosignatures x WHERE x.witness = w.witness) \
+                     ON CONFLICT DO NOTHING RETURNING 1",
+                )
+                .unwrap();
+                copied += out.lines().count();
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            copied
+        })
+    };
     let unwitnessed =
         crate::mcp_calls::call(&agent, crate::signed_approvals::TOOL, restart("edge-1")).await;
+    forging.store(false, std::sync::atomic::Ordering::SeqCst);
+    let copied = forger.join().unwrap();
+    assert!(copied > 0, "the database writer copied no cosignature row");
     let said = format!("{:?}", unwitnessed.structured_content);
     assert!(said.contains("not_witnessed"), "{said}");
+    assert!(said.contains("does not verify"), "{said}");
     assert_eq!(
         crate::approvals::restarts(&record),
         1,

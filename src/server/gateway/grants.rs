@@ -598,6 +598,22 @@ impl Gateway {
         self.check_signer(who, &row)?;
         let signed = verify_signature(&server.approvers, &row.text, &signature)
             .map_err(|e| GrantError::Refused(format!("`signature`: {e}")))?;
+        // Nor with the key of the person who asked, sent from another account (red team 6,
+        // B1): the approvers file's person named as the asking account (or as the person an
+        // agent acts for) does not count for their own grant or window.
+        if signed.person == row.requester_name
+            || row.on_behalf_of.as_deref() == Some(signed.person.as_str())
+        {
+            return Err(GrantError::Refused(format!(
+                "`signature`: {} of the approvers file asked for this grant (account `{}`{}): someone else must sign it",
+                signed.person,
+                row.requester_name,
+                row.on_behalf_of
+                    .as_deref()
+                    .map(|p| format!(", on behalf of `{p}`"))
+                    .unwrap_or_default()
+            )));
+        }
         // One account signs once, whichever keys it holds: holding another person's key does
         // not make one account two people (as for approvals: "you approved this already").
         if row.signatures.iter().any(|v| v.user == who.name) {

@@ -170,8 +170,9 @@ impl PgTestDb {
         PgTestDb { name, url }
     }
 
-    /// Runs SQL as the superuser in this test's database (to tamper, as an attacker would).
-    pub fn superuser_sql(&self, sql: &str) -> Result<String, String> {
+    /// psql's arguments that reach this test's database as the superuser (for a thread of
+    /// its own that tampers while the test waits).
+    pub fn superuser_args(&self) -> Vec<String> {
         let c = cluster();
         let mut args = c.psql_args.clone();
         if let Some(i) = args.iter().position(|a| a == "-d") {
@@ -179,16 +180,26 @@ impl PgTestDb {
         } else {
             args[0] = self.url.clone();
         }
-        let out = Command::new("psql")
-            .args(&args)
-            .args(["-v", "ON_ERROR_STOP=1", "-q", "-At", "-c", sql])
-            .output()
-            .unwrap();
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-        } else {
-            Err(String::from_utf8_lossy(&out.stderr).into_owned())
-        }
+        args
+    }
+
+    /// Runs SQL as the superuser in this test's database (to tamper, as an attacker would).
+    pub fn superuser_sql(&self, sql: &str) -> Result<String, String> {
+        superuser_sql_with(&self.superuser_args(), sql)
+    }
+}
+
+/// Runs SQL with psql `args` ([`PgTestDb::superuser_args`]): its output, or its error.
+pub fn superuser_sql_with(args: &[String], sql: &str) -> Result<String, String> {
+    let out = Command::new("psql")
+        .args(args)
+        .args(["-v", "ON_ERROR_STOP=1", "-q", "-At", "-c", sql])
+        .output()
+        .unwrap();
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
     }
 }
 

@@ -206,7 +206,7 @@ pub fn verify_included(
         .collect();
     if cosigned.len() < trust.quorum {
         return Err(format!(
-            "the checkpoint is cosigned by {} of the trusted witnesses ({}), it needs {}",
+            "the checkpoint is cosigned by {} of the witnesses trusted here ({}), it needs {}",
             cosigned.len(),
             if cosigned.is_empty() {
                 "none".to_owned()

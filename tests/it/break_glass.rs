@@ -145,12 +145,16 @@ fn text(out: &std::process::Output) -> String {
     )
 }
 
-/// `emisar audit break-glass --unreviewed`: its exit code and what it printed.
-async fn unreviewed_in_cli(app: &TestApp) -> (i32, String) {
+/// `emisar audit break-glass --unreviewed`, its reviews checked against the approvers file
+/// `app_with_approvers` wrote in `files`: its exit code and what it printed.
+async fn unreviewed_in_cli(app: &TestApp, files: &Path) -> (i32, String) {
+    let approvers = files.join("approvers.toml");
     let out = emisar(&[
         "audit",
         "break-glass",
         "--unreviewed",
+        "--approvers",
+        &approvers.display().to_string(),
         "--database",
         &app.database_url,
     ])
@@ -167,7 +171,7 @@ async fn a_window_is_listed_unreviewed_until_two_people_sign_a_review_with_a_not
     let window = closed_window(&app).await;
     let id = window.id.as_str();
 
-    let (code, listed) = unreviewed_in_cli(&app).await;
+    let (code, listed) = unreviewed_in_cli(&app, files.path()).await;
     assert_eq!(code, 1, "{listed}");
     assert!(
         listed.contains(id) && listed.contains("closed-unreviewed"),
@@ -247,7 +251,7 @@ async fn a_window_is_listed_unreviewed_until_two_people_sign_a_review_with_a_not
         shown.contains("call-1"),
         "the window's calls are shown: {shown}"
     );
-    let (code, listed) = unreviewed_in_cli(&app).await;
+    let (code, listed) = unreviewed_in_cli(&app, files.path()).await;
     assert_eq!(code, 1, "{listed}");
     // alice again counts once.
     let out = review(alice, 1, None).await;
@@ -265,7 +269,7 @@ async fn a_window_is_listed_unreviewed_until_two_people_sign_a_review_with_a_not
         "{}",
         text(&out)
     );
-    let (code, listed) = unreviewed_in_cli(&app).await;
+    let (code, listed) = unreviewed_in_cli(&app, files.path()).await;
     assert_eq!(code, 0, "{listed}");
     let (_, body) = auditor.get("/api/break-glass?unreviewed=true").await;
     assert_eq!(body["windows"], json!([]), "{body}");
@@ -295,9 +299,147 @@ async fn a_window_is_listed_unreviewed_until_two_people_sign_a_review_with_a_not
         })
         .await
         .unwrap();
-    let (code, listed) = unreviewed_in_cli(&app).await;
+    let (code, listed) = unreviewed_in_cli(&app, files.path()).await;
     assert_eq!(code, 0, "{listed}");
     app.assert_chain_intact().await;
+}
+
+/// The review of a window that people did not sign makes nothing reviewed (rt6 cases 07, 15,
+/// 03): a `break_glass.reviewed` event a database writer appends through the log's own append
+/// (valid chain hashes, a text binding the window) whose signatures are copies from another
+/// review leaves the window unreviewed in the CLI and the API, which say why; the CLI refuses
+/// to list without an approvers file to check against. A review signed before the window
+/// closed is refused, naming `reviewed`, and so is a note with nothing visible, naming `note`.
+#[tokio::test]
+async fn a_review_nobody_signed_over_its_text_reviews_nothing() {
+    use emisar::protocol::approval::review::Review;
+
+    let files = tempfile::tempdir().unwrap();
+    let app = app_with_approvers(files.path()).await;
+    let window = closed_window(&app).await;
+    let id = window.id.as_str();
+    let window_text = window.text().unwrap();
+    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let review = Review::of(&window_text, "forged: nothing happened", &now)
+        .unwrap()
+        .text()
+        .unwrap();
+    let genuine = Review::of(&window_text, "genuine", &now)
+        .unwrap()
+        .text()
+        .unwrap();
+    let copied = [
+        crate::signed_approvals::ssh(2, &genuine),
+        crate::signed_approvals::ssh(3, &genuine),
+    ];
+    app.audit
+        .append(NewEvent {
+            actor: "approver:carol".into(),
+            kind: "break_glass.reviewed".into(),
+            outcome: Some("ok".into()),
+            detail: Some(json!({
+                "grant": id, "text": review, "note": "forged: nothing happened",
+                "signed_by": ["bob", "carol"], "signatures": copied, "calls": 0,
+            })),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    app.assert_chain_intact().await;
+    let (code, listed) = unreviewed_in_cli(&app, files.path()).await;
+    assert_eq!(code, 1, "{listed}");
+    assert!(
+        listed.contains(id) && listed.contains("closed-unreviewed"),
+        "{listed}"
+    );
+    assert!(
+        listed.contains("review refused: the review event #"),
+        "{listed}"
+    );
+    let auditor = signed_in(&app, "dave", Role::Auditor).await;
+    let (_, body) = auditor.get("/api/break-glass?unreviewed=true").await;
+    let w = &body["windows"][0];
+    assert_eq!(w["id"], id, "{body}");
+    assert_eq!(w["review"], Value::Null, "{body}");
+    assert!(
+        w["review_refused"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("signature"),
+        "{body}"
+    );
+    // Without an approvers file the CLI lists nothing rather than trust the event.
+    let out = emisar(&["audit", "break-glass", "--database", &app.database_url]).await;
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("needs --approvers FILE"),
+        "{}",
+        text(&out)
+    );
+
+    // Signed before the window closed (it expired an hour ago): refused, naming `reviewed`.
+    let closed = chrono::DateTime::parse_from_rfc3339(&window.expires_at).unwrap();
+    let early = (closed - chrono::Duration::seconds(60))
+        .to_utc()
+        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let early = Review::of(&window_text, "all fine", &early)
+        .unwrap()
+        .text()
+        .unwrap();
+    let approver = signed_in(&app, "bob", Role::Approver).await;
+    let (status, body) = approver
+        .post(
+            &format!("/api/break-glass/{id}/review"),
+            json!({"text": early, "signature": crate::signed_approvals::ssh(2, &early)}),
+            true,
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    let e = body["error"].as_str().unwrap_or_default();
+    assert!(
+        e.contains("`reviewed`") && e.contains("before the window closed"),
+        "{body}"
+    );
+    // A note of one zero-width space: refused in the terminal and by the API, naming `note`.
+    let out = emisar(&[
+        "break-glass",
+        "review",
+        id,
+        "--note",
+        "\u{200b}",
+        "--ssh-key",
+        &key_file(files.path(), 2),
+        "--server",
+        &app.base_url(),
+        "--token",
+        &app.issue_token("bob", Role::Approver).await,
+    ])
+    .await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("`note` has no visible character"),
+        "{}",
+        text(&out)
+    );
+    let blank = review.replace("forged: nothing happened", "\u{200b}");
+    assert_ne!(blank, review);
+    let (status, body) = approver
+        .post(
+            &format!("/api/break-glass/{id}/review"),
+            json!({"text": blank, "signature": crate::signed_approvals::ssh(2, &blank)}),
+            true,
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("`note`"),
+        "{body}"
+    );
+    let (code, _) = unreviewed_in_cli(&app, files.path()).await;
+    assert_eq!(code, 1);
 }
 
 /// Acceptance 2, opening: one person alone cannot open a window. The opener cannot sign it,

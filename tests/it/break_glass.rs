@@ -89,7 +89,7 @@ async fn closed_window(app: &TestApp) -> Grant {
     let mut used = event(
         "agent:ops-bot",
         "grant.used",
-        json!({"grant": id, "use": 1, "call_id": "call-1", "runners": ["edge-1"]}),
+        json!({"grant": id, "use": 1, "call_id": "call-1", "runners": ["edge-1"], "break_glass": true}),
     );
     used.tool = Some("linux.systemctl_restart".into());
     used.call_id = Some("call-1".into());
@@ -116,6 +116,32 @@ async fn closed_window(app: &TestApp) -> Grant {
         .await
         .unwrap();
     grant
+}
+
+/// The operator guide's retention step 2: as the table's owner, delete the events before the
+/// first `grant.used` (the anchor), which cuts every window's request out of the log.
+async fn cut_log_before_the_first_call(app: &TestApp) {
+    let pool = match app.db.pool() {
+        emisar::server::db::Pool::Pg(p) => p,
+        _ => unreachable!("PostgreSQL"),
+    };
+    let anchor: i64 =
+        sqlx::query_scalar("SELECT min(seq) FROM audit_events WHERE kind = 'grant.used'")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    for sql in [
+        "ALTER TABLE audit_events DISABLE TRIGGER audit_events_no_update_delete".to_owned(),
+        format!("DELETE FROM audit_events WHERE seq < {anchor}"),
+        "ALTER TABLE audit_events ENABLE TRIGGER audit_events_no_update_delete".to_owned(),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+    }
+    tx.commit().await.unwrap();
 }
 
 /// Runs `emisar` with `args` (no ssh-agent: the keys are files).
@@ -302,6 +328,19 @@ async fn a_window_is_listed_unreviewed_until_two_people_sign_a_review_with_a_not
     let (code, listed) = unreviewed_in_cli(&app, files.path()).await;
     assert_eq!(code, 0, "{listed}");
     app.assert_chain_intact().await;
+
+    // Retention cuts the window's request: its review carries the grant text and still counts.
+    cut_log_before_the_first_call(&app).await;
+    let (code, listed) = unreviewed_in_cli(&app, files.path()).await;
+    assert_eq!(code, 0, "{listed}");
+    let (_, body) = auditor.get("/api/break-glass").await;
+    let w = &body["windows"][0];
+    assert_eq!(
+        (&w["id"], &w["state"]),
+        (&json!(id), &json!("reviewed")),
+        "{body}"
+    );
+    assert_eq!(w["opened_by"], "(not in the kept log)", "{body}");
 }
 
 /// The review of a window that people did not sign makes nothing reviewed (rt6 cases 07, 15,
@@ -440,6 +479,50 @@ async fn a_review_nobody_signed_over_its_text_reviews_nothing() {
     );
     let (code, _) = unreviewed_in_cli(&app, files.path()).await;
     assert_eq!(code, 1);
+}
+
+/// Retention (the operator guide's steps) that cuts an unreviewed window's `grant.requested`
+/// does not hide it (rt6 case 16): its flagged call is still in the log, so the window is
+/// listed unreviewed by the CLI and the API, saying its request is not in the kept log, and it
+/// cannot be reviewed from this log.
+#[tokio::test]
+async fn retention_that_cuts_an_unreviewed_windows_request_leaves_it_listed() {
+    let files = tempfile::tempdir().unwrap();
+    let app = app_with_approvers(files.path()).await;
+    let window = closed_window(&app).await;
+    let id = window.id.as_str();
+    cut_log_before_the_first_call(&app).await;
+    let (code, listed) = unreviewed_in_cli(&app, files.path()).await;
+    assert_eq!(code, 1, "{listed}");
+    assert!(
+        listed.contains(id) && listed.contains("closed-unreviewed"),
+        "{listed}"
+    );
+    assert!(listed.contains("call-1"), "{listed}");
+    assert!(listed.contains("not in the kept log"), "{listed}");
+    let auditor = signed_in(&app, "carol", Role::Auditor).await;
+    let (_, body) = auditor.get("/api/break-glass?unreviewed=true").await;
+    assert_eq!(body["windows"][0]["id"], id, "{body}");
+    assert_eq!(
+        body["windows"][0]["calls"][0]["call_id"], "call-1",
+        "{body}"
+    );
+    let approver = signed_in(&app, "bob", Role::Approver).await;
+    let (status, body) = approver
+        .post(
+            &format!("/api/break-glass/{id}/review"),
+            json!({"text": "x", "signature": crate::signed_approvals::ssh(2, "x")}),
+            true,
+        )
+        .await;
+    assert_eq!(status, 409, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("not in the kept log"),
+        "{body}"
+    );
 }
 
 /// Acceptance 2, opening: one person alone cannot open a window. The opener cannot sign it,

@@ -17,6 +17,13 @@
 //! database writer appended with valid chain hashes) leaves the window unreviewed, with the
 //! reason in [`Window::review_refused`]. With no approvers file to check against, no review
 //! counts.
+//!
+//! *Retention:* a window whose `grant.requested` is no longer in the log (the operator cut the
+//! log's oldest events, "Retention of the audit log") is still listed while any of its
+//! flagged calls (`grant.used` with `break_glass: true`) or its review is kept: from the grant
+//! text its `break_glass.reviewed` event carries (`window`), or, with none, as a window known
+//! only by its calls, closed and unreviewed, whose [`Window::review_refused`] says why. So no
+//! cut hides a flagged call that nobody reviewed.
 
 use std::collections::BTreeMap;
 
@@ -171,6 +178,30 @@ pub fn windows(events: &[Event], now: u64, approvers: Option<&Approvers>) -> Vec
             found.entry(window.id.clone()).or_insert(window);
         }
     }
+    // Retention may have cut a window's request: its review carries the grant text, and its
+    // flagged calls still name it.
+    for event in &sorted {
+        if event.kind == events::BREAK_GLASS_REVIEWED
+            && let Some(window) = reviewed_window(event)
+        {
+            found.entry(window.id.clone()).or_insert(window);
+        }
+    }
+    for event in &sorted {
+        if event.kind == events::GRANT_USED
+            && event
+                .detail
+                .as_ref()
+                .and_then(|d| d.get("break_glass"))
+                .and_then(Value::as_bool)
+                == Some(true)
+            && let Some(id) = grant_of(event)
+        {
+            found
+                .entry(id.to_owned())
+                .or_insert_with(|| cut_window(id, event));
+        }
+    }
     let mut reviews: BTreeMap<String, Vec<&Event>> = BTreeMap::new();
     for event in sorted {
         let Some(window) = grant_of(event).and_then(|id| found.get_mut(id)) else {
@@ -209,7 +240,18 @@ fn grant_of(event: &Event) -> Option<&str> {
 fn opened(event: &Event) -> Option<Window> {
     let text = event.detail.as_ref()?.get("text")?.as_str()?;
     let grant = Grant::parse(text).ok()?;
-    if !grant.break_glass || grant_of(event) != Some(grant.id.as_str()) {
+    if grant_of(event) != Some(grant.id.as_str()) {
+        return None;
+    }
+    let mut window = window_of(grant, text)?;
+    window.opened_by = event.actor.clone();
+    window.opened_at = event.at.clone();
+    Some(window)
+}
+
+/// The window of `grant` (whose text is `text`), when it is a break-glass window.
+fn window_of(grant: Grant, text: &str) -> Option<Window> {
+    if !grant.break_glass {
         return None;
     }
     let runners = match &grant.runners {
@@ -224,8 +266,8 @@ fn opened(event: &Event) -> Option<Window> {
         reason: grant.reason,
         expires_at: grant.expires_at,
         required: grant.required,
-        opened_by: event.actor.clone(),
-        opened_at: event.at.clone(),
+        opened_by: String::new(),
+        opened_at: String::new(),
         signed_by: Vec::new(),
         active_at: None,
         closed: None,
@@ -235,6 +277,49 @@ fn opened(event: &Event) -> Option<Window> {
         text: text.to_owned(),
     })
 }
+
+/// The window a `break_glass.reviewed` event's grant text (`window`) tells, when its
+/// `grant.requested` is no longer in the log.
+fn reviewed_window(event: &Event) -> Option<Window> {
+    let text = event.detail.as_ref()?.get("window")?.as_str()?;
+    let grant = Grant::parse(text).ok()?;
+    if grant_of(event) != Some(grant.id.as_str()) {
+        return None;
+    }
+    let mut window = window_of(grant, text)?;
+    window.opened_by = NOT_IN_LOG.into();
+    window.opened_at = event.at.clone();
+    Some(window)
+}
+
+/// Who opened a window whose request the log no longer holds.
+const NOT_IN_LOG: &str = "(not in the kept log)";
+
+/// A window known only by a flagged call `event` of it: its request and grant text are no
+/// longer in the log (cut by retention). Closed and unreviewed: nothing here can be checked.
+fn cut_window(id: &str, event: &Event) -> Window {
+    Window {
+        id: id.to_owned(),
+        state: State::ClosedUnreviewed,
+        agent: event.actor.clone(),
+        runners: Vec::new(),
+        reason: String::new(),
+        expires_at: String::new(),
+        required: 0,
+        opened_by: NOT_IN_LOG.into(),
+        opened_at: event.at.clone(),
+        signed_by: Vec::new(),
+        active_at: None,
+        closed: None,
+        calls: Vec::new(),
+        review: None,
+        review_refused: Some(CUT.into()),
+        text: String::new(),
+    }
+}
+
+/// Why a window known only by its calls is not reviewed.
+pub const CUT: &str = "the window's grant.requested is not in the kept log (cut by retention): its flagged calls are listed, but no review can be checked against its grant text here; check it in the archive";
 
 /// What one event of a window's life adds to it.
 fn follow(window: &mut Window, event: &Event) {
@@ -284,6 +369,9 @@ fn review_of(
             .ok()
         })
         .ok_or_else(|| refused("it carries no review text and signatures".into()))?;
+    if window.text.is_empty() {
+        return Err(refused(CUT.into()));
+    }
     let Some(approvers) = approvers else {
         return Err(refused(
             "no approvers file to verify its signatures against".into(),
@@ -408,7 +496,7 @@ mod tests {
             5,
             events::GRANT_USED,
             "agent:ops-bot",
-            json!({"grant": id, "use": 1, "call_id": "c1", "runners": ["edge-1"]}),
+            json!({"grant": id, "use": 1, "call_id": "c1", "runners": ["edge-1"], "break_glass": g.break_glass}),
         );
         used.tool = Some("linux.systemctl_restart".into());
         used.call_id = Some("c1".into());
@@ -437,7 +525,7 @@ mod tests {
                 6,
                 events::GRANT_USED,
                 "agent:ops-bot",
-                json!({"grant": id, "use": 2, "call_id": "c2", "runners": ["edge-2"]}),
+                json!({"grant": id, "use": 2, "call_id": "c2", "runners": ["edge-2"], "break_glass": g.break_glass}),
             ),
         ]
     }
@@ -621,6 +709,54 @@ mod tests {
         // A `grant.requested` whose detail names another id than its text is not a window.
         let mut lying = life(&g);
         lying[0].detail.as_mut().unwrap()["grant"] = json!(id_at(T + 5));
-        assert!(listed(&lying, T + 600).is_empty());
+        let list = listed(&lying, T + 600);
+        assert_eq!(list.len(), 1, "{list:?}");
+        assert_eq!(list[0].id, g.id, "only the window its flagged calls name");
+        assert_eq!(list[0].opened_by, NOT_IN_LOG);
+    }
+
+    /// Retention that cuts a window's `grant.requested` (and what came before its calls)
+    /// leaves it listed while a flagged call of it is kept: closed and unreviewed, saying why;
+    /// a review kept with it carries the grant text and still counts.
+    #[test]
+    fn a_window_whose_request_was_cut_is_listed_unreviewed_by_its_flagged_calls() {
+        let g = grant(true);
+        let text = g.text().unwrap();
+        let mut log = life(&g);
+        log.push(event(
+            7,
+            events::GRANT_REVOKED,
+            "user:bob",
+            json!({"grant": g.id}),
+        ));
+        let now = T + 3 * 3600;
+        // The cut keeps the events from seq 6 on: the second call, the revocation.
+        let kept: Vec<Event> = log.iter().filter(|e| e.seq >= 6).cloned().collect();
+        let list = listed(&kept, now);
+        assert_eq!(list.len(), 1, "{list:?}");
+        let w = &list[0];
+        assert_eq!(w.id, g.id);
+        assert_eq!(w.state, State::ClosedUnreviewed);
+        assert!(w.state.unreviewed());
+        assert_eq!(w.calls.len(), 1);
+        assert_eq!(w.calls[0].call_id.as_deref(), Some("c2"));
+        assert_eq!(w.review_refused.as_deref(), Some(CUT));
+        // A plain grant's calls are not flagged, and make no window.
+        let plain = grant(false);
+        let cut: Vec<Event> = life(&plain).into_iter().filter(|e| e.seq >= 5).collect();
+        assert!(listed(&cut, now).is_empty());
+        // The review, kept after the cut, carries the window's grant text: it counts.
+        let review = Review::of(&text, "restarted consul twice", "2026-12-06T12:00:00Z")
+            .unwrap()
+            .text()
+            .unwrap();
+        let mut event = reviewed(8, &g, &review);
+        event.detail.as_mut().unwrap()["window"] = json!(text);
+        let mut kept = kept;
+        kept.push(event);
+        let w = &listed(&kept, now)[0];
+        assert_eq!(w.state, State::Reviewed, "{w:?}");
+        assert_eq!(w.calls.len(), 1);
+        assert_eq!(w.review_refused, None);
     }
 }

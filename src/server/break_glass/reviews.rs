@@ -10,7 +10,8 @@
 //! text, a visible note, proposed no earlier than the window closed and not in the future)
 //! before anything is stored, so a first signer cannot store a proposal that can never count;
 //! each signature is verified against the server's approvers file before it is stored, each
-//! person counts once; and the event (the review's text and every signature) is written only
+//! person counts once; and the event (the review's text, every signature, and the window's
+//! grant text, so the review still verifies once retention cut the window's request) is written only
 //! after [`review::check`] holds over every stored signature, so a row edited in the database
 //! makes nothing reviewed, and the listing checks the event again ([`super::ledger`]).
 //!
@@ -167,6 +168,12 @@ impl Reviews {
         now: chrono::DateTime<chrono::Utc>,
     ) -> Result<Window, ReviewError> {
         let window = self.window(id, now.timestamp().max(0) as u64).await?;
+        if window.text.is_empty() {
+            return Err(ReviewError::Conflict(format!(
+                "`window`: {id}: {}",
+                ledger::CUT
+            )));
+        }
         match window.state {
             State::ClosedUnreviewed => Ok(window),
             State::Reviewed => Err(ReviewError::Conflict(format!(
@@ -267,6 +274,7 @@ impl Reviews {
                 outcome: Some("ok".into()),
                 detail: Some(json!({
                     "grant": window.id,
+                    "window": window.text,
                     "text": text,
                     "note": review.note,
                     "signed_by": signed_by,

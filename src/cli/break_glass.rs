@@ -136,7 +136,8 @@ pub(super) async fn run(server: ServerArg, command: BreakGlassCommand) -> anyhow
 }
 
 /// The review's text to sign for `window`: the one being signed (`pending`), checked to bind
-/// this window and, if `note` is given, to carry it; or a new one with `note`, now.
+/// this window, to be dated after the window closed (as shown) and not in the future, and, if
+/// `note` is given, to carry it; or a new one with `note`, now.
 pub(super) fn review_to_sign(
     window: &Window,
     pending: Option<&str>,
@@ -156,6 +157,10 @@ pub(super) fn review_to_sign(
             window.id
         );
     }
+    let now = crate::protocol::signing::now();
+    let closed = window.closed_unix(now).unwrap_or(u64::MAX);
+    crate::protocol::approval::review::check_unsigned(&window.text, text, now, closed)
+        .map_err(|e| anyhow::anyhow!("the review being signed does not hold, not signed: {e}"))?;
     if let Some(note) = note
         && note != review.note
     {
@@ -301,6 +306,18 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("another window"), "{e}");
+        // A review dated before the window closed (its expiry, 11:00) is not signed.
+        let early = Review::of(&shown.text, "all fine", "2026-12-06T10:59:59Z")
+            .unwrap()
+            .text()
+            .unwrap();
+        let e = review_to_sign(&shown, Some(&early), None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`reviewed`: 2026-12-06T10:59:59Z is before the window closed"),
+            "{e}"
+        );
         let listed = windows_text(&[shown]);
         assert!(listed.contains("closed-unreviewed"), "{listed}");
         assert!(listed.contains("not reviewed"), "{listed}");

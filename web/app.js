@@ -1047,6 +1047,9 @@ async function reviewPanel(id, windowText) {
       el('div', { class: 'reason', id: 'review-note' }, emisarStatement.visible(w.review.note)));
     return box;
   }
+  if (w.review_refused) {
+    box.append(el('p', { class: 'error', id: 'review-event-refused' }, 'A review in the audit log does not count: ', emisarStatement.visible(w.review_refused)));
+  }
   box.append(el('p', { class: 'muted small' }, `${w.calls.length} call${w.calls.length === 1 ? '' : 's'} ran in this window `
     + `(the audit log's grant.used events). It stays unreviewed until ${w.required} people sign a review with a note.`),
   w.calls.length ? el('ul', { id: 'window-calls' }, w.calls.map((c) => el('li', {},
@@ -1059,7 +1062,7 @@ async function reviewPanel(id, windowText) {
   let shown = null;
   if (proposed) {
     try {
-      shown = await emisarStatement.checkReviewBeforeSigning(id, windowText, proposed, null, Date.now());
+      shown = await emisarStatement.checkReviewBeforeSigning(id, windowText, proposed, null, Date.now(), w.closed && w.closed[0]);
       box.append(el('div', { class: 'reason', id: 'review-proposed' }, emisarStatement.visible(shown.note)));
     } catch (e) {
       box.append(el('p', { class: 'error', id: 'review-refused', role: 'alert' }, 'This review does not hold, so no passkey will sign it: ', e.message));
@@ -1074,7 +1077,7 @@ async function reviewPanel(id, windowText) {
     showError('');
     try {
       // Built or read again at the click, on the clock of that moment.
-      const r = await emisarStatement.checkReviewBeforeSigning(id, windowText, proposed, note && note.value.trim(), Date.now());
+      const r = await emisarStatement.checkReviewBeforeSigning(id, windowText, proposed, note && note.value.trim(), Date.now(), w.closed && w.closed[0]);
       const signature = await passkeySignature(r.challenge);
       await api('POST', `/api/break-glass/${enc(id)}/review`, { text: r.text, signature });
       render({ quiet: true });

@@ -835,9 +835,18 @@
 
   const reviewError = (msg) => new Refusal(`the review: ${msg}`);
 
+  // What shows nothing on a screen (review.rs `is_invisible`): whitespace, controls, and
+  // invisible formatting or filler characters (zero-width spaces and joiners, bidirectional
+  // marks, overrides and isolates, invisible operators, soft hyphen, variation selectors, Hangul
+  // fillers, tags, the Braille blank).
+  const INVISIBLE = /^[\s\p{Cc}\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f\u202a-\u202e\u2060-\u206f\u2800\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufffb\u{1bca0}-\u{1bca3}\u{1d173}-\u{1d17a}\u{e0000}-\u{e007f}\u{e0100}-\u{e01ef}\u0085\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]*$/u;
+
   function checkNote(note) {
     if (typeof note !== 'string' || note.trim() === '') {
       throw reviewError('`note` is required: say what was done inside the window and why');
+    }
+    if (INVISIBLE.test(note)) {
+      throw reviewError('`note` has no visible character (only spaces, controls or invisible formatting such as U+200B): say what was done inside the window and why');
     }
     if (/\p{Cs}/u.test(note)) throw reviewError('`note` holds a lone UTF-16 surrogate, which has no UTF-8 form');
     const bytes = utf8.encode(note).length;
@@ -880,9 +889,11 @@
   // The review a passkey signs for window `id`, whose grant text is `windowText`: the one
   // proposed (`proposedText`), or, with none, a new one with `note` at `nowMs`. It binds this
   // window (its id, and the SHA-256 of its text computed here), was proposed no earlier than
-  // the window was asked for and not in this clock's future. Returns the review's text, note,
-  // time and the passkey's challenge.
-  async function checkReviewBeforeSigning(id, windowText, proposedText, note, nowMs) {
+  // the window closed and not in this clock's future. The window closed at its expiry (from
+  // its text) or at `closedAt` (the API's `closed[0]`, when it was revoked or expired in the
+  // log), whichever is first: a review signed while the window was open is refused, naming
+  // `reviewed`. Returns the review's text, note, time and the passkey's challenge.
+  async function checkReviewBeforeSigning(id, windowText, proposedText, note, nowMs, closedAt) {
     const g = parseGrant(windowText);
     if (g.id !== id) throw new Refusal(`\`window\`: the text is of grant ${g.id}, not ${id}`);
     if (!g.breakGlass) throw new Refusal(`\`window\`: grant ${id} is not a break-glass window`);
@@ -900,6 +911,15 @@
     const reviewed = parseUtc(r.reviewed);
     const opened = Math.floor((issuedMillis(id) ?? 0) / 1000);
     if (reviewed < opened) throw reviewError(`\`reviewed\`: ${r.reviewed} is before the window was asked for`);
+    let closed = g.expiresUnix;
+    if (closedAt !== undefined && closedAt !== null) {
+      const at = typeof closedAt === 'string' ? parseUtc(`${closedAt.slice(0, 19)}Z`) : null;
+      if (at === null) throw reviewError(`\`closed\`: ${String(closedAt)} is not a UTC time`);
+      closed = Math.min(closed, at);
+    }
+    if (reviewed < closed) {
+      throw reviewError(`\`reviewed\`: ${r.reviewed} is before the window closed (at ${closed}, unix seconds): a review is signed after the window, of what ran inside it`);
+    }
     if (reviewed > now + CLOCK_SKEW_SECS) throw reviewError(`\`reviewed\`: ${r.reviewed} is in the future of this clock`);
     const text = reviewText(r);
     const challenge = await sha256(text);

@@ -108,15 +108,21 @@ pub enum AuditCommand {
     /// List the break-glass windows the audit log shows, oldest first: each one's state
     /// (requested, open, closed-unreviewed, reviewed), who opened and signed it, the calls made
     /// inside it and who reviewed it. Read from the log alone, so a window whose rows were
-    /// deleted from the store still shows, unreviewed. With --unreviewed, exits 1 when people
-    /// still owe a review.
+    /// deleted from the store still shows, unreviewed; a review counts only when its
+    /// signatures verify against --approvers (else the window shows why, unreviewed). With
+    /// --unreviewed, exits 1 when people still owe a review.
     #[command(
-        after_help = "Example: emisar audit break-glass --unreviewed --database postgres://emisar@db/emisar"
+        after_help = "Example: emisar audit break-glass --unreviewed --approvers /etc/emisar/approvers.toml --database postgres://emisar@db/emisar"
     )]
     BreakGlass {
         /// Only the windows people still owe a review.
         #[arg(long)]
         unreviewed: bool,
+        /// The approvers file the reviews are checked against (the server's approvers_file,
+        /// `emisar approvers show`): required, since a review event without verified
+        /// signatures proves nothing.
+        #[arg(long, value_name = "FILE")]
+        approvers: Option<PathBuf>,
         /// The windows as one JSON object instead of text.
         #[arg(long)]
         json: bool,
@@ -385,9 +391,10 @@ pub(super) async fn run(command: AuditCommand) -> anyhow::Result<i32> {
         } => verify_approvals(approvers, from_seq, json, db).await,
         AuditCommand::BreakGlass {
             unreviewed,
+            approvers,
             json,
             db,
-        } => break_glass(unreviewed, json, db).await,
+        } => break_glass(unreviewed, approvers, json, db).await,
         AuditCommand::Checkpoint { cosigned_by, db } => {
             let db = db.connect().await?;
             match audit::checkpoints::latest(&db, cosigned_by).await? {
@@ -632,10 +639,25 @@ async fn verify(
 }
 
 /// `audit break-glass`: the windows of the log, their calls and reviews.
-async fn break_glass(unreviewed: bool, json: bool, db: DbArg) -> anyhow::Result<i32> {
+async fn break_glass(
+    unreviewed: bool,
+    approvers: Option<PathBuf>,
+    json: bool,
+    db: DbArg,
+) -> anyhow::Result<i32> {
+    let Some(approvers) = approvers else {
+        eprintln!(
+            "error: audit break-glass needs --approvers FILE (the server's approvers_file): a review counts only when its signatures verify against it, and unverified review events are not trusted"
+        );
+        return Ok(2);
+    };
+    let text = std::fs::read_to_string(&approvers)
+        .with_context(|| format!("--approvers {}", approvers.display()))?;
+    let file = crate::protocol::approval::Approvers::parse(&text)
+        .with_context(|| format!("--approvers {}", approvers.display()))?;
     let db = db.connect().await?;
     let now = crate::protocol::signing::now();
-    let windows: Vec<_> = crate::server::break_glass::windows_in_log(&db, now)
+    let windows: Vec<_> = crate::server::break_glass::windows_in_log(&db, now, Some(&file))
         .await?
         .into_iter()
         .filter(|w| !unreviewed || w.state.unreviewed())

@@ -117,7 +117,7 @@ pub(super) async fn run(server: ServerArg, command: BreakGlassCommand) -> anyhow
     eprintln!(
         "signing the review of window {id} (sha256:{}), note:\n{}",
         crate::digest::sha256_hex(text.as_bytes()),
-        review.note
+        shown_note(&review.note)
     );
     let armored = super::ssh_sign::sign(ssh_key.as_deref(), APPROVAL_NAMESPACE, text.as_bytes())?;
     let signature =
@@ -136,7 +136,8 @@ pub(super) async fn run(server: ServerArg, command: BreakGlassCommand) -> anyhow
 }
 
 /// The review's text to sign for `window`: the one being signed (`pending`), checked to bind
-/// this window and, if `note` is given, to carry it; or a new one with `note`, now.
+/// this window, to be dated after the window closed (as shown) and not in the future, and, if
+/// `note` is given, to carry it; or a new one with `note`, now.
 pub(super) fn review_to_sign(
     window: &Window,
     pending: Option<&str>,
@@ -156,6 +157,10 @@ pub(super) fn review_to_sign(
             window.id
         );
     }
+    let now = crate::protocol::signing::now();
+    let closed = window.closed_unix(now).unwrap_or(u64::MAX);
+    crate::protocol::approval::review::check_unsigned(&window.text, text, now, closed)
+        .map_err(|e| anyhow::anyhow!("the review being signed does not hold, not signed: {e}"))?;
     if let Some(note) = note
         && note != review.note
     {
@@ -166,6 +171,16 @@ pub(super) fn review_to_sign(
         );
     }
     Ok(text.to_owned())
+}
+
+/// A note as a signer reads it in a terminal: every control, invisible or bidirectional
+/// formatting character escaped (`\u{200b}`, `\u{202e}`), so what is signed cannot look like
+/// something else or like nothing; line breaks stay line breaks.
+pub(super) fn shown_note(note: &str) -> String {
+    note.split('\n')
+        .map(|line| line.escape_debug().to_string())
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Windows as a person reads them: one paragraph each, its calls and its review.
@@ -220,6 +235,9 @@ pub(super) fn windows_text(windows: &[Window]) -> String {
             }
             None => out.push_str("    not reviewed\n"),
         }
+        if let Some(why) = &w.review_refused {
+            let _ = writeln!(out, "    review refused: {}", why.escape_debug());
+        }
     }
     out
 }
@@ -262,6 +280,7 @@ mod tests {
             closed: None,
             calls: Vec::new(),
             review: None,
+            review_refused: None,
             text: grant.text().unwrap(),
         }
     }
@@ -287,8 +306,40 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("another window"), "{e}");
+        // A review dated before the window closed (its expiry, 11:00) is not signed.
+        let early = Review::of(&shown.text, "all fine", "2026-12-06T10:59:59Z")
+            .unwrap()
+            .text()
+            .unwrap();
+        let e = review_to_sign(&shown, Some(&early), None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`reviewed`: 2026-12-06T10:59:59Z is before the window closed"),
+            "{e}"
+        );
         let listed = windows_text(&[shown]);
         assert!(listed.contains("closed-unreviewed"), "{listed}");
         assert!(listed.contains("not reviewed"), "{listed}");
+    }
+
+    /// What a signer reads of a note shows every invisible and bidirectional character as an
+    /// escape, never raw; the listing does too, and says why a review event does not count.
+    #[test]
+    fn a_note_is_shown_escaped() {
+        let note = "restarted consul \u{202e}DB DORP\u{202c} once\u{200b}\nrunbook: \"fixed\"";
+        let shown = shown_note(note);
+        assert_eq!(
+            shown,
+            "restarted consul \\u{202e}DB DORP\\u{202c} once\\u{200b}\nrunbook: \\\"fixed\\\""
+        );
+        assert!(!shown.contains('\u{202e}') && !shown.contains('\u{200b}'));
+        let mut w = window(&["edge-1"]);
+        w.review_refused = Some("the review event #9 does not count: bad \u{202e}".into());
+        let listed = windows_text(&[w]);
+        assert!(
+            listed.contains("review refused: the review event #9 does not count: bad \\u{202e}"),
+            "{listed}"
+        );
     }
 }

@@ -12,7 +12,8 @@
 // grant (`GET /api/grants/ID`'s answer) before a passkey signs it (checkGrantBeforeSigning):
 // {"ok": {sha256, words: {label: text}, visible: [text as shown], challenge_is_the_text_hash}}.
 // A case with `"review": true` checks the review of break-glass window `id` whose grant text
-// is `window_text` (checkReviewBeforeSigning): the one `proposed`, or a new one with `note`:
+// is `window_text` (checkReviewBeforeSigning): the one `proposed`, or a new one with `note`,
+// the window closed at `closed_at` (the API's `closed[0]`) if given, else at its expiry:
 // {"ok": {text, sha256, note, reviewed, challenge_is_the_text_hash}}.
 import { readFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
@@ -26,7 +27,7 @@ const out = [];
 for (const c of cases) {
   try {
     if (c.review) {
-      const r = await statement.checkReviewBeforeSigning(c.id, c.window_text, c.proposed ?? null, c.note ?? null, c.now_ms);
+      const r = await statement.checkReviewBeforeSigning(c.id, c.window_text, c.proposed ?? null, c.note ?? null, c.now_ms, c.closed_at ?? null);
       out.push({ ok: {
         text: r.text, sha256: r.sha256, note: r.note, reviewed: r.reviewed,
         challenge_is_the_text_hash: Buffer.from(r.challenge).toString('hex') === r.sha256,

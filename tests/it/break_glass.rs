@@ -89,7 +89,7 @@ async fn closed_window(app: &TestApp) -> Grant {
     let mut used = event(
         "agent:ops-bot",
         "grant.used",
-        json!({"grant": id, "use": 1, "call_id": "call-1", "runners": ["edge-1"]}),
+        json!({"grant": id, "use": 1, "call_id": "call-1", "runners": ["edge-1"], "break_glass": true}),
     );
     used.tool = Some("linux.systemctl_restart".into());
     used.call_id = Some("call-1".into());
@@ -116,6 +116,32 @@ async fn closed_window(app: &TestApp) -> Grant {
         .await
         .unwrap();
     grant
+}
+
+/// The operator guide's retention step 2: as the table's owner, delete the events before the
+/// first `grant.used` (the anchor), which cuts every window's request out of the log.
+async fn cut_log_before_the_first_call(app: &TestApp) {
+    let pool = match app.db.pool() {
+        emisar::server::db::Pool::Pg(p) => p,
+        _ => unreachable!("PostgreSQL"),
+    };
+    let anchor: i64 =
+        sqlx::query_scalar("SELECT min(seq) FROM audit_events WHERE kind = 'grant.used'")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    for sql in [
+        "ALTER TABLE audit_events DISABLE TRIGGER audit_events_no_update_delete".to_owned(),
+        format!("DELETE FROM audit_events WHERE seq < {anchor}"),
+        "ALTER TABLE audit_events ENABLE TRIGGER audit_events_no_update_delete".to_owned(),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+    }
+    tx.commit().await.unwrap();
 }
 
 /// Runs `emisar` with `args` (no ssh-agent: the keys are files).
@@ -145,12 +171,16 @@ fn text(out: &std::process::Output) -> String {
     )
 }
 
-/// `emisar audit break-glass --unreviewed`: its exit code and what it printed.
-async fn unreviewed_in_cli(app: &TestApp) -> (i32, String) {
+/// `emisar audit break-glass --unreviewed`, its reviews checked against the approvers file
+/// `app_with_approvers` wrote in `files`: its exit code and what it printed.
+async fn unreviewed_in_cli(app: &TestApp, files: &Path) -> (i32, String) {
+    let approvers = files.join("approvers.toml");
     let out = emisar(&[
         "audit",
         "break-glass",
         "--unreviewed",
+        "--approvers",
+        &approvers.display().to_string(),
         "--database",
         &app.database_url,
     ])
@@ -167,7 +197,7 @@ async fn a_window_is_listed_unreviewed_until_two_people_sign_a_review_with_a_not
     let window = closed_window(&app).await;
     let id = window.id.as_str();
 
-    let (code, listed) = unreviewed_in_cli(&app).await;
+    let (code, listed) = unreviewed_in_cli(&app, files.path()).await;
     assert_eq!(code, 1, "{listed}");
     assert!(
         listed.contains(id) && listed.contains("closed-unreviewed"),
@@ -247,7 +277,7 @@ async fn a_window_is_listed_unreviewed_until_two_people_sign_a_review_with_a_not
         shown.contains("call-1"),
         "the window's calls are shown: {shown}"
     );
-    let (code, listed) = unreviewed_in_cli(&app).await;
+    let (code, listed) = unreviewed_in_cli(&app, files.path()).await;
     assert_eq!(code, 1, "{listed}");
     // alice again counts once.
     let out = review(alice, 1, None).await;
@@ -265,7 +295,7 @@ async fn a_window_is_listed_unreviewed_until_two_people_sign_a_review_with_a_not
         "{}",
         text(&out)
     );
-    let (code, listed) = unreviewed_in_cli(&app).await;
+    let (code, listed) = unreviewed_in_cli(&app, files.path()).await;
     assert_eq!(code, 0, "{listed}");
     let (_, body) = auditor.get("/api/break-glass?unreviewed=true").await;
     assert_eq!(body["windows"], json!([]), "{body}");
@@ -295,9 +325,204 @@ async fn a_window_is_listed_unreviewed_until_two_people_sign_a_review_with_a_not
         })
         .await
         .unwrap();
-    let (code, listed) = unreviewed_in_cli(&app).await;
+    let (code, listed) = unreviewed_in_cli(&app, files.path()).await;
     assert_eq!(code, 0, "{listed}");
     app.assert_chain_intact().await;
+
+    // Retention cuts the window's request: its review carries the grant text and still counts.
+    cut_log_before_the_first_call(&app).await;
+    let (code, listed) = unreviewed_in_cli(&app, files.path()).await;
+    assert_eq!(code, 0, "{listed}");
+    let (_, body) = auditor.get("/api/break-glass").await;
+    let w = &body["windows"][0];
+    assert_eq!(
+        (&w["id"], &w["state"]),
+        (&json!(id), &json!("reviewed")),
+        "{body}"
+    );
+    assert_eq!(w["opened_by"], "(not in the kept log)", "{body}");
+}
+
+/// The review of a window that people did not sign makes nothing reviewed (rt6 cases 07, 15,
+/// 03): a `break_glass.reviewed` event a database writer appends through the log's own append
+/// (valid chain hashes, a text binding the window) whose signatures are copies from another
+/// review leaves the window unreviewed in the CLI and the API, which say why; the CLI refuses
+/// to list without an approvers file to check against. A review signed before the window
+/// closed is refused, naming `reviewed`, and so is a note with nothing visible, naming `note`.
+#[tokio::test]
+async fn a_review_nobody_signed_over_its_text_reviews_nothing() {
+    use emisar::protocol::approval::review::Review;
+
+    let files = tempfile::tempdir().unwrap();
+    let app = app_with_approvers(files.path()).await;
+    let window = closed_window(&app).await;
+    let id = window.id.as_str();
+    let window_text = window.text().unwrap();
+    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let review = Review::of(&window_text, "forged: nothing happened", &now)
+        .unwrap()
+        .text()
+        .unwrap();
+    let genuine = Review::of(&window_text, "genuine", &now)
+        .unwrap()
+        .text()
+        .unwrap();
+    let copied = [
+        crate::signed_approvals::ssh(2, &genuine),
+        crate::signed_approvals::ssh(3, &genuine),
+    ];
+    app.audit
+        .append(NewEvent {
+            actor: "approver:carol".into(),
+            kind: "break_glass.reviewed".into(),
+            outcome: Some("ok".into()),
+            detail: Some(json!({
+                "grant": id, "text": review, "note": "forged: nothing happened",
+                "signed_by": ["bob", "carol"], "signatures": copied, "calls": 0,
+            })),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    app.assert_chain_intact().await;
+    let (code, listed) = unreviewed_in_cli(&app, files.path()).await;
+    assert_eq!(code, 1, "{listed}");
+    assert!(
+        listed.contains(id) && listed.contains("closed-unreviewed"),
+        "{listed}"
+    );
+    assert!(
+        listed.contains("review refused: the review event #"),
+        "{listed}"
+    );
+    let auditor = signed_in(&app, "dave", Role::Auditor).await;
+    let (_, body) = auditor.get("/api/break-glass?unreviewed=true").await;
+    let w = &body["windows"][0];
+    assert_eq!(w["id"], id, "{body}");
+    assert_eq!(w["review"], Value::Null, "{body}");
+    assert!(
+        w["review_refused"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("signature"),
+        "{body}"
+    );
+    // Without an approvers file the CLI lists nothing rather than trust the event.
+    let out = emisar(&["audit", "break-glass", "--database", &app.database_url]).await;
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("needs --approvers FILE"),
+        "{}",
+        text(&out)
+    );
+
+    // Signed before the window closed (it expired an hour ago): refused, naming `reviewed`.
+    let closed = chrono::DateTime::parse_from_rfc3339(&window.expires_at).unwrap();
+    let early = (closed - chrono::Duration::seconds(60))
+        .to_utc()
+        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let early = Review::of(&window_text, "all fine", &early)
+        .unwrap()
+        .text()
+        .unwrap();
+    let approver = signed_in(&app, "bob", Role::Approver).await;
+    let (status, body) = approver
+        .post(
+            &format!("/api/break-glass/{id}/review"),
+            json!({"text": early, "signature": crate::signed_approvals::ssh(2, &early)}),
+            true,
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    let e = body["error"].as_str().unwrap_or_default();
+    assert!(
+        e.contains("`reviewed`") && e.contains("before the window closed"),
+        "{body}"
+    );
+    // A note of one zero-width space: refused in the terminal and by the API, naming `note`.
+    let out = emisar(&[
+        "break-glass",
+        "review",
+        id,
+        "--note",
+        "\u{200b}",
+        "--ssh-key",
+        &key_file(files.path(), 2),
+        "--server",
+        &app.base_url(),
+        "--token",
+        &app.issue_token("bob", Role::Approver).await,
+    ])
+    .await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("`note` has no visible character"),
+        "{}",
+        text(&out)
+    );
+    let blank = review.replace("forged: nothing happened", "\u{200b}");
+    assert_ne!(blank, review);
+    let (status, body) = approver
+        .post(
+            &format!("/api/break-glass/{id}/review"),
+            json!({"text": blank, "signature": crate::signed_approvals::ssh(2, &blank)}),
+            true,
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("`note`"),
+        "{body}"
+    );
+    let (code, _) = unreviewed_in_cli(&app, files.path()).await;
+    assert_eq!(code, 1);
+}
+
+/// Retention (the operator guide's steps) that cuts an unreviewed window's `grant.requested`
+/// does not hide it (rt6 case 16): its flagged call is still in the log, so the window is
+/// listed unreviewed by the CLI and the API, saying its request is not in the kept log, and it
+/// cannot be reviewed from this log.
+#[tokio::test]
+async fn retention_that_cuts_an_unreviewed_windows_request_leaves_it_listed() {
+    let files = tempfile::tempdir().unwrap();
+    let app = app_with_approvers(files.path()).await;
+    let window = closed_window(&app).await;
+    let id = window.id.as_str();
+    cut_log_before_the_first_call(&app).await;
+    let (code, listed) = unreviewed_in_cli(&app, files.path()).await;
+    assert_eq!(code, 1, "{listed}");
+    assert!(
+        listed.contains(id) && listed.contains("closed-unreviewed"),
+        "{listed}"
+    );
+    assert!(listed.contains("call-1"), "{listed}");
+    assert!(listed.contains("not in the kept log"), "{listed}");
+    let auditor = signed_in(&app, "carol", Role::Auditor).await;
+    let (_, body) = auditor.get("/api/break-glass?unreviewed=true").await;
+    assert_eq!(body["windows"][0]["id"], id, "{body}");
+    assert_eq!(
+        body["windows"][0]["calls"][0]["call_id"], "call-1",
+        "{body}"
+    );
+    let approver = signed_in(&app, "bob", Role::Approver).await;
+    let (status, body) = approver
+        .post(
+            &format!("/api/break-glass/{id}/review"),
+            json!({"text": "x", "signature": crate::signed_approvals::ssh(2, "x")}),
+            true,
+        )
+        .await;
+    assert_eq!(status, 409, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("not in the kept log"),
+        "{body}"
+    );
 }
 
 /// Acceptance 2, opening: one person alone cannot open a window. The opener cannot sign it,

@@ -1118,7 +1118,8 @@ mod grants {
     /// A break-glass window's review in the portal: a new one is the text `Review::text`
     /// writes for the note at the browser's clock, and a proposed one is read as
     /// `Review::parse` and `review::check` read it: bound to this window's id and the SHA-256 of
-    /// its grant text computed in the browser, proposed between the window's request and now.
+    /// its grant text computed in the browser, proposed between the window's close (its
+    /// revocation as the API gives it, or its expiry) and now, with a visible note.
     #[test]
     fn the_portal_writes_and_reads_a_review_as_the_rust_does() {
         use emisar::protocol::approval::review::Review;
@@ -1130,9 +1131,10 @@ mod grants {
             args: BTreeMap::new(),
             ..sorted(tricky())
         };
+        // Asked for at 09:59, expires at 10:30.
         let text = window.text().unwrap();
         let note = "INC-42: restarted \"consul\" twice\né 😀";
-        let at = "2026-12-06T10:05:00Z";
+        let at = "2026-12-06T10:35:00Z";
         let review = Review::of(&text, note, at).unwrap().text().unwrap();
         let case = |proposed: Option<&str>, note: Option<&str>, now: u64| json!({"review": true, "id": window.id, "window_text": text, "proposed": proposed, "note": note, "now_ms": now * 1000});
         let plain = Grant {
@@ -1141,27 +1143,43 @@ mod grants {
         };
         let edit = |from: &str, to: &str| review.replacen(from, to, 1);
         let other_grant = edit(&hex::encode(hash_text(&text)), &"0".repeat(64));
+        // 10:35:00 by the browser's clock.
+        let now = 1_796_553_300;
+        let revoked_then = |proposed: &str| {
+            let mut c = case(Some(proposed), None, now);
+            c["closed_at"] = json!("2026-12-06T10:20:00.123456Z");
+            c
+        };
         let cases = vec![
-            // A new review, at 10:05:00 by the browser's clock.
-            case(None, Some(note), 1_796_551_500),
+            // A new review, at 10:35:00 by the browser's clock.
+            case(None, Some(note), now),
             // The review proposed, read back.
-            case(Some(&review), None, 1_796_551_500),
+            case(Some(&review), None, now),
+            // Revoked at 10:20: a review at 10:25 holds.
+            revoked_then(&edit(at, "2026-12-06T10:25:00Z")),
             // Refused.
-            case(None, Some("   "), 1_796_551_500),
+            case(None, Some("   "), now),
+            case(Some(&edit(&window.id, &id_at(NOW - 30))), None, now),
+            case(Some(&other_grant), None, now),
+            case(Some(&edit(at, "2026-12-06T09:00:00Z")), None, now),
+            case(Some(&edit(at, "2026-12-06T11:00:00Z")), None, now),
+            case(Some(&edit("note \"INC", "note \"\\u0049NC")), None, now),
+            json!({"review": true, "id": plain.id, "window_text": plain.text().unwrap(), "note": note, "now_ms": now * 1000}),
+            // Signed while the window was open: before its expiry, or before its revocation.
+            case(Some(&edit(at, "2026-12-06T10:25:00Z")), None, now),
+            revoked_then(&edit(at, "2026-12-06T10:15:00Z")),
+            case(None, Some(note), 1_796_552_700),
+            // A note with nothing visible.
+            case(None, Some("\u{200b}"), now),
+            case(None, Some(" \u{202e}\u{2060}\n"), now),
             case(
-                Some(&edit(&window.id, &id_at(NOW - 30))),
+                Some(&edit(
+                    &Value::String(note.into()).to_string(),
+                    "\"\u{200b}\"",
+                )),
                 None,
-                1_796_551_500,
+                now,
             ),
-            case(Some(&other_grant), None, 1_796_551_500),
-            case(Some(&edit(at, "2026-12-06T09:00:00Z")), None, 1_796_551_500),
-            case(Some(&edit(at, "2026-12-06T11:00:00Z")), None, 1_796_551_500),
-            case(
-                Some(&edit("note \"INC", "note \"\\u0049NC")),
-                None,
-                1_796_551_500,
-            ),
-            json!({"review": true, "id": plain.id, "window_text": plain.text().unwrap(), "note": note, "now_ms": 1_796_551_500_000_u64}),
         ];
         let got = run_in_node_cases(&cases);
         let ok = &got[0]["ok"];
@@ -1170,6 +1188,11 @@ mod grants {
         assert_eq!(ok["challenge_is_the_text_hash"], true);
         assert_eq!(got[1]["ok"]["text"], review.as_str(), "{}", got[1]);
         assert_eq!(got[1]["ok"]["note"], note);
+        assert_eq!(
+            got[2]["ok"]["reviewed"], "2026-12-06T10:25:00Z",
+            "{}",
+            got[2]
+        );
         let says = [
             "`note` is required",
             "`window`: the review is of window",
@@ -1178,10 +1201,40 @@ mod grants {
             "`reviewed`: 2026-12-06T11:00:00Z is in the future of this clock",
             "not in canonical form",
             "is not a break-glass window",
+            "`reviewed`: 2026-12-06T10:25:00Z is before the window closed (at 1796553000,",
+            "`reviewed`: 2026-12-06T10:15:00Z is before the window closed (at 1796552400,",
+            "`reviewed`: 2026-12-06T10:25:00Z is before the window closed",
+            "`note` has no visible character",
+            "`note` has no visible character",
+            "`note` has no visible character",
         ];
-        for (out, says) in got[2..].iter().zip(says) {
+        assert_eq!(got.len(), 3 + says.len());
+        for (out, says) in got[3..].iter().zip(says) {
             let error = out["error"].as_str().unwrap_or_default();
             assert!(error.contains(says), "wanted {says:?}: {out}");
+        }
+        // The Rust refuses the same, with the same words.
+        for (close, reviewed) in [
+            (1_796_553_000, "2026-12-06T10:25:00Z"),
+            (1_796_552_400, "2026-12-06T10:15:00Z"),
+        ] {
+            let e = emisar::protocol::approval::review::check_unsigned(
+                &text,
+                &edit(at, reviewed),
+                now,
+                close,
+            )
+            .unwrap_err();
+            assert!(
+                e.contains(&format!(
+                    "`reviewed`: {reviewed} is before the window closed (at {close},"
+                )),
+                "{e}"
+            );
+        }
+        for invisible in ["\u{200b}", " \u{202e}\u{2060}\n"] {
+            let e = Review::of(&text, invisible, at).unwrap_err().to_string();
+            assert!(e.contains("`note` has no visible character"), "{e}");
         }
     }
 }

@@ -18,11 +18,13 @@
 //! one is ever read as another.
 //!
 //! *Invariant:* a review counts only when it binds the window's grant text by its hash, the
-//! grant is a break-glass window, the review was proposed after the window was asked for and
-//! not in the future, and distinct people of the approvers file signed its text, at least as
+//! grant is a break-glass window, the review was proposed no earlier than the window closed
+//! (revoked or expired, as the log tells) and not in the future, and distinct people of the approvers file signed its text, at least as
 //! many as the file's rule for [`REVIEW_TOOL`] and as the window itself needed (its
 //! `required`, two at least): the people who close a window are as many as opened it
-//! ([`check`]).
+//! ([`check`]). Everything but the signatures is [`check_unsigned`], which the server also
+//! holds a first signer's proposal to before it stores it, so no proposal that can never
+//! count is ever stored.
 
 use serde_json::Value;
 
@@ -65,12 +67,51 @@ fn err(msg: impl Into<String>) -> StatementError {
     StatementError(format!("review: {}", msg.into()))
 }
 
-/// Whether `note` is a review's note: not blank, at most [`MAX_NOTE`] bytes. The error names
-/// `note` and the rule, for the CLI and the API to pass on.
+/// Whether `c` shows nothing on a screen: whitespace, a control character, or an invisible
+/// formatting or filler character (zero-width spaces and joiners, bidirectional marks,
+/// overrides and isolates, the word joiner and invisible operators, soft hyphen, variation
+/// selectors, Hangul fillers, tags, the Braille blank).
+pub fn is_invisible(c: char) -> bool {
+    c.is_whitespace()
+        || c.is_control()
+        || matches!(
+            c,
+            '\u{00AD}'
+                | '\u{034F}'
+                | '\u{061C}'
+                | '\u{115F}'
+                | '\u{1160}'
+                | '\u{17B4}'
+                | '\u{17B5}'
+                | '\u{180B}'..='\u{180F}'
+                | '\u{200B}'..='\u{200F}'
+                | '\u{202A}'..='\u{202E}'
+                | '\u{2060}'..='\u{206F}'
+                | '\u{2800}'
+                | '\u{3164}'
+                | '\u{FE00}'..='\u{FE0F}'
+                | '\u{FEFF}'
+                | '\u{FFA0}'
+                | '\u{FFF0}'..='\u{FFFB}'
+                | '\u{1BCA0}'..='\u{1BCA3}'
+                | '\u{1D173}'..='\u{1D17A}'
+                | '\u{E0000}'..='\u{E007F}'
+                | '\u{E0100}'..='\u{E01EF}'
+        )
+}
+
+/// Whether `note` is a review's note: at least one visible character (not [`is_invisible`]),
+/// at most [`MAX_NOTE`] bytes. The error names `note` and the rule, for the CLI and the API to
+/// pass on.
 pub fn check_note(note: &str) -> Result<(), StatementError> {
     if note.trim().is_empty() {
         return Err(err(
             "`note` is required: say what was done inside the window and why",
+        ));
+    }
+    if note.chars().all(is_invisible) {
+        return Err(err(
+            "`note` has no visible character (only spaces, controls or invisible formatting such as U+200B): say what was done inside the window and why",
         ));
     }
     if note.len() > MAX_NOTE {
@@ -189,19 +230,19 @@ impl Review {
     }
 }
 
-/// The one check of a signed review of the window whose grant text is `window_text`, which
-/// the server (before it stores a review) and an offline audit use: the review parses, binds
-/// this window's id and text, the window is a break-glass window, the review was proposed no
-/// earlier than the window was asked for and no later than `now` (give or take
-/// [`CLOCK_SKEW_SECS`]), and distinct people of `approvers` signed it: as many as the file's
-/// rule for [`REVIEW_TOOL`] and the window's `required`.
-pub fn check(
-    approvers: &super::Approvers,
+/// Everything [`check`] holds a review to but its signatures: the review `text` parses, binds
+/// the window whose grant text is `window_text` (its id and SHA-256), the window is a
+/// break-glass window, and the review was proposed no earlier than `closed` (when the window
+/// was revoked or expired, seconds since the epoch: a review signed while the window was open
+/// vouches for calls not yet made) and no later than `now` (give or take [`CLOCK_SKEW_SECS`]).
+/// The server holds a first signer's proposal to it before storing it.
+pub fn check_unsigned(
     window_text: &str,
-    proof: &ReviewProof,
+    text: &str,
     now: u64,
-) -> Result<(Review, Vec<Signed>), String> {
-    let review = Review::parse(&proof.text).map_err(|e| e.to_string())?;
+    closed: u64,
+) -> Result<(Review, Grant), String> {
+    let review = Review::parse(text).map_err(|e| e.to_string())?;
     let window = Grant::parse(window_text).map_err(|e| e.to_string())?;
     if !window.break_glass {
         return Err(format!(
@@ -229,12 +270,34 @@ pub fn check(
             review.reviewed_at
         ));
     }
+    if reviewed < closed {
+        return Err(format!(
+            "`reviewed`: {} is before the window closed (at {closed}, unix seconds): a review is signed after the window, of what ran inside it",
+            review.reviewed_at,
+        ));
+    }
     if reviewed > now + CLOCK_SKEW_SECS {
         return Err(format!(
             "`reviewed`: {} is in the future of this clock",
             review.reviewed_at
         ));
     }
+    Ok((review, window))
+}
+
+/// The one check of a signed review of the window whose grant text is `window_text`, which
+/// the server (before it writes a review to the log), the listing of windows (before it counts
+/// a `break_glass.reviewed` event) and an offline audit use: [`check_unsigned`] at `now` for a
+/// window closed at `closed`, and distinct people of `approvers` signed it: as many as the
+/// file's rule for [`REVIEW_TOOL`] and the window's `required`.
+pub fn check(
+    approvers: &super::Approvers,
+    window_text: &str,
+    proof: &ReviewProof,
+    now: u64,
+    closed: u64,
+) -> Result<(Review, Vec<Signed>), String> {
+    let (review, window) = check_unsigned(window_text, &proof.text, now, closed)?;
     let signed = verify_quorum(
         approvers,
         REVIEW_TOOL,
@@ -366,6 +429,33 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("`note` is required"), "{e}");
+        // A note with nothing visible (a zero-width space, a bidirectional override, a Hangul
+        // filler, a word joiner among spaces) is refused, naming `note`; one visible letter
+        // among them is a note.
+        for invisible in [
+            "\u{200B}",
+            "\u{202E}",
+            " \u{2060}\n\u{FEFF} ",
+            "\u{3164}",
+            "\u{E0041}",
+        ] {
+            let e = Review::of(&window_text, invisible, "2026-12-06T12:00:00Z")
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("`note` has no visible character"),
+                "{invisible:?}: {e}"
+            );
+            let bad = text.replacen(
+                "\"INC-42: restarted \\\"consul\\\" on edge-1\\nrunbook updated\"",
+                &Value::String(invisible.into()).to_string(),
+                1,
+            );
+            assert_ne!(bad, text);
+            let e = Review::parse(&bad).unwrap_err().to_string();
+            assert!(e.contains("`note`"), "{invisible:?}: {e}");
+        }
+        Review::of(&window_text, "\u{200B}x", "2026-12-06T12:00:00Z").unwrap();
         // Neither a statement, a decision nor a grant is ever read as a review, nor a review
         // as one of them.
         let statement = super::super::statement::tests::sample().text().unwrap();
@@ -382,11 +472,14 @@ mod tests {
         let text = sample(&window_text).text().unwrap();
         let a = people("[[rule]]\ntools = \"*\"\napprovals = 1\n");
         let now = T + 7200;
-        let (review, signed) = check(&a, &window_text, &signed_by(&[1, 2], &text), now).unwrap();
+        // Revoked at 10:30, before its expiry.
+        let closed = T + 1800;
+        let (review, signed) =
+            check(&a, &window_text, &signed_by(&[1, 2], &text), now, closed).unwrap();
         assert_eq!(review.window, id_at(T));
         assert_eq!(signed.len(), 2);
         let refused = |window_text: &str, proof: &ReviewProof| {
-            check(&a, window_text, proof, now).unwrap_err()
+            check(&a, window_text, proof, now, closed).unwrap_err()
         };
         // One person alone does not close a window two opened, whatever the file's own count.
         let e = refused(&window_text, &signed_by(&[1], &text));
@@ -433,15 +526,61 @@ mod tests {
             .unwrap();
         let e = refused(&window_text, &signed_by(&[1, 2], &early));
         assert!(e.contains("before the window"), "{e}");
-        let e = check(&a, &window_text, &signed_by(&[1, 2], &text), T + 3600).unwrap_err();
+        let e = check(
+            &a,
+            &window_text,
+            &signed_by(&[1, 2], &text),
+            T + 3600,
+            closed,
+        )
+        .unwrap_err();
         assert!(e.contains("in the future"), "{e}");
+        // A review signed while the window was still open (before its close) is refused,
+        // naming `reviewed`, whoever signed it; at the close it holds.
+        let while_open = Review::of(&window_text, "x", "2026-12-06T10:29:59Z")
+            .unwrap()
+            .text()
+            .unwrap();
+        let e = refused(&window_text, &signed_by(&[1, 2], &while_open));
+        assert!(
+            e.contains("`reviewed`: 2026-12-06T10:29:59Z is before the window closed"),
+            "{e}"
+        );
+        let e = check_unsigned(&window_text, &while_open, now, closed).unwrap_err();
+        assert!(e.contains("before the window closed"), "{e}");
+        let at_close = Review::of(&window_text, "x", "2026-12-06T10:30:00Z")
+            .unwrap()
+            .text()
+            .unwrap();
+        check(
+            &a,
+            &window_text,
+            &signed_by(&[1, 2], &at_close),
+            now,
+            closed,
+        )
+        .unwrap();
         // The file's rule for reviews holds above the window's count.
         let three = people(
             "[[rule]]\ntools = \"emisar.break_glass.review\"\napprovals = 3\n[[rule]]\ntools = \"*\"\napprovals = 1\n",
         );
-        let e = check(&three, &window_text, &signed_by(&[1, 2], &text), now).unwrap_err();
+        let e = check(
+            &three,
+            &window_text,
+            &signed_by(&[1, 2], &text),
+            now,
+            closed,
+        )
+        .unwrap_err();
         assert!(e.contains("needs 3"), "{e}");
-        check(&three, &window_text, &signed_by(&[1, 2, 3], &text), now).unwrap();
+        check(
+            &three,
+            &window_text,
+            &signed_by(&[1, 2, 3], &text),
+            now,
+            closed,
+        )
+        .unwrap();
         // A key outside the file does not count.
         let e = refused(&window_text, &signed_by(&[1, 7], &text));
         assert!(e.contains("not in the approvers file"), "{e}");

@@ -10,18 +10,30 @@
 //!
 //! *Invariant:* a window's state is read from the log alone, never from the grants or
 //! reviews tables: a window whose rows were deleted from the store still shows, unreviewed,
-//! from its events; and a review counts only when its text binds the window's own grant text
-//! (its id and SHA-256), so a review of another window, or of an edited text, leaves it
-//! unreviewed.
+//! from its events; and a `break_glass.reviewed` event counts only when its review text and
+//! signatures pass [`review::check`] against the approvers file, for this window's own grant
+//! text (its id and SHA-256) and its close: a review of another window, of an edited text,
+//! signed before the window closed, or carrying signatures that do not verify (an event a
+//! database writer appended with valid chain hashes) leaves the window unreviewed, with the
+//! reason in [`Window::review_refused`]. With no approvers file to check against, no review
+//! counts.
+//!
+//! *Retention:* a window whose `grant.requested` is no longer in the log (the operator cut the
+//! log's oldest events, "Retention of the audit log") is still listed while any of its
+//! flagged calls (`grant.used` with `break_glass: true`) or its review is kept: from the grant
+//! text its `break_glass.reviewed` event carries (`window`), or, with none, as a window known
+//! only by its calls, closed and unreviewed, whose [`Window::review_refused`] says why. So no
+//! cut hides a flagged call that nobody reviewed.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::protocol::approval::Approvers;
 use crate::protocol::approval::grant::{Grant, Runners};
-use crate::protocol::approval::review::Review;
-use crate::protocol::approval::statement::{hash_text, parse_utc};
+use crate::protocol::approval::review::{self, ReviewProof};
+use crate::protocol::approval::statement::parse_utc;
 use crate::protocol::audit_event::Event;
 
 /// The audit event kinds a window's life is read from.
@@ -57,7 +69,7 @@ pub enum State {
     Open,
     /// Revoked or expired, and no review binds it yet.
     ClosedUnreviewed,
-    /// People signed a review of it.
+    /// People signed a review of it, and its signatures verify against the approvers file.
     Reviewed,
 }
 
@@ -123,13 +135,39 @@ pub struct Window {
     pub closed: Option<(String, String)>,
     pub calls: Vec<WindowCall>,
     pub review: Option<WindowReview>,
+    /// Why a `break_glass.reviewed` event of this window does not count (the newest such
+    /// event's reason), when none does: its signatures do not verify, it was signed before the
+    /// window closed, or there is no approvers file to check it against.
+    #[serde(default)]
+    pub review_refused: Option<String>,
     /// The grant text people signed.
     pub text: String,
 }
 
+impl Window {
+    /// When the window closed, in seconds since the epoch: its revocation or expiry event, or
+    /// its expiry, whichever is first; `None` while it is still open at `now`.
+    pub fn closed_unix(&self, now: u64) -> Option<u64> {
+        let expires = parse_utc(&self.expires_at);
+        let event = self
+            .closed
+            .as_ref()
+            .and_then(|(at, _)| at.get(..19))
+            .and_then(|at| parse_utc(&format!("{at}Z")));
+        match (event, expires) {
+            (Some(e), Some(x)) => Some(e.min(x)),
+            (Some(e), None) => Some(e),
+            (None, Some(x)) if now >= x || self.closed.is_some() => Some(x),
+            _ => None,
+        }
+    }
+}
+
 /// The break-glass windows among `events` (any order; the kinds of [`events::ALL`]), oldest
-/// first, each in its state at `now` (seconds since the epoch).
-pub fn windows(events: &[Event], now: u64) -> Vec<Window> {
+/// first, each in its state at `now` (seconds since the epoch). A `break_glass.reviewed`
+/// event counts only when it passes [`review::check`] against `approvers` (none: no review
+/// counts).
+pub fn windows(events: &[Event], now: u64, approvers: Option<&Approvers>) -> Vec<Window> {
     let mut sorted: Vec<&Event> = events.iter().collect();
     sorted.sort_by_key(|e| e.seq);
     let mut found: BTreeMap<String, Window> = BTreeMap::new();
@@ -140,14 +178,53 @@ pub fn windows(events: &[Event], now: u64) -> Vec<Window> {
             found.entry(window.id.clone()).or_insert(window);
         }
     }
+    // Retention may have cut a window's request: its review carries the grant text, and its
+    // flagged calls still name it.
+    for event in &sorted {
+        if event.kind == events::BREAK_GLASS_REVIEWED
+            && let Some(window) = reviewed_window(event)
+        {
+            found.entry(window.id.clone()).or_insert(window);
+        }
+    }
+    for event in &sorted {
+        if event.kind == events::GRANT_USED
+            && event
+                .detail
+                .as_ref()
+                .and_then(|d| d.get("break_glass"))
+                .and_then(Value::as_bool)
+                == Some(true)
+            && let Some(id) = grant_of(event)
+        {
+            found
+                .entry(id.to_owned())
+                .or_insert_with(|| cut_window(id, event));
+        }
+    }
+    let mut reviews: BTreeMap<String, Vec<&Event>> = BTreeMap::new();
     for event in sorted {
         let Some(window) = grant_of(event).and_then(|id| found.get_mut(id)) else {
             continue;
         };
-        follow(window, event);
+        if event.kind == events::BREAK_GLASS_REVIEWED {
+            reviews.entry(window.id.clone()).or_default().push(event);
+        } else {
+            follow(window, event);
+        }
     }
     let mut list: Vec<Window> = found.into_values().collect();
     for window in &mut list {
+        for event in reviews.get(&window.id).into_iter().flatten() {
+            match review_of(window, event, now, approvers) {
+                Ok(r) => {
+                    window.review = Some(r);
+                    window.review_refused = None;
+                    break;
+                }
+                Err(why) => window.review_refused = Some(why),
+            }
+        }
         window.state = state_of(window, now);
     }
     list.sort_by(|a, b| a.opened_at.cmp(&b.opened_at).then(a.id.cmp(&b.id)));
@@ -163,7 +240,18 @@ fn grant_of(event: &Event) -> Option<&str> {
 fn opened(event: &Event) -> Option<Window> {
     let text = event.detail.as_ref()?.get("text")?.as_str()?;
     let grant = Grant::parse(text).ok()?;
-    if !grant.break_glass || grant_of(event) != Some(grant.id.as_str()) {
+    if grant_of(event) != Some(grant.id.as_str()) {
+        return None;
+    }
+    let mut window = window_of(grant, text)?;
+    window.opened_by = event.actor.clone();
+    window.opened_at = event.at.clone();
+    Some(window)
+}
+
+/// The window of `grant` (whose text is `text`), when it is a break-glass window.
+fn window_of(grant: Grant, text: &str) -> Option<Window> {
+    if !grant.break_glass {
         return None;
     }
     let runners = match &grant.runners {
@@ -178,16 +266,60 @@ fn opened(event: &Event) -> Option<Window> {
         reason: grant.reason,
         expires_at: grant.expires_at,
         required: grant.required,
-        opened_by: event.actor.clone(),
+        opened_by: String::new(),
+        opened_at: String::new(),
+        signed_by: Vec::new(),
+        active_at: None,
+        closed: None,
+        calls: Vec::new(),
+        review: None,
+        review_refused: None,
+        text: text.to_owned(),
+    })
+}
+
+/// The window a `break_glass.reviewed` event's grant text (`window`) tells, when its
+/// `grant.requested` is no longer in the log.
+fn reviewed_window(event: &Event) -> Option<Window> {
+    let text = event.detail.as_ref()?.get("window")?.as_str()?;
+    let grant = Grant::parse(text).ok()?;
+    if grant_of(event) != Some(grant.id.as_str()) {
+        return None;
+    }
+    let mut window = window_of(grant, text)?;
+    window.opened_by = NOT_IN_LOG.into();
+    window.opened_at = event.at.clone();
+    Some(window)
+}
+
+/// Who opened a window whose request the log no longer holds.
+const NOT_IN_LOG: &str = "(not in the kept log)";
+
+/// A window known only by a flagged call `event` of it: its request and grant text are no
+/// longer in the log (cut by retention). Closed and unreviewed: nothing here can be checked.
+fn cut_window(id: &str, event: &Event) -> Window {
+    Window {
+        id: id.to_owned(),
+        state: State::ClosedUnreviewed,
+        agent: event.actor.clone(),
+        runners: Vec::new(),
+        reason: String::new(),
+        expires_at: String::new(),
+        required: 0,
+        opened_by: NOT_IN_LOG.into(),
         opened_at: event.at.clone(),
         signed_by: Vec::new(),
         active_at: None,
         closed: None,
         calls: Vec::new(),
         review: None,
-        text: text.to_owned(),
-    })
+        review_refused: Some(CUT.into()),
+        text: String::new(),
+    }
 }
+
+/// Why a window known only by its calls is not reviewed.
+pub const CUT: &str = "the window's grant.requested is not in the kept log (cut by retention): its flagged calls are listed, but no review can be checked against its grant text here; check it in the archive";
 
 /// What one event of a window's life adds to it.
 fn follow(window: &mut Window, event: &Event) {
@@ -214,24 +346,46 @@ fn follow(window: &mut Window, event: &Event) {
             let why = event.kind.trim_start_matches("grant.").to_owned();
             window.closed.get_or_insert((event.at.clone(), why));
         }
-        events::BREAK_GLASS_REVIEWED if window.review.is_none() => {
-            window.review = review_of(window, event);
-        }
         _ => {}
     }
 }
 
-/// The review an event records, when its text binds this window's id and grant text.
-fn review_of(window: &Window, event: &Event) -> Option<WindowReview> {
-    let detail = event.detail.as_ref()?;
-    let review = Review::parse(detail.get("text")?.as_str()?).ok()?;
-    if review.window != window.id || review.grant_sha256 != hex::encode(hash_text(&window.text)) {
-        return None;
+/// The review event `event` records of `window`, when its text and signatures pass
+/// [`review::check`] against `approvers` for the window's grant text and close; else why not.
+fn review_of(
+    window: &Window,
+    event: &Event,
+    now: u64,
+    approvers: Option<&Approvers>,
+) -> Result<WindowReview, String> {
+    let refused = |why: String| format!("the review event #{} does not count: {why}", event.seq);
+    let detail = event.detail.as_ref();
+    let proof: ReviewProof = detail
+        .and_then(|d| {
+            serde_json::from_value(serde_json::json!({
+                "text": d.get("text")?,
+                "signatures": d.get("signatures")?,
+            }))
+            .ok()
+        })
+        .ok_or_else(|| refused("it carries no review text and signatures".into()))?;
+    if window.text.is_empty() {
+        return Err(refused(CUT.into()));
     }
-    Some(WindowReview {
+    let Some(approvers) = approvers else {
+        return Err(refused(
+            "no approvers file to verify its signatures against".into(),
+        ));
+    };
+    let Some(closed) = window.closed_unix(now) else {
+        return Err(refused("the window is still open".into()));
+    };
+    let (review, signed) =
+        review::check(approvers, &window.text, &proof, now, closed).map_err(refused)?;
+    Ok(WindowReview {
         at: event.at.clone(),
         actor: event.actor.clone(),
-        signed_by: strings(detail.get("signed_by")),
+        signed_by: signed.into_iter().map(|s| s.person).collect(),
         note: review.note,
         seq: event.seq,
     })
@@ -268,7 +422,30 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::protocol::approval::Signature;
+    use crate::protocol::approval::approvers::tests::file_with;
+    use crate::protocol::approval::review::Review;
+    use crate::protocol::approval::sshsig::{self, tests::sign, tests::test_key};
     use crate::protocol::approval::tests::id_at;
+
+    fn people() -> Approvers {
+        Approvers::parse(&file_with(
+            &[("alice", 1), ("carol", 3)],
+            "[[rule]]\ntools = \"*\"\napprovals = 1\n",
+        ))
+        .unwrap()
+    }
+
+    fn ssh(seed: u8, text: &str) -> Signature {
+        Signature::Ssh {
+            signer: format!("p{seed}"),
+            signature: sign(&test_key(seed), sshsig::APPROVAL_NAMESPACE, text.as_bytes()),
+        }
+    }
+
+    fn listed(events: &[Event], now: u64) -> Vec<Window> {
+        windows(events, now, Some(&people()))
+    }
 
     /// 2026-12-06T10:00:00Z.
     const T: u64 = 1_796_551_200;
@@ -319,7 +496,7 @@ mod tests {
             5,
             events::GRANT_USED,
             "agent:ops-bot",
-            json!({"grant": id, "use": 1, "call_id": "c1", "runners": ["edge-1"]}),
+            json!({"grant": id, "use": 1, "call_id": "c1", "runners": ["edge-1"], "break_glass": g.break_glass}),
         );
         used.tool = Some("linux.systemctl_restart".into());
         used.call_id = Some("c1".into());
@@ -348,17 +525,28 @@ mod tests {
                 6,
                 events::GRANT_USED,
                 "agent:ops-bot",
-                json!({"grant": id, "use": 2, "call_id": "c2", "runners": ["edge-2"]}),
+                json!({"grant": id, "use": 2, "call_id": "c2", "runners": ["edge-2"], "break_glass": g.break_glass}),
             ),
         ]
     }
 
+    /// The `break_glass.reviewed` event the server writes: the review's text, signed by
+    /// alice and carol (seeds 1 and 3), and the names it says signed.
     fn reviewed(seq: i64, g: &Grant, review_text: &str) -> Event {
+        reviewed_with(
+            seq,
+            g,
+            review_text,
+            vec![ssh(1, review_text), ssh(3, review_text)],
+        )
+    }
+
+    fn reviewed_with(seq: i64, g: &Grant, review_text: &str, signatures: Vec<Signature>) -> Event {
         event(
             seq,
             events::BREAK_GLASS_REVIEWED,
             "user:carol",
-            json!({"grant": g.id, "text": review_text, "signed_by": ["alice", "carol"]}),
+            json!({"grant": g.id, "text": review_text, "signed_by": ["alice", "carol"], "signatures": signatures}),
         )
     }
 
@@ -367,7 +555,7 @@ mod tests {
         let g = grant(true);
         let mut log = life(&g);
         let during = T + 600;
-        let list = windows(&log, during);
+        let list = listed(&log, during);
         assert_eq!(list.len(), 1);
         let w = &list[0];
         assert_eq!(w.state, State::Open);
@@ -380,7 +568,7 @@ mod tests {
         assert_eq!(w.calls[1].runners, ["edge-2"]);
         // Past its expiry by the clock, with no event saying so: closed, unreviewed.
         let after = T + 3600;
-        assert_eq!(windows(&log, after)[0].state, State::ClosedUnreviewed);
+        assert_eq!(listed(&log, after)[0].state, State::ClosedUnreviewed);
         // Revoked in the log: closed at once.
         log.push(event(
             7,
@@ -388,7 +576,7 @@ mod tests {
             "user:bob",
             json!({"grant": g.id}),
         ));
-        let w = &windows(&log, during)[0];
+        let w = &listed(&log, during)[0];
         assert_eq!(w.state, State::ClosedUnreviewed);
         assert_eq!(w.closed.as_ref().unwrap().1, "revoked");
         // A review of an edited text (another window's hash) does not count.
@@ -401,34 +589,174 @@ mod tests {
         .unwrap();
         let forged = Review::of(&other, "all fine", "2026-12-06T12:00:00Z").unwrap();
         log.push(reviewed(8, &g, &forged.text().unwrap()));
-        assert_eq!(windows(&log, after)[0].state, State::ClosedUnreviewed);
+        assert_eq!(listed(&log, after)[0].state, State::ClosedUnreviewed);
         // The review of this window's own text makes it reviewed.
         let review = Review::of(&text, "restarted consul twice", "2026-12-06T12:00:00Z").unwrap();
         log.push(reviewed(9, &g, &review.text().unwrap()));
-        let w = &windows(&log, after)[0];
+        let after = T + 3 * 3600;
+        let w = &listed(&log, after)[0];
         assert_eq!(w.state, State::Reviewed);
         let r = w.review.as_ref().unwrap();
         assert_eq!(r.note, "restarted consul twice");
         assert_eq!(r.signed_by, ["alice", "carol"]);
         assert_eq!(r.actor, "user:carol");
+        assert_eq!(w.review_refused, None);
+        // With no approvers file to check it against, the same event counts for nothing.
+        let w = &windows(&log, after, None)[0];
+        assert_eq!(w.state, State::ClosedUnreviewed);
+        assert!(
+            w.review_refused
+                .as_deref()
+                .unwrap()
+                .contains("no approvers file"),
+            "{w:?}"
+        );
+    }
+
+    /// A `break_glass.reviewed` event appended by a database writer (valid chain hashes, a text
+    /// binding this window) whose signatures are copies from another review, by keys outside
+    /// the approvers file, too few, or made while the window was open, reviews nothing, and
+    /// the listing says why.
+    #[test]
+    fn a_review_event_counts_only_when_its_signatures_verify_after_the_close() {
+        let g = grant(true);
+        let text = g.text().unwrap();
+        let mut log = life(&g);
+        log.push(event(
+            7,
+            events::GRANT_REVOKED,
+            "user:bob",
+            json!({"grant": g.id}),
+        ));
+        let after = T + 3600 * 3;
+        let review = Review::of(&text, "all fine", "2026-12-06T12:00:00Z")
+            .unwrap()
+            .text()
+            .unwrap();
+        let elsewhere = Review::of(&text, "genuine", "2026-12-06T12:00:00Z")
+            .unwrap()
+            .text()
+            .unwrap();
+        let refused = |event: Event, says: &str| {
+            let mut log = log.clone();
+            log.push(event);
+            let w = &listed(&log, after)[0];
+            assert_eq!(w.state, State::ClosedUnreviewed, "{says}");
+            assert!(w.review.is_none());
+            let why = w.review_refused.as_deref().unwrap_or_default();
+            assert!(why.contains(says), "wanted {says:?}: {why}");
+        };
+        // Signatures copied from a review of another text.
+        refused(
+            reviewed_with(8, &g, &review, vec![ssh(1, &elsewhere), ssh(3, &elsewhere)]),
+            "signature",
+        );
+        // Real signatures over this text, by keys the approvers file does not hold.
+        refused(
+            reviewed_with(8, &g, &review, vec![ssh(7, &review), ssh(8, &review)]),
+            "not in the approvers file",
+        );
+        // One person where the window needs two.
+        refused(
+            reviewed_with(8, &g, &review, vec![ssh(1, &review)]),
+            "`required 2`",
+        );
+        // No signatures at all, only names.
+        let mut bare = reviewed(8, &g, &review);
+        bare.detail
+            .as_mut()
+            .unwrap()
+            .as_object_mut()
+            .unwrap()
+            .remove("signatures");
+        refused(bare, "no review text and signatures");
+        // Signed by both before the revocation at 10:07: refused, naming `reviewed`.
+        let early = Review::of(&text, "all fine", "2026-12-06T10:06:00Z")
+            .unwrap()
+            .text()
+            .unwrap();
+        refused(
+            reviewed(8, &g, &early),
+            "`reviewed`: 2026-12-06T10:06:00Z is before the window closed",
+        );
+        // A forged event, then the genuine one: the genuine one counts.
+        log.push(reviewed_with(
+            8,
+            &g,
+            &review,
+            vec![ssh(1, &elsewhere), ssh(3, &elsewhere)],
+        ));
+        log.push(reviewed(9, &g, &review));
+        let w = &listed(&log, after)[0];
+        assert_eq!(w.state, State::Reviewed);
+        assert_eq!(w.review.as_ref().unwrap().seq, 9);
+        assert_eq!(w.review_refused, None);
     }
 
     #[test]
     fn only_break_glass_grants_are_windows_and_events_in_any_order_tell_the_same() {
         let plain = grant(false);
-        assert!(windows(&life(&plain), T + 600).is_empty());
+        assert!(listed(&life(&plain), T + 600).is_empty());
         let g = grant(true);
         let mut log = life(&g);
         log.reverse();
-        let w = &windows(&log, T + 600)[0];
+        let w = &listed(&log, T + 600)[0];
         assert_eq!(w.state, State::Open);
         assert_eq!(w.signed_by, ["alice", "bob"]);
         // Requested, never signed by enough people: not open.
-        let w = &windows(&log[4..], T + 600)[0];
+        let w = &listed(&log[4..], T + 600)[0];
         assert_eq!(w.state, State::Requested);
         // A `grant.requested` whose detail names another id than its text is not a window.
         let mut lying = life(&g);
         lying[0].detail.as_mut().unwrap()["grant"] = json!(id_at(T + 5));
-        assert!(windows(&lying, T + 600).is_empty());
+        let list = listed(&lying, T + 600);
+        assert_eq!(list.len(), 1, "{list:?}");
+        assert_eq!(list[0].id, g.id, "only the window its flagged calls name");
+        assert_eq!(list[0].opened_by, NOT_IN_LOG);
+    }
+
+    /// Retention that cuts a window's `grant.requested` (and what came before its calls)
+    /// leaves it listed while a flagged call of it is kept: closed and unreviewed, saying why;
+    /// a review kept with it carries the grant text and still counts.
+    #[test]
+    fn a_window_whose_request_was_cut_is_listed_unreviewed_by_its_flagged_calls() {
+        let g = grant(true);
+        let text = g.text().unwrap();
+        let mut log = life(&g);
+        log.push(event(
+            7,
+            events::GRANT_REVOKED,
+            "user:bob",
+            json!({"grant": g.id}),
+        ));
+        let now = T + 3 * 3600;
+        // The cut keeps the events from seq 6 on: the second call, the revocation.
+        let kept: Vec<Event> = log.iter().filter(|e| e.seq >= 6).cloned().collect();
+        let list = listed(&kept, now);
+        assert_eq!(list.len(), 1, "{list:?}");
+        let w = &list[0];
+        assert_eq!(w.id, g.id);
+        assert_eq!(w.state, State::ClosedUnreviewed);
+        assert!(w.state.unreviewed());
+        assert_eq!(w.calls.len(), 1);
+        assert_eq!(w.calls[0].call_id.as_deref(), Some("c2"));
+        assert_eq!(w.review_refused.as_deref(), Some(CUT));
+        // A plain grant's calls are not flagged, and make no window.
+        let plain = grant(false);
+        let cut: Vec<Event> = life(&plain).into_iter().filter(|e| e.seq >= 5).collect();
+        assert!(listed(&cut, now).is_empty());
+        // The review, kept after the cut, carries the window's grant text: it counts.
+        let review = Review::of(&text, "restarted consul twice", "2026-12-06T12:00:00Z")
+            .unwrap()
+            .text()
+            .unwrap();
+        let mut event = reviewed(8, &g, &review);
+        event.detail.as_mut().unwrap()["window"] = json!(text);
+        let mut kept = kept;
+        kept.push(event);
+        let w = &listed(&kept, now)[0];
+        assert_eq!(w.state, State::Reviewed, "{w:?}");
+        assert_eq!(w.calls.len(), 1);
+        assert_eq!(w.review_refused, None);
     }
 }

@@ -6,10 +6,21 @@
 //!
 //! *Invariants:* a review is only of a window the audit log shows (its grant text from its
 //! `grant.requested` event, never from the grants table), closed (revoked or expired) and not
-//! reviewed yet; it needs a note (the error names `note`); each signature is verified against
-//! the server's approvers file before it is stored, each person counts once; and the event is
-//! written only after [`review::check`] holds over every stored signature, so a row edited in
-//! the database makes nothing reviewed.
+//! reviewed yet; every signature's text passes [`review::check_unsigned`] (the window's id and
+//! text, a visible note, proposed no earlier than the window closed and not in the future)
+//! before anything is stored, so a first signer cannot store a proposal that can never count;
+//! each signature is verified against the server's approvers file before it is stored, each
+//! person counts once; and the event (the review's text, every signature, and the window's
+//! grant text, so the review still verifies once retention cut the window's request) is written only
+//! after [`review::check`] holds over every stored signature, so a row edited in the database
+//! makes nothing reviewed, and the listing checks the event again ([`super::ledger`]).
+//!
+//! *Replacing a proposal:* a proposal that has not reached its quorum blocks other texts for
+//! [`PROPOSAL_HOLD_SECS`] after it was proposed. After that, or at once if its text no longer
+//! passes [`review::check_unsigned`] (a row stored before that check, or edited), anyone who may
+//! sign proposes another text in its place, and the signatures of the old one are dropped. So
+//! one person's proposal blocks the others for an hour at most: they then propose their own,
+//! which that person cannot displace for the next hour.
 
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -21,6 +32,10 @@ use crate::protocol::approval::{Approvers, Signature, Signed, verify_signature};
 use crate::server::audit::{self, AuditError, AuditFilter, AuditLog, NewEvent, kind};
 use crate::server::db::Db;
 use crate::with_pool;
+
+/// How long a proposal that has not reached its quorum holds the window against another text,
+/// from when it was proposed (one hour).
+pub const PROPOSAL_HOLD_SECS: i64 = 3600;
 
 /// One person's signature of a review, as the row keeps it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -72,16 +87,24 @@ pub struct Signer<'a> {
 pub struct Reviews {
     db: Db,
     audit: AuditLog,
+    /// The server's approvers file: reviews are signed by its people and checked against it
+    /// (None: no review is signed, and none in the log counts).
+    approvers: Option<Approvers>,
 }
 
 impl Reviews {
-    pub fn new(db: Db, audit: AuditLog) -> Reviews {
-        Reviews { db, audit }
+    pub fn new(db: Db, audit: AuditLog, approvers: Option<Approvers>) -> Reviews {
+        Reviews {
+            db,
+            audit,
+            approvers,
+        }
     }
 
-    /// Every break-glass window the audit log shows ([`windows_in_log`]).
+    /// Every break-glass window the audit log shows ([`windows_in_log`]), its reviews checked
+    /// against the server's approvers file.
     pub async fn windows(&self, now: u64) -> Result<Vec<Window>, sqlx::Error> {
-        windows_in_log(&self.db, now).await
+        windows_in_log(&self.db, now, self.approvers.as_ref()).await
     }
 
     /// The window `id` as the log shows it.
@@ -145,6 +168,12 @@ impl Reviews {
         now: chrono::DateTime<chrono::Utc>,
     ) -> Result<Window, ReviewError> {
         let window = self.window(id, now.timestamp().max(0) as u64).await?;
+        if window.text.is_empty() {
+            return Err(ReviewError::Conflict(format!(
+                "`window`: {id}: {}",
+                ledger::CUT
+            )));
+        }
         match window.state {
             State::ClosedUnreviewed => Ok(window),
             State::Reviewed => Err(ReviewError::Conflict(format!(
@@ -159,47 +188,60 @@ impl Reviews {
     }
 
     /// `signer` signs the review `text` of window `id`, as [`Reviews::text_to_sign`] gave it:
-    /// verified against `approvers`, stored, and once enough people signed,
-    /// `break_glass.reviewed` is written to the log. Returns the row.
+    /// the text checked whole but for its signatures, the signature verified against the
+    /// server's approvers file, stored, and once enough people signed, `break_glass.reviewed`
+    /// is written to the log. A different text replaces a proposal as the module says.
+    /// Returns the row.
     pub async fn sign(
         &self,
-        approvers: &Approvers,
         signer: &Signer<'_>,
         id: &str,
         text: &str,
         signature: Signature,
         now: chrono::DateTime<chrono::Utc>,
     ) -> Result<ReviewRow, ReviewError> {
+        let Some(approvers) = self.approvers.as_ref() else {
+            return Err(ReviewError::Conflict(
+                "the server has no approvers_file: a break-glass review is signed by its people"
+                    .into(),
+            ));
+        };
         let (actor, user) = (signer.actor, signer.user);
         let window = self.reviewable(id, now).await?;
         let refused = |m: String| ReviewError::Refused(m);
-        let review = Review::parse(text).map_err(|e| refused(e.to_string()))?;
+        let now_secs = now.timestamp().max(0) as u64;
+        let closed = window.closed_unix(now_secs).unwrap_or(now_secs);
+        review::check_unsigned(&window.text, text, now_secs, closed)
+            .map_err(|e| refused(format!("`text`: {e}")))?;
+        let proposal = || ReviewRow {
+            window_id: id.to_owned(),
+            text: text.to_owned(),
+            votes: Vec::new(),
+            status: "signing".into(),
+            proposed_by: actor.to_owned(),
+            proposed_at: audit::format_at(now),
+            reviewed_at: None,
+        };
         let mut row = match self.row(id).await? {
             Some(row) if row.text != text => {
-                return Err(refused(format!(
-                    "`text`: window {id} is being reviewed with another text (note {:?}): sign that one",
-                    Review::parse(&row.text).map(|r| r.note).unwrap_or_default()
-                )));
+                let holds = review::check_unsigned(&window.text, &row.text, now_secs, closed)
+                    .is_ok()
+                    && row.status == "signing"
+                    && proposed_secs(&row)
+                        .is_some_and(|at| now.timestamp() < at + PROPOSAL_HOLD_SECS);
+                if holds {
+                    return Err(refused(format!(
+                        "`text`: window {id} is being reviewed with another text (note {:?}, proposed by {} at {}): sign that one, or propose yours once it has waited {PROPOSAL_HOLD_SECS} s without enough signatures",
+                        Review::parse(&row.text).map(|r| r.note).unwrap_or_default(),
+                        row.proposed_by,
+                        row.proposed_at,
+                    )));
+                }
+                proposal()
             }
             Some(row) => row,
-            None => ReviewRow {
-                window_id: id.to_owned(),
-                text: text.to_owned(),
-                votes: Vec::new(),
-                status: "signing".into(),
-                proposed_by: actor.to_owned(),
-                proposed_at: audit::format_at(now),
-                reviewed_at: None,
-            },
+            None => proposal(),
         };
-        if review.window != window.id
-            || review.grant_sha256 != crate::digest::sha256_hex(window.text.as_bytes())
-        {
-            return Err(refused(format!(
-                "`text`: the review is of window {} (grant sha256:{}), not of {id} as the audit log shows it",
-                review.window, review.grant_sha256
-            )));
-        }
         let signed = verify_signature(approvers, text, &signature)
             .map_err(|e| refused(format!("`signature`: {e}")))?;
         if row.votes.iter().any(|v| v.signed.person == signed.person) {
@@ -222,9 +264,8 @@ impl Reviews {
             self.store(&row).await?;
             return Ok(row);
         }
-        let now_secs = now.timestamp().max(0) as u64;
         let (review, signed) =
-            review::check(approvers, &window.text, &proof, now_secs).map_err(refused)?;
+            review::check(approvers, &window.text, &proof, now_secs, closed).map_err(refused)?;
         let signed_by: Vec<&str> = signed.iter().map(|s| s.person.as_str()).collect();
         self.audit
             .append(NewEvent {
@@ -233,6 +274,7 @@ impl Reviews {
                 outcome: Some("ok".into()),
                 detail: Some(json!({
                     "grant": window.id,
+                    "window": window.text,
                     "text": text,
                     "note": review.note,
                     "signed_by": signed_by,
@@ -251,7 +293,7 @@ impl Reviews {
     /// Writes `row` (inserted the first time, its signatures and status after).
     async fn store(&self, row: &ReviewRow) -> Result<(), sqlx::Error> {
         let votes = serde_json::to_string(&row.votes).expect("votes are JSON");
-        let sql = "INSERT INTO break_glass_reviews (window_id, text, signatures, status, proposed_by, proposed_at, reviewed_at) VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (window_id) DO UPDATE SET signatures = excluded.signatures, status = excluded.status, reviewed_at = excluded.reviewed_at";
+        let sql = "INSERT INTO break_glass_reviews (window_id, text, signatures, status, proposed_by, proposed_at, reviewed_at) VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (window_id) DO UPDATE SET text = excluded.text, signatures = excluded.signatures, status = excluded.status, proposed_by = excluded.proposed_by, proposed_at = excluded.proposed_at, reviewed_at = excluded.reviewed_at";
         self.db
             .guard(async {
                 with_pool!(self.db, pool => {
@@ -272,9 +314,21 @@ impl Reviews {
     }
 }
 
+/// When `row` was proposed, in seconds since the epoch.
+fn proposed_secs(row: &ReviewRow) -> Option<i64> {
+    chrono::DateTime::parse_from_rfc3339(&row.proposed_at)
+        .ok()
+        .map(|t| t.timestamp())
+}
+
 /// Every break-glass window the audit log in `db` shows, oldest first, in its state at `now`
-/// (seconds since the epoch): read from its events alone.
-pub async fn windows_in_log(db: &Db, now: u64) -> Result<Vec<Window>, sqlx::Error> {
+/// (seconds since the epoch): read from its events alone, a review event counting only when it
+/// verifies against `approvers` ([`ledger::windows`]).
+pub async fn windows_in_log(
+    db: &Db,
+    now: u64,
+    approvers: Option<&Approvers>,
+) -> Result<Vec<Window>, sqlx::Error> {
     let mut events = Vec::new();
     for kind in ledger::events::ALL {
         let mut after_seq = None;
@@ -294,7 +348,7 @@ pub async fn windows_in_log(db: &Db, now: u64) -> Result<Vec<Window>, sqlx::Erro
             }
         }
     }
-    Ok(ledger::windows(&events, now))
+    Ok(ledger::windows(&events, now, approvers))
 }
 
 /// How many people a review of `window` needs: the approvers file's rule for
@@ -320,7 +374,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}", dir.path().join("emisar.db").display());
         let (db, _) = Db::connect_and_migrate(&url).await.unwrap();
-        let reviews = Reviews::new(db.clone(), AuditLog::start(db.clone()));
+        let reviews = Reviews::new(db.clone(), AuditLog::start(db.clone()), Some(people()));
         (dir, db, reviews)
     }
 
@@ -388,7 +442,6 @@ mod tests {
     #[tokio::test]
     async fn a_window_is_reviewed_only_once_enough_people_signed_a_note_in_the_log() {
         let (_dir, db, reviews) = sqlite().await;
-        let approvers = people();
         let now = chrono::Utc::now();
         let t = now.timestamp();
         let closed = window(&reviews, t, 7200, 3600).await;
@@ -424,12 +477,12 @@ mod tests {
             actor: "approver:bob",
         };
         let row = reviews
-            .sign(&approvers, &alice, &closed.id, &text, ssh(1, &text), now)
+            .sign(&alice, &closed.id, &text, ssh(1, &text), now)
             .await
             .unwrap();
         assert_eq!(row.status, "signing");
         let e = reviews
-            .sign(&approvers, &alice, &closed.id, &text, ssh(1, &text), now)
+            .sign(&alice, &closed.id, &text, ssh(1, &text), now)
             .await
             .unwrap_err();
         assert!(e.to_string().contains("each person counts once"), "{e}");
@@ -452,7 +505,7 @@ mod tests {
             .unwrap();
         assert_eq!(same, text);
         let row = reviews
-            .sign(&approvers, &bob, &closed.id, &text, ssh(2, &text), now)
+            .sign(&bob, &closed.id, &text, ssh(2, &text), now)
             .await
             .unwrap();
         assert_eq!(row.status, "reviewed");
@@ -486,7 +539,6 @@ mod tests {
     #[tokio::test]
     async fn a_vote_forged_in_the_table_reviews_nothing() {
         let (_dir, db, reviews) = sqlite().await;
-        let approvers = people();
         let now = chrono::Utc::now();
         let closed = window(&reviews, now.timestamp(), 7200, 3600).await;
         let text = reviews
@@ -498,7 +550,7 @@ mod tests {
             actor: "approver:alice",
         };
         let row = reviews
-            .sign(&approvers, &alice, &closed.id, &text, ssh(1, &text), now)
+            .sign(&alice, &closed.id, &text, ssh(1, &text), now)
             .await
             .unwrap();
         // The writer copies alice's vote and calls it carol's.
@@ -518,7 +570,7 @@ mod tests {
             actor: "approver:bob",
         };
         let e = reviews
-            .sign(&approvers, &bob, &closed.id, &text, ssh(2, &text), now)
+            .sign(&bob, &closed.id, &text, ssh(2, &text), now)
             .await
             .unwrap_err();
         assert!(e.to_string().contains("count once"), "{e}");
@@ -528,6 +580,111 @@ mod tests {
                 &closed.id
             ),
             State::ClosedUnreviewed
+        );
+    }
+
+    /// One approver cannot wedge a review: a proposal that can never count (dated before the
+    /// window was asked for, or before it closed) is refused before it is stored, and a
+    /// proposal that has not reached its quorum gives way to another text after
+    /// [`PROPOSAL_HOLD_SECS`], or at once when its own text no longer holds.
+    #[tokio::test]
+    async fn one_approver_cannot_wedge_a_review() {
+        let (_dir, db, reviews) = sqlite().await;
+        let now = chrono::Utc::now();
+        let t = now.timestamp();
+        // Asked for two hours ago, lived an hour: closed an hour ago.
+        let closed = window(&reviews, t, 7200, 3600).await;
+        let text = reviews
+            .text_to_sign(&closed.id, Some("restarted consul"), now)
+            .await
+            .unwrap();
+        let at = |secs: i64| {
+            chrono::DateTime::from_timestamp(secs, 0)
+                .unwrap()
+                .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+        };
+        let now_at = at(t);
+        let alice = Signer {
+            user: "alice",
+            actor: "approver:alice",
+        };
+        let bob = Signer {
+            user: "bob",
+            actor: "approver:bob",
+        };
+        // Backdated before the request, or signed while the window was open: refused at the
+        // first signature, naming `reviewed`, and nothing is stored.
+        for (when, says) in [
+            (at(t - 7300), "before the window was asked for"),
+            (at(t - 3700), "before the window closed"),
+        ] {
+            let bad = text.replace(&now_at, &when);
+            assert_ne!(bad, text);
+            let e = reviews
+                .sign(&alice, &closed.id, &bad, ssh(1, &bad), now)
+                .await
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("`reviewed`") && e.contains(says), "{e}");
+            assert!(reviews.row(&closed.id).await.unwrap().is_none());
+        }
+        // Alice proposes; bob's other text waits for the hold to pass.
+        reviews
+            .sign(&alice, &closed.id, &text, ssh(1, &text), now)
+            .await
+            .unwrap();
+        let other = reviews.text_to_sign(&closed.id, None, now).await.unwrap();
+        assert_eq!(other, text, "the proposal is what others are given to sign");
+        let mine = text.replace("restarted consul", "restarted consul and nomad");
+        let e = reviews
+            .sign(&bob, &closed.id, &mine, ssh(2, &mine), now)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("is being reviewed with another text"), "{e}");
+        let later = now + chrono::Duration::seconds(PROPOSAL_HOLD_SECS + 1);
+        let row = reviews
+            .sign(&bob, &closed.id, &mine, ssh(2, &mine), later)
+            .await
+            .unwrap();
+        assert_eq!(row.text, mine);
+        assert_eq!(row.proposed_by, "approver:bob");
+        assert_eq!(row.votes.len(), 1);
+        assert_eq!(reviews.row(&closed.id).await.unwrap().unwrap().text, mine);
+        // Alice cannot displace bob's proposal within its hour; she can sign it.
+        let e = reviews
+            .sign(&alice, &closed.id, &text, ssh(1, &text), later)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("another text"), "{e}");
+        // A proposal stored before its text was checked (here, written by hand) that can never
+        // count gives way at once.
+        let wedged = text.replace(&now_at, &at(t - 7300));
+        with_pool!(db, pool => {
+            sqlx::query("UPDATE break_glass_reviews SET text = $1")
+                .bind(&wedged)
+                .execute(pool)
+                .await
+                .map(drop)
+        })
+        .unwrap();
+        let row = reviews
+            .sign(&alice, &closed.id, &text, ssh(1, &text), later)
+            .await
+            .unwrap();
+        assert_eq!(row.text, text);
+        let row = reviews
+            .sign(&bob, &closed.id, &text, ssh(2, &text), later)
+            .await
+            .unwrap();
+        assert_eq!(row.status, "reviewed");
+        assert_eq!(
+            state(
+                &reviews.windows(later.timestamp() as u64).await.unwrap(),
+                &closed.id
+            ),
+            State::Reviewed
         );
     }
 }

@@ -112,10 +112,16 @@ impl TwoPeople {
     }
 }
 
-/// The passkeys alice and bob registered in the browser (the driver's
-/// `{"registered": {"alice": ID, "bob": ID}}`), as the `[[person]]` entries of an approvers
-/// file.
-pub(crate) async fn registered_people(driver: &mut Driver, first: &TestApp) -> String {
+/// The operator's approvers file, written in `work`: `origin`'s relying party, the passkeys
+/// alice and bob registered in the browser (the driver's
+/// `{"registered": {"alice": ID, "bob": ID}}`), then `rules`. Its path.
+pub(crate) async fn approvers_of_people(
+    driver: &mut Driver,
+    first: &TestApp,
+    work: &Path,
+    origin: &str,
+    rules: &str,
+) -> PathBuf {
     let registered = driver.expect_json("{\"registered\": {…}}").await;
     let mut lines = Vec::new();
     for name in ["alice", "bob"] {
@@ -129,7 +135,35 @@ pub(crate) async fn registered_people(driver: &mut Driver, first: &TestApp) -> S
             passkey_line(&keys[0])
         ));
     }
-    lines.join("\n")
+    let approvers = work.join("approvers.toml");
+    std::fs::write(
+        &approvers,
+        format!(
+            "serial = 1\n\n[webauthn]\nrp_id = \"localhost\"\norigins = [\"{origin}\"]\n\n{}\n{rules}",
+            lines.join("\n")
+        ),
+    )
+    .unwrap();
+    approvers
+}
+
+/// The options of the server that follows `first`: on its port, database, keys and relying
+/// party, serving TLS only, with the people's `approvers` file.
+pub(crate) fn options_after(
+    first: &TestApp,
+    port: u16,
+    webauthn: &WebauthnConfig,
+    approvers: PathBuf,
+) -> Options {
+    Options {
+        listen: Some(format!("127.0.0.1:{port}")),
+        database_url: Some(first.database_url.clone()),
+        keys: Some((first.private_key.clone(), first.public_key.clone())),
+        webauthn: Some(webauthn.clone()),
+        approvers_file: Some(approvers),
+        insecure_http: Some(false),
+        ..Default::default()
+    }
 }
 
 /// Tells the driver its step `n`: written under another name and renamed, since the driver
@@ -201,15 +235,14 @@ async fn two_people_retry_a_halted_rollout_with_passkeys_and_the_page_refuses_a_
     let run = async {
         // 1. Registered in the browser; the operator's approvers file holds both passkeys,
         // and a `roll` write needs both people.
-        let people = registered_people(&mut driver, &first).await;
-        let approvers = work.path().join("approvers.toml");
-        std::fs::write(
-            &approvers,
-            format!(
-                "serial = 1\n\n[webauthn]\nrp_id = \"localhost\"\norigins = [\"{origin}\"]\n\n{people}\n[[rule]]\ntools = \"roll.*\"\napprovals = 2\n",
-            ),
+        let approvers = approvers_of_people(
+            &mut driver,
+            &first,
+            work.path(),
+            &origin,
+            "[[rule]]\ntools = \"roll.*\"\napprovals = 2\n",
         )
-        .unwrap();
+        .await;
         let packs = work.path().join("packs");
         std::fs::create_dir_all(&packs).unwrap();
         std::fs::write(packs.join("roll.yaml"), PACK).unwrap();
@@ -231,16 +264,10 @@ async fn two_people_retry_a_halted_rollout_with_passkeys_and_the_page_refuses_a_
             Backend::Postgres,
             runners,
             Options {
-                listen: Some(format!("127.0.0.1:{port}")),
-                database_url: Some(first.database_url.clone()),
-                keys: Some((first.private_key.clone(), first.public_key.clone())),
-                webauthn: Some(webauthn.clone()),
-                approvers_file: Some(approvers),
                 packs_dir: Some(packs),
                 policy_file: Some(policy),
-                insecure_http: Some(false),
                 approval_wait_secs: Some(300),
-                ..Default::default()
+                ..options_after(&first, port, &webauthn, approvers)
             },
         )
         .await;

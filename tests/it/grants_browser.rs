@@ -26,8 +26,7 @@ use emisar::server::principal::Role;
 use serde_json::{Value, json};
 
 use crate::approvals::{call_in_background, finished, restarts, signed_in, systemctl_standin};
-use crate::decision_browser::{TwoPeople, order, registered_people};
-use crate::harness::app::Options;
+use crate::decision_browser::{TwoPeople, approvers_of_people, options_after, order};
 use crate::harness::certs::self_signed;
 use crate::harness::pg::PgTestDb;
 use crate::harness::tools::only_output;
@@ -63,15 +62,14 @@ async fn people_sign_and_revoke_grants_in_the_portal_and_see_the_windows_owed_a_
     let run = async {
         // 1. Registered in the browser; the operator's approvers file holds both passkeys,
         // and its rule lets a grant two people signed run any write.
-        let people = registered_people(&mut driver, &first).await;
-        let approvers = work.path().join("approvers.toml");
-        std::fs::write(
-            &approvers,
-            format!(
-                "serial = 1\n\n[webauthn]\nrp_id = \"localhost\"\norigins = [\"{origin}\"]\n\n{people}\n[[rule]]\ntools = \"*\"\napprovals = 2\ngrants = true\nbreak_glass = true\n",
-            ),
+        let approvers = approvers_of_people(
+            &mut driver,
+            &first,
+            work.path(),
+            &origin,
+            "[[rule]]\ntools = \"*\"\napprovals = 2\ngrants = true\nbreak_glass = true\n",
         )
-        .unwrap();
+        .await;
         let state = work.path().join("runner-state");
         std::fs::create_dir_all(&state).unwrap();
         let cert = self_signed(work.path(), "hvn05");
@@ -85,15 +83,7 @@ async fn people_sign_and_revoke_grants_in_the_portal_and_see_the_windows_owed_a_
                     .https(cert.clone(), Some(cert.fingerprint.to_string()))
                     .require_signed(&[TOOL], approvers.clone(), state),
             ],
-            Options {
-                listen: Some(format!("127.0.0.1:{port}")),
-                database_url: Some(first.database_url.clone()),
-                keys: Some((first.private_key.clone(), first.public_key.clone())),
-                webauthn: Some(webauthn.clone()),
-                approvers_file: Some(approvers),
-                insecure_http: Some(false),
-                ..Default::default()
-            },
+            options_after(&first, port, &webauthn, approvers),
         )
         .await;
         let pg = first
